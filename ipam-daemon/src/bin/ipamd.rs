@@ -1,0 +1,35 @@
+//! `ipamd`: the node daemon.
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// The IPAM node daemon. In this version it runs the standalone role: it loads the eBPF
+/// datapath, keeps it pinned under its bpffs root, and answers ARP and IPv6 neighbour
+/// solicitations for the IPs announced in its configuration file.
+///
+/// Signals: SIGHUP reloads the configuration file (a bad file is reported and the running
+/// configuration kept); SIGTERM and SIGINT stop the daemon, leaving the datapath pinned so that
+/// answers continue until the liveness timeout and a restarted daemon picks up where it left off.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Configuration file (TOML). See docs/configuration.md for every setting and its default.
+    #[arg(short, long, env = "IPAMD_CONFIG", default_value = "/etc/ipam/ipamd.toml")]
+    config: PathBuf,
+    /// Log filter, e.g. `info`, `debug` or `ipam_daemon=debug` (RUST_LOG syntax).
+    #[arg(long, env = "IPAMD_LOG", default_value = "info")]
+    log: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(ipam_daemon::daemon::run(args.config))?;
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! The daemon's configuration file (TOML). Every field has a documented default, so an empty file
+//! is a valid configuration that announces nothing.
+//!
+//! ```toml
+//! [datapath]
+//! bpffs_root = "/sys/fs/bpf/ipam"   # all pins of the daemon live below this directory
+//! liveness_timeout_ms = 3000         # responders go silent this long after the last heartbeat
+//! heartbeat_interval_ms = 500        # how often the daemon proves it is alive
+//!
+//! [interfaces.eth0]
+//! attach = "auto"                    # auto | xdp-native | xdp-generic | tc
+//!
+//! [[announcement]]
+//! ip = "192.0.2.10"
+//! interface = "eth0"
+//! ```
+
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::datapath::AttachMode;
+
+/// Default bpffs directory that holds every map, program and link pin of the daemon.
+pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub datapath: DatapathConfig,
+    /// Per-interface settings; interfaces not listed use the defaults.
+    #[serde(default)]
+    pub interfaces: BTreeMap<String, InterfaceConfig>,
+    /// IPs to answer ARP/NDP for, each on one interface.
+    #[serde(default, rename = "announcement")]
+    pub announcements: Vec<AnnouncementConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatapathConfig {
+    pub bpffs_root: PathBuf,
+    pub liveness_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+}
+
+impl Default for DatapathConfig {
+    fn default() -> Self {
+        Self {
+            bpffs_root: PathBuf::from(DEFAULT_BPFFS_ROOT),
+            liveness_timeout_ms: 3_000,
+            heartbeat_interval_ms: 500,
+        }
+    }
+}
+
+impl DatapathConfig {
+    pub fn liveness_timeout(&self) -> Duration {
+        Duration::from_millis(self.liveness_timeout_ms)
+    }
+
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterfaceConfig {
+    #[serde(default)]
+    pub attach: AttachMode,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnnouncementConfig {
+    pub ip: IpAddr,
+    pub interface: String,
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error(
+        "config file {path}: heartbeat_interval_ms ({interval}) must be greater than 0 and at most \
+         half of liveness_timeout_ms ({timeout}), or one late heartbeat silences the responders; \
+         raise liveness_timeout_ms or lower heartbeat_interval_ms"
+    )]
+    Heartbeat {
+        path: PathBuf,
+        interval: u64,
+        timeout: u64,
+    },
+    #[error(
+        "config file {path}: IP {ip} is announced twice on interface {interface}; remove one of \
+         the [[announcement]] entries"
+    )]
+    DuplicateAnnouncement {
+        path: PathBuf,
+        ip: IpAddr,
+        interface: String,
+    },
+    #[error(
+        "config file {path}: IP {ip} on interface {interface} cannot be announced: {why}; \
+         announce a unicast address"
+    )]
+    NotAnnounceable {
+        path: PathBuf,
+        ip: IpAddr,
+        interface: String,
+        why: &'static str,
+    },
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and validates config text; `path` only names the source in errors.
+    pub fn parse(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    fn validate(&self, path: &std::path::Path) -> Result<(), ConfigError> {
+        let d = &self.datapath;
+        if d.heartbeat_interval_ms == 0 || d.heartbeat_interval_ms * 2 > d.liveness_timeout_ms {
+            return Err(ConfigError::Heartbeat {
+                path: path.to_owned(),
+                interval: d.heartbeat_interval_ms,
+                timeout: d.liveness_timeout_ms,
+            });
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for a in &self.announcements {
+            if let Some(why) = not_announceable(a.ip) {
+                return Err(ConfigError::NotAnnounceable {
+                    path: path.to_owned(),
+                    ip: a.ip,
+                    interface: a.interface.clone(),
+                    why,
+                });
+            }
+            if !seen.insert((a.ip, a.interface.as_str())) {
+                return Err(ConfigError::DuplicateAnnouncement {
+                    path: path.to_owned(),
+                    ip: a.ip,
+                    interface: a.interface.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The attach mode configured for `interface` (the default when it is not listed).
+    pub fn attach_mode(&self, interface: &str) -> AttachMode {
+        self.interfaces
+            .get(interface)
+            .map(|i| i.attach)
+            .unwrap_or_default()
+    }
+}
+
+/// Why an address can never be answered for on a link, or `None` when it can.
+fn not_announceable(ip: IpAddr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        return Some("it is the unspecified address");
+    }
+    if ip.is_multicast() {
+        return Some("it is a multicast address");
+    }
+    if ip.is_loopback() {
+        return Some("it is a loopback address");
+    }
+    if let IpAddr::V4(v4) = ip
+        && v4.is_broadcast()
+    {
+        return Some("it is the broadcast address");
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(std::path::Path::new("test.toml"), text)
+    }
+
+    #[test]
+    fn empty_file_is_valid_and_announces_nothing() {
+        let c = parse("").unwrap();
+        assert!(c.announcements.is_empty());
+        assert_eq!(c.datapath.bpffs_root, PathBuf::from(DEFAULT_BPFFS_ROOT));
+        assert_eq!(c.attach_mode("eth0"), AttachMode::Auto);
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let c = parse(
+            r#"
+            [datapath]
+            bpffs_root = "/sys/fs/bpf/x"
+            liveness_timeout_ms = 2000
+            heartbeat_interval_ms = 200
+            [interfaces.eth1]
+            attach = "xdp-generic"
+            [[announcement]]
+            ip = "192.0.2.1"
+            interface = "eth1"
+            [[announcement]]
+            ip = "2001:db8::1"
+            interface = "eth1"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.announcements.len(), 2);
+        assert_eq!(c.attach_mode("eth1"), AttachMode::XdpGeneric);
+        assert_eq!(c.datapath.liveness_timeout(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_object() {
+        let dup = "[[announcement]]\nip = \"192.0.2.1\"\ninterface = \"eth0\"\n".repeat(2);
+        let e = parse(&dup).unwrap_err().to_string();
+        assert!(e.contains("test.toml") && e.contains("192.0.2.1") && e.contains("eth0"), "{e}");
+
+        let e = parse("[[announcement]]\nip = \"224.0.0.1\"\ninterface = \"eth0\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("multicast") && e.contains("224.0.0.1"), "{e}");
+
+        let e = parse("[[announcement]]\nip = \"192.0.2.300\"\ninterface = \"eth0\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("test.toml"), "{e}");
+
+        let e = parse("[datapath]\nliveness_timeout_ms = 500\nheartbeat_interval_ms = 400\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("heartbeat_interval_ms"), "{e}");
+
+        let e = parse("[interfaces.eth0]\nattach = \"fast\"\n").unwrap_err().to_string();
+        assert!(e.contains("fast"), "{e}");
+    }
+}

@@ -1,0 +1,138 @@
+//! The `ipamd` main loop for the standalone role: keep the datapath in line with the
+//! configuration and prove liveness to the responders.
+
+use std::{path::PathBuf, time::Duration};
+
+use thiserror::Error;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{
+    backoff::Backoff,
+    config::{Config, ConfigError},
+    datapath::{Datapath, DatapathError},
+    l2::announcer::{self, AnnounceError, ReconcileReport},
+    net::iface,
+};
+
+#[derive(Debug, Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Datapath(#[from] DatapathError),
+    #[error(transparent)]
+    Announce(#[from] AnnounceError),
+    #[error("cannot install signal handler: {0}")]
+    Signal(std::io::Error),
+}
+
+/// Longest wait between two attempts at an interface that is not there yet.
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// Runs until SIGTERM or SIGINT. Pins stay in place on exit: the responders keep answering until
+/// the liveness timeout passes, which is what lets a restart or upgrade go unnoticed.
+pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
+    let mut config = Config::load(&config_path)?;
+    let mut datapath = Datapath::open(&config.datapath.bpffs_root)?;
+    datapath.responder().heartbeat(config.datapath.liveness_timeout())?;
+    tracing::info!(root = %datapath.root().display(), "datapath loaded");
+
+    let mut retry = Backoff::new(RETRY_CAP);
+    let mut retry_at = apply(&mut datapath, &config, &mut retry)?;
+
+    let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signal)?;
+    let mut heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    loop {
+        let retry_sleep = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = heartbeat.tick() => {
+                if let Err(e) = datapath.responder().heartbeat(config.datapath.liveness_timeout()) {
+                    tracing::error!("cannot write heartbeat, responders will go silent: {e}");
+                }
+            }
+            () = retry_sleep => {
+                retry_at = apply(&mut datapath, &config, &mut retry)?;
+            }
+            _ = hangup.recv() => {
+                match Config::load(&config_path) {
+                    Ok(new) if new.datapath.bpffs_root != config.datapath.bpffs_root => {
+                        tracing::error!(
+                            "not reloading {}: datapath.bpffs_root changed, which needs a restart",
+                            config_path.display()
+                        );
+                    }
+                    Ok(new) => {
+                        tracing::info!(config = %config_path.display(), "configuration reloaded");
+                        config = new;
+                        heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
+                        retry.reset();
+                        retry_at = apply(&mut datapath, &config, &mut retry)?;
+                    }
+                    Err(e) => tracing::error!("keeping the running configuration: {e}"),
+                }
+            }
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    tracing::info!(
+        "stopping; responders keep answering for up to {} ms, until the liveness timeout",
+        config.datapath.liveness_timeout_ms
+    );
+    Ok(())
+}
+
+/// Reconciles once; returns when to try again if some interface could not be served.
+fn apply(
+    datapath: &mut Datapath,
+    config: &Config,
+    retry: &mut Backoff,
+) -> Result<Option<tokio::time::Instant>, DaemonError> {
+    let report = announcer::reconcile(datapath, config)?;
+    log_report(&report);
+    if report.failed.is_empty() {
+        retry.reset();
+        return Ok(None);
+    }
+    let delay = retry.next_delay();
+    for (interface, error) in &report.failed {
+        tracing::warn!(
+            interface = interface.as_str(),
+            retry_in_ms = delay.as_millis() as u64,
+            "waiting for interface: {error}"
+        );
+    }
+    Ok(Some(tokio::time::Instant::now() + delay))
+}
+
+fn log_report(report: &ReconcileReport) {
+    for a in &report.attachments {
+        tracing::info!(
+            interface = a.interface.as_str(),
+            form = a.form.name(),
+            adopted = a.adopted,
+            "responder attached"
+        );
+    }
+    for (ip, interface) in &report.announced {
+        tracing::info!(%ip, interface = interface.as_str(), "announcing (gratuitous announcement sent)");
+    }
+    for (ip, ifindex) in &report.withdrawn {
+        tracing::info!(%ip, interface = iface::name(*ifindex), "withdrawn");
+    }
+    for interface in &report.detached {
+        tracing::info!(interface = interface.as_str(), "responder detached");
+    }
+    if !report.kept.is_empty() {
+        tracing::info!(count = report.kept.len(), "announcements kept from the previous run");
+    }
+}

@@ -1,0 +1,51 @@
+//! The daemon's directory on the BPF filesystem.
+
+use std::path::Path;
+
+use super::DatapathError;
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Creates `root` (and its `maps`, `links` subdirectories) after checking it lies on bpffs:
+/// pins anywhere else would fail later with an obscure error.
+pub(super) fn prepare_root(root: &Path) -> Result<(), DatapathError> {
+    let parent = root
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    if !is_bpffs(parent) {
+        return Err(DatapathError::NotBpffs {
+            path: root.to_owned(),
+        });
+    }
+    for dir in [root.join("maps"), root.join("links")] {
+        std::fs::create_dir_all(&dir).map_err(|source| DatapathError::PinDir {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+pub(super) fn remove_root(root: &Path) -> Result<(), DatapathError> {
+    match std::fs::remove_dir_all(root) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DatapathError::PinDir {
+            path: root.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes only into the zeroed struct we pass; the path is NUL-terminated.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    }
+}

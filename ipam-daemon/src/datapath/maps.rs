@@ -1,0 +1,266 @@
+//! Typed access to the responder's maps. String map names are only used here, through the
+//! constants of `ipam-common`.
+
+use std::{
+    net::{IpAddr, Ipv6Addr},
+    path::Path,
+    time::Duration,
+};
+
+use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use ipam_common::{
+    l2::{L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
+    map_names,
+};
+
+use super::DatapathError;
+use crate::clock;
+
+/// Key of `ip` announced on `ifindex` (IPv4 stored IPv4-mapped, see `ipam-common`).
+pub fn responder_key(ip: IpAddr, ifindex: u32) -> ResponderKey {
+    match ip {
+        IpAddr::V4(v4) => ResponderKey::v4(v4.octets(), ifindex),
+        IpAddr::V6(v6) => ResponderKey::v6(v6.octets(), ifindex),
+    }
+}
+
+fn key_ip(key: &ResponderKey) -> IpAddr {
+    let v6 = Ipv6Addr::from(key.addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// One announcement as read back from the map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnouncementEntry {
+    pub ip: IpAddr,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+    /// Replies sent for this entry, summed over CPUs.
+    pub replies: u64,
+}
+
+/// The responder's counters, summed over CPUs, in `ResponderStat` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResponderStats(pub [u64; ResponderStat::COUNT]);
+
+impl ResponderStats {
+    pub fn get(&self, stat: ResponderStat) -> u64 {
+        self.0[stat as usize]
+    }
+}
+
+/// The three maps of the L2 responder.
+pub struct ResponderMaps {
+    announcements: PerCpuHashMap<MapData, ResponderKey, L2Announcement>,
+    config: Array<MapData, ResponderConfig>,
+    stats: PerCpuArray<MapData, u64>,
+    nr_cpus: usize,
+}
+
+impl ResponderMaps {
+    /// Takes the maps out of a freshly loaded object, checking that maps reused from pins have
+    /// the layout this build expects.
+    pub(super) fn take(ebpf: &mut aya::Ebpf, maps_dir: &Path) -> Result<Self, DatapathError> {
+        let mut take = |name: &'static str| -> Result<Map, DatapathError> {
+            let map = ebpf.take_map(name).ok_or(DatapathError::Map {
+                name,
+                source: Box::new(aya::maps::MapError::InvalidName { name: name.into() }),
+            })?;
+            check_layout(name, &maps_dir.join(name), &map)?;
+            Ok(map)
+        };
+        Self::from_maps(
+            take(map_names::L2_RESPONDER)?,
+            take(map_names::L2_RESPONDER_CONFIG)?,
+            take(map_names::L2_RESPONDER_STATS)?,
+        )
+    }
+
+    /// Opens the maps pinned by a running (or stopped) daemon under `root`, e.g. for `ipamctl`.
+    pub fn from_pins(root: &Path) -> Result<Self, DatapathError> {
+        let open = |name: &'static str| -> Result<Map, DatapathError> {
+            let path = root.join("maps").join(name);
+            let data = MapData::from_pin(&path).map_err(|source| DatapathError::NotPinned {
+                name,
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
+            let map = Map::from_map_data(data).map_err(|source| map_error(name, source))?;
+            check_layout(name, &path, &map)?;
+            Ok(map)
+        };
+        Self::from_maps(
+            open(map_names::L2_RESPONDER)?,
+            open(map_names::L2_RESPONDER_CONFIG)?,
+            open(map_names::L2_RESPONDER_STATS)?,
+        )
+    }
+
+    fn from_maps(announcements: Map, config: Map, stats: Map) -> Result<Self, DatapathError> {
+        let nr_cpus = aya::util::nr_cpus().map_err(|(what, source)| DatapathError::Cpus {
+            what,
+            source,
+        })?;
+        Ok(Self {
+            announcements: PerCpuHashMap::try_from(announcements)
+                .map_err(|e| map_error(map_names::L2_RESPONDER, e))?,
+            config: Array::try_from(config)
+                .map_err(|e| map_error(map_names::L2_RESPONDER_CONFIG, e))?,
+            stats: PerCpuArray::try_from(stats)
+                .map_err(|e| map_error(map_names::L2_RESPONDER_STATS, e))?,
+            nr_cpus,
+        })
+    }
+
+    /// Announces `ip` on `ifindex`, answering with `mac`. Returns `true` when the entry is new or
+    /// its MAC changed (the caller then sends a gratuitous announcement); an identical existing
+    /// entry is left alone so its reply counters survive daemon restarts.
+    pub fn announce(&mut self, ip: IpAddr, ifindex: u32, mac: [u8; 6]) -> Result<bool, DatapathError> {
+        let key = responder_key(ip, ifindex);
+        if let Ok(existing) = self.announcements.get(&key, 0)
+            && existing.iter().all(|v| v.mac == mac)
+        {
+            return Ok(false);
+        }
+        // The whole value, on every CPU, in one update: the datapath never sees half an entry.
+        let values = PerCpuValues::try_from(vec![L2Announcement::new(mac); self.nr_cpus])
+            .map_err(|e| DatapathError::Cpus {
+                what: "per-CPU values",
+                source: e,
+            })?;
+        self.announcements
+            .insert(key, values, 0)
+            .map_err(|e| map_error(map_names::L2_RESPONDER, e))?;
+        Ok(true)
+    }
+
+    /// Stops answering for `ip` on `ifindex`. Withdrawing what is not announced is not an error.
+    pub fn withdraw(&mut self, ip: IpAddr, ifindex: u32) -> Result<(), DatapathError> {
+        match self.announcements.remove(&responder_key(ip, ifindex)) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_error(map_names::L2_RESPONDER, e)),
+        }
+    }
+
+    /// Every announcement with its reply count, sorted by interface then IP.
+    pub fn list(&self) -> Result<Vec<AnnouncementEntry>, DatapathError> {
+        let mut out = Vec::new();
+        for item in self.announcements.iter() {
+            let (key, values) = item.map_err(|e| map_error(map_names::L2_RESPONDER, e))?;
+            out.push(AnnouncementEntry {
+                ip: key_ip(&key),
+                ifindex: key.ifindex,
+                mac: values.first().map(|v| v.mac).unwrap_or_default(),
+                replies: values.iter().map(|v| v.replies).sum(),
+            });
+        }
+        out.sort_by_key(|e| (e.ifindex, e.ip));
+        Ok(out)
+    }
+
+    /// Proves the daemon alive now; the responder answers until `max_staleness` has passed
+    /// without another heartbeat.
+    pub fn heartbeat(&mut self, max_staleness: Duration) -> Result<(), DatapathError> {
+        self.write_config(ResponderConfig {
+            heartbeat_ns: clock::monotonic_ns(),
+            max_staleness_ns: max_staleness.as_nanos().try_into().unwrap_or(u64::MAX),
+        })
+    }
+
+    /// Writes the liveness gate as given (tests use it to make the heartbeat stale).
+    pub fn write_config(&mut self, config: ResponderConfig) -> Result<(), DatapathError> {
+        self.config
+            .set(0, config, 0)
+            .map_err(|e| map_error(map_names::L2_RESPONDER_CONFIG, e))
+    }
+
+    pub fn config(&self) -> Result<ResponderConfig, DatapathError> {
+        self.config
+            .get(&0, 0)
+            .map_err(|e| map_error(map_names::L2_RESPONDER_CONFIG, e))
+    }
+
+    pub fn stats(&self) -> Result<ResponderStats, DatapathError> {
+        let mut out = ResponderStats::default();
+        for stat in ResponderStat::ALL {
+            let values = self
+                .stats
+                .get(&(stat as u32), 0)
+                .map_err(|e| map_error(map_names::L2_RESPONDER_STATS, e))?;
+            out.0[stat as usize] = values.iter().sum();
+        }
+        Ok(out)
+    }
+}
+
+fn map_error(name: &'static str, source: aya::maps::MapError) -> DatapathError {
+    DatapathError::Map {
+        name,
+        source: Box::new(source),
+    }
+}
+
+/// Key and value sizes each map must have in this build.
+fn expected_layout(name: &str) -> (u32, u32) {
+    let size = |n: usize| n as u32;
+    match name {
+        map_names::L2_RESPONDER => (
+            size(size_of::<ResponderKey>()),
+            size(size_of::<L2Announcement>()),
+        ),
+        map_names::L2_RESPONDER_CONFIG => (4, size(size_of::<ResponderConfig>())),
+        _ => (4, 8),
+    }
+}
+
+fn check_layout(name: &'static str, path: &Path, map: &Map) -> Result<(), DatapathError> {
+    let data = match map {
+        Map::PerCpuHashMap(d) | Map::Array(d) | Map::PerCpuArray(d) => d,
+        _ => {
+            return Err(map_error(
+                name,
+                aya::maps::MapError::InvalidName { name: name.into() },
+            ));
+        }
+    };
+    let info = data.info().map_err(|e| map_error(name, e))?;
+    let (want_key, want_value) = expected_layout(name);
+    if info.key_size() != want_key || info.value_size() != want_value {
+        return Err(DatapathError::MapLayout {
+            name,
+            path: path.to_owned(),
+            found_key: info.key_size(),
+            found_value: info.value_size(),
+            want_key,
+            want_value,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_both_families() {
+        for ip in ["192.0.2.7", "2001:db8::7", "::ffff:0:1"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let key = responder_key(ip, 3);
+            assert_eq!(key.ifindex, 3);
+            // `::ffff:0:1` is itself IPv4-mapped (0.0.0.1): it reads back as the v4 address,
+            // which is the same key, so both spellings hit the same entry.
+            let back = key_ip(&key);
+            assert_eq!(responder_key(back, 3), key);
+        }
+        assert_eq!(
+            key_ip(&responder_key("198.51.100.1".parse().unwrap(), 1)),
+            IpAddr::V4(Ipv4Addr::new(198, 51, 100, 1))
+        );
+    }
+}

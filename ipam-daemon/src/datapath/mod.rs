@@ -1,0 +1,122 @@
+//! The datapath: loads the eBPF object, keeps every map, program link and pin under one bpffs
+//! root owned by the daemon, and reuses those pins on restart so answers never stop while the
+//! daemon restarts or upgrades.
+//!
+//! Layout under the root (default `/sys/fs/bpf/ipam`):
+//! - `maps/<MAP_NAME>`: maps, reused as they are by the next daemon (state survives restarts);
+//! - `links/<program>-<form>-<interface>-<ifindex>`: attachments, adopted by the next daemon,
+//!   which swaps in its freshly loaded program atomically (`bpf_link_update`).
+
+mod attach;
+mod bpffs;
+mod error;
+mod maps;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{SchedClassifier, Xdp},
+};
+use ipam_common::{map_names, program_names};
+
+pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
+pub use error::DatapathError;
+pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
+
+/// The eBPF object built by `build.rs` from `ipam-ebpf`.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ipam-ebpf"));
+
+/// The loaded datapath of one daemon.
+pub struct Datapath {
+    root: PathBuf,
+    ebpf: Ebpf,
+    responder: ResponderMaps,
+}
+
+impl Datapath {
+    /// Loads the datapath with its pins under `root`, creating them on first start and reusing
+    /// them (with their entries) on every later start.
+    pub fn open(root: &Path) -> Result<Self, DatapathError> {
+        bpffs::prepare_root(root)?;
+        let maps_dir = root.join("maps");
+        let mut loader = EbpfLoader::new();
+        for name in [
+            map_names::L2_RESPONDER,
+            map_names::L2_RESPONDER_CONFIG,
+            map_names::L2_RESPONDER_STATS,
+        ] {
+            loader.map_pin_path(name, maps_dir.join(name));
+        }
+        let mut ebpf = loader
+            .load(EBPF_OBJECT)
+            .map_err(|source| DatapathError::Load {
+                root: root.to_owned(),
+                source: Box::new(source),
+            })?;
+        for name in [
+            program_names::L2_RESPONDER_XDP,
+            program_names::L2_RESPONDER_TC,
+        ] {
+            load_program(&mut ebpf, name)?;
+        }
+        let responder = ResponderMaps::take(&mut ebpf, &maps_dir)?;
+        Ok(Self {
+            root: root.to_owned(),
+            ebpf,
+            responder,
+        })
+    }
+
+    /// The bpffs directory holding this datapath's pins.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The responder's maps: announcements, liveness gate and counters.
+    pub fn responder(&mut self) -> &mut ResponderMaps {
+        &mut self.responder
+    }
+
+    /// The responder in its XDP form (also what `BPF_PROG_TEST_RUN` tests and benchmarks run).
+    pub fn responder_xdp(&mut self) -> &mut Xdp {
+        program_mut(&mut self.ebpf, program_names::L2_RESPONDER_XDP)
+    }
+
+    /// The responder in its TC form.
+    pub fn responder_tc(&mut self) -> &mut SchedClassifier {
+        program_mut(&mut self.ebpf, program_names::L2_RESPONDER_TC)
+    }
+
+    /// Removes every pin of the datapath: detaches all programs and drops all maps (once this
+    /// process exits). Used to uninstall, and by tests to leave nothing behind.
+    pub fn remove_pins(root: &Path) -> Result<(), DatapathError> {
+        bpffs::remove_root(root)
+    }
+}
+
+fn load_program(ebpf: &mut Ebpf, name: &'static str) -> Result<(), DatapathError> {
+    let program = ebpf
+        .program_mut(name)
+        .ok_or(DatapathError::MissingProgram { name })?;
+    let loaded = match program {
+        aya::programs::Program::Xdp(p) => p.load(),
+        aya::programs::Program::SchedClassifier(p) => p.load(),
+        _ => return Err(DatapathError::MissingProgram { name }),
+    };
+    loaded.map_err(|source| DatapathError::Verifier {
+        program: name,
+        source: Box::new(source),
+    })
+}
+
+/// The programs are checked to exist and have the right type in `open`, so a miss here is a bug.
+fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> &'a mut T
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program>,
+{
+    let program = ebpf.program_mut(name).expect("program checked in Datapath::open");
+    program
+        .try_into()
+        .unwrap_or_else(|_| panic!("program {name} has the type checked in Datapath::open"))
+}

@@ -1,0 +1,82 @@
+//! Interfaces of the current network namespace.
+
+use std::{ffi::CString, io};
+
+/// The ifindex of `name`.
+pub fn index(name: &str) -> io::Result<u32> {
+    let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: NUL-terminated string, no other memory touched.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface named {name} in this network namespace"),
+        )),
+        idx => Ok(idx),
+    }
+}
+
+/// The name of interface `ifindex`, or its number when it no longer exists.
+pub fn name(ifindex: u32) -> String {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: the buffer has the IF_NAMESIZE bytes the call may write.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return format!("if#{ifindex}");
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The hardware address of `name`, read with SIOCGIFHWADDR so it is right in any namespace
+/// (sysfs shows the namespace it was mounted in, not necessarily ours).
+pub fn mac(name: &str) -> io::Result<[u8; 6]> {
+    if name.len() >= libc::IF_NAMESIZE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {name} is too long"),
+        ));
+    }
+    // SAFETY: plain socket(2) call; the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor we own.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: ifreq is plain data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: SIOCGIFHWADDR reads ifr_name and writes ifr_hwaddr inside `req`.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("interface {name}: {e}")));
+    }
+    // SAFETY: the kernel filled the hwaddr member of the union.
+    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (dst, src) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *dst = *src as u8;
+    }
+    Ok(mac)
+}
+
+/// `true` for software devices (veth, bridge, dummy, ...): they have no parent device in sysfs.
+/// Where sysfs does not show this namespace, the answer is `true`, the safe choice for `auto`
+/// (TC works on every device).
+pub fn is_virtual(name: &str) -> bool {
+    let class = std::path::Path::new("/sys/class/net").join(name);
+    !class.exists() || !class.join("device").exists()
+}
+
+/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}

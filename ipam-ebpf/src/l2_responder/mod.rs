@@ -1,0 +1,36 @@
+//! The L2 announcement responder: answers "who has IP X?" on an interface for the IPs announced
+//! there, and leaves every other frame to the kernel untouched.
+//!
+//! Written against a [`Frame`] so the XDP and TC entry points share every line of it.
+
+mod arp;
+mod liveness;
+mod ndp;
+
+use crate::packet::{ETH_P_ARP, ETH_P_IPV6, EthHdr, Frame};
+
+/// What the entry point must do with the frame.
+pub enum Verdict {
+    /// Leave the frame to the kernel, unmodified.
+    Pass,
+    /// The frame was rewritten in place into a reply: send it back out of its ingress interface.
+    Reply,
+}
+
+/// Decides on one frame received on `ifindex`, rewriting it into a reply when it asks for an
+/// announced IP.
+#[inline(always)]
+pub fn respond(frame: &mut Frame, ifindex: u32) -> Verdict {
+    let Some(eth) = frame.ptr_at::<EthHdr>(0) else {
+        return Verdict::Pass;
+    };
+    // SAFETY: `ptr_at` checked that the header lies within the frame.
+    let ethertype = u16::from_be_bytes(unsafe { (*eth).ethertype });
+    // VLAN-tagged frames (0x8100, 0x88a8) fall through to Pass: announcements are per interface,
+    // and a tagged request belongs to the VLAN sub-interface, which has its own attachment.
+    match ethertype {
+        ETH_P_ARP => arp::respond(frame, eth, ifindex),
+        ETH_P_IPV6 => ndp::respond(frame, eth, ifindex),
+        _ => Verdict::Pass,
+    }
+}

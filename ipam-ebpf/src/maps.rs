@@ -1,0 +1,28 @@
+//! The maps of the eBPF object. Their names (the static names) and capacities are defined in
+//! `ipam-common`, which the daemon reads too.
+use aya_ebpf::{
+    btf_maps::{Array, PerCpuArray, PerCpuHashMap},
+    macros::btf_map,
+};
+use ipam_common::l2::{
+    L2_RESPONDER_CAPACITY, L2Announcement, ResponderConfig, ResponderKey, ResponderStat,
+};
+
+#[btf_map]
+pub static L2_RESPONDER: PerCpuHashMap<ResponderKey, L2Announcement, L2_RESPONDER_CAPACITY> =
+    PerCpuHashMap::new();
+
+#[btf_map]
+pub static L2_RESPONDER_CONFIG: Array<ResponderConfig, 1> = Array::new();
+
+#[btf_map]
+pub static L2_RESPONDER_STATS: PerCpuArray<u64, { ResponderStat::COUNT }> = PerCpuArray::new();
+
+/// Adds one to a responder counter of this CPU.
+#[inline(always)]
+pub fn count(stat: ResponderStat) {
+    if let Some(counter) = L2_RESPONDER_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, only this program on this CPU writes it (no preemption in BPF).
+        unsafe { *counter += 1 };
+    }
+}

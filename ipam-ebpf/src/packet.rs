@@ -1,0 +1,46 @@
+//! Bounds-checked access to a frame's bytes, in the shape the verifier accepts.
+
+/// The bytes of one frame, `[start, end)` as given by the program context.
+pub struct Frame {
+    start: usize,
+    end: usize,
+}
+
+impl Frame {
+    #[inline(always)]
+    pub fn new(start: usize, end: usize) -> Self {
+        Self { start, end }
+    }
+
+    /// A pointer to a `T` at `offset`, or `None` when the frame is too short to hold it.
+    #[inline(always)]
+    pub fn ptr_at<T>(&self, offset: usize) -> Option<*mut T> {
+        let at = self.start + offset;
+        if at + core::mem::size_of::<T>() > self.end {
+            return None;
+        }
+        Some(at as *mut T)
+    }
+}
+
+/// Ethernet header; multi-byte fields as byte arrays (network order, no alignment assumption).
+#[repr(C)]
+pub struct EthHdr {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub ethertype: [u8; 2],
+}
+pub const ETH_HLEN: usize = 14;
+pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_IPV6: u16 = 0x86dd;
+
+/// `true` for group (multicast or broadcast) MAC addresses.
+#[inline(always)]
+pub fn is_group_mac(mac: &[u8; 6]) -> bool {
+    mac[0] & 1 != 0
+}
+
+#[inline(always)]
+pub fn is_broadcast_mac(mac: &[u8; 6]) -> bool {
+    mac[0] & mac[1] & mac[2] & mac[3] & mac[4] & mac[5] == 0xff
+}

@@ -1,1 +1,79 @@
+//! Test kit for the integration tests and benchmarks: network namespaces, veth pairs, bpffs
+//! roots and daemon processes that clean up after themselves, even when a test panics.
+//!
+//! Every name carries the process id and a counter, so tests run in parallel and again after a
+//! crash without colliding; traffic only flows between namespaces a test made itself.
 
+pub mod daemon;
+pub mod netns;
+pub mod rng;
+
+use std::{
+    path::PathBuf,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use ipam_daemon::datapath::Datapath;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A short name unique to this process and call (interface names are limited to 15 bytes).
+pub fn unique(tag: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{tag}{}x{n}", std::process::id() % 100_000)
+}
+
+/// Runs a command and panics with its output when it fails.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A bpffs directory of the test's own, removed (with everything pinned in it) on drop.
+pub struct BpffsRoot(pub PathBuf);
+
+impl BpffsRoot {
+    pub fn new() -> Self {
+        Self(PathBuf::from("/sys/fs/bpf").join(unique("ipam-test-")))
+    }
+}
+
+impl Default for BpffsRoot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for BpffsRoot {
+    fn drop(&mut self) {
+        let _ = Datapath::remove_pins(&self.0);
+    }
+}
+
+/// Path of a binary of this workspace, built by `cargo build --bins` (`cargo xtask test` does).
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test-binary>
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let path = profile_dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not found: build the binaries first with `cargo build --bins` (cargo xtask test does)",
+        path.display()
+    );
+    path
+}

@@ -1,0 +1,85 @@
+//! `ipamd` as a real process inside a test namespace.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ipam_daemon::datapath::ResponderMaps;
+
+use crate::{netns::Netns, workspace_binary};
+
+/// A running `ipamd`, killed on drop. Its log goes to a file the test can read.
+pub struct Daemon {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `ipamd -c config` in `ns` (entered with nsenter, which keeps the host's bpffs
+    /// visible; `ip netns exec` would remount /sys and hide it).
+    pub fn start(ns: &Netns, config: &Path) -> Self {
+        let log = config.with_extension(format!("{}.log", crate::unique("")));
+        let file = std::fs::File::create(&log).expect("daemon log");
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", ns.path().display()))
+            .arg(workspace_binary("ipamd"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_BACKTRACE", "0")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log fd"))
+            .stderr(file)
+            .spawn()
+            .expect("spawn ipamd");
+        Self { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
+    /// SIGKILL, and wait until the process is gone.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `true` while the process runs.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Waits until the responder maps under `root` satisfy `done`, or panics after `timeout`.
+pub fn wait_for_maps(root: &Path, timeout: Duration, what: &str, done: impl Fn(&ResponderMaps) -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(maps) = ResponderMaps::from_pins(root)
+            && done(&maps)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

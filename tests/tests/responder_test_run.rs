@@ -1,0 +1,411 @@
+//! The L2 responder's decisions, frame by frame, through `BPF_PROG_TEST_RUN`: both attach forms
+//! (XDP and TC) run the same frames. Replies are compared byte for byte with frames built by the
+//! independent userspace code in `ipam_daemon::net::frames`.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use aya::programs::{TestRun, TestRunOptions};
+use ipam_common::l2::{ResponderConfig, ResponderStat};
+use ipam_daemon::{
+    datapath::Datapath,
+    net::frames::{ARP_REPLY, ArpFrame, ICMPV6_NA, ICMPV6_NS, NA_SOLICITED_OVERRIDE, NdpFrame},
+};
+use ipam_tests::{BpffsRoot, rng::Rng};
+
+const XDP_ABORTED: u32 = 0;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_REDIRECT: u32 = 7;
+
+/// `BPF_PROG_TEST_RUN` runs the program as if the frame arrived on loopback.
+const LO: u32 = 1;
+const OUR_MAC: [u8; 6] = [0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x01];
+const CLIENT_MAC: [u8; 6] = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+const ANNOUNCED_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
+const OTHER_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 11);
+const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+const ANNOUNCED_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0xabcd, 0x10);
+const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+
+struct Harness {
+    datapath: Datapath,
+    _root: BpffsRoot,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Pass,
+    Reply(Vec<u8>),
+}
+
+impl Harness {
+    fn new() -> Self {
+        let root = BpffsRoot::new();
+        let mut datapath = Datapath::open(&root.0).expect("load datapath");
+        let maps = datapath.responder();
+        maps.announce(IpAddr::V4(ANNOUNCED_V4), LO, OUR_MAC).unwrap();
+        maps.announce(IpAddr::V6(ANNOUNCED_V6), LO, OUR_MAC).unwrap();
+        maps.heartbeat(std::time::Duration::from_secs(60)).unwrap();
+        Self {
+            datapath,
+            _root: root,
+        }
+    }
+
+    /// Runs `frame` through both forms, checks they agree, and returns the common outcome.
+    fn run(&mut self, frame: &[u8]) -> Outcome {
+        let xdp = self.run_xdp(frame);
+        if !skb_harness_refuses(frame) {
+            let tc = self.run_tc(frame);
+            assert_eq!(xdp, tc, "XDP and TC disagree on frame {frame:02x?}");
+        }
+        xdp
+    }
+
+    fn run_xdp(&mut self, frame: &[u8]) -> Outcome {
+        let mut out = vec![0u8; frame.len() + 256];
+        let result = self
+            .datapath
+            .responder_xdp()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .expect("XDP test run");
+        out.truncate(result.data_size_out as usize);
+        match result.return_value {
+            XDP_PASS => {
+                assert_eq!(out, frame, "XDP passed a modified frame");
+                Outcome::Pass
+            }
+            XDP_TX => Outcome::Reply(out),
+            XDP_ABORTED => panic!("XDP_ABORTED on frame {frame:02x?}"),
+            other => panic!("unexpected XDP verdict {other} on frame {frame:02x?}"),
+        }
+    }
+
+    fn run_tc(&mut self, frame: &[u8]) -> Outcome {
+        let mut out = vec![0u8; frame.len() + 256];
+        let result = self
+            .datapath
+            .responder_tc()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .expect("TC test run");
+        out.truncate(result.data_size_out as usize);
+        match result.return_value {
+            TC_ACT_OK => {
+                assert_eq!(out, frame, "TC passed a modified frame");
+                Outcome::Pass
+            }
+            TC_ACT_REDIRECT => Outcome::Reply(out),
+            other => panic!("unexpected TC verdict {other} on frame {frame:02x?}"),
+        }
+    }
+
+    fn stat(&mut self, stat: ResponderStat) -> u64 {
+        self.datapath.responder().stats().unwrap().get(stat)
+    }
+}
+
+/// The kernel's skb test harness (not our program) rejects IPv4/IPv6 frames too short for an IP
+/// header with EINVAL. Those frames still run through the same responder logic in XDP form.
+fn skb_harness_refuses(frame: &[u8]) -> bool {
+    match frame.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]])) {
+        None => true,
+        Some(0x0800) => frame.len() < 14 + 20,
+        Some(0x86dd) => frame.len() < 14 + 40,
+        Some(_) => false,
+    }
+}
+
+fn arp_request(target: Ipv4Addr) -> ArpFrame {
+    ArpFrame::request(CLIENT_MAC, CLIENT_V4, target)
+}
+
+/// The exact reply the responder must produce for `req`, keeping any Ethernet padding.
+fn expected_arp_reply(req: &[u8]) -> Vec<u8> {
+    let r = ArpFrame::parse(req).expect("a request");
+    let mut reply = ArpFrame {
+        eth_dst: r.sender_mac,
+        eth_src: OUR_MAC,
+        op: ARP_REPLY,
+        sender_mac: OUR_MAC,
+        sender_ip: r.target_ip,
+        target_mac: r.sender_mac,
+        target_ip: r.sender_ip,
+    }
+    .to_bytes();
+    reply.extend_from_slice(&req[42..]);
+    reply
+}
+
+fn ns(target: Ipv6Addr) -> NdpFrame {
+    NdpFrame::solicitation(CLIENT_MAC, CLIENT_V6, target)
+}
+
+fn expected_na(req: &NdpFrame) -> Vec<u8> {
+    NdpFrame {
+        eth_dst: req.eth_src,
+        eth_src: OUR_MAC,
+        src: req.target,
+        dst: req.src,
+        hop_limit: 255,
+        icmp_type: ICMPV6_NA,
+        flags: NA_SOLICITED_OVERRIDE,
+        target: req.target,
+        lladdr_option: req.lladdr_option.map(|_| (2, OUR_MAC)),
+        checksum: 0,
+    }
+    .to_bytes()
+}
+
+#[test]
+fn arp_request_for_announced_ip_gets_exact_reply_in_both_forms() {
+    let mut h = Harness::new();
+    let req = arp_request(ANNOUNCED_V4).to_bytes();
+    assert_eq!(h.run(&req), Outcome::Reply(expected_arp_reply(&req)));
+
+    // Minimum-size Ethernet frames carry 18 bytes of padding; it is kept as it is.
+    let mut padded = req.clone();
+    padded.extend_from_slice(&[0xee; 18]);
+    assert_eq!(h.run(&padded), Outcome::Reply(expected_arp_reply(&padded)));
+
+    // A unicast request to our MAC (cache refresh) is answered too.
+    let mut unicast = arp_request(ANNOUNCED_V4);
+    unicast.eth_dst = OUR_MAC;
+    let unicast = unicast.to_bytes();
+    assert_eq!(h.run(&unicast), Outcome::Reply(expected_arp_reply(&unicast)));
+
+    // Two forms ran each frame: 6 replies in total, counted per entry and globally.
+    assert_eq!(h.stat(ResponderStat::ArpReplies), 6);
+    let entry = h.datapath.responder().list().unwrap();
+    let v4 = entry.iter().find(|e| e.ip == IpAddr::V4(ANNOUNCED_V4)).unwrap();
+    assert_eq!(v4.replies, 6);
+    assert_eq!(v4.mac, OUR_MAC);
+}
+
+#[test]
+fn frames_that_are_not_questions_for_us_pass_untouched() {
+    let mut h = Harness::new();
+    let valid = arp_request(ANNOUNCED_V4);
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+
+    cases.push(("request for an unannounced IP", arp_request(OTHER_V4).to_bytes()));
+    let mut reply = valid;
+    reply.op = ARP_REPLY;
+    cases.push(("ARP reply", reply.to_bytes()));
+    cases.push((
+        "gratuitous ARP for the announced IP",
+        ArpFrame::gratuitous(CLIENT_MAC, ANNOUNCED_V4, 1).to_bytes(),
+    ));
+    let mut probe = valid;
+    probe.sender_ip = Ipv4Addr::UNSPECIFIED;
+    cases.push(("RFC 5227 probe", probe.to_bytes()));
+    let mut other_station = valid;
+    other_station.eth_dst = [0x02, 9, 9, 9, 9, 9];
+    cases.push(("request unicast to another station", other_station.to_bytes()));
+    let mut group_sender = valid;
+    group_sender.sender_mac = [0x01, 0, 0x5e, 0, 0, 1];
+    cases.push(("request from a multicast sender MAC", group_sender.to_bytes()));
+    for (name, at, value) in [
+        ("hardware type not Ethernet", 15, 6u8),
+        ("protocol type not IPv4", 16, 0x86),
+        ("hardware length not 6", 18, 8),
+        ("protocol length not 4", 19, 16),
+        ("unknown opcode", 21, 9),
+    ] {
+        let mut f = valid.to_bytes();
+        f[at] = value;
+        cases.push((name, f));
+    }
+    // 802.1Q-tagged request: the tag shifts the ARP header; the VLAN interface handles it.
+    let mut tagged = valid.to_bytes();
+    tagged.splice(12..12, [0x81, 0x00, 0x00, 0x64]);
+    cases.push(("VLAN-tagged request", tagged));
+    let mut wrong_ethertype = valid.to_bytes();
+    wrong_ethertype[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    cases.push(("IPv4 ethertype", wrong_ethertype));
+    for len in 14..42 {
+        cases.push(("truncated request", valid.to_bytes()[..len].to_vec()));
+    }
+
+    for (name, frame) in cases {
+        assert_eq!(h.run(&frame), Outcome::Pass, "{name} must pass untouched");
+    }
+    assert_eq!(h.stat(ResponderStat::ArpReplies), 0);
+    assert!(h.stat(ResponderStat::Malformed) > 0, "truncated/odd ARP frames are counted");
+}
+
+#[test]
+fn neighbour_solicitations_get_exact_advertisements() {
+    let mut h = Harness::new();
+    let multicast = ns(ANNOUNCED_V6);
+    let out = h.run(&multicast.to_bytes());
+    assert_eq!(out, Outcome::Reply(expected_na(&multicast)));
+    let Outcome::Reply(bytes) = out else { unreachable!() };
+    let na = NdpFrame::parse(&bytes).unwrap();
+    assert!(na.checksum_valid(), "advertisement checksum");
+    assert_eq!(na.flags, NA_SOLICITED_OVERRIDE);
+
+    // Unicast NS (neighbour unreachability detection) without a source link-layer option.
+    let mut unicast = ns(ANNOUNCED_V6);
+    unicast.eth_dst = OUR_MAC;
+    unicast.dst = ANNOUNCED_V6;
+    unicast.lladdr_option = None;
+    let out = h.run(&unicast.to_bytes());
+    assert_eq!(out, Outcome::Reply(expected_na(&unicast)));
+    assert_eq!(h.stat(ResponderStat::NdpReplies), 4);
+}
+
+#[test]
+fn odd_or_malformed_solicitations_pass_untouched() {
+    let mut h = Harness::new();
+    let valid = ns(ANNOUNCED_V6);
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    cases.push(("NS for an unannounced address", ns("2001:db8::99".parse().unwrap()).to_bytes()));
+    let mut dad = valid;
+    dad.src = Ipv6Addr::UNSPECIFIED;
+    dad.lladdr_option = None;
+    cases.push(("duplicate address detection", dad.to_bytes()));
+    let mut hop = valid;
+    hop.hop_limit = 64;
+    cases.push(("hop limit not 255", hop.to_bytes()));
+    let mut wrong_group = valid;
+    wrong_group.dst = "ff02::1:ff00:1".parse().unwrap();
+    cases.push(("solicited-node group of another address", wrong_group.to_bytes()));
+    let mut no_option_multicast = valid;
+    no_option_multicast.lladdr_option = None;
+    cases.push(("multicast NS without source link-layer option", no_option_multicast.to_bytes()));
+    let mut nonce = valid;
+    nonce.lladdr_option = Some((14, [1, 2, 3, 4, 5, 6]));
+    cases.push(("NS with a nonce option instead", nonce.to_bytes()));
+    let mut advert = valid;
+    advert.icmp_type = ICMPV6_NA;
+    cases.push(("neighbour advertisement", advert.to_bytes()));
+    let mut bad_sum = valid.to_bytes();
+    bad_sum[56] ^= 0x01;
+    cases.push(("bad checksum", bad_sum));
+    let mut bad_code = valid.to_bytes();
+    bad_code[55] = 1;
+    cases.push(("ICMPv6 code not 0", bad_code));
+    let mut other_station = valid;
+    other_station.eth_dst = [0x33, 0x33, 0xff, 0, 0, 1];
+    cases.push(("Ethernet group of another address", other_station.to_bytes()));
+    let mut not_icmp = valid.to_bytes();
+    not_icmp[20] = 17;
+    cases.push(("IPv6 UDP", not_icmp));
+    for len in 14..86 {
+        cases.push(("truncated NS", valid.to_bytes()[..len].to_vec()));
+    }
+    assert_eq!(valid.icmp_type, ICMPV6_NS);
+    for (name, frame) in cases {
+        assert_eq!(h.run(&frame), Outcome::Pass, "{name} must pass untouched");
+    }
+    assert_eq!(h.stat(ResponderStat::NdpReplies), 0);
+}
+
+#[test]
+fn stale_heartbeat_silences_the_responder_and_fresh_one_revives_it() {
+    let mut h = Harness::new();
+    let req = arp_request(ANNOUNCED_V4).to_bytes();
+    let solicitation = ns(ANNOUNCED_V6).to_bytes();
+
+    // Last heartbeat 10 s ago with a 3 s timeout: silent.
+    let now = ipam_daemon::clock::monotonic_ns();
+    h.datapath
+        .responder()
+        .write_config(ResponderConfig {
+            heartbeat_ns: now - 10_000_000_000,
+            max_staleness_ns: 3_000_000_000,
+        })
+        .unwrap();
+    assert_eq!(h.run(&req), Outcome::Pass);
+    assert_eq!(h.run(&solicitation), Outcome::Pass);
+    assert_eq!(h.stat(ResponderStat::StaleSkipped), 4);
+
+    // Never written: silent too.
+    h.datapath.responder().write_config(ResponderConfig::default()).unwrap();
+    assert_eq!(h.run(&req), Outcome::Pass);
+
+    h.datapath
+        .responder()
+        .heartbeat(std::time::Duration::from_secs(3))
+        .unwrap();
+    assert_eq!(h.run(&req), Outcome::Reply(expected_arp_reply(&req)));
+    assert!(matches!(h.run(&solicitation), Outcome::Reply(_)));
+}
+
+#[test]
+fn withdrawn_ip_is_no_longer_answered() {
+    let mut h = Harness::new();
+    let req = arp_request(ANNOUNCED_V4).to_bytes();
+    assert!(matches!(h.run(&req), Outcome::Reply(_)));
+    h.datapath.responder().withdraw(IpAddr::V4(ANNOUNCED_V4), LO).unwrap();
+    assert_eq!(h.run(&req), Outcome::Pass);
+    // Announced on another interface only: not answered on this one.
+    h.datapath.responder().announce(IpAddr::V4(ANNOUNCED_V4), LO + 1000, OUR_MAC).unwrap();
+    assert_eq!(h.run(&req), Outcome::Pass);
+}
+
+/// Random frames, and valid requests with random bytes changed: the programs never abort, pass
+/// anything they do not answer untouched, and every reply is the exact reply to a valid request
+/// for an announced IP.
+#[test]
+fn randomised_frames_are_never_answered_wrongly() {
+    let mut h = Harness::new();
+    let seed = 0x1b5e_ed00_u64 ^ u64::from(std::process::id());
+    let mut rng = Rng::new(seed);
+    let arp = arp_request(ANNOUNCED_V4).to_bytes();
+    let nd = ns(ANNOUNCED_V6).to_bytes();
+    let mut replies = 0;
+    for i in 0..4000 {
+        let frame = match i % 4 {
+            0 => {
+                let mut f = vec![0u8; 14 + rng.below(100)];
+                rng.fill(&mut f);
+                let ethertype: u16 = [0x0806, 0x86dd, 0x8100, 0x0800][rng.below(4)];
+                f[12..14].copy_from_slice(&ethertype.to_be_bytes());
+                f
+            }
+            1 | 2 => {
+                let mut f = if i % 4 == 1 { arp.clone() } else { nd.clone() };
+                for _ in 0..=rng.below(3) {
+                    let at = rng.below(f.len());
+                    f[at] = rng.next_u64() as u8;
+                }
+                f
+            }
+            _ => {
+                let f = if rng.below(2) == 0 { arp.clone() } else { nd.clone() };
+                f[..14 + rng.below(f.len() - 13)].to_vec()
+            }
+        };
+        match h.run(&frame) {
+            Outcome::Pass => {}
+            Outcome::Reply(out) => {
+                replies += 1;
+                let expected = if let Some(req) = ArpFrame::parse(&frame) {
+                    assert_eq!(req.op, 1, "seed {seed:#x}: answered a non-request");
+                    assert_eq!(req.target_ip, ANNOUNCED_V4, "seed {seed:#x}");
+                    expected_arp_reply(&frame)
+                } else {
+                    let req = NdpFrame::parse(&frame)
+                        .unwrap_or_else(|| panic!("seed {seed:#x}: answered {frame:02x?}"));
+                    assert!(req.checksum_valid() && req.icmp_type == ICMPV6_NS, "seed {seed:#x}");
+                    assert_eq!(req.target, ANNOUNCED_V6, "seed {seed:#x}");
+                    expected_na(&req)
+                };
+                assert_eq!(out, expected, "seed {seed:#x}: wrong reply to {frame:02x?}");
+            }
+        }
+    }
+    // Mutations that leave a request valid (e.g. a changed sender MAC) are answered: the test
+    // exercised the reply path, not only the pass path.
+    assert!(replies > 0, "seed {seed:#x}: no frame was answered");
+}

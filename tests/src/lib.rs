@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod netns;
+pub mod resolve;
 pub mod rng;
 
 use std::{

@@ -25,8 +25,8 @@ pub enum AttachMode {
     /// native XDP on physical NICs, falling back to TC when the driver has no native XDP.
     #[default]
     Auto,
-    /// XDP in the driver. On a veth, replies reach the peer only if the peer has GRO enabled or
-    /// an XDP program of its own.
+    /// XDP in the driver. On a veth, replies reach the peer only if the peer runs an XDP
+    /// program of its own (GRO alone was not enough on kernel 6.18; see docs/datapath.md).
     XdpNative,
     /// XDP in generic (skb) mode: works everywhere, slower than both other forms.
     XdpGeneric,

@@ -1,0 +1,76 @@
+//! Asking "who has IP X?" on a link, as a neighbour would, and reading the answer.
+
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    time::{Duration, Instant},
+};
+
+use ipam_daemon::net::{
+    frames::{ARP_REPLY, ArpFrame, ETH_P_ARP, ETH_P_IPV6, ICMPV6_NA, NdpFrame},
+    iface,
+    packet_socket::PacketSocket,
+};
+
+/// A neighbour on one interface of the current thread's namespace.
+pub struct Resolver {
+    socket_arp: PacketSocket,
+    socket_nd: PacketSocket,
+    mac: [u8; 6],
+}
+
+impl Resolver {
+    pub fn new(dev: &str) -> Self {
+        let ifindex = iface::index(dev).expect("resolver interface");
+        Self {
+            socket_arp: PacketSocket::bind(ifindex, ETH_P_ARP).expect("ARP socket"),
+            socket_nd: PacketSocket::bind(ifindex, ETH_P_IPV6).expect("IPv6 socket"),
+            mac: iface::mac(dev).expect("resolver MAC"),
+        }
+    }
+
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// Sends an ARP request for `target` and returns the first reply from it within `timeout`.
+    pub fn arp(&self, sender: Ipv4Addr, target: Ipv4Addr, timeout: Duration) -> Option<ArpFrame> {
+        self.socket_arp
+            .send(&ArpFrame::request(self.mac, sender, target).to_bytes())
+            .expect("send ARP request");
+        self.next_arp(timeout, |f| f.op == ARP_REPLY && f.sender_ip == target)
+    }
+
+    /// Waits for an ARP frame matching `want`.
+    pub fn next_arp(&self, timeout: Duration, want: impl Fn(&ArpFrame) -> bool) -> Option<ArpFrame> {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 2048];
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let n = self.socket_arp.recv(&mut buf, left).expect("recv")?;
+            if let Some(f) = ArpFrame::parse(&buf[..n])
+                && want(&f)
+            {
+                return Some(f);
+            }
+        }
+    }
+
+    /// Sends a multicast neighbour solicitation for `target` and returns the advertisement.
+    pub fn ndp(&self, src: Ipv6Addr, target: Ipv6Addr, timeout: Duration) -> Option<NdpFrame> {
+        self.socket_nd
+            .send(&NdpFrame::solicitation(self.mac, src, target).to_bytes())
+            .expect("send NS");
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 2048];
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let n = self.socket_nd.recv(&mut buf, left).expect("recv")?;
+            if let Some(f) = NdpFrame::parse(&buf[..n])
+                && f.icmp_type == ICMPV6_NA
+                && f.target == target
+            {
+                return Some(f);
+            }
+        }
+    }
+}

@@ -65,16 +65,18 @@ impl Drop for BpffsRoot {
 /// Path of a binary of this workspace, built by `cargo build --bins` (`cargo xtask test` does).
 pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test-binary>
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
-    let path = profile_dir.join(name);
-    assert!(
-        path.exists(),
-        "{} not found: build the binaries first with `cargo build --bins` (cargo xtask test does)",
-        path.display()
-    );
-    path
+    // Test binaries live in target/<profile>/deps, other binaries in target/<profile>.
+    let dir = exe.parent().expect("binary has a directory");
+    let candidates = [dir.join(name), dir.join("..").join(name)];
+    candidates
+        .iter()
+        .find(|p| p.exists())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} not found next to {}: build the binaries first with `cargo build --bins` \
+                 (cargo xtask test does)",
+                exe.display()
+            )
+        })
 }

@@ -1,1 +1,58 @@
-fn main(){}
+//! Project automation: `cargo xtask <command>`. Deliberately independent of the project's own
+//! crates, so `setup` runs on a machine that cannot build them yet.
+
+mod bench;
+mod build_ebpf;
+mod cmd;
+mod lab;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(about = "Build, test, benchmark and demo the IPAM datapath")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install or check every prerequisite (Debian packages, nightly rust-src, bpf-linker, bpffs).
+    Setup,
+    /// Build the eBPF object on its own (a plain `cargo build` of the daemon also does it).
+    BuildEbpf,
+    /// Set up, then run every unit and integration test.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Set up, then run the lab: a node namespace announcing an IP and a client reaching it.
+    Lab,
+    /// Set up, then run a benchmark and print its figures (last line: key=value pairs).
+    Bench {
+        #[arg(value_enum)]
+        name: bench::Name,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Args::parse().command {
+        Command::Setup => setup::run(),
+        Command::BuildEbpf => build_ebpf::run(),
+        Command::Test { args } => {
+            setup::run()?;
+            test::run(&args)
+        }
+        Command::Lab => {
+            setup::run()?;
+            lab::run()
+        }
+        Command::Bench { name } => {
+            setup::run()?;
+            bench::run(name)
+        }
+    }
+}

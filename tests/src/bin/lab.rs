@@ -1,0 +1,164 @@
+//! The lab: a "node" namespace where `ipamd` announces a LoadBalancer-style IP, and a "client"
+//! namespace on the same link that finds it with ARP/NDP and talks to it. Everything is created
+//! here and removed at the end, also when a step fails.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use ipam_daemon::net::iface::format_mac;
+use ipam_tests::{
+    BpffsRoot,
+    daemon::{Daemon, wait_for_maps},
+    netns::{Netns, veth},
+    resolve::Resolver,
+    run, unique, workspace_binary,
+};
+
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 1);
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 2);
+const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 100);
+const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 2);
+const SERVICE_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 0x100);
+
+fn step(n: u32, text: &str) {
+    println!("\n[{n}] {text}");
+}
+
+fn main() {
+    println!("IPAM lab: one node announces a service IP, a client on the same link reaches it.");
+    let node = Netns::new("labnode");
+    let client = Netns::new("labcli");
+    let root = BpffsRoot::new();
+    let config = std::env::temp_dir().join(format!("{}.toml", unique("lab")));
+
+    step(1, "Building the network");
+    veth(&node, "eth0", &client, "eth0");
+    node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
+    client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"]);
+    client.ip(&["addr", "add", &format!("{CLIENT_V6}/64"), "dev", "eth0", "nodad"]);
+    // The service IP is local to the node (on lo, like a LoadBalancer VIP) so the node's kernel
+    // accepts traffic for it, but the kernel must not answer ARP for it on eth0: the eBPF
+    // responder does, on exactly the interfaces the daemon chooses.
+    node.ip(&["addr", "add", &format!("{SERVICE_IP}/32"), "dev", "lo"]);
+    node.run(|| {
+        run("sysctl", &["-qw", "net.ipv4.conf.all.arp_ignore=1"]);
+    });
+    println!(
+        "    node   namespace {:<14} eth0 {NODE_IP}/24, MAC {}",
+        node.name,
+        format_mac(&node.mac("eth0"))
+    );
+    println!(
+        "    client namespace {:<14} eth0 {CLIENT_IP}/24, MAC {}",
+        client.name,
+        format_mac(&client.mac("eth0"))
+    );
+
+    step(2, "Starting ipamd in the node; it announces the service IPs on eth0");
+    std::fs::write(
+        &config,
+        format!(
+            "[datapath]\nbpffs_root = \"{}\"\n\n[[announcement]]\nip = \"{SERVICE_IP}\"\ninterface = \"eth0\"\n\n[[announcement]]\nip = \"{SERVICE_V6}\"\ninterface = \"eth0\"\n",
+            root.0.display()
+        ),
+    )
+    .expect("write lab config");
+    println!("    config: {}", config.display());
+    let started = Instant::now();
+    let daemon = Daemon::start(&node, &config);
+    wait_for_maps(&root.0, Duration::from_secs(20), "the daemon to announce", |m| {
+        m.list().map(|l| l.len() == 2).unwrap_or(false)
+    });
+    println!(
+        "    ipamd is answering after {} ms; it loaded its eBPF responder and pinned it under {}",
+        started.elapsed().as_millis(),
+        root.0.display()
+    );
+    step(3, &format!("The client asks \"who has {SERVICE_IP}?\" (ARP)"));
+    let node_mac = node.mac("eth0");
+    let answer = client.run(|| {
+        let r = Resolver::new("eth0");
+        let t = Instant::now();
+        let a = r.arp(CLIENT_IP, SERVICE_IP, Duration::from_secs(1));
+        (a, t.elapsed())
+    });
+    match answer {
+        (Some(reply), rtt) => println!(
+            "    answered in {} µs: {SERVICE_IP} is at {} (the node's eth0: {})",
+            rtt.as_micros(),
+            format_mac(&reply.sender_mac),
+            if reply.sender_mac == node_mac { "correct" } else { "WRONG" }
+        ),
+        (None, _) => fail("no ARP answer", &daemon),
+    }
+
+    step(4, &format!("The client asks \"who has {SERVICE_V6}?\" (IPv6 neighbour solicitation)"));
+    match client.run(|| Resolver::new("eth0").ndp(CLIENT_V6, SERVICE_V6, Duration::from_secs(1))) {
+        Some(na) => println!(
+            "    neighbour advertisement: {SERVICE_V6} is at {} (checksum {})",
+            format_mac(&na.lladdr_option.map(|o| o.1).unwrap_or_default()),
+            if na.checksum_valid() { "valid" } else { "INVALID" }
+        ),
+        None => fail("no NDP answer", &daemon),
+    }
+
+    step(5, &format!("The client pings {SERVICE_IP} and opens a TCP connection to it"));
+    let ping = client.run(|| {
+        run("ping", &["-c", "3", "-i", "0.2", "-W", "1", &SERVICE_IP.to_string()])
+    });
+    if let Some(summary) = ping.lines().find(|l| l.contains("packets transmitted")) {
+        println!("    ping: {summary}");
+    }
+    let listener = node.run(|| TcpListener::bind((SERVICE_IP, 8080)).expect("listen on service IP"));
+    let server = std::thread::spawn(move || {
+        if let Ok((mut conn, _)) = listener.accept() {
+            let _ = conn.write_all(b"hello from the service on the node\n");
+        }
+    });
+    let greeting = client.run(|| {
+        let mut s = TcpStream::connect_timeout(&(SERVICE_IP, 8080).into(), Duration::from_secs(2))
+            .expect("connect to service IP");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("read greeting");
+        text
+    });
+    let _ = server.join();
+    println!("    TCP {SERVICE_IP}:8080 said: {}", greeting.trim());
+    let neigh = client.ip(&["neigh", "show", &SERVICE_IP.to_string()]);
+    println!("    client's neighbour table: {}", neigh.trim());
+
+    step(6, "What the daemon logged, and what ipamctl shows (read from the pinned eBPF maps)");
+    for line in daemon.log_text().lines().filter(|l| l.contains("INFO")) {
+        println!("    | {}", line.split("INFO ").nth(1).unwrap_or(line));
+    }
+    let ctl = workspace_binary("ipamctl");
+    for args in [&["announcements"][..], &["status"][..]] {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", node.path().display()))
+            .arg(&ctl)
+            .arg("--bpffs-root")
+            .arg(&root.0)
+            .args(args)
+            .output()
+            .expect("run ipamctl");
+        println!("    $ ipamctl {}", args.join(" "));
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            println!("    {line}");
+        }
+    }
+
+    step(7, "Cleaning up: stopping ipamd, removing pins and namespaces");
+    drop(daemon);
+    let _ = std::fs::remove_file(&config);
+    let announced = IpAddr::V4(SERVICE_IP);
+    println!("    done: {announced} was announced, resolved and reached; nothing is left behind.");
+}
+
+fn fail(what: &str, daemon: &Daemon) -> ! {
+    eprintln!("LAB FAILED: {what}\n--- ipamd log ---\n{}", daemon.log_text());
+    // Destructors of the namespaces and pins run on unwinding.
+    panic!("{what}");
+}

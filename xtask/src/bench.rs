@@ -1,0 +1,21 @@
+//! `cargo xtask bench <name>`: builds in release and runs the benchmark program of that name
+//! (tests/src/bin/bench-<name>.rs). Its last output line holds the headline figures as
+//! `key=value` pairs.
+
+use crate::cmd::{cargo, exec, workspace_root};
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Name {
+    /// ARP answers: ns per reply (BPF_PROG_TEST_RUN) and reply rate versus the kernel.
+    Arp,
+}
+
+pub fn run(name: Name) -> anyhow::Result<()> {
+    let bin = match name {
+        Name::Arp => "bench-arp",
+    };
+    exec(cargo().args(["build", "--release", "-p", "ipam-tests", "--bin", bin]))?;
+    exec(&mut std::process::Command::new(
+        workspace_root().join("target/release").join(bin),
+    ))
+}

@@ -1,0 +1,157 @@
+//! `cargo xtask setup`: every prerequisite of building and testing, installed or checked,
+//! idempotently. When everything is there it takes seconds and says so.
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context as _, bail};
+
+use crate::cmd::{exec, output};
+
+/// Debian packages the tests, the lab and the benchmarks use.
+const PACKAGES: &[(&str, &str)] = &[
+    ("iproute2", "ip: namespaces, veth pairs"),
+    ("util-linux", "nsenter: runs the daemon in a namespace without hiding bpffs"),
+    ("ethtool", "NIC offload settings in tests"),
+    ("iputils-ping", "ping through the announcing interface"),
+    ("bpftool", "inspecting pinned maps and programs"),
+    ("arping", "resolving announced IPs by hand"),
+    ("ndisc6", "resolving announced IPv6 addresses by hand"),
+];
+
+
+pub fn run() -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let mut changed = Vec::new();
+    packages(&mut changed)?;
+    nightly(&mut changed)?;
+    bpf_linker(&mut changed)?;
+    bpffs(&mut changed)?;
+    if changed.is_empty() {
+        println!(
+            "setup: everything already in place ({} ms)",
+            started.elapsed().as_millis()
+        );
+    } else {
+        println!(
+            "setup: done in {:.1} s; changed: {}",
+            started.elapsed().as_secs_f64(),
+            changed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn packages(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| {
+            output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_none_or(|s| !s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("setup: installing Debian packages: {}", missing.join(" "));
+    exec(Command::new("apt-get").args(["update", "-qq"]))
+        .context("apt-get update failed; check that the Debian mirror is reachable")?;
+    exec(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+    .with_context(|| format!("cannot install {}; install them by hand", missing.join(" ")))?;
+    changed.push(format!("packages ({})", missing.join(" ")));
+    Ok(())
+}
+
+fn nightly(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"])).unwrap_or_default();
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        bail!(
+            "the eBPF crate needs a nightly Rust toolchain named `nightly` and none is installed; \
+             install one with `rustup toolchain install nightly --component rust-src`"
+        );
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .unwrap_or_default();
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        println!("setup: adding rust-src to the nightly toolchain");
+        exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        changed.push("rust-src".into());
+    }
+    Ok(())
+}
+
+/// Where the symlinks to the nightly's LLVM live; bpf-linker keeps an rpath to it.
+fn llvm_prefix() -> anyhow::Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    Ok(PathBuf::from(home).join(".local/share/ipam-toolchain/llvm"))
+}
+
+fn bpf_linker(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    if output(Command::new("bpf-linker").arg("--version")).is_some() {
+        return Ok(());
+    }
+    // bpf-linker's default LLVM does not link here; the nightly ships LLVM as a shared library
+    // that bpf-linker can use instead (docs/toolchain.md).
+    let sysroot = output(Command::new("rustc").args(["+nightly", "--print", "sysroot"]))
+        .context("cannot find the nightly toolchain's sysroot")?;
+    let lib_dir = PathBuf::from(sysroot.trim()).join("lib");
+    let llvm = std::fs::read_dir(&lib_dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so.") && n.contains("-rust-"))
+        })
+        .with_context(|| format!("no libLLVM.so.*-rust-* in {}", lib_dir.display()))?;
+    let soname = llvm.file_name().expect("file name").to_owned();
+    let major = soname
+        .to_str()
+        .and_then(|n| n.strip_prefix("libLLVM.so."))
+        .and_then(|v| v.split('.').next())
+        .context("cannot read the LLVM version")?
+        .to_owned();
+    let prefix = llvm_prefix()?;
+    let prefix_lib = prefix.join("lib");
+    std::fs::create_dir_all(&prefix_lib)?;
+    // Two names: `libLLVM.so` for the build, the soname for the installed binary at run time.
+    for name in [std::ffi::OsString::from("libLLVM.so"), soname] {
+        let link = prefix_lib.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&llvm, &link)?;
+    }
+    println!("setup: building bpf-linker 0.13.0 against the nightly's LLVM {major} (about a minute)");
+    exec(Command::new("cargo")
+        .args(["install", "bpf-linker", "--version", "0.13.0", "--locked", "--force"])
+        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
+        .env("LLVM_PREFIX", &prefix))
+    .context("cannot build bpf-linker")?;
+    if output(Command::new("bpf-linker").arg("--version")).is_none() {
+        bail!("bpf-linker was installed but does not run; is ~/.cargo/bin on PATH?");
+    }
+    changed.push("bpf-linker".into());
+    Ok(())
+}
+
+fn bpffs(changed: &mut Vec<String>) -> anyhow::Result<()> {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "))
+    {
+        return Ok(());
+    }
+    exec(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
+        .context("cannot mount bpffs at /sys/fs/bpf; the datapath pins live there (run as root)")?;
+    changed.push("bpffs mounted".into());
+    Ok(())
+}

@@ -61,7 +61,10 @@ mod tests {
         for _ in 0..20 {
             let d = b.next_delay().as_secs_f64();
             let want = f64::min(expected, 5.0);
-            assert!(d >= want * 0.9 - 1e-9 && d <= f64::min(want * 1.1, 5.0) + 1e-9, "{d} vs {want}");
+            assert!(
+                d >= want * 0.9 - 1e-9 && d <= f64::min(want * 1.1, 5.0) + 1e-9,
+                "{d} vs {want}"
+            );
             expected *= 1.5;
         }
         b.reset();

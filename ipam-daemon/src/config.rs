@@ -245,7 +245,10 @@ mod tests {
     fn errors_name_the_file_and_the_object() {
         let dup = "[[announcement]]\nip = \"192.0.2.1\"\ninterface = \"eth0\"\n".repeat(2);
         let e = parse(&dup).unwrap_err().to_string();
-        assert!(e.contains("test.toml") && e.contains("192.0.2.1") && e.contains("eth0"), "{e}");
+        assert!(
+            e.contains("test.toml") && e.contains("192.0.2.1") && e.contains("eth0"),
+            "{e}"
+        );
 
         let e = parse("[[announcement]]\nip = \"224.0.0.1\"\ninterface = \"eth0\"\n")
             .unwrap_err()
@@ -262,7 +265,9 @@ mod tests {
             .to_string();
         assert!(e.contains("heartbeat_interval_ms"), "{e}");
 
-        let e = parse("[interfaces.eth0]\nattach = \"fast\"\n").unwrap_err().to_string();
+        let e = parse("[interfaces.eth0]\nattach = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("fast"), "{e}");
     }
 }

@@ -34,7 +34,9 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
     let mut config = Config::load(&config_path)?;
     let mut datapath = Datapath::open(&config.datapath.bpffs_root)?;
-    datapath.responder().heartbeat(config.datapath.liveness_timeout())?;
+    datapath
+        .responder()
+        .heartbeat(config.datapath.liveness_timeout())?;
     tracing::info!(root = %datapath.root().display(), "datapath loaded");
 
     let mut retry = Backoff::new(RETRY_CAP);
@@ -133,6 +135,9 @@ fn log_report(report: &ReconcileReport) {
         tracing::info!(interface = interface.as_str(), "responder detached");
     }
     if !report.kept.is_empty() {
-        tracing::info!(count = report.kept.len(), "announcements kept from the previous run");
+        tracing::info!(
+            count = report.kept.len(),
+            "announcements kept from the previous run"
+        );
     }
 }

@@ -75,7 +75,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {
-    eprintln!("ipam-ebpf only builds for the bpfel-unknown-none target; see `cargo xtask build-ebpf`");
+    eprintln!(
+        "ipam-ebpf only builds for the bpfel-unknown-none target; see `cargo xtask build-ebpf`"
+    );
 }
 
 #[cfg(target_arch = "bpf")]

@@ -71,7 +71,12 @@ impl Drop for Daemon {
 }
 
 /// Waits until the responder maps under `root` satisfy `done`, or panics after `timeout`.
-pub fn wait_for_maps(root: &Path, timeout: Duration, what: &str, done: impl Fn(&ResponderMaps) -> bool) {
+pub fn wait_for_maps(
+    root: &Path,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&ResponderMaps) -> bool,
+) {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(maps) = ResponderMaps::from_pins(root)

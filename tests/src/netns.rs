@@ -1,10 +1,6 @@
 //! Network namespaces and veth pairs owned by a test.
 
-use std::{
-    fs::File,
-    os::fd::AsRawFd as _,
-    path::PathBuf,
-};
+use std::{fs::File, os::fd::AsRawFd as _, path::PathBuf};
 
 use crate::{run, unique};
 
@@ -52,7 +48,13 @@ impl Netns {
             let file = File::open(&path).expect("open netns");
             // SAFETY: setns on this thread only; the fd is valid for the call.
             let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns {}: {}", path.display(), std::io::Error::last_os_error());
+            assert_eq!(
+                rc,
+                0,
+                "setns {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            );
             f()
         })
     }
@@ -81,9 +83,20 @@ impl Drop for Netns {
 pub fn veth(a: &Netns, dev_a: &str, b: &Netns, dev_b: &str) {
     let tmp_a = unique("va");
     let tmp_b = unique("vb");
-    run("ip", &["link", "add", &tmp_a, "type", "veth", "peer", "name", &tmp_b]);
-    run("ip", &["link", "set", &tmp_a, "netns", &a.name, "name", dev_a]);
-    run("ip", &["link", "set", &tmp_b, "netns", &b.name, "name", dev_b]);
+    run(
+        "ip",
+        &[
+            "link", "add", &tmp_a, "type", "veth", "peer", "name", &tmp_b,
+        ],
+    );
+    run(
+        "ip",
+        &["link", "set", &tmp_a, "netns", &a.name, "name", dev_a],
+    );
+    run(
+        "ip",
+        &["link", "set", &tmp_b, "netns", &b.name, "name", dev_b],
+    );
     a.ip(&["link", "set", dev_a, "up"]);
     b.ip(&["link", "set", dev_b, "up"]);
 }

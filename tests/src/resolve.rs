@@ -41,7 +41,11 @@ impl Resolver {
     }
 
     /// Waits for an ARP frame matching `want`.
-    pub fn next_arp(&self, timeout: Duration, want: impl Fn(&ArpFrame) -> bool) -> Option<ArpFrame> {
+    pub fn next_arp(
+        &self,
+        timeout: Duration,
+        want: impl Fn(&ArpFrame) -> bool,
+    ) -> Option<ArpFrame> {
         let deadline = Instant::now() + timeout;
         let mut buf = [0u8; 2048];
         loop {

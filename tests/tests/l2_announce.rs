@@ -55,7 +55,14 @@ impl Lab {
         node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "n0"]);
         node.ip(&["addr", "add", "10.78.0.1/24", "dev", "n1"]);
         client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "c0"]);
-        client.ip(&["addr", "add", &format!("{CLIENT_V6}/64"), "dev", "c0", "nodad"]);
+        client.ip(&[
+            "addr",
+            "add",
+            &format!("{CLIENT_V6}/64"),
+            "dev",
+            "c0",
+            "nodad",
+        ]);
         other.ip(&["addr", "add", &format!("{OTHER_IP}/24"), "dev", "o0"]);
         let config = TempFile(std::env::temp_dir().join(format!("{}.toml", unique("ipamd"))));
         Self {
@@ -74,7 +81,9 @@ impl Lab {
             liveness_ms / 5,
         );
         for (ip, dev) in announcements {
-            text.push_str(&format!("\n[[announcement]]\nip = \"{ip}\"\ninterface = \"{dev}\"\n"));
+            text.push_str(&format!(
+                "\n[[announcement]]\nip = \"{ip}\"\ninterface = \"{dev}\"\n"
+            ));
         }
         std::fs::write(&self.config.0, text).expect("write config");
     }
@@ -83,7 +92,10 @@ impl Lab {
         self.write_config(
             3000,
             "auto",
-            &[(IpAddr::V4(ANNOUNCED), "n0"), (IpAddr::V6(ANNOUNCED_V6), "n0")],
+            &[
+                (IpAddr::V4(ANNOUNCED), "n0"),
+                (IpAddr::V6(ANNOUNCED_V6), "n0"),
+            ],
         );
     }
 
@@ -92,10 +104,15 @@ impl Lab {
     }
 
     fn wait_announced(&self, count: usize) {
-        wait_for_maps(&self.root.0, Duration::from_secs(20), "announcements", |m| {
-            m.list().map(|l| l.len() == count).unwrap_or(false)
-                && m.config().map(|c| c.heartbeat_ns != 0).unwrap_or(false)
-        });
+        wait_for_maps(
+            &self.root.0,
+            Duration::from_secs(20),
+            "announcements",
+            |m| {
+                m.list().map(|l| l.len() == count).unwrap_or(false)
+                    && m.config().map(|c| c.heartbeat_ns != 0).unwrap_or(false)
+            },
+        );
     }
 
     fn client_arp(&self, target: Ipv4Addr) -> Option<ipam_daemon::net::frames::ArpFrame> {
@@ -119,7 +136,10 @@ fn announced_ip_is_answered_with_the_right_mac_on_its_interface_only() {
     });
     let _daemon = lab.start();
     lab.wait_announced(2);
-    let garp = garp.join().unwrap().expect("gratuitous ARP on first announcement");
+    let garp = garp
+        .join()
+        .unwrap()
+        .expect("gratuitous ARP on first announcement");
     assert_eq!((garp.eth_src, garp.sender_mac), (node_mac, node_mac));
 
     let reply = lab.client_arp(ANNOUNCED).expect("announced IP is answered");
@@ -136,7 +156,10 @@ fn announced_ip_is_answered_with_the_right_mac_on_its_interface_only() {
         .expect("announced IPv6 is answered");
     assert!(na.checksum_valid());
     assert_eq!(na.lladdr_option, Some((2, node_mac)));
-    assert_eq!((na.src, na.dst, na.flags), (ANNOUNCED_V6, CLIENT_V6, NA_SOLICITED_OVERRIDE));
+    assert_eq!(
+        (na.src, na.dst, na.flags),
+        (ANNOUNCED_V6, CLIENT_V6, NA_SOLICITED_OVERRIDE)
+    );
 
     // Not announced on n1: a neighbour there gets no answer (nor does the kernel give one).
     let on_other_link = lab
@@ -148,12 +171,19 @@ fn announced_ip_is_answered_with_the_right_mac_on_its_interface_only() {
 
     // Ordinary traffic through the announcing interface is untouched: ARP for the node's own
     // address (answered by the kernel), ping, and a TCP exchange.
-    let own = lab.client_arp(NODE_IP).expect("kernel still answers for the node's own IP");
+    let own = lab
+        .client_arp(NODE_IP)
+        .expect("kernel still answers for the node's own IP");
     assert_eq!(own.sender_mac, node_mac);
     lab.client.run(|| {
-        ipam_tests::run("ping", &["-c", "2", "-W", "1", "-i", "0.2", &NODE_IP.to_string()])
+        ipam_tests::run(
+            "ping",
+            &["-c", "2", "-W", "1", "-i", "0.2", &NODE_IP.to_string()],
+        )
     });
-    let listener = lab.node.run(|| TcpListener::bind((NODE_IP, 7077)).expect("listen"));
+    let listener = lab
+        .node
+        .run(|| TcpListener::bind((NODE_IP, 7077)).expect("listen"));
     let server = std::thread::spawn(move || {
         let (mut conn, _) = listener.accept().expect("accept");
         let mut buf = [0u8; 5];
@@ -183,7 +213,11 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
     lab.write_config(3000, "auto", &[(IpAddr::V6(ANNOUNCED_V6), "n0")]);
     daemon.signal(libc::SIGHUP);
     lab.wait_announced(1);
-    assert_eq!(lab.client_arp(ANNOUNCED), None, "withdrawn IP must not be answered");
+    assert_eq!(
+        lab.client_arp(ANNOUNCED),
+        None,
+        "withdrawn IP must not be answered"
+    );
 
     // A broken file on reload is reported and the running configuration kept.
     std::fs::write(&lab.config.0, "[[announcement]]\nip = \"not an ip\"\n").unwrap();
@@ -191,7 +225,13 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
     std::thread::sleep(Duration::from_millis(500));
     let maps = ipam_daemon::datapath::ResponderMaps::from_pins(&lab.root.0).unwrap();
     assert_eq!(maps.list().unwrap().len(), 1);
-    assert!(daemon.log_text().contains("keeping the running configuration"), "{}", daemon.log_text());
+    assert!(
+        daemon
+            .log_text()
+            .contains("keeping the running configuration"),
+        "{}",
+        daemon.log_text()
+    );
 }
 
 #[test]
@@ -206,15 +246,24 @@ fn every_attach_form_answers() {
             let root = peer_root.0.clone();
             lab.client.run(move || {
                 let mut peer = ipam_daemon::datapath::Datapath::open(&root).expect("peer datapath");
-                peer.attach_responder("c0", AttachMode::XdpNative).expect("peer XDP");
+                peer.attach_responder("c0", AttachMode::XdpNative)
+                    .expect("peer XDP");
             });
         }
         lab.write_config(3000, attach, &[(IpAddr::V4(ANNOUNCED), "n0")]);
         let daemon = lab.start();
         lab.wait_announced(1);
         let reply = lab.client_arp(ANNOUNCED);
-        assert!(reply.is_some(), "{attach}: no answer; daemon log:\n{}", daemon.log_text());
-        assert!(daemon.log_text().contains(&format!("form=\"{attach}\"")), "{}", daemon.log_text());
+        assert!(
+            reply.is_some(),
+            "{attach}: no answer; daemon log:\n{}",
+            daemon.log_text()
+        );
+        assert!(
+            daemon.log_text().contains(&format!("form=\"{attach}\"")),
+            "{}",
+            daemon.log_text()
+        );
     }
 }
 
@@ -234,7 +283,10 @@ fn hung_daemon_goes_silent_and_answers_again_when_it_recovers() {
 
     let deadline = Instant::now() + Duration::from_secs(3);
     while lab.client_arp(ANNOUNCED).is_none() {
-        assert!(Instant::now() < deadline, "responder did not come back after the daemon resumed");
+        assert!(
+            Instant::now() < deadline,
+            "responder did not come back after the daemon resumed"
+        );
     }
 }
 
@@ -253,7 +305,10 @@ fn sigkill_and_restart_leave_no_request_unanswered() {
         let end = Instant::now() + Duration::from_secs(3);
         while Instant::now() < end {
             sent += 1;
-            if resolver.arp(CLIENT_IP, ANNOUNCED, Duration::from_millis(200)).is_none() {
+            if resolver
+                .arp(CLIENT_IP, ANNOUNCED, Duration::from_millis(200))
+                .is_none()
+            {
                 unanswered += 1;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -265,10 +320,20 @@ fn sigkill_and_restart_leave_no_request_unanswered() {
     let mut second = lab.start();
     let (sent, unanswered) = client.join().unwrap();
     assert!(sent > 100, "the client kept resolving ({sent} requests)");
-    assert_eq!(unanswered, 0, "{unanswered} of {sent} requests went unanswered across the restart");
-    assert!(second.running(), "restarted daemon exited:\n{}", second.log_text());
+    assert_eq!(
+        unanswered, 0,
+        "{unanswered} of {sent} requests went unanswered across the restart"
+    );
+    assert!(
+        second.running(),
+        "restarted daemon exited:\n{}",
+        second.log_text()
+    );
     let log = second.log_text();
-    assert!(log.contains("adopted=true"), "restarted daemon adopts the pinned link:\n{log}");
+    assert!(
+        log.contains("adopted=true"),
+        "restarted daemon adopts the pinned link:\n{log}"
+    );
 }
 
 #[test]
@@ -279,15 +344,21 @@ fn missing_interface_is_waited_for_not_fatal() {
     std::thread::sleep(Duration::from_millis(1500));
     assert!(daemon.running(), "daemon exited:\n{}", daemon.log_text());
     let log = daemon.log_text();
-    assert!(log.contains("waiting for interface") && log.contains("late0"), "{log}");
+    assert!(
+        log.contains("waiting for interface") && log.contains("late0"),
+        "{log}"
+    );
 
     // The interface appears (a late NIC, a CNI creating it): the daemon picks it up by itself.
     let late_client = Netns::new("late");
     veth(&lab.node, "late0", &late_client, "l0");
     late_client.ip(&["addr", "add", "10.77.0.3/24", "dev", "l0"]);
     lab.wait_announced(1);
-    let reply = late_client.run(|| {
-        Resolver::new("l0").arp(Ipv4Addr::new(10, 77, 0, 3), ANNOUNCED, TIMEOUT)
-    });
-    assert!(reply.is_some(), "no answer once the interface exists:\n{}", daemon.log_text());
+    let reply = late_client
+        .run(|| Resolver::new("l0").arp(Ipv4Addr::new(10, 77, 0, 3), ANNOUNCED, TIMEOUT));
+    assert!(
+        reply.is_some(),
+        "no answer once the interface exists:\n{}",
+        daemon.log_text()
+    );
 }

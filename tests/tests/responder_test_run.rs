@@ -44,8 +44,10 @@ impl Harness {
         let root = BpffsRoot::new();
         let mut datapath = Datapath::open(&root.0).expect("load datapath");
         let maps = datapath.responder();
-        maps.announce(IpAddr::V4(ANNOUNCED_V4), LO, OUR_MAC).unwrap();
-        maps.announce(IpAddr::V6(ANNOUNCED_V6), LO, OUR_MAC).unwrap();
+        maps.announce(IpAddr::V4(ANNOUNCED_V4), LO, OUR_MAC)
+            .unwrap();
+        maps.announce(IpAddr::V6(ANNOUNCED_V6), LO, OUR_MAC)
+            .unwrap();
         maps.heartbeat(std::time::Duration::from_secs(60)).unwrap();
         Self {
             datapath,
@@ -180,12 +182,18 @@ fn arp_request_for_announced_ip_gets_exact_reply_in_both_forms() {
     let mut unicast = arp_request(ANNOUNCED_V4);
     unicast.eth_dst = OUR_MAC;
     let unicast = unicast.to_bytes();
-    assert_eq!(h.run(&unicast), Outcome::Reply(expected_arp_reply(&unicast)));
+    assert_eq!(
+        h.run(&unicast),
+        Outcome::Reply(expected_arp_reply(&unicast))
+    );
 
     // Two forms ran each frame: 6 replies in total, counted per entry and globally.
     assert_eq!(h.stat(ResponderStat::ArpReplies), 6);
     let entry = h.datapath.responder().list().unwrap();
-    let v4 = entry.iter().find(|e| e.ip == IpAddr::V4(ANNOUNCED_V4)).unwrap();
+    let v4 = entry
+        .iter()
+        .find(|e| e.ip == IpAddr::V4(ANNOUNCED_V4))
+        .unwrap();
     assert_eq!(v4.replies, 6);
     assert_eq!(v4.mac, OUR_MAC);
 }
@@ -196,7 +204,10 @@ fn frames_that_are_not_questions_for_us_pass_untouched() {
     let valid = arp_request(ANNOUNCED_V4);
     let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
 
-    cases.push(("request for an unannounced IP", arp_request(OTHER_V4).to_bytes()));
+    cases.push((
+        "request for an unannounced IP",
+        arp_request(OTHER_V4).to_bytes(),
+    ));
     let mut reply = valid;
     reply.op = ARP_REPLY;
     cases.push(("ARP reply", reply.to_bytes()));
@@ -209,10 +220,16 @@ fn frames_that_are_not_questions_for_us_pass_untouched() {
     cases.push(("RFC 5227 probe", probe.to_bytes()));
     let mut other_station = valid;
     other_station.eth_dst = [0x02, 9, 9, 9, 9, 9];
-    cases.push(("request unicast to another station", other_station.to_bytes()));
+    cases.push((
+        "request unicast to another station",
+        other_station.to_bytes(),
+    ));
     let mut group_sender = valid;
     group_sender.sender_mac = [0x01, 0, 0x5e, 0, 0, 1];
-    cases.push(("request from a multicast sender MAC", group_sender.to_bytes()));
+    cases.push((
+        "request from a multicast sender MAC",
+        group_sender.to_bytes(),
+    ));
     for (name, at, value) in [
         ("hardware type not Ethernet", 15, 6u8),
         ("protocol type not IPv4", 16, 0x86),
@@ -239,7 +256,10 @@ fn frames_that_are_not_questions_for_us_pass_untouched() {
         assert_eq!(h.run(&frame), Outcome::Pass, "{name} must pass untouched");
     }
     assert_eq!(h.stat(ResponderStat::ArpReplies), 0);
-    assert!(h.stat(ResponderStat::Malformed) > 0, "truncated/odd ARP frames are counted");
+    assert!(
+        h.stat(ResponderStat::Malformed) > 0,
+        "truncated/odd ARP frames are counted"
+    );
 }
 
 #[test]
@@ -248,7 +268,9 @@ fn neighbour_solicitations_get_exact_advertisements() {
     let multicast = ns(ANNOUNCED_V6);
     let out = h.run(&multicast.to_bytes());
     assert_eq!(out, Outcome::Reply(expected_na(&multicast)));
-    let Outcome::Reply(bytes) = out else { unreachable!() };
+    let Outcome::Reply(bytes) = out else {
+        unreachable!()
+    };
     let na = NdpFrame::parse(&bytes).unwrap();
     assert!(na.checksum_valid(), "advertisement checksum");
     assert_eq!(na.flags, NA_SOLICITED_OVERRIDE);
@@ -268,7 +290,10 @@ fn odd_or_malformed_solicitations_pass_untouched() {
     let mut h = Harness::new();
     let valid = ns(ANNOUNCED_V6);
     let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
-    cases.push(("NS for an unannounced address", ns("2001:db8::99".parse().unwrap()).to_bytes()));
+    cases.push((
+        "NS for an unannounced address",
+        ns("2001:db8::99".parse().unwrap()).to_bytes(),
+    ));
     let mut dad = valid;
     dad.src = Ipv6Addr::UNSPECIFIED;
     dad.lladdr_option = None;
@@ -278,10 +303,16 @@ fn odd_or_malformed_solicitations_pass_untouched() {
     cases.push(("hop limit not 255", hop.to_bytes()));
     let mut wrong_group = valid;
     wrong_group.dst = "ff02::1:ff00:1".parse().unwrap();
-    cases.push(("solicited-node group of another address", wrong_group.to_bytes()));
+    cases.push((
+        "solicited-node group of another address",
+        wrong_group.to_bytes(),
+    ));
     let mut no_option_multicast = valid;
     no_option_multicast.lladdr_option = None;
-    cases.push(("multicast NS without source link-layer option", no_option_multicast.to_bytes()));
+    cases.push((
+        "multicast NS without source link-layer option",
+        no_option_multicast.to_bytes(),
+    ));
     let mut nonce = valid;
     nonce.lladdr_option = Some((14, [1, 2, 3, 4, 5, 6]));
     cases.push(("NS with a nonce option instead", nonce.to_bytes()));
@@ -296,7 +327,10 @@ fn odd_or_malformed_solicitations_pass_untouched() {
     cases.push(("ICMPv6 code not 0", bad_code));
     let mut other_station = valid;
     other_station.eth_dst = [0x33, 0x33, 0xff, 0, 0, 1];
-    cases.push(("Ethernet group of another address", other_station.to_bytes()));
+    cases.push((
+        "Ethernet group of another address",
+        other_station.to_bytes(),
+    ));
     let mut not_icmp = valid.to_bytes();
     not_icmp[20] = 17;
     cases.push(("IPv6 UDP", not_icmp));
@@ -330,7 +364,10 @@ fn stale_heartbeat_silences_the_responder_and_fresh_one_revives_it() {
     assert_eq!(h.stat(ResponderStat::StaleSkipped), 4);
 
     // Never written: silent too.
-    h.datapath.responder().write_config(ResponderConfig::default()).unwrap();
+    h.datapath
+        .responder()
+        .write_config(ResponderConfig::default())
+        .unwrap();
     assert_eq!(h.run(&req), Outcome::Pass);
 
     h.datapath
@@ -346,10 +383,16 @@ fn withdrawn_ip_is_no_longer_answered() {
     let mut h = Harness::new();
     let req = arp_request(ANNOUNCED_V4).to_bytes();
     assert!(matches!(h.run(&req), Outcome::Reply(_)));
-    h.datapath.responder().withdraw(IpAddr::V4(ANNOUNCED_V4), LO).unwrap();
+    h.datapath
+        .responder()
+        .withdraw(IpAddr::V4(ANNOUNCED_V4), LO)
+        .unwrap();
     assert_eq!(h.run(&req), Outcome::Pass);
     // Announced on another interface only: not answered on this one.
-    h.datapath.responder().announce(IpAddr::V4(ANNOUNCED_V4), LO + 1000, OUR_MAC).unwrap();
+    h.datapath
+        .responder()
+        .announce(IpAddr::V4(ANNOUNCED_V4), LO + 1000, OUR_MAC)
+        .unwrap();
     assert_eq!(h.run(&req), Outcome::Pass);
 }
 
@@ -382,7 +425,11 @@ fn randomised_frames_are_never_answered_wrongly() {
                 f
             }
             _ => {
-                let f = if rng.below(2) == 0 { arp.clone() } else { nd.clone() };
+                let f = if rng.below(2) == 0 {
+                    arp.clone()
+                } else {
+                    nd.clone()
+                };
                 f[..14 + rng.below(f.len() - 13)].to_vec()
             }
         };
@@ -397,7 +444,10 @@ fn randomised_frames_are_never_answered_wrongly() {
                 } else {
                     let req = NdpFrame::parse(&frame)
                         .unwrap_or_else(|| panic!("seed {seed:#x}: answered {frame:02x?}"));
-                    assert!(req.checksum_valid() && req.icmp_type == ICMPV6_NS, "seed {seed:#x}");
+                    assert!(
+                        req.checksum_valid() && req.icmp_type == ICMPV6_NS,
+                        "seed {seed:#x}"
+                    );
                     assert_eq!(req.target, ANNOUNCED_V6, "seed {seed:#x}");
                     expected_na(&req)
                 };

@@ -10,14 +10,16 @@ use crate::cmd::{exec, output};
 /// Debian packages the tests, the lab and the benchmarks use.
 const PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip: namespaces, veth pairs"),
-    ("util-linux", "nsenter: runs the daemon in a namespace without hiding bpffs"),
+    (
+        "util-linux",
+        "nsenter: runs the daemon in a namespace without hiding bpffs",
+    ),
     ("ethtool", "NIC offload settings in tests"),
     ("iputils-ping", "ping through the announcing interface"),
     ("bpftool", "inspecting pinned maps and programs"),
     ("arping", "resolving announced IPs by hand"),
     ("ndisc6", "resolving announced IPv6 addresses by hand"),
 ];
-
 
 pub fn run() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
@@ -56,10 +58,12 @@ fn packages(changed: &mut Vec<String>) -> anyhow::Result<()> {
     println!("setup: installing Debian packages: {}", missing.join(" "));
     exec(Command::new("apt-get").args(["update", "-qq"]))
         .context("apt-get update failed; check that the Debian mirror is reachable")?;
-    exec(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    exec(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
     .with_context(|| format!("cannot install {}; install them by hand", missing.join(" ")))?;
     changed.push(format!("packages ({})", missing.join(" ")));
     Ok(())
@@ -83,7 +87,13 @@ fn nightly(changed: &mut Vec<String>) -> anyhow::Result<()> {
     .unwrap_or_default();
     if !installed.lines().any(|l| l.starts_with("rust-src")) {
         println!("setup: adding rust-src to the nightly toolchain");
-        exec(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        exec(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
         changed.push("rust-src".into());
     }
     Ok(())
@@ -129,11 +139,26 @@ fn bpf_linker(changed: &mut Vec<String>) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&llvm, &link)?;
     }
-    println!("setup: building bpf-linker 0.13.0 against the nightly's LLVM {major} (about a minute)");
-    exec(Command::new("cargo")
-        .args(["install", "bpf-linker", "--version", "0.13.0", "--locked", "--force"])
-        .args(["--no-default-features", "--features", &format!("llvm-{major}")])
-        .env("LLVM_PREFIX", &prefix))
+    println!(
+        "setup: building bpf-linker 0.13.0 against the nightly's LLVM {major} (about a minute)"
+    );
+    exec(
+        Command::new("cargo")
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                "0.13.0",
+                "--locked",
+                "--force",
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .env("LLVM_PREFIX", &prefix),
+    )
     .context("cannot build bpf-linker")?;
     if output(Command::new("bpf-linker").arg("--version")).is_none() {
         bail!("bpf-linker was installed but does not run; is ~/.cargo/bin on PATH?");

@@ -1,10 +1,51 @@
 //! `cargo xtask test`: every unit and integration test, after the binaries the integration tests
-//! start (ipamd) are built.
+//! start (ipamd) are built. Ends with one plain line totalling all test binaries.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    process::Stdio,
+};
+
+use anyhow::{Context as _, bail};
 
 use crate::cmd::{cargo, exec};
 
-
 pub fn run(extra: &[String]) -> anyhow::Result<()> {
     exec(cargo().args(["build", "--bins"]))?;
-    exec(cargo().arg("test").arg("--").args(extra))
+    let mut child = cargo()
+        .args(["test", "--no-fail-fast", "--"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot start cargo test")?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some((p, f)) = parse_result(&line) {
+            passed += p;
+            failed += f;
+        }
+    }
+    let status = child.wait()?;
+    println!("tests: {passed} passed, {failed} failed");
+    if !status.success() || failed > 0 {
+        bail!("tests failed ({failed} failed; cargo test exited with {status})");
+    }
+    if passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+/// `test result: ok. 7 passed; 0 failed; ...` -> (7, 0).
+fn parse_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim().strip_prefix("test result: ")?;
+    let count = |word: &str| -> Option<u64> {
+        rest.split(';')
+            .find_map(|part| part.trim().rsplit_once(' ').filter(|(_, w)| *w == word))
+            .and_then(|(n, _)| n.rsplit(' ').next()?.parse().ok())
+    };
+    Some((count("passed")?, count("failed")?))
 }

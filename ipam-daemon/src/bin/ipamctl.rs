@@ -61,7 +61,10 @@ fn main() -> anyhow::Result<()> {
 fn announcements(root: &std::path::Path) -> anyhow::Result<()> {
     let maps = ResponderMaps::from_pins(root)?;
     let entries = maps.list()?;
-    println!("{:<40} {:<16} {:<18} {:>12}", "IP", "INTERFACE", "MAC", "REPLIES");
+    println!(
+        "{:<40} {:<16} {:<18} {:>12}",
+        "IP", "INTERFACE", "MAC", "REPLIES"
+    );
     for e in &entries {
         println!(
             "{:<40} {:<16} {:<18} {:>12}",
@@ -85,7 +88,11 @@ fn status(root: &std::path::Path) -> anyhow::Result<()> {
         println!("responders: SILENT (the daemon has never written a heartbeat)");
     } else {
         let age = Duration::from_nanos(clock::monotonic_ns().saturating_sub(config.heartbeat_ns));
-        let state = if age <= timeout { "ANSWERING" } else { "SILENT (daemon not alive: start or fix ipamd)" };
+        let state = if age <= timeout {
+            "ANSWERING"
+        } else {
+            "SILENT (daemon not alive: start or fix ipamd)"
+        };
         println!(
             "responders: {state}; last heartbeat {} ms ago, liveness timeout {} ms",
             age.as_millis(),
@@ -96,8 +103,17 @@ fn status(root: &std::path::Path) -> anyhow::Result<()> {
     let attachments = pinned_attachments(root)?;
     for a in &attachments {
         let now = iface::index(&a.interface).ok();
-        let note = if now == Some(a.ifindex) { "" } else { " (interface gone)" };
-        println!("  {} (ifindex {}): {}{note}", a.interface, a.ifindex, a.form.name());
+        let note = if now == Some(a.ifindex) {
+            ""
+        } else {
+            " (interface gone)"
+        };
+        println!(
+            "  {} (ifindex {}): {}{note}",
+            a.interface,
+            a.ifindex,
+            a.form.name()
+        );
     }
     if attachments.is_empty() {
         println!("  (none)");

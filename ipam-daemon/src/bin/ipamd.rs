@@ -14,7 +14,12 @@ use clap::Parser;
 #[command(version)]
 struct Args {
     /// Configuration file (TOML). See docs/configuration.md for every setting and its default.
-    #[arg(short, long, env = "IPAMD_CONFIG", default_value = "/etc/ipam/ipamd.toml")]
+    #[arg(
+        short,
+        long,
+        env = "IPAMD_CONFIG",
+        default_value = "/etc/ipam/ipamd.toml"
+    )]
     config: PathBuf,
     /// Log filter, e.g. `info`, `debug` or `ipam_daemon=debug` (RUST_LOG syntax).
     #[arg(long, env = "IPAMD_LOG", default_value = "info")]

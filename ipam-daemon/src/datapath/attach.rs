@@ -65,16 +65,22 @@ pub struct Attachment {
 const LINK_PREFIX: &str = "l2_responder";
 
 fn link_pin(root: &Path, form: AttachForm, interface: &str, ifindex: u32) -> PathBuf {
-    root.join("links")
-        .join(format!("{LINK_PREFIX}-{}-{interface}-{ifindex}", form.name()))
+    root.join("links").join(format!(
+        "{LINK_PREFIX}-{}-{interface}-{ifindex}",
+        form.name()
+    ))
 }
 
 /// Parses a link pin name back into (form, interface, ifindex).
 fn parse_link_pin(name: &str) -> Option<(AttachForm, &str, u32)> {
     let rest = name.strip_prefix(LINK_PREFIX)?.strip_prefix('-')?;
-    let (form, rest) = [AttachForm::XdpNative, AttachForm::XdpGeneric, AttachForm::Tc]
-        .into_iter()
-        .find_map(|f| Some((f, rest.strip_prefix(f.name())?.strip_prefix('-')?)))?;
+    let (form, rest) = [
+        AttachForm::XdpNative,
+        AttachForm::XdpGeneric,
+        AttachForm::Tc,
+    ]
+    .into_iter()
+    .find_map(|f| Some((f, rest.strip_prefix(f.name())?.strip_prefix('-')?)))?;
     let (interface, ifindex) = rest.rsplit_once('-')?;
     Some((form, interface, ifindex.parse().ok()?))
 }
@@ -136,7 +142,11 @@ impl Datapath {
                 }
                 Err(e) => {
                     if forms.len() > 1 {
-                        tracing::info!(interface, form = form.name(), "cannot attach ({e}); trying the next form");
+                        tracing::info!(
+                            interface,
+                            form = form.name(),
+                            "cannot attach ({e}); trying the next form"
+                        );
                     }
                     last_error = Some(e);
                 }
@@ -146,7 +156,10 @@ impl Datapath {
     }
 
     /// Detaches the responder from every interface not in `keep` (by removing its pinned link).
-    pub fn detach_responders_except(&self, keep: &[Attachment]) -> Result<Vec<String>, DatapathError> {
+    pub fn detach_responders_except(
+        &self,
+        keep: &[Attachment],
+    ) -> Result<Vec<String>, DatapathError> {
         let mut removed = Vec::new();
         for (name, form, interface, ifindex) in self.pinned_links()? {
             let wanted = keep
@@ -293,7 +306,11 @@ mod tests {
     #[test]
     fn link_pin_names_round_trip() {
         let root = Path::new("/r");
-        for form in [AttachForm::XdpNative, AttachForm::XdpGeneric, AttachForm::Tc] {
+        for form in [
+            AttachForm::XdpNative,
+            AttachForm::XdpGeneric,
+            AttachForm::Tc,
+        ] {
             for (iface, idx) in [("eth0", 2), ("veth-a-b", 17), ("x", 0)] {
                 let pin = link_pin(root, form, iface, idx);
                 let name = pin.file_name().unwrap().to_str().unwrap();

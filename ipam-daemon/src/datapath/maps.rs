@@ -100,10 +100,8 @@ impl ResponderMaps {
     }
 
     fn from_maps(announcements: Map, config: Map, stats: Map) -> Result<Self, DatapathError> {
-        let nr_cpus = aya::util::nr_cpus().map_err(|(what, source)| DatapathError::Cpus {
-            what,
-            source,
-        })?;
+        let nr_cpus =
+            aya::util::nr_cpus().map_err(|(what, source)| DatapathError::Cpus { what, source })?;
         Ok(Self {
             announcements: PerCpuHashMap::try_from(announcements)
                 .map_err(|e| map_error(map_names::L2_RESPONDER, e))?,
@@ -118,7 +116,12 @@ impl ResponderMaps {
     /// Announces `ip` on `ifindex`, answering with `mac`. Returns `true` when the entry is new or
     /// its MAC changed (the caller then sends a gratuitous announcement); an identical existing
     /// entry is left alone so its reply counters survive daemon restarts.
-    pub fn announce(&mut self, ip: IpAddr, ifindex: u32, mac: [u8; 6]) -> Result<bool, DatapathError> {
+    pub fn announce(
+        &mut self,
+        ip: IpAddr,
+        ifindex: u32,
+        mac: [u8; 6],
+    ) -> Result<bool, DatapathError> {
         let key = responder_key(ip, ifindex);
         if let Ok(existing) = self.announcements.get(&key, 0)
             && existing.iter().all(|v| v.mac == mac)
@@ -126,10 +129,12 @@ impl ResponderMaps {
             return Ok(false);
         }
         // The whole value, on every CPU, in one update: the datapath never sees half an entry.
-        let values = PerCpuValues::try_from(vec![L2Announcement::new(mac); self.nr_cpus])
-            .map_err(|e| DatapathError::Cpus {
-                what: "per-CPU values",
-                source: e,
+        let values =
+            PerCpuValues::try_from(vec![L2Announcement::new(mac); self.nr_cpus]).map_err(|e| {
+                DatapathError::Cpus {
+                    what: "per-CPU values",
+                    source: e,
+                }
             })?;
         self.announcements
             .insert(key, values, 0)

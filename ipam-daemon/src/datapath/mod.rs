@@ -115,7 +115,9 @@ fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> &'a mut T
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program>,
 {
-    let program = ebpf.program_mut(name).expect("program checked in Datapath::open");
+    let program = ebpf
+        .program_mut(name)
+        .expect("program checked in Datapath::open");
     program
         .try_into()
         .unwrap_or_else(|_| panic!("program {name} has the type checked in Datapath::open"))

@@ -51,7 +51,10 @@ pub enum AnnounceError {
 }
 
 /// Brings the datapath in line with `config.announcements`.
-pub fn reconcile(datapath: &mut Datapath, config: &Config) -> Result<ReconcileReport, AnnounceError> {
+pub fn reconcile(
+    datapath: &mut Datapath,
+    config: &Config,
+) -> Result<ReconcileReport, AnnounceError> {
     let mut report = ReconcileReport::default();
 
     // Group by interface: one attachment and one MAC lookup per interface.
@@ -65,7 +68,11 @@ pub fn reconcile(datapath: &mut Datapath, config: &Config) -> Result<ReconcileRe
     for (&interface, ips) in &by_interface {
         let prepared = iface::mac(interface)
             .map_err(|source| AnnounceError::Interface {
-                ips: ips.iter().map(IpAddr::to_string).collect::<Vec<_>>().join(", "),
+                ips: ips
+                    .iter()
+                    .map(IpAddr::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 interface: interface.to_owned(),
                 source,
             })

@@ -206,7 +206,8 @@ impl NdpFrame {
 
     /// Parses an NS or NA with at most one link-layer option; `None` for anything else.
     pub fn parse(f: &[u8]) -> Option<Self> {
-        if f.len() < 14 + 40 + 24 || u16::from_be_bytes([f[12], f[13]]) != ETH_P_IPV6 || f[20] != 58 {
+        if f.len() < 14 + 40 + 24 || u16::from_be_bytes([f[12], f[13]]) != ETH_P_IPV6 || f[20] != 58
+        {
             return None;
         }
         let payload_len = u16::from_be_bytes([f[18], f[19]]) as usize;
@@ -272,7 +273,11 @@ mod tests {
 
     #[test]
     fn arp_round_trips() {
-        let req = ArpFrame::request([2, 0, 0, 0, 0, 1], "192.0.2.1".parse().unwrap(), "192.0.2.9".parse().unwrap());
+        let req = ArpFrame::request(
+            [2, 0, 0, 0, 0, 1],
+            "192.0.2.1".parse().unwrap(),
+            "192.0.2.9".parse().unwrap(),
+        );
         let bytes = req.to_bytes();
         assert_eq!(bytes.len(), ARP_FRAME_LEN);
         assert_eq!(ArpFrame::parse(&bytes), Some(req));
@@ -281,7 +286,11 @@ mod tests {
 
     #[test]
     fn ndp_round_trips_with_valid_checksum() {
-        let ns = NdpFrame::solicitation([2, 0, 0, 0, 0, 1], "2001:db8::1".parse().unwrap(), "2001:db8::abcd:9".parse().unwrap());
+        let ns = NdpFrame::solicitation(
+            [2, 0, 0, 0, 0, 1],
+            "2001:db8::1".parse().unwrap(),
+            "2001:db8::abcd:9".parse().unwrap(),
+        );
         let parsed = NdpFrame::parse(&ns.to_bytes()).unwrap();
         assert!(parsed.checksum_valid());
         assert_eq!(parsed.dst, "ff02::1:ffcd:9".parse::<Ipv6Addr>().unwrap());

@@ -68,8 +68,18 @@ pub fn mac(name: &str) -> io::Result<[u8; 6]> {
 /// Drivers of software devices, where TC measured faster than XDP (no skb to avoid) and native
 /// XDP_TX has caveats (see docs/datapath.md).
 const SOFTWARE_DRIVERS: &[&str] = &[
-    "veth", "bridge", "dummy", "tun", "vxlan", "geneve", "macvlan", "ipvlan", "bonding",
-    "802.1Q VLAN Support", "netkit", "wireguard",
+    "veth",
+    "bridge",
+    "dummy",
+    "tun",
+    "vxlan",
+    "geneve",
+    "macvlan",
+    "ipvlan",
+    "bonding",
+    "802.1Q VLAN Support",
+    "netkit",
+    "wireguard",
 ];
 
 /// `true` for software devices (veth, bridge, dummy, ...), decided from the driver name the

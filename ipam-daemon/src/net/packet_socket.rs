@@ -19,7 +19,8 @@ impl PacketSocket {
     pub fn bind(ifindex: u32, ethertype: u16) -> io::Result<Self> {
         let proto = ethertype.to_be() as libc::c_int;
         // SAFETY: plain socket(2) call.
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+        let fd =
+            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -80,9 +81,8 @@ impl PacketSocket {
             })
             .collect();
         // SAFETY: every header points at a live iovec over a live buffer.
-        let rc = unsafe {
-            libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0)
-        };
+        let rc =
+            unsafe { libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0) };
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -126,7 +126,7 @@ impl PacketSocket {
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
-            if from.sll_pkttype != libc::PACKET_OUTGOING as u8 {
+            if from.sll_pkttype != libc::PACKET_OUTGOING {
                 return Ok(Some(n as usize));
             }
         }

@@ -118,9 +118,7 @@ fn respond_sized<const LEN: usize>(
     // SAFETY: a map value pointer of this CPU's slot, valid for this program run.
     let entry = unsafe { &mut *entry };
     let eth_for_us = if is_group_mac(&eth.dst) {
-        eth.dst[0] == 0x33
-            && eth.dst[1] == 0x33
-            && eth.dst[2..6] == ip6.dst[12..16]
+        eth.dst[0] == 0x33 && eth.dst[1] == 0x33 && eth.dst[2..6] == ip6.dst[12..16]
     } else {
         eth.dst == entry.mac
     };

@@ -21,7 +21,7 @@ use std::{
 use aya::programs::{TestRun, TestRunOptions};
 use ipam_daemon::{
     datapath::{AttachMode, Datapath},
-    net::{frames::ArpFrame, iface, packet_socket::PacketSocket, frames::ETH_P_ARP},
+    net::{frames::ArpFrame, frames::ETH_P_ARP, iface, packet_socket::PacketSocket},
 };
 use ipam_tests::{
     BpffsRoot,
@@ -35,7 +35,13 @@ const SERVICE: Ipv4Addr = Ipv4Addr::new(10, 90, 0, 100);
 const SENDER: Ipv4Addr = Ipv4Addr::new(10, 90, 0, 2);
 
 fn main() {
-    println!("environment: kernel {}, {} CPUs", kernel(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    println!(
+        "environment: kernel {}, {} CPUs",
+        kernel(),
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
     let (reply_ns, floor_ns) = ns_per_reply();
     println!("BPF_PROG_TEST_RUN, {RUNS} runs each (kernel-measured time per run):");
     println!("  request for an announced IP, answered: {reply_ns:.1} ns");
@@ -43,7 +49,10 @@ fn main() {
 
     let (ours, kernel) = flood();
     let ratio = median(&ours) / median(&kernel);
-    println!("ARP flood over a veth, {ROUNDS} alternating rounds of {} s, replies/s:", ROUND.as_secs());
+    println!(
+        "ARP flood over a veth, {ROUNDS} alternating rounds of {} s, replies/s:",
+        ROUND.as_secs()
+    );
     println!("  kernel (address on the interface): {}", list(&kernel));
     println!("  our responder (TC, auto on veth):   {}", list(&ours));
     println!("  median ratio ours/kernel: {ratio:.2}");
@@ -51,11 +60,16 @@ fn main() {
 }
 
 fn kernel() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_owned()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 fn list(v: &[f64]) -> String {
-    v.iter().map(|r| format!("{:.0}k", r / 1000.0)).collect::<Vec<_>>().join(", ")
+    v.iter()
+        .map(|r| format!("{:.0}k", r / 1000.0))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -70,8 +84,12 @@ fn ns_per_reply() -> (f64, f64) {
     let mut dp = Datapath::open(&root.0).expect("load datapath");
     let mac = [2, 0, 0, 0, 0, 0x10];
     // BPF_PROG_TEST_RUN delivers frames as if received on loopback (ifindex 1).
-    dp.responder().announce(IpAddr::V4(SERVICE), 1, mac).expect("announce");
-    dp.responder().heartbeat(Duration::from_secs(3600)).expect("heartbeat");
+    dp.responder()
+        .announce(IpAddr::V4(SERVICE), 1, mac)
+        .expect("announce");
+    dp.responder()
+        .heartbeat(Duration::from_secs(3600))
+        .expect("heartbeat");
     let request = ArpFrame::request([2, 0, 0, 0, 0, 0x20], SENDER, SERVICE).to_bytes();
     let mut other = request.clone();
     other[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
@@ -114,10 +132,16 @@ fn flood() -> (Vec<f64>, Vec<f64>) {
     let pin_root = root.0.clone();
     ours_ns.run(move || {
         let mut dp = Datapath::open(&pin_root).expect("datapath");
-        let attached = dp.attach_responder("do0", AttachMode::Auto).expect("attach");
+        let attached = dp
+            .attach_responder("do0", AttachMode::Auto)
+            .expect("attach");
         let mac = iface::mac("do0").expect("mac");
-        dp.responder().announce(IpAddr::V4(SERVICE), attached.ifindex, mac).expect("announce");
-        dp.responder().heartbeat(Duration::from_secs(3600)).expect("heartbeat");
+        dp.responder()
+            .announce(IpAddr::V4(SERVICE), attached.ifindex, mac)
+            .expect("announce");
+        dp.responder()
+            .heartbeat(Duration::from_secs(3600))
+            .expect("heartbeat");
     });
 
     let (mut ours, mut kernel) = (Vec::new(), Vec::new());

@@ -38,7 +38,14 @@ fn main() {
     veth(&node, "eth0", &client, "eth0");
     node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
     client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"]);
-    client.ip(&["addr", "add", &format!("{CLIENT_V6}/64"), "dev", "eth0", "nodad"]);
+    client.ip(&[
+        "addr",
+        "add",
+        &format!("{CLIENT_V6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
     // The service IP is local to the node (on lo, like a LoadBalancer VIP) so the node's kernel
     // accepts traffic for it, but the kernel must not answer ARP for it on eth0: the eBPF
     // responder does, on exactly the interfaces the daemon chooses.
@@ -57,7 +64,10 @@ fn main() {
         format_mac(&client.mac("eth0"))
     );
 
-    step(2, "Starting ipamd in the node; it announces the service IPs on eth0");
+    step(
+        2,
+        "Starting ipamd in the node; it announces the service IPs on eth0",
+    );
     std::fs::write(
         &config,
         format!(
@@ -69,15 +79,21 @@ fn main() {
     println!("    config: {}", config.display());
     let started = Instant::now();
     let daemon = Daemon::start(&node, &config);
-    wait_for_maps(&root.0, Duration::from_secs(20), "the daemon to announce", |m| {
-        m.list().map(|l| l.len() == 2).unwrap_or(false)
-    });
+    wait_for_maps(
+        &root.0,
+        Duration::from_secs(20),
+        "the daemon to announce",
+        |m| m.list().map(|l| l.len() == 2).unwrap_or(false),
+    );
     println!(
         "    ipamd is answering after {} ms; it loaded its eBPF responder and pinned it under {}",
         started.elapsed().as_millis(),
         root.0.display()
     );
-    step(3, &format!("The client asks \"who has {SERVICE_IP}?\" (ARP)"));
+    step(
+        3,
+        &format!("The client asks \"who has {SERVICE_IP}?\" (ARP)"),
+    );
     let node_mac = node.mac("eth0");
     let answer = client.run(|| {
         let r = Resolver::new("eth0");
@@ -90,29 +106,47 @@ fn main() {
             "    answered in {} µs: {SERVICE_IP} is at {} (the node's eth0: {})",
             rtt.as_micros(),
             format_mac(&reply.sender_mac),
-            if reply.sender_mac == node_mac { "correct" } else { "WRONG" }
+            if reply.sender_mac == node_mac {
+                "correct"
+            } else {
+                "WRONG"
+            }
         ),
         (None, _) => fail("no ARP answer", &daemon),
     }
 
-    step(4, &format!("The client asks \"who has {SERVICE_V6}?\" (IPv6 neighbour solicitation)"));
+    step(
+        4,
+        &format!("The client asks \"who has {SERVICE_V6}?\" (IPv6 neighbour solicitation)"),
+    );
     match client.run(|| Resolver::new("eth0").ndp(CLIENT_V6, SERVICE_V6, Duration::from_secs(1))) {
         Some(na) => println!(
             "    neighbour advertisement: {SERVICE_V6} is at {} (checksum {})",
             format_mac(&na.lladdr_option.map(|o| o.1).unwrap_or_default()),
-            if na.checksum_valid() { "valid" } else { "INVALID" }
+            if na.checksum_valid() {
+                "valid"
+            } else {
+                "INVALID"
+            }
         ),
         None => fail("no NDP answer", &daemon),
     }
 
-    step(5, &format!("The client pings {SERVICE_IP} and opens a TCP connection to it"));
+    step(
+        5,
+        &format!("The client pings {SERVICE_IP} and opens a TCP connection to it"),
+    );
     let ping = client.run(|| {
-        run("ping", &["-c", "3", "-i", "0.2", "-W", "1", &SERVICE_IP.to_string()])
+        run(
+            "ping",
+            &["-c", "3", "-i", "0.2", "-W", "1", &SERVICE_IP.to_string()],
+        )
     });
     if let Some(summary) = ping.lines().find(|l| l.contains("packets transmitted")) {
         println!("    ping: {summary}");
     }
-    let listener = node.run(|| TcpListener::bind((SERVICE_IP, 8080)).expect("listen on service IP"));
+    let listener =
+        node.run(|| TcpListener::bind((SERVICE_IP, 8080)).expect("listen on service IP"));
     let server = std::thread::spawn(move || {
         if let Ok((mut conn, _)) = listener.accept() {
             let _ = conn.write_all(b"hello from the service on the node\n");
@@ -130,7 +164,10 @@ fn main() {
     let neigh = client.ip(&["neigh", "show", &SERVICE_IP.to_string()]);
     println!("    client's neighbour table: {}", neigh.trim());
 
-    step(6, "What the daemon logged, and what ipamctl shows (read from the pinned eBPF maps)");
+    step(
+        6,
+        "What the daemon logged, and what ipamctl shows (read from the pinned eBPF maps)",
+    );
     for line in daemon.log_text().lines().filter(|l| l.contains("INFO")) {
         println!("    | {}", line.split("INFO ").nth(1).unwrap_or(line));
     }
@@ -150,7 +187,10 @@ fn main() {
         }
     }
 
-    step(7, "Cleaning up: stopping ipamd, removing pins and namespaces");
+    step(
+        7,
+        "Cleaning up: stopping ipamd, removing pins and namespaces",
+    );
     drop(daemon);
     let _ = std::fs::remove_file(&config);
     let announced = IpAddr::V4(SERVICE_IP);
@@ -158,7 +198,10 @@ fn main() {
 }
 
 fn fail(what: &str, daemon: &Daemon) -> ! {
-    eprintln!("LAB FAILED: {what}\n--- ipamd log ---\n{}", daemon.log_text());
+    eprintln!(
+        "LAB FAILED: {what}\n--- ipamd log ---\n{}",
+        daemon.log_text()
+    );
     // Destructors of the namespaces and pins run on unwinding.
     panic!("{what}");
 }

@@ -66,18 +66,8 @@ impl Harness {
     }
 
     fn run_xdp(&mut self, frame: &[u8]) -> Outcome {
-        let mut out = vec![0u8; frame.len() + 256];
-        let result = self
-            .datapath
-            .responder_xdp()
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .expect("XDP test run");
-        out.truncate(result.data_size_out as usize);
-        match result.return_value {
+        let (verdict, out) = test_run(self.datapath.responder_xdp(), frame);
+        match verdict {
             XDP_PASS => {
                 assert_eq!(out, frame, "XDP passed a modified frame");
                 Outcome::Pass
@@ -89,18 +79,8 @@ impl Harness {
     }
 
     fn run_tc(&mut self, frame: &[u8]) -> Outcome {
-        let mut out = vec![0u8; frame.len() + 256];
-        let result = self
-            .datapath
-            .responder_tc()
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .expect("TC test run");
-        out.truncate(result.data_size_out as usize);
-        match result.return_value {
+        let (verdict, out) = test_run(self.datapath.responder_tc(), frame);
+        match verdict {
             TC_ACT_OK => {
                 assert_eq!(out, frame, "TC passed a modified frame");
                 Outcome::Pass
@@ -113,6 +93,23 @@ impl Harness {
     fn stat(&mut self, stat: ResponderStat) -> u64 {
         self.datapath.responder().stats().unwrap().get(stat)
     }
+}
+
+/// One `BPF_PROG_TEST_RUN` of `program` on `frame`: the verdict and the frame as it left.
+fn test_run<P>(program: &P, frame: &[u8]) -> (u32, Vec<u8>)
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = aya::programs::TestRunResult>,
+{
+    let mut out = vec![0u8; frame.len() + 256];
+    let result = program
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })
+        .unwrap_or_else(|e| panic!("test run on frame {frame:02x?}: {e}"));
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
 }
 
 /// The kernel's skb test harness (not our program) rejects IPv4/IPv6 frames too short for an IP

@@ -32,30 +32,9 @@ pub fn name(ifindex: u32) -> String {
 /// The hardware address of `name`, read with SIOCGIFHWADDR so it is right in any namespace
 /// (sysfs shows the namespace it was mounted in, not necessarily ours).
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
-    if name.len() >= libc::IF_NAMESIZE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("interface name {name} is too long"),
-        ));
-    }
-    // SAFETY: plain socket(2) call; the fd is owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor we own.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     // SAFETY: ifreq is plain data; zeroed is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *dst = src as libc::c_char;
-    }
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: SIOCGIFHWADDR reads ifr_name and writes ifr_hwaddr inside `req`.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut req) } < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("interface {name}: {e}")));
-    }
+    ifreq_ioctl(name, libc::SIOCGIFHWADDR, &mut req)?;
     // SAFETY: the kernel filled the hwaddr member of the union.
     let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
     let mut mac = [0u8; 6];
@@ -63,6 +42,34 @@ pub fn mac(name: &str) -> io::Result<[u8; 6]> {
         *dst = *src as u8;
     }
     Ok(mac)
+}
+
+/// Runs an interface ioctl on `name` with `req` (its name field is filled in here).
+fn ifreq_ioctl(name: &str, request: libc::c_ulong, req: &mut libc::ifreq) -> io::Result<()> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    if name.len() >= libc::IF_NAMESIZE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {name} is too long"),
+        ));
+    }
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    // SAFETY: the caller passes a request that reads and writes only inside `req` (and, for
+    // SIOCETHTOOL, the buffer `req` points at).
+    if unsafe { libc::ioctl(fd.as_raw_fd(), request, req as *mut libc::ifreq) } < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("interface {name}: {e}")));
+    }
+    Ok(())
 }
 
 /// Drivers of software devices, where TC measured faster than XDP (no skb to avoid) and native
@@ -104,30 +111,14 @@ pub fn driver(name: &str) -> Option<String> {
         reserved2: [u8; 12],
         counts: [u32; 5],
     }
-    if name.len() >= libc::IF_NAMESIZE {
-        return None;
-    }
-    // SAFETY: plain socket(2) call; the fd is owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: `fd` is a fresh descriptor we own.
-    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     // SAFETY: plain data; all-zero is valid.
     let mut info: DrvInfo = unsafe { std::mem::zeroed() };
     info.cmd = ETHTOOL_GDRVINFO;
     // SAFETY: as above.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *dst = src as libc::c_char;
-    }
     req.ifr_ifru.ifru_data = (&mut info as *mut DrvInfo).cast();
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: SIOCETHTOOL with GDRVINFO writes at most size_of::<DrvInfo>() bytes into `info`.
-    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &mut req) } < 0 {
-        return None;
-    }
+    // GDRVINFO writes at most size_of::<DrvInfo>() bytes into `info`.
+    ifreq_ioctl(name, libc::SIOCETHTOOL, &mut req).ok()?;
     let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
     Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
 }

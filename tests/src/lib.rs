@@ -62,6 +62,22 @@ impl Drop for BpffsRoot {
     }
 }
 
+/// A file of the test's own, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl TempFile {
+    /// A fresh path in the temporary directory, `<unique>.<extension>`.
+    pub fn new(tag: &str, extension: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("{}.{extension}", unique(tag))))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Path of a binary of this workspace, built by `cargo build --bins` (`cargo xtask test` does).
 pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

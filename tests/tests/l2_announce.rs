@@ -4,7 +4,6 @@
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -13,11 +12,10 @@ use ipam_daemon::{
     net::frames::{ARP_REPLY, NA_SOLICITED_OVERRIDE},
 };
 use ipam_tests::{
-    BpffsRoot,
+    BpffsRoot, TempFile,
     daemon::{Daemon, wait_for_maps},
     netns::{Netns, veth},
     resolve::Resolver,
-    unique,
 };
 
 const ANNOUNCED: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
@@ -35,14 +33,6 @@ struct Lab {
     other: Netns,
     root: BpffsRoot,
     config: TempFile,
-}
-
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 impl Lab {
@@ -64,7 +54,7 @@ impl Lab {
             "nodad",
         ]);
         other.ip(&["addr", "add", &format!("{OTHER_IP}/24"), "dev", "o0"]);
-        let config = TempFile(std::env::temp_dir().join(format!("{}.toml", unique("ipamd"))));
+        let config = TempFile::new("ipamd", "toml");
         Self {
             node,
             client,

@@ -10,11 +10,11 @@ use std::{
 
 use ipam_daemon::net::iface::format_mac;
 use ipam_tests::{
-    BpffsRoot,
+    BpffsRoot, TempFile,
     daemon::{Daemon, wait_for_maps},
     netns::{Netns, veth},
     resolve::Resolver,
-    run, unique, workspace_binary,
+    run, workspace_binary,
 };
 
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 1);
@@ -32,7 +32,8 @@ fn main() {
     let node = Netns::new("labnode");
     let client = Netns::new("labcli");
     let root = BpffsRoot::new();
-    let config = std::env::temp_dir().join(format!("{}.toml", unique("lab")));
+    let config_file = TempFile::new("lab", "toml");
+    let config = config_file.0.clone();
 
     step(1, "Building the network");
     veth(&node, "eth0", &client, "eth0");
@@ -192,7 +193,7 @@ fn main() {
         "Cleaning up: stopping ipamd, removing pins and namespaces",
     );
     drop(daemon);
-    let _ = std::fs::remove_file(&config);
+    drop(config_file);
     let announced = IpAddr::V4(SERVICE_IP);
     println!("    done: {announced} was announced, resolved and reached; nothing is left behind.");
 }

@@ -44,6 +44,11 @@ pub enum DatapathError {
         want_key: u32,
         want_value: u32,
     },
+    #[error(
+        "the eBPF object has no map {name} of the expected type; ipam-common and ipam-ebpf \
+         disagree, rebuild the daemon"
+    )]
+    MissingMap { name: &'static str },
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,

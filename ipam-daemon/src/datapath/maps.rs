@@ -65,10 +65,9 @@ impl ResponderMaps {
     /// the layout this build expects.
     pub(super) fn take(ebpf: &mut aya::Ebpf, maps_dir: &Path) -> Result<Self, DatapathError> {
         let mut take = |name: &'static str| -> Result<Map, DatapathError> {
-            let map = ebpf.take_map(name).ok_or(DatapathError::Map {
-                name,
-                source: Box::new(aya::maps::MapError::InvalidName { name: name.into() }),
-            })?;
+            let map = ebpf
+                .take_map(name)
+                .ok_or(DatapathError::MissingMap { name })?;
             check_layout(name, &maps_dir.join(name), &map)?;
             Ok(map)
         };
@@ -224,12 +223,7 @@ fn expected_layout(name: &str) -> (u32, u32) {
 fn check_layout(name: &'static str, path: &Path, map: &Map) -> Result<(), DatapathError> {
     let data = match map {
         Map::PerCpuHashMap(d) | Map::Array(d) | Map::PerCpuArray(d) => d,
-        _ => {
-            return Err(map_error(
-                name,
-                aya::maps::MapError::InvalidName { name: name.into() },
-            ));
-        }
+        _ => return Err(DatapathError::MissingMap { name }),
     };
     let info = data.info().map_err(|e| map_error(name, e))?;
     let (want_key, want_value) = expected_layout(name);

@@ -6,5 +6,6 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod datapath;
+pub mod ipam;
 pub mod l2;
 pub mod net;

@@ -1,0 +1,13 @@
+//! IP address management: where every pod, router and service address comes from.
+//!
+//! - `cidr`: CIDR arithmetic and the errors users see for bad ones;
+//! - `pool`: pod IP pools, their validation and the rules for changing them;
+//! - `blocks`: the operator side, cutting pools into per-node blocks;
+//! - `node`: the agent side, handing out addresses inside a node's blocks.
+
+pub mod blocks;
+pub mod cidr;
+pub mod node;
+pub mod pool;
+
+pub use cidr::{Cidr, CidrError, Family};

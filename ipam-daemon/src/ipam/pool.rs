@@ -1,0 +1,469 @@
+//! Pod IP pools: the spec users write (shaped like Cilium's CiliumPodIPPool), its validation, and
+//! the rules for changing a pool that is in use.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::{Cidr, CidrError, Family};
+
+/// How pod IPs are managed cluster-wide. Recorded in cluster state on first start; a daemon
+/// configured with another mode refuses to start (see `check_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IpamMode {
+    /// One pool (`default`), one block per node and family, CIDR list append-only.
+    ClusterPool,
+    /// Named pools, blocks on demand per node and pool.
+    MultiPool,
+    /// The node's block is given from outside (Node.spec.podCIDRs).
+    Kubernetes,
+}
+
+impl IpamMode {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::ClusterPool => "cluster-pool",
+            Self::MultiPool => "multi-pool",
+            Self::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "this cluster's IPAM mode is {recorded}, but this daemon is configured for {configured}; the \
+     mode of a running cluster cannot change in place (every node's blocks and pod addresses \
+     belong to the old mode). Start the daemon with mode {recorded}, or migrate: build a new \
+     cluster (or a new store) with mode {configured} and move the workloads to it"
+)]
+pub struct ModeMismatch {
+    pub recorded: &'static str,
+    pub configured: &'static str,
+}
+
+/// Refuses a mode different from the one recorded for the cluster.
+pub fn check_mode(recorded: Option<IpamMode>, configured: IpamMode) -> Result<(), ModeMismatch> {
+    match recorded {
+        Some(r) if r != configured => Err(ModeMismatch {
+            recorded: r.name(),
+            configured: configured.name(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A pool as written by users (YAML/JSON; `ipamctl apply` and CRs take the same document).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodIpPoolSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<FamilySpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<FamilySpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FamilySpec {
+    pub cidrs: Vec<String>,
+    pub mask_size: u8,
+}
+
+/// A validated pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pool {
+    pub name: String,
+    pub v4: Option<FamilyPool>,
+    pub v6: Option<FamilyPool>,
+}
+
+/// One family of a validated pool: its CIDRs, in order, and the per-node block size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FamilyPool {
+    pub cidrs: Vec<Cidr>,
+    pub mask: u8,
+}
+
+impl Pool {
+    pub fn family(&self, family: Family) -> Option<&FamilyPool> {
+        match family {
+            Family::V4 => self.v4.as_ref(),
+            Family::V6 => self.v6.as_ref(),
+        }
+    }
+
+    fn families(&self) -> impl Iterator<Item = (Family, &FamilyPool)> {
+        [(Family::V4, &self.v4), (Family::V6, &self.v6)]
+            .into_iter()
+            .filter_map(|(f, p)| p.as_ref().map(|p| (f, p)))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PoolError {
+    #[error("pool {pool}: {source}")]
+    Cidr { pool: String, source: CidrError },
+    #[error(
+        "pool {pool}: {cidr} is an {} CIDR in the {} list; move it to spec.{}.cidrs",
+        found.name(), list.name(), if *found == Family::V4 { "ipv4" } else { "ipv6" }
+    )]
+    WrongFamily {
+        pool: String,
+        cidr: Cidr,
+        list: Family,
+        found: Family,
+    },
+    #[error("pool {pool} has no CIDRs; give spec.ipv4 and/or spec.ipv6 at least one CIDR each")]
+    Empty { pool: String },
+    #[error(
+        "pool {pool}: {} mask size /{mask} is out of range; use /{} to /{}", family.name(),
+        family.bits() - 24, family.bits()
+    )]
+    MaskOutOfRange {
+        pool: String,
+        family: Family,
+        mask: u8,
+    },
+    #[error(
+        "pool {pool}: mask size /{mask} is larger than CIDR {cidr}, so not one block fits; use a \
+         mask of /{} or longer, or a larger CIDR", cidr.prefix()
+    )]
+    MaskLargerThanCidr { pool: String, cidr: Cidr, mask: u8 },
+    #[error("pool {pool}: CIDRs {a} and {b} overlap (in {overlap}); remove one of them")]
+    OverlapWithin {
+        pool: String,
+        a: Cidr,
+        b: Cidr,
+        overlap: Cidr,
+    },
+    #[error(
+        "pool {pool}: CIDR {a} overlaps CIDR {b} of pool {other} (in {overlap}); pools must not \
+         overlap, or one address could be given twice: choose a CIDR outside {b}"
+    )]
+    OverlapBetween {
+        pool: String,
+        other: String,
+        a: Cidr,
+        b: Cidr,
+        overlap: Cidr,
+    },
+    #[error(
+        "pool {pool}: CIDR {cidr} cannot be removed while {blocks} node block(s) come from it. \
+         Safe procedure: append the replacement CIDR first, drain or replace the nodes holding \
+         blocks in {cidr} so they release them, then remove {cidr}"
+    )]
+    CidrInUse {
+        pool: String,
+        cidr: Cidr,
+        blocks: usize,
+    },
+    #[error(
+        "pool {pool}: the {} mask size cannot change from /{old} to /{new} while {blocks} node \
+         block(s) exist (existing blocks cannot be split or merged, and a smaller mask frees \
+         nothing). To give more nodes blocks, append a CIDR instead; to really change the block \
+         size, create a new pool with the new mask and move nodes to it",
+        family.name()
+    )]
+    MaskInUse {
+        pool: String,
+        family: Family,
+        old: u8,
+        new: u8,
+        blocks: usize,
+    },
+    #[error(
+        "pool {pool}: the {} CIDR list must keep its existing CIDRs in their order ({old}); \
+         append new CIDRs at the end", family.name()
+    )]
+    Reordered {
+        pool: String,
+        family: Family,
+        old: String,
+    },
+}
+
+/// Validates one pool on its own: CIDRs, families, mask sizes, overlaps inside the pool.
+pub fn validate(name: &str, spec: &PodIpPoolSpec) -> Result<Pool, PoolError> {
+    let pool = Pool {
+        name: name.to_owned(),
+        v4: validate_family(name, Family::V4, spec.ipv4.as_ref())?,
+        v6: validate_family(name, Family::V6, spec.ipv6.as_ref())?,
+    };
+    if pool.v4.is_none() && pool.v6.is_none() {
+        return Err(PoolError::Empty {
+            pool: name.to_owned(),
+        });
+    }
+    Ok(pool)
+}
+
+fn validate_family(
+    pool: &str,
+    family: Family,
+    spec: Option<&FamilySpec>,
+) -> Result<Option<FamilyPool>, PoolError> {
+    let Some(spec) = spec else { return Ok(None) };
+    if spec.cidrs.is_empty() {
+        return Ok(None);
+    }
+    // Blocks of more than 2^24 addresses are not useful per node and would not fit the
+    // allocator's bitmap; a mask beyond the family width is meaningless.
+    if spec.mask_size > family.bits() || spec.mask_size < family.bits() - 24 {
+        return Err(PoolError::MaskOutOfRange {
+            pool: pool.to_owned(),
+            family,
+            mask: spec.mask_size,
+        });
+    }
+    let mut cidrs: Vec<Cidr> = Vec::with_capacity(spec.cidrs.len());
+    for text in &spec.cidrs {
+        let cidr: Cidr = text.parse().map_err(|source| PoolError::Cidr {
+            pool: pool.to_owned(),
+            source,
+        })?;
+        if cidr.family() != family {
+            return Err(PoolError::WrongFamily {
+                pool: pool.to_owned(),
+                cidr,
+                list: family,
+                found: cidr.family(),
+            });
+        }
+        if spec.mask_size < cidr.prefix() {
+            return Err(PoolError::MaskLargerThanCidr {
+                pool: pool.to_owned(),
+                cidr,
+                mask: spec.mask_size,
+            });
+        }
+        if let Some((a, overlap)) = cidrs.iter().find_map(|a| Some((*a, a.overlap(&cidr)?))) {
+            return Err(PoolError::OverlapWithin {
+                pool: pool.to_owned(),
+                a,
+                b: cidr,
+                overlap,
+            });
+        }
+        cidrs.push(cidr);
+    }
+    Ok(Some(FamilyPool {
+        cidrs,
+        mask: spec.mask_size,
+    }))
+}
+
+/// Refuses `pool` when one of its CIDRs overlaps a CIDR of another pool in `others`.
+pub fn check_no_overlap<'a>(
+    pool: &Pool,
+    others: impl IntoIterator<Item = &'a Pool>,
+) -> Result<(), PoolError> {
+    for other in others {
+        if other.name == pool.name {
+            continue;
+        }
+        for (family, mine) in pool.families() {
+            let Some(theirs) = other.family(family) else {
+                continue;
+            };
+            for a in &mine.cidrs {
+                for b in &theirs.cidrs {
+                    if let Some(overlap) = a.overlap(b) {
+                        return Err(PoolError::OverlapBetween {
+                            pool: pool.name.clone(),
+                            other: other.name.clone(),
+                            a: *a,
+                            b: *b,
+                            overlap,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `new` may replace `old` given how many node blocks each of old's CIDRs holds:
+/// CIDRs are append-only while in use, and the mask size is fixed while any block exists.
+pub fn check_update(
+    old: &Pool,
+    new: &Pool,
+    blocks_in: impl Fn(&Cidr) -> usize,
+) -> Result<(), PoolError> {
+    for family in [Family::V4, Family::V6] {
+        let Some(old_f) = old.family(family) else {
+            continue;
+        };
+        let in_use: BTreeMap<Cidr, usize> = old_f
+            .cidrs
+            .iter()
+            .map(|c| (*c, blocks_in(c)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let total: usize = in_use.values().sum();
+        let new_cidrs = new
+            .family(family)
+            .map(|f| f.cidrs.as_slice())
+            .unwrap_or(&[]);
+        for (cidr, blocks) in &in_use {
+            if !new_cidrs.contains(cidr) {
+                return Err(PoolError::CidrInUse {
+                    pool: old.name.clone(),
+                    cidr: *cidr,
+                    blocks: *blocks,
+                });
+            }
+        }
+        if total > 0 {
+            let new_f = new
+                .family(family)
+                .expect("in-use CIDRs are kept, so the family is");
+            if new_f.mask != old_f.mask {
+                return Err(PoolError::MaskInUse {
+                    pool: old.name.clone(),
+                    family,
+                    old: old_f.mask,
+                    new: new_f.mask,
+                    blocks: total,
+                });
+            }
+            // Block indexes are positions in the CIDR list: keep the old list as a prefix.
+            if !new_f.cidrs.starts_with(&old_f.cidrs) {
+                return Err(PoolError::Reordered {
+                    pool: old.name.clone(),
+                    family,
+                    old: old_f
+                        .cidrs
+                        .iter()
+                        .map(Cidr::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(v4: &[&str], mask4: u8, v6: &[&str], mask6: u8) -> PodIpPoolSpec {
+        let f = |c: &[&str], m| {
+            (!c.is_empty()).then(|| FamilySpec {
+                cidrs: c.iter().map(|s| s.to_string()).collect(),
+                mask_size: m,
+            })
+        };
+        PodIpPoolSpec {
+            ipv4: f(v4, mask4),
+            ipv6: f(v6, mask6),
+        }
+    }
+
+    #[test]
+    fn valid_dual_stack_pool() {
+        let p = validate(
+            "default",
+            &spec(&["10.244.0.0/16"], 24, &["fd00::/104"], 120),
+        )
+        .unwrap();
+        assert_eq!(p.v4.unwrap().mask, 24);
+        assert_eq!(p.v6.unwrap().cidrs[0].to_string(), "fd00::/104");
+    }
+
+    #[test]
+    fn invalid_pools_get_errors_naming_pool_and_cidr() {
+        let cases = [
+            (spec(&["10.244.1.0/16"], 24, &[], 0), "host bits"),
+            (
+                spec(&["fd00::/104"], 24, &[], 0),
+                "IPv6 CIDR in the IPv4 list",
+            ),
+            (
+                spec(&["10.0.0.0/26"], 24, &[], 0),
+                "larger than CIDR 10.0.0.0/26",
+            ),
+            (
+                spec(&["10.0.0.0/8", "10.1.0.0/16"], 24, &[], 0),
+                "overlap (in 10.1.0.0/16)",
+            ),
+            (spec(&["10.0.0.0/8"], 33, &[], 0), "out of range"),
+            (spec(&[], 0, &[], 0), "has no CIDRs"),
+        ];
+        for (s, want) in cases {
+            let e = validate("tenant-a", &s).unwrap_err().to_string();
+            assert!(
+                e.contains("tenant-a") && e.contains(want),
+                "{e} should contain {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn overlapping_pools_name_both() {
+        let a = validate("default", &spec(&["10.244.0.0/16"], 24, &[], 0)).unwrap();
+        let b = validate("tenant-a", &spec(&["10.244.128.0/17"], 26, &[], 0)).unwrap();
+        let e = check_no_overlap(&b, [&a]).unwrap_err().to_string();
+        assert!(
+            e.contains("tenant-a") && e.contains("default") && e.contains("10.244.128.0/17"),
+            "{e}"
+        );
+        let c = validate("tenant-b", &spec(&["10.250.0.0/16"], 26, &[], 0)).unwrap();
+        check_no_overlap(&c, [&a, &b]).unwrap();
+    }
+
+    #[test]
+    fn in_use_pools_are_append_only_with_a_fixed_mask() {
+        let old = validate("default", &spec(&["10.244.0.0/16"], 24, &[], 0)).unwrap();
+        let used = |c: &Cidr| usize::from(c.to_string() == "10.244.0.0/16") * 256;
+        let appended = validate(
+            "default",
+            &spec(&["10.244.0.0/16", "10.245.0.0/16"], 24, &[], 0),
+        )
+        .unwrap();
+        check_update(&old, &appended, used).unwrap();
+
+        let narrower = validate("default", &spec(&["10.244.0.0/16"], 25, &[], 0)).unwrap();
+        let e = check_update(&old, &narrower, used).unwrap_err().to_string();
+        assert!(
+            e.contains("/24 to /25") && e.contains("append a CIDR"),
+            "{e}"
+        );
+
+        let replaced = validate("default", &spec(&["10.245.0.0/16"], 24, &[], 0)).unwrap();
+        let e = check_update(&old, &replaced, used).unwrap_err().to_string();
+        assert!(
+            e.contains("10.244.0.0/16") && e.contains("256 node block"),
+            "{e}"
+        );
+
+        let prepended = validate(
+            "default",
+            &spec(&["10.245.0.0/16", "10.244.0.0/16"], 24, &[], 0),
+        )
+        .unwrap();
+        assert!(matches!(
+            check_update(&old, &prepended, used),
+            Err(PoolError::Reordered { .. })
+        ));
+
+        // Not in use: anything goes.
+        check_update(&old, &narrower, |_| 0).unwrap();
+    }
+
+    #[test]
+    fn mode_change_is_refused_with_migration_advice() {
+        check_mode(None, IpamMode::MultiPool).unwrap();
+        check_mode(Some(IpamMode::MultiPool), IpamMode::MultiPool).unwrap();
+        let e = check_mode(Some(IpamMode::Kubernetes), IpamMode::ClusterPool)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kubernetes") && e.contains("cluster-pool") && e.contains("migrate"),
+            "{e}"
+        );
+    }
+}

@@ -1,1 +1,591 @@
-//! placeholder
+//! The agent side of IPAM: addresses for pods, the router, health and ingress inside the
+//! blocks a node holds ("where is a pod's address chosen").
+//!
+//! Address rules, per block:
+//! - IPv4 blocks of 4 addresses or more never hand out their first (network) and last
+//!   (broadcast) address; /31 and /32 blocks use every address (RFC 3021).
+//! - IPv6 blocks never hand out their first address (the subnet-router anycast address).
+//! - The router (gateway) address is an ordinary allocation owned by `router`, so it survives
+//!   restarts like any other (restored before anything new is allocated).
+//!
+//! Memory: one bit per address of each block in use (bitmaps grow as addresses are used) plus
+//! one map entry per owner.
+
+use std::{collections::HashMap, net::IpAddr};
+
+use thiserror::Error;
+
+use super::{Cidr, Family, cidr::ip_to_u128};
+
+/// Largest block the node allocator manages in full; larger blocks (an IPv6 /64 from
+/// Node.spec.podCIDRs) use their first 2^24 addresses.
+pub const MAX_BLOCK_ADDRESSES: u128 = 1 << 24;
+
+/// Owner of the router address of a node.
+pub const ROUTER_OWNER: &str = "router";
+/// Owner of the health-check address of a node.
+pub const HEALTH_OWNER: &str = "health";
+/// Owner of the ingress address of a node.
+pub const INGRESS_OWNER: &str = "ingress";
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum AllocError {
+    /// The node has no block of this family yet: a condition time fixes (the operator assigns
+    /// one); callers wait with backoff instead of failing.
+    #[error(
+        "node {node} has no {} block of pool {pool} yet; waiting for the operator to assign one",
+        family.name()
+    )]
+    NoBlock {
+        node: String,
+        pool: String,
+        family: Family,
+    },
+    #[error(
+        "node {node}: every {} address of pool {pool} on this node is in use ({used} in blocks {}); \
+         the node needs another block (multi-pool requests one on demand)",
+        family.name(), blocks.iter().map(Cidr::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Full {
+        node: String,
+        pool: String,
+        family: Family,
+        used: u64,
+        blocks: Vec<Cidr>,
+    },
+    #[error("node {node}: {ip} is not in any of its blocks of pool {pool} ({}); request an address from them", blocks.iter().map(Cidr::to_string).collect::<Vec<_>>().join(", "))]
+    OutsideBlocks {
+        node: String,
+        pool: String,
+        ip: IpAddr,
+        blocks: Vec<Cidr>,
+    },
+    #[error("node {node}: {ip} is the {what} address of block {block} and is never handed out")]
+    Reserved {
+        node: String,
+        ip: IpAddr,
+        what: &'static str,
+        block: Cidr,
+    },
+    #[error(
+        "node {node}: {ip} is already allocated to {holder}; release it there first or choose another address"
+    )]
+    Taken {
+        node: String,
+        ip: IpAddr,
+        holder: String,
+    },
+    #[error("node {node}: {owner} already holds {held}; release it before requesting {requested}")]
+    OwnerHoldsOther {
+        node: String,
+        owner: String,
+        held: IpAddr,
+        requested: IpAddr,
+    },
+}
+
+/// One block and which of its addresses are in use.
+#[derive(Debug, Clone)]
+struct Block {
+    cidr: Cidr,
+    /// Offsets [first, last] may be handed out.
+    first: u64,
+    last: u64,
+    /// One bit per offset; grows as needed.
+    bits: Vec<u64>,
+    used: u64,
+    /// Word index where the next search starts (next-fit keeps allocation O(1) amortised).
+    cursor: usize,
+}
+
+impl Block {
+    fn new(cidr: Cidr) -> Self {
+        let size = cidr.size().min(MAX_BLOCK_ADDRESSES) as u64;
+        let (first, last) = match cidr.family() {
+            Family::V4 if size >= 4 => (1, size - 2),
+            Family::V4 => (0, size - 1),
+            Family::V6 => (1, size - 1),
+        };
+        Self {
+            cidr,
+            first,
+            last,
+            bits: Vec::new(),
+            used: 0,
+            cursor: 0,
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        (self.last + 1).saturating_sub(self.first)
+    }
+
+    fn is_set(&self, off: u64) -> bool {
+        self.bits
+            .get((off / 64) as usize)
+            .is_some_and(|w| w & (1 << (off % 64)) != 0)
+    }
+
+    fn set(&mut self, off: u64) {
+        let word = (off / 64) as usize;
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        self.bits[word] |= 1 << (off % 64);
+        self.used += 1;
+    }
+
+    fn clear(&mut self, off: u64) {
+        if let Some(w) = self.bits.get_mut((off / 64) as usize)
+            && *w & (1 << (off % 64)) != 0
+        {
+            *w &= !(1 << (off % 64));
+            self.used -= 1;
+            self.cursor = self.cursor.min((off / 64) as usize);
+        }
+    }
+
+    /// Takes the lowest free offset at or after the cursor, wrapping once.
+    fn take(&mut self) -> Option<u64> {
+        if self.used >= self.capacity() {
+            return None;
+        }
+        let words = (self.last / 64 + 1) as usize;
+        for step in 0..words {
+            let wi = (self.cursor + step) % words;
+            let word = self.bits.get(wi).copied().unwrap_or(0);
+            if word == u64::MAX {
+                continue;
+            }
+            // Lowest clear bit of this word that lies in [first, last].
+            let mut free = !word;
+            while free != 0 {
+                let bit = free.trailing_zeros() as u64;
+                let off = wi as u64 * 64 + bit;
+                if off > self.last {
+                    break;
+                }
+                if off >= self.first {
+                    self.set(off);
+                    self.cursor = wi;
+                    return Some(off);
+                }
+                free &= free - 1;
+            }
+        }
+        None
+    }
+
+    fn reserved_role(&self, off: u64) -> Option<&'static str> {
+        if off >= self.first && off <= self.last {
+            return None;
+        }
+        Some(match (self.cidr.family(), off == 0) {
+            (Family::V4, true) => "network",
+            (Family::V4, false) => "broadcast",
+            (Family::V6, _) => "subnet-router anycast",
+        })
+    }
+}
+
+/// Where an allocation lives: block index and offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    block: u32,
+    offset: u32,
+}
+
+/// The addresses of one node in one pool, both families.
+#[derive(Debug, Clone)]
+pub struct NodeAllocator {
+    node: String,
+    pool: String,
+    blocks: Vec<Block>,
+    /// Owner -> slot, one map per family (index = `Family as usize` order V4, V6).
+    owners: [HashMap<Box<str>, Slot>; 2],
+}
+
+fn fam_index(f: Family) -> usize {
+    match f {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+impl NodeAllocator {
+    pub fn new(node: &str, pool: &str) -> Self {
+        Self {
+            node: node.to_owned(),
+            pool: pool.to_owned(),
+            blocks: Vec::new(),
+            owners: [HashMap::new(), HashMap::new()],
+        }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Adds a block the operator assigned. Adding a block twice is a no-op.
+    pub fn add_block(&mut self, cidr: Cidr) {
+        if !self.blocks.iter().any(|b| b.cidr == cidr) {
+            self.blocks.push(Block::new(cidr));
+        }
+    }
+
+    /// Removes an empty block (returning it to the operator); `false` when it still has
+    /// allocations or is not held.
+    pub fn remove_block(&mut self, cidr: Cidr) -> bool {
+        let Some(i) = self.blocks.iter().position(|b| b.cidr == cidr) else {
+            return false;
+        };
+        if self.blocks[i].used > 0 {
+            return false;
+        }
+        // Slots index blocks by position: only the last block can go without renumbering,
+        // so swap it into place and renumber the owners that pointed at it.
+        let last = self.blocks.len() - 1;
+        self.blocks.swap_remove(i);
+        if i != last {
+            for map in &mut self.owners {
+                for slot in map.values_mut() {
+                    if slot.block as usize == last {
+                        slot.block = i as u32;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    pub fn blocks(&self, family: Family) -> Vec<Cidr> {
+        self.blocks
+            .iter()
+            .filter(|b| b.cidr.family() == family)
+            .map(|b| b.cidr)
+            .collect()
+    }
+
+    /// Blocks of `family` with no allocation, which a multi-pool node may release.
+    pub fn empty_blocks(&self, family: Family) -> Vec<Cidr> {
+        self.blocks
+            .iter()
+            .filter(|b| b.cidr.family() == family && b.used == 0)
+            .map(|b| b.cidr)
+            .collect()
+    }
+
+    /// Free addresses of `family` over all blocks.
+    pub fn free(&self, family: Family) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.cidr.family() == family)
+            .map(|b| b.capacity() - b.used)
+            .sum()
+    }
+
+    /// Live allocations of `family`.
+    pub fn allocated(&self, family: Family) -> usize {
+        self.owners[fam_index(family)].len()
+    }
+
+    fn ip_of(&self, slot: Slot) -> IpAddr {
+        self.blocks[slot.block as usize]
+            .cidr
+            .addr(slot.offset as u128)
+    }
+
+    /// The address `owner` holds in `family`, if any.
+    pub fn lookup(&self, owner: &str, family: Family) -> Option<IpAddr> {
+        self.owners[fam_index(family)]
+            .get(owner)
+            .map(|s| self.ip_of(*s))
+    }
+
+    /// An address of `family` for `owner`; the same owner asking again gets the same address.
+    pub fn allocate(&mut self, owner: &str, family: Family) -> Result<IpAddr, AllocError> {
+        if let Some(ip) = self.lookup(owner, family) {
+            return Ok(ip);
+        }
+        let mut any_block = false;
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            if block.cidr.family() != family {
+                continue;
+            }
+            any_block = true;
+            if let Some(off) = block.take() {
+                let slot = Slot {
+                    block: i as u32,
+                    offset: off as u32,
+                };
+                self.owners[fam_index(family)].insert(owner.into(), slot);
+                return Ok(self.ip_of(slot));
+            }
+        }
+        if !any_block {
+            return Err(AllocError::NoBlock {
+                node: self.node.clone(),
+                pool: self.pool.clone(),
+                family,
+            });
+        }
+        Err(AllocError::Full {
+            node: self.node.clone(),
+            pool: self.pool.clone(),
+            family,
+            used: self.allocated(family) as u64,
+            blocks: self.blocks(family),
+        })
+    }
+
+    /// Gives `ip` to `owner` (a requested address, or a restored one). Idempotent for the same
+    /// owner and address.
+    pub fn allocate_ip(&mut self, owner: &str, ip: IpAddr) -> Result<(), AllocError> {
+        let family = Family::of(ip);
+        if let Some(held) = self.lookup(owner, family) {
+            if held == ip {
+                return Ok(());
+            }
+            return Err(AllocError::OwnerHoldsOther {
+                node: self.node.clone(),
+                owner: owner.to_owned(),
+                held,
+                requested: ip,
+            });
+        }
+        let Some((bi, block)) = self
+            .blocks
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.cidr.contains(ip))
+        else {
+            return Err(AllocError::OutsideBlocks {
+                node: self.node.clone(),
+                pool: self.pool.clone(),
+                ip,
+                blocks: self.blocks(family),
+            });
+        };
+        let off = ip_to_u128(ip) - block.cidr.base();
+        if off >= MAX_BLOCK_ADDRESSES {
+            return Err(AllocError::OutsideBlocks {
+                node: self.node.clone(),
+                pool: self.pool.clone(),
+                ip,
+                blocks: self.blocks(family),
+            });
+        }
+        let off = off as u64;
+        if let Some(what) = block.reserved_role(off) {
+            return Err(AllocError::Reserved {
+                node: self.node.clone(),
+                ip,
+                what,
+                block: block.cidr,
+            });
+        }
+        if block.is_set(off) {
+            let holder = self.owners[fam_index(family)]
+                .iter()
+                .find(|(_, s)| s.block as usize == bi && s.offset as u64 == off)
+                .map(|(o, _)| o.to_string())
+                .unwrap_or_default();
+            return Err(AllocError::Taken {
+                node: self.node.clone(),
+                ip,
+                holder,
+            });
+        }
+        self.blocks[bi].set(off);
+        self.owners[fam_index(family)].insert(
+            owner.into(),
+            Slot {
+                block: bi as u32,
+                offset: off as u32,
+            },
+        );
+        Ok(())
+    }
+
+    /// Releases what `owner` holds in `family`; releasing nothing is not an error.
+    pub fn release(&mut self, owner: &str, family: Family) -> Option<IpAddr> {
+        let slot = self.owners[fam_index(family)].remove(owner)?;
+        let ip = self.ip_of(slot);
+        self.blocks[slot.block as usize].clear(slot.offset as u64);
+        Some(ip)
+    }
+
+    /// Every (owner, address), for status output and checks.
+    pub fn allocations(&self) -> Vec<(String, IpAddr)> {
+        self.owners
+            .iter()
+            .flat_map(|m| m.iter().map(|(o, s)| (o.to_string(), self.ip_of(*s))))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn c(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn allocation_is_idempotent_and_skips_reserved_addresses() {
+        let mut n = NodeAllocator::new("node-1", "default");
+        let e = n.allocate("ns/a eth0", Family::V4).unwrap_err();
+        assert!(matches!(e, AllocError::NoBlock { .. }), "{e}");
+        n.add_block(c("10.244.1.0/30"));
+        let a = n.allocate("ns/a eth0", Family::V4).unwrap();
+        assert_eq!(a.to_string(), "10.244.1.1");
+        assert_eq!(n.allocate("ns/a eth0", Family::V4).unwrap(), a);
+        assert_eq!(
+            n.allocate("ns/b eth0", Family::V4).unwrap().to_string(),
+            "10.244.1.2"
+        );
+        let full = n.allocate("ns/c eth0", Family::V4).unwrap_err().to_string();
+        assert!(
+            full.contains("node-1") && full.contains("10.244.1.0/30"),
+            "{full}"
+        );
+        assert_eq!(n.release("ns/a eth0", Family::V4), Some(a));
+        assert_eq!(n.release("ns/a eth0", Family::V4), None);
+        assert_eq!(n.allocate("ns/c eth0", Family::V4).unwrap(), a);
+
+        let e = n
+            .allocate_ip("x", "10.244.1.3".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("broadcast"), "{e}");
+        let e = n
+            .allocate_ip("x", "10.244.1.0".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("network"), "{e}");
+        let e = n
+            .allocate_ip("x", "10.244.1.2".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ns/b eth0"), "{e}");
+        let e = n
+            .allocate_ip("x", "10.9.9.9".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not in any of its blocks"), "{e}");
+    }
+
+    #[test]
+    fn dual_stack_and_ipv6_rules() {
+        let mut n = NodeAllocator::new("node-1", "default");
+        n.add_block(c("10.244.1.0/24"));
+        n.add_block(c("fd00::100/120"));
+        let v4 = n.allocate("pod", Family::V4).unwrap();
+        let v6 = n.allocate("pod", Family::V6).unwrap();
+        assert_eq!(
+            (v4.to_string(), v6.to_string()),
+            ("10.244.1.1".into(), "fd00::101".into())
+        );
+        assert_eq!(n.free(Family::V6), 254);
+        // A /31 uses both addresses; a /64 is capped but works.
+        let mut p = NodeAllocator::new("p", "x");
+        p.add_block(c("10.0.0.0/31"));
+        assert_eq!(p.allocate("a", Family::V4).unwrap().to_string(), "10.0.0.0");
+        assert_eq!(p.allocate("b", Family::V4).unwrap().to_string(), "10.0.0.1");
+        p.add_block(c("fd00:1::/64"));
+        assert_eq!(p.free(Family::V6), (MAX_BLOCK_ADDRESSES - 1) as u64);
+    }
+
+    #[test]
+    fn a_node_with_63_pods_holds_two_26_blocks_and_empty_ones_can_go() {
+        // Multi-pool seed: /26 blocks have 62 usable addresses.
+        let mut n = NodeAllocator::new("node-1", "tenant-a");
+        n.add_block(c("10.250.0.0/26"));
+        for i in 0..62 {
+            n.allocate(&format!("tenant-a/p{i}"), Family::V4).unwrap();
+        }
+        assert!(matches!(
+            n.allocate("tenant-a/p62", Family::V4),
+            Err(AllocError::Full { .. })
+        ));
+        n.add_block(c("10.250.0.64/26"));
+        let ip = n.allocate("tenant-a/p62", Family::V4).unwrap();
+        assert!(c("10.250.0.64/26").contains(ip));
+        assert_eq!(n.blocks(Family::V4).len(), 2);
+        n.release("tenant-a/p62", Family::V4);
+        assert_eq!(n.empty_blocks(Family::V4), vec![c("10.250.0.64/26")]);
+        assert!(!n.remove_block(c("10.250.0.0/26")), "a block in use stays");
+        assert!(n.remove_block(c("10.250.0.64/26")));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc(u8),
+        Release(u8),
+        Specific(u8, u8),
+        AddBlock(u8),
+        RemoveEmpty,
+        Restart,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => any::<u8>().prop_map(|o| Op::Alloc(o % 80)),
+            3 => any::<u8>().prop_map(|o| Op::Release(o % 80)),
+            1 => (any::<u8>(), any::<u8>()).prop_map(|(o, b)| Op::Specific(o % 80, b)),
+            1 => any::<u8>().prop_map(|b| Op::AddBlock(b % 4)),
+            1 => Just(Op::RemoveEmpty),
+            1 => Just(Op::Restart),
+        ]
+    }
+
+    proptest! {
+        /// Any sequence of allocate, release, specific requests, block changes and restarts
+        /// (rebuilding from the list of allocations, as the persisted state does) never yields
+        /// a duplicate address, an address outside the node's blocks, or a reserved address.
+        #[test]
+        fn never_a_duplicate_or_an_address_outside_the_blocks(ops in proptest::collection::vec(op(), 1..300)) {
+            let blocks: Vec<Cidr> = ["10.1.0.0/28", "10.1.0.16/29", "10.1.0.64/27", "10.1.0.128/30"].iter().map(|s| c(s)).collect();
+            let mut n = NodeAllocator::new("n", "p");
+            n.add_block(blocks[0]);
+            for op in ops {
+                match op {
+                    Op::Alloc(o) => { let _ = n.allocate(&format!("o{o}"), Family::V4); }
+                    Op::Release(o) => { n.release(&format!("o{o}"), Family::V4); }
+                    Op::Specific(o, b) => {
+                        let ip: IpAddr = format!("10.1.0.{b}").parse().unwrap();
+                        let _ = n.allocate_ip(&format!("o{o}"), ip);
+                    }
+                    Op::AddBlock(i) => n.add_block(blocks[i as usize]),
+                    Op::RemoveEmpty => {
+                        if let Some(b) = n.empty_blocks(Family::V4).first() { n.remove_block(*b); }
+                    }
+                    Op::Restart => {
+                        let mut fresh = NodeAllocator::new("n", "p");
+                        for b in n.blocks(Family::V4) { fresh.add_block(b); }
+                        for (owner, ip) in n.allocations() { fresh.allocate_ip(&owner, ip).unwrap(); }
+                        n = fresh;
+                    }
+                }
+                let all = n.allocations();
+                let ips: HashSet<IpAddr> = all.iter().map(|(_, ip)| *ip).collect();
+                prop_assert_eq!(ips.len(), all.len(), "duplicate address in {:?}", all);
+                let held = n.blocks(Family::V4);
+                for (owner, ip) in &all {
+                    let block = held.iter().find(|b| b.contains(*ip));
+                    prop_assert!(block.is_some(), "{} holds {} outside {:?}", owner, ip, held);
+                    let b = block.unwrap();
+                    let off = ip_to_u128(*ip) - b.base();
+                    prop_assert!(off != 0 && off != b.size() - 1, "{} got reserved {}", owner, ip);
+                }
+                prop_assert_eq!(n.free(Family::V4) as usize + all.len(),
+                    held.iter().map(|b| b.size() as usize - 2).sum::<usize>());
+            }
+        }
+    }
+}

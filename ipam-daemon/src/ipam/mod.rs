@@ -7,6 +7,7 @@
 
 pub mod blocks;
 pub mod cidr;
+pub mod durable;
 pub mod infra;
 pub mod node;
 pub mod pool;

@@ -226,6 +226,10 @@ impl NodeAllocator {
         &self.node
     }
 
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
     /// Adds a block the operator assigned. Adding a block twice is a no-op.
     pub fn add_block(&mut self, cidr: Cidr) {
         if !self.blocks.iter().any(|b| b.cidr == cidr) {

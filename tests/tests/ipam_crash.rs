@@ -1,0 +1,108 @@
+//! Crash safety of durable allocations with a real process: a worker allocates from several
+//! threads and prints each acknowledgement; it is SIGKILLed at random points and restarted.
+//! Every acknowledged allocation must still be there with the same address, acknowledged
+//! releases must be gone, and no address may be held twice.
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ipam_tests::{TempFile, rng::Rng, workspace_binary};
+
+#[test]
+fn every_acknowledged_allocation_survives_sigkill() {
+    let state = TempFile::new("alloc-crash", "redb");
+    let worker = workspace_binary("alloc-worker");
+    let mut rng = Rng::new(u64::from(std::process::id()) ^ 0xc0ffee);
+    // owner -> Some(ip) when acknowledged held, None when its release was acknowledged.
+    let mut acked: HashMap<String, Option<String>> = HashMap::new();
+    let mut total_acks = 0usize;
+
+    for round in 0..6 {
+        let mut child = Command::new(&worker)
+            .args(["run", state.0.to_str().unwrap(), &round.to_string(), "8"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start worker");
+        let stdout = child.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<_>>()
+        });
+        let run_for = Duration::from_millis(150 + rng.below(600) as u64);
+        let start = Instant::now();
+        while start.elapsed() < run_for {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+        for line in reader.join().unwrap() {
+            let mut parts = line.split_whitespace();
+            match (parts.next(), parts.next(), parts.next()) {
+                (Some("ACK"), Some(owner), Some(ip)) => {
+                    acked.insert(owner.to_owned(), Some(ip.to_owned()));
+                    total_acks += 1;
+                }
+                (Some("REL"), Some(owner), None) => {
+                    acked.insert(owner.to_owned(), None);
+                }
+                _ => {} // a line cut by the kill
+            }
+        }
+
+        let dump = Command::new(&worker)
+            .args(["dump", state.0.to_str().unwrap()])
+            .output()
+            .expect("dump");
+        assert!(
+            dump.status.success(),
+            "restart failed: {}",
+            String::from_utf8_lossy(&dump.stderr)
+        );
+        let mut has: HashMap<String, String> = HashMap::new();
+        let mut ips = HashSet::new();
+        for line in String::from_utf8_lossy(&dump.stdout).lines() {
+            let mut parts = line.split_whitespace().skip(1);
+            let (owner, ip) = (parts.next().unwrap(), parts.next().unwrap());
+            assert!(
+                ips.insert(ip.to_owned()),
+                "round {round}: {ip} is held twice"
+            );
+            has.insert(owner.to_owned(), ip.to_owned());
+        }
+        for (owner, state) in &acked {
+            match state {
+                Some(ip) => {
+                    // A release in flight at the kill may or may not have landed (every fifth owner).
+                    let releasable = owner
+                        .rsplit('p')
+                        .next()
+                        .and_then(|i| i.parse::<u64>().ok())
+                        .is_some_and(|i| i % 5 == 0);
+                    match has.get(owner) {
+                        Some(found) => {
+                            assert_eq!(found, ip, "round {round}: {owner} changed address")
+                        }
+                        None => assert!(
+                            releasable,
+                            "round {round}: acknowledged {owner} {ip} was lost"
+                        ),
+                    }
+                }
+                None => assert!(
+                    !has.contains_key(owner),
+                    "round {round}: released {owner} came back"
+                ),
+            }
+        }
+    }
+    assert!(
+        total_acks > 500,
+        "the worker made progress ({total_acks} acknowledgements)"
+    );
+}

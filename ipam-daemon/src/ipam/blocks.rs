@@ -105,7 +105,7 @@ pub enum BlockError {
     Exhausted {
         pool: String,
         node: String,
-        usage: FamilyUsage,
+        usage: Box<FamilyUsage>,
     },
     #[error("block {block} is not part of pool {pool}")]
     NotInPool { pool: String, block: Cidr },
@@ -117,7 +117,13 @@ pub enum BlockError {
         node: String,
     },
     #[error(transparent)]
-    Pool(#[from] PoolError),
+    Pool(Box<PoolError>),
+}
+
+impl From<PoolError> for BlockError {
+    fn from(e: PoolError) -> Self {
+        Self::Pool(Box::new(e))
+    }
 }
 
 fn holders_summary(holders: &[String]) -> String {
@@ -239,7 +245,7 @@ impl BlockAllocator {
         Err(BlockError::Exhausted {
             pool: pool.to_owned(),
             node: node.to_owned(),
-            usage: self.usage(pool, family)?,
+            usage: Box::new(self.usage(pool, family)?),
         })
     }
 
@@ -425,7 +431,7 @@ mod tests {
             .upsert_pool(pool("default", &["10.244.0.0/16", "10.245.0.0/16"], 25))
             .unwrap_err();
         assert!(
-            matches!(e, BlockError::Pool(PoolError::MaskInUse { .. })),
+            matches!(&e, BlockError::Pool(p) if matches!(**p, PoolError::MaskInUse { .. })),
             "{e}"
         );
         let usage = b.usage("default", Family::V4).unwrap();

@@ -148,13 +148,12 @@ impl Cidr {
 
     /// The smaller of two overlapping CIDRs (the overlap itself, since CIDRs nest).
     pub fn overlap(&self, other: &Cidr) -> Option<Cidr> {
-        self.overlaps(other).then(|| {
-            if self.prefix >= other.prefix {
-                *self
-            } else {
-                *other
-            }
-        })
+        let smaller = if self.prefix >= other.prefix {
+            *self
+        } else {
+            *other
+        };
+        self.overlaps(other).then_some(smaller)
     }
 
     /// Number of `/mask` blocks in this CIDR (`mask >= prefix`), saturating.

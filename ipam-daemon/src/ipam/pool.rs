@@ -138,15 +138,15 @@ pub enum PoolError {
         overlap: Cidr,
     },
     #[error(
-        "pool {pool}: CIDR {a} overlaps CIDR {b} of pool {other} (in {overlap}); pools must not \
-         overlap, or one address could be given twice: choose a CIDR outside {b}"
+        "pool {pool}: CIDR {a} overlaps CIDR {b} of pool {other} (in {}); pools must not \
+         overlap, or one address could be given twice: choose a CIDR outside {b}",
+        a.overlap(b).unwrap_or(*a)
     )]
     OverlapBetween {
         pool: String,
         other: String,
         a: Cidr,
         b: Cidr,
-        overlap: Cidr,
     },
     #[error(
         "pool {pool}: CIDR {cidr} cannot be removed while {blocks} node block(s) come from it. \
@@ -268,13 +268,12 @@ pub fn check_no_overlap<'a>(
             };
             for a in &mine.cidrs {
                 for b in &theirs.cidrs {
-                    if let Some(overlap) = a.overlap(b) {
+                    if a.overlaps(b) {
                         return Err(PoolError::OverlapBetween {
                             pool: pool.name.clone(),
                             other: other.name.clone(),
                             a: *a,
                             b: *b,
-                            overlap,
                         });
                     }
                 }

@@ -8,11 +8,14 @@ use crate::cmd::{cargo, exec, workspace_root};
 pub enum Name {
     /// ARP answers: ns per reply (BPF_PROG_TEST_RUN) and reply rate versus the kernel.
     Arp,
+    /// Pod IP allocation: in memory, durable, cost at 1M vs 1k live, bytes each, 5,000 nodes.
+    Alloc,
 }
 
 pub fn run(name: Name) -> anyhow::Result<()> {
     let bin = match name {
         Name::Arp => "bench-arp",
+        Name::Alloc => "bench-alloc",
     };
     exec(cargo().args(["build", "--release", "-p", "ipam-tests", "--bin", bin]))?;
     exec(&mut std::process::Command::new(

@@ -144,6 +144,8 @@ fn holders_summary(holders: &[String]) -> String {
 #[derive(Debug, Clone, Default)]
 pub struct BlockAllocator {
     pools: BTreeMap<String, (Pool, [Option<FamilyBlocks>; 2])>,
+    /// node -> (pool, block) it holds: answers "which blocks has node X" without a scan.
+    by_node: HashMap<String, BTreeSet<(String, Cidr)>>,
 }
 
 fn slot(family: Family) -> usize {
@@ -236,11 +238,17 @@ impl BlockAllocator {
     pub fn allocate(&mut self, node: &str, pool: &str, family: Family) -> Result<Cidr, BlockError> {
         let fb = self.family_mut(pool, family)?;
         let mask = fb.mask;
-        for cb in &mut fb.cidrs {
-            if let Some(index) = cb.take_free(mask) {
-                cb.holders.insert(index, node.to_owned());
-                return Ok(cb.cidr.block(mask, index));
-            }
+        let found = fb.cidrs.iter_mut().find_map(|cb| {
+            let index = cb.take_free(mask)?;
+            cb.holders.insert(index, node.to_owned());
+            Some(cb.cidr.block(mask, index))
+        });
+        if let Some(block) = found {
+            self.by_node
+                .entry(node.to_owned())
+                .or_default()
+                .insert((pool.to_owned(), block));
+            return Ok(block);
         }
         Err(BlockError::Exhausted {
             pool: pool.to_owned(),
@@ -251,21 +259,12 @@ impl BlockAllocator {
 
     /// The blocks `node` holds in `pool` and `family`, lowest first.
     pub fn blocks_of(&self, node: &str, pool: &str, family: Family) -> Vec<Cidr> {
-        let Some(Some(fb)) = self.pools.get(pool).map(|(_, f)| &f[slot(family)]) else {
-            return Vec::new();
-        };
-        let mut out: Vec<Cidr> = fb
-            .cidrs
-            .iter()
-            .flat_map(|cb| {
-                cb.holders
-                    .iter()
-                    .filter(|(_, n)| n.as_str() == node)
-                    .map(|(i, _)| cb.cidr.block(fb.mask, *i))
-            })
-            .collect();
-        out.sort();
-        out
+        self.by_node.get(node).map_or_else(Vec::new, |held| {
+            held.iter()
+                .filter(|(p, b)| p == pool && b.family() == family)
+                .map(|(_, b)| *b)
+                .collect()
+        })
     }
 
     /// Cluster-pool semantics: the node's one block, allocated on first request.
@@ -309,6 +308,10 @@ impl BlockAllocator {
             });
         }
         cb.mark(index, node);
+        self.by_node
+            .entry(node.to_owned())
+            .or_default()
+            .insert((pool.to_owned(), block));
         Ok(())
     }
 
@@ -324,6 +327,9 @@ impl BlockAllocator {
             let index = cb.cidr.block_index(mask, block.network());
             if cb.holders.get(&index).is_some_and(|h| h == node) {
                 cb.free(index);
+                if let Some(held) = self.by_node.get_mut(node) {
+                    held.remove(&(pool.to_owned(), block));
+                }
             }
         }
         Ok(())

@@ -9,6 +9,7 @@ pub mod blocks;
 pub mod cidr;
 pub mod durable;
 pub mod infra;
+pub mod multipool;
 pub mod node;
 pub mod pool;
 

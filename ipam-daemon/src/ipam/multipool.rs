@@ -1,0 +1,270 @@
+//! Multi-pool decisions on the node: which pool a pod's address comes from, and when the node
+//! asks for another block or gives an empty one back.
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use super::{Cidr, Family, node::NodeAllocator};
+
+/// Pod or namespace annotation naming the pool to allocate from.
+pub const POOL_ANNOTATION: &str = "ipam-ebpf.io/ip-pool";
+/// The pool used when neither the pod nor its namespace names one.
+pub const DEFAULT_POOL: &str = "default";
+
+/// Where the chosen pool came from, for logs and events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolSource {
+    PodAnnotation,
+    NamespaceAnnotation,
+    Default,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PoolChoiceError {
+    #[error(
+        "pod {namespace}/{pod}: its {source_name} annotation {POOL_ANNOTATION}={pool} names a pool \
+         that does not exist (pools: {known}); fix the annotation or create the pool"
+    )]
+    UnknownPool {
+        namespace: String,
+        pod: String,
+        source_name: &'static str,
+        pool: String,
+        known: String,
+    },
+    #[error(
+        "pod {namespace}/{pod}: neither the pod nor namespace {namespace} has the annotation \
+         {POOL_ANNOTATION}, and falling back to pool {DEFAULT_POOL} is disabled; annotate the \
+         namespace (or the pod) with the pool to use"
+    )]
+    NoPool { namespace: String, pod: String },
+}
+
+/// Chooses the pool of a pod: pod annotation, then namespace annotation, then `default`
+/// (unless `allow_default` is false).
+pub fn choose_pool<'a>(
+    namespace: &str,
+    pod: &str,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace_annotations: &BTreeMap<String, String>,
+    pools: impl IntoIterator<Item = &'a str> + Clone,
+    allow_default: bool,
+) -> Result<(String, PoolSource), PoolChoiceError> {
+    let exists = |name: &str| pools.clone().into_iter().any(|p| p == name);
+    for (annotations, source, source_name) in [
+        (pod_annotations, PoolSource::PodAnnotation, "pod"),
+        (
+            namespace_annotations,
+            PoolSource::NamespaceAnnotation,
+            "namespace",
+        ),
+    ] {
+        if let Some(pool) = annotations.get(POOL_ANNOTATION) {
+            if !exists(pool) {
+                return Err(PoolChoiceError::UnknownPool {
+                    namespace: namespace.to_owned(),
+                    pod: pod.to_owned(),
+                    source_name,
+                    pool: pool.clone(),
+                    known: pools.clone().into_iter().collect::<Vec<_>>().join(", "),
+                });
+            }
+            return Ok((pool.clone(), source));
+        }
+    }
+    if allow_default && exists(DEFAULT_POOL) {
+        return Ok((DEFAULT_POOL.to_owned(), PoolSource::Default));
+    }
+    Err(PoolChoiceError::NoPool {
+        namespace: namespace.to_owned(),
+        pod: pod.to_owned(),
+    })
+}
+
+/// Pre-allocation settings of a pool on a node (Cilium's multi-pool `pre-allocate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermarks {
+    /// Free addresses the node keeps ready; 0 means blocks are requested only on demand.
+    pub pre_allocate: u64,
+}
+
+/// `true` when the node should ask the operator for another block of `family`: it has fewer
+/// free addresses than the pre-allocation, or none at all while a request is waiting.
+pub fn needs_block(node: &NodeAllocator, family: Family, w: Watermarks, demand: bool) -> bool {
+    let free = node.free(family);
+    free < w.pre_allocate || (demand && free == 0)
+}
+
+/// Empty blocks the node may give back while keeping `pre_allocate` free addresses. Nothing is
+/// released before the node's allocations were restored after a restart (`restored`): until
+/// then an empty-looking block may hold addresses of running pods.
+pub fn releasable_blocks(
+    node: &NodeAllocator,
+    family: Family,
+    w: Watermarks,
+    restored: bool,
+) -> Vec<Cidr> {
+    if !restored {
+        return Vec::new();
+    }
+    let mut free = node.free(family);
+    let mut out = Vec::new();
+    for block in node.empty_blocks(family).into_iter().rev() {
+        let capacity = node_block_capacity(block);
+        if free.saturating_sub(capacity) >= w.pre_allocate {
+            free -= capacity;
+            out.push(block);
+        }
+    }
+    out
+}
+
+fn node_block_capacity(block: Cidr) -> u64 {
+    // Mirrors the node allocator's address rules (docs in node.rs).
+    let size = block.size().min(super::node::MAX_BLOCK_ADDRESSES) as u64;
+    match block.family() {
+        Family::V4 if size >= 4 => size - 2,
+        Family::V4 => size,
+        Family::V6 => size - 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::{
+        blocks::BlockAllocator,
+        node::AllocError,
+        pool::{FamilySpec, PodIpPoolSpec, validate},
+    };
+
+    fn ann(pool: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([(POOL_ANNOTATION.to_owned(), pool.to_owned())])
+    }
+
+    #[test]
+    fn pool_comes_from_pod_then_namespace_then_default() {
+        let pools = ["default", "tenant-a"];
+        let none = BTreeMap::new();
+        assert_eq!(
+            choose_pool("tenant-a", "web", &none, &ann("tenant-a"), pools, true).unwrap(),
+            ("tenant-a".into(), PoolSource::NamespaceAnnotation)
+        );
+        assert_eq!(
+            choose_pool(
+                "tenant-a",
+                "web",
+                &ann("default"),
+                &ann("tenant-a"),
+                pools,
+                true
+            )
+            .unwrap(),
+            ("default".into(), PoolSource::PodAnnotation)
+        );
+        assert_eq!(
+            choose_pool("other", "web", &none, &none, pools, true).unwrap(),
+            ("default".into(), PoolSource::Default)
+        );
+        let e = choose_pool("other", "web", &none, &none, pools, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("other/web") && e.contains("falling back") && e.contains(POOL_ANNOTATION),
+            "{e}"
+        );
+        let e = choose_pool("x", "web", &none, &ann("tenant-b"), pools, true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tenant-b") && e.contains("namespace") && e.contains("default, tenant-a"),
+            "{e}"
+        );
+    }
+
+    /// The multi-pool seed: a tenant pool chosen by namespace annotation, /26 blocks (62
+    /// addresses), on-demand blocks; 63 pods need two blocks, and when the pods go the empty
+    /// block goes back, but never before the node restored its allocations.
+    #[test]
+    fn seed_tenant_pool_63_pods_two_blocks() {
+        let mut operator = BlockAllocator::new();
+        for (name, cidr) in [("default", "10.244.0.0/16"), ("tenant-a", "10.250.0.0/16")] {
+            let spec = PodIpPoolSpec {
+                ipv4: Some(FamilySpec {
+                    cidrs: vec![cidr.into()],
+                    mask_size: 26,
+                }),
+                ipv6: None,
+            };
+            operator
+                .upsert_pool(validate(name, &spec).unwrap())
+                .unwrap();
+        }
+        let (pool, _) = choose_pool(
+            "tenant-a",
+            "web-0",
+            &BTreeMap::new(),
+            &ann("tenant-a"),
+            ["default", "tenant-a"],
+            true,
+        )
+        .unwrap();
+        let mut node = NodeAllocator::new("worker-1", &pool);
+        let w = Watermarks { pre_allocate: 0 };
+        assert!(
+            !needs_block(&node, Family::V4, w, false),
+            "pre-allocation 0: no block up front"
+        );
+        for i in 0..63 {
+            let owner = format!("tenant-a/web-{i}");
+            loop {
+                match node.allocate(&owner, Family::V4) {
+                    Ok(ip) => {
+                        assert!("10.250.0.0/16".parse::<Cidr>().unwrap().contains(ip));
+                        break;
+                    }
+                    Err(AllocError::NoBlock { .. } | AllocError::Full { .. }) => {
+                        assert!(needs_block(&node, Family::V4, w, true));
+                        node.add_block(operator.allocate("worker-1", &pool, Family::V4).unwrap());
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        assert_eq!(node.blocks(Family::V4).len(), 2);
+        assert_eq!(
+            operator.blocks_of("worker-1", "tenant-a", Family::V4).len(),
+            2
+        );
+        assert!(
+            operator
+                .blocks_of("worker-1", "default", Family::V4)
+                .is_empty(),
+            "no block of an unused pool"
+        );
+
+        node.release("tenant-a/web-62", Family::V4);
+        assert!(
+            releasable_blocks(&node, Family::V4, w, false).is_empty(),
+            "not before restore"
+        );
+        let empty = releasable_blocks(&node, Family::V4, w, true);
+        assert_eq!(empty.len(), 1);
+        assert!(node.remove_block(empty[0]));
+        operator.release("worker-1", "tenant-a", empty[0]).unwrap();
+        assert_eq!(
+            operator.usage("tenant-a", Family::V4).unwrap().used_blocks,
+            1
+        );
+
+        // With pre-allocation 62 the last empty block is kept.
+        let keep = Watermarks { pre_allocate: 62 };
+        node.add_block(
+            operator
+                .allocate("worker-1", "tenant-a", Family::V4)
+                .unwrap(),
+        );
+        assert!(releasable_blocks(&node, Family::V4, keep, true).is_empty());
+    }
+}

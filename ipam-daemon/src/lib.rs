@@ -9,3 +9,4 @@ pub mod datapath;
 pub mod ipam;
 pub mod l2;
 pub mod net;
+pub mod store;

@@ -1,0 +1,220 @@
+//! The resource store every controller is written against: get, list, watch, create,
+//! update-if-revision (optimistic concurrency), delete, and leases on top of them.
+//!
+//! Objects are JSON documents addressed by (kind, name), each with the store revision of its
+//! last change. Implementations: `embedded` (an ACID database file, the default for one node);
+//! etcd and Kubernetes stores implement the same trait (revision = mod_revision /
+//! resourceVersion), so controllers do not change with the store.
+
+pub mod embedded;
+pub mod lease;
+
+use std::future::Future;
+
+use serde::{Serialize, de::DeserializeOwned};
+use thiserror::Error;
+
+/// An object as stored: kind, name, revision of its last change, JSON value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawObject {
+    pub kind: String,
+    pub name: String,
+    pub revision: u64,
+    pub value: Vec<u8>,
+}
+
+/// A change seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// Created or updated.
+    Put(RawObject),
+    Deleted {
+        kind: String,
+        name: String,
+        revision: u64,
+    },
+}
+
+impl WatchEvent {
+    pub fn kind(&self) -> &str {
+        match self {
+            Self::Put(o) => &o.kind,
+            Self::Deleted { kind, .. } => kind,
+        }
+    }
+
+    pub fn revision(&self) -> u64 {
+        match self {
+            Self::Put(o) => o.revision,
+            Self::Deleted { revision, .. } => *revision,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("{kind} {name} does not exist")]
+    NotFound { kind: String, name: String },
+    #[error("{kind} {name} already exists; update it instead, or delete it first")]
+    AlreadyExists { kind: String, name: String },
+    #[error(
+        "{kind} {name} was changed by someone else (it is at revision {actual}, the change was \
+         based on revision {expected}); read it again and re-apply the change"
+    )]
+    Conflict {
+        kind: String,
+        name: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{kind} {name} is not a valid {kind}: {source}")]
+    Decode {
+        kind: String,
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error("watch of {kind} fell behind by {missed} changes; list again and restart the watch")]
+    WatchLagged { kind: String, missed: u64 },
+    #[error("store {location}: {source}")]
+    Backend {
+        location: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// A watch: the objects at the start, then every later change of the kind, in order.
+pub struct Watch {
+    pub initial: Vec<RawObject>,
+    kind: String,
+    since: u64,
+    events: tokio::sync::broadcast::Receiver<WatchEvent>,
+}
+
+impl Watch {
+    /// The next change; `Err(WatchLagged)` when the watcher fell too far behind.
+    pub async fn next(&mut self) -> Result<WatchEvent, StoreError> {
+        loop {
+            match self.events.recv().await {
+                Ok(e) if e.kind() == self.kind && e.revision() > self.since => {
+                    self.since = e.revision();
+                    return Ok(e);
+                }
+                Ok(_) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                    return Err(StoreError::WatchLagged {
+                        kind: self.kind.clone(),
+                        missed,
+                    });
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
+/// The store interface. Writes are durable when they return.
+pub trait Store: Send + Sync {
+    fn get(
+        &self,
+        kind: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<RawObject>, StoreError>> + Send;
+    fn list(&self, kind: &str) -> impl Future<Output = Result<Vec<RawObject>, StoreError>> + Send;
+    /// Creates `kind/name`; fails with `AlreadyExists`. Returns the new revision.
+    fn create(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Replaces `kind/name` if it is still at `expected` revision; fails with `Conflict`.
+    fn update(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Deletes `kind/name` (if at `expected`, when given). Deleting nothing is not an error.
+    fn delete(
+        &self,
+        kind: &str,
+        name: &str,
+        expected: Option<u64>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn watch(&self, kind: &str) -> impl Future<Output = Result<Watch, StoreError>> + Send;
+}
+
+/// A kind of resource with a typed value.
+pub trait Resource: Serialize + DeserializeOwned + Send + Sync {
+    const KIND: &'static str;
+}
+
+/// A typed object and the revision it was read at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned<T> {
+    pub name: String,
+    pub revision: u64,
+    pub value: T,
+}
+
+pub fn decode<T: Resource>(o: &RawObject) -> Result<Versioned<T>, StoreError> {
+    Ok(Versioned {
+        name: o.name.clone(),
+        revision: o.revision,
+        value: serde_json::from_slice(&o.value).map_err(|source| StoreError::Decode {
+            kind: o.kind.clone(),
+            name: o.name.clone(),
+            source,
+        })?,
+    })
+}
+
+fn encode<T: Resource>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("resources serialise to JSON")
+}
+
+/// Typed access on any store.
+pub trait TypedStore: Store {
+    fn get_typed<T: Resource>(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Versioned<T>>, StoreError>> + Send {
+        async move {
+            self.get(T::KIND, name)
+                .await?
+                .as_ref()
+                .map(decode)
+                .transpose()
+        }
+    }
+
+    fn list_typed<T: Resource>(
+        &self,
+    ) -> impl Future<Output = Result<Vec<Versioned<T>>, StoreError>> + Send {
+        async move { self.list(T::KIND).await?.iter().map(decode).collect() }
+    }
+
+    fn create_typed<T: Resource>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let bytes = encode(value);
+        async move { self.create(T::KIND, name, bytes).await }
+    }
+
+    fn update_typed<T: Resource>(
+        &self,
+        name: &str,
+        value: &T,
+        expected: u64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let bytes = encode(value);
+        async move { self.update(T::KIND, name, bytes, expected).await }
+    }
+}
+
+impl<S: Store> TypedStore for S {}

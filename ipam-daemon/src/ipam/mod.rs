@@ -11,6 +11,8 @@ pub mod durable;
 pub mod infra;
 pub mod multipool;
 pub mod node;
+pub mod operator;
 pub mod pool;
+pub mod resources;
 
 pub use cidr::{Cidr, CidrError, Family};

@@ -1,0 +1,538 @@
+//! The operator's IPAM controller: validates pools, keeps the block allocator in line with them,
+//! and gives nodes the blocks their NodeIPAM records ask for. Results and errors go to the
+//! status of the objects, in words that say what to do.
+//!
+//! Written against the `TypedStore` trait only, so it runs unchanged on every store.
+
+use std::collections::BTreeSet;
+
+use thiserror::Error;
+
+use super::{
+    Family,
+    blocks::BlockAllocator,
+    pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
+    resources::{
+        AllocatedBlock, CLUSTER, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
+        NodeIpamStatus, PodIpPool, PoolStatus,
+    },
+};
+use crate::store::{StoreError, TypedStore, Versioned};
+
+#[derive(Debug, Error)]
+pub enum OperatorError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Mode(#[from] ModeMismatch),
+}
+
+/// Records the IPAM mode on first start and refuses a different one afterwards.
+pub async fn record_mode<S: TypedStore>(store: &S, mode: IpamMode) -> Result<(), OperatorError> {
+    loop {
+        match store.get_typed::<IpamConfig>(CLUSTER).await? {
+            Some(current) => return Ok(check_mode(Some(current.value.mode), mode)?),
+            None => match store.create_typed(CLUSTER, &IpamConfig { mode }).await {
+                Ok(_) => return Ok(()),
+                // Another daemon recorded it first: check against what it recorded.
+                Err(StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            },
+        }
+    }
+}
+
+/// What one reconciliation did, for logs and tests.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub assigned: Vec<(String, AllocatedBlock)>,
+    pub released: Vec<(String, AllocatedBlock)>,
+    /// (object, message) for every object that is not ready.
+    pub problems: Vec<(String, String)>,
+}
+
+pub struct Operator {
+    mode: IpamMode,
+    blocks: BlockAllocator,
+    restored: bool,
+}
+
+const READY: &str = "Ready";
+
+impl Operator {
+    pub fn new(mode: IpamMode) -> Self {
+        Self {
+            mode,
+            blocks: BlockAllocator::new(),
+            restored: false,
+        }
+    }
+
+    pub fn blocks(&self) -> &BlockAllocator {
+        &self.blocks
+    }
+
+    /// One pass over pools and nodes. Safe to run at any time and as often as wanted.
+    pub async fn reconcile<S: TypedStore>(&mut self, store: &S) -> Result<Report, OperatorError> {
+        let mut report = Report::default();
+        let pools = store.list_typed::<PodIpPool>().await?;
+        let nodes = store.list_typed::<NodeIpam>().await?;
+        // Restore the pools as last accepted, then blocks held, before deciding anything new:
+        // a restarted operator must not hand out a block twice.
+        if !self.restored {
+            for p in &pools {
+                if let Some(spec) = &p.value.status.accepted_spec
+                    && let Ok(pool) = validate(&p.name, spec)
+                {
+                    let _ = self.blocks.upsert_pool(pool);
+                }
+            }
+            for n in &nodes {
+                for b in &n.value.status.allocated {
+                    if let Err(e) = self.blocks.restore(&n.name, &b.pool, b.cidr) {
+                        report
+                            .problems
+                            .push((format!("NodeIPAM {}", n.name), e.to_string()));
+                    }
+                }
+            }
+            self.restored = true;
+        }
+        self.reconcile_pools(store, &pools, &mut report).await?;
+        for node in &nodes {
+            self.reconcile_node(store, node, &mut report).await?;
+        }
+        self.write_usage(store).await?;
+        Ok(report)
+    }
+
+    async fn reconcile_pools<S: TypedStore>(
+        &mut self,
+        store: &S,
+        pools: &[Versioned<PodIpPool>],
+        report: &mut Report,
+    ) -> Result<(), OperatorError> {
+        let mut accepted: Vec<Pool> = Vec::new();
+        for p in pools {
+            let mut status = p.value.status.clone();
+            let outcome = if self.mode == IpamMode::ClusterPool && p.name != "default" {
+                Err(
+                    "not used: cluster-pool mode takes addresses only from pool default; use \
+                     multi-pool mode for named pools"
+                        .to_owned(),
+                )
+            } else {
+                validate(&p.name, &p.value.spec)
+                    .map_err(|e| e.to_string())
+                    .and_then(|pool| {
+                        check_no_overlap(&pool, &accepted).map_err(|e| e.to_string())?;
+                        self.blocks
+                            .upsert_pool(pool.clone())
+                            .map_err(|e| e.to_string())?;
+                        Ok(pool)
+                    })
+            };
+            match outcome {
+                Ok(pool) => {
+                    accepted.push(pool);
+                    status.accepted_spec = Some(p.value.spec.clone());
+                    status.conditions = vec![Condition::new(READY, true, "pool is in use")];
+                }
+                Err(message) => {
+                    // A refused change keeps the pool working with its last accepted spec.
+                    if let Some(pool) = status
+                        .accepted_spec
+                        .as_ref()
+                        .and_then(|s| validate(&p.name, s).ok())
+                    {
+                        accepted.push(pool);
+                    }
+                    report
+                        .problems
+                        .push((format!("PodIPPool {}", p.name), message.clone()));
+                    status.conditions = vec![Condition::new(READY, false, message)];
+                }
+            }
+            if status != p.value.status {
+                let mut updated = p.value.clone();
+                updated.status = status;
+                // A conflict means someone changed the pool: the next pass sees the change.
+                match store.update_typed(&p.name, &updated, p.revision).await {
+                    Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The (pool, family, count) a node should hold in the current mode.
+    fn wanted(&self, node: &NodeIpam) -> Vec<(String, Family, u32)> {
+        match self.mode {
+            IpamMode::ClusterPool => [Family::V4, Family::V6]
+                .into_iter()
+                .filter(|f| {
+                    self.blocks
+                        .pool("default")
+                        .is_some_and(|p| p.family(*f).is_some())
+                })
+                .map(|f| ("default".to_owned(), f, 1))
+                .collect(),
+            IpamMode::MultiPool => node
+                .spec
+                .pools
+                .iter()
+                .map(|r| (r.pool.clone(), r.family, r.needed))
+                .collect(),
+            // The node's blocks come from Node.spec.podCIDRs; nothing to hand out.
+            IpamMode::Kubernetes => Vec::new(),
+        }
+    }
+
+    async fn reconcile_node<S: TypedStore>(
+        &mut self,
+        store: &S,
+        node: &Versioned<NodeIpam>,
+        report: &mut Report,
+    ) -> Result<(), OperatorError> {
+        let name = &node.name;
+        let mut problems = Vec::new();
+        for request in &node.value.spec.pools {
+            for cidr in &request.release {
+                let held = self.blocks.blocks_of(name, &request.pool, cidr.family());
+                if held.contains(cidr) {
+                    self.blocks
+                        .release(name, &request.pool, *cidr)
+                        .map_err(|e| problems.push(e.to_string()))
+                        .ok();
+                    report.released.push((
+                        name.clone(),
+                        AllocatedBlock {
+                            pool: request.pool.clone(),
+                            cidr: *cidr,
+                        },
+                    ));
+                }
+            }
+        }
+        for (pool, family, needed) in self.wanted(&node.value) {
+            while self.blocks.blocks_of(name, &pool, family).len() < needed as usize {
+                match self.blocks.allocate(name, &pool, family) {
+                    Ok(cidr) => report.assigned.push((
+                        name.clone(),
+                        AllocatedBlock {
+                            pool: pool.clone(),
+                            cidr,
+                        },
+                    )),
+                    Err(e) => {
+                        problems.push(e.to_string());
+                        break;
+                    }
+                }
+            }
+        }
+        let mut allocated: BTreeSet<AllocatedBlock> = BTreeSet::new();
+        for (pool, family, _) in self.wanted(&node.value) {
+            for cidr in self.blocks.blocks_of(name, &pool, family) {
+                allocated.insert(AllocatedBlock {
+                    pool: pool.clone(),
+                    cidr,
+                });
+            }
+        }
+        // Blocks held in pools the node no longer asks for stay listed until released.
+        for b in &node.value.status.allocated {
+            if self
+                .blocks
+                .blocks_of(name, &b.pool, b.cidr.family())
+                .contains(&b.cidr)
+            {
+                allocated.insert(b.clone());
+            }
+        }
+        let conditions = if problems.is_empty() {
+            vec![Condition::new(READY, true, "blocks assigned")]
+        } else {
+            for p in &problems {
+                report
+                    .problems
+                    .push((format!("NodeIPAM {name}"), p.clone()));
+            }
+            vec![Condition::new(READY, false, problems.join("; "))]
+        };
+        let status = NodeIpamStatus {
+            allocated: allocated.into_iter().collect(),
+            conditions,
+        };
+        if status != node.value.status {
+            let mut updated = node.value.clone();
+            updated.status = status;
+            match store.update_typed(name, &updated, node.revision).await {
+                Ok(_) => {}
+                // The node changed its record meanwhile: undo nothing (blocks stay held by it)
+                // and write the status on the next pass.
+                Err(StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_usage<S: TypedStore>(&self, store: &S) -> Result<(), OperatorError> {
+        for p in store.list_typed::<PodIpPool>().await? {
+            let usage: Vec<FamilyUsageStatus> = [Family::V4, Family::V6]
+                .into_iter()
+                .filter_map(|f| self.blocks.usage(&p.name, f).ok())
+                .map(|u| FamilyUsageStatus {
+                    family: u.family,
+                    cidrs: u.cidrs,
+                    mask_size: u.mask,
+                    total_blocks: u.total_blocks,
+                    used_blocks: u.used_blocks,
+                })
+                .collect();
+            if usage != p.value.status.usage {
+                let mut updated = p.value.clone();
+                updated.status = PoolStatus {
+                    usage,
+                    ..p.value.status.clone()
+                };
+                match store.update_typed(&p.name, &updated, p.revision).await {
+                    Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        ipam::{
+            Cidr,
+            pool::{FamilySpec, PodIpPoolSpec},
+            resources::PoolRequest,
+        },
+        store::embedded::EmbeddedStore,
+    };
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let p =
+            std::env::temp_dir().join(format!("ipam-operator-{}-{name}.redb", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    fn v4_pool(cidrs: &[&str], mask: u8) -> PodIpPool {
+        PodIpPool {
+            spec: PodIpPoolSpec {
+                ipv4: Some(FamilySpec {
+                    cidrs: cidrs.iter().map(|s| s.to_string()).collect(),
+                    mask_size: mask,
+                }),
+                ipv6: None,
+            },
+            status: PoolStatus::default(),
+        }
+    }
+
+    async fn set_pool(s: &EmbeddedStore, name: &str, pool: PodIpPool) {
+        match s.get_typed::<PodIpPool>(name).await.unwrap() {
+            None => {
+                s.create_typed(name, &pool).await.unwrap();
+            }
+            Some(cur) => {
+                let mut v = cur.value;
+                v.spec = pool.spec;
+                s.update_typed(name, &v, cur.revision).await.unwrap();
+            }
+        }
+    }
+
+    async fn node_status(s: &EmbeddedStore, name: &str) -> NodeIpamStatus {
+        s.get_typed::<NodeIpam>(name)
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .status
+    }
+
+    /// The cluster-pool seed through the store: 256 nodes served, node 257's record says why it
+    /// has no block and what to do, appending a CIDR serves it without touching the others, a
+    /// mask change is refused in the pool's status while the pool keeps working.
+    #[tokio::test]
+    async fn seed_cluster_pool_through_the_store() {
+        let path = temp("seed");
+        let s = EmbeddedStore::open(&path).unwrap();
+        record_mode(&s, IpamMode::ClusterPool).await.unwrap();
+        set_pool(&s, "default", v4_pool(&["10.244.0.0/16"], 24)).await;
+        for n in 1..=257 {
+            s.create_typed(&format!("node-{n:03}"), &NodeIpam::default())
+                .await
+                .unwrap();
+        }
+        let mut op = Operator::new(IpamMode::ClusterPool);
+        let report = op.reconcile(&s).await.unwrap();
+        assert_eq!(report.assigned.len(), 256);
+        let first = node_status(&s, "node-001").await;
+        assert_eq!(first.allocated[0].cidr.to_string(), "10.244.0.0/24");
+        let failed = node_status(&s, "node-257").await;
+        assert!(failed.allocated.is_empty());
+        let msg = &failed.conditions[0].message;
+        assert!(
+            !failed.conditions[0].status
+                && msg.contains("exhausted")
+                && msg.contains("Append a CIDR"),
+            "{msg}"
+        );
+        let pool = s
+            .get_typed::<PodIpPool>("default")
+            .await
+            .unwrap()
+            .unwrap()
+            .value;
+        assert_eq!(
+            (
+                pool.status.usage[0].total_blocks,
+                pool.status.usage[0].used_blocks
+            ),
+            (256, 256)
+        );
+
+        set_pool(
+            &s,
+            "default",
+            v4_pool(&["10.244.0.0/16", "10.245.0.0/16"], 24),
+        )
+        .await;
+        op.reconcile(&s).await.unwrap();
+        assert_eq!(
+            node_status(&s, "node-257").await.allocated[0]
+                .cidr
+                .to_string(),
+            "10.245.0.0/24"
+        );
+        assert_eq!(node_status(&s, "node-001").await.allocated, first.allocated);
+
+        set_pool(
+            &s,
+            "default",
+            v4_pool(&["10.244.0.0/16", "10.245.0.0/16"], 25),
+        )
+        .await;
+        let report = op.reconcile(&s).await.unwrap();
+        let pool = s
+            .get_typed::<PodIpPool>("default")
+            .await
+            .unwrap()
+            .unwrap()
+            .value;
+        assert!(!pool.status.conditions[0].status);
+        assert!(
+            pool.status.conditions[0].message.contains("/24 to /25"),
+            "{:?}",
+            pool.status
+        );
+        assert_eq!(
+            pool.status.accepted_spec.unwrap().ipv4.unwrap().mask_size,
+            24
+        );
+        assert!(report.assigned.is_empty());
+        // A new node is still served from the accepted /24 spec.
+        s.create_typed("node-258", &NodeIpam::default())
+            .await
+            .unwrap();
+        op.reconcile(&s).await.unwrap();
+        assert_eq!(
+            node_status(&s, "node-258").await.allocated[0]
+                .cidr
+                .to_string(),
+            "10.245.1.0/24"
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn restarted_operator_never_gives_a_block_twice() {
+        let path = temp("restart");
+        let s = EmbeddedStore::open(&path).unwrap();
+        set_pool(&s, "tenant-a", v4_pool(&["10.250.0.0/24"], 26)).await;
+        let want = |n| NodeIpam {
+            spec: crate::ipam::resources::NodeIpamSpec {
+                pools: vec![PoolRequest {
+                    pool: "tenant-a".into(),
+                    family: Family::V4,
+                    needed: n,
+                    release: vec![],
+                }],
+                pod_cidrs: vec![],
+            },
+            status: NodeIpamStatus::default(),
+        };
+        s.create_typed("a", &want(2)).await.unwrap();
+        Operator::new(IpamMode::MultiPool)
+            .reconcile(&s)
+            .await
+            .unwrap();
+        // A new operator process: restores from the records, then serves b.
+        s.create_typed("b", &want(2)).await.unwrap();
+        Operator::new(IpamMode::MultiPool)
+            .reconcile(&s)
+            .await
+            .unwrap();
+        let a: BTreeSet<Cidr> = node_status(&s, "a")
+            .await
+            .allocated
+            .iter()
+            .map(|b| b.cidr)
+            .collect();
+        let b: BTreeSet<Cidr> = node_status(&s, "b")
+            .await
+            .allocated
+            .iter()
+            .map(|b| b.cidr)
+            .collect();
+        assert_eq!((a.len(), b.len()), (2, 2));
+        assert!(a.is_disjoint(&b), "{a:?} {b:?}");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn overlapping_pool_is_marked_and_mode_change_refused() {
+        let path = temp("overlap");
+        let s = EmbeddedStore::open(&path).unwrap();
+        record_mode(&s, IpamMode::MultiPool).await.unwrap();
+        let e = record_mode(&s, IpamMode::ClusterPool)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("multi-pool") && e.contains("cluster-pool"),
+            "{e}"
+        );
+        set_pool(&s, "default", v4_pool(&["10.244.0.0/16"], 24)).await;
+        set_pool(&s, "tenant-a", v4_pool(&["10.244.128.0/20"], 26)).await;
+        let report = Operator::new(IpamMode::MultiPool)
+            .reconcile(&s)
+            .await
+            .unwrap();
+        let t = s
+            .get_typed::<PodIpPool>("tenant-a")
+            .await
+            .unwrap()
+            .unwrap()
+            .value;
+        let msg = &t.status.conditions[0].message;
+        assert!(
+            msg.contains("tenant-a") && msg.contains("default") && msg.contains("overlaps"),
+            "{msg}"
+        );
+        assert_eq!(report.problems.len(), 1);
+        let _ = std::fs::remove_file(&path);
+    }
+}

@@ -1,0 +1,130 @@
+//! IPAM resources as stored (and, later, as Kubernetes CRDs): pools, per-node IPAM records and
+//! the cluster's IPAM configuration. Field names follow Cilium's where users know them.
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Cidr, Family,
+    pool::{IpamMode, PodIpPoolSpec},
+};
+use crate::store::Resource;
+
+/// A status condition: `type` is true or false, with a message saying why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: bool,
+    pub message: String,
+}
+
+impl Condition {
+    pub fn new(kind: &str, status: bool, message: impl Into<String>) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodIpPool {
+    pub spec: PodIpPoolSpec,
+    #[serde(default)]
+    pub status: PoolStatus,
+}
+
+impl Resource for PodIpPool {
+    const KIND: &'static str = "PodIPPool";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    /// The spec the operator uses: the last one that passed validation and the in-use rules. A
+    /// refused change leaves it as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_spec: Option<PodIpPoolSpec>,
+    #[serde(default)]
+    pub usage: Vec<FamilyUsageStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FamilyUsageStatus {
+    pub family: Family,
+    pub cidrs: Vec<Cidr>,
+    pub mask_size: u8,
+    pub total_blocks: u128,
+    pub used_blocks: u128,
+}
+
+/// One node's IPAM record (like CiliumNode.spec.ipam): what it asks for and what it holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeIpam {
+    #[serde(default)]
+    pub spec: NodeIpamSpec,
+    #[serde(default)]
+    pub status: NodeIpamStatus,
+}
+
+impl Resource for NodeIpam {
+    const KIND: &'static str = "NodeIPAM";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeIpamSpec {
+    /// Multi-pool: blocks wanted per pool and family. Cluster-pool ignores it (one block per
+    /// family of `default`); kubernetes mode uses `pod_cidrs` instead.
+    #[serde(default)]
+    pub pools: Vec<PoolRequest>,
+    /// Kubernetes mode: the node's blocks as given by Node.spec.podCIDRs.
+    #[serde(default)]
+    pub pod_cidrs: Vec<Cidr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolRequest {
+    pub pool: String,
+    pub family: Family,
+    /// Blocks the node wants to hold.
+    pub needed: u32,
+    /// Empty blocks the node gives back.
+    #[serde(default)]
+    pub release: Vec<Cidr>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeIpamStatus {
+    #[serde(default)]
+    pub allocated: Vec<AllocatedBlock>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AllocatedBlock {
+    pub pool: String,
+    pub cidr: Cidr,
+}
+
+/// The cluster's IPAM configuration (one object, named `cluster`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpamConfig {
+    pub mode: IpamMode,
+}
+
+impl Resource for IpamConfig {
+    const KIND: &'static str = "IpamConfig";
+}
+
+/// Name of the one `IpamConfig` object.
+pub const CLUSTER: &str = "cluster";

@@ -20,7 +20,13 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::datapath::AttachMode;
+use crate::{
+    datapath::AttachMode,
+    ipam::{
+        Cidr, Family,
+        pool::{IpamMode, PodIpPoolSpec},
+    },
+};
 
 /// Default bpffs directory that holds every map, program and link pin of the daemon.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
@@ -36,6 +42,70 @@ pub struct Config {
     /// IPs to answer ARP/NDP for, each on one interface.
     #[serde(default, rename = "announcement")]
     pub announcements: Vec<AnnouncementConfig>,
+    /// IP address management; absent means the daemon only announces.
+    #[serde(default)]
+    pub ipam: Option<IpamSettings>,
+}
+
+/// The `[ipam]` section (standalone role: operator and agent in this process, embedded store).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpamSettings {
+    pub mode: IpamMode,
+    /// This node's name in the cluster state; defaults to the host name.
+    #[serde(default = "default_node_name")]
+    pub node_name: String,
+    /// The embedded store (cluster state: pools, node records, mode).
+    #[serde(default = "default_store")]
+    pub store: PathBuf,
+    /// Node-local allocation state and the published status (`status.json`).
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Pool the router and health addresses come from.
+    #[serde(default = "default_infra_pool")]
+    pub infra_pool: String,
+    /// Families the node needs router and health addresses in.
+    #[serde(default = "default_families")]
+    pub families: Vec<Family>,
+    /// Multi-pool: free addresses kept ready per family (0: blocks only on demand).
+    #[serde(default)]
+    pub pre_allocate: u64,
+    /// Kubernetes mode: the node's blocks (Node.spec.podCIDRs).
+    #[serde(default)]
+    pub pod_cidrs: Vec<Cidr>,
+    /// Pools written to the store on start and on reload.
+    #[serde(default, rename = "pool")]
+    pub pools: Vec<PoolConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    #[serde(flatten)]
+    pub spec: PodIpPoolSpec,
+}
+
+fn default_node_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "node".to_owned())
+}
+
+fn default_store() -> PathBuf {
+    PathBuf::from("/var/lib/ipam/store.redb")
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from("/var/lib/ipam/node")
+}
+
+fn default_infra_pool() -> String {
+    "default".to_owned()
+}
+
+fn default_families() -> Vec<Family> {
+    vec![Family::V4]
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -34,6 +34,22 @@ enum Command {
         #[command(subcommand)]
         command: DatapathCommand,
     },
+    /// IP address management on this node.
+    Ipam {
+        #[command(subcommand)]
+        command: IpamCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum IpamCommand {
+    /// Pools with capacity and usage, this node's blocks, router and health addresses, and what
+    /// the node waits for (as the daemon last published it).
+    Status {
+        /// The daemon's ipam.state_dir.
+        #[arg(long, default_value = "/var/lib/ipam/node")]
+        state_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -48,6 +64,9 @@ fn main() -> anyhow::Result<()> {
     match args.command {
         Command::Announcements => announcements(&args.bpffs_root),
         Command::Status => status(&args.bpffs_root),
+        Command::Ipam {
+            command: IpamCommand::Status { state_dir },
+        } => ipam_status(&state_dir),
         Command::Datapath {
             command: DatapathCommand::Remove,
         } => {
@@ -124,5 +143,72 @@ fn status(root: &std::path::Path) -> anyhow::Result<()> {
         println!("  {:<14} {}", stat.name(), stats.get(stat));
     }
     println!("announcements: {}", maps.list()?.len());
+    Ok(())
+}
+
+fn ipam_status(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    let status = ipam_daemon::daemon::ipam::read_status(state_dir).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot read the IPAM status under {}: {e}; is ipamd running with ipam.state_dir = {}?",
+            state_dir.display(),
+            state_dir.display()
+        )
+    })?;
+    let mode = status.mode.map_or("?", |m| m.name());
+    println!(
+        "node {}, mode {mode}, {} allocations",
+        status.node, status.allocations
+    );
+    for (purpose, by_family) in &status.infra {
+        for (family, ip) in by_family {
+            println!("{purpose} {}: {ip}", family.name());
+        }
+    }
+    if let Some(waiting) = &status.waiting {
+        println!("WAITING: {waiting}");
+    }
+    let blocks: Vec<String> = status.node_blocks.iter().map(ToString::to_string).collect();
+    println!(
+        "node blocks: {}",
+        if blocks.is_empty() {
+            "(none)".to_owned()
+        } else {
+            blocks.join(", ")
+        }
+    );
+    for c in status.node_conditions.iter().filter(|c| !c.status) {
+        println!("node not ready: {}", c.message);
+    }
+    println!(
+        "{:<14} {:<6} {:<34} {:>5} {:>14}  {:<5} MESSAGE",
+        "POOL", "FAMILY", "CIDRS", "MASK", "BLOCKS USED", "READY"
+    );
+    for pool in &status.pools {
+        let ready = pool.conditions.iter().all(|c| c.status);
+        let message = pool.conditions.first().map_or("", |c| c.message.as_str());
+        if pool.usage.is_empty() {
+            println!(
+                "{:<14} {:<6} {:<34} {:>5} {:>14}  {:<5} {message}",
+                pool.name,
+                "-",
+                "-",
+                "-",
+                "-",
+                if ready { "yes" } else { "NO" }
+            );
+        }
+        for u in &pool.usage {
+            let cidrs: Vec<String> = u.cidrs.iter().map(ToString::to_string).collect();
+            println!(
+                "{:<14} {:<6} {:<34} {:>5} {:>14}  {:<5} {message}",
+                pool.name,
+                u.family.name(),
+                cidrs.join(","),
+                format!("/{}", u.mask_size),
+                format!("{}/{}", u.used_blocks, u.total_blocks),
+                if ready { "yes" } else { "NO" }
+            );
+        }
+    }
     Ok(())
 }

@@ -50,6 +50,7 @@ enum Op {
     Put { key: String, ip: IpAddr },
     Delete { key: String, ip: IpAddr },
     AddBlock { cidr: Cidr, pool: String },
+    RemoveBlock { cidr: Cidr },
 }
 
 #[derive(Default)]
@@ -163,6 +164,19 @@ impl DurableAllocator {
             self.push(Op::AddBlock { cidr, pool })
         };
         self.wait_durable(seq)
+    }
+
+    /// Removes an empty block durably; `false` when it still holds allocations or is not held.
+    pub fn remove_block(&self, cidr: Cidr) -> Result<bool, DurableError> {
+        let seq = {
+            let mut alloc = self.alloc.lock().expect("allocator lock");
+            if !alloc.remove_block(cidr) {
+                return Ok(false);
+            }
+            self.push(Op::RemoveBlock { cidr })
+        };
+        self.wait_durable(seq)?;
+        Ok(true)
     }
 
     /// An address for `owner`, acknowledged once durable. Idempotent.
@@ -293,6 +307,7 @@ impl DurableAllocator {
                     Op::AddBlock { cidr, .. } => {
                         alloc.remove_block(*cidr);
                     }
+                    Op::RemoveBlock { cidr } => alloc.add_block(*cidr),
                 }
             }
             tracing::error!(path = %self.path.display(), "commit of {} change(s) failed: {e}", batch.len());
@@ -325,6 +340,11 @@ impl DurableAllocator {
                     Op::AddBlock { cidr, pool } => {
                         blocks
                             .insert(cidr.to_string().as_str(), pool.as_str())
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Op::RemoveBlock { cidr } => {
+                        blocks
+                            .remove(cidr.to_string().as_str())
                             .map_err(|e| e.to_string())?;
                     }
                 }

@@ -10,21 +10,41 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use super::{Family, node::AllocError};
+use super::{Family, durable::DurableError, node::AllocError};
 use crate::backoff::Backoff;
+
+/// Errors that can mean "the node has no block yet" (the one condition worth waiting for).
+pub trait NoBlockYet: std::fmt::Display {
+    fn no_block(&self) -> Option<&AllocError>;
+}
+
+impl NoBlockYet for AllocError {
+    fn no_block(&self) -> Option<&AllocError> {
+        matches!(self, AllocError::NoBlock { .. }).then_some(self)
+    }
+}
+
+impl NoBlockYet for DurableError {
+    fn no_block(&self) -> Option<&AllocError> {
+        match self {
+            DurableError::Alloc(e) => e.no_block(),
+            DurableError::Store { .. } => None,
+        }
+    }
+}
 
 /// Longest wait between two attempts.
 pub const INFRA_RETRY_CAP: Duration = Duration::from_secs(30);
 
 /// Allocates the `purpose` address (`router`, `health`, `ingress`) of `family` with
 /// `try_allocate`, calling `request_block` and waiting whenever the node has no block yet.
-pub async fn allocate_waiting(
+pub async fn allocate_waiting<E: NoBlockYet>(
     purpose: &str,
     family: Family,
-    mut try_allocate: impl FnMut() -> Result<IpAddr, AllocError>,
+    mut try_allocate: impl FnMut() -> Result<IpAddr, E>,
     mut request_block: impl FnMut(),
     backoff: &mut Backoff,
-) -> Result<IpAddr, AllocError> {
+) -> Result<IpAddr, E> {
     let mut attempt = 0u32;
     loop {
         attempt += 1;
@@ -35,7 +55,10 @@ pub async fn allocate_waiting(
                 }
                 return Ok(ip);
             }
-            Err(AllocError::NoBlock { node, pool, family }) => {
+            Err(e) if e.no_block().is_some() => {
+                let Some(AllocError::NoBlock { node, pool, family }) = e.no_block() else {
+                    unreachable!("no_block returns NoBlock")
+                };
                 // Tell the operator there is demand (pre-allocation 0 gives no block otherwise).
                 request_block();
                 let delay = backoff.next_delay();

@@ -5,6 +5,7 @@
 //! - `blocks`: the operator side, cutting pools into per-node blocks;
 //! - `node`: the agent side, handing out addresses inside a node's blocks.
 
+pub mod agent;
 pub mod blocks;
 pub mod cidr;
 pub mod durable;

@@ -1,5 +1,8 @@
 //! The `ipamd` main loop for the standalone role: keep the datapath in line with the
-//! configuration and prove liveness to the responders.
+//! configuration, prove liveness to the responders, and run IPAM (operator and agent) when the
+//! configuration has an `[ipam]` section.
+
+pub mod ipam;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -24,7 +27,12 @@ pub enum DaemonError {
     Announce(#[from] AnnounceError),
     #[error("cannot install signal handler: {0}")]
     Signal(std::io::Error),
+    #[error(transparent)]
+    Ipam(#[from] ipam::IpamRuntimeError),
 }
+
+/// How often IPAM reconciles (operator and agent) in the standalone role.
+const IPAM_PASS: Duration = Duration::from_millis(500);
 
 /// Longest wait between two attempts at an interface that is not there yet.
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -41,6 +49,12 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
 
     let mut retry = Backoff::new(RETRY_CAP);
     let mut retry_at = apply(&mut datapath, &config, &mut retry)?;
+    let mut ipam = match config.ipam.clone() {
+        Some(settings) => Some(ipam::IpamRuntime::start(settings).await?),
+        None => None,
+    };
+    let mut ipam_pass = tokio::time::interval(IPAM_PASS);
+    ipam_pass.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
@@ -64,6 +78,14 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
             () = retry_sleep => {
                 retry_at = apply(&mut datapath, &config, &mut retry)?;
             }
+            _ = ipam_pass.tick(), if ipam.is_some() => {
+                if let Some(runtime) = ipam.as_mut()
+                    && let Err(e) = runtime.reconcile().await
+                {
+                    // Store trouble is retried on the next pass; the daemon does not exit.
+                    tracing::error!("IPAM pass failed, retrying: {e}");
+                }
+            }
             _ = hangup.recv() => {
                 match Config::load(&config_path) {
                     Ok(new) if new.datapath.bpffs_root != config.datapath.bpffs_root => {
@@ -74,6 +96,11 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
                     }
                     Ok(new) => {
                         tracing::info!(config = %config_path.display(), "configuration reloaded");
+                        if let (Some(runtime), Some(settings)) = (ipam.as_mut(), new.ipam.clone())
+                            && let Err(e) = runtime.reload(settings).await
+                        {
+                            tracing::error!("IPAM reload failed: {e}");
+                        }
                         config = new;
                         heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
                         retry.reset();

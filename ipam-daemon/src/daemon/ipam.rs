@@ -1,0 +1,306 @@
+//! IPAM inside the standalone daemon: the embedded store, the mode check, pools from the
+//! configuration, the operator and the node agent, the node's router and health addresses, and
+//! the status it publishes for `ipamctl ipam status`.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, atomic::Ordering},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    backoff::Backoff,
+    config::IpamSettings,
+    ipam::{
+        Cidr, Family,
+        agent::{AgentError, NodeAgent},
+        infra::{INFRA_RETRY_CAP, allocate_waiting},
+        multipool::Watermarks,
+        node::{HEALTH_OWNER, ROUTER_OWNER},
+        operator::{Operator, OperatorError, record_mode},
+        pool::IpamMode,
+        resources::{Condition, FamilyUsageStatus, NodeIpam, PodIpPool, PoolStatus},
+    },
+    store::{StoreError, TypedStore, embedded::EmbeddedStore},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpamRuntimeError {
+    #[error(transparent)]
+    Operator(#[from] OperatorError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error("cannot create directory {path} for IPAM state: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What `ipamctl ipam status` shows; written to `<state_dir>/status.json` after every pass.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedStatus {
+    pub node: String,
+    pub mode: Option<IpamMode>,
+    pub pools: Vec<PoolSummary>,
+    pub node_blocks: Vec<Cidr>,
+    pub node_conditions: Vec<Condition>,
+    /// purpose -> family -> address, e.g. router -> v4 -> 10.244.0.1.
+    pub infra: BTreeMap<String, BTreeMap<Family, IpAddr>>,
+    /// What the infra allocation waits for, if it waits.
+    pub waiting: Option<String>,
+    pub allocations: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSummary {
+    pub name: String,
+    pub conditions: Vec<Condition>,
+    pub usage: Vec<FamilyUsageStatus>,
+}
+
+pub struct IpamRuntime {
+    settings: IpamSettings,
+    store: Arc<EmbeddedStore>,
+    operator: Operator,
+    agent: NodeAgent,
+    infra: Arc<Mutex<InfraState>>,
+}
+
+/// The node's router and health addresses, and what their allocation waits for.
+#[derive(Debug, Clone, Default)]
+struct InfraState {
+    addresses: BTreeMap<String, BTreeMap<Family, IpAddr>>,
+    waiting: Option<String>,
+}
+
+fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
+    std::fs::create_dir_all(path).map_err(|source| IpamRuntimeError::Dir {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl IpamRuntime {
+    /// Opens the store and the node state, refuses a changed mode, writes the configured pools,
+    /// and starts allocating the router and health addresses (waiting for a block if needed).
+    pub async fn start(settings: IpamSettings) -> Result<Self, IpamRuntimeError> {
+        if let Some(dir) = settings.store.parent() {
+            mkdir(dir)?;
+        }
+        mkdir(&settings.state_dir)?;
+        let store = Arc::new(EmbeddedStore::open(&settings.store)?);
+        record_mode(&*store, settings.mode).await?;
+        apply_pools(&*store, &settings).await?;
+        let (agent, restored) = NodeAgent::open(
+            &settings.state_dir,
+            &settings.node_name,
+            &settings.infra_pool,
+            settings.mode,
+            Watermarks {
+                pre_allocate: settings.pre_allocate,
+            },
+            settings.pod_cidrs.clone(),
+        )?;
+        tracing::info!(
+            node = settings.node_name.as_str(),
+            mode = settings.mode.name(),
+            blocks = restored.blocks,
+            allocations = restored.allocations,
+            "IPAM state restored"
+        );
+        let runtime = Self {
+            operator: Operator::new(settings.mode),
+            settings,
+            store,
+            agent,
+            infra: Arc::new(Mutex::new(InfraState::default())),
+        };
+        runtime.spawn_infra();
+        Ok(runtime)
+    }
+
+    fn spawn_infra(&self) {
+        for family in self.settings.families.clone() {
+            for purpose in [ROUTER_OWNER, HEALTH_OWNER] {
+                let alloc = self.agent.allocator();
+                let demand = self.agent.demand();
+                let ask = demand.clone();
+                let infra = self.infra.clone();
+                let pool = self.settings.infra_pool.clone();
+                tokio::spawn(async move {
+                    let mut backoff = Backoff::new(INFRA_RETRY_CAP);
+                    let result = allocate_waiting(
+                        purpose,
+                        family,
+                        || alloc.allocate(purpose, family),
+                        || {
+                            ask.store(true, Ordering::SeqCst);
+                            infra.lock().expect("infra lock").waiting = Some(format!(
+                                "{purpose} {} address: waiting for a block of pool {pool}",
+                                family.name()
+                            ));
+                        },
+                        &mut backoff,
+                    )
+                    .await;
+                    let mut state = infra.lock().expect("infra lock");
+                    match result {
+                        Ok(ip) => {
+                            demand.store(false, Ordering::SeqCst);
+                            tracing::info!(purpose, %ip, "{} {purpose} address ready", family.name());
+                            state
+                                .addresses
+                                .entry(purpose.to_owned())
+                                .or_default()
+                                .insert(family, ip);
+                            state.waiting = None;
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                purpose,
+                                "cannot allocate the {} {purpose} address: {e}",
+                                family.name()
+                            );
+                            state.waiting = Some(format!("{purpose} {}: {e}", family.name()));
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// Reload: new pools (a mode change needs a restart and is refused).
+    pub async fn reload(&mut self, settings: IpamSettings) -> Result<(), IpamRuntimeError> {
+        if settings.mode != self.settings.mode {
+            tracing::error!(
+                "not applying the new [ipam] section: the mode cannot change from {} to {} in a \
+                 running cluster",
+                self.settings.mode.name(),
+                settings.mode.name()
+            );
+            return Ok(());
+        }
+        apply_pools(&*self.store, &settings).await?;
+        self.settings.pools = settings.pools;
+        Ok(())
+    }
+
+    /// One pass of the operator and the agent, then the published status.
+    pub async fn reconcile(&mut self) -> Result<(), IpamRuntimeError> {
+        let report = self.operator.reconcile(&*self.store).await?;
+        for (node, block) in &report.assigned {
+            tracing::info!(node = node.as_str(), pool = block.pool.as_str(), cidr = %block.cidr, "block assigned");
+        }
+        self.agent.sync(&*self.store).await?;
+        self.publish().await
+    }
+
+    async fn publish(&self) -> Result<(), IpamRuntimeError> {
+        let pools = self
+            .store
+            .list_typed::<PodIpPool>()
+            .await?
+            .into_iter()
+            .map(|p| {
+                let PoolStatus {
+                    conditions, usage, ..
+                } = p.value.status;
+                PoolSummary {
+                    name: p.name,
+                    conditions,
+                    usage,
+                }
+            })
+            .collect();
+        let node = self
+            .store
+            .get_typed::<NodeIpam>(&self.settings.node_name)
+            .await?;
+        let alloc = self.agent.allocator();
+        let InfraState {
+            addresses: infra,
+            waiting,
+        } = self.infra.lock().expect("infra lock").clone();
+        let status = PublishedStatus {
+            node: self.settings.node_name.clone(),
+            mode: Some(self.settings.mode),
+            pools,
+            node_blocks: alloc.with(|a| {
+                let mut b = a.blocks(Family::V4);
+                b.extend(a.blocks(Family::V6));
+                b
+            }),
+            node_conditions: node.map(|n| n.value.status.conditions).unwrap_or_default(),
+            infra,
+            waiting,
+            allocations: alloc.with(|a| a.allocated(Family::V4) + a.allocated(Family::V6)),
+        };
+        write_status(&self.settings.state_dir, &status)
+    }
+}
+
+/// Writes the configured pools into the store (creating or updating their specs).
+async fn apply_pools<S: TypedStore>(
+    store: &S,
+    settings: &IpamSettings,
+) -> Result<(), IpamRuntimeError> {
+    for p in &settings.pools {
+        loop {
+            let result = match store.get_typed::<PodIpPool>(&p.name).await? {
+                None => store
+                    .create_typed(
+                        &p.name,
+                        &PodIpPool {
+                            spec: p.spec.clone(),
+                            status: PoolStatus::default(),
+                        },
+                    )
+                    .await
+                    .map(|_| ()),
+                Some(cur) if cur.value.spec == p.spec => Ok(()),
+                Some(cur) => {
+                    let mut v = cur.value;
+                    v.spec = p.spec.clone();
+                    store
+                        .update_typed(&p.name, &v, cur.revision)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => break,
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+pub const STATUS_FILE: &str = "status.json";
+
+fn write_status(dir: &Path, status: &PublishedStatus) -> Result<(), IpamRuntimeError> {
+    let tmp = dir.join(format!("{STATUS_FILE}.tmp"));
+    let json = serde_json::to_vec_pretty(status).expect("status serialises");
+    std::fs::write(&tmp, json)
+        .and_then(|()| std::fs::rename(&tmp, dir.join(STATUS_FILE)))
+        .map_err(|source| IpamRuntimeError::Dir {
+            path: dir.join(STATUS_FILE),
+            source,
+        })
+}
+
+/// Reads the status the daemon published under `state_dir`.
+pub fn read_status(state_dir: &Path) -> std::io::Result<PublishedStatus> {
+    let bytes = std::fs::read(state_dir.join(STATUS_FILE))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}

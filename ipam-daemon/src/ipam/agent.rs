@@ -1,0 +1,308 @@
+//! The node agent's IPAM controller: keeps the node's NodeIPAM record and its durable allocator
+//! in line. It adds the blocks the operator assigned (or, in kubernetes mode, the node's
+//! podCIDRs), asks for another block when addresses run short or a request waits, and gives
+//! back empty blocks beyond the pre-allocation, but only once its allocations were restored.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use super::{
+    Cidr, Family,
+    durable::{DurableAllocator, DurableError, RestoreReport},
+    multipool::{Watermarks, needs_block, releasable_blocks},
+    pool::IpamMode,
+    resources::{NodeIpam, NodeIpamSpec, PoolRequest},
+};
+use crate::store::{StoreError, TypedStore};
+
+pub struct NodeAgent {
+    node: String,
+    pool: String,
+    mode: IpamMode,
+    watermarks: Watermarks,
+    pod_cidrs: Vec<Cidr>,
+    alloc: Arc<DurableAllocator>,
+    /// Set when an allocation found no block: ask for one even with pre-allocation 0.
+    demand: Arc<AtomicBool>,
+    /// Blocks asked back from the operator; not used again while the request stands.
+    releasing: BTreeSet<Cidr>,
+    /// When each empty block was first seen empty.
+    empty_since: BTreeMap<Cidr, Instant>,
+    release_grace: Duration,
+}
+
+/// How long a block must stay empty before it goes back: a fresh block is empty until the
+/// request that asked for it takes its address, and pods come and go.
+pub const RELEASE_GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Durable(#[from] DurableError),
+}
+
+impl NodeAgent {
+    /// Opens the node's allocation state for `pool` under `state_dir` (restoring every
+    /// allocation before anything else can happen).
+    pub fn open(
+        state_dir: &Path,
+        node: &str,
+        pool: &str,
+        mode: IpamMode,
+        watermarks: Watermarks,
+        pod_cidrs: Vec<Cidr>,
+    ) -> Result<(Self, RestoreReport), AgentError> {
+        std::fs::create_dir_all(state_dir).map_err(|e| DurableError::Store {
+            path: state_dir.to_owned(),
+            source: Box::new(e),
+        })?;
+        let (alloc, report) =
+            DurableAllocator::open(&state_dir.join(format!("{pool}.redb")), node, pool)?;
+        Ok((
+            Self {
+                node: node.to_owned(),
+                pool: pool.to_owned(),
+                mode,
+                watermarks,
+                pod_cidrs,
+                alloc: Arc::new(alloc),
+                demand: Arc::new(AtomicBool::new(false)),
+                releasing: BTreeSet::new(),
+                empty_since: BTreeMap::new(),
+                release_grace: RELEASE_GRACE,
+            },
+            report,
+        ))
+    }
+
+    pub fn allocator(&self) -> Arc<DurableAllocator> {
+        self.alloc.clone()
+    }
+
+    /// The flag allocations set when they found no block, and clear once served.
+    pub fn demand(&self) -> Arc<AtomicBool> {
+        self.demand.clone()
+    }
+
+    /// Shortens the grace before empty blocks go back (tests).
+    pub fn set_release_grace(&mut self, grace: Duration) {
+        self.release_grace = grace;
+    }
+
+    /// One pass: read the node's record, take new blocks, request or return blocks.
+    pub async fn sync<S: TypedStore>(&mut self, store: &S) -> Result<(), AgentError> {
+        let record = match store.get_typed::<NodeIpam>(&self.node).await? {
+            Some(r) => r,
+            None => {
+                let fresh = NodeIpam {
+                    spec: NodeIpamSpec {
+                        pools: Vec::new(),
+                        pod_cidrs: self.pod_cidrs.clone(),
+                    },
+                    ..NodeIpam::default()
+                };
+                match store.create_typed(&self.node, &fresh).await {
+                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                return Ok(());
+            }
+        };
+        let assigned: BTreeSet<Cidr> = match self.mode {
+            IpamMode::Kubernetes => record.value.spec.pod_cidrs.iter().copied().collect(),
+            _ => record
+                .value
+                .status
+                .allocated
+                .iter()
+                .filter(|b| b.pool == self.pool)
+                .map(|b| b.cidr)
+                .collect(),
+        };
+        // The operator has released what we gave back once it is gone from the status.
+        self.releasing.retain(|c| assigned.contains(c));
+        for cidr in &assigned {
+            if !self.releasing.contains(cidr)
+                && !self.alloc.with(|a| a.blocks(cidr.family()).contains(cidr))
+            {
+                self.alloc.add_block(*cidr)?;
+                tracing::info!(node = self.node.as_str(), pool = self.pool.as_str(), %cidr, "block added");
+            }
+        }
+        if self.mode != IpamMode::MultiPool {
+            return Ok(());
+        }
+        let demand = self.demand.load(Ordering::SeqCst);
+        let now = Instant::now();
+        let empty: BTreeSet<Cidr> = self.alloc.with(|a| {
+            let mut e = a.empty_blocks(Family::V4);
+            e.extend(a.empty_blocks(Family::V6));
+            e.into_iter().collect()
+        });
+        self.empty_since.retain(|c, _| empty.contains(c));
+        for c in &empty {
+            self.empty_since.entry(*c).or_insert(now);
+        }
+        let mut requests: Vec<PoolRequest> = record
+            .value
+            .spec
+            .pools
+            .iter()
+            .filter(|r| r.pool != self.pool)
+            .cloned()
+            .collect();
+        for family in [Family::V4, Family::V6] {
+            let held = self.alloc.with(|a| a.blocks(family).len()) as u32;
+            let mut release: Vec<Cidr> = Vec::new();
+            let wants_more = self
+                .alloc
+                .with(|a| needs_block(a, family, self.watermarks, demand));
+            if !wants_more && !demand {
+                let candidates = self
+                    .alloc
+                    .with(|a| releasable_blocks(a, family, self.watermarks, true));
+                for cidr in candidates.into_iter().filter(|c| {
+                    self.empty_since
+                        .get(c)
+                        .is_some_and(|t| now.duration_since(*t) >= self.release_grace)
+                }) {
+                    // Stop using it first, so no address is handed out from a block on its way back.
+                    if self.alloc.remove_block(cidr)? {
+                        self.releasing.insert(cidr);
+                    }
+                }
+            }
+            release.extend(self.releasing.iter().filter(|c| c.family() == family));
+            let needed = self.alloc.with(|a| a.blocks(family).len()) as u32 + u32::from(wants_more);
+            let previously = record
+                .value
+                .spec
+                .pools
+                .iter()
+                .any(|r| r.pool == self.pool && r.family == family);
+            if needed > 0 || held > 0 || !release.is_empty() || previously {
+                requests.push(PoolRequest {
+                    pool: self.pool.clone(),
+                    family,
+                    needed,
+                    release,
+                });
+            }
+        }
+        if requests != record.value.spec.pools {
+            let mut updated = record.value.clone();
+            updated.spec.pools = requests;
+            match store
+                .update_typed(&self.node, &updated, record.revision)
+                .await
+            {
+                Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        ipam::{
+            operator::Operator,
+            pool::{FamilySpec, PodIpPoolSpec},
+            resources::{PodIpPool, PoolStatus},
+        },
+        store::embedded::EmbeddedStore,
+    };
+
+    async fn pass(op: &mut Operator, agent: &mut NodeAgent, store: &EmbeddedStore) {
+        op.reconcile(store).await.unwrap();
+        agent.sync(store).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn blocks_on_demand_and_back_only_after_the_grace_and_without_demand() {
+        let dir = std::env::temp_dir().join(format!("ipam-agent-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let spec = PodIpPoolSpec {
+            ipv4: Some(FamilySpec {
+                cidrs: vec!["10.70.0.0/24".into()],
+                mask_size: 28,
+            }),
+            ipv6: None,
+        };
+        store
+            .create_typed(
+                "t",
+                &PodIpPool {
+                    spec,
+                    status: PoolStatus::default(),
+                },
+            )
+            .await
+            .unwrap();
+        let mut operator = Operator::new(IpamMode::MultiPool);
+        let (mut agent, _) = NodeAgent::open(
+            &dir.join("node"),
+            "n1",
+            "t",
+            IpamMode::MultiPool,
+            Watermarks { pre_allocate: 0 },
+            vec![],
+        )
+        .unwrap();
+        pass(&mut operator, &mut agent, &store).await;
+        assert!(
+            agent.allocator().with(|a| a.blocks(Family::V4).is_empty()),
+            "pre-allocation 0: nothing up front"
+        );
+
+        agent.demand().store(true, Ordering::SeqCst);
+        for _ in 0..3 {
+            pass(&mut operator, &mut agent, &store).await;
+        }
+        assert_eq!(agent.allocator().with(|a| a.blocks(Family::V4).len()), 1);
+
+        // Still empty, grace not over, demand pending: kept.
+        agent.set_release_grace(Duration::ZERO);
+        pass(&mut operator, &mut agent, &store).await;
+        assert_eq!(
+            agent.allocator().with(|a| a.blocks(Family::V4).len()),
+            1,
+            "kept while a request waits"
+        );
+
+        let ip = agent.allocator().allocate("pod", Family::V4).unwrap();
+        agent.demand().store(false, Ordering::SeqCst);
+        agent.allocator().release("pod", Family::V4).unwrap();
+        assert!("10.70.0.0/28".parse::<Cidr>().unwrap().contains(ip));
+        for _ in 0..3 {
+            pass(&mut operator, &mut agent, &store).await;
+        }
+        assert!(
+            agent.allocator().with(|a| a.blocks(Family::V4).is_empty()),
+            "empty block given back"
+        );
+        assert_eq!(
+            operator
+                .blocks()
+                .usage("t", Family::V4)
+                .unwrap()
+                .used_blocks,
+            0
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

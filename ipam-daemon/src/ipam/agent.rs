@@ -305,4 +305,43 @@ mod tests {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[tokio::test]
+    async fn kubernetes_mode_uses_the_nodes_pod_cidrs_only() {
+        let dir = std::env::temp_dir().join(format!("ipam-agent-k8s-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let cidrs: Vec<Cidr> = vec![
+            "10.244.2.0/24".parse().unwrap(),
+            "fd00:0:0:2::/64".parse().unwrap(),
+        ];
+        let (mut agent, _) = NodeAgent::open(
+            &dir.join("node"),
+            "worker",
+            "default",
+            IpamMode::Kubernetes,
+            Watermarks { pre_allocate: 0 },
+            cidrs.clone(),
+        )
+        .unwrap();
+        let mut operator = Operator::new(IpamMode::Kubernetes);
+        for _ in 0..2 {
+            pass(&mut operator, &mut agent, &store).await;
+        }
+        let alloc = agent.allocator();
+        let v4 = alloc.allocate("router", Family::V4).unwrap();
+        let v6 = alloc.allocate("router", Family::V6).unwrap();
+        assert_eq!(v4.to_string(), "10.244.2.1");
+        assert_eq!(v6.to_string(), "fd00:0:0:2::1");
+        let e = alloc
+            .allocate_ip("x", "10.244.3.1".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not in any of its blocks") && e.contains("10.244.2.0/24"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

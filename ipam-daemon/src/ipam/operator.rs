@@ -535,4 +535,37 @@ mod tests {
         assert_eq!(report.problems.len(), 1);
         let _ = std::fs::remove_file(&path);
     }
+
+    #[tokio::test]
+    async fn cluster_pool_dual_stack_gives_one_block_per_family() {
+        let path = temp("dual");
+        let s = EmbeddedStore::open(&path).unwrap();
+        let pool = PodIpPool {
+            spec: PodIpPoolSpec {
+                ipv4: Some(FamilySpec {
+                    cidrs: vec!["10.244.0.0/16".into()],
+                    mask_size: 24,
+                }),
+                ipv6: Some(FamilySpec {
+                    cidrs: vec!["fd00::/104".into()],
+                    mask_size: 120,
+                }),
+            },
+            status: PoolStatus::default(),
+        };
+        set_pool(&s, "default", pool).await;
+        s.create_typed("n1", &NodeIpam::default()).await.unwrap();
+        s.create_typed("n2", &NodeIpam::default()).await.unwrap();
+        let mut op = Operator::new(IpamMode::ClusterPool);
+        op.reconcile(&s).await.unwrap();
+        op.reconcile(&s).await.unwrap();
+        let n2: Vec<String> = node_status(&s, "n2")
+            .await
+            .allocated
+            .iter()
+            .map(|b| b.cidr.to_string())
+            .collect();
+        assert_eq!(n2, ["10.244.1.0/24", "fd00::100/120"]);
+        let _ = std::fs::remove_file(&path);
+    }
 }

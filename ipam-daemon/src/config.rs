@@ -67,6 +67,9 @@ pub struct IpamSettings {
     /// Families the node needs router and health addresses in.
     #[serde(default = "default_families")]
     pub families: Vec<Family>,
+    /// Also allocate an ingress address per family (for an ingress/gateway proxy on the node).
+    #[serde(default)]
+    pub ingress: bool,
     /// Multi-pool: free addresses kept ready per family (0: blocks only on demand).
     #[serde(default)]
     pub pre_allocate: u64,

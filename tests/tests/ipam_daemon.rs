@@ -38,7 +38,7 @@ impl Setup {
         std::fs::write(
             &self.config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"{mode}\"\nnode_name = \"worker-1\"\nstore = \"{}/store.redb\"\nstate_dir = \"{}/node\"\ninfra_pool = \"hrz\"\n{pools}",
+                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"{mode}\"\nnode_name = \"worker-1\"\nstore = \"{}/store.redb\"\nstate_dir = \"{}/node\"\ninfra_pool = \"hrz\"\ningress = true\n{pools}",
                 self.root.0.display(),
                 self.dir.display(),
                 self.dir.display()
@@ -125,13 +125,14 @@ fn router_address_waits_for_its_pool_survives_sigkill_and_mode_change_is_refused
         "{router}"
     );
     let ready = s.wait_for(&daemon, "the health address too", |st| {
-        st.infra.contains_key("health") && st.waiting.is_none()
+        st.infra.contains_key("health") && st.infra.contains_key("ingress") && st.waiting.is_none()
     });
     assert_eq!(
         ready.node_blocks.len(),
         1,
-        "router and health fit in one /26"
+        "router, health and ingress fit in one /26"
     );
+    let ingress = *ready.infra["ingress"].values().next().unwrap();
 
     // SIGKILL and restart: restored before anything new, the router keeps its address.
     daemon.kill();
@@ -141,6 +142,10 @@ fn router_address_waits_for_its_pool_survives_sigkill_and_mode_change_is_refused
         st.infra.contains_key("router")
     });
     assert_eq!(*again.infra["router"].values().next().unwrap(), router);
+    let again = s.wait_for(&daemon, "the restarted daemon's ingress address", |st| {
+        st.infra.contains_key("ingress")
+    });
+    assert_eq!(*again.infra["ingress"].values().next().unwrap(), ingress);
     daemon.wait_log("IPAM state restored", Duration::from_secs(10));
     daemon.kill();
 

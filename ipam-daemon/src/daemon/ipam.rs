@@ -19,7 +19,7 @@ use crate::{
         agent::{AgentError, NodeAgent},
         infra::{INFRA_RETRY_CAP, allocate_waiting},
         multipool::Watermarks,
-        node::{HEALTH_OWNER, ROUTER_OWNER},
+        node::{HEALTH_OWNER, INGRESS_OWNER, ROUTER_OWNER},
         operator::{Operator, OperatorError, record_mode},
         pool::IpamMode,
         resources::{Condition, FamilyUsageStatus, NodeIpam, PodIpPool, PoolStatus},
@@ -128,8 +128,12 @@ impl IpamRuntime {
     }
 
     fn spawn_infra(&self) {
+        let mut purposes = vec![ROUTER_OWNER, HEALTH_OWNER];
+        if self.settings.ingress {
+            purposes.push(INGRESS_OWNER);
+        }
         for family in self.settings.families.clone() {
-            for purpose in [ROUTER_OWNER, HEALTH_OWNER] {
+            for purpose in purposes.iter().copied() {
                 let alloc = self.agent.allocator();
                 let demand = self.agent.demand();
                 let ask = demand.clone();

@@ -13,6 +13,7 @@ pub mod infra;
 pub mod multipool;
 pub mod node;
 pub mod operator;
+pub mod owners;
 pub mod pool;
 pub mod resources;
 

@@ -11,11 +11,15 @@
 //! Memory: one bit per address of each block in use (bitmaps grow as addresses are used) plus
 //! one map entry per owner.
 
-use std::{collections::HashMap, net::IpAddr};
+use std::net::IpAddr;
 
 use thiserror::Error;
 
-use super::{Cidr, Family, cidr::ip_to_u128};
+use super::{
+    Cidr, Family,
+    cidr::ip_to_u128,
+    owners::{MAX_OWNER_LEN, OwnerIndex, Slot},
+};
 
 /// Largest block the node allocator manages in full; larger blocks (an IPv6 /64 from
 /// Node.spec.podCIDRs) use their first 2^24 addresses.
@@ -75,6 +79,11 @@ pub enum AllocError {
         ip: IpAddr,
         holder: String,
     },
+    #[error(
+        "node {node}: an owner name must be 1 to {MAX_OWNER_LEN} bytes (got {len}); use the pod's \
+         namespace/name or the container id"
+    )]
+    BadOwner { node: String, len: usize },
     #[error("node {node}: {owner} already holds {held}; release it before requesting {requested}")]
     OwnerHoldsOther {
         node: String,
@@ -188,21 +197,14 @@ impl Block {
     }
 }
 
-/// Where an allocation lives: block index and offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Slot {
-    block: u32,
-    offset: u32,
-}
-
 /// The addresses of one node in one pool, both families.
 #[derive(Debug, Clone)]
 pub struct NodeAllocator {
     node: String,
     pool: String,
     blocks: Vec<Block>,
-    /// Owner -> slot, one map per family (index = `Family as usize` order V4, V6).
-    owners: [HashMap<Box<str>, Slot>; 2],
+    /// Owner -> slot, one index per family (V4, V6).
+    owners: [OwnerIndex; 2],
 }
 
 fn fam_index(f: Family) -> usize {
@@ -218,7 +220,7 @@ impl NodeAllocator {
             node: node.to_owned(),
             pool: pool.to_owned(),
             blocks: Vec::new(),
-            owners: [HashMap::new(), HashMap::new()],
+            owners: [OwnerIndex::default(), OwnerIndex::default()],
         }
     }
 
@@ -251,12 +253,8 @@ impl NodeAllocator {
         let last = self.blocks.len() - 1;
         self.blocks.swap_remove(i);
         if i != last {
-            for map in &mut self.owners {
-                for slot in map.values_mut() {
-                    if slot.block as usize == last {
-                        slot.block = i as u32;
-                    }
-                }
+            for index in &mut self.owners {
+                index.renumber_block(last as u32, i as u32);
             }
         }
         true
@@ -303,11 +301,12 @@ impl NodeAllocator {
     pub fn lookup(&self, owner: &str, family: Family) -> Option<IpAddr> {
         self.owners[fam_index(family)]
             .get(owner)
-            .map(|s| self.ip_of(*s))
+            .map(|s| self.ip_of(s))
     }
 
     /// An address of `family` for `owner`; the same owner asking again gets the same address.
     pub fn allocate(&mut self, owner: &str, family: Family) -> Result<IpAddr, AllocError> {
+        self.check_owner(owner)?;
         if let Some(ip) = self.lookup(owner, family) {
             return Ok(ip);
         }
@@ -322,7 +321,7 @@ impl NodeAllocator {
                     block: i as u32,
                     offset: off as u32,
                 };
-                self.owners[fam_index(family)].insert(owner.into(), slot);
+                self.owners[fam_index(family)].insert(owner, slot);
                 return Ok(self.ip_of(slot));
             }
         }
@@ -345,6 +344,7 @@ impl NodeAllocator {
     /// Gives `ip` to `owner` (a requested address, or a restored one). Idempotent for the same
     /// owner and address.
     pub fn allocate_ip(&mut self, owner: &str, ip: IpAddr) -> Result<(), AllocError> {
+        self.check_owner(owner)?;
         let family = Family::of(ip);
         if let Some(held) = self.lookup(owner, family) {
             if held == ip {
@@ -392,7 +392,7 @@ impl NodeAllocator {
             let holder = self.owners[fam_index(family)]
                 .iter()
                 .find(|(_, s)| s.block as usize == bi && s.offset as u64 == off)
-                .map(|(o, _)| o.to_string())
+                .map(|(o, _)| o.to_owned())
                 .unwrap_or_default();
             return Err(AllocError::Taken {
                 node: self.node.clone(),
@@ -402,7 +402,7 @@ impl NodeAllocator {
         }
         self.blocks[bi].set(off);
         self.owners[fam_index(family)].insert(
-            owner.into(),
+            owner,
             Slot {
                 block: bi as u32,
                 offset: off as u32,
@@ -419,11 +419,21 @@ impl NodeAllocator {
         Some(ip)
     }
 
+    fn check_owner(&self, owner: &str) -> Result<(), AllocError> {
+        if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
+            return Err(AllocError::BadOwner {
+                node: self.node.clone(),
+                len: owner.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// Every (owner, address), for status output and checks.
     pub fn allocations(&self) -> Vec<(String, IpAddr)> {
         self.owners
             .iter()
-            .flat_map(|m| m.iter().map(|(o, s)| (o.to_string(), self.ip_of(*s))))
+            .flat_map(|m| m.iter().map(|(o, s)| (o.to_owned(), self.ip_of(s))))
             .collect()
     }
 }

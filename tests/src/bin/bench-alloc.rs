@@ -103,6 +103,11 @@ fn main() {
     for o in &owners[..1000] {
         small.allocate(o, Family::V4).unwrap();
     }
+    // A middle point, past the CPU caches: shows whether cost keeps growing with size.
+    let mut middle = node_with_big_block();
+    for o in &owners[..100_000] {
+        middle.allocate(o, Family::V4).unwrap();
+    }
     let churn: Vec<String> = (0..200_000)
         .map(|i| format!("churn/pod-{i:06x} eth0"))
         .collect();
@@ -114,21 +119,25 @@ fn main() {
         }
         start.elapsed().as_nanos() as f64 / churn.len() as f64
     };
-    let (mut at_1k, mut at_1m) = (Vec::new(), Vec::new());
+    let (mut at_1k, mut at_100k, mut at_1m) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         at_1k.push(cycle(&mut small));
+        at_100k.push(cycle(&mut middle));
         at_1m.push(cycle(&mut node));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (c1k, c1m) = (median(&mut at_1k), median(&mut at_1m));
+    let (c1k, c100k, c1m) = (median(&mut at_1k), median(&mut at_100k), median(&mut at_1m));
     let ratio = c1m / c1k;
     println!(
-        "allocate+release cycle: {c1k:.0} ns at 1,000 live, {c1m:.0} ns at 1,000,000 live (ratio {ratio:.2})"
+        "allocate+release cycle: {c1k:.0} ns at 1,000 live, {c100k:.0} ns at 100,000, {c1m:.0} ns \
+         at 1,000,000 (1M/1k {ratio:.2}, 1M/100k {:.2})",
+        c1m / c100k
     );
     drop(node);
+    drop(middle);
     drop(small);
 
     // Durable, 64 concurrent clients.

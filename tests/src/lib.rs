@@ -78,6 +78,23 @@ impl Drop for TempFile {
     }
 }
 
+/// A directory of the test's own, removed with its contents on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let path = std::env::temp_dir().join(unique(tag));
+        std::fs::create_dir_all(&path).expect("create temporary directory");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Path of a binary of this workspace, built by `cargo build --bins` (`cargo xtask test` does).
 pub fn workspace_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

@@ -10,7 +10,7 @@ use std::{
 
 use ipam_daemon::net::iface::format_mac;
 use ipam_tests::{
-    BpffsRoot, TempFile,
+    BpffsRoot, TempDir, TempFile,
     daemon::{Daemon, wait_for_maps},
     netns::{Netns, veth},
     resolve::Resolver,
@@ -33,6 +33,7 @@ fn main() {
     let client = Netns::new("labcli");
     let root = BpffsRoot::new();
     let config_file = TempFile::new("lab", "toml");
+    let ipam_dir = TempDir::new("lab-ipam-");
     let config = config_file.0.clone();
 
     step(1, "Building the network");
@@ -67,13 +68,22 @@ fn main() {
 
     step(
         2,
-        "Starting ipamd in the node; it announces the service IPs on eth0",
+        "Starting ipamd in the node: it announces the service IPs on eth0 and runs IPAM \
+         (cluster-pool, dual-stack)",
     );
     std::fs::write(
         &config,
         format!(
-            "[datapath]\nbpffs_root = \"{}\"\n\n[[announcement]]\nip = \"{SERVICE_IP}\"\ninterface = \"eth0\"\n\n[[announcement]]\nip = \"{SERVICE_V6}\"\ninterface = \"eth0\"\n",
-            root.0.display()
+            "[datapath]\nbpffs_root = \"{root}\"\n\n\
+             [[announcement]]\nip = \"{SERVICE_IP}\"\ninterface = \"eth0\"\n\n\
+             [[announcement]]\nip = \"{SERVICE_V6}\"\ninterface = \"eth0\"\n\n\
+             [ipam]\nmode = \"cluster-pool\"\nnode_name = \"lab-node\"\n\
+             store = \"{dir}/store.redb\"\nstate_dir = \"{dir}/node\"\nfamilies = [\"v4\", \"v6\"]\n\n\
+             [[ipam.pool]]\nname = \"default\"\n\
+             ipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 24 }}\n\
+             ipv6 = {{ cidrs = [\"fd00:244::/104\"], maskSize = 120 }}\n",
+            root = root.0.display(),
+            dir = ipam_dir.0.display()
         ),
     )
     .expect("write lab config");
@@ -167,13 +177,27 @@ fn main() {
 
     step(
         6,
-        "What the daemon logged, and what ipamctl shows (read from the pinned eBPF maps)",
+        "What the daemon logged, and what ipamctl shows (pinned eBPF maps, published IPAM status)",
     );
     for line in daemon.log_text().lines().filter(|l| l.contains("INFO")) {
         println!("    | {}", line.split("INFO ").nth(1).unwrap_or(line));
     }
     let ctl = workspace_binary("ipamctl");
-    for args in [&["announcements"][..], &["status"][..]] {
+    let state_dir = ipam_dir.0.join("node").display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ipam_daemon::daemon::ipam::read_status(&ipam_dir.0.join("node"))
+        .is_ok_and(|s| s.infra.get("router").is_some_and(|m| m.len() == 2))
+    {
+        if Instant::now() > deadline {
+            fail("the node's router addresses did not appear", &daemon);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for args in [
+        &["announcements"][..],
+        &["status"][..],
+        &["ipam", "status", "--state-dir", &state_dir][..],
+    ] {
         let out = std::process::Command::new("nsenter")
             .arg(format!("--net={}", node.path().display()))
             .arg(&ctl)
@@ -190,12 +214,16 @@ fn main() {
 
     step(
         7,
-        "Cleaning up: stopping ipamd, removing pins and namespaces",
+        "Cleaning up: stopping ipamd, removing pins, IPAM state and namespaces",
     );
     drop(daemon);
     drop(config_file);
+    drop(ipam_dir);
     let announced = IpAddr::V4(SERVICE_IP);
-    println!("    done: {announced} was announced, resolved and reached; nothing is left behind.");
+    println!(
+        "    done: {announced} was announced, resolved and reached, the node got its addresses \
+         from the pool; nothing is left behind."
+    );
 }
 
 fn fail(what: &str, daemon: &Daemon) -> ! {

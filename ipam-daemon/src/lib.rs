@@ -10,3 +10,5 @@ pub mod ipam;
 pub mod l2;
 pub mod net;
 pub mod store;
+#[cfg(test)]
+mod test_util;

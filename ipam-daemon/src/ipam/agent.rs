@@ -232,9 +232,8 @@ mod tests {
 
     #[tokio::test]
     async fn blocks_on_demand_and_back_only_after_the_grace_and_without_demand() {
-        let dir = std::env::temp_dir().join(format!("ipam-agent-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::test_util::TempPath::new("agent");
+        std::fs::create_dir_all(&*dir).unwrap();
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let spec = PodIpPoolSpec {
             ipv4: Some(FamilySpec {
@@ -303,14 +302,12 @@ mod tests {
                 .used_blocks,
             0
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
     async fn kubernetes_mode_uses_the_nodes_pod_cidrs_only() {
-        let dir = std::env::temp_dir().join(format!("ipam-agent-k8s-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::test_util::TempPath::new("agent-k8s");
+        std::fs::create_dir_all(&*dir).unwrap();
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let cidrs: Vec<Cidr> = vec![
             "10.244.2.0/24".parse().unwrap(),
@@ -342,6 +339,5 @@ mod tests {
             e.contains("not in any of its blocks") && e.contains("10.244.2.0/24"),
             "{e}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

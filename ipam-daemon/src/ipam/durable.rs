@@ -361,14 +361,13 @@ mod tests {
     use super::*;
     use crate::ipam::node::ROUTER_OWNER;
 
-    fn temp(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("ipam-durable-{}-{name}.redb", std::process::id()))
+    fn temp(name: &str) -> crate::test_util::TempPath {
+        crate::test_util::TempPath::new(&format!("durable-{name}.redb"))
     }
 
     #[test]
     fn allocations_and_router_ip_survive_reopening() {
         let path = temp("reopen");
-        let _ = std::fs::remove_file(&path);
         let router;
         let pods: Vec<IpAddr>;
         {
@@ -387,13 +386,11 @@ mod tests {
         assert_eq!(d.allocate(ROUTER_OWNER, Family::V4).unwrap(), router);
         assert_eq!(d.allocate("ns/p5", Family::V4).unwrap(), pods[5]);
         assert_eq!(d.with(|a| a.lookup("ns/p3", Family::V4)), None);
-        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
     fn concurrent_allocations_share_commits_and_never_collide() {
         let path = temp("concurrent");
-        let _ = std::fs::remove_file(&path);
         let (d, _) = DurableAllocator::open(&path, "node-1", "default").unwrap();
         d.add_block("10.60.0.0/20".parse().unwrap()).unwrap();
         let d = Arc::new(d);
@@ -424,6 +421,5 @@ mod tests {
         for (owner, ip) in acked {
             assert_eq!(reopened.with(|a| a.lookup(&owner, Family::V4)), Some(ip));
         }
-        let _ = std::fs::remove_file(&path);
     }
 }

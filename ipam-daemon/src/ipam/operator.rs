@@ -320,11 +320,8 @@ mod tests {
         store::embedded::EmbeddedStore,
     };
 
-    fn temp(name: &str) -> std::path::PathBuf {
-        let p =
-            std::env::temp_dir().join(format!("ipam-operator-{}-{name}.redb", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        p
+    fn temp(name: &str) -> crate::test_util::TempPath {
+        crate::test_util::TempPath::new(&format!("operator-{name}.redb"))
     }
 
     fn v4_pool(cidrs: &[&str], mask: u8) -> PodIpPool {
@@ -454,7 +451,6 @@ mod tests {
                 .to_string(),
             "10.245.1.0/24"
         );
-        let _ = std::fs::remove_file(&path);
     }
 
     #[tokio::test]
@@ -499,7 +495,6 @@ mod tests {
             .collect();
         assert_eq!((a.len(), b.len()), (2, 2));
         assert!(a.is_disjoint(&b), "{a:?} {b:?}");
-        let _ = std::fs::remove_file(&path);
     }
 
     #[tokio::test]
@@ -533,7 +528,6 @@ mod tests {
             "{msg}"
         );
         assert_eq!(report.problems.len(), 1);
-        let _ = std::fs::remove_file(&path);
     }
 
     #[tokio::test]
@@ -566,6 +560,5 @@ mod tests {
             .map(|b| b.cidr.to_string())
             .collect();
         assert_eq!(n2, ["10.244.1.0/24", "fd00::100/120"]);
-        let _ = std::fs::remove_file(&path);
     }
 }

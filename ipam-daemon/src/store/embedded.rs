@@ -261,10 +261,8 @@ mod tests {
         const KIND: &'static str = "Thing";
     }
 
-    fn temp(name: &str) -> PathBuf {
-        let p = std::env::temp_dir().join(format!("ipam-store-{}-{name}.redb", std::process::id()));
-        let _ = std::fs::remove_file(&p);
-        p
+    fn temp(name: &str) -> crate::test_util::TempPath {
+        crate::test_util::TempPath::new(&format!("store-{name}.redb"))
     }
 
     #[tokio::test]
@@ -303,7 +301,6 @@ mod tests {
         s.delete("Thing", "a", Some(r2)).await.unwrap();
         s.delete("Thing", "a", None).await.unwrap();
         assert!(s.get("Thing", "a").await.unwrap().is_none());
-        let _ = std::fs::remove_file(&path);
     }
 
     #[tokio::test]
@@ -319,7 +316,6 @@ mod tests {
             7
         );
         assert!(s.create_typed("b", &Thing { size: 1 }).await.unwrap() > rev);
-        let _ = std::fs::remove_file(&path);
     }
 
     #[tokio::test]
@@ -346,6 +342,5 @@ mod tests {
             seen,
             ["put x {\"size\":2}", "put x {\"size\":3}", "del before"]
         );
-        let _ = std::fs::remove_file(&path);
     }
 }

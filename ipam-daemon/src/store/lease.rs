@@ -105,8 +105,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_holder_at_a_time_and_takeover_after_expiry() {
-        let path = std::env::temp_dir().join(format!("ipam-lease-{}.redb", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = crate::test_util::TempPath::new("lease.redb");
         let s = EmbeddedStore::open(&path).unwrap();
         let t0 = 1_000_000;
         assert_eq!(
@@ -142,14 +141,11 @@ mod tests {
                 .unwrap(),
             LeaseOutcome::Held { transitions: 1 }
         );
-        let _ = std::fs::remove_file(&path);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_candidates_never_both_win() {
-        let path =
-            std::env::temp_dir().join(format!("ipam-lease-race-{}.redb", std::process::id()));
-        let _ = std::fs::remove_file(&path);
+        let path = crate::test_util::TempPath::new("lease-race.redb");
         let s = Arc::new(EmbeddedStore::open(&path).unwrap());
         for round in 0..20u64 {
             let name = format!("lease-{round}");
@@ -171,6 +167,5 @@ mod tests {
             }
             assert_eq!(winners, 1, "round {round}");
         }
-        let _ = std::fs::remove_file(&path);
     }
 }

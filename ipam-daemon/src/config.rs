@@ -61,7 +61,10 @@ pub struct IpamSettings {
     /// Node-local allocation state and the published status (`status.json`).
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
-    /// Pool the router and health addresses come from.
+    /// The local API socket (ipam-cni, ipamctl); its directory must be root-only.
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// Pool the router and health addresses come from (and, for now, pod addresses).
     #[serde(default = "default_infra_pool")]
     pub infra_pool: String,
     /// Families the node needs router and health addresses in.
@@ -93,6 +96,10 @@ fn default_node_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "node".to_owned())
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(crate::api::DEFAULT_SOCKET)
 }
 
 fn default_store() -> PathBuf {

@@ -1,8 +1,10 @@
 //! The IPAM node daemon as a library: the binaries (`ipamd`, `ipamctl`), the tests and the
 //! benchmarks all call these functions.
 
+pub mod api;
 pub mod backoff;
 pub mod clock;
+pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod datapath;

@@ -29,6 +29,8 @@ pub enum DaemonError {
     Signal(std::io::Error),
     #[error(transparent)]
     Ipam(#[from] ipam::IpamRuntimeError),
+    #[error(transparent)]
+    Api(#[from] crate::api::server::ServerError),
 }
 
 /// How often IPAM reconciles (operator and agent) in the standalone role.
@@ -50,7 +52,14 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
     let mut retry = Backoff::new(RETRY_CAP);
     let mut retry_at = apply(&mut datapath, &config, &mut retry)?;
     let mut ipam = match config.ipam.clone() {
-        Some(settings) => Some(ipam::IpamRuntime::start(settings).await?),
+        Some(settings) => {
+            let runtime = ipam::IpamRuntime::start(settings.clone()).await?;
+            // State is restored by now: every answer of the API reflects it.
+            let listener = crate::api::server::bind(&settings.socket)?;
+            tokio::spawn(crate::api::server::serve(listener, runtime.api_handler()));
+            tracing::info!(socket = %settings.socket.display(), "API listening");
+            Some(runtime)
+        }
         None => None,
     };
     let mut ipam_pass = tokio::time::interval(IPAM_PASS);

@@ -1,0 +1,188 @@
+//! What the runtime hands a CNI plugin: environment variables and the network configuration.
+
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::result::CniError;
+use crate::api::{DEFAULT_SOCKET, types::AttachmentId};
+
+/// CNI_COMMAND values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Version,
+    Gc,
+    Status,
+}
+
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub command: Command,
+    pub container_id: Option<String>,
+    pub ifname: Option<String>,
+    /// CNI_ARGS, e.g. K8S_POD_NAMESPACE, K8S_POD_NAME.
+    pub args: BTreeMap<String, String>,
+}
+
+/// Our section of the network configuration: `"ipam": {"type": "ipam-cni", ...}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamSection {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// The plugin's deadline for an answer from ipamd.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from(DEFAULT_SOCKET)
+}
+
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+
+impl IpamSection {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+/// The parts of the network configuration the plugin uses.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NetConf {
+    #[serde(rename = "cniVersion", default)]
+    pub cni_version: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    pub ipam: Option<IpamSection>,
+    #[serde(rename = "prevResult", default)]
+    pub prev_result: Option<Value>,
+    #[serde(rename = "cni.dev/valid-attachments", default)]
+    pub valid_attachments: Vec<ValidAttachment>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ValidAttachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl From<&ValidAttachment> for AttachmentId {
+    fn from(v: &ValidAttachment) -> Self {
+        Self {
+            container_id: v.container_id.clone(),
+            ifname: v.ifname.clone(),
+        }
+    }
+}
+
+impl Invocation {
+    /// Reads the invocation from environment variables (`get` returns one by name).
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Self, CniError> {
+        let command = match get("CNI_COMMAND").as_deref() {
+            Some("ADD") => Command::Add,
+            Some("DEL") => Command::Del,
+            Some("CHECK") => Command::Check,
+            Some("VERSION") => Command::Version,
+            Some("GC") => Command::Gc,
+            Some("STATUS") => Command::Status,
+            other => {
+                return Err(CniError::new(
+                    4,
+                    format!(
+                        "CNI_COMMAND is {}; it must be ADD, DEL, CHECK, VERSION, GC or STATUS",
+                        other.map_or_else(|| "not set".to_owned(), |c| format!("{c:?}"))
+                    ),
+                ));
+            }
+        };
+        let args = get("CNI_ARGS")
+            .unwrap_or_default()
+            .split(';')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let inv = Self {
+            command,
+            container_id: get("CNI_CONTAINERID").filter(|s| !s.is_empty()),
+            ifname: get("CNI_IFNAME").filter(|s| !s.is_empty()),
+            args,
+        };
+        if matches!(command, Command::Add | Command::Del | Command::Check) {
+            for (name, value) in [
+                ("CNI_CONTAINERID", &inv.container_id),
+                ("CNI_IFNAME", &inv.ifname),
+            ] {
+                if value.is_none() {
+                    return Err(CniError::new(
+                        4,
+                        format!("{name} is not set; the runtime must pass it for {command:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(inv)
+    }
+
+    /// The attachment of ADD/DEL/CHECK (checked present in `from_env`).
+    pub fn attachment(&self) -> AttachmentId {
+        AttachmentId {
+            container_id: self.container_id.clone().unwrap_or_default(),
+            ifname: self.ifname.clone().unwrap_or_default(),
+        }
+    }
+
+    /// `namespace/name` when the runtime passed the Kubernetes pod.
+    pub fn pod(&self) -> Option<String> {
+        Some(format!(
+            "{}/{}",
+            self.args.get("K8S_POD_NAMESPACE")?,
+            self.args.get("K8S_POD_NAME")?
+        ))
+    }
+}
+
+impl NetConf {
+    pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
+        serde_json::from_slice(stdin).map_err(|e| {
+            CniError::new(
+                6,
+                format!("the network configuration on stdin is not valid JSON: {e}"),
+            )
+        })
+    }
+
+    /// Our IPAM section, or an error saying how to configure the plugin.
+    pub fn ipam(&self) -> Result<&IpamSection, CniError> {
+        match &self.ipam {
+            Some(section) if section.kind == "ipam-cni" => Ok(section),
+            _ if self.kind == "ipam-cni" => Err(CniError::new(
+                7,
+                format!(
+                    "network {}: ipam-cni works as an IPAM plugin in this version; name it in the \
+                     \"ipam\" section of a main plugin such as bridge or ptp (\"ipam\": {{\"type\": \
+                     \"ipam-cni\"}})",
+                    self.name
+                ),
+            )),
+            _ => Err(CniError::new(
+                7,
+                format!(
+                    "network {}: no \"ipam\" section with \"type\": \"ipam-cni\"",
+                    self.name
+                ),
+            )),
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! `ipam-cni` as a container runtime and main plugins use it, against a real `ipamd`.
+//!
+//! The plugin is run as a process with the CNI environment and configuration on stdin, directly
+//! and through Debian's real `bridge` and `ptp` plugins (containernetworking-plugins), which
+//! delegate IPAM to it and wire pods in network namespaces the tests create.
+
+use std::{
+    collections::HashSet,
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ipam_tests::{BpffsRoot, TempDir, TempFile, daemon::Daemon, netns::Netns, workspace_binary};
+use serde_json::{Value, json};
+
+const DEBIAN_CNI: &str = "/usr/lib/cni";
+
+struct Node {
+    ns: Netns,
+    _root: BpffsRoot,
+    dir: TempDir,
+    _config: TempFile,
+    daemon: Option<Daemon>,
+}
+
+impl Node {
+    fn start() -> Self {
+        let ns = Netns::new("cninode");
+        let root = BpffsRoot::new();
+        let dir = TempDir::new("cni-");
+        let config = TempFile::new("cni-ipamd", "toml");
+        std::fs::write(
+            &config.0,
+            format!(
+                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"cni-node\"\n\
+                 store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\n\
+                 [[ipam.pool]]\nname = \"default\"\nipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 24 }}\n",
+                root.0.display(),
+                d = dir.0.display()
+            ),
+        )
+        .unwrap();
+        let daemon = Daemon::start(&ns, &config.0);
+        let node = Self {
+            ns,
+            _root: root,
+            dir,
+            _config: config,
+            daemon: Some(daemon),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !node.plugin("STATUS", "", "", &node.ipam_conf("bridge")).0 {
+            assert!(
+                Instant::now() < deadline,
+                "ipamd never became ready:\n{}",
+                node.daemon.as_ref().unwrap().log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        node
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.0.join("api/ipamd.sock")
+    }
+
+    fn ipam_conf(&self, main: &str) -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "testnet",
+            "type": main,
+            "ipam": { "type": "ipam-cni", "socket": self.socket(), "timeoutMs": 5000 }
+        })
+    }
+
+    /// Runs `ipam-cni` directly, as a main plugin would: (success, stdout JSON).
+    fn plugin(&self, command: &str, container: &str, ifname: &str, conf: &Value) -> (bool, Value) {
+        run_cni(
+            &workspace_binary("ipam-cni"),
+            None,
+            command,
+            container,
+            ifname,
+            None,
+            conf,
+        )
+    }
+}
+
+fn run_cni(
+    binary: &Path,
+    node_ns: Option<&Netns>,
+    command: &str,
+    container: &str,
+    ifname: &str,
+    pod_ns: Option<&Netns>,
+    conf: &Value,
+) -> (bool, Value) {
+    let mut cmd = match node_ns {
+        // Main plugins act in the node's namespace, as a runtime on the node would run them.
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={}", ns.path().display())).arg(binary);
+            c
+        }
+        None => Command::new(binary),
+    };
+    let plugin_dir = workspace_binary("ipam-cni").parent().unwrap().to_owned();
+    cmd.env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_IFNAME", ifname)
+        .env(
+            "CNI_NETNS",
+            pod_ns
+                .map(|n| n.path().display().to_string())
+                .unwrap_or_default(),
+        )
+        .env(
+            "CNI_ARGS",
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=test",
+        )
+        .env("CNI_PATH", format!("{}:{DEBIAN_CNI}", plugin_dir.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run CNI plugin");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+            panic!(
+                "plugin printed non-JSON ({e}): {text}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    };
+    (out.status.success(), json)
+}
+
+fn address(result: &Value) -> String {
+    result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no address in {result}"))
+        .to_owned()
+}
+
+#[test]
+fn add_del_check_gc_status_and_daemon_down() {
+    let mut node = Node::start();
+    let conf = node.ipam_conf("bridge");
+
+    let (ok, first) = node.plugin("ADD", "c-main", "eth0", &conf);
+    assert!(ok, "{first}");
+    assert_eq!(first["cniVersion"], "1.0.0");
+    let addr = address(&first);
+    assert!(
+        addr.starts_with("10.244.0.") && addr.ends_with("/24"),
+        "{first}"
+    );
+    assert_eq!(
+        first["ips"][0]["gateway"], "10.244.0.1",
+        "the node's router address is the gateway"
+    );
+    assert_eq!(
+        first["routes"][0],
+        json!({"dst": "0.0.0.0/0", "gw": "10.244.0.1"})
+    );
+    assert_eq!(
+        address(&node.plugin("ADD", "c-main", "eth0", &conf).1),
+        addr,
+        "ADD is idempotent"
+    );
+
+    let mut check = conf.clone();
+    check["prevResult"] = first.clone();
+    assert!(node.plugin("CHECK", "c-main", "eth0", &check).0);
+    let (ok, e) = node.plugin("CHECK", "c-unknown", "eth0", &check);
+    assert!(!ok && e["code"] == 101, "{e}");
+
+    // 100 ADDs at once: 100 distinct addresses.
+    let threads: Vec<_> = (0..100)
+        .map(|i| {
+            let conf = conf.clone();
+            let bin = workspace_binary("ipam-cni");
+            std::thread::spawn(move || {
+                run_cni(&bin, None, "ADD", &format!("c{i}"), "eth0", None, &conf)
+            })
+        })
+        .collect();
+    let results: Vec<(bool, Value)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(results.iter().all(|(ok, r)| *ok || panic!("{r}")));
+    let distinct: HashSet<String> = results.iter().map(|(_, r)| address(r)).collect();
+    assert_eq!(distinct.len(), 100);
+    assert!(!distinct.contains(&addr));
+
+    // GC keeps the valid attachments and releases the leaked ones.
+    let mut gc = conf.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    let mut valid: Vec<Value> = (0..50)
+        .map(|i| json!({"containerID": format!("c{i}"), "ifname": "eth0"}))
+        .collect();
+    valid.push(json!({"containerID": "c-main", "ifname": "eth0"}));
+    gc["cni.dev/valid-attachments"] = json!(valid);
+    assert!(node.plugin("GC", "", "", &gc).0);
+    assert!(
+        node.plugin("CHECK", "c10", "eth0", &conf).0,
+        "a live attachment survives GC"
+    );
+    assert!(node.plugin("CHECK", "c-main", "eth0", &conf).0);
+    assert!(
+        !node.plugin("CHECK", "c60", "eth0", &conf).0,
+        "a leaked attachment is released by GC"
+    );
+
+    assert!(node.plugin("DEL", "c-main", "eth0", &conf).0);
+    assert!(
+        node.plugin("DEL", "c-main", "eth0", &conf).0,
+        "DEL of something unknown succeeds"
+    );
+    assert!(!node.plugin("CHECK", "c-main", "eth0", &conf).0);
+
+    // The daemon stops: ADD fails at once with "try again later", STATUS says not available.
+    node.daemon.take().unwrap().kill();
+    let start = Instant::now();
+    let (ok, e) = node.plugin("ADD", "c-late", "eth0", &conf);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "the plugin must not hang"
+    );
+    assert!(!ok && e["code"] == 11, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("ipamd.sock"), "{e}");
+    let (ok, e) = node.plugin("STATUS", "", "", &gc);
+    assert!(!ok && e["code"] == 50, "{e}");
+}
+
+fn pod_ip(ns: &Netns, dev: &str) -> String {
+    let out = ns.ip(&["-4", "-o", "addr", "show", "dev", dev]);
+    out.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no address on {dev}: {out}"))
+        .to_owned()
+}
+
+fn ping(from: &Netns, to: &str) {
+    let to = to.split('/').next().unwrap().to_owned();
+    // Links come up asynchronously after ADD: wait up to 5 s for two replies.
+    from.run(move || ipam_tests::run("ping", &["-c", "2", "-i", "0.2", "-w", "5", &to]));
+}
+
+#[test]
+fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
+    let node = Node::start();
+    let bridge = Path::new(DEBIAN_CNI).join("bridge");
+    let mut conf = node.ipam_conf("bridge");
+    conf["bridge"] = json!("ipbr0");
+    conf["isGateway"] = json!(true);
+
+    let pods = [Netns::new("poda"), Netns::new("podb")];
+    let mut addrs = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let (ok, result) = run_cni(
+            &bridge,
+            Some(&node.ns),
+            "ADD",
+            &format!("br{i}"),
+            "eth0",
+            Some(pod),
+            &conf,
+        );
+        assert!(ok, "bridge ADD: {result}");
+        let a = address(&result);
+        assert_eq!(
+            pod_ip(pod, "eth0"),
+            a,
+            "the pod has the address ipam-cni gave"
+        );
+        addrs.push(a);
+    }
+    ping(&pods[0], &addrs[1]);
+    ping(&pods[1], &addrs[0]);
+    ping(&pods[0], "10.244.0.1");
+
+    // ptp: a point-to-point veth, the node's side holding the gateway address.
+    let ptp_conf = node.ipam_conf("ptp");
+    let pod_c = Netns::new("podc");
+    let (ok, result) = run_cni(
+        &Path::new(DEBIAN_CNI).join("ptp"),
+        Some(&node.ns),
+        "ADD",
+        "ptp0",
+        "eth0",
+        Some(&pod_c),
+        &ptp_conf,
+    );
+    assert!(ok, "ptp ADD: {result}");
+    assert_eq!(pod_ip(&pod_c, "eth0"), address(&result));
+    ping(&pod_c, "10.244.0.1");
+
+    // DEL through the main plugins releases the addresses.
+    for (i, pod) in pods.iter().enumerate() {
+        assert!(
+            run_cni(
+                &bridge,
+                Some(&node.ns),
+                "DEL",
+                &format!("br{i}"),
+                "eth0",
+                Some(pod),
+                &conf
+            )
+            .0
+        );
+        assert!(
+            !node.plugin("CHECK", &format!("br{i}"), "eth0", &conf).0,
+            "DEL released br{i}"
+        );
+    }
+    assert!(
+        run_cni(
+            &Path::new(DEBIAN_CNI).join("ptp"),
+            Some(&node.ns),
+            "DEL",
+            "ptp0",
+            "eth0",
+            Some(&pod_c),
+            &ptp_conf
+        )
+        .0
+    );
+    assert!(!node.plugin("CHECK", "ptp0", "eth0", &conf).0);
+}

@@ -10,14 +10,18 @@ pub enum Name {
     Arp,
     /// Pod IP allocation: in memory, durable, cost at 1M vs 1k live, bytes each, 5,000 nodes.
     Alloc,
+    /// CNI ADD latency of ipam-cni versus Debian's host-local, sequential and 100 concurrent.
+    Cni,
 }
 
 pub fn run(name: Name) -> anyhow::Result<()> {
     let bin = match name {
         Name::Arp => "bench-arp",
         Name::Alloc => "bench-alloc",
+        Name::Cni => "bench-cni",
     };
-    exec(cargo().args(["build", "--release", "-p", "ipam-tests", "--bin", bin]))?;
+    // Benchmarks may start the daemon and the plugin: build every binary in release.
+    exec(cargo().args(["build", "--release", "--bins"]))?;
     exec(&mut std::process::Command::new(
         workspace_root().join("target/release").join(bin),
     ))

@@ -1,0 +1,177 @@
+//! `cargo xtask bench cni`: CNI ADD latency, process exec included, of `ipam-cni` (IPAM-only,
+//! against a running ipamd) versus Debian's `host-local`, in the same run, both called exactly as
+//! a main plugin calls its IPAM plugin. Sequential rounds alternate between the two; then 100
+//! concurrent ADDs each. Every ADD is followed (untimed) by its DEL.
+//!
+//! Last line: `cni_add_p50_ratio_vs_host_local=<f> cni_add_p99_ms=<f>
+//! cni_concurrent_ratio_vs_host_local=<f>` (ratios: host-local time / ours; higher is better).
+
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ipam_tests::{BpffsRoot, TempDir, TempFile, daemon::Daemon, netns::Netns, workspace_binary};
+use serde_json::{Value, json};
+
+const SEQUENTIAL: usize = 300;
+const CONCURRENT: usize = 100;
+
+struct Plugin {
+    name: &'static str,
+    binary: PathBuf,
+    conf: Value,
+}
+
+fn call(p: &Plugin, command: &str, container: &str) -> Duration {
+    let start = Instant::now();
+    let mut child = Command::new(&p.binary)
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_NETNS", "/proc/self/ns/net")
+        .env("CNI_PATH", p.binary.parent().unwrap())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn plugin");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(p.conf.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let elapsed = start.elapsed();
+    assert!(
+        out.status.success(),
+        "{} {command} failed: {}",
+        p.name,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    elapsed
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    let ns = Netns::new("benchcni");
+    let root = BpffsRoot::new();
+    let dir = TempDir::new("bench-cni-");
+    let config = TempFile::new("bench-cni", "toml");
+    std::fs::write(
+        &config.0,
+        format!(
+            "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"bench\"\n\
+             store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\n\
+             [[ipam.pool]]\nname = \"default\"\nipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 20 }}\n",
+            root.0.display(),
+            d = dir.0.display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(&ns, &config.0);
+    let ours = Plugin {
+        name: "ipam-cni",
+        binary: workspace_binary("ipam-cni"),
+        conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "ipam-cni", "socket": dir.0.join("api/ipamd.sock")}}),
+    };
+    let host_local = Plugin {
+        name: "host-local",
+        binary: Path::new("/usr/lib/cni/host-local").to_owned(),
+        conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/20"}]], "dataDir": dir.0.join("host-local")}}),
+    };
+    // Wait for the node's router address (ADD answers "try again later" until then).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Command::new(&ours.binary)
+        .env("CNI_COMMAND", "STATUS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .unwrap()
+                .write_all(ours.conf.to_string().as_bytes())?;
+            c.wait()
+        })
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "ipamd not ready:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "environment: {} CPUs; ipam-cni durable (fsync per commit), host-local files",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+
+    // Warm up both (page cache, first-exec costs).
+    for p in [&ours, &host_local] {
+        for i in 0..20 {
+            call(p, "ADD", &format!("warm{i}"));
+            call(p, "DEL", &format!("warm{i}"));
+        }
+    }
+
+    let mut lat: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..SEQUENTIAL / 50 {
+        for (k, p) in [&ours, &host_local].into_iter().enumerate() {
+            for i in 0..50 {
+                let id = format!("s{round}-{i}");
+                lat[k].push(call(p, "ADD", &id));
+                call(p, "DEL", &id);
+            }
+        }
+    }
+    for l in &mut lat {
+        l.sort();
+    }
+    let (o50, o99) = (percentile(&lat[0], 0.5), percentile(&lat[0], 0.99));
+    let (h50, h99) = (percentile(&lat[1], 0.5), percentile(&lat[1], 0.99));
+    println!("sequential ADD, {SEQUENTIAL} each (process exec included):");
+    println!("  ipam-cni   p50 {:.2} ms  p99 {:.2} ms", ms(o50), ms(o99));
+    println!("  host-local p50 {:.2} ms  p99 {:.2} ms", ms(h50), ms(h99));
+
+    let mut concurrent = [Duration::ZERO; 2];
+    for round in 0..3 {
+        for (k, p) in [&ours, &host_local].into_iter().enumerate() {
+            let start = Instant::now();
+            std::thread::scope(|s| {
+                for i in 0..CONCURRENT {
+                    s.spawn(move || call(p, "ADD", &format!("c{round}-{i}")));
+                }
+            });
+            concurrent[k] += start.elapsed();
+            for i in 0..CONCURRENT {
+                call(p, "DEL", &format!("c{round}-{i}"));
+            }
+        }
+    }
+    println!("{CONCURRENT} concurrent ADDs, mean wall time over 3 rounds:");
+    println!("  ipam-cni   {:.1} ms", ms(concurrent[0]) / 3.0);
+    println!("  host-local {:.1} ms", ms(concurrent[1]) / 3.0);
+
+    let p50_ratio = h50.as_secs_f64() / o50.as_secs_f64();
+    let conc_ratio = concurrent[1].as_secs_f64() / concurrent[0].as_secs_f64();
+    drop(daemon);
+    println!(
+        "cni_add_p50_ratio_vs_host_local={p50_ratio:.2} cni_add_p99_ms={:.2} cni_concurrent_ratio_vs_host_local={conc_ratio:.2}",
+        ms(o99)
+    );
+}

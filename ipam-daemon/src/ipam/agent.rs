@@ -201,13 +201,9 @@ impl NodeAgent {
         if requests != record.value.spec.pools {
             let mut updated = record.value.clone();
             updated.spec.pools = requests;
-            match store
-                .update_typed(&self.node, &updated, record.revision)
-                .await
-            {
-                Ok(_) | Err(StoreError::Conflict { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+            store
+                .update_unless_changed(&self.node, &updated, record.revision)
+                .await?;
         }
         Ok(())
     }

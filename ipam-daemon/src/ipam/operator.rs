@@ -157,10 +157,9 @@ impl Operator {
                 let mut updated = p.value.clone();
                 updated.status = status;
                 // A conflict means someone changed the pool: the next pass sees the change.
-                match store.update_typed(&p.name, &updated, p.revision).await {
-                    Ok(_) | Err(StoreError::Conflict { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                store
+                    .update_unless_changed(&p.name, &updated, p.revision)
+                    .await?;
             }
         }
         Ok(())
@@ -268,13 +267,11 @@ impl Operator {
         if status != node.value.status {
             let mut updated = node.value.clone();
             updated.status = status;
-            match store.update_typed(name, &updated, node.revision).await {
-                Ok(_) => {}
-                // The node changed its record meanwhile: undo nothing (blocks stay held by it)
-                // and write the status on the next pass.
-                Err(StoreError::Conflict { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+            // If the node changed its record meanwhile, its blocks stay held and the status is
+            // written on the next pass.
+            store
+                .update_unless_changed(name, &updated, node.revision)
+                .await?;
         }
         Ok(())
     }
@@ -298,10 +295,9 @@ impl Operator {
                     usage,
                     ..p.value.status.clone()
                 };
-                match store.update_typed(&p.name, &updated, p.revision).await {
-                    Ok(_) | Err(StoreError::Conflict { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                store
+                    .update_unless_changed(&p.name, &updated, p.revision)
+                    .await?;
             }
         }
         Ok(())

@@ -215,6 +215,24 @@ pub trait TypedStore: Store {
         let bytes = encode(value);
         async move { self.update(T::KIND, name, bytes, expected).await }
     }
+
+    /// Writes `value` if `name` is still at `expected`. `Ok(false)` when someone changed it in
+    /// the meantime: controllers then skip the write, and their next pass sees the change.
+    fn update_unless_changed<T: Resource>(
+        &self,
+        name: &str,
+        value: &T,
+        expected: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let bytes = encode(value);
+        async move {
+            match self.update(T::KIND, name, bytes, expected).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::Conflict { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+    }
 }
 
 impl<S: Store> TypedStore for S {}

@@ -14,7 +14,7 @@ use ipam_tests::{TempFile, rng::Rng, workspace_binary};
 
 #[test]
 fn every_acknowledged_allocation_survives_sigkill() {
-    let state = TempFile::new("alloc-crash", "redb");
+    let state = TempFile::new("alloc-crash", "log");
     let worker = workspace_binary("alloc-worker");
     let mut rng = Rng::new(u64::from(std::process::id()) ^ 0xc0ffee);
     // owner -> Some(ip) when acknowledged held, None when its release was acknowledged.

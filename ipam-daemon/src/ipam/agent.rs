@@ -66,7 +66,7 @@ impl NodeAgent {
             source: Box::new(e),
         })?;
         let (alloc, report) =
-            DurableAllocator::open(&state_dir.join(format!("{pool}.redb")), node, pool)?;
+            DurableAllocator::open(&state_dir.join(format!("{pool}.alloc.log")), node, pool)?;
         Ok((
             Self {
                 node: node.to_owned(),

@@ -1,6 +1,6 @@
 //! A node's allocations made durable: every allocation and release is acknowledged only after
-//! the embedded database committed it with fsync, and concurrent requests share a commit (group
-//! commit), so durability costs one fsync per batch rather than per request.
+//! the allocation log (`alloclog`) wrote it with `fdatasync`, and concurrent requests share a
+//! write (group commit), so durability costs one fsync per batch rather than per request.
 //!
 //! On start the node's blocks and allocations are restored from the file before anything new is
 //! allocated, so the router address and every pod's address survive restarts and SIGKILL.
@@ -11,16 +11,19 @@ use std::{
     sync::{Condvar, Mutex},
 };
 
-use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use thiserror::Error;
 
 use super::{
     Cidr, Family,
+    alloclog::{AllocLog, Record},
     node::{AllocError, NodeAllocator},
 };
 
-const BLOCKS: TableDefinition<&str, &str> = TableDefinition::new("blocks");
-const ALLOCATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("allocations");
+/// Log keys: blocks are `b <cidr>` (value: pool), allocations `4 <owner>` / `6 <owner>` (value:
+/// the address's octets).
+const BLOCK_PREFIX: &str = "b ";
+/// Compaction runs once the log is this large and three times its live content.
+const COMPACT_MIN_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Error)]
 pub enum DurableError {
@@ -65,11 +68,21 @@ struct Log {
 /// A node's allocator whose changes are durable when acknowledged.
 pub struct DurableAllocator {
     path: PathBuf,
-    db: Database,
+    log: Mutex<AllocLog>,
     alloc: Mutex<NodeAllocator>,
-    log: Mutex<Log>,
+    log_state: Mutex<Log>,
     committed: Condvar,
     commit: Mutex<()>,
+    stats: Mutex<CommitStats>,
+    compact_min_bytes: std::sync::atomic::AtomicU64,
+}
+
+/// How the group commit has gone: commits, changes written, time spent committing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    pub commits: u64,
+    pub changes: u64,
+    pub busy: std::time::Duration,
 }
 
 fn key(owner: &str, family: Family) -> String {
@@ -102,31 +115,40 @@ impl DurableAllocator {
             path: path.to_owned(),
             source: e,
         };
-        let db = Database::create(path).map_err(|e| store_err(e.into()))?;
+        let (log, replay) = AllocLog::open(path).map_err(|e| store_err(e.into()))?;
+        if replay.torn_tail_bytes > 0 {
+            tracing::warn!(path = %path.display(), bytes = replay.torn_tail_bytes, "cut off the unacknowledged end of the allocation log (a crash during a write)");
+        }
+        // Replay to the final state, then rebuild: blocks first, then the allocations in them.
+        let mut blocks: std::collections::BTreeMap<String, Vec<u8>> =
+            std::collections::BTreeMap::new();
+        let mut allocations: std::collections::HashMap<String, Vec<u8>> =
+            std::collections::HashMap::new();
+        for record in replay.records {
+            match record {
+                Record::Put { key, value } if key.starts_with(BLOCK_PREFIX) => {
+                    blocks.insert(key, value);
+                }
+                Record::Delete { key } if key.starts_with(BLOCK_PREFIX) => {
+                    blocks.remove(&key);
+                }
+                Record::Put { key, value } => {
+                    allocations.insert(key, value);
+                }
+                Record::Delete { key } => {
+                    allocations.remove(&key);
+                }
+            }
+        }
         let mut alloc = NodeAllocator::new(node, pool);
         let mut report = RestoreReport::default();
-        {
-            let txn = db.begin_write().map_err(|e| store_err(e.into()))?;
-            txn.open_table(BLOCKS).map_err(|e| store_err(e.into()))?;
-            txn.open_table(ALLOCATIONS)
-                .map_err(|e| store_err(e.into()))?;
-            txn.commit().map_err(|e| store_err(e.into()))?;
-        }
-        let read = db.begin_read().map_err(|e| store_err(e.into()))?;
-        let blocks = read.open_table(BLOCKS).map_err(|e| store_err(e.into()))?;
-        for entry in blocks.iter().map_err(|e| store_err(e.into()))? {
-            let (cidr, _pool) = entry.map_err(|e| store_err(e.into()))?;
-            if let Ok(cidr) = cidr.value().parse::<Cidr>() {
+        for key in blocks.keys() {
+            if let Ok(cidr) = key[BLOCK_PREFIX.len()..].parse::<Cidr>() {
                 alloc.add_block(cidr);
                 report.blocks += 1;
             }
         }
-        let allocations = read
-            .open_table(ALLOCATIONS)
-            .map_err(|e| store_err(e.into()))?;
-        for entry in allocations.iter().map_err(|e| store_err(e.into()))? {
-            let (k, v) = entry.map_err(|e| store_err(e.into()))?;
-            let (k, v) = (k.value().to_owned(), v.value().to_vec());
+        for (k, v) in allocations {
             let owner = k.split_once(' ').map(|(_, o)| o).unwrap_or(&k);
             match bytes_ip(&v).map(|ip| alloc.allocate_ip(owner, ip)) {
                 Some(Ok(())) => report.allocations += 1,
@@ -145,11 +167,13 @@ impl DurableAllocator {
         Ok((
             Self {
                 path: path.to_owned(),
-                db,
+                log: Mutex::new(log),
                 alloc: Mutex::new(alloc),
-                log: Mutex::new(Log::default()),
+                log_state: Mutex::new(Log::default()),
                 committed: Condvar::new(),
                 commit: Mutex::new(()),
+                stats: Mutex::new(CommitStats::default()),
+                compact_min_bytes: std::sync::atomic::AtomicU64::new(COMPACT_MIN_BYTES),
             },
             report,
         ))
@@ -185,7 +209,7 @@ impl DurableAllocator {
             let mut alloc = self.alloc.lock().expect("allocator lock");
             if let Some(ip) = alloc.lookup(owner, family) {
                 // Held already; its write may still be in flight from a concurrent request.
-                (ip, self.log.lock().expect("log lock").next_seq)
+                (ip, self.log_state.lock().expect("log lock").next_seq)
             } else {
                 let ip = alloc.allocate(owner, family)?;
                 (
@@ -208,7 +232,7 @@ impl DurableAllocator {
             let known = alloc.lookup(owner, Family::of(ip)) == Some(ip);
             alloc.allocate_ip(owner, ip)?;
             if known {
-                self.log.lock().expect("log lock").next_seq
+                self.log_state.lock().expect("log lock").next_seq
             } else {
                 self.push(Op::Put {
                     key: key(owner, Family::of(ip)),
@@ -231,11 +255,22 @@ impl DurableAllocator {
                         ip,
                     }),
                 ),
-                None => (None, self.log.lock().expect("log lock").next_seq),
+                None => (None, self.log_state.lock().expect("log lock").next_seq),
             }
         };
         self.wait_durable(seq)?;
         Ok(ip)
+    }
+
+    /// Lowers the size at which the log may be compacted (tests exercise compaction with it).
+    pub fn set_compact_min_bytes(&self, bytes: u64) {
+        self.compact_min_bytes
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Commit statistics since the state file was opened.
+    pub fn commit_stats(&self) -> CommitStats {
+        *self.stats.lock().expect("stats lock")
     }
 
     /// Runs `f` on the in-memory allocator (status, checks).
@@ -245,7 +280,7 @@ impl DurableAllocator {
 
     /// Queues `op`; called with the allocator lock held so log order is memory order.
     fn push(&self, op: Op) -> u64 {
-        let mut log = self.log.lock().expect("log lock");
+        let mut log = self.log_state.lock().expect("log lock");
         log.next_seq += 1;
         let seq = log.next_seq;
         log.pending.push((seq, op));
@@ -257,7 +292,7 @@ impl DurableAllocator {
     fn wait_durable(&self, seq: u64) -> Result<(), DurableError> {
         loop {
             {
-                let log = self.log.lock().expect("log lock");
+                let log = self.log_state.lock().expect("log lock");
                 if log.durable_seq >= seq {
                     return match log.failed.iter().find(|(a, b, _)| (*a..=*b).contains(&seq)) {
                         Some((_, _, e)) => Err(DurableError::Store {
@@ -271,7 +306,7 @@ impl DurableAllocator {
             if let Ok(_committer) = self.commit.try_lock() {
                 self.commit_pending();
             } else {
-                let log = self.log.lock().expect("log lock");
+                let log = self.log_state.lock().expect("log lock");
                 if log.durable_seq < seq {
                     let _ = self
                         .committed
@@ -283,12 +318,19 @@ impl DurableAllocator {
     }
 
     fn commit_pending(&self) {
-        let batch = std::mem::take(&mut self.log.lock().expect("log lock").pending);
+        let batch = std::mem::take(&mut self.log_state.lock().expect("log lock").pending);
         let Some(&(last, _)) = batch.last() else {
             return;
         };
         let first = batch[0].0;
+        let started = std::time::Instant::now();
         let result = self.write(&batch);
+        {
+            let mut stats = self.stats.lock().expect("stats lock");
+            stats.commits += 1;
+            stats.changes += batch.len() as u64;
+            stats.busy += started.elapsed();
+        }
         if let Err(e) = &result {
             // Nothing of the batch is durable: undo it in memory so state matches the file.
             let mut alloc = self.alloc.lock().expect("allocator lock");
@@ -312,45 +354,93 @@ impl DurableAllocator {
             }
             tracing::error!(path = %self.path.display(), "commit of {} change(s) failed: {e}", batch.len());
         }
-        let mut log = self.log.lock().expect("log lock");
-        if let Err(e) = result {
-            log.failed.push((first, last, e));
+        let ok = result.is_ok();
+        {
+            let mut log = self.log_state.lock().expect("log lock");
+            if let Err(e) = result {
+                log.failed.push((first, last, e));
+            }
+            log.durable_seq = last;
+            self.committed.notify_all();
         }
-        log.durable_seq = last;
-        self.committed.notify_all();
+        // Still holding the commit lock: no write can interleave with the compaction.
+        if ok {
+            self.maybe_compact();
+        }
     }
 
     fn write(&self, batch: &[(u64, Op)]) -> Result<(), String> {
-        let txn = self.db.begin_write().map_err(|e| e.to_string())?;
+        let records: Vec<Record> = batch
+            .iter()
+            .map(|(_, op)| match op {
+                Op::Put { key, ip } => Record::Put {
+                    key: key.clone(),
+                    value: ip_bytes(*ip),
+                },
+                Op::Delete { key, .. } => Record::Delete { key: key.clone() },
+                Op::AddBlock { cidr, pool } => Record::Put {
+                    key: format!("{BLOCK_PREFIX}{cidr}"),
+                    value: pool.as_bytes().to_vec(),
+                },
+                Op::RemoveBlock { cidr } => Record::Delete {
+                    key: format!("{BLOCK_PREFIX}{cidr}"),
+                },
+            })
+            .collect();
+        self.log
+            .lock()
+            .expect("log file lock")
+            .append(&records)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Rewrites the log as a snapshot when it has grown well past its live content. Runs with
+    /// the allocator locked and nothing queued, so the snapshot holds acknowledged state only.
+    fn maybe_compact(&self) {
+        let mut log = self.log.lock().expect("log file lock");
+        if log.len()
+            < self
+                .compact_min_bytes
+                .load(std::sync::atomic::Ordering::Relaxed)
         {
-            let mut allocations = txn.open_table(ALLOCATIONS).map_err(|e| e.to_string())?;
-            let mut blocks = txn.open_table(BLOCKS).map_err(|e| e.to_string())?;
-            for (_, op) in batch {
-                match op {
-                    Op::Put { key, ip } => {
-                        allocations
-                            .insert(key.as_str(), ip_bytes(*ip).as_slice())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Op::Delete { key, .. } => {
-                        allocations
-                            .remove(key.as_str())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Op::AddBlock { cidr, pool } => {
-                        blocks
-                            .insert(cidr.to_string().as_str(), pool.as_str())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Op::RemoveBlock { cidr } => {
-                        blocks
-                            .remove(cidr.to_string().as_str())
-                            .map_err(|e| e.to_string())?;
-                    }
-                }
+            return;
+        }
+        let alloc = self.alloc.lock().expect("allocator lock");
+        if !self.log_state.lock().expect("log lock").pending.is_empty() {
+            return;
+        }
+        let allocations = alloc.allocations();
+        let live_estimate = allocations
+            .iter()
+            .map(|(o, _)| o.len() as u64 + 40)
+            .sum::<u64>();
+        if log.len() < 3 * live_estimate {
+            return;
+        }
+        let mut snapshot = Vec::with_capacity(allocations.len() + 8);
+        for family in [Family::V4, Family::V6] {
+            for cidr in alloc.blocks(family) {
+                snapshot.push(Record::Put {
+                    key: format!("{BLOCK_PREFIX}{cidr}"),
+                    value: alloc.pool().as_bytes().to_vec(),
+                });
             }
         }
-        txn.commit().map_err(|e| e.to_string())
+        for (owner, ip) in allocations {
+            snapshot.push(Record::Put {
+                key: key(&owner, Family::of(ip)),
+                value: ip_bytes(ip),
+            });
+        }
+        let before = log.len();
+        match log.compact(&snapshot) {
+            Ok(()) => {
+                tracing::debug!(path = %self.path.display(), before, after = log.len(), "allocation log compacted")
+            }
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), "allocation log compaction failed (the log stays valid): {e}")
+            }
+        }
     }
 }
 
@@ -362,7 +452,7 @@ mod tests {
     use crate::ipam::node::ROUTER_OWNER;
 
     fn temp(name: &str) -> crate::test_util::TempPath {
-        crate::test_util::TempPath::new(&format!("durable-{name}.redb"))
+        crate::test_util::TempPath::new(&format!("durable-{name}.log"))
     }
 
     #[test]
@@ -386,6 +476,34 @@ mod tests {
         assert_eq!(d.allocate(ROUTER_OWNER, Family::V4).unwrap(), router);
         assert_eq!(d.allocate("ns/p5", Family::V4).unwrap(), pods[5]);
         assert_eq!(d.with(|a| a.lookup("ns/p3", Family::V4)), None);
+    }
+
+    #[test]
+    fn compaction_keeps_every_live_allocation_and_nothing_else() {
+        let path = temp("compact");
+        let kept: Vec<(String, IpAddr)>;
+        {
+            let (d, _) = DurableAllocator::open(&path, "node-1", "default").unwrap();
+            d.set_compact_min_bytes(4096);
+            d.add_block("10.44.0.0/22".parse().unwrap()).unwrap();
+            for i in 0..2000 {
+                d.allocate(&format!("churn/p{i}"), Family::V4).unwrap();
+                if i % 10 != 0 {
+                    d.release(&format!("churn/p{i}"), Family::V4).unwrap();
+                }
+            }
+            kept = d.with(|a| a.allocations());
+            assert_eq!(kept.len(), 200);
+            let size = std::fs::metadata(&*path).unwrap().len();
+            // 3,800 records would take ~110 KB; compaction keeps the log within three times
+            // the live content (~31 KB here) plus the batches since.
+            assert!(size < 40_000, "the log was compacted ({size} bytes)");
+        }
+        let (d, report) = DurableAllocator::open(&path, "node-1", "default").unwrap();
+        assert_eq!((report.blocks, report.allocations), (1, 200));
+        for (owner, ip) in kept {
+            assert_eq!(d.with(|a| a.lookup(&owner, Family::V4)), Some(ip));
+        }
     }
 
     #[test]

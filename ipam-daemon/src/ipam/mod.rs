@@ -6,6 +6,7 @@
 //! - `node`: the agent side, handing out addresses inside a node's blocks.
 
 pub mod agent;
+pub mod alloclog;
 pub mod blocks;
 pub mod cidr;
 pub mod durable;

@@ -141,7 +141,7 @@ fn main() {
     drop(small);
 
     // Durable, 64 concurrent clients.
-    let state = TempFile::new("bench-alloc", "redb");
+    let state = TempFile::new("bench-alloc", "log");
     let (durable, _) = DurableAllocator::open(&state.0, "bench-node", "default").unwrap();
     durable.add_block("10.64.0.0/12".parse().unwrap()).unwrap();
     let durable = Arc::new(durable);
@@ -164,6 +164,14 @@ fn main() {
         }
     });
     let durable_per_s = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    let stats = durable.commit_stats();
+    println!(
+        "  {} commits, {:.1} changes per commit, {:.2} ms per commit, committing {:.0}% of the time",
+        stats.commits,
+        stats.changes as f64 / stats.commits.max(1) as f64,
+        stats.busy.as_secs_f64() * 1e3 / stats.commits.max(1) as f64,
+        100.0 * stats.busy.as_secs_f64() / start.elapsed().as_secs_f64()
+    );
     println!(
         "durable, 64 clients: {} acknowledged in {:.1} s = {durable_per_s:.0}/s (fsync per shared commit)",
         done.load(Ordering::Relaxed),

@@ -10,8 +10,9 @@ use ipam_daemon::{
     net::iface,
 };
 
-/// Inspect and manage the IPAM daemon of this node. Reads the daemon's pinned eBPF maps
-/// directly, so it works while the daemon is running, restarting or stopped.
+/// Inspect and manage the IPAM daemon of this node. The datapath commands read the daemon's
+/// pinned eBPF maps directly, so they work while the daemon is running, restarting or stopped;
+/// `ipam status` reads the status the daemon publishes after every IPAM pass.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {

@@ -3,9 +3,11 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-/// The IPAM node daemon. In this version it runs the standalone role: it loads the eBPF
-/// datapath, keeps it pinned under its bpffs root, and answers ARP and IPv6 neighbour
-/// solicitations for the IPs announced in its configuration file.
+/// The IPAM node daemon, standalone role (everything in one process, embedded store). It loads
+/// the eBPF datapath, keeps it pinned under its bpffs root, and answers ARP and IPv6 neighbour
+/// solicitations for the IPs announced in its configuration file. With an `[ipam]` section it
+/// also manages addresses: pools and per-node blocks (operator), the node's router and health
+/// addresses and pod addresses (agent), served to `ipam-cni` over a root-only local API socket.
 ///
 /// Signals: SIGHUP reloads the configuration file (a bad file is reported and the running
 /// configuration kept); SIGTERM and SIGINT stop the daemon, leaving the datapath pinned so that

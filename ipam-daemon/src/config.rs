@@ -350,4 +350,44 @@ mod tests {
             .to_string();
         assert!(e.contains("fast"), "{e}");
     }
+
+    #[test]
+    fn ipam_section_parses_with_pools() {
+        let c = parse(
+            r#"
+            [ipam]
+            mode = "multi-pool"
+            node_name = "worker-1"
+            families = ["v4", "v6"]
+            [[ipam.pool]]
+            name = "default"
+            ipv4 = { cidrs = ["10.244.0.0/16"], maskSize = 24 }
+            ipv6 = { cidrs = ["fd00::/104"], maskSize = 120 }
+            "#,
+        )
+        .unwrap();
+        let ipam = c.ipam.unwrap();
+        assert_eq!(ipam.mode, IpamMode::MultiPool);
+        assert_eq!(ipam.families, vec![Family::V4, Family::V6]);
+        assert_eq!(ipam.pools[0].spec.ipv6.as_ref().unwrap().mask_size, 120);
+        assert_eq!(ipam.infra_pool, "default");
+        assert_eq!(ipam.socket, PathBuf::from(crate::api::DEFAULT_SOCKET));
+
+        let e = parse("[ipam]\nmode = \"crd\"\n").unwrap_err().to_string();
+        assert!(e.contains("crd") && e.contains("multi-pool"), "{e}");
+        let e = parse("[ipam]\nmode = \"cluster-pool\"\nfamilies = [\"v5\"]\n").unwrap_err().to_string();
+        assert!(e.contains("v5"), "{e}");
+    }
+
+    /// The configuration the README shows must stay valid.
+    #[test]
+    fn readme_example_parses() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("# /etc/ipam/ipamd.toml").expect("README shows a config");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").expect("end of the TOML block")];
+        let c = parse(block).unwrap();
+        assert_eq!(c.ipam.unwrap().pools[0].name, "default");
+        assert_eq!(c.announcements.len(), 1);
+    }
 }

@@ -19,6 +19,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("bpftool", "inspecting pinned maps and programs"),
     ("arping", "resolving announced IPs by hand"),
     ("ndisc6", "resolving announced IPv6 addresses by hand"),
+    (
+        "containernetworking-plugins",
+        "Debian's CNI plugins (bridge, ptp, host-local) in the CNI tests and benchmark",
+    ),
 ];
 
 pub fn run() -> anyhow::Result<()> {

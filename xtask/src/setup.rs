@@ -15,6 +15,7 @@ const PACKAGES: &[(&str, &str)] = &[
         "nsenter: runs the daemon in a namespace without hiding bpffs",
     ),
     ("ethtool", "NIC offload settings in tests"),
+    ("procps", "sysctl: the lab sets arp_ignore"),
     ("iputils-ping", "ping through the announcing interface"),
     ("bpftool", "inspecting pinned maps and programs"),
     ("arping", "resolving announced IPs by hand"),

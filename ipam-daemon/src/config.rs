@@ -375,7 +375,9 @@ mod tests {
 
         let e = parse("[ipam]\nmode = \"crd\"\n").unwrap_err().to_string();
         assert!(e.contains("crd") && e.contains("multi-pool"), "{e}");
-        let e = parse("[ipam]\nmode = \"cluster-pool\"\nfamilies = [\"v5\"]\n").unwrap_err().to_string();
+        let e = parse("[ipam]\nmode = \"cluster-pool\"\nfamilies = [\"v5\"]\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("v5"), "{e}");
     }
 
@@ -383,7 +385,9 @@ mod tests {
     #[test]
     fn readme_example_parses() {
         let readme = include_str!("../../README.md");
-        let start = readme.find("# /etc/ipam/ipamd.toml").expect("README shows a config");
+        let start = readme
+            .find("# /etc/ipam/ipamd.toml")
+            .expect("README shows a config");
         let block = &readme[start..];
         let block = &block[..block.find("```").expect("end of the TOML block")];
         let c = parse(block).unwrap();

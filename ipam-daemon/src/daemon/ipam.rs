@@ -12,19 +12,14 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    api::{
-        server::Handler,
-        types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response},
-    },
+    api::server::Handler,
     backoff::Backoff,
     config::IpamSettings,
     ipam::{
         Cidr, Family,
         agent::{AgentError, NodeAgent},
-        durable::{DurableAllocator, DurableError},
         infra::{INFRA_RETRY_CAP, allocate_waiting},
         multipool::Watermarks,
-        node::AllocError,
         node::{HEALTH_OWNER, INGRESS_OWNER, ROUTER_OWNER},
         operator::{Operator, OperatorError, record_mode},
         pool::IpamMode,
@@ -82,9 +77,9 @@ pub struct IpamRuntime {
 
 /// The node's router and health addresses, and what their allocation waits for.
 #[derive(Debug, Clone, Default)]
-struct InfraState {
-    addresses: BTreeMap<String, BTreeMap<Family, IpAddr>>,
-    waiting: Option<String>,
+pub(super) struct InfraState {
+    pub(super) addresses: BTreeMap<String, BTreeMap<Family, IpAddr>>,
+    pub(super) waiting: Option<String>,
 }
 
 fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
@@ -194,7 +189,7 @@ impl IpamRuntime {
 
     /// The handler of the local API: pod allocations for CNI attachments.
     pub fn api_handler(&self) -> Handler {
-        let pods = PodAllocations {
+        let pods = super::pods::PodAllocations {
             alloc: self.agent.allocator(),
             demand: self.agent.demand(),
             infra: self.infra.clone(),
@@ -330,171 +325,4 @@ pub fn read_status(state_dir: &Path) -> std::io::Result<PublishedStatus> {
     let bytes = std::fs::read(state_dir.join(STATUS_FILE))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
-
-/// Pod allocations served over the API.
-struct PodAllocations {
-    alloc: Arc<DurableAllocator>,
-    demand: Arc<std::sync::atomic::AtomicBool>,
-    infra: Arc<Mutex<InfraState>>,
-    families: Vec<Family>,
-    pool: String,
-}
-
-fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::Error {
-        code,
-        message: message.into(),
-    }
-}
-
-impl PodAllocations {
-    fn handle(&self, request: Request) -> Response {
-        match request {
-            Request::Allocate(a) => self.allocate(&a.id, a.pod.as_deref()),
-            Request::Release(a) => self.release(&a.id),
-            Request::Check(a) => match self.held(&a.id) {
-                ips if ips.is_empty() => error(
-                    ErrorCode::Unknown,
-                    format!(
-                        "container {} interface {} has no address on this node",
-                        a.id.container_id, a.id.ifname
-                    ),
-                ),
-                ips => Response::Checked { ips },
-            },
-            Request::Gc { valid } => self.collect(&valid),
-            Request::Status => match self.not_ready() {
-                Some(why) => error(ErrorCode::NotReady, why),
-                None => Response::Ready,
-            },
-        }
-    }
-
-    fn router(&self, family: Family) -> Option<IpAddr> {
-        let state = self.infra.lock().expect("infra lock");
-        state
-            .addresses
-            .get(ROUTER_OWNER)
-            .and_then(|m| m.get(&family))
-            .copied()
-    }
-
-    /// Why pods cannot get addresses yet, if they cannot.
-    fn not_ready(&self) -> Option<String> {
-        let missing: Vec<&str> = self
-            .families
-            .iter()
-            .filter(|f| self.router(**f).is_none())
-            .map(|f| f.name())
-            .collect();
-        if missing.is_empty() {
-            return None;
-        }
-        let waiting = self.infra.lock().expect("infra lock").waiting.clone();
-        Some(format!(
-            "ipamd is not ready: the node has no {} router address yet ({}); try again later",
-            missing.join(" and "),
-            waiting.unwrap_or_else(|| format!("waiting for a block of pool {}", self.pool))
-        ))
-    }
-
-    fn describe(&self, ip: IpAddr) -> AllocatedIp {
-        let family = Family::of(ip);
-        let prefix_len = self.alloc.with(|a| {
-            a.blocks(family)
-                .iter()
-                .find(|b| b.contains(ip))
-                .map_or(family.bits(), |b| b.prefix())
-        });
-        AllocatedIp {
-            family,
-            address: ip,
-            prefix_len,
-            gateway: self.router(family),
-        }
-    }
-
-    fn allocate(&self, id: &AttachmentId, pod: Option<&str>) -> Response {
-        if let Some(why) = self.not_ready() {
-            return error(ErrorCode::NotReady, why);
-        }
-        let owner = id.owner();
-        let who = pod.map_or_else(
-            || format!("container {}", id.container_id),
-            |p| format!("pod {p}"),
-        );
-        let mut ips = Vec::new();
-        for family in &self.families {
-            match self.alloc.allocate(&owner, *family) {
-                Ok(ip) => ips.push(self.describe(ip)),
-                Err(DurableError::Alloc(
-                    e @ (AllocError::NoBlock { .. } | AllocError::Full { .. }),
-                )) => {
-                    // Ask for a block; the runtime retries the ADD (CNI code 11).
-                    self.demand.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return error(
-                        ErrorCode::NotReady,
-                        format!("{who}: {e}; requested a block, try again later"),
-                    );
-                }
-                Err(e) => return error(ErrorCode::Failed, format!("{who}: {e}")),
-            }
-        }
-        tracing::info!(owner = owner.as_str(), pod, ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated");
-        Response::Allocated { ips }
-    }
-
-    fn release(&self, id: &AttachmentId) -> Response {
-        let owner = id.owner();
-        let mut ips = Vec::new();
-        for family in [Family::V4, Family::V6] {
-            match self.alloc.release(&owner, family) {
-                Ok(Some(ip)) => ips.push(ip),
-                Ok(None) => {}
-                Err(e) => return error(ErrorCode::Failed, e.to_string()),
-            }
-        }
-        if !ips.is_empty() {
-            tracing::info!(owner = owner.as_str(), ?ips, "pod addresses released");
-        }
-        Response::Released { ips }
-    }
-
-    fn held(&self, id: &AttachmentId) -> Vec<AllocatedIp> {
-        let owner = id.owner();
-        [Family::V4, Family::V6]
-            .into_iter()
-            .filter_map(|f| self.alloc.with(|a| a.lookup(&owner, f)))
-            .map(|ip| self.describe(ip))
-            .collect()
-    }
-
-    fn collect(&self, valid: &[AttachmentId]) -> Response {
-        let valid: std::collections::HashSet<&AttachmentId> = valid.iter().collect();
-        let stale: std::collections::BTreeSet<String> = self.alloc.with(|a| {
-            a.allocations()
-                .into_iter()
-                .filter_map(|(owner, _)| {
-                    let id = AttachmentId::from_owner(&owner)?;
-                    (!valid.contains(&id)).then_some(owner)
-                })
-                .collect()
-        });
-        let mut released = Vec::new();
-        for owner in stale {
-            let id = AttachmentId::from_owner(&owner).expect("filtered above");
-            if let Response::Error { message, .. } = self.release(&id) {
-                return error(ErrorCode::Failed, message);
-            }
-            released.push(id);
-        }
-        if !released.is_empty() {
-            tracing::info!(
-                count = released.len(),
-                "garbage collection released leaked pod addresses"
-            );
-        }
-        Response::Collected { released }
-    }
 }

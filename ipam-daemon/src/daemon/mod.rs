@@ -3,6 +3,7 @@
 //! configuration has an `[ipam]` section.
 
 pub mod ipam;
+mod pods;
 
 use std::{path::PathBuf, time::Duration};
 

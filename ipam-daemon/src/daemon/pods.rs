@@ -1,0 +1,184 @@
+//! Pod addresses over the local API: what `ipam-cni` ADD, DEL, CHECK, GC and STATUS land on in
+//! the daemon. Allocations are keyed by the CNI attachment (container id and interface).
+
+use std::{
+    net::IpAddr,
+    sync::{Arc, Mutex, atomic::AtomicBool},
+};
+
+use super::ipam::InfraState;
+use crate::{
+    api::types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response},
+    ipam::{
+        Family,
+        durable::{DurableAllocator, DurableError},
+        node::{AllocError, ROUTER_OWNER},
+    },
+};
+
+/// Pod allocations served over the API.
+pub(super) struct PodAllocations {
+    pub(super) alloc: Arc<DurableAllocator>,
+    pub(super) demand: Arc<AtomicBool>,
+    pub(super) infra: Arc<Mutex<InfraState>>,
+    pub(super) families: Vec<Family>,
+    pub(super) pool: String,
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+impl PodAllocations {
+    pub(super) fn handle(&self, request: Request) -> Response {
+        match request {
+            Request::Allocate(a) => self.allocate(&a.id, a.pod.as_deref()),
+            Request::Release(a) => self.release(&a.id),
+            Request::Check(a) => match self.held(&a.id) {
+                ips if ips.is_empty() => error(
+                    ErrorCode::Unknown,
+                    format!(
+                        "container {} interface {} has no address on this node",
+                        a.id.container_id, a.id.ifname
+                    ),
+                ),
+                ips => Response::Checked { ips },
+            },
+            Request::Gc { valid } => self.collect(&valid),
+            Request::Status => match self.not_ready() {
+                Some(why) => error(ErrorCode::NotReady, why),
+                None => Response::Ready,
+            },
+        }
+    }
+
+    fn router(&self, family: Family) -> Option<IpAddr> {
+        let state = self.infra.lock().expect("infra lock");
+        state
+            .addresses
+            .get(ROUTER_OWNER)
+            .and_then(|m| m.get(&family))
+            .copied()
+    }
+
+    /// Why pods cannot get addresses yet, if they cannot.
+    fn not_ready(&self) -> Option<String> {
+        let missing: Vec<&str> = self
+            .families
+            .iter()
+            .filter(|f| self.router(**f).is_none())
+            .map(|f| f.name())
+            .collect();
+        if missing.is_empty() {
+            return None;
+        }
+        let waiting = self.infra.lock().expect("infra lock").waiting.clone();
+        Some(format!(
+            "ipamd is not ready: the node has no {} router address yet ({}); try again later",
+            missing.join(" and "),
+            waiting.unwrap_or_else(|| format!("waiting for a block of pool {}", self.pool))
+        ))
+    }
+
+    fn describe(&self, ip: IpAddr) -> AllocatedIp {
+        let family = Family::of(ip);
+        let prefix_len = self.alloc.with(|a| {
+            a.blocks(family)
+                .iter()
+                .find(|b| b.contains(ip))
+                .map_or(family.bits(), |b| b.prefix())
+        });
+        AllocatedIp {
+            family,
+            address: ip,
+            prefix_len,
+            gateway: self.router(family),
+        }
+    }
+
+    fn allocate(&self, id: &AttachmentId, pod: Option<&str>) -> Response {
+        if let Some(why) = self.not_ready() {
+            return error(ErrorCode::NotReady, why);
+        }
+        let owner = id.owner();
+        let who = pod.map_or_else(
+            || format!("container {}", id.container_id),
+            |p| format!("pod {p}"),
+        );
+        let mut ips = Vec::new();
+        for family in &self.families {
+            match self.alloc.allocate(&owner, *family) {
+                Ok(ip) => ips.push(self.describe(ip)),
+                Err(DurableError::Alloc(
+                    e @ (AllocError::NoBlock { .. } | AllocError::Full { .. }),
+                )) => {
+                    // Ask for a block; the runtime retries the ADD (CNI code 11).
+                    self.demand.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return error(
+                        ErrorCode::NotReady,
+                        format!("{who}: {e}; requested a block, try again later"),
+                    );
+                }
+                Err(e) => return error(ErrorCode::Failed, format!("{who}: {e}")),
+            }
+        }
+        tracing::info!(owner = owner.as_str(), pod, ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated");
+        Response::Allocated { ips }
+    }
+
+    fn release(&self, id: &AttachmentId) -> Response {
+        let owner = id.owner();
+        let mut ips = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            match self.alloc.release(&owner, family) {
+                Ok(Some(ip)) => ips.push(ip),
+                Ok(None) => {}
+                Err(e) => return error(ErrorCode::Failed, e.to_string()),
+            }
+        }
+        if !ips.is_empty() {
+            tracing::info!(owner = owner.as_str(), ?ips, "pod addresses released");
+        }
+        Response::Released { ips }
+    }
+
+    fn held(&self, id: &AttachmentId) -> Vec<AllocatedIp> {
+        let owner = id.owner();
+        [Family::V4, Family::V6]
+            .into_iter()
+            .filter_map(|f| self.alloc.with(|a| a.lookup(&owner, f)))
+            .map(|ip| self.describe(ip))
+            .collect()
+    }
+
+    fn collect(&self, valid: &[AttachmentId]) -> Response {
+        let valid: std::collections::HashSet<&AttachmentId> = valid.iter().collect();
+        let stale: std::collections::BTreeSet<String> = self.alloc.with(|a| {
+            a.allocations()
+                .into_iter()
+                .filter_map(|(owner, _)| {
+                    let id = AttachmentId::from_owner(&owner)?;
+                    (!valid.contains(&id)).then_some(owner)
+                })
+                .collect()
+        });
+        let mut released = Vec::new();
+        for owner in stale {
+            let id = AttachmentId::from_owner(&owner).expect("filtered above");
+            if let Response::Error { message, .. } = self.release(&id) {
+                return error(ErrorCode::Failed, message);
+            }
+            released.push(id);
+        }
+        if !released.is_empty() {
+            tracing::info!(
+                count = released.len(),
+                "garbage collection released leaked pod addresses"
+            );
+        }
+        Response::Collected { released }
+    }
+}

@@ -151,6 +151,26 @@ fn announced_ip_is_answered_with_the_right_mac_on_its_interface_only() {
         (ANNOUNCED_V6, CLIENT_V6, NA_SOLICITED_OVERRIDE)
     );
 
+    // The pinned map dumps with its types (BTF), as the README says.
+    let map = lab.root.0.join("maps/L2_RESPONDER");
+    let dump: serde_json::Value = serde_json::from_str(&ipam_tests::run(
+        "bpftool",
+        &["--json", "map", "dump", "pinned", map.to_str().unwrap()],
+    ))
+    .expect("bpftool prints JSON");
+    let entries = dump.as_array().expect("an array of entries");
+    assert_eq!(entries.len(), 2);
+    let mac: Vec<u64> = entries[0]["formatted"]["values"][0]["value"]["mac"]
+        .as_array()
+        .expect("typed value with a mac field")
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        mac,
+        node_mac.iter().map(|b| u64::from(*b)).collect::<Vec<_>>()
+    );
+
     // Not announced on n1: a neighbour there gets no answer (nor does the kernel give one).
     let on_other_link = lab
         .other

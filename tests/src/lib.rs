@@ -5,6 +5,7 @@
 //! crash without colliding; traffic only flows between namespaces a test made itself.
 
 pub mod daemon;
+pub mod ipam_node;
 pub mod netns;
 pub mod resolve;
 pub mod rng;

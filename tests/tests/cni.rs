@@ -12,58 +12,25 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_tests::{BpffsRoot, TempDir, TempFile, daemon::Daemon, netns::Netns, workspace_binary};
+use ipam_tests::{daemon::Daemon, ipam_node::IpamNode, netns::Netns, workspace_binary};
 use serde_json::{Value, json};
 
 const DEBIAN_CNI: &str = "/usr/lib/cni";
 
 struct Node {
-    ns: Netns,
-    _root: BpffsRoot,
-    dir: TempDir,
-    _config: TempFile,
+    ipam: IpamNode,
     daemon: Option<Daemon>,
 }
 
 impl Node {
     fn start() -> Self {
-        let ns = Netns::new("cninode");
-        let root = BpffsRoot::new();
-        let dir = TempDir::new("cni-");
-        let config = TempFile::new("cni-ipamd", "toml");
-        std::fs::write(
-            &config.0,
-            format!(
-                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"cni-node\"\n\
-                 store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\n\
-                 [[ipam.pool]]\nname = \"default\"\nipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 24 }}\n",
-                root.0.display(),
-                d = dir.0.display()
-            ),
-        )
-        .unwrap();
-        let daemon = Daemon::start(&ns, &config.0);
-        let node = Self {
-            ns,
-            _root: root,
-            dir,
-            _config: config,
-            daemon: Some(daemon),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !node.plugin("STATUS", "", "", &node.ipam_conf("bridge")).0 {
-            assert!(
-                Instant::now() < deadline,
-                "ipamd never became ready:\n{}",
-                node.daemon.as_ref().unwrap().log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        node
+        let ipam = IpamNode::new("cninode", "10.244.0.0/16", 24);
+        let daemon = Some(ipam.start_daemon());
+        Self { ipam, daemon }
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.0.join("api/ipamd.sock")
+        self.ipam.socket()
     }
 
     fn ipam_conf(&self, main: &str) -> Value {
@@ -271,7 +238,7 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
     for (i, pod) in pods.iter().enumerate() {
         let (ok, result) = run_cni(
             &bridge,
-            Some(&node.ns),
+            Some(&node.ipam.ns),
             "ADD",
             &format!("br{i}"),
             "eth0",
@@ -296,7 +263,7 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
     let pod_c = Netns::new("podc");
     let (ok, result) = run_cni(
         &Path::new(DEBIAN_CNI).join("ptp"),
-        Some(&node.ns),
+        Some(&node.ipam.ns),
         "ADD",
         "ptp0",
         "eth0",
@@ -312,7 +279,7 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
         assert!(
             run_cni(
                 &bridge,
-                Some(&node.ns),
+                Some(&node.ipam.ns),
                 "DEL",
                 &format!("br{i}"),
                 "eth0",
@@ -329,7 +296,7 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
     assert!(
         run_cni(
             &Path::new(DEBIAN_CNI).join("ptp"),
-            Some(&node.ns),
+            Some(&node.ipam.ns),
             "DEL",
             "ptp0",
             "eth0",

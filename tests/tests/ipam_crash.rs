@@ -124,43 +124,14 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
         client::call,
         types::{Attachment, AttachmentId, Request, Response},
     };
-    use ipam_tests::{BpffsRoot, TempDir, daemon::Daemon, netns::Netns};
+    use ipam_tests::ipam_node::IpamNode;
 
-    let ns = Netns::new("crashd");
-    let root = BpffsRoot::new();
-    let dir = TempDir::new("ipamd-crash-");
-    let config = TempFile::new("ipamd-crash", "toml");
-    std::fs::write(
-        &config.0,
-        format!(
-            "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"crash\"\n\
-             store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\n\
-             [[ipam.pool]]\nname = \"default\"\nipv4 = {{ cidrs = [\"10.96.0.0/12\"], maskSize = 16 }}\n",
-            root.0.display(),
-            d = dir.0.display()
-        ),
-    )
-    .unwrap();
-    let socket = dir.0.join("api/ipamd.sock");
-    let ready = |socket: &std::path::Path| {
-        matches!(
-            call(socket, &Request::Status, Duration::from_secs(1)),
-            Ok(Response::Ready)
-        )
-    };
+    let node = IpamNode::new("crashd", "10.96.0.0/12", 16);
+    let socket = node.socket();
     let acked: Arc<Mutex<Vec<(AttachmentId, String)>>> = Arc::default();
     let mut rng = Rng::new(u64::from(std::process::id()) ^ 0xdead);
     for round in 0..5 {
-        let daemon = Daemon::start(&ns, &config.0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !ready(&socket) {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: ipamd not ready:\n{}",
-                daemon.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let daemon = node.start_daemon();
         let stop = Arc::new(AtomicBool::new(false));
         let clients: Vec<_> = (0..16)
             .map(|c| {
@@ -195,16 +166,8 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
         }
     }
 
-    let daemon = Daemon::start(&ns, &config.0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready(&socket) {
-        assert!(
-            Instant::now() < deadline,
-            "ipamd not ready after the last restart:\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Kept running (bound to the end of the test) while every acknowledgement is checked.
+    let _daemon = node.start_daemon();
     let acked = acked.lock().unwrap();
     assert!(
         acked.len() > 200,

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_tests::{BpffsRoot, TempDir, TempFile, daemon::Daemon, netns::Netns, workspace_binary};
+use ipam_tests::{ipam_node::IpamNode, workspace_binary};
 use serde_json::{Value, json};
 
 const SEQUENTIAL: usize = 300;
@@ -64,56 +64,19 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() {
-    let ns = Netns::new("benchcni");
-    let root = BpffsRoot::new();
-    let dir = TempDir::new("bench-cni-");
-    let config = TempFile::new("bench-cni", "toml");
-    std::fs::write(
-        &config.0,
-        format!(
-            "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"bench\"\n\
-             store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\n\
-             [[ipam.pool]]\nname = \"default\"\nipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 20 }}\n",
-            root.0.display(),
-            d = dir.0.display()
-        ),
-    )
-    .unwrap();
-    let daemon = Daemon::start(&ns, &config.0);
+    // Ready means the node has its router address: ADD answers "try again later" until then.
+    let node = IpamNode::new("benchcni", "10.244.0.0/16", 20);
+    let daemon = node.start_daemon();
     let ours = Plugin {
         name: "ipam-cni",
         binary: workspace_binary("ipam-cni"),
-        conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "ipam-cni", "socket": dir.0.join("api/ipamd.sock")}}),
+        conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "ipam-cni", "socket": node.socket()}}),
     };
     let host_local = Plugin {
         name: "host-local",
         binary: Path::new("/usr/lib/cni/host-local").to_owned(),
-        conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/20"}]], "dataDir": dir.0.join("host-local")}}),
+        conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/20"}]], "dataDir": node.dir.0.join("host-local")}}),
     };
-    // Wait for the node's router address (ADD answers "try again later" until then).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Command::new(&ours.binary)
-        .env("CNI_COMMAND", "STATUS")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin
-                .take()
-                .unwrap()
-                .write_all(ours.conf.to_string().as_bytes())?;
-            c.wait()
-        })
-        .map(|s| !s.success())
-        .unwrap_or(true)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "ipamd not ready:\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
     println!(
         "environment: {} CPUs; ipam-cni durable (fsync per commit), host-local files",
         std::thread::available_parallelism()

@@ -73,6 +73,8 @@ pub struct IpamRuntime {
     operator: Operator,
     agent: NodeAgent,
     infra: Arc<Mutex<InfraState>>,
+    /// What was last written to status.json: unchanged status is not written again.
+    published: Option<PublishedStatus>,
 }
 
 /// The node's router and health addresses, and what their allocation waits for.
@@ -123,6 +125,7 @@ impl IpamRuntime {
             store,
             agent,
             infra: Arc::new(Mutex::new(InfraState::default())),
+            published: None,
         };
         runtime.spawn_infra();
         Ok(runtime)
@@ -225,7 +228,7 @@ impl IpamRuntime {
         self.publish().await
     }
 
-    async fn publish(&self) -> Result<(), IpamRuntimeError> {
+    async fn publish(&mut self) -> Result<(), IpamRuntimeError> {
         let pools = self
             .store
             .list_typed::<PodIpPool>()
@@ -265,7 +268,14 @@ impl IpamRuntime {
             waiting,
             allocations: alloc.with(|a| a.allocated(Family::V4) + a.allocated(Family::V6)),
         };
-        write_status(&self.settings.state_dir, &status)
+        // Passes run twice a second; the file changes only when the status does (or was removed).
+        let file = self.settings.state_dir.join(STATUS_FILE);
+        if self.published.as_ref() == Some(&status) && file.exists() {
+            return Ok(());
+        }
+        write_status(&self.settings.state_dir, &status)?;
+        self.published = Some(status);
+        Ok(())
     }
 }
 

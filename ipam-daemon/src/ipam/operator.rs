@@ -98,21 +98,35 @@ impl Operator {
             }
             self.restored = true;
         }
-        self.reconcile_pools(store, &pools, &mut report).await?;
+        let statuses = self.judge_pools(&pools, &mut report);
         for node in &nodes {
             self.reconcile_node(store, node, &mut report).await?;
         }
-        self.write_usage(store).await?;
+        // One write per changed pool, conditions and usage together, after the nodes got their
+        // blocks so the usage is current.
+        for (p, mut status) in pools.iter().zip(statuses) {
+            status.usage = self.usage(&p.name);
+            if status != p.value.status {
+                let mut updated = p.value.clone();
+                updated.status = status;
+                // A conflict means someone changed the pool: the next pass sees the change.
+                store
+                    .update_unless_changed(&p.name, &updated, p.revision)
+                    .await?;
+            }
+        }
         Ok(report)
     }
 
-    async fn reconcile_pools<S: TypedStore>(
+    /// Validates every pool and brings the block allocator in line; returns each pool's new
+    /// status (conditions, accepted spec; usage is filled in later), in the order given.
+    fn judge_pools(
         &mut self,
-        store: &S,
         pools: &[Versioned<PodIpPool>],
         report: &mut Report,
-    ) -> Result<(), OperatorError> {
+    ) -> Vec<PoolStatus> {
         let mut accepted: Vec<Pool> = Vec::new();
+        let mut statuses = Vec::with_capacity(pools.len());
         for p in pools {
             let mut status = p.value.status.clone();
             let outcome = if self.mode == IpamMode::ClusterPool && p.name != "default" {
@@ -153,16 +167,9 @@ impl Operator {
                     status.conditions = vec![Condition::new(READY, false, message)];
                 }
             }
-            if status != p.value.status {
-                let mut updated = p.value.clone();
-                updated.status = status;
-                // A conflict means someone changed the pool: the next pass sees the change.
-                store
-                    .update_unless_changed(&p.name, &updated, p.revision)
-                    .await?;
-            }
+            statuses.push(status);
         }
-        Ok(())
+        statuses
     }
 
     /// The (pool, family, count) a node should hold in the current mode.
@@ -276,31 +283,18 @@ impl Operator {
         Ok(())
     }
 
-    async fn write_usage<S: TypedStore>(&self, store: &S) -> Result<(), OperatorError> {
-        for p in store.list_typed::<PodIpPool>().await? {
-            let usage: Vec<FamilyUsageStatus> = [Family::V4, Family::V6]
-                .into_iter()
-                .filter_map(|f| self.blocks.usage(&p.name, f).ok())
-                .map(|u| FamilyUsageStatus {
-                    family: u.family,
-                    cidrs: u.cidrs,
-                    mask_size: u.mask,
-                    total_blocks: u.total_blocks,
-                    used_blocks: u.used_blocks,
-                })
-                .collect();
-            if usage != p.value.status.usage {
-                let mut updated = p.value.clone();
-                updated.status = PoolStatus {
-                    usage,
-                    ..p.value.status.clone()
-                };
-                store
-                    .update_unless_changed(&p.name, &updated, p.revision)
-                    .await?;
-            }
-        }
-        Ok(())
+    fn usage(&self, pool: &str) -> Vec<FamilyUsageStatus> {
+        [Family::V4, Family::V6]
+            .into_iter()
+            .filter_map(|f| self.blocks.usage(pool, f).ok())
+            .map(|u| FamilyUsageStatus {
+                family: u.family,
+                cidrs: u.cidrs,
+                mask_size: u.mask,
+                total_blocks: u.total_blocks,
+                used_blocks: u.used_blocks,
+            })
+            .collect()
     }
 }
 
@@ -344,6 +338,15 @@ mod tests {
                 s.update_typed(name, &v, cur.revision).await.unwrap();
             }
         }
+    }
+
+    async fn held(s: &EmbeddedStore, name: &str) -> BTreeSet<Cidr> {
+        node_status(s, name)
+            .await
+            .allocated
+            .iter()
+            .map(|b| b.cidr)
+            .collect()
     }
 
     async fn node_status(s: &EmbeddedStore, name: &str) -> NodeIpamStatus {
@@ -477,18 +480,7 @@ mod tests {
             .reconcile(&s)
             .await
             .unwrap();
-        let a: BTreeSet<Cidr> = node_status(&s, "a")
-            .await
-            .allocated
-            .iter()
-            .map(|b| b.cidr)
-            .collect();
-        let b: BTreeSet<Cidr> = node_status(&s, "b")
-            .await
-            .allocated
-            .iter()
-            .map(|b| b.cidr)
-            .collect();
+        let (a, b) = (held(&s, "a").await, held(&s, "b").await);
         assert_eq!((a.len(), b.len()), (2, 2));
         assert!(a.is_disjoint(&b), "{a:?} {b:?}");
     }

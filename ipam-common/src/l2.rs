@@ -20,14 +20,10 @@ const _: () = assert!(core::mem::size_of::<ResponderKey>() == 20);
 impl ResponderKey {
     /// Key for an IPv4 address given as its four octets.
     pub const fn v4(octets: [u8; 4], ifindex: u32) -> Self {
-        let mut addr = [0u8; 16];
-        addr[10] = 0xff;
-        addr[11] = 0xff;
-        addr[12] = octets[0];
-        addr[13] = octets[1];
-        addr[14] = octets[2];
-        addr[15] = octets[3];
-        Self { addr, ifindex }
+        Self {
+            addr: crate::ipv4_mapped(octets),
+            ifindex,
+        }
     }
 
     /// Key for an IPv6 address given as its sixteen octets.

@@ -5,6 +5,20 @@
 #![no_std]
 
 pub mod l2;
+pub mod pod;
+
+/// `::ffff:a.b.c.d`: how maps keyed by address store IPv4, so one key type serves both families
+/// and a v4 key can never collide with a real v6 address.
+pub const fn ipv4_mapped(octets: [u8; 4]) -> [u8; 16] {
+    let mut addr = [0u8; 16];
+    addr[10] = 0xff;
+    addr[11] = 0xff;
+    addr[12] = octets[0];
+    addr[13] = octets[1];
+    addr[14] = octets[2];
+    addr[15] = octets[3];
+    addr
+}
 
 /// Names of the maps in the eBPF object. They must equal the `static` names in `ipam-ebpf`
 /// (BTF-defined maps take their name from the static); the daemon's loader fails with a clear
@@ -16,6 +30,10 @@ pub mod map_names {
     pub const L2_RESPONDER_CONFIG: &str = "L2_RESPONDER_CONFIG";
     /// Per-CPU counters indexed by `l2::ResponderStat`.
     pub const L2_RESPONDER_STATS: &str = "L2_RESPONDER_STATS";
+    /// `pod address -> PodEndpoint`: the pods of this node and where they live.
+    pub const POD_ENDPOINTS: &str = "POD_ENDPOINTS";
+    /// Per-CPU counters indexed by `pod::PodStat`.
+    pub const POD_DATAPATH_STATS: &str = "POD_DATAPATH_STATS";
 }
 
 /// Names of the programs in the eBPF object.
@@ -24,4 +42,8 @@ pub mod program_names {
     pub const L2_RESPONDER_XDP: &str = "l2_responder_xdp";
     /// The same responder attached at TC ingress (veth and other virtual devices, where it is faster).
     pub const L2_RESPONDER_TC: &str = "l2_responder_tc";
+    /// TC ingress of each pod's host-side veth: what the pod sends (anti-spoofing, local delivery).
+    pub const POD_FROM_CONTAINER: &str = "pod_from_container";
+    /// TC ingress of the node's uplink: delivers traffic for local pods straight to them.
+    pub const POD_FROM_UPLINK: &str = "pod_from_uplink";
 }

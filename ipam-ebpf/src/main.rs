@@ -3,6 +3,9 @@
 //! `l2_responder` answers ARP requests and IPv6 neighbour solicitations for announced IPs. Its
 //! logic is written once (`l2_responder::respond`) and attached in two forms: XDP, for NICs with
 //! native XDP, and TC ingress, for veth and other virtual devices where TC measured faster.
+//!
+//! `pod_datapath` routes pod traffic at TC: `pod_from_container` on each pod's host-side veth,
+//! `pod_from_uplink` on the node's uplink.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -12,12 +15,14 @@ mod l2_responder;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod packet;
+#[cfg(target_arch = "bpf")]
+mod pod_datapath;
 
 #[cfg(target_arch = "bpf")]
 mod programs {
     use aya_ebpf::{
-        bindings::{TC_ACT_OK, xdp_action},
-        helpers::bpf_redirect,
+        bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+        helpers::{bpf_redirect, bpf_redirect_peer},
         macros::{classifier, xdp},
         programs::{TcContext, XdpContext},
     };
@@ -25,6 +30,7 @@ mod programs {
     use crate::{
         l2_responder::{self, Verdict},
         packet::Frame,
+        pod_datapath,
     };
 
     /// Longest prefix of a frame the responder reads: Ethernet + IPv6 + NS with one option.
@@ -41,18 +47,8 @@ mod programs {
 
     #[classifier]
     pub fn l2_responder_tc(ctx: TcContext) -> i32 {
-        // A frame split over pages would hide its headers from direct access: pull the few bytes
-        // the responder reads into the linear area, only in the rare case they are not there yet.
-        let linear = (ctx.data_end() - ctx.data()) as u32;
-        if linear < RESPONDER_HEADROOM && ctx.len() > linear {
-            let want = if ctx.len() < RESPONDER_HEADROOM {
-                ctx.len()
-            } else {
-                RESPONDER_HEADROOM
-            };
-            if ctx.pull_data(want).is_err() {
-                return TC_ACT_OK as i32;
-            }
+        if !pull_headers(&ctx, RESPONDER_HEADROOM) {
+            return TC_ACT_OK as i32;
         }
         // SAFETY: `skb` is the context pointer the kernel passed to this program.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
@@ -63,6 +59,53 @@ mod programs {
             // SAFETY: plain helper call; flags 0 means egress.
             Verdict::Reply => unsafe { bpf_redirect(ifindex, 0) as i32 },
         }
+    }
+
+    #[classifier]
+    pub fn pod_from_container(ctx: TcContext) -> i32 {
+        if !pull_headers(&ctx, pod_datapath::HEADROOM) {
+            return TC_ACT_SHOT;
+        }
+        // SAFETY: `skb` is the context pointer the kernel passed to this program.
+        let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+        let mut frame = Frame::new(ctx.data(), ctx.data_end());
+        pod_action(pod_datapath::from_container(&mut frame, ifindex))
+    }
+
+    #[classifier]
+    pub fn pod_from_uplink(ctx: TcContext) -> i32 {
+        if !pull_headers(&ctx, pod_datapath::HEADROOM) {
+            return TC_ACT_OK as i32;
+        }
+        let mut frame = Frame::new(ctx.data(), ctx.data_end());
+        pod_action(pod_datapath::from_uplink(&mut frame))
+    }
+
+    #[inline(always)]
+    fn pod_action(verdict: pod_datapath::Verdict) -> i32 {
+        match verdict {
+            pod_datapath::Verdict::Stack => TC_ACT_OK as i32,
+            pod_datapath::Verdict::Drop => TC_ACT_SHOT,
+            // Into the pod's namespace directly: the frame skips the host's backlog queue and
+            // the veth transmit path (SAFETY: plain helper call, flags must be 0).
+            pod_datapath::Verdict::Deliver { host_ifindex } => unsafe {
+                bpf_redirect_peer(host_ifindex, 0) as i32
+            },
+        }
+    }
+
+    /// Makes sure the first `want` bytes of the packet (or all of it, when shorter) are in the
+    /// linear area, where the programs read headers directly. A frame split over pages would
+    /// otherwise hide its headers; pulling is only done in that rare case. `false` when the
+    /// kernel could not pull.
+    #[inline(always)]
+    fn pull_headers(ctx: &TcContext, want: u32) -> bool {
+        let linear = (ctx.data_end() - ctx.data()) as u32;
+        if linear >= want || ctx.len() <= linear {
+            return true;
+        }
+        let want = if ctx.len() < want { ctx.len() } else { want };
+        ctx.pull_data(want).is_ok()
     }
 }
 

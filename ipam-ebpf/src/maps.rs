@@ -1,11 +1,12 @@
 //! The maps of the eBPF object. Their names (the static names) and capacities are defined in
 //! `ipam-common`, which the daemon reads too.
 use aya_ebpf::{
-    btf_maps::{Array, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
-use ipam_common::l2::{
-    L2_RESPONDER_CAPACITY, L2Announcement, ResponderConfig, ResponderKey, ResponderStat,
+use ipam_common::{
+    l2::{L2_RESPONDER_CAPACITY, L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
+    pod::{EndpointKey, POD_ENDPOINTS_CAPACITY, PodEndpoint, PodStat},
 };
 
 #[btf_map]
@@ -22,6 +23,22 @@ pub static L2_RESPONDER_STATS: PerCpuArray<u64, { ResponderStat::COUNT }> = PerC
 #[inline(always)]
 pub fn count(stat: ResponderStat) {
     if let Some(counter) = L2_RESPONDER_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, only this program on this CPU writes it (no preemption in BPF).
+        unsafe { *counter += 1 };
+    }
+}
+
+#[btf_map]
+pub static POD_ENDPOINTS: HashMap<EndpointKey, PodEndpoint, POD_ENDPOINTS_CAPACITY> =
+    HashMap::new();
+
+#[btf_map]
+pub static POD_DATAPATH_STATS: PerCpuArray<u64, { PodStat::COUNT }> = PerCpuArray::new();
+
+/// Adds one to a pod datapath counter of this CPU.
+#[inline(always)]
+pub fn count_pod(stat: PodStat) {
+    if let Some(counter) = POD_DATAPATH_STATS.get_ptr_mut(stat as u32) {
         // SAFETY: per-CPU slot, only this program on this CPU writes it (no preemption in BPF).
         unsafe { *counter += 1 };
     }

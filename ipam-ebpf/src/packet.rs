@@ -32,6 +32,7 @@ pub struct EthHdr {
 }
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 
 /// `true` for group (multicast or broadcast) MAC addresses.
@@ -44,3 +45,30 @@ pub fn is_group_mac(mac: &[u8; 6]) -> bool {
 pub fn is_broadcast_mac(mac: &[u8; 6]) -> bool {
     mac[0] & mac[1] & mac[2] & mac[3] & mac[4] & mac[5] == 0xff
 }
+
+/// IPv4 header without options (the fields this datapath reads or rewrites).
+#[repr(C)]
+pub struct Ipv4Hdr {
+    pub version_ihl: u8,
+    pub tos: u8,
+    pub total_len: [u8; 2],
+    pub id: [u8; 2],
+    pub frag_off: [u8; 2],
+    pub ttl: u8,
+    pub protocol: u8,
+    pub check: [u8; 2],
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+}
+
+/// IPv6 fixed header.
+#[repr(C)]
+pub struct Ipv6Hdr {
+    pub vtc_flow: [u8; 4],
+    pub payload_len: [u8; 2],
+    pub next_header: u8,
+    pub hop_limit: u8,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+}
+pub const IPV6_HLEN: usize = 40;

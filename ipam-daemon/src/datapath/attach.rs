@@ -287,7 +287,7 @@ fn pinned_links(root: &Path) -> Result<Vec<(String, AttachForm, String, u32)>, D
         .collect())
 }
 
-fn pin_error(
+pub(super) fn pin_error(
     interface: &str,
     path: &Path,
     source: impl std::error::Error + Send + Sync + 'static,

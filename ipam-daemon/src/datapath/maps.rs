@@ -64,37 +64,19 @@ impl ResponderMaps {
     /// Takes the maps out of a freshly loaded object, checking that maps reused from pins have
     /// the layout this build expects.
     pub(super) fn take(ebpf: &mut aya::Ebpf, maps_dir: &Path) -> Result<Self, DatapathError> {
-        let mut take = |name: &'static str| -> Result<Map, DatapathError> {
-            let map = ebpf
-                .take_map(name)
-                .ok_or(DatapathError::MissingMap { name })?;
-            check_layout(name, &maps_dir.join(name), &map)?;
-            Ok(map)
-        };
         Self::from_maps(
-            take(map_names::L2_RESPONDER)?,
-            take(map_names::L2_RESPONDER_CONFIG)?,
-            take(map_names::L2_RESPONDER_STATS)?,
+            take_checked(ebpf, maps_dir, map_names::L2_RESPONDER)?,
+            take_checked(ebpf, maps_dir, map_names::L2_RESPONDER_CONFIG)?,
+            take_checked(ebpf, maps_dir, map_names::L2_RESPONDER_STATS)?,
         )
     }
 
     /// Opens the maps pinned by a running (or stopped) daemon under `root`, e.g. for `ipamctl`.
     pub fn from_pins(root: &Path) -> Result<Self, DatapathError> {
-        let open = |name: &'static str| -> Result<Map, DatapathError> {
-            let path = root.join("maps").join(name);
-            let data = MapData::from_pin(&path).map_err(|source| DatapathError::NotPinned {
-                name,
-                path: path.clone(),
-                source: Box::new(source),
-            })?;
-            let map = Map::from_map_data(data).map_err(|source| map_error(name, source))?;
-            check_layout(name, &path, &map)?;
-            Ok(map)
-        };
         Self::from_maps(
-            open(map_names::L2_RESPONDER)?,
-            open(map_names::L2_RESPONDER_CONFIG)?,
-            open(map_names::L2_RESPONDER_STATS)?,
+            open_pinned(root, map_names::L2_RESPONDER)?,
+            open_pinned(root, map_names::L2_RESPONDER_CONFIG)?,
+            open_pinned(root, map_names::L2_RESPONDER_STATS)?,
         )
     }
 
@@ -200,11 +182,38 @@ impl ResponderMaps {
     }
 }
 
-fn map_error(name: &'static str, source: aya::maps::MapError) -> DatapathError {
+pub(super) fn map_error(name: &'static str, source: aya::maps::MapError) -> DatapathError {
     DatapathError::Map {
         name,
         source: Box::new(source),
     }
+}
+
+/// Opens the map `name` pinned under `root` and checks its layout.
+pub(super) fn open_pinned(root: &Path, name: &'static str) -> Result<Map, DatapathError> {
+    let path = root.join("maps").join(name);
+    let data = MapData::from_pin(&path).map_err(|source| DatapathError::NotPinned {
+        name,
+        path: path.clone(),
+        source: Box::new(source),
+    })?;
+    let map = Map::from_map_data(data).map_err(|source| map_error(name, source))?;
+    check_layout(name, &path, &map)?;
+    Ok(map)
+}
+
+/// Takes the map `name` out of a freshly loaded object and checks its layout (a map reused from
+/// a pin may have been created by another build).
+pub(super) fn take_checked(
+    ebpf: &mut aya::Ebpf,
+    maps_dir: &Path,
+    name: &'static str,
+) -> Result<Map, DatapathError> {
+    let map = ebpf
+        .take_map(name)
+        .ok_or(DatapathError::MissingMap { name })?;
+    check_layout(name, &maps_dir.join(name), &map)?;
+    Ok(map)
 }
 
 /// Key and value sizes each map must have in this build.
@@ -216,13 +225,21 @@ fn expected_layout(name: &str) -> (u32, u32) {
             size(size_of::<L2Announcement>()),
         ),
         map_names::L2_RESPONDER_CONFIG => (4, size(size_of::<ResponderConfig>())),
+        map_names::POD_ENDPOINTS => (
+            size(size_of::<ipam_common::pod::EndpointKey>()),
+            size(size_of::<ipam_common::pod::PodEndpoint>()),
+        ),
         _ => (4, 8),
     }
 }
 
-fn check_layout(name: &'static str, path: &Path, map: &Map) -> Result<(), DatapathError> {
+pub(super) fn check_layout(
+    name: &'static str,
+    path: &Path,
+    map: &Map,
+) -> Result<(), DatapathError> {
     let data = match map {
-        Map::PerCpuHashMap(d) | Map::Array(d) | Map::PerCpuArray(d) => d,
+        Map::PerCpuHashMap(d) | Map::HashMap(d) | Map::Array(d) | Map::PerCpuArray(d) => d,
         _ => return Err(DatapathError::MissingMap { name }),
     };
     let info = data.info().map_err(|e| map_error(name, e))?;

@@ -4,13 +4,15 @@
 //!
 //! Layout under the root (default `/sys/fs/bpf/ipam`):
 //! - `maps/<MAP_NAME>`: maps, reused as they are by the next daemon (state survives restarts);
-//! - `links/<program>-<form>-<interface>-<ifindex>`: attachments, adopted by the next daemon,
+//! - `links/l2_responder-<form>-<interface>-<ifindex>` and `links/<pod program>-<interface>-<ifindex>`: attachments, adopted by the next daemon,
 //!   which swaps in its freshly loaded program atomically (`bpf_link_update`).
 
 mod attach;
 mod bpffs;
 mod error;
 mod maps;
+mod pod_attach;
+mod pod_maps;
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +25,8 @@ use ipam_common::{map_names, program_names};
 pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
 pub use error::DatapathError;
 pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
+pub use pod_attach::{PodLink, PodProgram, pinned_pod_links};
+pub use pod_maps::{PodMaps, PodStats, endpoint_key};
 
 /// The eBPF object built by `build.rs` from `ipam-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ipam-ebpf"));
@@ -32,6 +36,7 @@ pub struct Datapath {
     root: PathBuf,
     ebpf: Ebpf,
     responder: ResponderMaps,
+    pods: PodMaps,
 }
 
 impl Datapath {
@@ -45,6 +50,8 @@ impl Datapath {
             map_names::L2_RESPONDER,
             map_names::L2_RESPONDER_CONFIG,
             map_names::L2_RESPONDER_STATS,
+            map_names::POD_ENDPOINTS,
+            map_names::POD_DATAPATH_STATS,
         ] {
             loader.map_pin_path(name, maps_dir.join(name));
         }
@@ -57,14 +64,18 @@ impl Datapath {
         for name in [
             program_names::L2_RESPONDER_XDP,
             program_names::L2_RESPONDER_TC,
+            program_names::POD_FROM_CONTAINER,
+            program_names::POD_FROM_UPLINK,
         ] {
             load_program(&mut ebpf, name)?;
         }
         let responder = ResponderMaps::take(&mut ebpf, &maps_dir)?;
+        let pods = PodMaps::take(&mut ebpf, &maps_dir)?;
         Ok(Self {
             root: root.to_owned(),
             ebpf,
             responder,
+            pods,
         })
     }
 
@@ -76,6 +87,11 @@ impl Datapath {
     /// The responder's maps: announcements, liveness gate and counters.
     pub fn responder(&mut self) -> &mut ResponderMaps {
         &mut self.responder
+    }
+
+    /// The pod datapath's maps: endpoints and counters.
+    pub fn pods(&mut self) -> &mut PodMaps {
+        &mut self.pods
     }
 
     /// The responder in its XDP form (also what `BPF_PROG_TEST_RUN` tests and benchmarks run).

@@ -2,4 +2,5 @@
 
 pub mod frames;
 pub mod iface;
+pub mod netlink;
 pub mod packet_socket;

@@ -11,19 +11,8 @@ use ipam_common::l2::{ResponderKey, ResponderStat};
 use super::{Verdict, liveness};
 use crate::{
     maps::{L2_RESPONDER, count},
-    packet::{ETH_HLEN, EthHdr, Frame, is_group_mac},
+    packet::{ETH_HLEN, EthHdr, Frame, IPV6_HLEN, Ipv6Hdr, is_group_mac},
 };
-
-#[repr(C)]
-struct Ipv6Hdr {
-    vtc_flow: [u8; 4],
-    payload_len: [u8; 2],
-    next_header: u8,
-    hop_limit: u8,
-    src: [u8; 16],
-    dst: [u8; 16],
-}
-const IPV6_HLEN: usize = 40;
 
 /// An NS or NA message with room for one 8-byte link-layer address option.
 #[repr(C)]

@@ -1,0 +1,89 @@
+//! Types of the pod datapath: which addresses belong to which local pod, and its counters.
+
+/// Maximum number of pod addresses (all families) one node can hold in the endpoint map.
+pub const POD_ENDPOINTS_CAPACITY: usize = 65_536;
+
+/// Key of the endpoint map: one pod address, IPv4 stored IPv4-mapped (`::ffff:a.b.c.d`) as in
+/// the responder map, so one map serves both families.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointKey {
+    /// The address in network byte order.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<EndpointKey>() == 16);
+
+impl EndpointKey {
+    /// Key for an IPv4 address given as its four octets.
+    pub const fn v4(octets: [u8; 4]) -> Self {
+        Self {
+            addr: crate::ipv4_mapped(octets),
+        }
+    }
+
+    /// Key for an IPv6 address given as its sixteen octets.
+    pub const fn v6(octets: [u8; 16]) -> Self {
+        Self { addr: octets }
+    }
+}
+
+/// Value of the endpoint map: where a local pod address lives and how to hand it a frame.
+///
+/// Written by the daemon when a pod is registered (CNI ADD), removed on CNI DEL.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodEndpoint {
+    /// The host side of the pod's veth pair: frames for the pod are redirected to its peer, and
+    /// frames from the pod must arrive on it (anti-spoofing).
+    pub host_ifindex: u32,
+    /// MAC address of the pod's interface (destination of delivered frames).
+    pub pod_mac: [u8; 6],
+    /// MAC address of the host side (source of delivered frames: the pod's gateway).
+    pub host_mac: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<PodEndpoint>() == 16);
+
+/// Indexes of the pod datapath's per-CPU counters.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodStat {
+    /// Packets delivered straight into a local pod (`bpf_redirect_peer`).
+    Delivered = 0,
+    /// Packets left to the kernel stack (host addresses, other nodes, outside).
+    ToStack = 1,
+    /// Packets from a pod whose source address is not one of that pod's addresses: dropped.
+    SpoofDropped = 2,
+    /// Frames from a pod that are neither IP nor ARP: dropped.
+    UnsupportedDropped = 3,
+}
+
+impl PodStat {
+    /// Number of counters (size of the stats map).
+    pub const COUNT: usize = 4;
+    /// All counters, in index order.
+    pub const ALL: [PodStat; Self::COUNT] = [
+        Self::Delivered,
+        Self::ToStack,
+        Self::SpoofDropped,
+        Self::UnsupportedDropped,
+    ];
+
+    /// A short name for CLIs and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::ToStack => "to_stack",
+            Self::SpoofDropped => "spoof_dropped",
+            Self::UnsupportedDropped => "unsupported_dropped",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain-old-data, `#[repr(C)]`, every bit pattern valid, no implicit padding
+    // (sizes asserted above).
+    unsafe impl aya::Pod for super::EndpointKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PodEndpoint {}
+}

@@ -79,6 +79,14 @@ pub struct IpamSettings {
     /// Kubernetes mode: the node's blocks (Node.spec.podCIDRs).
     #[serde(default)]
     pub pod_cidrs: Vec<Cidr>,
+    /// The device the daemon creates and keeps that holds the node's router addresses (the pods'
+    /// gateway), like Cilium's `cilium_host`.
+    #[serde(default = "default_host_device")]
+    pub host_device: String,
+    /// Interfaces where traffic for local pods arrives from other hosts; the pod datapath is
+    /// attached there so it reaches pods without the host's routing.
+    #[serde(default)]
+    pub uplinks: Vec<String>,
     /// Pools written to the store on start and on reload.
     #[serde(default, rename = "pool")]
     pub pools: Vec<PoolConfig>,
@@ -96,6 +104,10 @@ fn default_node_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "node".to_owned())
+}
+
+fn default_host_device() -> String {
+    "ipam_host".to_owned()
 }
 
 fn default_socket() -> PathBuf {

@@ -23,6 +23,30 @@ pub struct IpamNode {
 impl IpamNode {
     /// Prepares the node: pool `default` over `cidr` cut into `/mask` blocks. No daemon yet.
     pub fn new(tag: &str, cidr: &str, mask: u8) -> Self {
+        Self::with_ipam(
+            tag,
+            &format!(
+                "families = [\"v4\"]\n\n[[ipam.pool]]\nname = \"default\"\n\
+                 ipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\n"
+            ),
+        )
+    }
+
+    /// A dual-stack node: pool `default` with an IPv4 and an IPv6 CIDR, and the pod datapath on
+    /// `uplinks`.
+    pub fn dual_stack(tag: &str, v4: (&str, u8), v6: (&str, u8), uplinks: &[&str]) -> Self {
+        Self::with_ipam(
+            tag,
+            &format!(
+                "families = [\"v4\", \"v6\"]\nuplinks = {uplinks:?}\n\n[[ipam.pool]]\nname = \"default\"\n\
+                 ipv4 = {{ cidrs = [\"{}\"], maskSize = {} }}\n\
+                 ipv6 = {{ cidrs = [\"{}\"], maskSize = {} }}\n",
+                v4.0, v4.1, v6.0, v6.1
+            ),
+        )
+    }
+
+    fn with_ipam(tag: &str, ipam: &str) -> Self {
         let ns = Netns::new(tag);
         let root = BpffsRoot::new();
         let dir = TempDir::new(&format!("{tag}-"));
@@ -31,8 +55,7 @@ impl IpamNode {
             &config.0,
             format!(
                 "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"{tag}\"\n\
-                 store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\n\
-                 [[ipam.pool]]\nname = \"default\"\nipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\n",
+                 store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n{ipam}",
                 root.0.display(),
                 d = dir.0.display()
             ),
@@ -44,6 +67,11 @@ impl IpamNode {
             config,
             _root: root,
         }
+    }
+
+    /// The bpffs root of the node's datapath.
+    pub fn bpffs_root(&self) -> &std::path::Path {
+        &self._root.0
     }
 
     /// The daemon's API socket.

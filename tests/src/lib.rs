@@ -4,9 +4,11 @@
 //! Every name carries the process id and a counter, so tests run in parallel and again after a
 //! crash without colliding; traffic only flows between namespaces a test made itself.
 
+pub mod cni;
 pub mod daemon;
 pub mod ipam_node;
 pub mod netns;
+pub mod pod_net;
 pub mod resolve;
 pub mod rng;
 

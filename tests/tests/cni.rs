@@ -6,16 +6,18 @@
 
 use std::{
     collections::HashSet,
-    io::Write as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
-use ipam_tests::{daemon::Daemon, ipam_node::IpamNode, netns::Netns, workspace_binary};
+use ipam_tests::{
+    cni::{DEBIAN_CNI, run_cni},
+    daemon::Daemon,
+    ipam_node::IpamNode,
+    netns::Netns,
+    workspace_binary,
+};
 use serde_json::{Value, json};
-
-const DEBIAN_CNI: &str = "/usr/lib/cni";
 
 struct Node {
     ipam: IpamNode,
@@ -54,64 +56,6 @@ impl Node {
             conf,
         )
     }
-}
-
-fn run_cni(
-    binary: &Path,
-    node_ns: Option<&Netns>,
-    command: &str,
-    container: &str,
-    ifname: &str,
-    pod_ns: Option<&Netns>,
-    conf: &Value,
-) -> (bool, Value) {
-    let mut cmd = match node_ns {
-        // Main plugins act in the node's namespace, as a runtime on the node would run them.
-        Some(ns) => {
-            let mut c = Command::new("nsenter");
-            c.arg(format!("--net={}", ns.path().display())).arg(binary);
-            c
-        }
-        None => Command::new(binary),
-    };
-    let plugin_dir = workspace_binary("ipam-cni").parent().unwrap().to_owned();
-    cmd.env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_IFNAME", ifname)
-        .env(
-            "CNI_NETNS",
-            pod_ns
-                .map(|n| n.path().display().to_string())
-                .unwrap_or_default(),
-        )
-        .env(
-            "CNI_ARGS",
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=test",
-        )
-        .env("CNI_PATH", format!("{}:{DEBIAN_CNI}", plugin_dir.display()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("run CNI plugin");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json = if text.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(text.trim()).unwrap_or_else(|e| {
-            panic!(
-                "plugin printed non-JSON ({e}): {text}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-    };
-    (out.status.success(), json)
 }
 
 fn address(result: &Value) -> String {

@@ -28,6 +28,76 @@ pub enum Request {
     Gc { valid: Vec<AttachmentId> },
     /// Ready to serve ADD?
     Status,
+    /// A pod interface was set up (CNI ADD, main plugin): program the datapath for it.
+    RegisterEndpoint(Endpoint),
+    /// A pod interface goes away (CNI DEL): forget it in the datapath. Idempotent.
+    RemoveEndpoint(AttachmentId),
+    /// The registered endpoints, with the datapath's counters (ipamctl).
+    Endpoints,
+}
+
+/// A pod interface set up by the main plugin: its addresses and where it is attached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    #[serde(flatten)]
+    pub id: AttachmentId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The pod's network namespace (CNI_NETNS).
+    pub netns: String,
+    /// The host side of the pod's veth pair.
+    pub host_ifname: String,
+    pub host_ifindex: u32,
+    pub host_mac: Mac,
+    /// MAC of the interface inside the pod.
+    pub pod_mac: Mac,
+    /// The pod's addresses on this interface (allocated by the daemon to this attachment).
+    pub ips: Vec<IpAddr>,
+}
+
+/// A MAC address, written `aa:bb:cc:dd:ee:ff` in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Mac(pub [u8; 6]);
+
+impl std::fmt::Display for Mac {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl std::str::FromStr for Mac {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut out = [0u8; 6];
+        let mut parts = s.split(':');
+        for byte in &mut out {
+            let part = parts
+                .next()
+                .ok_or_else(|| format!("MAC {s:?} is too short"))?;
+            *byte = u8::from_str_radix(part, 16)
+                .map_err(|_| format!("MAC {s:?}: bad byte {part:?}"))?;
+        }
+        if parts.next().is_some() {
+            return Err(format!("MAC {s:?} is too long"));
+        }
+        Ok(Self(out))
+    }
+}
+
+impl Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// The identity CNI uses for an attachment.
@@ -81,12 +151,32 @@ pub struct AllocatedIp {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "kebab-case")]
 pub enum Response {
-    Allocated { ips: Vec<AllocatedIp> },
-    Released { ips: Vec<IpAddr> },
-    Checked { ips: Vec<AllocatedIp> },
-    Collected { released: Vec<AttachmentId> },
+    Allocated {
+        ips: Vec<AllocatedIp>,
+    },
+    Released {
+        ips: Vec<IpAddr>,
+    },
+    Checked {
+        ips: Vec<AllocatedIp>,
+    },
+    Collected {
+        released: Vec<AttachmentId>,
+    },
     Ready,
-    Error { code: ErrorCode, message: String },
+    Registered,
+    /// The endpoint that was removed, if there was one.
+    EndpointRemoved {
+        endpoint: Option<Endpoint>,
+    },
+    Endpoints {
+        endpoints: Vec<Endpoint>,
+        stats: Vec<(String, u64)>,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// Error kinds, mapped onto CNI error codes by the plugin.

@@ -24,6 +24,8 @@ pub struct Invocation {
     pub command: Command,
     pub container_id: Option<String>,
     pub ifname: Option<String>,
+    /// CNI_NETNS: the pod's network namespace (a path).
+    pub netns: Option<String>,
     /// CNI_ARGS, e.g. K8S_POD_NAMESPACE, K8S_POD_NAME.
     pub args: BTreeMap<String, String>,
 }
@@ -65,6 +67,15 @@ pub struct NetConf {
     #[serde(rename = "type", default)]
     pub kind: String,
     pub ipam: Option<IpamSection>,
+    /// Main-plugin mode: ipamd's API socket (default /run/ipam/ipamd.sock).
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
+    /// Main-plugin mode: the deadline for an answer from ipamd.
+    #[serde(rename = "timeoutMs", default)]
+    pub timeout_ms: Option<u64>,
+    /// Main-plugin mode: MTU of the pod's interface and its host side (default 1500).
+    #[serde(default)]
+    pub mtu: Option<u32>,
     #[serde(rename = "prevResult", default)]
     pub prev_result: Option<Value>,
     #[serde(rename = "cni.dev/valid-attachments", default)]
@@ -117,6 +128,7 @@ impl Invocation {
             command,
             container_id: get("CNI_CONTAINERID").filter(|s| !s.is_empty()),
             ifname: get("CNI_IFNAME").filter(|s| !s.is_empty()),
+            netns: get("CNI_NETNS").filter(|s| !s.is_empty()),
             args,
         };
         if matches!(command, Command::Add | Command::Del | Command::Check) {
@@ -163,26 +175,66 @@ impl NetConf {
         })
     }
 
-    /// Our IPAM section, or an error saying how to configure the plugin.
-    pub fn ipam(&self) -> Result<&IpamSection, CniError> {
+    /// How the plugin is used, with its settings, or an error saying how to configure it.
+    pub fn settings(&self) -> Result<PluginSettings, CniError> {
+        if self.kind == "ipam-cni" {
+            if let Some(ipam) = &self.ipam {
+                return Err(CniError::new(
+                    7,
+                    format!(
+                        "network {}: as the main plugin, ipam-cni allocates addresses itself;                          remove the \"ipam\" section (type {:?})",
+                        self.name, ipam.kind
+                    ),
+                ));
+            }
+            let mtu = self.mtu.unwrap_or(DEFAULT_MTU);
+            if !(68..=65_535).contains(&mtu) {
+                return Err(CniError::new(
+                    7,
+                    format!(
+                        "network {}: mtu {mtu} is out of range (68-65535)",
+                        self.name
+                    ),
+                ));
+            }
+            return Ok(PluginSettings {
+                role: Role::Main { mtu },
+                socket: self.socket.clone().unwrap_or_else(default_socket),
+                timeout: Duration::from_millis(self.timeout_ms.unwrap_or_else(default_timeout_ms)),
+            });
+        }
         match &self.ipam {
-            Some(section) if section.kind == "ipam-cni" => Ok(section),
-            _ if self.kind == "ipam-cni" => Err(CniError::new(
-                7,
-                format!(
-                    "network {}: ipam-cni works as an IPAM plugin in this version; name it in the \
-                     \"ipam\" section of a main plugin such as bridge or ptp (\"ipam\": {{\"type\": \
-                     \"ipam-cni\"}})",
-                    self.name
-                ),
-            )),
+            Some(section) if section.kind == "ipam-cni" => Ok(PluginSettings {
+                role: Role::Ipam,
+                socket: section.socket.clone(),
+                timeout: section.timeout(),
+            }),
             _ => Err(CniError::new(
                 7,
                 format!(
-                    "network {}: no \"ipam\" section with \"type\": \"ipam-cni\"",
+                    "network {}: no \"ipam\" section with \"type\": \"ipam-cni\"; use                      \"type\": \"ipam-cni\" for the whole network, or name it in the \"ipam\"                      section of a main plugin such as bridge or ptp",
                     self.name
                 ),
             )),
         }
     }
+}
+
+/// MTU of pod interfaces when the configuration does not say.
+pub const DEFAULT_MTU: u32 = 1500;
+
+/// How the plugin is used in this network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `"type": "ipam-cni"`: creates the pod's interface and programs the datapath.
+    Main { mtu: u32 },
+    /// `"ipam": {"type": "ipam-cni"}` under another main plugin: addresses only.
+    Ipam,
+}
+
+#[derive(Debug, Clone)]
+pub struct PluginSettings {
+    pub role: Role,
+    pub socket: PathBuf,
+    pub timeout: Duration,
 }

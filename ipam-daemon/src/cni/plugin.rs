@@ -4,7 +4,8 @@
 use serde_json::Value;
 
 use super::{
-    invocation::{Command, Invocation, NetConf},
+    invocation::{Command, Invocation, NetConf, Role},
+    pod_network,
     result::{CniError, SUPPORTED_VERSIONS, code, ipam_result, version_result},
 };
 use crate::api::{
@@ -62,9 +63,9 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
             ),
         ));
     }
-    let ipam = conf.ipam()?;
+    let settings = conf.settings()?;
     let call = |request: Request| -> Result<Response, CniError> {
-        client::call(&ipam.socket, &request, ipam.timeout()).map_err(|e| match e {
+        client::call(&settings.socket, &request, settings.timeout).map_err(|e| match e {
             // The daemon is down or slow: the runtime should retry, not give up.
             ClientError::Unreachable { .. } | ClientError::Timeout { .. } => {
                 CniError::new(code::TRY_AGAIN_LATER, e.to_string())
@@ -76,15 +77,52 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         id: inv.attachment(),
         pod: inv.pod(),
     };
+    let main_mtu = match settings.role {
+        Role::Main { mtu } => Some(mtu),
+        Role::Ipam => None,
+    };
     match inv.command {
-        Command::Add => match call(Request::Allocate(attachment()))? {
-            Response::Allocated { ips } => Ok(Some(ipam_result(&conf.cni_version, &ips))),
-            other => Err(from_response(other)),
-        },
-        Command::Del => match call(Request::Release(attachment()))? {
-            Response::Released { .. } => Ok(None),
-            other => Err(from_response(other)),
-        },
+        Command::Add => {
+            let ips = match call(Request::Allocate(attachment()))? {
+                Response::Allocated { ips } => ips,
+                other => return Err(from_response(other)),
+            };
+            let Some(mtu) = main_mtu else {
+                return Ok(Some(ipam_result(&conf.cni_version, &ips)));
+            };
+            let netns = netns(inv)?;
+            let iface = pod_network::set_up(inv, netns, mtu, &ips)?;
+            let endpoint = pod_network::endpoint(inv, netns, &iface, &ips);
+            match call(Request::RegisterEndpoint(endpoint)) {
+                Ok(Response::Registered) => Ok(Some(pod_network::result(
+                    &conf.cni_version,
+                    netns,
+                    &iface,
+                    &ips,
+                ))),
+                other => {
+                    // The datapath does not know the pod: do not leave it half connected.
+                    let _ = pod_network::tear_down(&inv.attachment());
+                    Err(match other {
+                        Ok(response) => from_response(response),
+                        Err(e) => e,
+                    })
+                }
+            }
+        }
+        Command::Del => {
+            if main_mtu.is_some() {
+                match call(Request::RemoveEndpoint(inv.attachment()))? {
+                    Response::EndpointRemoved { .. } => {}
+                    other => return Err(from_response(other)),
+                }
+                pod_network::tear_down(&inv.attachment())?;
+            }
+            match call(Request::Release(attachment()))? {
+                Response::Released { .. } => Ok(None),
+                other => Err(from_response(other)),
+            }
+        }
         Command::Check => match call(Request::Check(attachment()))? {
             Response::Checked { ips } => {
                 check_against_prev_result(
@@ -93,6 +131,9 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
                         .map(|i| format!("{}/{}", i.address, i.prefix_len))
                         .collect::<Vec<_>>(),
                 )?;
+                if main_mtu.is_some() {
+                    pod_network::check(inv, netns(inv)?, &ips)?;
+                }
                 Ok(None)
             }
             other => Err(from_response(other)),
@@ -112,6 +153,19 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         },
         Command::Version => unreachable!("answered before reading the configuration"),
     }
+}
+
+/// CNI_NETNS, which the main plugin needs for ADD and CHECK.
+fn netns(inv: &Invocation) -> Result<&str, CniError> {
+    inv.netns.as_deref().ok_or_else(|| {
+        CniError::new(
+            4,
+            format!(
+                "CNI_NETNS is not set; the runtime must pass the pod's network namespace for {:?}",
+                inv.command
+            ),
+        )
+    })
 }
 
 fn from_response(response: Response) -> CniError {
@@ -142,8 +196,12 @@ fn check_against_prev_result(conf: &NetConf, held: &[String]) -> Result<(), CniE
                 .collect()
         })
         .unwrap_or_default();
+    // Compare addresses only: the main plugin records host routes (/32, /128), the IPAM role
+    // the block's prefix.
+    let address_of = |a: &str| a.split('/').next().unwrap_or_default().to_owned();
+    let held_addresses: Vec<String> = held.iter().map(|h| address_of(h)).collect();
     for address in &recorded {
-        if !held.contains(address) {
+        if !held_addresses.contains(&address_of(address)) {
             return Err(CniError::new(
                 code::CHECK_FAILED,
                 format!(
@@ -194,12 +252,25 @@ mod tests {
         assert_eq!(e["code"], 6);
         let e = run(
             env(&add),
-            br#"{"cniVersion":"1.0.0","name":"n","type":"ipam-cni"}"#,
+            br#"{"cniVersion":"1.0.0","name":"n","type":"bridge"}"#,
         )
         .stdout
         .unwrap();
         assert_eq!(e["code"], 7);
         assert!(e["msg"].as_str().unwrap().contains("bridge or ptp"));
+        let e = run(
+            env(&add),
+            br#"{"cniVersion":"1.0.0","name":"n","type":"ipam-cni","ipam":{"type":"host-local"}}"#,
+        )
+        .stdout
+        .unwrap();
+        assert_eq!(e["code"], 7);
+        assert!(
+            e["msg"]
+                .as_str()
+                .unwrap()
+                .contains("remove the \"ipam\" section")
+        );
         let e = run(
             env(&add),
             br#"{"cniVersion":"9.9.9","name":"n","type":"bridge","ipam":{"type":"ipam-cni"}}"#,

@@ -11,10 +11,12 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use super::{endpoints::Endpoints, host_network::HostNetwork};
 use crate::{
     api::server::Handler,
     backoff::Backoff,
     config::IpamSettings,
+    datapath::Datapath,
     ipam::{
         Cidr, Family,
         agent::{AgentError, NodeAgent},
@@ -41,6 +43,8 @@ pub enum IpamRuntimeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot restore the pod endpoints: {0}")]
+    Endpoints(std::io::Error),
 }
 
 /// What `ipamctl ipam status` shows; written to `<state_dir>/status.json` after every pass.
@@ -75,7 +79,15 @@ pub struct IpamRuntime {
     infra: Arc<Mutex<InfraState>>,
     /// What was last written to status.json: unchanged status is not written again.
     published: Option<PublishedStatus>,
+    datapath: Arc<Mutex<Datapath>>,
+    endpoints: Arc<Endpoints>,
+    host: HostNetwork,
+    passes: u64,
 }
+
+/// Endpoints are checked against the node's interfaces every this many passes (pods deleted
+/// without CNI DEL leave entries behind until then).
+const ENDPOINT_CHECK_PASSES: u64 = 20;
 
 /// The node's router and health addresses, and what their allocation waits for.
 #[derive(Debug, Clone, Default)]
@@ -94,7 +106,10 @@ fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
 impl IpamRuntime {
     /// Opens the store and the node state, refuses a changed mode, writes the configured pools,
     /// and starts allocating the router and health addresses (waiting for a block if needed).
-    pub async fn start(settings: IpamSettings) -> Result<Self, IpamRuntimeError> {
+    pub async fn start(
+        settings: IpamSettings,
+        datapath: Arc<Mutex<Datapath>>,
+    ) -> Result<Self, IpamRuntimeError> {
         if let Some(dir) = settings.store.parent() {
             mkdir(dir)?;
         }
@@ -119,13 +134,22 @@ impl IpamRuntime {
             allocations = restored.allocations,
             "IPAM state restored"
         );
+        let endpoints = Arc::new(
+            Endpoints::open(datapath.clone(), &settings.state_dir)
+                .map_err(IpamRuntimeError::Endpoints)?,
+        );
+        log_endpoint_report(&endpoints);
         let runtime = Self {
             operator: Operator::new(settings.mode),
+            host: HostNetwork::new(settings.host_device.clone(), settings.uplinks.clone()),
             settings,
             store,
             agent,
             infra: Arc::new(Mutex::new(InfraState::default())),
             published: None,
+            datapath,
+            endpoints,
+            passes: 0,
         };
         runtime.spawn_infra();
         Ok(runtime)
@@ -198,6 +222,9 @@ impl IpamRuntime {
             infra: self.infra.clone(),
             families: self.settings.families.clone(),
             pool: self.settings.infra_pool.clone(),
+            endpoints: self.endpoints.clone(),
+            gateway_ready: self.host.gateway_ready(),
+            host_device: self.settings.host_device.clone(),
         };
         Arc::new(move |request| pods.handle(request))
     }
@@ -214,7 +241,9 @@ impl IpamRuntime {
             return Ok(());
         }
         apply_pools(&*self.store, &settings).await?;
+        self.host.set_uplinks(settings.uplinks.clone());
         self.settings.pools = settings.pools;
+        self.settings.uplinks = settings.uplinks;
         Ok(())
     }
 
@@ -225,7 +254,21 @@ impl IpamRuntime {
             tracing::info!(node = node.as_str(), pool = block.pool.as_str(), cidr = %block.cidr, "block assigned");
         }
         self.agent.sync(&*self.store).await?;
-        self.publish().await
+        self.publish().await?;
+        let routers: Vec<IpAddr> = self
+            .infra
+            .lock()
+            .expect("infra lock")
+            .addresses
+            .get(ROUTER_OWNER)
+            .map(|m| m.values().copied().collect())
+            .unwrap_or_default();
+        self.host.sync(&routers, &self.datapath).await;
+        self.passes += 1;
+        if self.passes.is_multiple_of(ENDPOINT_CHECK_PASSES) {
+            log_endpoint_report(&self.endpoints);
+        }
+        Ok(())
     }
 
     async fn publish(&mut self) -> Result<(), IpamRuntimeError> {
@@ -328,6 +371,27 @@ fn write_status(dir: &Path, status: &PublishedStatus) -> Result<(), IpamRuntimeE
             path: dir.join(STATUS_FILE),
             source,
         })
+}
+
+/// Reconciles the endpoint table with the datapath and logs what changed.
+fn log_endpoint_report(endpoints: &Endpoints) {
+    match endpoints.reconcile() {
+        Ok(report) => {
+            for owner in &report.vanished {
+                tracing::info!(owner = owner.as_str(), "endpoint's veth is gone; forgotten");
+            }
+            for ip in &report.stale_entries {
+                tracing::info!(%ip, "endpoint map entry without endpoint removed");
+            }
+            if report.adopted > 0 {
+                tracing::info!(
+                    count = report.adopted,
+                    "pod datapath links adopted from the previous run"
+                );
+            }
+        }
+        Err(e) => tracing::error!("cannot reconcile pod endpoints with the datapath: {e}"),
+    }
 }
 
 /// Reads the status the daemon published under `state_dir`.

@@ -2,10 +2,16 @@
 //! configuration, prove liveness to the responders, and run IPAM (operator and agent) when the
 //! configuration has an `[ipam]` section.
 
+pub mod endpoints;
+mod host_network;
 pub mod ipam;
 mod pods;
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use thiserror::Error;
 use tokio::signal::unix::{SignalKind, signal};
@@ -49,12 +55,14 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
         .responder()
         .heartbeat(config.datapath.liveness_timeout())?;
     tracing::info!(root = %datapath.root().display(), "datapath loaded");
+    // Shared with the API (pod endpoints); every use is a few syscalls under the lock.
+    let datapath = Arc::new(Mutex::new(datapath));
 
     let mut retry = Backoff::new(RETRY_CAP);
-    let mut retry_at = apply(&mut datapath, &config, &mut retry)?;
+    let mut retry_at = apply(&datapath, &config, &mut retry)?;
     let mut ipam = match config.ipam.clone() {
         Some(settings) => {
-            let runtime = ipam::IpamRuntime::start(settings.clone()).await?;
+            let runtime = ipam::IpamRuntime::start(settings.clone(), datapath.clone()).await?;
             // State is restored by now: every answer of the API reflects it.
             let listener = crate::api::server::bind(&settings.socket)?;
             tokio::spawn(crate::api::server::serve(listener, runtime.api_handler()));
@@ -81,12 +89,13 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
         };
         tokio::select! {
             _ = heartbeat.tick() => {
-                if let Err(e) = datapath.responder().heartbeat(config.datapath.liveness_timeout()) {
+                let beat = datapath.lock().expect("datapath lock").responder().heartbeat(config.datapath.liveness_timeout());
+                if let Err(e) = beat {
                     tracing::error!("cannot write heartbeat, responders will go silent: {e}");
                 }
             }
             () = retry_sleep => {
-                retry_at = apply(&mut datapath, &config, &mut retry)?;
+                retry_at = apply(&datapath, &config, &mut retry)?;
             }
             _ = ipam_pass.tick(), if ipam.is_some() => {
                 if let Some(runtime) = ipam.as_mut()
@@ -114,7 +123,7 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
                         config = new;
                         heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
                         retry.reset();
-                        retry_at = apply(&mut datapath, &config, &mut retry)?;
+                        retry_at = apply(&datapath, &config, &mut retry)?;
                     }
                     Err(e) => tracing::error!("keeping the running configuration: {e}"),
                 }
@@ -132,11 +141,11 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
 
 /// Reconciles once; returns when to try again if some interface could not be served.
 fn apply(
-    datapath: &mut Datapath,
+    datapath: &Mutex<Datapath>,
     config: &Config,
     retry: &mut Backoff,
 ) -> Result<Option<tokio::time::Instant>, DaemonError> {
-    let report = announcer::reconcile(datapath, config)?;
+    let report = announcer::reconcile(&mut datapath.lock().expect("datapath lock"), config)?;
     log_report(&report);
     if report.failed.is_empty() {
         retry.reset();

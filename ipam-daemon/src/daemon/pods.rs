@@ -6,7 +6,7 @@ use std::{
     sync::{Arc, Mutex, atomic::AtomicBool},
 };
 
-use super::ipam::InfraState;
+use super::{endpoints::Endpoints, ipam::InfraState};
 use crate::{
     api::types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response},
     ipam::{
@@ -23,6 +23,10 @@ pub(super) struct PodAllocations {
     pub(super) infra: Arc<Mutex<InfraState>>,
     pub(super) families: Vec<Family>,
     pub(super) pool: String,
+    pub(super) endpoints: Arc<Endpoints>,
+    /// The host device holds the router addresses (see `host_network`).
+    pub(super) gateway_ready: Arc<AtomicBool>,
+    pub(super) host_device: String,
 }
 
 fn error(code: ErrorCode, message: impl Into<String>) -> Response {
@@ -52,6 +56,21 @@ impl PodAllocations {
                 Some(why) => error(ErrorCode::NotReady, why),
                 None => Response::Ready,
             },
+            Request::RegisterEndpoint(endpoint) => {
+                let held: Vec<IpAddr> = self.held(&endpoint.id).iter().map(|i| i.address).collect();
+                self.endpoints.register(endpoint, &held)
+            }
+            Request::RemoveEndpoint(id) => match self.endpoints.remove(&id) {
+                Ok(endpoint) => Response::EndpointRemoved { endpoint },
+                Err(e) => error(ErrorCode::Failed, e),
+            },
+            Request::Endpoints => match self.endpoints.stats() {
+                Ok(stats) => Response::Endpoints {
+                    endpoints: self.endpoints.list(),
+                    stats,
+                },
+                Err(e) => error(ErrorCode::Failed, e.to_string()),
+            },
         }
     }
 
@@ -73,6 +92,13 @@ impl PodAllocations {
             .map(|f| f.name())
             .collect();
         if missing.is_empty() {
+            if !self.gateway_ready.load(std::sync::atomic::Ordering::SeqCst) {
+                return Some(format!(
+                    "ipamd is not ready: host device {} does not hold the router addresses yet; \
+                     try again later (ipamd's log says what it waits for)",
+                    self.host_device
+                ));
+            }
             return None;
         }
         let waiting = self.infra.lock().expect("infra lock").waiting.clone();
@@ -130,6 +156,10 @@ impl PodAllocations {
     }
 
     fn release(&self, id: &AttachmentId) -> Response {
+        // Never leave the datapath pointing at an address that is free again.
+        if let Err(e) = self.endpoints.remove(id) {
+            return error(ErrorCode::Failed, e);
+        }
         let owner = id.owner();
         let mut ips = Vec::new();
         for family in [Family::V4, Family::V6] {
@@ -156,6 +186,9 @@ impl PodAllocations {
 
     fn collect(&self, valid: &[AttachmentId]) -> Response {
         let valid: std::collections::HashSet<&AttachmentId> = valid.iter().collect();
+        if let Err(e) = self.endpoints.retain(&valid) {
+            return error(ErrorCode::Failed, e);
+        }
         let stale: std::collections::BTreeSet<String> = self.alloc.with(|a| {
             a.allocations()
                 .into_iter()

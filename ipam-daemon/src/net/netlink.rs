@@ -168,13 +168,19 @@ impl Netlink {
             })
     }
 
-    /// Creates a dummy device (the node's host device), unless one of that name exists.
-    pub async fn ensure_dummy(&self, name: &str) -> Result<LinkInfo, NetlinkError> {
+    /// Creates the node's host device, a veth pair `name` / `peer` in this namespace (like
+    /// Cilium's cilium_host / cilium_net; veth is there on every kernel, dummy is a module that
+    /// may be missing), unless `name` exists. Returns `name`'s link.
+    pub async fn ensure_host_pair(&self, name: &str, peer: &str) -> Result<LinkInfo, NetlinkError> {
         if let Some(link) = self.link_by_name(name).await? {
             return Ok(link);
         }
-        let message = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Dummy)
+        let peer_message = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(peer.to_owned())
+            .build();
+        let message = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
             .name(name.to_owned())
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_message)))
             .build();
         self.handle
             .link()
@@ -182,6 +188,9 @@ impl Netlink {
             .execute()
             .await
             .map_err(|e| NetlinkError::new(format!("cannot create device {name}"), to_io(e)))?;
+        if let Some(peer) = self.link_by_name(peer).await? {
+            self.set_up(peer.index).await?;
+        }
         self.link_by_name(name).await?.ok_or_else(|| {
             NetlinkError::new(
                 format!("device {name} vanished right after creation"),

@@ -1,0 +1,285 @@
+//! Main-plugin mode: the pod's interface, made by the plugin and handed to the datapath.
+//!
+//! ADD creates a veth pair whose pod end is created directly in the pod's namespace under the
+//! requested name, gives it the allocated addresses (host routes: /32 and /128), routes
+//! everything via the node's router address, and pins the router's MAC (the host side of the
+//! pair) as a permanent neighbour, so the pod never needs ARP or NDP to leave. The host side gets
+//! a route and a permanent neighbour for each pod address. Then the daemon registers the
+//! endpoint: map entries and the TC program on the host side.
+
+use std::{net::IpAddr, path::Path};
+
+use serde_json::{Value, json};
+
+use super::{
+    invocation::Invocation,
+    result::{CniError, code, ipam_result},
+};
+use crate::{
+    api::types::{AllocatedIp, AttachmentId, Endpoint, Mac},
+    net::netlink::{LinkInfo, Netlink, NetlinkError},
+};
+
+/// The host-side name of an attachment's veth: `ipam` + 11 hex digits of a hash of the
+/// attachment, so it is stable across retries and fits IFNAMSIZ (15).
+pub fn host_veth_name(id: &AttachmentId) -> String {
+    // FNV-1a, 64 bit: stable across builds and platforms (std's hasher is not).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in id.owner().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("ipam{:011x}", hash >> 20)
+}
+
+fn netlink_error(e: NetlinkError) -> CniError {
+    CniError::new(code::IO, e.to_string())
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CniError::new(code::IO, format!("cannot start the netlink runtime: {e}")))
+}
+
+fn host_bits(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+/// The two ends of a pod's veth, as set up.
+pub struct PodInterface {
+    pub host: LinkInfo,
+    pub pod: LinkInfo,
+}
+
+/// Creates (or, on a repeated ADD, completes) the pod's interface with `ips`.
+pub fn set_up(
+    inv: &Invocation,
+    netns: &str,
+    mtu: u32,
+    ips: &[AllocatedIp],
+) -> Result<PodInterface, CniError> {
+    let id = inv.attachment();
+    let host_name = host_veth_name(&id);
+    let rt = runtime()?;
+    rt.block_on(async {
+        let host = Netlink::open()
+            .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
+        let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
+        let mut created = false;
+        let host_link = match host.link_by_name(&host_name).await.map_err(netlink_error)? {
+            Some(link) => link,
+            None => {
+                if pod
+                    .link_by_name(&id.ifname)
+                    .await
+                    .map_err(netlink_error)?
+                    .is_some()
+                {
+                    return Err(CniError::new(
+                        code::IO,
+                        format!(
+                            "container {}: interface {} already exists in {netns} and is not ours; \
+                             pick another CNI_IFNAME or remove it",
+                            id.container_id, id.ifname
+                        ),
+                    ));
+                }
+                host.create_veth(&host_name, &id.ifname, Path::new(netns), mtu)
+                    .await
+                    .map_err(netlink_error)?;
+                created = true;
+                host.link_by_name(&host_name)
+                    .await
+                    .map_err(netlink_error)?
+                    .ok_or_else(|| CniError::new(code::IO, format!("veth {host_name} vanished")))?
+            }
+        };
+        let configured = configure(&host, &pod, &host_link, &id.ifname, netns, ips).await;
+        if configured.is_err() && created {
+            // Leave no half-made interface behind; the runtime's DEL and retry start clean.
+            let _ = host.delete_link(host_link.index).await;
+        }
+        configured
+    })
+}
+
+async fn configure(
+    host: &Netlink,
+    pod: &Netlink,
+    host_link: &LinkInfo,
+    ifname: &str,
+    netns: &str,
+    ips: &[AllocatedIp],
+) -> Result<PodInterface, CniError> {
+    let pod_link = pod
+        .link_by_name(ifname)
+        .await
+        .map_err(netlink_error)?
+        .ok_or_else(|| {
+            CniError::new(
+                code::IO,
+                format!("interface {ifname} is missing in {netns}; DEL and ADD again"),
+            )
+        })?;
+    host.set_up(host_link.index).await.map_err(netlink_error)?;
+    pod.set_up(pod_link.index).await.map_err(netlink_error)?;
+    for ip in ips {
+        let gateway = ip.gateway.ok_or_else(|| {
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!(
+                    "the node has no {} router address yet; try again later",
+                    ip.family.name()
+                ),
+            )
+        })?;
+        let bits = host_bits(ip.address);
+        let any = if ip.address.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        };
+        pod.add_address(pod_link.index, ip.address, bits)
+            .await
+            .map_err(netlink_error)?;
+        pod.add_route(gateway, bits, None, pod_link.index)
+            .await
+            .map_err(netlink_error)?;
+        pod.add_permanent_neighbour(pod_link.index, gateway, host_link.mac)
+            .await
+            .map_err(netlink_error)?;
+        pod.add_route(any, 0, Some(gateway), pod_link.index)
+            .await
+            .map_err(netlink_error)?;
+        host.add_route(ip.address, bits, None, host_link.index)
+            .await
+            .map_err(netlink_error)?;
+        host.add_permanent_neighbour(host_link.index, ip.address, pod_link.mac)
+            .await
+            .map_err(netlink_error)?;
+    }
+    Ok(PodInterface {
+        host: host_link.clone(),
+        pod: pod_link,
+    })
+}
+
+/// Deletes the attachment's veth pair if it is still there (the pod end goes with it).
+pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
+    let name = host_veth_name(id);
+    runtime()?.block_on(async {
+        let host = Netlink::open()
+            .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
+        if let Some(link) = host.link_by_name(&name).await.map_err(netlink_error)? {
+            match host.delete_link(link.index).await {
+                Ok(()) => {}
+                // Gone in the meantime (the pod's namespace was destroyed): what DEL wants.
+                Err(e) if e.errno() == Some(libc::ENODEV) => {}
+                Err(e) => return Err(netlink_error(e)),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// CHECK: the pod's interface exists in `netns` with every address in `ips`.
+pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), CniError> {
+    let id = inv.attachment();
+    runtime()?.block_on(async {
+        let host = Netlink::open()
+            .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
+        let failed = |msg: String| CniError::new(code::CHECK_FAILED, msg);
+        if host
+            .link_by_name(&host_veth_name(&id))
+            .await
+            .map_err(netlink_error)?
+            .is_none()
+        {
+            return Err(failed(format!(
+                "container {}: host-side veth {} is missing",
+                id.container_id,
+                host_veth_name(&id)
+            )));
+        }
+        let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
+        let link = pod
+            .link_by_name(&id.ifname)
+            .await
+            .map_err(netlink_error)?
+            .ok_or_else(|| failed(format!("interface {} is missing in {netns}", id.ifname)))?;
+        let present = pod.addresses(link.index).await.map_err(netlink_error)?;
+        for ip in ips {
+            if !present.iter().any(|(a, _)| *a == ip.address) {
+                return Err(failed(format!(
+                    "interface {} in {netns} lacks its address {}",
+                    id.ifname, ip.address
+                )));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// What the daemon is told about the new interface.
+pub fn endpoint(
+    inv: &Invocation,
+    netns: &str,
+    iface: &PodInterface,
+    ips: &[AllocatedIp],
+) -> Endpoint {
+    Endpoint {
+        id: inv.attachment(),
+        pod: inv.pod(),
+        netns: netns.to_owned(),
+        host_ifname: iface.host.name.clone(),
+        host_ifindex: iface.host.index,
+        host_mac: Mac(iface.host.mac),
+        pod_mac: Mac(iface.pod.mac),
+        ips: ips.iter().map(|i| i.address).collect(),
+    }
+}
+
+/// The ADD result of the main plugin: both interfaces, the pod's addresses (as host routes, as
+/// configured) on the pod interface, and the default routes.
+pub fn result(cni_version: &str, netns: &str, iface: &PodInterface, ips: &[AllocatedIp]) -> Value {
+    let as_configured: Vec<AllocatedIp> = ips
+        .iter()
+        .map(|ip| AllocatedIp {
+            prefix_len: host_bits(ip.address),
+            ..ip.clone()
+        })
+        .collect();
+    let mut out = ipam_result(cni_version, &as_configured);
+    out["interfaces"] = json!([
+        { "name": iface.host.name, "mac": Mac(iface.host.mac).to_string() },
+        { "name": iface.pod.name, "mac": Mac(iface.pod.mac).to_string(), "sandbox": netns },
+    ]);
+    if let Some(entries) = out["ips"].as_array_mut() {
+        for entry in entries {
+            entry["interface"] = json!(1);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_veth_names_are_stable_distinct_and_short() {
+        let a = AttachmentId {
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+        };
+        let b = AttachmentId {
+            container_id: "c1".into(),
+            ifname: "eth1".into(),
+        };
+        assert_eq!(host_veth_name(&a), host_veth_name(&a.clone()));
+        assert_ne!(host_veth_name(&a), host_veth_name(&b));
+        assert_eq!(host_veth_name(&a).len(), 15);
+    }
+}

@@ -1,0 +1,296 @@
+//! Pod endpoints: the pod interfaces the main CNI plugin set up, as the datapath must know them.
+//!
+//! The table is persisted in `<state_dir>/endpoints.json` (atomic rename) before an answer goes
+//! back, and the endpoint map plus the pod programs' links are pinned, so a restarted daemon
+//! finds both and reconciles one with the other: pods stay connected through restarts.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    io,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use ipam_common::pod::{PodEndpoint, PodStat};
+
+use crate::{
+    api::types::{AttachmentId, Endpoint, ErrorCode, Response},
+    datapath::{Datapath, DatapathError, PodProgram, pinned_pod_links},
+    net::iface,
+};
+
+const ENDPOINTS_FILE: &str = "endpoints.json";
+
+/// The registered endpoints of this node, keyed by owner (`<container id>/<ifname>`).
+pub struct Endpoints {
+    datapath: Arc<Mutex<Datapath>>,
+    file: PathBuf,
+    table: Mutex<BTreeMap<String, Endpoint>>,
+}
+
+/// What a reconciliation changed.
+#[derive(Debug, Default)]
+pub struct EndpointReport {
+    /// Endpoints whose veth is gone (pod deleted without CNI DEL): forgotten.
+    pub vanished: Vec<String>,
+    /// Map entries that belonged to no endpoint: removed.
+    pub stale_entries: Vec<IpAddr>,
+    /// Endpoints whose program link was adopted from the previous daemon.
+    pub adopted: usize,
+}
+
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
+    Response::Error {
+        code,
+        message: message.into(),
+    }
+}
+
+impl Endpoints {
+    /// Loads the persisted table (an absent file is an empty table).
+    pub fn open(datapath: Arc<Mutex<Datapath>>, state_dir: &Path) -> io::Result<Self> {
+        let file = state_dir.join(ENDPOINTS_FILE);
+        let table = match std::fs::read(&file) {
+            Ok(bytes) => serde_json::from_slice::<Vec<Endpoint>>(&bytes)
+                .map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "{} is not a valid endpoint table ({e}); move it away to start \
+                             without it (pods then need CNI ADD again)",
+                            file.display()
+                        ),
+                    )
+                })?
+                .into_iter()
+                .map(|e| (e.id.owner(), e))
+                .collect(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(e),
+        };
+        Ok(Self {
+            datapath,
+            file,
+            table: Mutex::new(table),
+        })
+    }
+
+    /// Programs the datapath for `endpoint`: map entries for its addresses, the pod program on
+    /// its host veth. `held` are the addresses the daemon allocated to the attachment; an
+    /// endpoint may only claim those.
+    pub fn register(&self, endpoint: Endpoint, held: &[IpAddr]) -> Response {
+        let owner = endpoint.id.owner();
+        if let Some(ip) = endpoint.ips.iter().find(|ip| !held.contains(ip)) {
+            return error(
+                ErrorCode::BadRequest,
+                format!(
+                    "container {} interface {}: address {ip} is not allocated to it (it holds {held:?}); \
+                     run CNI ADD again",
+                    endpoint.id.container_id, endpoint.id.ifname
+                ),
+            );
+        }
+        let mut table = self.table.lock().expect("endpoint table lock");
+        let previous = table.get(&owner).cloned();
+        let mut datapath = self.datapath.lock().expect("datapath lock");
+        if let Some(old) = &previous
+            && let Err(e) = unprogram(&mut datapath, old, Some(&endpoint))
+        {
+            return error(ErrorCode::Failed, e.to_string());
+        }
+        if let Err(e) = program(&mut datapath, &endpoint) {
+            // Leave nothing half-done: the runtime retries the ADD.
+            let _ = unprogram(&mut datapath, &endpoint, None);
+            return error(
+                ErrorCode::Failed,
+                format!("container {}: {e}", endpoint.id.container_id),
+            );
+        }
+        drop(datapath);
+        table.insert(owner.clone(), endpoint.clone());
+        if let Err(e) = persist(&self.file, &table) {
+            return error(ErrorCode::Failed, e);
+        }
+        tracing::info!(
+            owner = owner.as_str(),
+            pod = endpoint.pod.as_deref(),
+            host_ifname = endpoint.host_ifname.as_str(),
+            ips = ?endpoint.ips,
+            "endpoint registered"
+        );
+        Response::Registered
+    }
+
+    /// Forgets the endpoint of `id`, if there is one.
+    pub fn remove(&self, id: &AttachmentId) -> Result<Option<Endpoint>, String> {
+        let mut table = self.table.lock().expect("endpoint table lock");
+        let Some(endpoint) = table.get(&id.owner()).cloned() else {
+            return Ok(None);
+        };
+        unprogram(
+            &mut self.datapath.lock().expect("datapath lock"),
+            &endpoint,
+            None,
+        )
+        .map_err(|e| e.to_string())?;
+        table.remove(&id.owner());
+        persist(&self.file, &table)?;
+        tracing::info!(
+            owner = id.owner().as_str(),
+            ips = ?endpoint.ips,
+            "endpoint removed"
+        );
+        Ok(Some(endpoint))
+    }
+
+    /// Removes every endpoint whose attachment is not in `valid` (CNI GC).
+    pub fn retain(&self, valid: &HashSet<&AttachmentId>) -> Result<Vec<AttachmentId>, String> {
+        let stale: Vec<AttachmentId> = self
+            .table
+            .lock()
+            .expect("endpoint table lock")
+            .values()
+            .filter(|e| !valid.contains(&e.id))
+            .map(|e| e.id.clone())
+            .collect();
+        for id in &stale {
+            self.remove(id)?;
+        }
+        Ok(stale)
+    }
+
+    pub fn list(&self) -> Vec<Endpoint> {
+        self.table
+            .lock()
+            .expect("endpoint table lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The datapath's counters by name.
+    pub fn stats(&self) -> Result<Vec<(String, u64)>, DatapathError> {
+        let stats = self
+            .datapath
+            .lock()
+            .expect("datapath lock")
+            .pods()
+            .stats()?;
+        Ok(PodStat::ALL
+            .iter()
+            .map(|s| (s.name().to_owned(), stats.get(*s)))
+            .collect())
+    }
+
+    /// Brings the datapath in line with the table: endpoints whose veth is gone are forgotten,
+    /// every other one gets its map entries and program (adopting the pinned links of the
+    /// previous daemon), and map entries or links that belong to no endpoint are removed.
+    pub fn reconcile(&self) -> Result<EndpointReport, String> {
+        let mut report = EndpointReport::default();
+        let mut table = self.table.lock().expect("endpoint table lock");
+        let mut datapath = self.datapath.lock().expect("datapath lock");
+        let vanished: Vec<String> = table
+            .iter()
+            .filter(|(_, e)| iface::name(e.host_ifindex) != e.host_ifname)
+            .map(|(owner, _)| owner.clone())
+            .collect();
+        for owner in &vanished {
+            if let Some(endpoint) = table.remove(owner) {
+                unprogram(&mut datapath, &endpoint, None).map_err(|e| e.to_string())?;
+            }
+        }
+        report.vanished = vanished;
+        let mut wanted = HashSet::new();
+        for endpoint in table.values() {
+            if program(&mut datapath, endpoint).map_err(|e| e.to_string())? {
+                report.adopted += 1;
+            }
+            wanted.extend(endpoint.ips.iter().copied());
+        }
+        for (ip, _) in datapath.pods().list().map_err(|e| e.to_string())? {
+            if !wanted.contains(&ip) {
+                datapath.pods().remove(ip).map_err(|e| e.to_string())?;
+                report.stale_entries.push(ip);
+            }
+        }
+        for link in pinned_pod_links(datapath.root()).map_err(|e| e.to_string())? {
+            let owned = table
+                .values()
+                .any(|e| e.host_ifindex == link.ifindex && e.host_ifname == link.interface);
+            if link.program == PodProgram::FromContainer && !owned {
+                datapath
+                    .detach_pod_program(link.program, &link.interface, link.ifindex)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        if !report.vanished.is_empty() {
+            persist(&self.file, &table)?;
+        }
+        Ok(report)
+    }
+}
+
+/// Map entries and program for one endpoint; `true` when the program link was adopted.
+fn program(datapath: &mut Datapath, endpoint: &Endpoint) -> Result<bool, DatapathError> {
+    let value = PodEndpoint {
+        host_ifindex: endpoint.host_ifindex,
+        pod_mac: endpoint.pod_mac.0,
+        host_mac: endpoint.host_mac.0,
+    };
+    // The program first: once the entries let other pods reach this one, what it sends is
+    // already checked.
+    let adopted = datapath.attach_pod_program(
+        PodProgram::FromContainer,
+        &endpoint.host_ifname,
+        endpoint.host_ifindex,
+    )?;
+    for ip in &endpoint.ips {
+        datapath.pods().insert(*ip, value)?;
+    }
+    Ok(adopted)
+}
+
+/// Removes what `program` made for `old`, keeping what `new` (its replacement) still needs.
+fn unprogram(
+    datapath: &mut Datapath,
+    old: &Endpoint,
+    new: Option<&Endpoint>,
+) -> Result<(), DatapathError> {
+    for ip in &old.ips {
+        if !new.is_some_and(|n| n.ips.contains(ip)) {
+            datapath.pods().remove(*ip)?;
+        }
+    }
+    let same_link =
+        new.is_some_and(|n| n.host_ifindex == old.host_ifindex && n.host_ifname == old.host_ifname);
+    if !same_link {
+        datapath.detach_pod_program(
+            PodProgram::FromContainer,
+            &old.host_ifname,
+            old.host_ifindex,
+        )?;
+    }
+    Ok(())
+}
+
+fn persist(file: &Path, table: &BTreeMap<String, Endpoint>) -> Result<(), String> {
+    let endpoints: Vec<&Endpoint> = table.values().collect();
+    let bytes = serde_json::to_vec_pretty(&endpoints).map_err(|e| e.to_string())?;
+    write_atomically(file, &bytes)
+        .map_err(|e| format!("cannot write the endpoint table {}: {e}", file.display()))
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old or the new content.
+fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}

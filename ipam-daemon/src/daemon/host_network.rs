@@ -1,0 +1,167 @@
+//! The node side of the pod network, kept by the daemon: the host device (a veth pair, of which
+//! one end holds the router addresses (the pods' gateway, like Cilium's `cilium_host`), IP forwarding, and the pod
+//! program on the uplinks.
+//!
+//! Everything here is idempotent and retried on every IPAM pass, so a missing uplink or a
+//! router address that is not allocated yet only delays it, with a log line saying what it
+//! waits for.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use crate::{
+    datapath::{Datapath, PodProgram},
+    net::{iface, netlink::Netlink},
+};
+
+pub(super) struct HostNetwork {
+    device: String,
+    uplinks: Vec<String>,
+    netlink: Option<Netlink>,
+    forwarding: bool,
+    /// Router addresses already on the device.
+    on_device: BTreeSet<IpAddr>,
+    /// Uplinks (name, ifindex) with the pod program attached by this daemon.
+    attached: BTreeSet<(String, u32)>,
+    /// What was last reported as missing, so it is logged once, not on every pass.
+    last_wait: Option<String>,
+    /// The device holds every router address: pods have a gateway. The API reports not ready
+    /// until then.
+    gateway_ready: Arc<AtomicBool>,
+}
+
+impl HostNetwork {
+    pub(super) fn new(device: String, uplinks: Vec<String>) -> Self {
+        Self {
+            device,
+            uplinks,
+            netlink: None,
+            forwarding: false,
+            on_device: BTreeSet::new(),
+            attached: BTreeSet::new(),
+            last_wait: None,
+            gateway_ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Whether pods have their gateway (shared with the API).
+    pub(super) fn gateway_ready(&self) -> Arc<AtomicBool> {
+        self.gateway_ready.clone()
+    }
+
+    pub(super) fn set_uplinks(&mut self, uplinks: Vec<String>) {
+        self.uplinks = uplinks;
+    }
+
+    /// One pass: forwarding on, the device with the `routers` addresses, uplinks attached.
+    pub(super) async fn sync(&mut self, routers: &[IpAddr], datapath: &Arc<Mutex<Datapath>>) {
+        let mut waiting = Vec::new();
+        if !self.forwarding {
+            match enable_forwarding() {
+                Ok(()) => self.forwarding = true,
+                Err(e) => waiting.push(format!("IP forwarding: {e}")),
+            }
+        }
+        let device = self.sync_device(routers).await;
+        self.gateway_ready.store(device.is_ok(), Ordering::SeqCst);
+        if let Err(e) = device {
+            waiting.push(format!("host device {}: {e}", self.device));
+        }
+        for uplink in self.uplinks.clone() {
+            let ifindex = match iface::index(&uplink) {
+                Ok(i) => i,
+                Err(e) => {
+                    waiting.push(format!("uplink {uplink}: {e}"));
+                    continue;
+                }
+            };
+            if self.attached.contains(&(uplink.clone(), ifindex)) {
+                continue;
+            }
+            let attached = datapath.lock().expect("datapath lock").attach_pod_program(
+                PodProgram::FromUplink,
+                &uplink,
+                ifindex,
+            );
+            match attached {
+                Ok(adopted) => {
+                    tracing::info!(
+                        uplink = uplink.as_str(),
+                        adopted,
+                        "pod datapath attached to uplink"
+                    );
+                    self.attached.insert((uplink, ifindex));
+                }
+                Err(e) => waiting.push(format!("uplink {uplink}: {e}")),
+            }
+        }
+        let wait = (!waiting.is_empty()).then(|| waiting.join("; "));
+        if wait != self.last_wait {
+            match &wait {
+                Some(w) => tracing::warn!("pod network not complete, retrying: {w}"),
+                None => tracing::info!(device = self.device.as_str(), "pod network ready"),
+            }
+            self.last_wait = wait;
+        }
+    }
+
+    async fn sync_device(&mut self, routers: &[IpAddr]) -> Result<(), String> {
+        if iface::index(&self.device).is_err() {
+            // Not created yet, or deleted behind our back: (re)create it with every address.
+            self.on_device.clear();
+        }
+        if routers.iter().all(|ip| self.on_device.contains(ip)) && !self.on_device.is_empty() {
+            return Ok(());
+        }
+        if routers.is_empty() {
+            return Err("waiting for the node's router addresses".to_owned());
+        }
+        let netlink = match &self.netlink {
+            Some(n) => n.clone(),
+            None => {
+                let n = Netlink::open().map_err(|e| format!("cannot open netlink: {e}"))?;
+                self.netlink = Some(n.clone());
+                n
+            }
+        };
+        let peer = format!("{}_peer", self.device.chars().take(10).collect::<String>());
+        let link = netlink
+            .ensure_host_pair(&self.device, &peer)
+            .await
+            .map_err(|e| e.to_string())?;
+        netlink
+            .set_up(link.index)
+            .await
+            .map_err(|e| e.to_string())?;
+        for ip in routers {
+            let bits = if ip.is_ipv4() { 32 } else { 128 };
+            netlink
+                .add_address(link.index, *ip, bits)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.on_device.insert(*ip);
+            tracing::info!(device = self.device.as_str(), %ip, "router address on host device");
+        }
+        Ok(())
+    }
+}
+
+/// Pods reach other nodes and the outside through the host: it must forward.
+fn enable_forwarding() -> std::io::Result<()> {
+    for knob in [
+        "/proc/sys/net/ipv4/ip_forward",
+        "/proc/sys/net/ipv6/conf/all/forwarding",
+    ] {
+        if std::fs::read_to_string(knob)?.trim() != "1" {
+            std::fs::write(knob, "1")?;
+            tracing::info!(sysctl = knob, "enabled forwarding for pods");
+        }
+    }
+    Ok(())
+}

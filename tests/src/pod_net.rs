@@ -1,0 +1,171 @@
+//! A dual-stack node running `ipamd` with the pod datapath, pods added through `ipam-cni` as a
+//! container runtime adds them, and a client host behind the node's uplink.
+//!
+//! Addresses: pods from 10.250.0.0/16 (/24 blocks) and fd00:250::/104 (/120 blocks); the uplink
+//! link is 192.168.250.0/24 and fd01::/64 (node .1 / ::1, client .2 / ::2). Every namespace is
+//! the test's own and goes away on drop.
+
+use std::time::Duration;
+
+use ipam_daemon::api::{
+    client::call,
+    types::{Request, Response},
+};
+use serde_json::{Value, json};
+
+use crate::{
+    cni::run_cni,
+    daemon::Daemon,
+    ipam_node::IpamNode,
+    netns::{Netns, veth},
+    workspace_binary,
+};
+
+pub const UPLINK: &str = "up0";
+pub const CLIENT_V4: &str = "192.168.250.2";
+pub const CLIENT_V6: &str = "fd01::2";
+
+pub struct PodNode {
+    pub ipam: IpamNode,
+    pub daemon: Option<Daemon>,
+    /// A host on the node's uplink that routes the pod CIDRs to the node.
+    pub client: Netns,
+}
+
+/// One pod: its namespace, CNI identity and addresses.
+pub struct Pod {
+    pub ns: Netns,
+    pub container: String,
+    pub v4: String,
+    pub v6: String,
+    pub result: Value,
+}
+
+impl PodNode {
+    pub fn start(tag: &str) -> Self {
+        let ipam = IpamNode::dual_stack(
+            tag,
+            ("10.250.0.0/16", 24),
+            ("fd00:250::/104", 120),
+            &[UPLINK],
+        );
+        let client = Netns::new(&format!("{tag}c"));
+        veth(&ipam.ns, UPLINK, &client, "ext0");
+        ipam.ns
+            .ip(&["addr", "add", "192.168.250.1/24", "dev", UPLINK]);
+        ipam.ns
+            .ip(&["-6", "addr", "add", "fd01::1/64", "dev", UPLINK, "nodad"]);
+        client.ip(&["addr", "add", &format!("{CLIENT_V4}/24"), "dev", "ext0"]);
+        client.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{CLIENT_V6}/64"),
+            "dev",
+            "ext0",
+            "nodad",
+        ]);
+        client.ip(&["route", "add", "10.250.0.0/16", "via", "192.168.250.1"]);
+        client.ip(&["-6", "route", "add", "fd00:250::/104", "via", "fd01::1"]);
+        let daemon = Some(ipam.start_daemon());
+        Self {
+            ipam,
+            daemon,
+            client,
+        }
+    }
+
+    /// The network configuration with `ipam-cni` as the main plugin.
+    pub fn conf(&self) -> Value {
+        json!({
+            "cniVersion": "1.1.0",
+            "name": "podnet",
+            "type": "ipam-cni",
+            "socket": self.ipam.socket(),
+            "timeoutMs": 5000,
+            "mtu": 1500,
+        })
+    }
+
+    /// Runs `ipam-cni` in the node's namespace, as the runtime would.
+    pub fn cni(&self, command: &str, container: &str, pod: Option<&Netns>) -> (bool, Value) {
+        run_cni(
+            &workspace_binary("ipam-cni"),
+            Some(&self.ipam.ns),
+            command,
+            container,
+            "eth0",
+            pod,
+            &self.conf(),
+        )
+    }
+
+    /// A new pod namespace wired by CNI ADD.
+    pub fn add_pod(&self, tag: &str) -> Pod {
+        let ns = Netns::new(tag);
+        let container = format!("ctr-{}", ns.name);
+        let (ok, result) = self.cni("ADD", &container, Some(&ns));
+        assert!(ok, "CNI ADD of {tag}: {result}");
+        let address = |i: usize| {
+            result["ips"][i]["address"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no address {i} in {result}"))
+                .split('/')
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        let (v4, v6) = (address(0), address(1));
+        Pod {
+            ns,
+            container,
+            v4,
+            v6,
+            result,
+        }
+    }
+
+    /// The datapath's counters by name, from the daemon's API.
+    pub fn stats(&self) -> Vec<(String, u64)> {
+        match call(
+            &self.ipam.socket(),
+            &Request::Endpoints,
+            Duration::from_secs(5),
+        ) {
+            Ok(Response::Endpoints { stats, .. }) => stats,
+            other => panic!("endpoints: {other:?}"),
+        }
+    }
+
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no counter {name}"))
+            .1
+    }
+}
+
+/// `true` when `from` gets an echo reply from `to` within a few seconds.
+pub fn reaches(from: &Netns, to: &str) -> bool {
+    std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &from.name, "ping", "-c", "1", "-w", "3", "-q", to,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `true` when `from` gets an echo reply from `to` when sending from `source`.
+pub fn reaches_from(from: &Netns, source: &str, to: &str) -> bool {
+    std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &from.name, "ping", "-c", "2", "-w", "2", "-q", "-I", source, to,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

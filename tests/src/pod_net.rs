@@ -137,6 +137,19 @@ impl PodNode {
         }
     }
 
+    /// A datapath counter read straight from the pinned map (works with the daemon stopped).
+    pub fn stat_from_pins(&self, name: &str) -> u64 {
+        let stats = ipam_daemon::datapath::PodMaps::from_pins(self.ipam.bpffs_root())
+            .expect("pinned pod maps")
+            .stats()
+            .expect("pod stats");
+        ipam_common::pod::PodStat::ALL
+            .iter()
+            .find(|s| s.name() == name)
+            .map(|s| stats.get(*s))
+            .unwrap_or_else(|| panic!("no counter {name}"))
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         self.stats()
             .into_iter()

@@ -12,6 +12,9 @@ pub enum Name {
     Alloc,
     /// CNI ADD latency of ipam-cni versus Debian's host-local, sequential and 100 concurrent.
     Cni,
+    /// Pod-to-pod TCP request/response and throughput: TC datapath vs kernel routing vs a
+    /// direct veth pair.
+    Datapath,
 }
 
 pub fn run(name: Name) -> anyhow::Result<()> {
@@ -19,6 +22,7 @@ pub fn run(name: Name) -> anyhow::Result<()> {
         Name::Arp => "bench-arp",
         Name::Alloc => "bench-alloc",
         Name::Cni => "bench-cni",
+        Name::Datapath => "bench-datapath",
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;

@@ -2,11 +2,11 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
-use ipam_common::l2::ResponderStat;
+use ipam_common::{l2::ResponderStat, pod::PodStat};
 use ipam_daemon::{
     clock,
     config::DEFAULT_BPFFS_ROOT,
-    datapath::{Datapath, ResponderMaps, pinned_attachments},
+    datapath::{Datapath, PodMaps, ResponderMaps, pinned_attachments},
     net::iface,
 };
 
@@ -30,6 +30,9 @@ enum Command {
     /// Show whether the responders are answering (daemon liveness), where they are attached,
     /// and their counters.
     Status,
+    /// The pod datapath: every pod address in the endpoint map (host veth, pod MAC) and the
+    /// counters (delivered, to the stack, spoofed packets dropped, ...).
+    Endpoints,
     /// Manage the pinned datapath.
     Datapath {
         #[command(subcommand)]
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
     match args.command {
         Command::Announcements => announcements(&args.bpffs_root),
         Command::Status => status(&args.bpffs_root),
+        Command::Endpoints => endpoints(&args.bpffs_root),
         Command::Ipam {
             command: IpamCommand::Status { state_dir },
         } => ipam_status(&state_dir),
@@ -96,6 +100,34 @@ fn announcements(root: &std::path::Path) -> anyhow::Result<()> {
     }
     if entries.is_empty() {
         println!("(no IP is announced)");
+    }
+    Ok(())
+}
+
+fn endpoints(root: &std::path::Path) -> anyhow::Result<()> {
+    let maps = PodMaps::from_pins(root)?;
+    let entries = maps.list()?;
+    println!(
+        "{:<40} {:<16} {:>8} {:<18} {:<18}",
+        "POD IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC"
+    );
+    for (ip, e) in &entries {
+        println!(
+            "{:<40} {:<16} {:>8} {:<18} {:<18}",
+            ip,
+            iface::name(e.host_ifindex),
+            e.host_ifindex,
+            iface::format_mac(&e.pod_mac),
+            iface::format_mac(&e.host_mac)
+        );
+    }
+    if entries.is_empty() {
+        println!("(no pod endpoint)");
+    }
+    let stats = maps.stats()?;
+    println!("counters:");
+    for stat in PodStat::ALL {
+        println!("  {:<20} {}", stat.name(), stats.get(stat));
     }
     Ok(())
 }

@@ -1,0 +1,222 @@
+//! `cargo xtask bench datapath`: two pods on one node, wired by `ipam-cni` as the main plugin.
+//! TCP request/response rate (1 byte each way, TCP_NODELAY) and bulk throughput from pod A to
+//! pod B, measured in three set-ups in the same run, interleaved over several rounds:
+//! - `ebpf`: our TC datapath (the pods' host veths run `pod_from_container`, which hands packets
+//!   to the other pod with `bpf_redirect_peer`);
+//! - `kernel`: the same veths with the programs detached: plain kernel routing (forwarding,
+//!   host routes, permanent neighbours);
+//! - `direct`: a second veth pair joining the two pod namespaces directly: the practical limit.
+//!
+//! The daemon is stopped while measuring (the datapath does not need it); it is started again to
+//! re-attach the programs for each `ebpf` round.
+//!
+//! Last line: `tcp_rr_ratio_vs_kernel=<f> throughput_ratio_vs_kernel=<f>
+//! throughput_ratio_vs_direct_veth=<f>` (ours / reference; higher is better).
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use ipam_daemon::datapath::{PodProgram, pinned_pod_links};
+use ipam_tests::{
+    netns::Netns,
+    pod_net::{Pod, PodNode},
+};
+
+const ROUNDS: usize = 3;
+const RUN: Duration = Duration::from_secs(3);
+const CHUNK: usize = 128 * 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Setup {
+    Ebpf,
+    Kernel,
+    Direct,
+}
+
+/// Round trips per second from `client` to `server_ns` listening on `addr`.
+fn tcp_rr(client: &Netns, server_ns: &Netns, addr: &str) -> f64 {
+    let (port, server) = serve(server_ns, addr, |mut s| {
+        let mut b = [0u8; 1];
+        while s.read_exact(&mut b).is_ok() {
+            if s.write_all(&b).is_err() {
+                break;
+            }
+        }
+        0
+    });
+    let target: SocketAddr = format!("{}:{port}", bracket(addr)).parse().unwrap();
+    let rate = client.run(move || {
+        let mut s = TcpStream::connect(target).expect("connect");
+        s.set_nodelay(true).unwrap();
+        let mut b = [1u8; 1];
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < RUN {
+            s.write_all(&b).unwrap();
+            s.read_exact(&mut b).unwrap();
+            n += 1;
+        }
+        n as f64 / start.elapsed().as_secs_f64()
+    });
+    server.join().unwrap();
+    rate
+}
+
+/// Bytes per second received by `server_ns` from `client`.
+fn throughput(client: &Netns, server_ns: &Netns, addr: &str) -> f64 {
+    let (port, server) = serve(server_ns, addr, |mut s| {
+        let mut buf = vec![0u8; CHUNK];
+        let mut total = 0u64;
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        total
+    });
+    let target: SocketAddr = format!("{}:{port}", bracket(addr)).parse().unwrap();
+    let elapsed = client.run(move || {
+        let mut s = TcpStream::connect(target).expect("connect");
+        let buf = vec![7u8; CHUNK];
+        let start = Instant::now();
+        while start.elapsed() < RUN {
+            s.write_all(&buf).unwrap();
+        }
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = [0u8; 1];
+        let _ = s.read(&mut rest);
+        start.elapsed()
+    });
+    server.join().unwrap() as f64 / elapsed.as_secs_f64()
+}
+
+fn bracket(addr: &str) -> String {
+    if addr.contains(':') {
+        format!("[{addr}]")
+    } else {
+        addr.to_owned()
+    }
+}
+
+/// A one-connection server in `ns` on `addr`: returns its port and the handler's result.
+fn serve(
+    ns: &Netns,
+    addr: &str,
+    handle: impl FnOnce(TcpStream) -> u64 + Send + 'static,
+) -> (u16, std::thread::JoinHandle<u64>) {
+    let bind = format!("{}:0", bracket(addr));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = ns.spawn(move || {
+        let listener = TcpListener::bind(&bind).expect("bind");
+        tx.send(listener.local_addr().unwrap().port()).unwrap();
+        let (s, _) = listener.accept().expect("accept");
+        s.set_nodelay(true).unwrap();
+        handle(s)
+    });
+    (rx.recv().unwrap(), server)
+}
+
+/// Detaches the pod programs from the pods' veths (kernel routing from then on).
+fn detach_pod_programs(node: &PodNode) {
+    for link in pinned_pod_links(node.ipam.bpffs_root()).expect("pinned links") {
+        if link.program == PodProgram::FromContainer {
+            let pin = node.ipam.bpffs_root().join("links").join(format!(
+                "{}-{}-{}",
+                link.program.name(),
+                link.interface,
+                link.ifindex
+            ));
+            std::fs::remove_file(pin).expect("unpin pod link");
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut node = PodNode::start("bench");
+    let a = node.add_pod("bpoda");
+    let b = node.add_pod("bpodb");
+    // The practical limit: the same two namespaces joined directly.
+    ipam_tests::netns::veth(&a.ns, "direct0", &b.ns, "direct0");
+    a.ns.ip(&["addr", "add", "10.251.0.1/24", "dev", "direct0"]);
+    b.ns.ip(&["addr", "add", "10.251.0.2/24", "dev", "direct0"]);
+    node.daemon.take().unwrap().kill();
+
+    let mut rr: Vec<(Setup, f64)> = Vec::new();
+    let mut bulk: Vec<(Setup, f64)> = Vec::new();
+    let measure = |setup: Setup, a: &Pod, b: &Pod, rr: &mut Vec<_>, bulk: &mut Vec<_>| {
+        let addr = if setup == Setup::Direct {
+            "10.251.0.2"
+        } else {
+            b.v4.as_str()
+        };
+        let r = tcp_rr(&a.ns, &b.ns, addr);
+        let t = throughput(&a.ns, &b.ns, addr);
+        println!(
+            "  {setup:?}: {r:.0} round trips/s, {:.2} Gbit/s",
+            t * 8.0 / 1e9
+        );
+        rr.push((setup, r));
+        bulk.push((setup, t));
+    };
+    for round in 1..=ROUNDS {
+        println!("round {round}/{ROUNDS}");
+        if round > 1 {
+            // Re-attach the programs: the daemon adopts nothing (pins are gone) and attaches anew.
+            node.daemon = Some(node.ipam.start_daemon());
+            node.daemon.take().unwrap().kill();
+        }
+        let delivered = node.stat_from_pins("delivered");
+        measure(Setup::Ebpf, &a, &b, &mut rr, &mut bulk);
+        assert!(
+            node.stat_from_pins("delivered") > delivered,
+            "the ebpf round went through bpf_redirect_peer"
+        );
+        detach_pod_programs(&node);
+        let delivered = node.stat_from_pins("delivered");
+        measure(Setup::Kernel, &a, &b, &mut rr, &mut bulk);
+        assert_eq!(
+            node.stat_from_pins("delivered"),
+            delivered,
+            "the kernel round bypassed the programs"
+        );
+        measure(Setup::Direct, &a, &b, &mut rr, &mut bulk);
+    }
+    let pick = |v: &[(Setup, f64)], s: Setup| {
+        median(v.iter().filter(|(x, _)| *x == s).map(|(_, r)| *r).collect())
+    };
+    let (rr_ebpf, rr_kernel, rr_direct) = (
+        pick(&rr, Setup::Ebpf),
+        pick(&rr, Setup::Kernel),
+        pick(&rr, Setup::Direct),
+    );
+    let (t_ebpf, t_kernel, t_direct) = (
+        pick(&bulk, Setup::Ebpf),
+        pick(&bulk, Setup::Kernel),
+        pick(&bulk, Setup::Direct),
+    );
+    println!("median of {ROUNDS} rounds ({}s each):", RUN.as_secs());
+    println!(
+        "  request/response: ebpf {rr_ebpf:.0}/s  kernel {rr_kernel:.0}/s  direct {rr_direct:.0}/s"
+    );
+    println!(
+        "  throughput:       ebpf {:.2}  kernel {:.2}  direct {:.2} Gbit/s",
+        t_ebpf * 8.0 / 1e9,
+        t_kernel * 8.0 / 1e9,
+        t_direct * 8.0 / 1e9
+    );
+    println!(
+        "tcp_rr_ratio_vs_kernel={:.3} throughput_ratio_vs_kernel={:.3} throughput_ratio_vs_direct_veth={:.3}",
+        rr_ebpf / rr_kernel,
+        t_ebpf / t_kernel,
+        t_ebpf / t_direct
+    );
+}

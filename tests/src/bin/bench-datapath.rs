@@ -181,6 +181,8 @@ fn main() {
             "the ebpf round went through bpf_redirect_peer"
         );
         detach_pod_programs(&node);
+        // The kernel releases an unpinned link asynchronously: let it go before counting.
+        std::thread::sleep(Duration::from_millis(500));
         let delivered = node.stat_from_pins("delivered");
         measure(Setup::Kernel, &a, &b, &mut rr, &mut bulk);
         assert_eq!(

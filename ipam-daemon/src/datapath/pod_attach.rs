@@ -132,7 +132,8 @@ impl Datapath {
         }
     }
 
-    fn pod_program(&mut self, program: PodProgram) -> &mut SchedClassifier {
+    /// A loaded pod program (also what `BPF_PROG_TEST_RUN` tests run).
+    pub fn pod_program(&mut self, program: PodProgram) -> &mut SchedClassifier {
         program_mut(&mut self.ebpf, program.name())
     }
 

@@ -1,6 +1,8 @@
 //! The lab: a "node" namespace where `ipamd` announces a LoadBalancer-style IP, and a "client"
-//! namespace on the same link that finds it with ARP/NDP and talks to it. Everything is created
-//! here and removed at the end, also when a step fails.
+//! namespace on the same link that finds it with ARP/NDP and talks to it. Then two pods are added
+//! to the node with `ipam-cni` exactly as a container runtime adds them, and talk to each other,
+//! to the node and to the client through the TC pod datapath. Everything is created here and
+//! removed at the end, also when a step fails.
 
 use std::{
     io::{Read as _, Write as _},
@@ -11,8 +13,10 @@ use std::{
 use ipam_daemon::net::iface::format_mac;
 use ipam_tests::{
     BpffsRoot, TempDir, TempFile,
+    cni::run_cni,
     daemon::{Daemon, wait_for_maps},
     netns::{Netns, veth},
+    pod_net::{reaches, reaches_from},
     resolve::Resolver,
     run, workspace_binary,
 };
@@ -20,6 +24,7 @@ use ipam_tests::{
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 1);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 2);
 const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 100);
+const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 1);
 const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 2);
 const SERVICE_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 0x100);
 
@@ -39,6 +44,15 @@ fn main() {
     step(1, "Building the network");
     veth(&node, "eth0", &client, "eth0");
     node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
+    node.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{NODE_V6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ]);
     client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"]);
     client.ip(&[
         "addr",
@@ -78,7 +92,8 @@ fn main() {
              [[announcement]]\nip = \"{SERVICE_IP}\"\ninterface = \"eth0\"\n\n\
              [[announcement]]\nip = \"{SERVICE_V6}\"\ninterface = \"eth0\"\n\n\
              [ipam]\nmode = \"cluster-pool\"\nnode_name = \"lab-node\"\n\
-             store = \"{dir}/store.redb\"\nstate_dir = \"{dir}/node\"\nfamilies = [\"v4\", \"v6\"]\n\n\
+             store = \"{dir}/store.redb\"\nstate_dir = \"{dir}/node\"\nsocket = \"{dir}/api/ipamd.sock\"\n\
+             families = [\"v4\", \"v6\"]\nuplinks = [\"eth0\"]\n\n\
              [[ipam.pool]]\nname = \"default\"\n\
              ipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 24 }}\n\
              ipv6 = {{ cidrs = [\"fd00:244::/104\"], maskSize = 120 }}\n",
@@ -177,6 +192,14 @@ fn main() {
 
     step(
         6,
+        "Pods: ipam-cni (main plugin) adds two pods as a container runtime would; they talk over \
+         the TC pod datapath",
+    );
+    let socket = ipam_dir.0.join("api/ipamd.sock");
+    let pods = lab_pods(&node, &client, &socket, &daemon);
+
+    step(
+        7,
         "What the daemon logged, and what ipamctl shows (pinned eBPF maps, published IPAM status)",
     );
     for line in daemon.log_text().lines().filter(|l| l.contains("INFO")) {
@@ -196,6 +219,7 @@ fn main() {
     for args in [
         &["announcements"][..],
         &["status"][..],
+        &["endpoints"][..],
         &["ipam", "status", "--state-dir", &state_dir][..],
     ] {
         let out = std::process::Command::new("nsenter")
@@ -213,16 +237,23 @@ fn main() {
     }
 
     step(
-        7,
-        "Cleaning up: stopping ipamd, removing pins, IPAM state and namespaces",
+        8,
+        "Cleaning up: CNI DEL of the pods, stopping ipamd, removing pins, IPAM state and namespaces",
     );
+    for (ns, container) in &pods {
+        let (ok, out) = cni("DEL", container, ns, &socket, &node);
+        if !ok {
+            fail(&format!("CNI DEL of {container}: {out}"), &daemon);
+        }
+    }
+    drop(pods);
     drop(daemon);
     drop(config_file);
     drop(ipam_dir);
     let announced = IpAddr::V4(SERVICE_IP);
     println!(
         "    done: {announced} was announced, resolved and reached, the node got its addresses \
-         from the pool; nothing is left behind."
+         from the pool, two pods were wired and routed; nothing is left behind."
     );
 }
 
@@ -233,4 +264,123 @@ fn fail(what: &str, daemon: &Daemon) -> ! {
     );
     // Destructors of the namespaces and pins run on unwinding.
     panic!("{what}");
+}
+
+fn cni(
+    command: &str,
+    container: &str,
+    pod: &Netns,
+    socket: &std::path::Path,
+    node: &Netns,
+) -> (bool, serde_json::Value) {
+    let conf = serde_json::json!({
+        "cniVersion": "1.1.0",
+        "name": "lab-pods",
+        "type": "ipam-cni",
+        "socket": socket,
+        "mtu": 1500,
+    });
+    run_cni(
+        &workspace_binary("ipam-cni"),
+        Some(node),
+        command,
+        container,
+        "eth0",
+        Some(pod),
+        &conf,
+    )
+}
+
+/// Adds two pods, shows their addresses and checks who reaches whom.
+fn lab_pods(
+    node: &Netns,
+    client: &Netns,
+    socket: &std::path::Path,
+    daemon: &Daemon,
+) -> Vec<(Netns, String)> {
+    client.ip(&["route", "add", "10.244.0.0/16", "via", &NODE_IP.to_string()]);
+    client.ip(&[
+        "-6",
+        "route",
+        "add",
+        "fd00:244::/104",
+        "via",
+        &NODE_V6.to_string(),
+    ]);
+    let mut pods = Vec::new();
+    let mut addresses = Vec::new();
+    for tag in ["labpoda", "labpodb"] {
+        let ns = Netns::new(tag);
+        let container = format!("lab-{}", ns.name);
+        // Like a runtime: code 11 (try again later) is retried, anything else is an error.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut said = false;
+        let result = loop {
+            let (ok, result) = cni("ADD", &container, &ns, socket, node);
+            if ok {
+                break result;
+            }
+            if result["code"] != 11 || Instant::now() > deadline {
+                fail(&format!("CNI ADD of {container}: {result}"), daemon);
+            }
+            if !said {
+                println!(
+                    "    CNI ADD {container}: code 11, {}",
+                    result["msg"].as_str().unwrap_or("?")
+                );
+                said = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let ips: Vec<String> = result["ips"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|ip| ip["address"].as_str())
+            .map(|a| a.split('/').next().unwrap_or_default().to_owned())
+            .collect();
+        println!(
+            "    CNI ADD {container}: {} (host side {}, gateways {} and {})",
+            ips.join(" and "),
+            result["interfaces"][0]["name"].as_str().unwrap_or("?"),
+            result["ips"][0]["gateway"].as_str().unwrap_or("?"),
+            result["ips"][1]["gateway"].as_str().unwrap_or("?"),
+        );
+        addresses.push(ips);
+        pods.push((ns, container));
+    }
+    let (a, b) = (&pods[0].0, &pods[1].0);
+    let mut checks: Vec<(&str, &Netns, String)> = Vec::new();
+    for ip in &addresses[1] {
+        checks.push(("pod a -> pod b", a, ip.clone()));
+    }
+    for ip in &addresses[0] {
+        checks.push(("pod b -> pod a", b, ip.clone()));
+        checks.push(("node -> pod a", node, ip.clone()));
+        checks.push(("client -> pod a (through the uplink)", client, ip.clone()));
+    }
+    checks.push(("pod a -> node (router address)", a, "10.244.0.1".to_owned()));
+    checks.push((
+        "pod a -> node (router address)",
+        a,
+        "fd00:244::1".to_owned(),
+    ));
+    checks.push(("pod b -> client", b, CLIENT_IP.to_string()));
+    for (what, from, to) in &checks {
+        if !reaches(from, to) {
+            fail(&format!("{what}: {to} does not answer"), daemon);
+        }
+        println!("    ping {what:<38} {to:<16} answered");
+    }
+    // A pod sending from an address that is not its own is dropped by the datapath.
+    a.ip(&["addr", "add", "10.244.0.250/32", "dev", "eth0"]);
+    if reaches_from(a, "10.244.0.250", &addresses[1][0]) {
+        fail("a spoofed source address got through", daemon);
+    }
+    a.ip(&["addr", "del", "10.244.0.250/32", "dev", "eth0"]);
+    println!(
+        "    ping {:<38} {:<16} dropped (spoof_dropped)",
+        "pod a -> pod b, source 10.244.0.250", addresses[1][0]
+    );
+    pods
 }

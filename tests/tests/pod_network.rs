@@ -249,4 +249,20 @@ fn pods_stay_connected_through_daemon_sigkill_and_restart() {
     assert!(node.stat("delivered") > delivered);
     let new_pod = node.add_pod("rpodc");
     assert!(reaches(&new_pod.ns, &a.v6));
+
+    // A pod deleted while the daemon is down (no CNI DEL): the restarted daemon finds its veth
+    // gone and removes its map entries; the others stay.
+    node.daemon.take().unwrap().kill();
+    let gone = ips(&new_pod);
+    drop(new_pod);
+    node.daemon = Some(node.ipam.start_daemon());
+    let in_map = map_ips(&node);
+    assert!(gone.iter().all(|ip| !in_map.contains(ip)), "{in_map:?}");
+    assert!(
+        ips(&a)
+            .iter()
+            .chain(ips(&b).iter())
+            .all(|ip| in_map.contains(ip))
+    );
+    assert!(reaches(&a.ns, &b.v6));
 }

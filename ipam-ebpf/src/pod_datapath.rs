@@ -10,7 +10,7 @@
 //! Written against a [`Frame`] like the responder; the entry points only pull headers into the
 //! linear area and turn the [`Verdict`] into a TC action.
 
-use ipam_common::pod::{EndpointKey, PodStat};
+use ipam_common::pod::{EndpointKey, PodEndpoint, PodStat};
 
 use crate::{
     maps::{POD_ENDPOINTS, count_pod},
@@ -136,13 +136,7 @@ fn deliver_v4(eth: &mut EthHdr, ip: &mut Ipv4Hdr) -> Verdict {
     let new = u16::from_be_bytes([ip.ttl, ip.protocol]);
     ip.check = checksum_update(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
     // SAFETY: the map returned a valid pointer to the value.
-    let endpoint = unsafe { &*endpoint };
-    eth.dst = endpoint.pod_mac;
-    eth.src = endpoint.host_mac;
-    count_pod(PodStat::Delivered);
-    Verdict::Deliver {
-        host_ifindex: endpoint.host_ifindex,
-    }
+    hand_over(eth, unsafe { &*endpoint })
 }
 
 #[inline(always)]
@@ -155,7 +149,12 @@ fn deliver_v6(eth: &mut EthHdr, ip6: &mut Ipv6Hdr) -> Verdict {
     }
     ip6.hop_limit -= 1;
     // SAFETY: the map returned a valid pointer to the value.
-    let endpoint = unsafe { &*endpoint };
+    hand_over(eth, unsafe { &*endpoint })
+}
+
+/// Addresses the frame from the pod's gateway to the pod, for redirection into its veth peer.
+#[inline(always)]
+fn hand_over(eth: &mut EthHdr, endpoint: &PodEndpoint) -> Verdict {
     eth.dst = endpoint.pod_mac;
     eth.src = endpoint.host_mac;
     count_pod(PodStat::Delivered);

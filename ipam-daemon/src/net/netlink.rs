@@ -147,15 +147,7 @@ impl Netlink {
             .mtu(mtu)
             .setns_by_fd(netns.as_fd().as_raw_fd())
             .build();
-        let message = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
-            .name(host_name.to_owned())
-            .mtu(mtu)
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
-            .build();
-        self.handle
-            .link()
-            .add(message)
-            .execute()
+        self.add_veth(host_name, peer, Some(mtu))
             .await
             .map_err(|e| {
                 NetlinkError::new(
@@ -163,9 +155,25 @@ impl Netlink {
                         "cannot create veth pair {host_name} / {peer_name} (in {})",
                         peer_netns.display()
                     ),
-                    to_io(e),
+                    e,
                 )
             })
+    }
+
+    /// Adds a veth `name` whose peer is described by `peer`.
+    async fn add_veth(&self, name: &str, peer: LinkMessage, mtu: Option<u32>) -> io::Result<()> {
+        let mut builder = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
+            .name(name.to_owned())
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)));
+        if let Some(mtu) = mtu {
+            builder = builder.mtu(mtu);
+        }
+        self.handle
+            .link()
+            .add(builder.build())
+            .execute()
+            .await
+            .map_err(to_io)
     }
 
     /// Creates the node's host device, a veth pair `name` / `peer` in this namespace (like
@@ -178,16 +186,9 @@ impl Netlink {
         let peer_message = LinkMessageBuilder::<LinkUnspec>::new()
             .name(peer.to_owned())
             .build();
-        let message = LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
-            .name(name.to_owned())
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_message)))
-            .build();
-        self.handle
-            .link()
-            .add(message)
-            .execute()
+        self.add_veth(name, peer_message, None)
             .await
-            .map_err(|e| NetlinkError::new(format!("cannot create device {name}"), to_io(e)))?;
+            .map_err(|e| NetlinkError::new(format!("cannot create device {name}"), e))?;
         if let Some(peer) = self.link_by_name(peer).await? {
             self.set_up(peer.index).await?;
         }

@@ -27,6 +27,9 @@ pub struct Endpoints {
     datapath: Arc<Mutex<Datapath>>,
     file: PathBuf,
     table: Mutex<BTreeMap<String, Endpoint>>,
+    /// The links pinned by the previous daemon were adopted (this daemon's program swapped in);
+    /// later reconciliations only re-attach missing links.
+    adopted: std::sync::atomic::AtomicBool,
 }
 
 /// What a reconciliation changed.
@@ -73,6 +76,7 @@ impl Endpoints {
             datapath,
             file,
             table: Mutex::new(table),
+            adopted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -202,9 +206,19 @@ impl Endpoints {
         }
         report.vanished = vanished;
         let mut wanted = HashSet::new();
+        let first = !self.adopted.swap(true, std::sync::atomic::Ordering::SeqCst);
         for endpoint in table.values() {
-            if program(&mut datapath, endpoint).map_err(|e| e.to_string())? {
-                report.adopted += 1;
+            let linked = datapath.pod_program_pinned(
+                PodProgram::FromContainer,
+                &endpoint.host_ifname,
+                endpoint.host_ifindex,
+            );
+            if first || !linked {
+                if program(&mut datapath, endpoint).map_err(|e| e.to_string())? {
+                    report.adopted += 1;
+                }
+            } else {
+                write_entries(&mut datapath, endpoint).map_err(|e| e.to_string())?;
             }
             wanted.extend(endpoint.ips.iter().copied());
         }
@@ -233,11 +247,6 @@ impl Endpoints {
 
 /// Map entries and program for one endpoint; `true` when the program link was adopted.
 fn program(datapath: &mut Datapath, endpoint: &Endpoint) -> Result<bool, DatapathError> {
-    let value = PodEndpoint {
-        host_ifindex: endpoint.host_ifindex,
-        pod_mac: endpoint.pod_mac.0,
-        host_mac: endpoint.host_mac.0,
-    };
     // The program first: once the entries let other pods reach this one, what it sends is
     // already checked.
     let adopted = datapath.attach_pod_program(
@@ -245,10 +254,21 @@ fn program(datapath: &mut Datapath, endpoint: &Endpoint) -> Result<bool, Datapat
         &endpoint.host_ifname,
         endpoint.host_ifindex,
     )?;
+    write_entries(datapath, endpoint)?;
+    Ok(adopted)
+}
+
+/// The endpoint map entries of one endpoint (identical entries are left alone).
+fn write_entries(datapath: &mut Datapath, endpoint: &Endpoint) -> Result<(), DatapathError> {
+    let value = PodEndpoint {
+        host_ifindex: endpoint.host_ifindex,
+        pod_mac: endpoint.pod_mac.0,
+        host_mac: endpoint.host_mac.0,
+    };
     for ip in &endpoint.ips {
         datapath.pods().insert(*ip, value)?;
     }
-    Ok(adopted)
+    Ok(())
 }
 
 /// Removes what `program` made for `old`, keeping what `new` (its replacement) still needs.

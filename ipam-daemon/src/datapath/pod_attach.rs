@@ -116,6 +116,11 @@ impl Datapath {
         Ok(false)
     }
 
+    /// Whether `program` has a pinned link on the interface.
+    pub fn pod_program_pinned(&self, program: PodProgram, interface: &str, ifindex: u32) -> bool {
+        link_pin(&self.root, program, interface, ifindex).exists()
+    }
+
     /// Detaches `program` from the interface by removing its pinned link; detaching what is not
     /// attached is not an error (a deleted veth takes its link with it).
     pub fn detach_pod_program(

@@ -46,7 +46,8 @@ pub fn run_cni(
         )
         .env(
             "CNI_ARGS",
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=test",
+            // Kubelet passes the pod; here the pod is named after the container.
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={container}"),
         )
         .env("CNI_PATH", format!("{}:{DEBIAN_CNI}", plugin_dir.display()))
         .stdin(Stdio::piped())

@@ -6,6 +6,7 @@ use ipam_common::{l2::ResponderStat, pod::PodStat};
 use ipam_daemon::{
     clock,
     config::DEFAULT_BPFFS_ROOT,
+    daemon::endpoints::read_table,
     datapath::{Datapath, PodMaps, ResponderMaps, pinned_attachments},
     net::iface,
 };
@@ -30,9 +31,14 @@ enum Command {
     /// Show whether the responders are answering (daemon liveness), where they are attached,
     /// and their counters.
     Status,
-    /// The pod datapath: every pod address in the endpoint map (host veth, pod MAC) and the
-    /// counters (delivered, to the stack, spoofed packets dropped, ...).
-    Endpoints,
+    /// The pod datapath: every pod address in the endpoint map (host veth, pod MAC, and the pod
+    /// or container it belongs to) and the counters (delivered, to the stack, spoofed packets
+    /// dropped, ...).
+    Endpoints {
+        /// The daemon's ipam.state_dir (its endpoint table names the pod of each address).
+        #[arg(long, default_value = "/var/lib/ipam/node")]
+        state_dir: PathBuf,
+    },
     /// Manage the pinned datapath.
     Datapath {
         #[command(subcommand)]
@@ -68,7 +74,7 @@ fn main() -> anyhow::Result<()> {
     match args.command {
         Command::Announcements => announcements(&args.bpffs_root),
         Command::Status => status(&args.bpffs_root),
-        Command::Endpoints => endpoints(&args.bpffs_root),
+        Command::Endpoints { state_dir } => endpoints(&args.bpffs_root, &state_dir),
         Command::Ipam {
             command: IpamCommand::Status { state_dir },
         } => ipam_status(&state_dir),
@@ -104,21 +110,35 @@ fn announcements(root: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn endpoints(root: &std::path::Path) -> anyhow::Result<()> {
+fn endpoints(root: &std::path::Path, state_dir: &std::path::Path) -> anyhow::Result<()> {
     let maps = PodMaps::from_pins(root)?;
     let entries = maps.list()?;
+    let table = read_table(state_dir).unwrap_or_else(|e| {
+        eprintln!(
+            "(cannot read the endpoint table under {}: {e}; owners not shown)",
+            state_dir.display()
+        );
+        Vec::new()
+    });
+    let owner = |ip: &std::net::IpAddr| {
+        table.iter().find(|e| e.ips.contains(ip)).map_or_else(
+            || "?".to_owned(),
+            |e| e.pod.clone().unwrap_or_else(|| e.id.owner()),
+        )
+    };
     println!(
-        "{:<40} {:<16} {:>8} {:<18} {:<18}",
+        "{:<28} {:<16} {:>7} {:<18} {:<18} OWNER",
         "POD IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC"
     );
     for (ip, e) in &entries {
         println!(
-            "{:<40} {:<16} {:>8} {:<18} {:<18}",
+            "{:<28} {:<16} {:>7} {:<18} {:<18} {}",
             ip,
             iface::name(e.host_ifindex),
             e.host_ifindex,
             iface::format_mac(&e.pod_mac),
-            iface::format_mac(&e.host_mac)
+            iface::format_mac(&e.host_mac),
+            owner(ip)
         );
     }
     if entries.is_empty() {

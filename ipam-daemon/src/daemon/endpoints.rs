@@ -294,6 +294,17 @@ fn unprogram(
     Ok(())
 }
 
+/// The endpoint table as the daemon last persisted it under `state_dir` (for `ipamctl`); no file
+/// is an empty table.
+pub fn read_table(state_dir: &Path) -> io::Result<Vec<Endpoint>> {
+    match std::fs::read(state_dir.join(ENDPOINTS_FILE)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
 fn persist(file: &Path, table: &BTreeMap<String, Endpoint>) -> Result<(), String> {
     let endpoints: Vec<&Endpoint> = table.values().collect();
     let bytes = serde_json::to_vec_pretty(&endpoints).map_err(|e| e.to_string())?;

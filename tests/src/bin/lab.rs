@@ -219,7 +219,7 @@ fn main() {
     for args in [
         &["announcements"][..],
         &["status"][..],
-        &["endpoints"][..],
+        &["endpoints", "--state-dir", &state_dir][..],
         &["ipam", "status", "--state-dir", &state_dir][..],
     ] {
         let out = std::process::Command::new("nsenter")

@@ -62,8 +62,7 @@ pub struct Mac(pub [u8; 6]);
 
 impl std::fmt::Display for Mac {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let [a, b, c, d, e, g] = self.0;
-        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+        f.write_str(&crate::net::iface::format_mac(&self.0))
     }
 }
 

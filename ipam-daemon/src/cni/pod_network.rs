@@ -36,15 +36,23 @@ fn netlink_error(e: NetlinkError) -> CniError {
     CniError::new(code::IO, e.to_string())
 }
 
+/// Names the attachment in a netlink failure and says what to do about it.
+fn for_attachment(id: &AttachmentId, action: &str) -> impl FnOnce(CniError) -> CniError {
+    let who = format!("container {} interface {}", id.container_id, id.ifname);
+    let action = action.to_owned();
+    move |e| {
+        if e.code != code::IO {
+            return e;
+        }
+        CniError::new(e.code, format!("{who}: {}; {action}", e.msg))
+    }
+}
+
 fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| CniError::new(code::IO, format!("cannot start the netlink runtime: {e}")))
-}
-
-fn host_bits(ip: IpAddr) -> u8 {
-    if ip.is_ipv4() { 32 } else { 128 }
 }
 
 /// The two ends of a pod's veth, as set up.
@@ -63,7 +71,7 @@ pub fn set_up(
     let id = inv.attachment();
     let host_name = host_veth_name(&id);
     let rt = runtime()?;
-    rt.block_on(async {
+    let result = rt.block_on(async {
         let host = Netlink::open()
             .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
         let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
@@ -102,7 +110,11 @@ pub fn set_up(
             let _ = host.delete_link(host_link.index).await;
         }
         configured
-    })
+    });
+    result.map_err(for_attachment(
+        &id,
+        "nothing half-made is left on the node; DEL and ADD again",
+    ))
 }
 
 async fn configure(
@@ -135,7 +147,7 @@ async fn configure(
                 ),
             )
         })?;
-        let bits = host_bits(ip.address);
+        let bits = ip.family.bits();
         let any = if ip.address.is_ipv4() {
             IpAddr::from([0u8; 4])
         } else {
@@ -169,7 +181,7 @@ async fn configure(
 /// Deletes the attachment's veth pair if it is still there (the pod end goes with it).
 pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
     let name = host_veth_name(id);
-    runtime()?.block_on(async {
+    let result = runtime()?.block_on(async {
         let host = Netlink::open()
             .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
         if let Some(link) = host.link_by_name(&name).await.map_err(netlink_error)? {
@@ -181,7 +193,11 @@ pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
             }
         }
         Ok(())
-    })
+    });
+    result.map_err(for_attachment(
+        id,
+        &format!("delete the host veth {name} by hand if it is still there, then DEL again"),
+    ))
 }
 
 /// CHECK: the pod's interface exists in `netns` with every address in `ips`.
@@ -247,7 +263,7 @@ pub fn result(cni_version: &str, netns: &str, iface: &PodInterface, ips: &[Alloc
     let as_configured: Vec<AllocatedIp> = ips
         .iter()
         .map(|ip| AllocatedIp {
-            prefix_len: host_bits(ip.address),
+            prefix_len: ip.family.bits(),
             ..ip.clone()
         })
         .collect();

@@ -54,24 +54,20 @@ impl Endpoints {
     /// Loads the persisted table (an absent file is an empty table).
     pub fn open(datapath: Arc<Mutex<Datapath>>, state_dir: &Path) -> io::Result<Self> {
         let file = state_dir.join(ENDPOINTS_FILE);
-        let table = match std::fs::read(&file) {
-            Ok(bytes) => serde_json::from_slice::<Vec<Endpoint>>(&bytes)
-                .map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!(
-                            "{} is not a valid endpoint table ({e}); move it away to start \
-                             without it (pods then need CNI ADD again)",
-                            file.display()
-                        ),
-                    )
-                })?
-                .into_iter()
-                .map(|e| (e.id.owner(), e))
-                .collect(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(e),
-        };
+        let table = read_table(state_dir)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{} is not a valid endpoint table ({e}); move it away to start without \
+                         it (pods then need CNI ADD again)",
+                        file.display()
+                    ),
+                )
+            })?
+            .into_iter()
+            .map(|e| (e.id.owner(), e))
+            .collect();
         Ok(Self {
             datapath,
             file,
@@ -320,8 +316,5 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     f.write_all(bytes)?;
     f.sync_data()?;
     std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::ipam::alloclog::sync_dir(path)
 }

@@ -17,6 +17,7 @@ use std::{
 
 use crate::{
     datapath::{Datapath, PodProgram},
+    ipam::Family,
     net::{iface, netlink::Netlink},
 };
 
@@ -140,9 +141,8 @@ impl HostNetwork {
             .await
             .map_err(|e| e.to_string())?;
         for ip in routers {
-            let bits = if ip.is_ipv4() { 32 } else { 128 };
             netlink
-                .add_address(link.index, *ip, bits)
+                .add_address(link.index, *ip, Family::of(*ip).bits())
                 .await
                 .map_err(|e| e.to_string())?;
             self.on_device.insert(*ip);

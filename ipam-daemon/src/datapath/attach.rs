@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use aya::programs::{
-    LinkOrder, TcAttachType,
+    LinkOrder, SchedClassifier, TcAttachType,
     links::{FdLink, PinnedLink},
     tc::{SchedClassifierLink, TcAttachOptions},
     xdp::{XdpLink, XdpMode},
@@ -201,11 +201,7 @@ impl Datapath {
                 // when this process exits.
                 drop(program.take_link(id)?);
             }
-            AttachForm::Tc => {
-                let program = self.responder_tc();
-                let id = program.attach_to_link(SchedClassifierLink::try_from(link)?)?;
-                drop(program.take_link(id)?);
-            }
+            AttachForm::Tc => adopt_tc_link(self.responder_tc(), link)?,
         }
         Ok(())
     }
@@ -233,19 +229,17 @@ impl Datapath {
                 let link = program.take_link(id).map_err(attach_error)?;
                 FdLink::try_from(link).map_err(|e| pin_error(interface, &self.root, e))?
             }
+            // First in line: ARP and NS frames are answered before other programs spend time
+            // on them.
             AttachForm::Tc => {
-                let program = self.responder_tc();
-                let id = program
-                    .attach_with_options(
-                        interface,
-                        TcAttachType::Ingress,
-                        // First in line: ARP and NS frames are answered before other programs
-                        // spend time on them.
-                        TcAttachOptions::TcxOrder(LinkOrder::first()),
-                    )
-                    .map_err(attach_error)?;
-                let link = program.take_link(id).map_err(attach_error)?;
-                FdLink::try_from(link).map_err(|e| pin_error(interface, &self.root, e))?
+                let root = self.root.clone();
+                tc_ingress_link(
+                    self.responder_tc(),
+                    interface,
+                    LinkOrder::first(),
+                    form.name(),
+                    &root,
+                )?
             }
         };
         let pin = link_pin(&self.root, form, interface, ifindex);
@@ -285,6 +279,42 @@ fn pinned_links(root: &Path) -> Result<Vec<(String, AttachForm, String, u32)>, D
             Some((name.clone(), form, interface.to_owned(), ifindex))
         })
         .collect())
+}
+
+/// Attaches `classifier` at TC ingress of `interface` (a tcx link at `order`) and returns the link
+/// as an fd link, owned by nobody yet: the caller pins it. `what` names the program in errors.
+pub(super) fn tc_ingress_link(
+    classifier: &mut SchedClassifier,
+    interface: &str,
+    order: LinkOrder,
+    what: &'static str,
+    root: &Path,
+) -> Result<FdLink, DatapathError> {
+    let attach_error = |source| DatapathError::Attach {
+        interface: interface.to_owned(),
+        form: what,
+        source: Box::new(source),
+    };
+    let id = classifier
+        .attach_with_options(
+            interface,
+            TcAttachType::Ingress,
+            TcAttachOptions::TcxOrder(order),
+        )
+        .map_err(attach_error)?;
+    let link = classifier.take_link(id).map_err(attach_error)?;
+    FdLink::try_from(link).map_err(|e| pin_error(interface, root, e))
+}
+
+/// Swaps `classifier` into a link adopted from a pin (`bpf_link_update`), leaving the link owned
+/// by the pin: a link the program still owned would be detached when this process exits.
+pub(super) fn adopt_tc_link(
+    classifier: &mut SchedClassifier,
+    link: FdLink,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let id = classifier.attach_to_link(SchedClassifierLink::try_from(link)?)?;
+    drop(classifier.take_link(id)?);
+    Ok(())
 }
 
 pub(super) fn pin_error(

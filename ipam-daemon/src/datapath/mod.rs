@@ -25,7 +25,7 @@ use ipam_common::{map_names, program_names};
 pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
 pub use error::DatapathError;
 pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
-pub use pod_attach::{PodLink, PodProgram, pinned_pod_links};
+pub use pod_attach::{PodLink, PodProgram, pinned_pod_links, unpin_pod_link};
 pub use pod_maps::{PodMaps, PodStats, endpoint_key};
 
 /// The eBPF object built by `build.rs` from `ipam-ebpf`.

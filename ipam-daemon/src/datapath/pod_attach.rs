@@ -5,13 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use aya::programs::{
-    LinkOrder, SchedClassifier, TcAttachType,
+    LinkOrder, SchedClassifier,
     links::{FdLink, PinnedLink},
-    tc::{SchedClassifierLink, TcAttachOptions},
 };
 use ipam_common::program_names;
 
-use super::{Datapath, DatapathError, attach::pin_error, program_mut};
+use super::{
+    Datapath, DatapathError,
+    attach::{adopt_tc_link, pin_error, tc_ingress_link},
+    program_mut,
+};
 
 /// The pod programs and where they go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +72,17 @@ pub fn pinned_pod_links(root: &Path) -> Result<Vec<PodLink>, DatapathError> {
         .collect())
 }
 
+/// Removes the pin of `link` under `root`, which detaches it (nothing else holds pod links).
+/// Removing a pin that is not there is not an error.
+pub fn unpin_pod_link(root: &Path, link: &PodLink) -> Result<(), DatapathError> {
+    let path = link_pin(root, link.program, &link.interface, link.ifindex);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DatapathError::PinDir { path, source }),
+    }
+}
+
 impl Datapath {
     /// Makes sure `program` runs at TC ingress of `interface` (index `ifindex`): adopts the pinned
     /// link of a previous daemon (swapping this daemon's program in) or attaches and pins anew.
@@ -94,22 +108,15 @@ impl Datapath {
                 }
             }
         }
-        let attach_error = |source| DatapathError::Attach {
-            interface: interface.to_owned(),
-            form: program.name(),
-            source: Box::new(source),
-        };
-        let classifier = self.pod_program(program);
-        let id = classifier
-            .attach_with_options(
-                interface,
-                TcAttachType::Ingress,
-                // After the L2 responder, which must see ARP and NS first on shared uplinks.
-                TcAttachOptions::TcxOrder(LinkOrder::last()),
-            )
-            .map_err(attach_error)?;
-        let link = classifier.take_link(id).map_err(attach_error)?;
-        let fd_link = FdLink::try_from(link).map_err(|e| pin_error(interface, &pin, e))?;
+        let root = self.root.clone();
+        // After the L2 responder, which must see ARP and NS first on shared uplinks.
+        let fd_link = tc_ingress_link(
+            self.pod_program(program),
+            interface,
+            LinkOrder::last(),
+            program.name(),
+            &root,
+        )?;
         fd_link
             .pin(&pin)
             .map_err(|e| pin_error(interface, &pin, e))?;
@@ -129,12 +136,14 @@ impl Datapath {
         interface: &str,
         ifindex: u32,
     ) -> Result<(), DatapathError> {
-        let path = link_pin(&self.root, program, interface, ifindex);
-        match std::fs::remove_file(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(DatapathError::PinDir { path, source }),
-        }
+        unpin_pod_link(
+            &self.root,
+            &PodLink {
+                program,
+                interface: interface.to_owned(),
+                ifindex,
+            },
+        )
     }
 
     /// A loaded pod program (also what `BPF_PROG_TEST_RUN` tests run).
@@ -148,11 +157,7 @@ impl Datapath {
         pin: &Path,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let link = FdLink::from(PinnedLink::from_pin(pin)?);
-        let classifier = self.pod_program(program);
-        let id = classifier.attach_to_link(SchedClassifierLink::try_from(link)?)?;
-        // The pin keeps the link; a link this process owned would go when it exits.
-        drop(classifier.take_link(id)?);
-        Ok(())
+        adopt_tc_link(self.pod_program(program), link)
     }
 }
 

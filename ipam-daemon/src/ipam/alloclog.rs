@@ -208,7 +208,8 @@ impl AllocLog {
     }
 }
 
-fn sync_dir(path: &Path) -> std::io::Result<()> {
+/// Makes a rename or creation in `path`'s directory durable.
+pub(crate) fn sync_dir(path: &Path) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

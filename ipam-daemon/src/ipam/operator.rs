@@ -358,6 +358,10 @@ mod tests {
             .status
     }
 
+    async fn pool_spec_and_status(s: &EmbeddedStore, name: &str) -> PodIpPool {
+        s.get_typed::<PodIpPool>(name).await.unwrap().unwrap().value
+    }
+
     /// The cluster-pool seed through the store: 256 nodes served, node 257's record says why it
     /// has no block and what to do, appending a CIDR serves it without touching the others, a
     /// mask change is refused in the pool's status while the pool keeps working.
@@ -386,12 +390,7 @@ mod tests {
                 && msg.contains("Append a CIDR"),
             "{msg}"
         );
-        let pool = s
-            .get_typed::<PodIpPool>("default")
-            .await
-            .unwrap()
-            .unwrap()
-            .value;
+        let pool = pool_spec_and_status(&s, "default").await;
         assert_eq!(
             (
                 pool.status.usage[0].total_blocks,
@@ -422,12 +421,7 @@ mod tests {
         )
         .await;
         let report = op.reconcile(&s).await.unwrap();
-        let pool = s
-            .get_typed::<PodIpPool>("default")
-            .await
-            .unwrap()
-            .unwrap()
-            .value;
+        let pool = pool_spec_and_status(&s, "default").await;
         assert!(!pool.status.conditions[0].status);
         assert!(
             pool.status.conditions[0].message.contains("/24 to /25"),

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_daemon::datapath::{PodProgram, pinned_pod_links};
+use ipam_daemon::datapath::{PodProgram, pinned_pod_links, unpin_pod_link};
 use ipam_tests::{
     netns::Netns,
     pod_net::{Pod, PodNode},
@@ -122,15 +122,10 @@ fn serve(
 
 /// Detaches the pod programs from the pods' veths (kernel routing from then on).
 fn detach_pod_programs(node: &PodNode) {
-    for link in pinned_pod_links(node.ipam.bpffs_root()).expect("pinned links") {
+    let root = node.ipam.bpffs_root();
+    for link in pinned_pod_links(root).expect("pinned links") {
         if link.program == PodProgram::FromContainer {
-            let pin = node.ipam.bpffs_root().join("links").join(format!(
-                "{}-{}-{}",
-                link.program.name(),
-                link.interface,
-                link.ifindex
-            ));
-            std::fs::remove_file(pin).expect("unpin pod link");
+            unpin_pod_link(root, &link).expect("unpin pod link");
         }
     }
 }

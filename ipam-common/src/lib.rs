@@ -1,11 +1,16 @@
 //! The contract between the eBPF programs (`ipam-ebpf`) and the daemon (`ipam-daemon`).
 //!
-//! Everything in here is `#[repr(C)]` with explicit padding and a compile-time size check, so
+//! It also holds [`Family`], the address family every crate shares.
+//!
+//! Everything else in here is `#[repr(C)]` with explicit padding and a compile-time size check, so
 //! both sides agree on every byte. Map names and capacities live here and nowhere else.
 #![no_std]
 
+mod family;
 pub mod l2;
 pub mod pod;
+
+pub use family::Family;
 
 /// `::ffff:a.b.c.d`: how maps keyed by address store IPv4, so one key type serves both families
 /// and a v4 key can never collide with a real v6 address.

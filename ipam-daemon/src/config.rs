@@ -20,13 +20,12 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::{
-    datapath::AttachMode,
-    ipam::{
-        Cidr, Family,
-        pool::{IpamMode, PodIpPoolSpec},
-    },
+use ipam_core::{
+    Cidr, Family,
+    pool::{IpamMode, PodIpPoolSpec},
 };
+
+use crate::datapath::AttachMode;
 
 /// Default bpffs directory that holds every map, program and link pin of the daemon.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
@@ -111,7 +110,7 @@ fn default_host_device() -> String {
 }
 
 fn default_socket() -> PathBuf {
-    PathBuf::from(crate::api::DEFAULT_SOCKET)
+    PathBuf::from(ipam_api::DEFAULT_SOCKET)
 }
 
 fn default_store() -> PathBuf {
@@ -383,7 +382,7 @@ mod tests {
         assert_eq!(ipam.families, vec![Family::V4, Family::V6]);
         assert_eq!(ipam.pools[0].spec.ipv6.as_ref().unwrap().mask_size, 120);
         assert_eq!(ipam.infra_pool, "default");
-        assert_eq!(ipam.socket, PathBuf::from(crate::api::DEFAULT_SOCKET));
+        assert_eq!(ipam.socket, PathBuf::from(ipam_api::DEFAULT_SOCKET));
 
         let e = parse("[ipam]\nmode = \"crd\"\n").unwrap_err().to_string();
         assert!(e.contains("crd") && e.contains("multi-pool"), "{e}");

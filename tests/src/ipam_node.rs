@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_daemon::api::{
+use ipam_api::{
     client::call,
     types::{Request, Response},
 };

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ipam_daemon::api::{
+use ipam_api::{
     client::call,
     types::{Request, Response},
 };

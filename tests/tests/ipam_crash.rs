@@ -120,7 +120,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
         time::Duration,
     };
 
-    use ipam_daemon::api::{
+    use ipam_api::{
         client::call,
         types::{Attachment, AttachmentId, Request, Response},
     };

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use ipam_daemon::daemon::ipam::{PublishedStatus, read_status};
+use ipam_daemon::daemon::status::{PublishedStatus, read_status};
 use ipam_tests::{BpffsRoot, TempFile, daemon::Daemon, netns::Netns, unique};
 
 struct Setup {
@@ -119,7 +119,7 @@ fn router_address_waits_for_its_pool_survives_sigkill_and_mode_change_is_refused
     let router = *ready.infra["router"].values().next().unwrap();
     assert!(
         "10.60.0.0/26"
-            .parse::<ipam_daemon::ipam::Cidr>()
+            .parse::<ipam_core::Cidr>()
             .unwrap()
             .contains(router),
         "{router}"

@@ -4,13 +4,11 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use ipam_daemon::{
-    api::{
-        client::call,
-        types::{AttachmentId, Request, Response},
-    },
-    datapath::PodMaps,
+use ipam_api::{
+    client::call,
+    types::{AttachmentId, Request, Response},
 };
+use ipam_daemon::datapath::PodMaps;
 use ipam_tests::pod_net::{CLIENT_V4, CLIENT_V6, Pod, PodNode, reaches, reaches_from};
 use serde_json::json;
 
@@ -153,12 +151,10 @@ fn connectivity_matrix_spoofing_del_and_gc() {
             .ipam
             .ns
             .ip(&["-o", "link"])
-            .contains(&ipam_daemon::cni::pod_network::host_veth_name(
-                &AttachmentId {
-                    container_id: c.container.clone(),
-                    ifname: "eth0".into()
-                }
-            )),
+            .contains(&ipam_cni::pod_network::host_veth_name(&AttachmentId {
+                container_id: c.container.clone(),
+                ifname: "eth0".into()
+            })),
         "the host side of the veth is gone"
     );
     assert!(node.cni("DEL", &c.container, Some(&c.ns)).0);

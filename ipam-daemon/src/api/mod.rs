@@ -1,10 +1,4 @@
-//! The daemon's local API: a Unix socket only root can use, one JSON request and one JSON
-//! response per connection. `ipam-cni` and `ipamctl` speak it through `client`; the daemon
-//! serves it with `server`. Types are versioned (`types::API_VERSION`).
+//! The daemon's side of the local API: the socket server. The request and response types and the
+//! client are the `ipam-api` crate, which `ipam-cni` links without the daemon.
 
-pub mod client;
 pub mod server;
-pub mod types;
-
-/// Default path of the daemon's socket.
-pub const DEFAULT_SOCKET: &str = "/run/ipam/ipamd.sock";

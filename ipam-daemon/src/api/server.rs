@@ -17,7 +17,7 @@ use tokio::{
     net::{UnixListener, UnixStream},
 };
 
-use super::types::{API_VERSION, Envelope, ErrorCode, Request, Response};
+use ipam_api::types::{API_VERSION, Envelope, ErrorCode, Request, Response};
 
 #[derive(Debug, Error)]
 pub enum ServerError {
@@ -144,13 +144,13 @@ async fn connection(stream: UnixStream, handler: Handler) -> std::io::Result<()>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::TempPath;
 
     #[tokio::test]
     async fn refuses_unsafe_directories_and_live_sockets_and_replaces_stale_ones() {
-        let dir = TempPath::new("api-dir");
-        std::fs::create_dir_all(&*dir).unwrap();
-        std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().join("api-dir");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let socket = dir.join("ipamd.sock");
         let e = bind(&socket).unwrap_err().to_string();
         assert!(
@@ -158,7 +158,7 @@ mod tests {
             "{e}"
         );
 
-        std::fs::set_permissions(&*dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         let listener = bind(&socket).unwrap();
         let mode = std::fs::metadata(&socket).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600, "only root may connect");
@@ -170,8 +170,8 @@ mod tests {
         bind(&socket).unwrap();
 
         // A directory that does not exist yet is created root-only.
-        let fresh = TempPath::new("api-fresh");
+        let fresh = temp.path().join("api-fresh");
         bind(&fresh.join("ipamd.sock")).unwrap();
-        assert_eq!(std::fs::metadata(&*fresh).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(std::fs::metadata(&fresh).unwrap().mode() & 0o777, 0o700);
     }
 }

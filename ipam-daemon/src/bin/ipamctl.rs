@@ -2,6 +2,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand};
+use ipam_api::types::Mac;
 use ipam_common::{l2::ResponderStat, pod::PodStat};
 use ipam_daemon::{
     clock,
@@ -100,7 +101,7 @@ fn announcements(root: &std::path::Path) -> anyhow::Result<()> {
             "{:<40} {:<16} {:<18} {:>12}",
             e.ip,
             iface::name(e.ifindex),
-            iface::format_mac(&e.mac),
+            Mac(e.mac).to_string(),
             e.replies
         );
     }
@@ -136,8 +137,8 @@ fn endpoints(root: &std::path::Path, state_dir: &std::path::Path) -> anyhow::Res
             ip,
             iface::name(e.host_ifindex),
             e.host_ifindex,
-            iface::format_mac(&e.pod_mac),
-            iface::format_mac(&e.host_mac),
+            Mac(e.pod_mac).to_string(),
+            Mac(e.host_mac).to_string(),
             owner(ip)
         );
     }
@@ -186,6 +187,9 @@ fn status(root: &std::path::Path) -> anyhow::Result<()> {
             a.ifindex,
             a.form.name()
         );
+        if let Some(caveat) = a.caveat() {
+            println!("    WARNING: {caveat}");
+        }
     }
     if attachments.is_empty() {
         println!("  (none)");
@@ -200,7 +204,7 @@ fn status(root: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn ipam_status(state_dir: &std::path::Path) -> anyhow::Result<()> {
-    let status = ipam_daemon::daemon::ipam::read_status(state_dir).map_err(|e| {
+    let status = ipam_daemon::daemon::status::read_status(state_dir).map_err(|e| {
         anyhow::anyhow!(
             "cannot read the IPAM status under {}: {e}; is ipamd running with ipam.state_dir = {}?",
             state_dir.display(),

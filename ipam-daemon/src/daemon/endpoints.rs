@@ -12,10 +12,12 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use ipam_api::types::{AttachmentId, Endpoint};
 use ipam_common::pod::{PodEndpoint, PodStat};
+use ipam_core::atomic_file;
+use thiserror::Error;
 
 use crate::{
-    api::types::{AttachmentId, Endpoint, ErrorCode, Response},
     datapath::{Datapath, DatapathError, PodProgram, pinned_pod_links},
     net::iface,
 };
@@ -43,10 +45,40 @@ pub struct EndpointReport {
     pub adopted: usize,
 }
 
-fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::Error {
-        code,
-        message: message.into(),
+/// Why an endpoint could not be registered, removed or reconciled.
+#[derive(Debug, Error)]
+pub enum EndpointError {
+    /// The plugin claims an address the daemon did not allocate to the attachment.
+    #[error(
+        "container {container} interface {ifname}: address {ip} is not allocated to it (it \
+         holds {held:?}); run CNI ADD again"
+    )]
+    NotAllocated {
+        container: String,
+        ifname: String,
+        ip: IpAddr,
+        held: Vec<IpAddr>,
+    },
+    #[error("container {container}: {source}")]
+    Datapath {
+        container: String,
+        #[source]
+        source: DatapathError,
+    },
+    #[error(transparent)]
+    Reconcile(#[from] DatapathError),
+    #[error("cannot write the endpoint table {file}: {source}; check the state directory")]
+    Persist {
+        file: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl EndpointError {
+    fn datapath(id: &AttachmentId) -> impl FnOnce(DatapathError) -> Self {
+        let container = id.container_id.clone();
+        move |source| Self::Datapath { container, source }
     }
 }
 
@@ -79,39 +111,31 @@ impl Endpoints {
     /// Programs the datapath for `endpoint`: map entries for its addresses, the pod program on
     /// its host veth. `held` are the addresses the daemon allocated to the attachment; an
     /// endpoint may only claim those.
-    pub fn register(&self, endpoint: Endpoint, held: &[IpAddr]) -> Response {
+    pub fn register(&self, endpoint: Endpoint, held: &[IpAddr]) -> Result<(), EndpointError> {
         let owner = endpoint.id.owner();
         if let Some(ip) = endpoint.ips.iter().find(|ip| !held.contains(ip)) {
-            return error(
-                ErrorCode::BadRequest,
-                format!(
-                    "container {} interface {}: address {ip} is not allocated to it (it holds {held:?}); \
-                     run CNI ADD again",
-                    endpoint.id.container_id, endpoint.id.ifname
-                ),
-            );
+            return Err(EndpointError::NotAllocated {
+                container: endpoint.id.container_id.clone(),
+                ifname: endpoint.id.ifname.clone(),
+                ip: *ip,
+                held: held.to_vec(),
+            });
         }
         let mut table = self.table.lock().expect("endpoint table lock");
         let previous = table.get(&owner).cloned();
         let mut datapath = self.datapath.lock().expect("datapath lock");
-        if let Some(old) = &previous
-            && let Err(e) = unprogram(&mut datapath, old, Some(&endpoint))
-        {
-            return error(ErrorCode::Failed, e.to_string());
+        if let Some(old) = &previous {
+            unprogram(&mut datapath, old, Some(&endpoint))
+                .map_err(EndpointError::datapath(&endpoint.id))?;
         }
         if let Err(e) = program(&mut datapath, &endpoint) {
             // Leave nothing half-done: the runtime retries the ADD.
             let _ = unprogram(&mut datapath, &endpoint, None);
-            return error(
-                ErrorCode::Failed,
-                format!("container {}: {e}", endpoint.id.container_id),
-            );
+            return Err(EndpointError::datapath(&endpoint.id)(e));
         }
         drop(datapath);
         table.insert(owner.clone(), endpoint.clone());
-        if let Err(e) = persist(&self.file, &table) {
-            return error(ErrorCode::Failed, e);
-        }
+        persist(&self.file, &table)?;
         tracing::info!(
             owner = owner.as_str(),
             pod = endpoint.pod.as_deref(),
@@ -119,11 +143,11 @@ impl Endpoints {
             ips = ?endpoint.ips,
             "endpoint registered"
         );
-        Response::Registered
+        Ok(())
     }
 
     /// Forgets the endpoint of `id`, if there is one.
-    pub fn remove(&self, id: &AttachmentId) -> Result<Option<Endpoint>, String> {
+    pub fn remove(&self, id: &AttachmentId) -> Result<Option<Endpoint>, EndpointError> {
         let mut table = self.table.lock().expect("endpoint table lock");
         let Some(endpoint) = table.get(&id.owner()).cloned() else {
             return Ok(None);
@@ -133,7 +157,7 @@ impl Endpoints {
             &endpoint,
             None,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(EndpointError::datapath(id))?;
         table.remove(&id.owner());
         persist(&self.file, &table)?;
         tracing::info!(
@@ -145,7 +169,10 @@ impl Endpoints {
     }
 
     /// Removes every endpoint whose attachment is not in `valid` (CNI GC).
-    pub fn retain(&self, valid: &HashSet<&AttachmentId>) -> Result<Vec<AttachmentId>, String> {
+    pub fn retain(
+        &self,
+        valid: &HashSet<&AttachmentId>,
+    ) -> Result<Vec<AttachmentId>, EndpointError> {
         let stale: Vec<AttachmentId> = self
             .table
             .lock()
@@ -186,7 +213,7 @@ impl Endpoints {
     /// Brings the datapath in line with the table: endpoints whose veth is gone are forgotten,
     /// every other one gets its map entries and program (adopting the pinned links of the
     /// previous daemon), and map entries or links that belong to no endpoint are removed.
-    pub fn reconcile(&self) -> Result<EndpointReport, String> {
+    pub fn reconcile(&self) -> Result<EndpointReport, EndpointError> {
         let mut report = EndpointReport::default();
         let mut table = self.table.lock().expect("endpoint table lock");
         let mut datapath = self.datapath.lock().expect("datapath lock");
@@ -197,7 +224,7 @@ impl Endpoints {
             .collect();
         for owner in &vanished {
             if let Some(endpoint) = table.remove(owner) {
-                unprogram(&mut datapath, &endpoint, None).map_err(|e| e.to_string())?;
+                unprogram(&mut datapath, &endpoint, None)?;
             }
         }
         report.vanished = vanished;
@@ -210,28 +237,26 @@ impl Endpoints {
                 endpoint.host_ifindex,
             );
             if first || !linked {
-                if program(&mut datapath, endpoint).map_err(|e| e.to_string())? {
+                if program(&mut datapath, endpoint)? {
                     report.adopted += 1;
                 }
             } else {
-                write_entries(&mut datapath, endpoint).map_err(|e| e.to_string())?;
+                write_entries(&mut datapath, endpoint)?;
             }
             wanted.extend(endpoint.ips.iter().copied());
         }
-        for (ip, _) in datapath.pods().list().map_err(|e| e.to_string())? {
+        for (ip, _) in datapath.pods().list()? {
             if !wanted.contains(&ip) {
-                datapath.pods().remove(ip).map_err(|e| e.to_string())?;
+                datapath.pods().remove(ip)?;
                 report.stale_entries.push(ip);
             }
         }
-        for link in pinned_pod_links(datapath.root()).map_err(|e| e.to_string())? {
+        for link in pinned_pod_links(datapath.root())? {
             let owned = table
                 .values()
                 .any(|e| e.host_ifindex == link.ifindex && e.host_ifname == link.interface);
             if link.program == PodProgram::FromContainer && !owned {
-                datapath
-                    .detach_pod_program(link.program, &link.interface, link.ifindex)
-                    .map_err(|e| e.to_string())?;
+                datapath.detach_pod_program(link.program, &link.interface, link.ifindex)?;
             }
         }
         if !report.vanished.is_empty() {
@@ -301,20 +326,13 @@ pub fn read_table(state_dir: &Path) -> io::Result<Vec<Endpoint>> {
     }
 }
 
-fn persist(file: &Path, table: &BTreeMap<String, Endpoint>) -> Result<(), String> {
+fn persist(file: &Path, table: &BTreeMap<String, Endpoint>) -> Result<(), EndpointError> {
     let endpoints: Vec<&Endpoint> = table.values().collect();
-    let bytes = serde_json::to_vec_pretty(&endpoints).map_err(|e| e.to_string())?;
-    write_atomically(file, &bytes)
-        .map_err(|e| format!("cannot write the endpoint table {}: {e}", file.display()))
-}
-
-/// Writes `bytes` to `path` so that a crash leaves either the old or the new content.
-fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()?;
-    std::fs::rename(&tmp, path)?;
-    crate::ipam::alloclog::sync_dir(path)
+    let bytes = serde_json::to_vec_pretty(&endpoints).expect("endpoints serialise");
+    atomic_file::replace(file, &bytes)
+        .map(drop)
+        .map_err(|source| EndpointError::Persist {
+            file: file.to_owned(),
+            source,
+        })
 }

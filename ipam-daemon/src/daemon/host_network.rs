@@ -15,11 +15,23 @@ use std::{
     },
 };
 
+use ipam_common::Family;
+use ipam_netlink::{Netlink, NetlinkError};
+use thiserror::Error;
+
 use crate::{
     datapath::{Datapath, PodProgram},
-    ipam::Family,
-    net::{iface, netlink::Netlink},
+    net::iface,
 };
+
+/// Why the host device is not complete yet; every case is retried on the next pass.
+#[derive(Debug, Error)]
+pub(super) enum HostDeviceError {
+    #[error("waiting for the node's router addresses")]
+    NoRouterAddress,
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+}
 
 pub(super) struct HostNetwork {
     device: String,
@@ -61,7 +73,7 @@ impl HostNetwork {
     }
 
     /// One pass: forwarding on, the device with the `routers` addresses, uplinks attached.
-    pub(super) async fn sync(&mut self, routers: &[IpAddr], datapath: &Arc<Mutex<Datapath>>) {
+    pub(super) fn sync(&mut self, routers: &[IpAddr], datapath: &Arc<Mutex<Datapath>>) {
         let mut waiting = Vec::new();
         if !self.forwarding {
             match enable_forwarding() {
@@ -69,7 +81,7 @@ impl HostNetwork {
                 Err(e) => waiting.push(format!("IP forwarding: {e}")),
             }
         }
-        let device = self.sync_device(routers).await;
+        let device = self.sync_device(routers);
         self.gateway_ready.store(device.is_ok(), Ordering::SeqCst);
         if let Err(e) = device {
             waiting.push(format!("host device {}: {e}", self.device));
@@ -112,7 +124,8 @@ impl HostNetwork {
         }
     }
 
-    async fn sync_device(&mut self, routers: &[IpAddr]) -> Result<(), String> {
+    /// Netlink answers in microseconds, so this blocking work runs inline in the IPAM pass.
+    fn sync_device(&mut self, routers: &[IpAddr]) -> Result<(), HostDeviceError> {
         if iface::index(&self.device).is_err() {
             // Not created yet, or deleted behind our back: (re)create it with every address.
             self.on_device.clear();
@@ -121,30 +134,17 @@ impl HostNetwork {
             return Ok(());
         }
         if routers.is_empty() {
-            return Err("waiting for the node's router addresses".to_owned());
+            return Err(HostDeviceError::NoRouterAddress);
         }
-        let netlink = match &self.netlink {
-            Some(n) => n.clone(),
-            None => {
-                let n = Netlink::open().map_err(|e| format!("cannot open netlink: {e}"))?;
-                self.netlink = Some(n.clone());
-                n
-            }
+        let netlink = match &mut self.netlink {
+            Some(n) => n,
+            slot => slot.insert(Netlink::open()?),
         };
         let peer = format!("{}_peer", self.device.chars().take(10).collect::<String>());
-        let link = netlink
-            .ensure_host_pair(&self.device, &peer)
-            .await
-            .map_err(|e| e.to_string())?;
-        netlink
-            .set_up(link.index)
-            .await
-            .map_err(|e| e.to_string())?;
+        let link = netlink.ensure_host_pair(&self.device, &peer)?;
+        netlink.set_up(link.index)?;
         for ip in routers {
-            netlink
-                .add_address(link.index, *ip, Family::of(*ip).bits())
-                .await
-                .map_err(|e| e.to_string())?;
+            netlink.add_address(link.index, *ip, Family::of(*ip).bits())?;
             self.on_device.insert(*ip);
             tracing::info!(device = self.device.as_str(), %ip, "router address on host device");
         }

@@ -3,32 +3,30 @@
 //! the status it publishes for `ipamctl ipam status`.
 
 use std::{
-    collections::BTreeMap,
     net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, atomic::Ordering},
 };
 
-use serde::{Deserialize, Serialize};
-
-use super::{endpoints::Endpoints, host_network::HostNetwork};
-use crate::{
-    api::server::Handler,
+use ipam_core::{
+    Family,
+    agent::{AgentError, NodeAgent},
     backoff::Backoff,
-    config::IpamSettings,
-    datapath::Datapath,
-    ipam::{
-        Cidr, Family,
-        agent::{AgentError, NodeAgent},
-        infra::{INFRA_RETRY_CAP, allocate_waiting},
-        multipool::Watermarks,
-        node::{HEALTH_OWNER, INGRESS_OWNER, ROUTER_OWNER},
-        operator::{Operator, OperatorError, record_mode},
-        pool::IpamMode,
-        resources::{Condition, FamilyUsageStatus, NodeIpam, PodIpPool, PoolStatus},
-    },
+    infra::{INFRA_RETRY_CAP, allocate_waiting},
+    multipool::Watermarks,
+    node::{HEALTH_OWNER, INGRESS_OWNER, ROUTER_OWNER},
+    operator::{Operator, OperatorError, record_mode},
+    resources::{NodeIpam, PodIpPool, PoolStatus},
     store::{StoreError, TypedStore, embedded::EmbeddedStore},
 };
+
+use super::{
+    endpoints::Endpoints,
+    host_network::HostNetwork,
+    infra_state::InfraState,
+    status::{PoolSummary, PublishedStatus, STATUS_FILE, write_status},
+};
+use crate::{api::server::Handler, config::IpamSettings, datapath::Datapath};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IpamRuntimeError {
@@ -38,37 +36,13 @@ pub enum IpamRuntimeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Agent(#[from] AgentError),
-    #[error("cannot create directory {path} for IPAM state: {source}")]
+    #[error("cannot write IPAM state at {path}: {source}; check the state directory")]
     Dir {
         path: PathBuf,
         source: std::io::Error,
     },
     #[error("cannot restore the pod endpoints: {0}")]
     Endpoints(std::io::Error),
-}
-
-/// What `ipamctl ipam status` shows; written to `<state_dir>/status.json` after every pass.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PublishedStatus {
-    pub node: String,
-    pub mode: Option<IpamMode>,
-    pub pools: Vec<PoolSummary>,
-    pub node_blocks: Vec<Cidr>,
-    pub node_conditions: Vec<Condition>,
-    /// purpose -> family -> address, e.g. router -> v4 -> 10.244.0.1.
-    pub infra: BTreeMap<String, BTreeMap<Family, IpAddr>>,
-    /// What the infra allocation waits for, if it waits.
-    pub waiting: Option<String>,
-    pub allocations: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolSummary {
-    pub name: String,
-    pub conditions: Vec<Condition>,
-    pub usage: Vec<FamilyUsageStatus>,
 }
 
 pub struct IpamRuntime {
@@ -88,13 +62,6 @@ pub struct IpamRuntime {
 /// Endpoints are checked against the node's interfaces every this many passes (pods deleted
 /// without CNI DEL leave entries behind until then).
 const ENDPOINT_CHECK_PASSES: u64 = 20;
-
-/// The node's router and health addresses, and what their allocation waits for.
-#[derive(Debug, Clone, Default)]
-pub(super) struct InfraState {
-    pub(super) addresses: BTreeMap<String, BTreeMap<Family, IpAddr>>,
-    pub(super) waiting: Option<String>,
-}
 
 fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
     std::fs::create_dir_all(path).map_err(|source| IpamRuntimeError::Dir {
@@ -263,7 +230,7 @@ impl IpamRuntime {
             .get(ROUTER_OWNER)
             .map(|m| m.values().copied().collect())
             .unwrap_or_default();
-        self.host.sync(&routers, &self.datapath).await;
+        self.host.sync(&routers, &self.datapath);
         self.passes += 1;
         if self.passes.is_multiple_of(ENDPOINT_CHECK_PASSES) {
             log_endpoint_report(&self.endpoints);
@@ -316,7 +283,12 @@ impl IpamRuntime {
         if self.published.as_ref() == Some(&status) && file.exists() {
             return Ok(());
         }
-        write_status(&self.settings.state_dir, &status)?;
+        write_status(&self.settings.state_dir, &status).map_err(|source| {
+            IpamRuntimeError::Dir {
+                path: file.clone(),
+                source,
+            }
+        })?;
         self.published = Some(status);
         Ok(())
     }
@@ -360,19 +332,6 @@ async fn apply_pools<S: TypedStore>(
     Ok(())
 }
 
-pub const STATUS_FILE: &str = "status.json";
-
-fn write_status(dir: &Path, status: &PublishedStatus) -> Result<(), IpamRuntimeError> {
-    let tmp = dir.join(format!("{STATUS_FILE}.tmp"));
-    let json = serde_json::to_vec_pretty(status).expect("status serialises");
-    std::fs::write(&tmp, json)
-        .and_then(|()| std::fs::rename(&tmp, dir.join(STATUS_FILE)))
-        .map_err(|source| IpamRuntimeError::Dir {
-            path: dir.join(STATUS_FILE),
-            source,
-        })
-}
-
 /// Reconciles the endpoint table with the datapath and logs what changed.
 fn log_endpoint_report(endpoints: &Endpoints) {
     match endpoints.reconcile() {
@@ -392,11 +351,4 @@ fn log_endpoint_report(endpoints: &Endpoints) {
         }
         Err(e) => tracing::error!("cannot reconcile pod endpoints with the datapath: {e}"),
     }
-}
-
-/// Reads the status the daemon published under `state_dir`.
-pub fn read_status(state_dir: &Path) -> std::io::Result<PublishedStatus> {
-    let bytes = std::fs::read(state_dir.join(STATUS_FILE))?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }

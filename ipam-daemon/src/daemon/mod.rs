@@ -4,8 +4,10 @@
 
 pub mod endpoints;
 mod host_network;
+mod infra_state;
 pub mod ipam;
 mod pods;
+pub mod status;
 
 use std::{
     path::PathBuf,
@@ -16,8 +18,9 @@ use std::{
 use thiserror::Error;
 use tokio::signal::unix::{SignalKind, signal};
 
+use ipam_core::backoff::Backoff;
+
 use crate::{
-    backoff::Backoff,
     config::{Config, ConfigError},
     datapath::{Datapath, DatapathError},
     l2::announcer::{self, AnnounceError, ReconcileReport},
@@ -170,6 +173,9 @@ fn log_report(report: &ReconcileReport) {
             adopted = a.adopted,
             "responder attached"
         );
+        if let Some(caveat) = a.caveat() {
+            tracing::warn!(interface = a.interface.as_str(), "{caveat}");
+        }
     }
     for (ip, interface) in &report.announced {
         tracing::info!(%ip, interface = interface.as_str(), "announcing (gratuitous announcement sent)");

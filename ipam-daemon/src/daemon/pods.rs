@@ -6,14 +6,16 @@ use std::{
     sync::{Arc, Mutex, atomic::AtomicBool},
 };
 
-use super::{endpoints::Endpoints, ipam::InfraState};
-use crate::{
-    api::types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response},
-    ipam::{
-        Family,
-        durable::{DurableAllocator, DurableError},
-        node::{AllocError, ROUTER_OWNER},
-    },
+use ipam_api::types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response};
+use ipam_core::{
+    Family,
+    durable::{DurableAllocator, DurableError},
+    node::{AllocError, ROUTER_OWNER},
+};
+
+use super::{
+    endpoints::{EndpointError, Endpoints},
+    infra_state::InfraState,
 };
 
 /// Pod allocations served over the API.
@@ -29,11 +31,14 @@ pub(super) struct PodAllocations {
     pub(super) host_device: String,
 }
 
-fn error(code: ErrorCode, message: impl Into<String>) -> Response {
-    Response::Error {
-        code,
-        message: message.into(),
-    }
+/// The API's answer for an endpoint failure: a claim of someone else's address is the
+/// caller's mistake, everything else a failure on this node.
+fn endpoint_error(e: EndpointError) -> Response {
+    let code = match e {
+        EndpointError::NotAllocated { .. } => ErrorCode::BadRequest,
+        _ => ErrorCode::Failed,
+    };
+    Response::error(code, e.to_string())
 }
 
 impl PodAllocations {
@@ -42,7 +47,7 @@ impl PodAllocations {
             Request::Allocate(a) => self.allocate(&a.id, a.pod.as_deref()),
             Request::Release(a) => self.release(&a.id),
             Request::Check(a) => match self.held(&a.id) {
-                ips if ips.is_empty() => error(
+                ips if ips.is_empty() => Response::error(
                     ErrorCode::Unknown,
                     format!(
                         "container {} interface {} has no address on this node",
@@ -53,23 +58,26 @@ impl PodAllocations {
             },
             Request::Gc { valid } => self.collect(&valid),
             Request::Status => match self.not_ready() {
-                Some(why) => error(ErrorCode::NotReady, why),
+                Some(why) => Response::error(ErrorCode::NotReady, why),
                 None => Response::Ready,
             },
             Request::RegisterEndpoint(endpoint) => {
                 let held: Vec<IpAddr> = self.held(&endpoint.id).iter().map(|i| i.address).collect();
-                self.endpoints.register(endpoint, &held)
+                match self.endpoints.register(endpoint, &held) {
+                    Ok(()) => Response::Registered,
+                    Err(e) => endpoint_error(e),
+                }
             }
             Request::RemoveEndpoint(id) => match self.endpoints.remove(&id) {
                 Ok(endpoint) => Response::EndpointRemoved { endpoint },
-                Err(e) => error(ErrorCode::Failed, e),
+                Err(e) => endpoint_error(e),
             },
             Request::Endpoints => match self.endpoints.stats() {
                 Ok(stats) => Response::Endpoints {
                     endpoints: self.endpoints.list(),
                     stats,
                 },
-                Err(e) => error(ErrorCode::Failed, e.to_string()),
+                Err(e) => Response::error(ErrorCode::Failed, e.to_string()),
             },
         }
     }
@@ -127,7 +135,7 @@ impl PodAllocations {
 
     fn allocate(&self, id: &AttachmentId, pod: Option<&str>) -> Response {
         if let Some(why) = self.not_ready() {
-            return error(ErrorCode::NotReady, why);
+            return Response::error(ErrorCode::NotReady, why);
         }
         let owner = id.owner();
         let who = pod.map_or_else(
@@ -143,12 +151,12 @@ impl PodAllocations {
                 )) => {
                     // Ask for a block; the runtime retries the ADD (CNI code 11).
                     self.demand.store(true, std::sync::atomic::Ordering::SeqCst);
-                    return error(
+                    return Response::error(
                         ErrorCode::NotReady,
                         format!("{who}: {e}; requested a block, try again later"),
                     );
                 }
-                Err(e) => return error(ErrorCode::Failed, format!("{who}: {e}")),
+                Err(e) => return Response::error(ErrorCode::Failed, format!("{who}: {e}")),
             }
         }
         tracing::info!(owner = owner.as_str(), pod, ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated");
@@ -158,7 +166,7 @@ impl PodAllocations {
     fn release(&self, id: &AttachmentId) -> Response {
         // Never leave the datapath pointing at an address that is free again.
         if let Err(e) = self.endpoints.remove(id) {
-            return error(ErrorCode::Failed, e);
+            return endpoint_error(e);
         }
         let owner = id.owner();
         let mut ips = Vec::new();
@@ -166,7 +174,7 @@ impl PodAllocations {
             match self.alloc.release(&owner, family) {
                 Ok(Some(ip)) => ips.push(ip),
                 Ok(None) => {}
-                Err(e) => return error(ErrorCode::Failed, e.to_string()),
+                Err(e) => return Response::error(ErrorCode::Failed, e.to_string()),
             }
         }
         if !ips.is_empty() {
@@ -187,7 +195,7 @@ impl PodAllocations {
     fn collect(&self, valid: &[AttachmentId]) -> Response {
         let valid: std::collections::HashSet<&AttachmentId> = valid.iter().collect();
         if let Err(e) = self.endpoints.retain(&valid) {
-            return error(ErrorCode::Failed, e);
+            return endpoint_error(e);
         }
         let stale: std::collections::BTreeSet<String> = self.alloc.with(|a| {
             a.allocations()
@@ -202,7 +210,7 @@ impl PodAllocations {
         for owner in stale {
             let id = AttachmentId::from_owner(&owner).expect("filtered above");
             if let Response::Error { message, .. } = self.release(&id) {
-                return error(ErrorCode::Failed, message);
+                return Response::error(ErrorCode::Failed, message);
             }
             released.push(id);
         }

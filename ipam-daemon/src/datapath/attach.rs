@@ -1,20 +1,22 @@
-//! Attaching the responder to interfaces, with links pinned so they outlive the daemon.
+//! Attaching the responder to interfaces, with links pinned (`links`) so they outlive the daemon.
 //!
 //! On start the daemon adopts the links its predecessor pinned and atomically swaps its own
 //! freshly loaded program into them (`bpf_link_update`): the interface is never without a
 //! responder, which is what keeps answers flowing across restarts and upgrades.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aya::programs::{
-    LinkOrder, SchedClassifier, TcAttachType,
+    LinkOrder,
     links::{FdLink, PinnedLink},
-    tc::{SchedClassifierLink, TcAttachOptions},
     xdp::{XdpLink, XdpMode},
 };
 use serde::Deserialize;
 
-use super::{Datapath, DatapathError};
+use super::{
+    Datapath, DatapathError,
+    links::{self, AdoptError, LinkPin, LinkedProgram},
+};
 use crate::net::iface;
 
 /// How the operator wants the responder attached to an interface.
@@ -62,27 +64,26 @@ pub struct Attachment {
     pub adopted: bool,
 }
 
-const LINK_PREFIX: &str = "l2_responder";
-
-fn link_pin(root: &Path, form: AttachForm, interface: &str, ifindex: u32) -> PathBuf {
-    root.join("links").join(format!(
-        "{LINK_PREFIX}-{}-{interface}-{ifindex}",
-        form.name()
-    ))
+impl Attachment {
+    /// Why this attachment may not answer although it attached, if it may not. A native XDP
+    /// reply on a veth (XDP_TX) reaches the peer only when the peer runs an XDP program of its
+    /// own (or has GRO on): the kernel reports success either way, so the daemon and `ipamctl
+    /// status` say it instead of reporting a silent success.
+    pub fn caveat(&self) -> Option<String> {
+        let veth = iface::driver(&self.interface).as_deref() == Some("veth");
+        (self.form == AttachForm::XdpNative && veth).then(|| {
+            format!(
+                "interface {} is a veth with the responder in native XDP: its replies reach \
+                 the peer only if the peer runs an XDP program (or has GRO enabled); use \
+                 attach = \"tc\" (faster on veth) or \"auto\" for this interface",
+                self.interface
+            )
+        })
+    }
 }
 
-/// Parses a link pin name back into (form, interface, ifindex).
-fn parse_link_pin(name: &str) -> Option<(AttachForm, &str, u32)> {
-    let rest = name.strip_prefix(LINK_PREFIX)?.strip_prefix('-')?;
-    let (form, rest) = [
-        AttachForm::XdpNative,
-        AttachForm::XdpGeneric,
-        AttachForm::Tc,
-    ]
-    .into_iter()
-    .find_map(|f| Some((f, rest.strip_prefix(f.name())?.strip_prefix('-')?)))?;
-    let (interface, ifindex) = rest.rsplit_once('-')?;
-    Some((form, interface, ifindex.parse().ok()?))
+fn responder_pin(form: AttachForm, interface: &str, ifindex: u32) -> LinkPin {
+    LinkPin::new(LinkedProgram::Responder(form), interface, ifindex)
 }
 
 impl Datapath {
@@ -105,7 +106,7 @@ impl Datapath {
         };
         // An adoptable link in one of the acceptable forms wins: no detach, no gap.
         for &form in forms {
-            let pin = link_pin(&self.root, form, interface, ifindex);
+            let pin = responder_pin(form, interface, ifindex).path(&self.root);
             if pin.exists() {
                 match self.adopt(form, &pin) {
                     Ok(()) => {
@@ -161,37 +162,33 @@ impl Datapath {
         keep: &[Attachment],
     ) -> Result<Vec<String>, DatapathError> {
         let mut removed = Vec::new();
-        for (name, form, interface, ifindex) in self.pinned_links()? {
-            let wanted = keep
-                .iter()
-                .any(|a| a.form == form && a.interface == interface && a.ifindex == ifindex);
+        for attachment in pinned_attachments(&self.root)? {
+            let wanted = keep.iter().any(|a| {
+                a.form == attachment.form
+                    && a.interface == attachment.interface
+                    && a.ifindex == attachment.ifindex
+            });
             if !wanted {
-                self.unpin_link(&name)?;
-                removed.push(interface);
+                links::unpin(
+                    &self.root,
+                    &responder_pin(attachment.form, &attachment.interface, attachment.ifindex),
+                )?;
+                removed.push(attachment.interface);
             }
         }
         Ok(removed)
     }
 
     fn detach_other_forms(&self, ifindex: u32, keep: AttachForm) -> Result<(), DatapathError> {
-        for (name, form, _, idx) in self.pinned_links()? {
-            if idx == ifindex && form != keep {
-                self.unpin_link(&name)?;
+        for a in pinned_attachments(&self.root)? {
+            if a.ifindex == ifindex && a.form != keep {
+                links::unpin(&self.root, &responder_pin(a.form, &a.interface, a.ifindex))?;
             }
         }
         Ok(())
     }
 
-    fn pinned_links(&self) -> Result<Vec<(String, AttachForm, String, u32)>, DatapathError> {
-        pinned_links(&self.root)
-    }
-
-    fn unpin_link(&self, name: &str) -> Result<(), DatapathError> {
-        let path = self.root.join("links").join(name);
-        std::fs::remove_file(&path).map_err(|source| DatapathError::PinDir { path, source })
-    }
-
-    fn adopt(&mut self, form: AttachForm, pin: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    fn adopt(&mut self, form: AttachForm, pin: &Path) -> Result<(), AdoptError> {
         let link = FdLink::from(PinnedLink::from_pin(pin)?);
         match form {
             AttachForm::XdpNative | AttachForm::XdpGeneric => {
@@ -201,7 +198,7 @@ impl Datapath {
                 // when this process exits.
                 drop(program.take_link(id)?);
             }
-            AttachForm::Tc => adopt_tc_link(self.responder_tc(), link)?,
+            AttachForm::Tc => links::adopt_tc_link(self.responder_tc(), link)?,
         }
         Ok(())
     }
@@ -212,13 +209,15 @@ impl Datapath {
         interface: &str,
         ifindex: u32,
     ) -> Result<(), DatapathError> {
-        let attach_error = |source| DatapathError::Attach {
-            interface: interface.to_owned(),
-            form: form.name(),
-            source: Box::new(source),
-        };
-        let fd_link: FdLink = match form {
+        let pin = responder_pin(form, interface, ifindex);
+        let root = self.root.clone();
+        match form {
             AttachForm::XdpNative | AttachForm::XdpGeneric => {
+                let attach_error = |source| DatapathError::Attach {
+                    interface: interface.to_owned(),
+                    program: pin.program.pin_prefix(),
+                    source: Box::new(source),
+                };
                 let mode = if form == AttachForm::XdpNative {
                     XdpMode::Driver
                 } else {
@@ -227,127 +226,33 @@ impl Datapath {
                 let program = self.responder_xdp();
                 let id = program.attach(interface, mode).map_err(attach_error)?;
                 let link = program.take_link(id).map_err(attach_error)?;
-                FdLink::try_from(link).map_err(|e| pin_error(interface, &self.root, e))?
+                let fd_link =
+                    FdLink::try_from(link).map_err(|e| links::pin_error(&pin, &root, e))?;
+                links::pin_link(fd_link, &pin, &root)
             }
             // First in line: ARP and NS frames are answered before other programs spend time
             // on them.
             AttachForm::Tc => {
-                let root = self.root.clone();
-                tc_ingress_link(
-                    self.responder_tc(),
-                    interface,
-                    LinkOrder::first(),
-                    form.name(),
-                    &root,
-                )?
+                links::attach_tc_ingress(self.responder_tc(), &pin, LinkOrder::first(), &root)
             }
-        };
-        let pin = link_pin(&self.root, form, interface, ifindex);
-        fd_link
-            .pin(&pin)
-            .map_err(|e| pin_error(interface, &pin, e))?;
-        Ok(())
+        }
     }
 }
 
 /// The responder attachments pinned under `root`, as the running daemon left them.
 pub fn pinned_attachments(root: &Path) -> Result<Vec<Attachment>, DatapathError> {
-    let mut out: Vec<Attachment> = pinned_links(root)?
+    let mut out: Vec<Attachment> = links::pinned_links(root)?
         .into_iter()
-        .map(|(_, form, interface, ifindex)| Attachment {
-            interface,
-            ifindex,
-            form,
-            adopted: true,
+        .filter_map(|pin| match pin.program {
+            LinkedProgram::Responder(form) => Some(Attachment {
+                interface: pin.interface,
+                ifindex: pin.ifindex,
+                form,
+                adopted: true,
+            }),
+            LinkedProgram::Pod(_) => None,
         })
         .collect();
     out.sort_by_key(|a| a.ifindex);
     Ok(out)
-}
-
-fn pinned_links(root: &Path) -> Result<Vec<(String, AttachForm, String, u32)>, DatapathError> {
-    let dir = root.join("links");
-    let entries = std::fs::read_dir(&dir).map_err(|source| DatapathError::PinDir {
-        path: dir.clone(),
-        source,
-    })?;
-    Ok(entries
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let (form, interface, ifindex) = parse_link_pin(&name)?;
-            Some((name.clone(), form, interface.to_owned(), ifindex))
-        })
-        .collect())
-}
-
-/// Attaches `classifier` at TC ingress of `interface` (a tcx link at `order`) and returns the link
-/// as an fd link, owned by nobody yet: the caller pins it. `what` names the program in errors.
-pub(super) fn tc_ingress_link(
-    classifier: &mut SchedClassifier,
-    interface: &str,
-    order: LinkOrder,
-    what: &'static str,
-    root: &Path,
-) -> Result<FdLink, DatapathError> {
-    let attach_error = |source| DatapathError::Attach {
-        interface: interface.to_owned(),
-        form: what,
-        source: Box::new(source),
-    };
-    let id = classifier
-        .attach_with_options(
-            interface,
-            TcAttachType::Ingress,
-            TcAttachOptions::TcxOrder(order),
-        )
-        .map_err(attach_error)?;
-    let link = classifier.take_link(id).map_err(attach_error)?;
-    FdLink::try_from(link).map_err(|e| pin_error(interface, root, e))
-}
-
-/// Swaps `classifier` into a link adopted from a pin (`bpf_link_update`), leaving the link owned
-/// by the pin: a link the program still owned would be detached when this process exits.
-pub(super) fn adopt_tc_link(
-    classifier: &mut SchedClassifier,
-    link: FdLink,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let id = classifier.attach_to_link(SchedClassifierLink::try_from(link)?)?;
-    drop(classifier.take_link(id)?);
-    Ok(())
-}
-
-pub(super) fn pin_error(
-    interface: &str,
-    path: &Path,
-    source: impl std::error::Error + Send + Sync + 'static,
-) -> DatapathError {
-    DatapathError::PinLink {
-        interface: interface.to_owned(),
-        path: path.to_owned(),
-        source: Box::new(source),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn link_pin_names_round_trip() {
-        let root = Path::new("/r");
-        for form in [
-            AttachForm::XdpNative,
-            AttachForm::XdpGeneric,
-            AttachForm::Tc,
-        ] {
-            for (iface, idx) in [("eth0", 2), ("veth-a-b", 17), ("x", 0)] {
-                let pin = link_pin(root, form, iface, idx);
-                let name = pin.file_name().unwrap().to_str().unwrap();
-                assert_eq!(parse_link_pin(name), Some((form, iface, idx)));
-            }
-        }
-        assert_eq!(parse_link_pin("other-tc-eth0-2"), None);
-        assert_eq!(parse_link_pin("l2_responder-xdp-eth0-2"), None);
-    }
 }

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use super::DatapathError;
 
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+use nix::sys::statfs::BPF_FS_MAGIC;
 
 /// Creates `root` (and its `maps`, `links` subdirectories) after checking it lies on bpffs:
 /// pins anywhere else would fail later with an obscure error.
@@ -39,13 +39,5 @@ pub(super) fn remove_root(root: &Path) -> Result<(), DatapathError> {
 }
 
 fn is_bpffs(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt as _;
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs writes only into the zeroed struct we pass; the path is NUL-terminated.
-    unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        libc::statfs(c_path.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
-    }
+    nix::sys::statfs::statfs(path).is_ok_and(|st| st.filesystem_type() == BPF_FS_MAGIC)
 }

@@ -62,14 +62,16 @@ pub enum DatapathError {
         path: PathBuf,
         source: Box<aya::maps::MapError>,
     },
-    #[error("cannot attach the responder to interface {interface} ({form}): {source}")]
+    #[error("cannot attach {program} to interface {interface}: {source}")]
     Attach {
         interface: String,
-        form: &'static str,
+        /// The program as its link pins name it, e.g. `l2_responder-tc`, `pod_from_container`.
+        program: String,
         source: Box<aya::programs::ProgramError>,
     },
-    #[error("cannot pin the responder link of interface {interface} at {path}: {source}")]
+    #[error("cannot pin the {program} link of interface {interface} at {path}: {source}")]
     PinLink {
+        program: String,
         interface: String,
         path: PathBuf,
         source: Box<dyn std::error::Error + Send + Sync>,

@@ -4,12 +4,14 @@
 //!
 //! Layout under the root (default `/sys/fs/bpf/ipam`):
 //! - `maps/<MAP_NAME>`: maps, reused as they are by the next daemon (state survives restarts);
-//! - `links/l2_responder-<form>-<interface>-<ifindex>` and `links/<pod program>-<interface>-<ifindex>`: attachments, adopted by the next daemon,
-//!   which swaps in its freshly loaded program atomically (`bpf_link_update`).
+//! - `links/l2_responder-<form>-<interface>-<ifindex>` and `links/<pod program>-<interface>-<ifindex>`:
+//!   attachments (`links`), adopted by the next daemon, which swaps in its freshly loaded program
+//!   atomically (`bpf_link_update`).
 
 mod attach;
 mod bpffs;
 mod error;
+mod links;
 mod maps;
 mod pod_attach;
 mod pod_maps;

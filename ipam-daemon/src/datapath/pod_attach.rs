@@ -1,8 +1,8 @@
 //! Attaching the pod programs (TC ingress, tcx links) to pod veths and uplinks, with the links
-//! pinned as `links/<program>-<interface>-<ifindex>` so that pods keep their datapath while the
-//! daemon restarts. A restarted daemon adopts each pinned link and swaps its own program in.
+//! pinned (`links`) so that pods keep their datapath while the daemon restarts. A restarted
+//! daemon adopts each pinned link and swaps its own program in.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aya::programs::{
     LinkOrder, SchedClassifier,
@@ -12,7 +12,7 @@ use ipam_common::program_names;
 
 use super::{
     Datapath, DatapathError,
-    attach::{adopt_tc_link, pin_error, tc_ingress_link},
+    links::{self, AdoptError, LinkPin, LinkedProgram},
     program_mut,
 };
 
@@ -42,45 +42,35 @@ pub struct PodLink {
     pub ifindex: u32,
 }
 
-fn link_pin(root: &Path, program: PodProgram, interface: &str, ifindex: u32) -> PathBuf {
-    root.join("links")
-        .join(format!("{}-{interface}-{ifindex}", program.name()))
+impl PodLink {
+    fn pin(&self) -> LinkPin {
+        pod_pin(self.program, &self.interface, self.ifindex)
+    }
 }
 
-fn parse_link_pin(name: &str) -> Option<PodLink> {
-    let (program, rest) = [PodProgram::FromContainer, PodProgram::FromUplink]
-        .into_iter()
-        .find_map(|p| Some((p, name.strip_prefix(p.name())?.strip_prefix('-')?)))?;
-    let (interface, ifindex) = rest.rsplit_once('-')?;
-    Some(PodLink {
-        program,
-        interface: interface.to_owned(),
-        ifindex: ifindex.parse().ok()?,
-    })
+fn pod_pin(program: PodProgram, interface: &str, ifindex: u32) -> LinkPin {
+    LinkPin::new(LinkedProgram::Pod(program), interface, ifindex)
 }
 
 /// The pod program links pinned under `root`.
 pub fn pinned_pod_links(root: &Path) -> Result<Vec<PodLink>, DatapathError> {
-    let dir = root.join("links");
-    let entries = std::fs::read_dir(&dir).map_err(|source| DatapathError::PinDir {
-        path: dir.clone(),
-        source,
-    })?;
-    Ok(entries
-        .filter_map(Result::ok)
-        .filter_map(|e| parse_link_pin(e.file_name().to_str()?))
+    Ok(links::pinned_links(root)?
+        .into_iter()
+        .filter_map(|pin| match pin.program {
+            LinkedProgram::Pod(program) => Some(PodLink {
+                program,
+                interface: pin.interface,
+                ifindex: pin.ifindex,
+            }),
+            LinkedProgram::Responder(_) => None,
+        })
         .collect())
 }
 
 /// Removes the pin of `link` under `root`, which detaches it (nothing else holds pod links).
 /// Removing a pin that is not there is not an error.
 pub fn unpin_pod_link(root: &Path, link: &PodLink) -> Result<(), DatapathError> {
-    let path = link_pin(root, link.program, &link.interface, link.ifindex);
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(DatapathError::PinDir { path, source }),
-    }
+    links::unpin(root, &link.pin())
 }
 
 impl Datapath {
@@ -93,7 +83,8 @@ impl Datapath {
         interface: &str,
         ifindex: u32,
     ) -> Result<bool, DatapathError> {
-        let pin = link_pin(&self.root, program, interface, ifindex);
+        let link_pin = pod_pin(program, interface, ifindex);
+        let pin = link_pin.path(&self.root);
         if pin.exists() {
             match self.adopt_pod_link(program, &pin) {
                 Ok(()) => return Ok(true),
@@ -110,22 +101,18 @@ impl Datapath {
         }
         let root = self.root.clone();
         // After the L2 responder, which must see ARP and NS first on shared uplinks.
-        let fd_link = tc_ingress_link(
+        links::attach_tc_ingress(
             self.pod_program(program),
-            interface,
+            &link_pin,
             LinkOrder::last(),
-            program.name(),
             &root,
         )?;
-        fd_link
-            .pin(&pin)
-            .map_err(|e| pin_error(interface, &pin, e))?;
         Ok(false)
     }
 
     /// Whether `program` has a pinned link on the interface.
     pub fn pod_program_pinned(&self, program: PodProgram, interface: &str, ifindex: u32) -> bool {
-        link_pin(&self.root, program, interface, ifindex).exists()
+        pod_pin(program, interface, ifindex).exists(&self.root)
     }
 
     /// Detaches `program` from the interface by removing its pinned link; detaching what is not
@@ -151,32 +138,8 @@ impl Datapath {
         program_mut(&mut self.ebpf, program.name())
     }
 
-    fn adopt_pod_link(
-        &mut self,
-        program: PodProgram,
-        pin: &Path,
-    ) -> Result<(), Box<dyn std::error::Error>> {
+    fn adopt_pod_link(&mut self, program: PodProgram, pin: &Path) -> Result<(), AdoptError> {
         let link = FdLink::from(PinnedLink::from_pin(pin)?);
-        adopt_tc_link(self.pod_program(program), link)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pod_link_pin_names_round_trip() {
-        for program in [PodProgram::FromContainer, PodProgram::FromUplink] {
-            for (iface, idx) in [("eth0", 2), ("ipam1a2b-c", 17)] {
-                let pin = link_pin(Path::new("/r"), program, iface, idx);
-                let link = parse_link_pin(pin.file_name().unwrap().to_str().unwrap()).unwrap();
-                assert_eq!(
-                    (link.program, link.interface.as_str(), link.ifindex),
-                    (program, iface, idx)
-                );
-            }
-        }
-        assert_eq!(parse_link_pin("l2_responder-tc-eth0-2"), None);
+        links::adopt_tc_link(self.pod_program(program), link)
     }
 }

@@ -1,18 +1,15 @@
 //! Interfaces of the current network namespace.
 
-use std::{ffi::CString, io};
+use std::io;
 
 /// The ifindex of `name`.
 pub fn index(name: &str) -> io::Result<u32> {
-    let c = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: NUL-terminated string, no other memory touched.
-    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
-        0 => Err(io::Error::new(
+    nix::net::if_::if_nametoindex(name).map_err(|_| {
+        io::Error::new(
             io::ErrorKind::NotFound,
             format!("no interface named {name} in this network namespace"),
-        )),
-        idx => Ok(idx),
-    }
+        )
+    })
 }
 
 /// The name of interface `ifindex`, or its number when it no longer exists.
@@ -121,12 +118,4 @@ pub fn driver(name: &str) -> Option<String> {
     ifreq_ioctl(name, libc::SIOCETHTOOL, &mut req).ok()?;
     let end = info.driver.iter().position(|&b| b == 0).unwrap_or(32);
     Some(String::from_utf8_lossy(&info.driver[..end]).into_owned())
-}
-
-/// Formats a MAC address as `aa:bb:cc:dd:ee:ff`.
-pub fn format_mac(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }

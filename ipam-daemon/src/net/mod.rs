@@ -2,5 +2,4 @@
 
 pub mod frames;
 pub mod iface;
-pub mod netlink;
 pub mod packet_socket;

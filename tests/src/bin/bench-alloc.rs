@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_daemon::ipam::{
+use ipam_core::{
     Cidr, Family,
     blocks::BlockAllocator,
     durable::DurableAllocator,

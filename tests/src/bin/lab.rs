@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_daemon::net::iface::format_mac;
+use ipam_api::types::Mac;
 use ipam_tests::{
     BpffsRoot, TempDir, TempFile,
     cni::run_cni,
@@ -72,12 +72,12 @@ fn main() {
     println!(
         "    node   namespace {:<14} eth0 {NODE_IP}/24, MAC {}",
         node.name,
-        format_mac(&node.mac("eth0"))
+        Mac(node.mac("eth0"))
     );
     println!(
         "    client namespace {:<14} eth0 {CLIENT_IP}/24, MAC {}",
         client.name,
-        format_mac(&client.mac("eth0"))
+        Mac(client.mac("eth0"))
     );
 
     step(
@@ -131,7 +131,7 @@ fn main() {
         (Some(reply), rtt) => println!(
             "    answered in {} µs: {SERVICE_IP} is at {} (the node's eth0: {})",
             rtt.as_micros(),
-            format_mac(&reply.sender_mac),
+            Mac(reply.sender_mac),
             if reply.sender_mac == node_mac {
                 "correct"
             } else {
@@ -148,7 +148,7 @@ fn main() {
     match client.run(|| Resolver::new("eth0").ndp(CLIENT_V6, SERVICE_V6, Duration::from_secs(1))) {
         Some(na) => println!(
             "    neighbour advertisement: {SERVICE_V6} is at {} (checksum {})",
-            format_mac(&na.lladdr_option.map(|o| o.1).unwrap_or_default()),
+            Mac(na.lladdr_option.map(|o| o.1).unwrap_or_default()),
             if na.checksum_valid() {
                 "valid"
             } else {
@@ -208,7 +208,7 @@ fn main() {
     let ctl = workspace_binary("ipamctl");
     let state_dir = ipam_dir.0.join("node").display().to_string();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !ipam_daemon::daemon::ipam::read_status(&ipam_dir.0.join("node"))
+    while !ipam_daemon::daemon::status::read_status(&ipam_dir.0.join("node"))
         .is_ok_and(|s| s.infra.get("router").is_some_and(|m| m.len() == 2))
     {
         if Instant::now() > deadline {

@@ -87,7 +87,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::ipam::{
+    use crate::{
         Cidr,
         blocks::BlockAllocator,
         node::{NodeAllocator, ROUTER_OWNER},

@@ -3,12 +3,12 @@
 
 use serde_json::Value;
 
-use super::{
+use crate::{
     invocation::{Command, Invocation, NetConf, Role},
     pod_network,
     result::{CniError, SUPPORTED_VERSIONS, code, ipam_result, version_result},
 };
-use crate::api::{
+use ipam_api::{
     client::{self, ClientError},
     types::{Attachment, ErrorCode, Request, Response},
 };
@@ -66,8 +66,11 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
     let settings = conf.settings()?;
     let call = |request: Request| -> Result<Response, CniError> {
         client::call(&settings.socket, &request, settings.timeout).map_err(|e| match e {
-            // The daemon is down or slow: the runtime should retry, not give up.
-            ClientError::Unreachable { .. } | ClientError::Timeout { .. } => {
+            // The daemon is down, slow or went away mid-request: the runtime should retry,
+            // not give up.
+            ClientError::Unreachable { .. }
+            | ClientError::Timeout { .. }
+            | ClientError::Disconnected { .. } => {
                 CniError::new(code::TRY_AGAIN_LATER, e.to_string())
             }
             ClientError::Protocol { .. } => CniError::new(code::IO, e.to_string()),

@@ -302,11 +302,9 @@ impl Operator {
 mod tests {
     use super::*;
     use crate::{
-        ipam::{
-            Cidr,
-            pool::{FamilySpec, PodIpPoolSpec},
-            resources::PoolRequest,
-        },
+        Cidr,
+        pool::{FamilySpec, PodIpPoolSpec},
+        resources::PoolRequest,
         store::embedded::EmbeddedStore,
     };
 
@@ -452,7 +450,7 @@ mod tests {
         let s = EmbeddedStore::open(&path).unwrap();
         set_pool(&s, "tenant-a", v4_pool(&["10.250.0.0/24"], 26)).await;
         let want = |n| NodeIpam {
-            spec: crate::ipam::resources::NodeIpamSpec {
+            spec: crate::resources::NodeIpamSpec {
                 pools: vec![PoolRequest {
                     pool: "tenant-a".into(),
                     family: Family::V4,

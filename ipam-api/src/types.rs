@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::Family;
+pub use ipam_common::Family;
 
 /// Bumped on incompatible changes; the daemon refuses other versions with a clear error.
 pub const API_VERSION: u32 = 1;
@@ -62,7 +62,8 @@ pub struct Mac(pub [u8; 6]);
 
 impl std::fmt::Display for Mac {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&crate::net::iface::format_mac(&self.0))
+        let [a, b, c, d, e, g] = self.0;
+        write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
     }
 }
 
@@ -176,6 +177,16 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+}
+
+impl Response {
+    /// An error answer.
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::Error {
+            code,
+            message: message.into(),
+        }
+    }
 }
 
 /// Error kinds, mapped onto CNI error codes by the plugin.

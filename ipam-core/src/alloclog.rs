@@ -17,6 +17,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::atomic_file;
+
 const MAGIC: &[u8; 8] = b"IPAMLOG1";
 const HEADER: u64 = MAGIC.len() as u64;
 /// Largest record accepted on replay: owner names are at most 1 KiB.
@@ -94,7 +96,7 @@ impl AllocLog {
         if bytes.is_empty() {
             file.write_all(MAGIC)?;
             file.sync_all()?;
-            sync_dir(path)?;
+            atomic_file::sync_dir(path)?;
             bytes.extend_from_slice(MAGIC);
         }
         if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
@@ -187,34 +189,15 @@ impl AllocLog {
     /// Replaces the log with `snapshot` (the current state as puts), atomically: a new file is
     /// written and synced, renamed over the old one, and the directory synced.
     pub fn compact(&mut self, snapshot: &[Record]) -> std::io::Result<()> {
-        let tmp = self.path.with_extension("compact");
         let mut buf = MAGIC.to_vec();
         for r in snapshot {
             r.encode(&mut buf);
         }
-        let mut fresh = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
-        fresh.write_all(&buf)?;
-        fresh.sync_all()?;
         // After the rename the old handle points at an unlinked file: switch handles at once.
-        std::fs::rename(&tmp, &self.path)?;
-        self.file = fresh;
+        self.file = atomic_file::replace(&self.path, &buf)?;
         self.len = buf.len() as u64;
-        sync_dir(&self.path)
+        Ok(())
     }
-}
-
-/// Makes a rename or creation in `path`'s directory durable.
-pub(crate) fn sync_dir(path: &Path) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

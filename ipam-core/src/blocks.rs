@@ -364,7 +364,7 @@ impl BlockAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::pool::{FamilySpec, PodIpPoolSpec, validate};
+    use crate::pool::{FamilySpec, PodIpPoolSpec, validate};
 
     fn pool(name: &str, cidrs: &[&str], mask: u8) -> Pool {
         validate(

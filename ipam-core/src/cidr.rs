@@ -9,35 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    pub const fn bits(self) -> u8 {
-        match self {
-            Self::V4 => 32,
-            Self::V6 => 128,
-        }
-    }
-
-    pub fn of(ip: IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(_) => Self::V4,
-            IpAddr::V6(_) => Self::V6,
-        }
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::V4 => "IPv4",
-            Self::V6 => "IPv6",
-        }
-    }
-}
+pub use ipam_common::Family;
 
 /// A network: family, first address and prefix length; host bits are always zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

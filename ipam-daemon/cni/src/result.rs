@@ -2,8 +2,8 @@
 
 use serde_json::{Value, json};
 
-use crate::api::types::AllocatedIp;
-use crate::ipam::Family;
+use ipam_api::types::AllocatedIp;
+use ipam_common::Family;
 
 /// Versions whose results this plugin can produce.
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];

@@ -66,12 +66,21 @@ struct Log {
 }
 
 /// A node's allocator whose changes are durable when acknowledged.
+///
+/// Lock order (a thread holding one of these only takes those after it):
+/// `commit` → `log` → `alloc` → `log_state`; `stats` is a leaf taken alone. The split is the
+/// group commit: allocations (`alloc`, then `log_state` to queue) never wait for a disk write,
+/// which holds only `commit` and `log`; `committed` wakes the waiters when a batch is durable.
 pub struct DurableAllocator {
     path: PathBuf,
+    /// The log file; held while writing a batch or compacting.
     log: Mutex<AllocLog>,
+    /// The in-memory allocator, the truth that acknowledged changes are made against.
     alloc: Mutex<NodeAllocator>,
+    /// Changes queued for the next commit and how far commits have come.
     log_state: Mutex<Log>,
     committed: Condvar,
+    /// Held by the one thread committing; the others wait on `committed`.
     commit: Mutex<()>,
     stats: Mutex<CommitStats>,
     compact_min_bytes: std::sync::atomic::AtomicU64,
@@ -358,7 +367,8 @@ impl DurableAllocator {
         {
             let mut log = self.log_state.lock().expect("log lock");
             if let Err(e) = result {
-                log.failed.push((first, last, e));
+                // Every waiter of the batch gets the same error: keep its text.
+                log.failed.push((first, last, e.to_string()));
             }
             log.durable_seq = last;
             self.committed.notify_all();
@@ -369,7 +379,7 @@ impl DurableAllocator {
         }
     }
 
-    fn write(&self, batch: &[(u64, Op)]) -> Result<(), String> {
+    fn write(&self, batch: &[(u64, Op)]) -> std::io::Result<()> {
         let records: Vec<Record> = batch
             .iter()
             .map(|(_, op)| match op {
@@ -391,7 +401,6 @@ impl DurableAllocator {
             .lock()
             .expect("log file lock")
             .append(&records)
-            .map_err(|e| e.to_string())
     }
 
     /// Rewrites the log as a snapshot when it has grown well past its live content. Runs with
@@ -449,7 +458,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::ipam::node::ROUTER_OWNER;
+    use crate::node::ROUTER_OWNER;
 
     fn temp(name: &str) -> crate::test_util::TempPath {
         crate::test_util::TempPath::new(&format!("durable-{name}.log"))

@@ -213,11 +213,9 @@ impl NodeAgent {
 mod tests {
     use super::*;
     use crate::{
-        ipam::{
-            operator::Operator,
-            pool::{FamilySpec, PodIpPoolSpec},
-            resources::{PodIpPool, PoolStatus},
-        },
+        operator::Operator,
+        pool::{FamilySpec, PodIpPoolSpec},
+        resources::{PodIpPool, PoolStatus},
         store::embedded::EmbeddedStore,
     };
 

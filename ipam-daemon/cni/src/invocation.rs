@@ -5,8 +5,8 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::result::CniError;
-use crate::api::{DEFAULT_SOCKET, types::AttachmentId};
+use crate::result::CniError;
+use ipam_api::{DEFAULT_SOCKET, types::AttachmentId};
 
 /// CNI_COMMAND values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use rand::Rng as _;
+
 #[derive(Debug, Clone)]
 pub struct Backoff {
     initial: Duration,
@@ -11,7 +13,6 @@ pub struct Backoff {
     jitter: f64,
     cap: Duration,
     next: Duration,
-    seed: u64,
 }
 
 impl Backoff {
@@ -27,7 +28,6 @@ impl Backoff {
             jitter,
             cap,
             next: initial,
-            seed: crate::clock::monotonic_ns() | 1,
         }
     }
 
@@ -35,11 +35,8 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         let base = self.next;
         self.next = self.next.mul_f64(self.factor).min(self.cap);
-        // xorshift64: jitter only needs to spread retries of many nodes, not be unpredictable.
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
-        let unit = (self.seed >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+        // Jitter only spreads the retries of many nodes; any uniform source will do.
+        let unit: f64 = rand::rng().random();
         let scale = 1.0 + self.jitter * (2.0 * unit - 1.0);
         base.mul_f64(scale).min(self.cap)
     }

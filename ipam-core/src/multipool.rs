@@ -133,7 +133,7 @@ fn node_block_capacity(block: Cidr) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::{
+    use crate::{
         blocks::BlockAllocator,
         node::AllocError,
         pool::{FamilySpec, PodIpPoolSpec, validate},

@@ -11,14 +11,12 @@ use std::{net::IpAddr, path::Path};
 
 use serde_json::{Value, json};
 
-use super::{
+use crate::{
     invocation::Invocation,
     result::{CniError, code, ipam_result},
 };
-use crate::{
-    api::types::{AllocatedIp, AttachmentId, Endpoint, Mac},
-    net::netlink::{LinkInfo, Netlink, NetlinkError},
-};
+use ipam_api::types::{AllocatedIp, AttachmentId, Endpoint, Mac};
+use ipam_netlink::{LinkInfo, Netlink, NetlinkError};
 
 /// The host-side name of an attachment's veth: `ipam` + 11 hex digits of a hash of the
 /// attachment, so it is stable across retries and fits IFNAMSIZ (15).
@@ -48,13 +46,6 @@ fn for_attachment(id: &AttachmentId, action: &str) -> impl FnOnce(CniError) -> C
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CniError::new(code::IO, format!("cannot start the netlink runtime: {e}")))
-}
-
 /// The two ends of a pod's veth, as set up.
 pub struct PodInterface {
     pub host: LinkInfo,
@@ -70,18 +61,16 @@ pub fn set_up(
 ) -> Result<PodInterface, CniError> {
     let id = inv.attachment();
     let host_name = host_veth_name(&id);
-    let rt = runtime()?;
-    let result = rt.block_on(async {
+    let result = (|| {
         let host = Netlink::open()
             .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
         let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
         let mut created = false;
-        let host_link = match host.link_by_name(&host_name).await.map_err(netlink_error)? {
+        let host_link = match host.link_by_name(&host_name).map_err(netlink_error)? {
             Some(link) => link,
             None => {
                 if pod
                     .link_by_name(&id.ifname)
-                    .await
                     .map_err(netlink_error)?
                     .is_some()
                 {
@@ -95,29 +84,27 @@ pub fn set_up(
                     ));
                 }
                 host.create_veth(&host_name, &id.ifname, Path::new(netns), mtu)
-                    .await
                     .map_err(netlink_error)?;
                 created = true;
                 host.link_by_name(&host_name)
-                    .await
                     .map_err(netlink_error)?
                     .ok_or_else(|| CniError::new(code::IO, format!("veth {host_name} vanished")))?
             }
         };
-        let configured = configure(&host, &pod, &host_link, &id.ifname, netns, ips).await;
+        let configured = configure(&host, &pod, &host_link, &id.ifname, netns, ips);
         if configured.is_err() && created {
             // Leave no half-made interface behind; the runtime's DEL and retry start clean.
-            let _ = host.delete_link(host_link.index).await;
+            let _ = host.delete_link(host_link.index);
         }
         configured
-    });
+    })();
     result.map_err(for_attachment(
         &id,
         "nothing half-made is left on the node; DEL and ADD again",
     ))
 }
 
-async fn configure(
+fn configure(
     host: &Netlink,
     pod: &Netlink,
     host_link: &LinkInfo,
@@ -127,7 +114,6 @@ async fn configure(
 ) -> Result<PodInterface, CniError> {
     let pod_link = pod
         .link_by_name(ifname)
-        .await
         .map_err(netlink_error)?
         .ok_or_else(|| {
             CniError::new(
@@ -135,8 +121,8 @@ async fn configure(
                 format!("interface {ifname} is missing in {netns}; DEL and ADD again"),
             )
         })?;
-    host.set_up(host_link.index).await.map_err(netlink_error)?;
-    pod.set_up(pod_link.index).await.map_err(netlink_error)?;
+    host.set_up(host_link.index).map_err(netlink_error)?;
+    pod.set_up(pod_link.index).map_err(netlink_error)?;
     for ip in ips {
         let gateway = ip.gateway.ok_or_else(|| {
             CniError::new(
@@ -154,22 +140,16 @@ async fn configure(
             IpAddr::from([0u8; 16])
         };
         pod.add_address(pod_link.index, ip.address, bits)
-            .await
             .map_err(netlink_error)?;
         pod.add_route(gateway, bits, None, pod_link.index)
-            .await
             .map_err(netlink_error)?;
         pod.add_permanent_neighbour(pod_link.index, gateway, host_link.mac)
-            .await
             .map_err(netlink_error)?;
         pod.add_route(any, 0, Some(gateway), pod_link.index)
-            .await
             .map_err(netlink_error)?;
         host.add_route(ip.address, bits, None, host_link.index)
-            .await
             .map_err(netlink_error)?;
         host.add_permanent_neighbour(host_link.index, ip.address, pod_link.mac)
-            .await
             .map_err(netlink_error)?;
     }
     Ok(PodInterface {
@@ -181,19 +161,19 @@ async fn configure(
 /// Deletes the attachment's veth pair if it is still there (the pod end goes with it).
 pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
     let name = host_veth_name(id);
-    let result = runtime()?.block_on(async {
+    let result = (|| {
         let host = Netlink::open()
             .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
-        if let Some(link) = host.link_by_name(&name).await.map_err(netlink_error)? {
-            match host.delete_link(link.index).await {
+        if let Some(link) = host.link_by_name(&name).map_err(netlink_error)? {
+            match host.delete_link(link.index) {
                 Ok(()) => {}
                 // Gone in the meantime (the pod's namespace was destroyed): what DEL wants.
-                Err(e) if e.errno() == Some(libc::ENODEV) => {}
+                Err(e) if e.is_no_such_device() => {}
                 Err(e) => return Err(netlink_error(e)),
             }
         }
         Ok(())
-    });
+    })();
     result.map_err(for_attachment(
         id,
         &format!("delete the host veth {name} by hand if it is still there, then DEL again"),
@@ -203,13 +183,12 @@ pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
 /// CHECK: the pod's interface exists in `netns` with every address in `ips`.
 pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), CniError> {
     let id = inv.attachment();
-    runtime()?.block_on(async {
+    (|| {
         let host = Netlink::open()
             .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
         let failed = |msg: String| CniError::new(code::CHECK_FAILED, msg);
         if host
             .link_by_name(&host_veth_name(&id))
-            .await
             .map_err(netlink_error)?
             .is_none()
         {
@@ -222,10 +201,9 @@ pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), C
         let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
         let link = pod
             .link_by_name(&id.ifname)
-            .await
             .map_err(netlink_error)?
             .ok_or_else(|| failed(format!("interface {} is missing in {netns}", id.ifname)))?;
-        let present = pod.addresses(link.index).await.map_err(netlink_error)?;
+        let present = pod.addresses(link.index).map_err(netlink_error)?;
         for ip in ips {
             if !present.iter().any(|(a, _)| *a == ip.address) {
                 return Err(failed(format!(
@@ -235,7 +213,7 @@ pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), C
             }
         }
         Ok(())
-    })
+    })()
 }
 
 /// What the daemon is told about the new interface.

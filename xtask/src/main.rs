@@ -5,6 +5,7 @@ mod bench;
 mod build_ebpf;
 mod cmd;
 mod lab;
+mod lint;
 mod setup;
 mod test;
 
@@ -23,7 +24,9 @@ enum Command {
     Setup,
     /// Build the eBPF object on its own (a plain `cargo build` of the daemon also does it).
     BuildEbpf,
-    /// Set up, then run every unit and integration test.
+    /// fmt --check and clippy -D warnings on every crate, the eBPF one included.
+    Lint,
+    /// Set up, then lint (as `lint`) and run every unit and integration test.
     Test {
         /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
         #[arg(trailing_var_arg = true)]
@@ -42,8 +45,13 @@ fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Setup => setup::run(),
         Command::BuildEbpf => build_ebpf::run(),
+        Command::Lint => lint::run(),
         Command::Test { args } => {
             setup::run()?;
+            // A filtered run is a developer's loop; the full run is CI's and must be clean.
+            if args.is_empty() {
+                lint::run()?;
+            }
             test::run(&args)
         }
         Command::Lab => {

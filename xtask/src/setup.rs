@@ -82,24 +82,33 @@ fn nightly(changed: &mut Vec<String>) -> anyhow::Result<()> {
              install one with `rustup toolchain install nightly --component rust-src`"
         );
     }
-    let installed = output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--toolchain",
-        "nightly",
-        "--installed",
-    ]))
-    .unwrap_or_default();
-    if !installed.lines().any(|l| l.starts_with("rust-src")) {
-        println!("setup: adding rust-src to the nightly toolchain");
-        exec(Command::new("rustup").args([
+    // rust-src builds core for the eBPF target; clippy and rustfmt are the lint gate's.
+    for (toolchain, components) in [
+        ("nightly", &["rust-src", "clippy"][..]),
+        ("stable", &["clippy", "rustfmt"][..]),
+    ] {
+        let installed = output(Command::new("rustup").args([
             "component",
-            "add",
-            "rust-src",
+            "list",
             "--toolchain",
-            "nightly",
-        ]))?;
-        changed.push("rust-src".into());
+            toolchain,
+            "--installed",
+        ]))
+        .unwrap_or_default();
+        for component in components {
+            if installed.lines().any(|l| l.starts_with(component)) {
+                continue;
+            }
+            println!("setup: adding {component} to the {toolchain} toolchain");
+            exec(Command::new("rustup").args([
+                "component",
+                "add",
+                component,
+                "--toolchain",
+                toolchain,
+            ]))?;
+            changed.push(format!("{component} ({toolchain})"));
+        }
     }
     Ok(())
 }

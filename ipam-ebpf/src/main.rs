@@ -47,14 +47,21 @@ mod programs {
 
     #[classifier]
     pub fn l2_responder_tc(ctx: TcContext) -> i32 {
+        // The kernel moves an 802.1Q/802.1ad tag into the skb's metadata before TC runs, so the
+        // frame below would look untagged. A tagged request belongs to the VLAN, not to this
+        // interface: pass it, as the XDP form (which sees the tag in the frame) does.
+        // SAFETY: `skb` is the context pointer the kernel passed to this program.
+        if unsafe { (*ctx.skb.skb).vlan_present } != 0 {
+            return TC_ACT_OK;
+        }
         if !pull_headers(&ctx, RESPONDER_HEADROOM) {
-            return TC_ACT_OK as i32;
+            return TC_ACT_OK;
         }
         // SAFETY: `skb` is the context pointer the kernel passed to this program.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
         let mut frame = Frame::new(ctx.data(), ctx.data_end());
         match l2_responder::respond(&mut frame, ifindex) {
-            Verdict::Pass => TC_ACT_OK as i32,
+            Verdict::Pass => TC_ACT_OK,
             // Send the rewritten frame back out of the interface it came in on.
             // SAFETY: plain helper call; flags 0 means egress.
             Verdict::Reply => unsafe { bpf_redirect(ifindex, 0) as i32 },
@@ -75,7 +82,7 @@ mod programs {
     #[classifier]
     pub fn pod_from_uplink(ctx: TcContext) -> i32 {
         if !pull_headers(&ctx, pod_datapath::HEADROOM) {
-            return TC_ACT_OK as i32;
+            return TC_ACT_OK;
         }
         let mut frame = Frame::new(ctx.data(), ctx.data_end());
         pod_action(pod_datapath::from_uplink(&mut frame))
@@ -84,7 +91,7 @@ mod programs {
     #[inline(always)]
     fn pod_action(verdict: pod_datapath::Verdict) -> i32 {
         match verdict {
-            pod_datapath::Verdict::Stack => TC_ACT_OK as i32,
+            pod_datapath::Verdict::Stack => TC_ACT_OK,
             pod_datapath::Verdict::Drop => TC_ACT_SHOT,
             // Into the pod's namespace directly: the frame skips the host's backlog queue and
             // the veth transmit path (SAFETY: plain helper call, flags must be 0).

@@ -115,7 +115,7 @@ fn to_stack_unless_local(verdict: Verdict) -> Verdict {
 /// Is `source` an address of the pod whose host-side veth is `ifindex`?
 #[inline(always)]
 fn sent_by(source: EndpointKey, ifindex: u32) -> bool {
-    match POD_ENDPOINTS.get_ptr(&source) {
+    match POD_ENDPOINTS.get_ptr(source) {
         // SAFETY: the map returned a valid pointer to the value.
         Some(endpoint) => unsafe { (*endpoint).host_ifindex == ifindex },
         None => false,

@@ -32,6 +32,20 @@ impl Resolver {
         self.mac
     }
 
+    /// Sends an ARP request for `target` carrying an 802.1Q tag with `vid`, as a host on that
+    /// VLAN behind this interface would. Built by hand on the raw socket: the tag goes between
+    /// the MAC addresses and the ARP ethertype.
+    pub fn send_tagged_arp(&self, sender: Ipv4Addr, target: Ipv4Addr, vid: u16) {
+        let untagged = ArpFrame::request(self.mac, sender, target).to_bytes();
+        let mut frame = untagged[..12].to_vec();
+        frame.extend_from_slice(&0x8100u16.to_be_bytes());
+        frame.extend_from_slice(&(vid & 0x0fff).to_be_bytes());
+        frame.extend_from_slice(&untagged[12..]);
+        self.socket_arp
+            .send(&frame)
+            .expect("send tagged ARP request");
+    }
+
     /// Sends an ARP request for `target` and returns the first reply from it within `timeout`.
     pub fn arp(&self, sender: Ipv4Addr, target: Ipv4Addr, timeout: Duration) -> Option<ArpFrame> {
         self.socket_arp

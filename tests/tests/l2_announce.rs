@@ -8,7 +8,7 @@ use std::{
 };
 
 use ipam_daemon::{
-    datapath::AttachMode,
+    datapath::{AttachMode, ResponderMaps},
     net::frames::{ARP_REPLY, NA_SOLICITED_OVERRIDE},
 };
 use ipam_tests::{
@@ -244,6 +244,48 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
     );
 }
 
+/// An address is announced on an interface, not on the VLANs behind it: a tagged request passes
+/// untouched in every attach form. (The TC form once answered it: the kernel moves the tag into
+/// the skb's metadata before TC runs.) This kernel has no `vlan` device type, so the client
+/// sends the tagged frame from a raw socket; the node's receive path untags it exactly as it
+/// would a frame from a VLAN device.
+#[test]
+fn vlan_tagged_requests_are_not_answered_in_any_form() {
+    for attach in ["tc", "xdp-generic"] {
+        let lab = Lab::new();
+        lab.write_config(3000, attach, &[(IpAddr::V4(ANNOUNCED), "n0")]);
+        let daemon = lab.start();
+        lab.wait_announced(1);
+        let replies = || {
+            ResponderMaps::from_pins(&lab.root.0)
+                .expect("pinned maps")
+                .list()
+                .expect("entries")
+                .iter()
+                .map(|e| e.replies)
+                .sum::<u64>()
+        };
+        let before = replies();
+        let tagged_reply = lab.client.run(|| {
+            let resolver = Resolver::new("c0");
+            resolver.send_tagged_arp(CLIENT_IP, ANNOUNCED, 10);
+            resolver.next_arp(TIMEOUT, |f| f.op == ARP_REPLY && f.sender_ip == ANNOUNCED)
+        });
+        assert_eq!(
+            tagged_reply, None,
+            "{attach}: a tagged request was answered"
+        );
+        assert_eq!(replies(), before, "{attach}: the responder counted a reply");
+        // The same request untagged is answered: the set-up itself works.
+        assert!(
+            lab.client_arp(ANNOUNCED).is_some(),
+            "{attach}: untagged request not answered; log:\n{}",
+            daemon.log_text()
+        );
+        assert_eq!(replies(), before + 1, "{attach}");
+    }
+}
+
 #[test]
 fn every_attach_form_answers() {
     for attach in ["tc", "xdp-generic", "xdp-native"] {
@@ -270,6 +312,28 @@ fn every_attach_form_answers() {
             daemon.log_text()
         );
         daemon.wait_log(&format!("form=\"{attach}\""), Duration::from_secs(10));
+        // Native XDP on a veth works only thanks to the peer's program: the daemon and
+        // `ipamctl status` say so rather than report a plain success.
+        let ipamctl = ipam_tests::workspace_binary("ipamctl");
+        let root = lab.root.0.clone();
+        let status = lab.node.run(move || {
+            ipam_tests::run(
+                ipamctl.to_str().unwrap(),
+                &["--bpffs-root", root.to_str().unwrap(), "status"],
+            )
+        });
+        if attach == "xdp-native" {
+            daemon.wait_log(
+                "only if the peer runs an XDP program",
+                Duration::from_secs(10),
+            );
+            assert!(
+                status.contains("WARNING: interface n0 is a veth"),
+                "{status}"
+            );
+        } else {
+            assert!(!status.contains("WARNING"), "{attach}: {status}");
+        }
     }
 }
 

@@ -58,7 +58,7 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     }
 
     let key = ResponderKey::v4(arp.tpa, ifindex);
-    let Some(entry) = L2_RESPONDER.get_ptr_mut(&key) else {
+    let Some(entry) = L2_RESPONDER.get_ptr_mut(key) else {
         return Verdict::Pass;
     };
     // SAFETY: a map value pointer of this CPU's slot, valid for this program run.

@@ -101,7 +101,7 @@ fn respond_sized<const LEN: usize>(
     }
 
     let key = ResponderKey::v6(target, ifindex);
-    let Some(entry) = L2_RESPONDER.get_ptr_mut(&key) else {
+    let Some(entry) = L2_RESPONDER.get_ptr_mut(key) else {
         return Verdict::Pass;
     };
     // SAFETY: a map value pointer of this CPU's slot, valid for this program run.

@@ -41,6 +41,43 @@ pub mod map_names {
     pub const POD_DATAPATH_STATS: &str = "POD_DATAPATH_STATS";
 }
 
+/// Key and value sizes of every map, as the eBPF side declares them. The daemon refuses a pinned
+/// map whose sizes differ (it was left by an incompatible build) instead of misreading it.
+pub mod map_layouts {
+    use core::mem::size_of;
+
+    use super::{l2, map_names, pod};
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct MapLayout {
+        pub name: &'static str,
+        pub key_size: u32,
+        pub value_size: u32,
+    }
+
+    const fn layout<K, V>(name: &'static str) -> MapLayout {
+        MapLayout {
+            name,
+            key_size: size_of::<K>() as u32,
+            value_size: size_of::<V>() as u32,
+        }
+    }
+
+    /// Arrays are indexed by `u32`; counters are `u64` per CPU.
+    pub const ALL: [MapLayout; 5] = [
+        layout::<l2::ResponderKey, l2::L2Announcement>(map_names::L2_RESPONDER),
+        layout::<u32, l2::ResponderConfig>(map_names::L2_RESPONDER_CONFIG),
+        layout::<u32, u64>(map_names::L2_RESPONDER_STATS),
+        layout::<pod::EndpointKey, pod::PodEndpoint>(map_names::POD_ENDPOINTS),
+        layout::<u32, u64>(map_names::POD_DATAPATH_STATS),
+    ];
+
+    /// The layout of map `name`, if the object has such a map.
+    pub fn of(name: &str) -> Option<MapLayout> {
+        ALL.iter().copied().find(|l| l.name == name)
+    }
+}
+
 /// Names of the programs in the eBPF object.
 pub mod program_names {
     /// The responder attached with XDP (NICs with native XDP, or generic mode).
@@ -51,4 +88,32 @@ pub mod program_names {
     pub const POD_FROM_CONTAINER: &str = "pod_from_container";
     /// TC ingress of the node's uplink: delivers traffic for local pods straight to them.
     pub const POD_FROM_UPLINK: &str = "pod_from_uplink";
+}
+
+#[cfg(test)]
+mod tests {
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    #[test]
+    fn ipv4_mapped_is_the_standard_mapping() {
+        let mapped = ipv4_mapped([10, 1, 2, 3]);
+        assert_eq!(
+            Ipv6Addr::from(mapped).to_ipv4_mapped(),
+            Some(Ipv4Addr::new(10, 1, 2, 3))
+        );
+    }
+
+    #[test]
+    fn every_map_has_one_layout_and_families_know_their_width() {
+        for (i, layout) in map_layouts::ALL.iter().enumerate() {
+            assert_eq!(map_layouts::of(layout.name), Some(*layout));
+            assert!(map_layouts::ALL[..i].iter().all(|l| l.name != layout.name));
+            assert!(layout.key_size > 0 && layout.value_size > 0);
+        }
+        assert_eq!(map_layouts::of("NO_SUCH_MAP"), None);
+        assert_eq!(Family::of(IpAddr::V4(Ipv4Addr::LOCALHOST)).bits(), 32);
+        assert_eq!(Family::of(IpAddr::V6(Ipv6Addr::LOCALHOST)).bits(), 128);
+    }
 }

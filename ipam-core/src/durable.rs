@@ -397,10 +397,7 @@ impl DurableAllocator {
                 },
             })
             .collect();
-        self.log
-            .lock()
-            .expect("log file lock")
-            .append(&records)
+        self.log.lock().expect("log file lock").append(&records)
     }
 
     /// Rewrites the log as a snapshot when it has grown well past its live content. Runs with

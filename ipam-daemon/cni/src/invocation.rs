@@ -2,11 +2,10 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use serde::Deserialize;
-use serde_json::Value;
-
-use crate::result::CniError;
 use ipam_api::{DEFAULT_SOCKET, types::AttachmentId};
+use serde::Deserialize;
+
+use crate::result::{CniError, Code, PrevResult};
 
 /// CNI_COMMAND values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +76,7 @@ pub struct NetConf {
     #[serde(default)]
     pub mtu: Option<u32>,
     #[serde(rename = "prevResult", default)]
-    pub prev_result: Option<Value>,
+    pub prev_result: Option<PrevResult>,
     #[serde(rename = "cni.dev/valid-attachments", default)]
     pub valid_attachments: Vec<ValidAttachment>,
 }
@@ -110,7 +109,7 @@ impl Invocation {
             Some("STATUS") => Command::Status,
             other => {
                 return Err(CniError::new(
-                    4,
+                    Code::InvalidEnvironment,
                     format!(
                         "CNI_COMMAND is {}; it must be ADD, DEL, CHECK, VERSION, GC or STATUS",
                         other.map_or_else(|| "not set".to_owned(), |c| format!("{c:?}"))
@@ -138,7 +137,7 @@ impl Invocation {
             ] {
                 if value.is_none() {
                     return Err(CniError::new(
-                        4,
+                        Code::InvalidEnvironment,
                         format!("{name} is not set; the runtime must pass it for {command:?}"),
                     ));
                 }
@@ -169,7 +168,7 @@ impl NetConf {
     pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
         serde_json::from_slice(stdin).map_err(|e| {
             CniError::new(
-                6,
+                Code::Decoding,
                 format!("the network configuration on stdin is not valid JSON: {e}"),
             )
         })
@@ -180,7 +179,7 @@ impl NetConf {
         if self.kind == "ipam-cni" {
             if let Some(ipam) = &self.ipam {
                 return Err(CniError::new(
-                    7,
+                    Code::InvalidConfig,
                     format!(
                         "network {}: as the main plugin, ipam-cni allocates addresses itself;                          remove the \"ipam\" section (type {:?})",
                         self.name, ipam.kind
@@ -190,7 +189,7 @@ impl NetConf {
             let mtu = self.mtu.unwrap_or(DEFAULT_MTU);
             if !(68..=65_535).contains(&mtu) {
                 return Err(CniError::new(
-                    7,
+                    Code::InvalidConfig,
                     format!(
                         "network {}: mtu {mtu} is out of range (68-65535)",
                         self.name
@@ -210,9 +209,11 @@ impl NetConf {
                 timeout: section.timeout(),
             }),
             _ => Err(CniError::new(
-                7,
+                Code::InvalidConfig,
                 format!(
-                    "network {}: no \"ipam\" section with \"type\": \"ipam-cni\"; use                      \"type\": \"ipam-cni\" for the whole network, or name it in the \"ipam\"                      section of a main plugin such as bridge or ptp",
+                    "network {}: no \"ipam\" section with \"type\": \"ipam-cni\"; use \
+                     \"type\": \"ipam-cni\" for the whole network, or name it in the \"ipam\" \
+                     section of a main plugin such as bridge or ptp",
                     self.name
                 ),
             )),

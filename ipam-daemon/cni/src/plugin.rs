@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::{
     invocation::{Command, Invocation, NetConf, Role},
     pod_network,
-    result::{CniError, SUPPORTED_VERSIONS, code, ipam_result, version_result},
+    result::{CniError, Code, SUPPORTED_VERSIONS, ipam_result, version_result},
 };
 use ipam_api::{
     client::{self, ClientError},
@@ -22,8 +22,13 @@ pub struct Outcome {
 fn failure(e: CniError, version: &str) -> Outcome {
     Outcome {
         success: false,
-        stdout: Some(e.to_json(version)),
+        stdout: Some(printed(&e.output(version))),
     }
+}
+
+/// The JSON of a typed result, error or version answer.
+fn printed(output: &impl serde::Serialize) -> Value {
+    serde_json::to_value(output).expect("CNI outputs serialise")
 }
 
 pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
@@ -34,7 +39,7 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     if inv.command == Command::Version {
         return Outcome {
             success: true,
-            stdout: Some(version_result()),
+            stdout: Some(printed(&version_result())),
         };
     }
     let conf = match NetConf::parse(stdin) {
@@ -54,7 +59,7 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
 fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
     if !SUPPORTED_VERSIONS.contains(&conf.cni_version.as_str()) {
         return Err(CniError::new(
-            code::INCOMPATIBLE_VERSION,
+            Code::IncompatibleVersion,
             format!(
                 "network {}: cniVersion {:?} is not supported; use one of {}",
                 conf.name,
@@ -70,10 +75,8 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
             // not give up.
             ClientError::Unreachable { .. }
             | ClientError::Timeout { .. }
-            | ClientError::Disconnected { .. } => {
-                CniError::new(code::TRY_AGAIN_LATER, e.to_string())
-            }
-            ClientError::Protocol { .. } => CniError::new(code::IO, e.to_string()),
+            | ClientError::Disconnected { .. } => CniError::new(Code::TryAgainLater, e.to_string()),
+            ClientError::Protocol { .. } => CniError::new(Code::Io, e.to_string()),
         })
     };
     let attachment = || Attachment {
@@ -91,18 +94,18 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
                 other => return Err(from_response(other)),
             };
             let Some(mtu) = main_mtu else {
-                return Ok(Some(ipam_result(&conf.cni_version, &ips)));
+                return Ok(Some(printed(&ipam_result(&conf.cni_version, &ips))));
             };
             let netns = netns(inv)?;
             let iface = pod_network::set_up(inv, netns, mtu, &ips)?;
             let endpoint = pod_network::endpoint(inv, netns, &iface, &ips);
             match call(Request::RegisterEndpoint(endpoint)) {
-                Ok(Response::Registered) => Ok(Some(pod_network::result(
+                Ok(Response::Registered) => Ok(Some(printed(&pod_network::result(
                     &conf.cni_version,
                     netns,
                     &iface,
                     &ips,
-                ))),
+                )))),
                 other => {
                     // The datapath does not know the pod: do not leave it half connected.
                     let _ = pod_network::tear_down(&inv.attachment());
@@ -150,9 +153,9 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         }
         Command::Status => match call(Request::Status) {
             Ok(Response::Ready) => Ok(None),
-            Ok(Response::Error { message, .. }) => Err(CniError::new(code::NOT_AVAILABLE, message)),
+            Ok(Response::Error { message, .. }) => Err(CniError::new(Code::NotAvailable, message)),
             Ok(other) => Err(from_response(other)),
-            Err(e) => Err(CniError::new(code::NOT_AVAILABLE, e.msg)),
+            Err(e) => Err(CniError::new(Code::NotAvailable, e.msg)),
         },
         Command::Version => unreachable!("answered before reading the configuration"),
     }
@@ -162,7 +165,7 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
 fn netns(inv: &Invocation) -> Result<&str, CniError> {
     inv.netns.as_deref().ok_or_else(|| {
         CniError::new(
-            4,
+            Code::InvalidEnvironment,
             format!(
                 "CNI_NETNS is not set; the runtime must pass the pod's network namespace for {:?}",
                 inv.command
@@ -175,14 +178,14 @@ fn from_response(response: Response) -> CniError {
     match response {
         Response::Error { code: c, message } => CniError::new(
             match c {
-                ErrorCode::NotReady => code::TRY_AGAIN_LATER,
-                ErrorCode::BadRequest => code::INVALID_CONFIG,
-                ErrorCode::Unknown => code::CHECK_FAILED,
-                ErrorCode::Failed => code::ALLOCATION_FAILED,
+                ErrorCode::NotReady => Code::TryAgainLater,
+                ErrorCode::BadRequest => Code::InvalidConfig,
+                ErrorCode::Unknown => Code::CheckFailed,
+                ErrorCode::Failed => Code::AllocationFailed,
             },
             message,
         ),
-        other => CniError::new(code::IO, format!("unexpected answer from ipamd: {other:?}")),
+        other => CniError::new(Code::Io, format!("unexpected answer from ipamd: {other:?}")),
     }
 }
 
@@ -191,22 +194,15 @@ fn check_against_prev_result(conf: &NetConf, held: &[String]) -> Result<(), CniE
     let Some(prev) = &conf.prev_result else {
         return Ok(());
     };
-    let recorded: Vec<String> = prev["ips"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|ip| ip["address"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let recorded: Vec<&str> = prev.ips.iter().map(|ip| ip.address.as_str()).collect();
     // Compare addresses only: the main plugin records host routes (/32, /128), the IPAM role
     // the block's prefix.
     let address_of = |a: &str| a.split('/').next().unwrap_or_default().to_owned();
     let held_addresses: Vec<String> = held.iter().map(|h| address_of(h)).collect();
-    for address in &recorded {
+    for address in recorded {
         if !held_addresses.contains(&address_of(address)) {
             return Err(CniError::new(
-                code::CHECK_FAILED,
+                Code::CheckFailed,
                 format!(
                     "the attachment's recorded address {address} is not held by ipamd (it holds {})",
                     held.join(", ")

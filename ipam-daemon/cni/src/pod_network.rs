@@ -9,11 +9,9 @@
 
 use std::{net::IpAddr, path::Path};
 
-use serde_json::{Value, json};
-
 use crate::{
     invocation::Invocation,
-    result::{CniError, code, ipam_result},
+    result::{AddResult, CniError, Code, Interface, ipam_result},
 };
 use ipam_api::types::{AllocatedIp, AttachmentId, Endpoint, Mac};
 use ipam_netlink::{LinkInfo, Netlink, NetlinkError};
@@ -31,7 +29,7 @@ pub fn host_veth_name(id: &AttachmentId) -> String {
 }
 
 fn netlink_error(e: NetlinkError) -> CniError {
-    CniError::new(code::IO, e.to_string())
+    CniError::new(Code::Io, e.to_string())
 }
 
 /// Names the attachment in a netlink failure and says what to do about it.
@@ -39,7 +37,7 @@ fn for_attachment(id: &AttachmentId, action: &str) -> impl FnOnce(CniError) -> C
     let who = format!("container {} interface {}", id.container_id, id.ifname);
     let action = action.to_owned();
     move |e| {
-        if e.code != code::IO {
+        if e.code != Code::Io {
             return e;
         }
         CniError::new(e.code, format!("{who}: {}; {action}", e.msg))
@@ -63,7 +61,7 @@ pub fn set_up(
     let host_name = host_veth_name(&id);
     let result = (|| {
         let host = Netlink::open()
-            .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
+            .map_err(|e| CniError::new(Code::Io, format!("cannot open netlink: {e}")))?;
         let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
         let mut created = false;
         let host_link = match host.link_by_name(&host_name).map_err(netlink_error)? {
@@ -75,7 +73,7 @@ pub fn set_up(
                     .is_some()
                 {
                     return Err(CniError::new(
-                        code::IO,
+                        Code::Io,
                         format!(
                             "container {}: interface {} already exists in {netns} and is not ours; \
                              pick another CNI_IFNAME or remove it",
@@ -88,7 +86,7 @@ pub fn set_up(
                 created = true;
                 host.link_by_name(&host_name)
                     .map_err(netlink_error)?
-                    .ok_or_else(|| CniError::new(code::IO, format!("veth {host_name} vanished")))?
+                    .ok_or_else(|| CniError::new(Code::Io, format!("veth {host_name} vanished")))?
             }
         };
         let configured = configure(&host, &pod, &host_link, &id.ifname, netns, ips);
@@ -117,7 +115,7 @@ fn configure(
         .map_err(netlink_error)?
         .ok_or_else(|| {
             CniError::new(
-                code::IO,
+                Code::Io,
                 format!("interface {ifname} is missing in {netns}; DEL and ADD again"),
             )
         })?;
@@ -126,7 +124,7 @@ fn configure(
     for ip in ips {
         let gateway = ip.gateway.ok_or_else(|| {
             CniError::new(
-                code::TRY_AGAIN_LATER,
+                Code::TryAgainLater,
                 format!(
                     "the node has no {} router address yet; try again later",
                     ip.family.name()
@@ -163,7 +161,7 @@ pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
     let name = host_veth_name(id);
     let result = (|| {
         let host = Netlink::open()
-            .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
+            .map_err(|e| CniError::new(Code::Io, format!("cannot open netlink: {e}")))?;
         if let Some(link) = host.link_by_name(&name).map_err(netlink_error)? {
             match host.delete_link(link.index) {
                 Ok(()) => {}
@@ -185,8 +183,8 @@ pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), C
     let id = inv.attachment();
     (|| {
         let host = Netlink::open()
-            .map_err(|e| CniError::new(code::IO, format!("cannot open netlink: {e}")))?;
-        let failed = |msg: String| CniError::new(code::CHECK_FAILED, msg);
+            .map_err(|e| CniError::new(Code::Io, format!("cannot open netlink: {e}")))?;
+        let failed = |msg: String| CniError::new(Code::CheckFailed, msg);
         if host
             .link_by_name(&host_veth_name(&id))
             .map_err(netlink_error)?
@@ -237,7 +235,12 @@ pub fn endpoint(
 
 /// The ADD result of the main plugin: both interfaces, the pod's addresses (as host routes, as
 /// configured) on the pod interface, and the default routes.
-pub fn result(cni_version: &str, netns: &str, iface: &PodInterface, ips: &[AllocatedIp]) -> Value {
+pub fn result(
+    cni_version: &str,
+    netns: &str,
+    iface: &PodInterface,
+    ips: &[AllocatedIp],
+) -> AddResult {
     let as_configured: Vec<AllocatedIp> = ips
         .iter()
         .map(|ip| AllocatedIp {
@@ -246,14 +249,20 @@ pub fn result(cni_version: &str, netns: &str, iface: &PodInterface, ips: &[Alloc
         })
         .collect();
     let mut out = ipam_result(cni_version, &as_configured);
-    out["interfaces"] = json!([
-        { "name": iface.host.name, "mac": Mac(iface.host.mac).to_string() },
-        { "name": iface.pod.name, "mac": Mac(iface.pod.mac).to_string(), "sandbox": netns },
-    ]);
-    if let Some(entries) = out["ips"].as_array_mut() {
-        for entry in entries {
-            entry["interface"] = json!(1);
-        }
+    out.interfaces = vec![
+        Interface {
+            name: iface.host.name.clone(),
+            mac: Mac(iface.host.mac),
+            sandbox: None,
+        },
+        Interface {
+            name: iface.pod.name.clone(),
+            mac: Mac(iface.pod.mac),
+            sandbox: Some(netns.to_owned()),
+        },
+    ];
+    for ip in &mut out.ips {
+        ip.interface = Some(1);
     }
     out
 }

@@ -10,7 +10,7 @@ use std::{
 use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use ipam_common::{
     l2::{L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
-    map_names,
+    map_layouts, map_names,
 };
 
 use super::DatapathError;
@@ -216,23 +216,6 @@ pub(super) fn take_checked(
     Ok(map)
 }
 
-/// Key and value sizes each map must have in this build.
-fn expected_layout(name: &str) -> (u32, u32) {
-    let size = |n: usize| n as u32;
-    match name {
-        map_names::L2_RESPONDER => (
-            size(size_of::<ResponderKey>()),
-            size(size_of::<L2Announcement>()),
-        ),
-        map_names::L2_RESPONDER_CONFIG => (4, size(size_of::<ResponderConfig>())),
-        map_names::POD_ENDPOINTS => (
-            size(size_of::<ipam_common::pod::EndpointKey>()),
-            size(size_of::<ipam_common::pod::PodEndpoint>()),
-        ),
-        _ => (4, 8),
-    }
-}
-
 pub(super) fn check_layout(
     name: &'static str,
     path: &Path,
@@ -243,15 +226,15 @@ pub(super) fn check_layout(
         _ => return Err(DatapathError::MissingMap { name }),
     };
     let info = data.info().map_err(|e| map_error(name, e))?;
-    let (want_key, want_value) = expected_layout(name);
-    if info.key_size() != want_key || info.value_size() != want_value {
+    let want = map_layouts::of(name).ok_or(DatapathError::MissingMap { name })?;
+    if info.key_size() != want.key_size || info.value_size() != want.value_size {
         return Err(DatapathError::MapLayout {
             name,
             path: path.to_owned(),
             found_key: info.key_size(),
             found_value: info.value_size(),
-            want_key,
-            want_value,
+            want_key: want.key_size,
+            want_value: want.value_size,
         });
     }
     Ok(())

@@ -5,7 +5,7 @@
 use crate::cmd::{cargo, exec, workspace_root};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum Name {
+pub(crate) enum Name {
     /// ARP answers: ns per reply (BPF_PROG_TEST_RUN) and reply rate versus the kernel.
     Arp,
     /// Pod IP allocation: in memory, durable, cost at 1M vs 1k live, bytes each, 5,000 nodes.
@@ -17,7 +17,7 @@ pub enum Name {
     Datapath,
 }
 
-pub fn run(name: Name) -> anyhow::Result<()> {
+pub(crate) fn run(name: Name) -> anyhow::Result<()> {
     let bin = match name {
         Name::Arp => "bench-arp",
         Name::Alloc => "bench-alloc",

@@ -2,7 +2,7 @@
 
 use crate::cmd::{exec, workspace_root};
 
-pub fn run() -> anyhow::Result<()> {
+pub(crate) fn run() -> anyhow::Result<()> {
     let root = workspace_root();
     let mut cmd = std::process::Command::new("cargo");
     cmd.current_dir(root.join("ipam-ebpf"))

@@ -5,7 +5,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context as _, bail};
 
 /// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> std::path::PathBuf {
+pub(crate) fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask is inside the workspace")
@@ -13,7 +13,7 @@ pub fn workspace_root() -> std::path::PathBuf {
 }
 
 /// Runs `cmd` with inherited output; fails with the command line when it fails.
-pub fn exec(cmd: &mut Command) -> anyhow::Result<()> {
+pub(crate) fn exec(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd
         .status()
         .with_context(|| format!("cannot start {cmd:?}"))?;
@@ -24,14 +24,14 @@ pub fn exec(cmd: &mut Command) -> anyhow::Result<()> {
 }
 
 /// Runs `cmd` quietly and returns its stdout, or `None` when it cannot run or fails.
-pub fn output(cmd: &mut Command) -> Option<String> {
+pub(crate) fn output(cmd: &mut Command) -> Option<String> {
     let out = cmd.stderr(Stdio::null()).output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-pub fn cargo() -> Command {
+pub(crate) fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(workspace_root());
     c

@@ -2,7 +2,7 @@
 
 use crate::cmd::{cargo, exec, workspace_root};
 
-pub fn run() -> anyhow::Result<()> {
+pub(crate) fn run() -> anyhow::Result<()> {
     exec(cargo().args(["build", "--bins"]))?;
     exec(&mut std::process::Command::new(
         workspace_root().join("target/debug/lab"),

@@ -4,7 +4,7 @@
 
 use crate::cmd::{cargo, exec, workspace_root};
 
-pub fn run() -> anyhow::Result<()> {
+pub(crate) fn run() -> anyhow::Result<()> {
     exec(cargo().args(["fmt", "--all", "--check"]))?;
     exec(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     let mut ebpf = std::process::Command::new("cargo");

@@ -26,7 +26,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
-pub fn run() -> anyhow::Result<()> {
+pub(crate) fn run() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let mut changed = Vec::new();
     packages(&mut changed)?;

@@ -10,7 +10,7 @@ use anyhow::{Context as _, bail};
 
 use crate::cmd::{cargo, exec};
 
-pub fn run(extra: &[String]) -> anyhow::Result<()> {
+pub(crate) fn run(extra: &[String]) -> anyhow::Result<()> {
     exec(cargo().args(["build", "--bins"]))?;
     let mut child = cargo()
         .args(["test", "--no-fail-fast", "--"])

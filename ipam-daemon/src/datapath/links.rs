@@ -18,7 +18,7 @@ use super::{AttachForm, DatapathError, PodProgram};
 
 /// The program a pinned link carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkedProgram {
+pub(crate) enum LinkedProgram {
     Responder(AttachForm),
     Pod(PodProgram),
 }
@@ -35,7 +35,7 @@ impl LinkedProgram {
     ];
 
     /// The program's part of the pin name, also how errors and logs name it.
-    pub fn pin_prefix(self) -> String {
+    pub(crate) fn pin_prefix(self) -> String {
         match self {
             Self::Responder(form) => format!("{RESPONDER_PREFIX}-{}", form.name()),
             Self::Pod(program) => program.name().to_owned(),
@@ -45,14 +45,14 @@ impl LinkedProgram {
 
 /// One pinned link: which program, on which interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LinkPin {
-    pub program: LinkedProgram,
-    pub interface: String,
-    pub ifindex: u32,
+pub(crate) struct LinkPin {
+    pub(crate) program: LinkedProgram,
+    pub(crate) interface: String,
+    pub(crate) ifindex: u32,
 }
 
 impl LinkPin {
-    pub fn new(program: LinkedProgram, interface: &str, ifindex: u32) -> Self {
+    pub(crate) fn new(program: LinkedProgram, interface: &str, ifindex: u32) -> Self {
         Self {
             program,
             interface: interface.to_owned(),
@@ -60,7 +60,7 @@ impl LinkPin {
         }
     }
 
-    pub fn path(&self, root: &Path) -> PathBuf {
+    pub(crate) fn path(&self, root: &Path) -> PathBuf {
         root.join("links").join(format!(
             "{}-{}-{}",
             self.program.pin_prefix(),
@@ -85,13 +85,13 @@ impl LinkPin {
         })
     }
 
-    pub fn exists(&self, root: &Path) -> bool {
+    pub(crate) fn exists(&self, root: &Path) -> bool {
         self.path(root).exists()
     }
 }
 
 /// Every link pinned under `root`.
-pub fn pinned_links(root: &Path) -> Result<Vec<LinkPin>, DatapathError> {
+pub(crate) fn pinned_links(root: &Path) -> Result<Vec<LinkPin>, DatapathError> {
     let dir = root.join("links");
     let entries = std::fs::read_dir(&dir).map_err(|source| DatapathError::PinDir {
         path: dir.clone(),
@@ -105,7 +105,7 @@ pub fn pinned_links(root: &Path) -> Result<Vec<LinkPin>, DatapathError> {
 
 /// Removes the pin, which detaches the link (nothing else holds it). Removing a pin that is not
 /// there is not an error: a deleted interface takes its links with it.
-pub fn unpin(root: &Path, link: &LinkPin) -> Result<(), DatapathError> {
+pub(crate) fn unpin(root: &Path, link: &LinkPin) -> Result<(), DatapathError> {
     let path = link.path(root);
     match std::fs::remove_file(&path) {
         Ok(()) => Ok(()),
@@ -116,7 +116,7 @@ pub fn unpin(root: &Path, link: &LinkPin) -> Result<(), DatapathError> {
 
 /// Why a pinned link could not be adopted; the caller then attaches afresh.
 #[derive(Debug, Error)]
-pub enum AdoptError {
+pub(crate) enum AdoptError {
     #[error("the pinned link is unusable: {0}")]
     Link(#[from] LinkError),
     #[error("the program cannot take over the link: {0}")]

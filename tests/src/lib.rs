@@ -10,7 +10,6 @@ pub mod ipam_node;
 pub mod netns;
 pub mod pod_net;
 pub mod resolve;
-pub mod rng;
 
 use std::{
     path::PathBuf,

@@ -10,13 +10,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_tests::{TempFile, rng::Rng, workspace_binary};
+use ipam_tests::{TempFile, workspace_binary};
+use rand::{Rng as _, SeedableRng as _, rngs::StdRng};
 
 #[test]
 fn every_acknowledged_allocation_survives_sigkill() {
     let state = TempFile::new("alloc-crash", "log");
     let worker = workspace_binary("alloc-worker");
-    let mut rng = Rng::new(u64::from(std::process::id()) ^ 0xc0ffee);
+    let mut rng = StdRng::seed_from_u64(u64::from(std::process::id()) ^ 0xc0ffee);
     // owner -> Some(ip) when acknowledged held, None when its release was acknowledged.
     let mut acked: HashMap<String, Option<String>> = HashMap::new();
     let mut total_acks = 0usize;
@@ -34,7 +35,7 @@ fn every_acknowledged_allocation_survives_sigkill() {
                 .map_while(Result::ok)
                 .collect::<Vec<_>>()
         });
-        let run_for = Duration::from_millis(150 + rng.below(600) as u64);
+        let run_for = Duration::from_millis(150 + rng.random_range(0..600) as u64);
         let start = Instant::now();
         while start.elapsed() < run_for {
             std::thread::sleep(Duration::from_millis(10));
@@ -129,7 +130,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
     let node = IpamNode::new("crashd", "10.96.0.0/12", 16);
     let socket = node.socket();
     let acked: Arc<Mutex<Vec<(AttachmentId, String)>>> = Arc::default();
-    let mut rng = Rng::new(u64::from(std::process::id()) ^ 0xdead);
+    let mut rng = StdRng::seed_from_u64(u64::from(std::process::id()) ^ 0xdead);
     for round in 0..5 {
         let daemon = node.start_daemon();
         let stop = Arc::new(AtomicBool::new(false));
@@ -158,7 +159,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(200 + rng.below(500) as u64));
+        std::thread::sleep(Duration::from_millis(200 + rng.random_range(0..500) as u64));
         daemon.kill();
         stop.store(true, Ordering::SeqCst);
         for c in clients {

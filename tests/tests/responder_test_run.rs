@@ -10,7 +10,8 @@ use ipam_daemon::{
     datapath::Datapath,
     net::frames::{ARP_REPLY, ArpFrame, ICMPV6_NA, ICMPV6_NS, NA_SOLICITED_OVERRIDE, NdpFrame},
 };
-use ipam_tests::{BpffsRoot, rng::Rng};
+use ipam_tests::BpffsRoot;
+use rand::{Rng as _, RngCore as _, SeedableRng as _, rngs::StdRng};
 
 const XDP_ABORTED: u32 = 0;
 const XDP_PASS: u32 = 2;
@@ -400,34 +401,34 @@ fn withdrawn_ip_is_no_longer_answered() {
 fn randomised_frames_are_never_answered_wrongly() {
     let mut h = Harness::new();
     let seed = 0x1b5e_ed00_u64 ^ u64::from(std::process::id());
-    let mut rng = Rng::new(seed);
+    let mut rng = StdRng::seed_from_u64(seed);
     let arp = arp_request(ANNOUNCED_V4).to_bytes();
     let nd = ns(ANNOUNCED_V6).to_bytes();
     let mut replies = 0;
     for i in 0..4000 {
         let frame = match i % 4 {
             0 => {
-                let mut f = vec![0u8; 14 + rng.below(100)];
-                rng.fill(&mut f);
-                let ethertype: u16 = [0x0806, 0x86dd, 0x8100, 0x0800][rng.below(4)];
+                let mut f = vec![0u8; 14 + rng.random_range(0..100)];
+                rng.fill_bytes(&mut f);
+                let ethertype: u16 = [0x0806, 0x86dd, 0x8100, 0x0800][rng.random_range(0..4)];
                 f[12..14].copy_from_slice(&ethertype.to_be_bytes());
                 f
             }
             1 | 2 => {
                 let mut f = if i % 4 == 1 { arp.clone() } else { nd.clone() };
-                for _ in 0..=rng.below(3) {
-                    let at = rng.below(f.len());
+                for _ in 0..=rng.random_range(0..3) {
+                    let at = rng.random_range(0..f.len());
                     f[at] = rng.next_u64() as u8;
                 }
                 f
             }
             _ => {
-                let f = if rng.below(2) == 0 {
+                let f = if rng.random_range(0..2) == 0 {
                     arp.clone()
                 } else {
                     nd.clone()
                 };
-                f[..14 + rng.below(f.len() - 13)].to_vec()
+                f[..14 + rng.random_range(0..f.len() - 13)].to_vec()
             }
         };
         match h.run(&frame) {

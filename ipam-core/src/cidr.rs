@@ -1,4 +1,6 @@
-//! CIDRs as integers: IPv4 and IPv6 in one `u128` representation, so block arithmetic is shared.
+//! CIDRs: `ipnet` parses, prints and answers containment; the block arithmetic the allocators
+//! need (the n-th `/mask` block of a pool, the index of an address's block) is done here on the
+//! address as an integer, IPv4 and IPv6 alike in a `u128`.
 
 use std::{
     fmt,
@@ -6,18 +8,15 @@ use std::{
     str::FromStr,
 };
 
+use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 pub use ipam_common::Family;
 
-/// A network: family, first address and prefix length; host bits are always zero.
+/// A network whose host bits are zero. Ordered by family, then first address, then prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Cidr {
-    family: Family,
-    base: u128,
-    prefix: u8,
-}
+pub struct Cidr(IpNet);
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CidrError {
@@ -52,47 +51,47 @@ pub fn u128_to_ip(family: Family, value: u128) -> IpAddr {
 impl Cidr {
     /// The network of `ip/prefix`, or an error when host bits are set or the prefix is too long.
     pub fn new(ip: IpAddr, prefix: u8) -> Result<Self, CidrError> {
-        let family = Family::of(ip);
-        let input = format!("{ip}/{prefix}");
-        if prefix > family.bits() {
-            return Err(CidrError::PrefixTooLong {
-                input,
-                family,
-                prefix,
-            });
-        }
-        let value = ip_to_u128(ip);
-        let network = Self {
-            family,
-            base: value & !host_mask(family, prefix),
+        let input = || format!("{ip}/{prefix}");
+        let net = IpNet::new(ip, prefix).map_err(|_| CidrError::PrefixTooLong {
+            input: input(),
+            family: Family::of(ip),
             prefix,
-        };
-        if network.base != value {
-            return Err(CidrError::HostBitsSet { input, network });
+        })?;
+        let network = Self(net.trunc());
+        if network.0 != net {
+            return Err(CidrError::HostBitsSet {
+                input: input(),
+                network,
+            });
         }
         Ok(network)
     }
 
+    /// The network as `ipnet` sees it.
+    pub fn net(&self) -> IpNet {
+        self.0
+    }
+
     pub fn family(&self) -> Family {
-        self.family
+        Family::of(self.0.network())
     }
 
     pub fn prefix(&self) -> u8 {
-        self.prefix
+        self.0.prefix_len()
     }
 
     /// First address as an integer.
     pub fn base(&self) -> u128 {
-        self.base
+        ip_to_u128(self.0.network())
     }
 
     pub fn network(&self) -> IpAddr {
-        u128_to_ip(self.family, self.base)
+        self.0.network()
     }
 
     /// log2 of the number of addresses.
     pub fn host_bits(&self) -> u8 {
-        self.family.bits() - self.prefix
+        self.0.max_prefix_len() - self.0.prefix_len()
     }
 
     /// Number of addresses, saturating at `u128::MAX` for `::/0`.
@@ -104,23 +103,21 @@ impl Cidr {
 
     /// Last address as an integer.
     pub fn last(&self) -> u128 {
-        self.base | host_mask(self.family, self.prefix)
+        ip_to_u128(self.0.broadcast())
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        Family::of(ip) == self.family && {
-            let v = ip_to_u128(ip);
-            v >= self.base && v <= self.last()
-        }
+        self.0.contains(&ip)
     }
 
+    /// CIDRs nest: two overlap exactly when one contains the other.
     pub fn overlaps(&self, other: &Cidr) -> bool {
-        self.family == other.family && self.base <= other.last() && other.base <= self.last()
+        self.0.contains(&other.0) || other.0.contains(&self.0)
     }
 
     /// The smaller of two overlapping CIDRs (the overlap itself, since CIDRs nest).
     pub fn overlap(&self, other: &Cidr) -> Option<Cidr> {
-        let smaller = if self.prefix >= other.prefix {
+        let smaller = if self.prefix() >= other.prefix() {
             *self
         } else {
             *other
@@ -131,64 +128,64 @@ impl Cidr {
     /// Number of `/mask` blocks in this CIDR (`mask >= prefix`), saturating.
     pub fn block_count(&self, mask: u8) -> u128 {
         1u128
-            .checked_shl((mask - self.prefix) as u32)
+            .checked_shl((mask - self.prefix()) as u32)
             .unwrap_or(u128::MAX)
     }
 
     /// The `index`th `/mask` block of this CIDR.
     pub fn block(&self, mask: u8, index: u128) -> Cidr {
-        let shift = self.family.bits() - mask;
-        Cidr {
-            family: self.family,
-            base: self.base + (index << shift),
-            prefix: mask,
-        }
+        let shift = self.family().bits() - mask;
+        let first = u128_to_ip(self.family(), self.base() + (index << shift));
+        Cidr(IpNet::new(first, mask).expect("a block's mask fits its family"))
     }
 
     /// Index of the `/mask` block that holds `ip`.
     pub fn block_index(&self, mask: u8, ip: IpAddr) -> u128 {
-        (ip_to_u128(ip) - self.base) >> (self.family.bits() - mask)
+        (ip_to_u128(ip) - self.base()) >> (self.family().bits() - mask)
     }
 
     /// The address at `offset` from the start.
     pub fn addr(&self, offset: u128) -> IpAddr {
-        u128_to_ip(self.family, self.base + offset)
+        u128_to_ip(self.family(), self.base() + offset)
     }
-}
-
-fn host_mask(family: Family, prefix: u8) -> u128 {
-    let host_bits = (family.bits() - prefix) as u32;
-    1u128.checked_shl(host_bits).map_or(u128::MAX, |v| v - 1)
 }
 
 impl FromStr for Cidr {
     type Err = CidrError;
 
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let syntax = || CidrError::Syntax {
-            input: input.to_owned(),
-        };
-        let (ip, prefix) = input.trim().split_once('/').ok_or_else(syntax)?;
-        let ip: IpAddr = ip.parse().map_err(|_| syntax())?;
-        let prefix: u8 = prefix.parse().map_err(|_| syntax())?;
-        Cidr::new(ip, prefix).map_err(|e| match e {
-            CidrError::HostBitsSet { network, .. } => CidrError::HostBitsSet {
+        let text = input.trim();
+        // ipnet accepts host bits (it is a host's address and prefix); a pool's CIDR must not
+        // have them, so the network is checked here with this project's error.
+        let net: IpNet = text.parse().map_err(|_| match text.split_once('/') {
+            Some((ip, prefix)) => match (ip.parse::<IpAddr>(), prefix.parse::<u8>()) {
+                (Ok(ip), Ok(prefix)) => CidrError::PrefixTooLong {
+                    input: input.to_owned(),
+                    family: Family::of(ip),
+                    prefix,
+                },
+                _ => CidrError::Syntax {
+                    input: input.to_owned(),
+                },
+            },
+            None => CidrError::Syntax {
+                input: input.to_owned(),
+            },
+        })?;
+        let network = Self(net.trunc());
+        if network.0 != net {
+            return Err(CidrError::HostBitsSet {
                 input: input.to_owned(),
                 network,
-            },
-            CidrError::PrefixTooLong { family, prefix, .. } => CidrError::PrefixTooLong {
-                input: input.to_owned(),
-                family,
-                prefix,
-            },
-            other => other,
-        })
+            });
+        }
+        Ok(network)
     }
 }
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network(), self.prefix)
+        self.0.fmt(f)
     }
 }
 
@@ -198,6 +195,8 @@ impl Serialize for Cidr {
     }
 }
 
+// Through `FromStr`, not ipnet's serde: a CIDR with host bits is refused with a message that
+// names the network meant.
 impl<'de> Deserialize<'de> for Cidr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;

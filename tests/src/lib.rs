@@ -8,8 +8,10 @@ pub mod cni;
 pub mod daemon;
 pub mod ipam_node;
 pub mod netns;
+pub mod oracle;
 pub mod pod_net;
 pub mod resolve;
+pub mod responder_harness;
 
 use std::{
     path::PathBuf,

@@ -206,7 +206,10 @@ impl NdpFrame {
 
     /// Parses an NS or NA with at most one link-layer option; `None` for anything else.
     pub fn parse(f: &[u8]) -> Option<Self> {
-        if f.len() < 14 + 40 + 24 || u16::from_be_bytes([f[12], f[13]]) != ETH_P_IPV6 || f[20] != 58
+        if f.len() < 14 + 40 + 24
+            || u16::from_be_bytes([f[12], f[13]]) != ETH_P_IPV6
+            || f[14] >> 4 != 6
+            || f[20] != 58
         {
             return None;
         }

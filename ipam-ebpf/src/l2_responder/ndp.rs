@@ -35,6 +35,11 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     };
     // SAFETY: `ptr_at` checked the header lies within the frame.
     let ip6 = unsafe { &mut *ip6 };
+    // Not IPv6 despite the ethertype: the kernel drops it, and so must an answer.
+    if ip6.vtc_flow[0] >> 4 != 6 {
+        count(ResponderStat::Malformed);
+        return Verdict::Pass;
+    }
     if ip6.next_header != IPPROTO_ICMPV6 {
         return Verdict::Pass;
     }

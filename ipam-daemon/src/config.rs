@@ -25,7 +25,7 @@ use ipam_core::{
     pool::{IpamMode, PodIpPoolSpec},
 };
 
-use crate::datapath::AttachMode;
+use crate::datapath::{AttachMode, EbpfLogLevel};
 
 /// Default bpffs directory that holds every map, program and link pin of the daemon.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
@@ -135,6 +135,9 @@ pub struct DatapathConfig {
     pub bpffs_root: PathBuf,
     pub liveness_timeout_ms: u64,
     pub heartbeat_interval_ms: u64,
+    /// Which log statements of the eBPF programs are kept (off, error, warn, info, debug,
+    /// trace); applied when the programs are loaded, so a change needs a restart.
+    pub ebpf_log_level: EbpfLogLevel,
 }
 
 impl Default for DatapathConfig {
@@ -143,6 +146,7 @@ impl Default for DatapathConfig {
             bpffs_root: PathBuf::from(DEFAULT_BPFFS_ROOT),
             liveness_timeout_ms: 3_000,
             heartbeat_interval_ms: 500,
+            ebpf_log_level: EbpfLogLevel::Off,
         }
     }
 }

@@ -7,9 +7,13 @@
 //! - A packet from a pod must carry one of that pod's addresses as its source, and arrive on that
 //!   pod's veth; anything else is dropped and counted (no spoofing).
 //!
+//! Spoof drops are also logged (aya-log, warn level) when the daemon's `ebpf_log_level` lets
+//! them through; at the default level (off) the log statements are removed at load time.
+//!
 //! Written against a [`Frame`] like the responder; the entry points only pull headers into the
 //! linear area and turn the [`Verdict`] into a TC action.
 
+use aya_log_ebpf::warn;
 use ipam_common::pod::{EndpointKey, PodEndpoint, PodStat};
 
 use crate::{
@@ -46,6 +50,11 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
             // SAFETY: bounds checked by `ptr_at`; the pointers are to distinct headers.
             let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
             if !sent_by(EndpointKey::v4(ip.src), ifindex) {
+                let source = u32::from_be_bytes(ip.src);
+                warn!(
+                    &(),
+                    "pod on ifindex {}: dropped packet from spoofed source {:i}", ifindex, source
+                );
                 return dropped(PodStat::SpoofDropped);
             }
             to_stack_unless_local(deliver_v4(eth, ip))
@@ -63,6 +72,11 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
                 return Verdict::Stack;
             }
             if !sent_by(EndpointKey::v6(ip6.src), ifindex) {
+                let source = ip6.src;
+                warn!(
+                    &(),
+                    "pod on ifindex {}: dropped packet from spoofed source {:i}", ifindex, source
+                );
                 return dropped(PodStat::SpoofDropped);
             }
             to_stack_unless_local(deliver_v6(eth, ip6))

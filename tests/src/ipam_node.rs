@@ -25,6 +25,7 @@ impl IpamNode {
     pub fn new(tag: &str, cidr: &str, mask: u8) -> Self {
         Self::with_ipam(
             tag,
+            "",
             &format!(
                 "families = [\"v4\"]\n\n[[ipam.pool]]\nname = \"default\"\n\
                  ipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\n"
@@ -33,10 +34,12 @@ impl IpamNode {
     }
 
     /// A dual-stack node: pool `default` with an IPv4 and an IPv6 CIDR, and the pod datapath on
-    /// `uplinks`.
+    /// `uplinks`. The eBPF programs log at warn level, as an operator watching pods would set
+    /// it: spoofed packets show in the daemon's log.
     pub fn dual_stack(tag: &str, v4: (&str, u8), v6: (&str, u8), uplinks: &[&str]) -> Self {
         Self::with_ipam(
             tag,
+            "ebpf_log_level = \"warn\"\n",
             &format!(
                 "families = [\"v4\", \"v6\"]\nuplinks = {uplinks:?}\n\n[[ipam.pool]]\nname = \"default\"\n\
                  ipv4 = {{ cidrs = [\"{}\"], maskSize = {} }}\n\
@@ -46,7 +49,7 @@ impl IpamNode {
         )
     }
 
-    fn with_ipam(tag: &str, ipam: &str) -> Self {
+    fn with_ipam(tag: &str, datapath: &str, ipam: &str) -> Self {
         let ns = Netns::new(tag);
         let root = BpffsRoot::new();
         let dir = TempDir::new(&format!("{tag}-"));
@@ -54,7 +57,7 @@ impl IpamNode {
         std::fs::write(
             &config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"{tag}\"\n\
+                "[datapath]\nbpffs_root = \"{}\"\n{datapath}\n[ipam]\nmode = \"cluster-pool\"\nnode_name = \"{tag}\"\n\
                  store = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n{ipam}",
                 root.0.display(),
                 d = dir.0.display()

@@ -50,7 +50,13 @@ pub struct BpffsRoot(pub PathBuf);
 
 impl BpffsRoot {
     pub fn new() -> Self {
-        Self(PathBuf::from("/sys/fs/bpf").join(unique("ipam-test-")))
+        Self::named("ipam-test-")
+    }
+
+    /// A fresh root `/sys/fs/bpf/<tag><unique>`; a process that cannot drop it (a fuzzer that
+    /// exits) uses its own tag, so its runner can remove what it left.
+    pub fn named(tag: &str) -> Self {
+        Self(PathBuf::from("/sys/fs/bpf").join(unique(tag)))
     }
 }
 

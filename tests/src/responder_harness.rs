@@ -48,7 +48,11 @@ impl Default for Harness {
 
 impl Harness {
     pub fn new() -> Self {
-        let root = BpffsRoot::new();
+        Self::in_root(BpffsRoot::new())
+    }
+
+    /// A harness with its pins under `root`, which it removes when dropped.
+    pub fn in_root(root: BpffsRoot) -> Self {
         let mut datapath = Datapath::open(&root.0).expect("load datapath");
         let maps = datapath.responder();
         maps.announce(IpAddr::V4(ANNOUNCED_V4), LO, OUR_MAC)

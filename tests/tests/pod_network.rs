@@ -127,6 +127,17 @@ fn connectivity_matrix_spoofing_del_and_gc() {
     assert!(!reaches_from(&a.ns, "fd00:250::fa", &b.v6));
     assert!(!reaches_from(&a.ns, "10.250.0.250", "10.250.0.1"));
     assert!(node.stat("spoof_dropped") >= spoofed_before + 4);
+    // The datapath logs them too (aya-log at warn level, see IpamNode::dual_stack), naming the
+    // spoofed source, in both families.
+    let daemon = node.daemon.as_ref().expect("daemon running");
+    daemon.wait_log(
+        "dropped packet from spoofed source 10.250.0.250",
+        Duration::from_secs(10),
+    );
+    daemon.wait_log(
+        "dropped packet from spoofed source fd00:250::fa",
+        Duration::from_secs(10),
+    );
     // Another pod's address is as foreign as an unallocated one.
     a.ns.ip(&["addr", "add", &format!("{}/32", c.v4), "dev", "eth0"]);
     assert!(!reaches_from(&a.ns, &c.v4, &b.v4));

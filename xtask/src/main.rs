@@ -4,6 +4,7 @@
 mod bench;
 mod build_ebpf;
 mod cmd;
+mod fuzz;
 mod lab;
 mod lint;
 mod setup;
@@ -34,6 +35,14 @@ enum Command {
     },
     /// Set up, then run the lab: a node namespace announcing an IP and a client reaching it.
     Lab,
+    /// Set up, then run a fuzz target (or all) for a bounded time and report executions.
+    Fuzz {
+        #[arg(value_enum)]
+        target: fuzz::Target,
+        /// How long to run each target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+    },
     /// Set up, then run a benchmark and print its figures (last line: key=value pairs).
     Bench {
         #[arg(value_enum)]
@@ -57,6 +66,10 @@ fn main() -> anyhow::Result<()> {
         Command::Lab => {
             setup::run()?;
             lab::run()
+        }
+        Command::Fuzz { target, seconds } => {
+            setup::run()?;
+            fuzz::run(target, seconds)
         }
         Command::Bench { name } => {
             setup::run()?;

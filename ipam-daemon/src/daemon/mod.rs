@@ -22,7 +22,7 @@ use ipam_core::backoff::Backoff;
 
 use crate::{
     config::{Config, ConfigError},
-    datapath::{Datapath, DatapathError},
+    datapath::{Datapath, DatapathError, EbpfLog},
     l2::announcer::{self, AnnounceError, ReconcileReport},
     net::iface,
 };
@@ -53,11 +53,19 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 /// the liveness timeout passes, which is what lets a restart or upgrade go unnoticed.
 pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
     let mut config = Config::load(&config_path)?;
-    let mut datapath = Datapath::open(&config.datapath.bpffs_root)?;
+    let mut datapath =
+        Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
     datapath
         .responder()
         .heartbeat(config.datapath.liveness_timeout())?;
-    tracing::info!(root = %datapath.root().display(), "datapath loaded");
+    tracing::info!(
+        root = %datapath.root().display(),
+        ebpf_log_level = ?config.datapath.ebpf_log_level,
+        "datapath loaded"
+    );
+    if let Some(log) = datapath.take_log() {
+        tokio::spawn(drain_ebpf_log(log));
+    }
     // Shared with the API (pod endpoints); every use is a few syscalls under the lock.
     let datapath = Arc::new(Mutex::new(datapath));
 
@@ -163,6 +171,35 @@ fn apply(
         );
     }
     Ok(Some(tokio::time::Instant::now() + delay))
+}
+
+/// Moves the eBPF programs' log records into the daemon's log as they arrive. Runs for the life
+/// of the process, which keeps the ring buffer (and so the programs' reference to it) alive.
+async fn drain_ebpf_log(log: EbpfLog) {
+    // SAFETY: the ring buffer's fd is owned by `log`, which the AsyncFd owns from here on; it
+    // stays open and the same for the AsyncFd's whole life.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(log, tokio::io::Interest::READABLE)
+    };
+    let mut ready = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("cannot watch the eBPF log ring buffer ({e}); eBPF log lines are lost");
+            return;
+        }
+    };
+    loop {
+        match ready.readable_mut().await {
+            Ok(mut guard) => {
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
+            Err(e) => {
+                tracing::warn!("eBPF log ring buffer failed ({e}); eBPF log lines are lost");
+                return;
+            }
+        }
+    }
 }
 
 fn log_report(report: &ReconcileReport) {

@@ -10,6 +10,7 @@
 
 mod attach;
 mod bpffs;
+mod ebpf_log;
 mod error;
 mod links;
 mod maps;
@@ -25,6 +26,7 @@ use aya::{
 use ipam_common::{map_names, program_names};
 
 pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
+pub use ebpf_log::{EbpfLog, EbpfLogLevel};
 pub use error::DatapathError;
 pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
 pub use pod_attach::{PodLink, PodProgram, pinned_pod_links, unpin_pod_link};
@@ -36,6 +38,8 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// The loaded datapath of one daemon.
 pub struct Datapath {
     root: PathBuf,
+    /// The programs' log ring buffer until the daemon takes it (`take_log`).
+    log: Option<EbpfLog>,
     ebpf: Ebpf,
     responder: ResponderMaps,
     pods: PodMaps,
@@ -43,11 +47,18 @@ pub struct Datapath {
 
 impl Datapath {
     /// Loads the datapath with its pins under `root`, creating them on first start and reusing
-    /// them (with their entries) on every later start.
+    /// them (with their entries) on every later start. The programs' log statements are off.
     pub fn open(root: &Path) -> Result<Self, DatapathError> {
+        Self::open_with_log(root, EbpfLogLevel::Off)
+    }
+
+    /// As `open`, keeping the programs' log statements up to `log_level` (read them with
+    /// [`Datapath::take_log`]).
+    pub fn open_with_log(root: &Path, log_level: EbpfLogLevel) -> Result<Self, DatapathError> {
         bpffs::prepare_root(root)?;
         let maps_dir = root.join("maps");
         let mut loader = EbpfLoader::new();
+        ebpf_log::set_level(&mut loader, log_level);
         for name in [
             map_names::L2_RESPONDER,
             map_names::L2_RESPONDER_CONFIG,
@@ -63,6 +74,8 @@ impl Datapath {
                 root: root.to_owned(),
                 source: Box::new(source),
             })?;
+        // The ring buffer the programs log into, taken before they load (they reference it).
+        let log = EbpfLog::take(&mut ebpf);
         for name in [
             program_names::L2_RESPONDER_XDP,
             program_names::L2_RESPONDER_TC,
@@ -75,10 +88,17 @@ impl Datapath {
         let pods = PodMaps::take(&mut ebpf, &maps_dir)?;
         Ok(Self {
             root: root.to_owned(),
+            log,
             ebpf,
             responder,
             pods,
         })
+    }
+
+    /// The reader of the programs' log records, for the daemon to drain. Whoever takes it must
+    /// keep it as long as the datapath is loaded.
+    pub fn take_log(&mut self) -> Option<EbpfLog> {
+        self.log.take()
     }
 
     /// The bpffs directory holding this datapath's pins.

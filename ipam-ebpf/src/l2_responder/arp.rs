@@ -1,5 +1,6 @@
 //! ARP (RFC 826): turn a request for an announced IPv4 address into the reply, in place.
 
+use aya_log_ebpf::debug;
 use ipam_common::l2::{ResponderKey, ResponderStat};
 
 use super::{Verdict, liveness};
@@ -31,6 +32,10 @@ const OP_REPLY: u16 = 2;
 pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     let Some(arp) = frame.ptr_at::<ArpEthIpv4>(ETH_HLEN) else {
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "ARP on ifindex {}: shorter than an Ethernet/IPv4 ARP message", ifindex
+        );
         return Verdict::Pass;
     };
     // SAFETY: `ptr_at` checked both headers lie within the frame; the verifier re-checks it.
@@ -42,6 +47,10 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
         || arp.plen != 4
     {
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "ARP on ifindex {}: not Ethernet/IPv4 address types", ifindex
+        );
         return Verdict::Pass;
     }
     if u16::from_be_bytes(arp.oper) != OP_REQUEST {
@@ -54,6 +63,10 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     }
     if is_group_mac(&arp.sha) {
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "ARP on ifindex {}: sender hardware address is a group MAC", ifindex
+        );
         return Verdict::Pass;
     }
 

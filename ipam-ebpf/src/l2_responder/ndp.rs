@@ -6,6 +6,7 @@
 //! target link-layer address option replaces the source one), so the frame never changes size.
 //! Solicitations with other options (DAD nonces, SEND) are left to the kernel.
 
+use aya_log_ebpf::debug;
 use ipam_common::l2::{ResponderKey, ResponderStat};
 
 use super::{Verdict, liveness};
@@ -38,6 +39,10 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     // Not IPv6 despite the ethertype: the kernel drops it, and so must an answer.
     if ip6.vtc_flow[0] >> 4 != 6 {
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "IPv6 ethertype on ifindex {}: IP version is not 6", ifindex
+        );
         return Verdict::Pass;
     }
     if ip6.next_header != IPPROTO_ICMPV6 {
@@ -67,6 +72,10 @@ fn respond_sized<const LEN: usize>(
     let Some(msg) = frame.ptr_at::<NdMessage<LEN>>(ETH_HLEN + IPV6_HLEN) else {
         // The IPv6 payload length promises more bytes than the frame has: truncated.
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "NS on ifindex {}: truncated (payload length {})", ifindex, LEN
+        );
         return Verdict::Pass;
     };
     // SAFETY: `ptr_at` checked that the message lies within the frame; `eth` was checked before.
@@ -75,6 +84,10 @@ fn respond_sized<const LEN: usize>(
     // RFC 4861 7.1.1 validity checks.
     if ip6.hop_limit != 255 || msg[1] != 0 || !checksum_ok(ip6, msg) {
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "NS on ifindex {}: fails RFC 4861 validity checks (hop limit, code, checksum)", ifindex
+        );
         return Verdict::Pass;
     }
     // Duplicate address detection: the sender has no address yet and is not asking us.
@@ -85,6 +98,7 @@ fn respond_sized<const LEN: usize>(
     let multicast_dst = ip6.dst[0] == 0xff;
     if ip6.src[0] == 0xff || target[0] == 0xff {
         count(ResponderStat::Malformed);
+        debug!(&(), "NS on ifindex {}: multicast source or target", ifindex);
         return Verdict::Pass;
     }
     if LEN == 32 {
@@ -94,6 +108,10 @@ fn respond_sized<const LEN: usize>(
     } else if multicast_dst {
         // A multicast solicitation from a specified source must carry its link-layer address.
         count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "NS on ifindex {}: multicast without source link-layer address", ifindex
+        );
         return Verdict::Pass;
     }
     let addressed_to_target = if multicast_dst {

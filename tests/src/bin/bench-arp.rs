@@ -5,13 +5,18 @@
 //!    a request for an announced IP (one request per run: a run rewrites the frame into its
 //!    reply, so repeating a run in place would measure the pass path of replies instead). The
 //!    kernel's own timing per run is used; it includes the timer's cost, shown as the floor:
-//!    the same harness on a frame the responder passes at its first check.
+//!    the same harness on a frame the responder passes at its first check. Between the two, a
+//!    request for an IP that is not announced (parsed, looked up, missed) shows what the parse
+//!    and the map lookup cost, so the rest is what answering adds. The three are interleaved in
+//!    rounds so that drift on a noisy machine hits them alike.
 //! 2. replies per second: a flood of identical ARP requests (sendmmsg, batches of 64) from one
 //!    namespace over a veth, answered by the kernel (address assigned to the interface) or by our
 //!    responder (address announced, responder attached as `auto` picks on veth: TC), alternated
 //!    over several rounds. Replies are counted on the sender's interface.
+//! 3. what the eBPF log statements cost: a malformed request that reaches a debug statement, and
+//!    the answered request, on a responder loaded with logs off and one loaded at debug level.
 //!
-//! Last line: `arp_ns_per_reply=<f> arp_rate_ratio_vs_kernel=<f>`.
+//! Last line: `arp_ns_per_reply=<f> arp_harness_floor_ns=<f> arp_rate_ratio_vs_kernel=<f>`.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -20,7 +25,7 @@ use std::{
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipam_daemon::{
-    datapath::{AttachMode, Datapath},
+    datapath::{AttachMode, Datapath, EbpfLogLevel},
     net::{frames::ArpFrame, frames::ETH_P_ARP, iface, packet_socket::PacketSocket},
 };
 use ipam_tests::{
@@ -42,10 +47,33 @@ fn main() {
             .map(|n| n.get())
             .unwrap_or(0)
     );
-    let (reply_ns, floor_ns) = ns_per_reply();
+    let PerRun {
+        reply: reply_ns,
+        miss: miss_ns,
+        floor: floor_ns,
+        malformed_log_off,
+        malformed_log_debug,
+        reply_log_debug,
+    } = ns_per_reply();
     println!("BPF_PROG_TEST_RUN, {RUNS} runs each (kernel-measured time per run):");
     println!("  request for an announced IP, answered: {reply_ns:.1} ns");
+    println!("  request for an IP not announced (parse + lookup, passed): {miss_ns:.1} ns");
     println!("  non-ARP frame, passed at the first check (timer floor): {floor_ns:.1} ns");
+    println!(
+        "  above the floor: {:.1} ns, of which parse + lookup {:.1} ns and answering {:.1} ns",
+        reply_ns - floor_ns,
+        miss_ns - floor_ns,
+        reply_ns - miss_ns
+    );
+    println!("eBPF log statements (aya-log), level chosen at load:");
+    println!(
+        "  malformed ARP (reaches a debug statement): {malformed_log_off:.1} ns at level off, \
+         {malformed_log_debug:.1} ns at level debug"
+    );
+    println!(
+        "  answered request (no statement on the path): {reply_ns:.1} ns at level off, \
+         {reply_log_debug:.1} ns at level debug"
+    );
 
     let (ours, kernel) = flood();
     let ratio = median(&ours) / median(&kernel);
@@ -56,7 +84,10 @@ fn main() {
     println!("  kernel (address on the interface): {}", list(&kernel));
     println!("  our responder (TC, auto on veth):   {}", list(&ours));
     println!("  median ratio ours/kernel: {ratio:.2}");
-    println!("arp_ns_per_reply={reply_ns:.1} arp_rate_ratio_vs_kernel={ratio:.2}");
+    println!(
+        "arp_ns_per_reply={reply_ns:.1} arp_harness_floor_ns={floor_ns:.1} \
+         arp_rate_ratio_vs_kernel={ratio:.2}"
+    );
 }
 
 fn kernel() -> String {
@@ -78,42 +109,92 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Mean kernel-measured ns per run: (answered request, passed non-ARP frame).
-fn ns_per_reply() -> (f64, f64) {
-    let root = BpffsRoot::new();
-    let mut dp = Datapath::open(&root.0).expect("load datapath");
-    let mac = [2, 0, 0, 0, 0, 0x10];
-    // BPF_PROG_TEST_RUN delivers frames as if received on loopback (ifindex 1).
+/// Mean kernel-measured ns per run of each frame kind.
+struct PerRun {
+    reply: f64,
+    miss: f64,
+    floor: f64,
+    /// A malformed ARP message (hardware length 7), which reaches a debug log statement: with
+    /// the programs loaded at level off (statements removed) and at level debug.
+    malformed_log_off: f64,
+    malformed_log_debug: f64,
+    /// The answered request on the datapath loaded at level debug (no statement on that path).
+    reply_log_debug: f64,
+}
+
+/// A responder loaded at `level`, announcing SERVICE on loopback (where BPF_PROG_TEST_RUN says
+/// frames arrive), with a heartbeat that stays fresh for the whole benchmark.
+fn responder(root: &BpffsRoot, level: EbpfLogLevel) -> Datapath {
+    let mut dp = Datapath::open_with_log(&root.0, level).expect("load datapath");
     dp.responder()
-        .announce(IpAddr::V4(SERVICE), 1, mac)
+        .announce(IpAddr::V4(SERVICE), 1, [2, 0, 0, 0, 0, 0x10])
         .expect("announce");
     dp.responder()
         .heartbeat(Duration::from_secs(3600))
         .expect("heartbeat");
+    dp
+}
+
+/// Mean kernel-measured time of `runs` single runs of the XDP responder on `frame`.
+fn time(dp: &mut Datapath, frame: &[u8], want: u32, runs: u32) -> Duration {
+    let mut out = vec![0u8; 128];
+    let mut total = Duration::ZERO;
+    for _ in 0..runs {
+        let r = dp
+            .responder_xdp()
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .expect("test run");
+        assert_eq!(r.return_value, want, "unexpected verdict");
+        total += r.duration;
+    }
+    total
+}
+
+fn ns_per_reply() -> PerRun {
+    let (root_off, root_debug) = (BpffsRoot::new(), BpffsRoot::new());
+    let mut off = responder(&root_off, EbpfLogLevel::Off);
+    let mut debug = responder(&root_debug, EbpfLogLevel::Debug);
+    let mut debug_log = debug.take_log();
     let request = ArpFrame::request([2, 0, 0, 0, 0, 0x20], SENDER, SERVICE).to_bytes();
     let mut other = request.clone();
     other[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let unannounced =
+        ArpFrame::request([2, 0, 0, 0, 0, 0x20], SENDER, Ipv4Addr::new(10, 90, 0, 101)).to_bytes();
+    let mut malformed = request.clone();
+    malformed[18] = 7; // hardware address length
+    const XDP_PASS: u32 = 2;
+    const XDP_TX: u32 = 3;
 
-    let mut time = |frame: &[u8], want: u32| -> f64 {
-        let mut out = vec![0u8; 128];
-        let mut total = Duration::ZERO;
-        for _ in 0..RUNS {
-            let r = dp
-                .responder_xdp()
-                .test_run(TestRunOptions {
-                    data_in: Some(frame),
-                    data_out: Some(&mut out),
-                    ..TestRunOptions::new()
-                })
-                .expect("test run");
-            assert_eq!(r.return_value, want, "unexpected verdict");
-            total += r.duration;
+    // Interleaved slices: drift on a noisy machine hits every kind alike.
+    const SLICES: u32 = 10;
+    let per_slice = RUNS / SLICES;
+    let mut totals = [Duration::ZERO; 6];
+    for _ in 0..SLICES {
+        totals[0] += time(&mut off, &request, XDP_TX, per_slice);
+        totals[1] += time(&mut off, &unannounced, XDP_PASS, per_slice);
+        totals[2] += time(&mut off, &other, XDP_PASS, per_slice);
+        totals[3] += time(&mut off, &malformed, XDP_PASS, per_slice);
+        // The log's ring buffer (128 KiB) is drained between slices, not during one: once it is
+        // full the remaining records of a slice are dropped at reserve, as in a flood.
+        totals[4] += time(&mut debug, &malformed, XDP_PASS, per_slice);
+        totals[5] += time(&mut debug, &request, XDP_TX, per_slice);
+        if let Some(log) = &mut debug_log {
+            log.flush();
         }
-        total.as_nanos() as f64 / RUNS as f64
-    };
-    let reply = time(&request, 3);
-    let floor = time(&other, 2);
-    (reply, floor)
+    }
+    let per_run = |t: Duration| t.as_nanos() as f64 / RUNS as f64;
+    PerRun {
+        reply: per_run(totals[0]),
+        miss: per_run(totals[1]),
+        floor: per_run(totals[2]),
+        malformed_log_off: per_run(totals[3]),
+        malformed_log_debug: per_run(totals[4]),
+        reply_log_debug: per_run(totals[5]),
+    }
 }
 
 /// Replies/s per round: (ours, kernel).

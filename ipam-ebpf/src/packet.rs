@@ -41,9 +41,15 @@ pub fn is_group_mac(mac: &[u8; 6]) -> bool {
     mac[0] & 1 != 0
 }
 
+/// A MAC address as three halfwords (wire order kept), for copying with 16-bit accesses.
+pub type MacWords = [u16; 3];
+
+/// The halfwords of a MAC address stored at an even address (map values are 8-byte aligned and
+/// the MACs in them sit at even offsets).
 #[inline(always)]
-pub fn is_broadcast_mac(mac: &[u8; 6]) -> bool {
-    mac[0] & mac[1] & mac[2] & mac[3] & mac[4] & mac[5] == 0xff
+pub fn mac_words(mac: &[u8; 6]) -> MacWords {
+    // SAFETY: same size, and the callers' MACs are at even addresses (see above).
+    unsafe { *(mac as *const [u8; 6]).cast::<MacWords>() }
 }
 
 /// IPv4 header without options (the fields this datapath reads or rewrites).

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: every unit and integration test, after the binaries the integration tests
-//! start (ipamd) are built. Ends with one plain line totalling all test binaries.
+//! start (ipamd) are built; on a full run (no filter) every fuzz target then runs briefly
+//! (`IPAM_FUZZ_SECONDS` each, default 20). Ends with one plain line totalling all test binaries.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -29,7 +30,17 @@ pub(crate) fn run(extra: &[String]) -> anyhow::Result<()> {
         }
     }
     let status = child.wait()?;
+    let fuzzed = if extra.is_empty() && status.success() && failed == 0 {
+        let seconds = std::env::var("IPAM_FUZZ_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(20);
+        crate::fuzz::run(crate::fuzz::Target::All, seconds)
+    } else {
+        Ok(())
+    };
     println!("tests: {passed} passed, {failed} failed");
+    fuzzed?;
     if !status.success() || failed > 0 {
         bail!("tests failed ({failed} failed; cargo test exited with {status})");
     }

@@ -92,19 +92,16 @@ fn main() -> anyhow::Result<()> {
 fn announcements(root: &std::path::Path) -> anyhow::Result<()> {
     let maps = ResponderMaps::from_pins(root)?;
     let entries = maps.list()?;
-    println!(
-        "{:<40} {:<16} {:<18} {:>12}",
-        "IP", "INTERFACE", "MAC", "REPLIES"
-    );
+    let mut rows = table(["IP", "INTERFACE", "MAC", "REPLIES"]);
     for e in &entries {
-        println!(
-            "{:<40} {:<16} {:<18} {:>12}",
-            e.ip,
+        rows.add_row([
+            e.ip.to_string(),
             iface::name(e.ifindex),
             Mac(e.mac).to_string(),
-            e.replies
-        );
+            e.replies.to_string(),
+        ]);
     }
+    println!("{rows}");
     if entries.is_empty() {
         println!("(no IP is announced)");
     }
@@ -114,7 +111,7 @@ fn announcements(root: &std::path::Path) -> anyhow::Result<()> {
 fn endpoints(root: &std::path::Path, state_dir: &std::path::Path) -> anyhow::Result<()> {
     let maps = PodMaps::from_pins(root)?;
     let entries = maps.list()?;
-    let table = read_table(state_dir).unwrap_or_else(|e| {
+    let persisted = read_table(state_dir).unwrap_or_else(|e| {
         eprintln!(
             "(cannot read the endpoint table under {}: {e}; owners not shown)",
             state_dir.display()
@@ -122,26 +119,30 @@ fn endpoints(root: &std::path::Path, state_dir: &std::path::Path) -> anyhow::Res
         Vec::new()
     });
     let owner = |ip: &std::net::IpAddr| {
-        table.iter().find(|e| e.ips.contains(ip)).map_or_else(
+        persisted.iter().find(|e| e.ips.contains(ip)).map_or_else(
             || "?".to_owned(),
             |e| e.pod.clone().unwrap_or_else(|| e.id.owner()),
         )
     };
-    println!(
-        "{:<28} {:<16} {:>7} {:<18} {:<18} OWNER",
-        "POD IP", "HOST VETH", "IFINDEX", "POD MAC", "GATEWAY MAC"
-    );
+    let mut rows = table([
+        "POD IP",
+        "HOST VETH",
+        "IFINDEX",
+        "POD MAC",
+        "GATEWAY MAC",
+        "OWNER",
+    ]);
     for (ip, e) in &entries {
-        println!(
-            "{:<28} {:<16} {:>7} {:<18} {:<18} {}",
-            ip,
+        rows.add_row([
+            ip.to_string(),
             iface::name(e.host_ifindex),
-            e.host_ifindex,
+            e.host_ifindex.to_string(),
             Mac(e.pod_mac).to_string(),
             Mac(e.host_mac).to_string(),
-            owner(ip)
-        );
+            owner(ip),
+        ]);
     }
+    println!("{rows}");
     if entries.is_empty() {
         println!("(no pod endpoint)");
     }
@@ -236,36 +237,48 @@ fn ipam_status(state_dir: &std::path::Path) -> anyhow::Result<()> {
     for c in status.node_conditions.iter().filter(|c| !c.status) {
         println!("node not ready: {}", c.message);
     }
-    println!(
-        "{:<14} {:<6} {:<34} {:>5} {:>14}  {:<5} MESSAGE",
-        "POOL", "FAMILY", "CIDRS", "MASK", "BLOCKS USED", "READY"
-    );
+    let mut rows = table([
+        "POOL",
+        "FAMILY",
+        "CIDRS",
+        "MASK",
+        "BLOCKS USED",
+        "READY",
+        "MESSAGE",
+    ]);
     for pool in &status.pools {
-        let ready = pool.conditions.iter().all(|c| c.status);
+        let ready = if pool.conditions.iter().all(|c| c.status) {
+            "yes"
+        } else {
+            "NO"
+        };
         let message = pool.conditions.first().map_or("", |c| c.message.as_str());
         if pool.usage.is_empty() {
-            println!(
-                "{:<14} {:<6} {:<34} {:>5} {:>14}  {:<5} {message}",
-                pool.name,
-                "-",
-                "-",
-                "-",
-                "-",
-                if ready { "yes" } else { "NO" }
-            );
+            rows.add_row([&*pool.name, "-", "-", "-", "-", ready, message]);
         }
         for u in &pool.usage {
             let cidrs: Vec<String> = u.cidrs.iter().map(ToString::to_string).collect();
-            println!(
-                "{:<14} {:<6} {:<34} {:>5} {:>14}  {:<5} {message}",
-                pool.name,
-                u.family.name(),
+            rows.add_row([
+                pool.name.clone(),
+                u.family.name().to_owned(),
                 cidrs.join(","),
                 format!("/{}", u.mask_size),
                 format!("{}/{}", u.used_blocks, u.total_blocks),
-                if ready { "yes" } else { "NO" }
-            );
+                ready.to_owned(),
+                message.to_owned(),
+            ]);
         }
     }
+    println!("{rows}");
     Ok(())
+}
+
+/// A plain table: a header row, columns sized to their content, no borders (easy to read, grep
+/// and paste into an issue).
+fn table<const N: usize>(header: [&str; N]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(header);
+    t
 }

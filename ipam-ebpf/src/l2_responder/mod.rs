@@ -29,7 +29,7 @@ pub fn respond(frame: &mut Frame, ifindex: u32) -> Verdict {
     // VLAN-tagged frames (0x8100, 0x88a8) fall through to Pass: announcements are per interface,
     // and a tagged request belongs to the VLAN sub-interface, which has its own attachment.
     match ethertype {
-        ETH_P_ARP => arp::respond(frame, eth, ifindex),
+        ETH_P_ARP => arp::respond(frame, ifindex),
         ETH_P_IPV6 => ndp::respond(frame, eth, ifindex),
         _ => Verdict::Pass,
     }

@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
     }
     bytes.extend_from_slice(data);
     std::fs::write(&path, &bytes).expect("write");
-    let Ok((mut log, replay)) = AllocLog::open(&path) else {
+    let Ok((log, replay)) = AllocLog::open(&path) else {
         return;
     };
     assert!(log.len() <= bytes.len().max(8) as u64);

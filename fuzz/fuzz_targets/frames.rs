@@ -11,8 +11,14 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Some(nd) = NdpFrame::parse(data) {
         let again = NdpFrame::parse(&nd.to_bytes()).expect("printed NDP frame parses");
-        assert_eq!((again.src, again.dst, again.target), (nd.src, nd.dst, nd.target));
-        assert_eq!((again.icmp_type, again.lladdr_option), (nd.icmp_type, nd.lladdr_option));
+        assert_eq!(
+            (again.src, again.dst, again.target),
+            (nd.src, nd.dst, nd.target)
+        );
+        assert_eq!(
+            (again.icmp_type, again.lladdr_option),
+            (nd.icmp_type, nd.lladdr_option)
+        );
         assert!(again.checksum_valid(), "to_bytes writes a valid checksum");
     }
 });

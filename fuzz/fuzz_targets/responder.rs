@@ -13,7 +13,15 @@ use libfuzzer_sys::fuzz_target;
 
 static HARNESS: OnceLock<Mutex<Harness>> = OnceLock::new();
 
+/// The kernel's test-run harness refuses frames shorter than an Ethernet header (no NIC delivers
+/// one either).
+const ETH_HLEN: usize = 14;
+
 fuzz_target!(|data: &[u8]| {
-    let harness = HARNESS.get_or_init(|| Mutex::new(Harness::in_root(BpffsRoot::named("ipam-fuzz-"))));
+    if data.len() < ETH_HLEN {
+        return;
+    }
+    let harness =
+        HARNESS.get_or_init(|| Mutex::new(Harness::in_root(BpffsRoot::named("ipam-fuzz-"))));
     harness.lock().expect("harness lock").check(data);
 });

@@ -41,9 +41,9 @@ impl Daemon {
         self.child.id() as i32
     }
 
-    pub fn signal(&self, signal: i32) {
-        // SAFETY: sending a signal to our own child process.
-        unsafe { libc::kill(self.pid(), signal) };
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("signal the daemon");
     }
 
     /// SIGKILL, and wait until the process is gone.

@@ -1,6 +1,6 @@
 //! Network namespaces and veth pairs owned by a test.
 
-use std::{fs::File, os::fd::AsRawFd as _, path::PathBuf};
+use std::{fs::File, path::PathBuf};
 
 use crate::{run, unique};
 
@@ -46,15 +46,9 @@ impl Netns {
         let path = self.path();
         std::thread::spawn(move || {
             let file = File::open(&path).expect("open netns");
-            // SAFETY: setns on this thread only; the fd is valid for the call.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(
-                rc,
-                0,
-                "setns {}: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            );
+            // Only this thread moves into the namespace.
+            let moved = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET);
+            assert!(moved.is_ok(), "setns {}: {:?}", path.display(), moved);
             f()
         })
     }

@@ -112,7 +112,7 @@ fn router_address_waits_for_its_pool_survives_sigkill_and_mode_change_is_refused
 
     // The pool appears (configuration reloaded): the block arrives and the router gets its address.
     s.write("multi-pool", HRZ);
-    daemon.signal(libc::SIGHUP);
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
     let ready = s.wait_for(&daemon, "the router address", |st| {
         st.infra.get("router").is_some_and(|m| !m.is_empty())
     });

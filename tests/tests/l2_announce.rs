@@ -221,7 +221,7 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
     assert!(lab.client_arp(ANNOUNCED).is_some());
 
     lab.write_config(3000, "auto", &[(IpAddr::V6(ANNOUNCED_V6), "n0")]);
-    daemon.signal(libc::SIGHUP);
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
     lab.wait_announced(1);
     assert_eq!(
         lab.client_arp(ANNOUNCED),
@@ -231,7 +231,7 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
 
     // A broken file on reload is reported and the running configuration kept.
     std::fs::write(&lab.config.0, "[[announcement]]\nip = \"not an ip\"\n").unwrap();
-    daemon.signal(libc::SIGHUP);
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
     std::thread::sleep(Duration::from_millis(500));
     let maps = ipam_daemon::datapath::ResponderMaps::from_pins(&lab.root.0).unwrap();
     assert_eq!(maps.list().unwrap().len(), 1);
@@ -345,10 +345,10 @@ fn hung_daemon_goes_silent_and_answers_again_when_it_recovers() {
     lab.wait_announced(1);
     assert!(lab.client_arp(ANNOUNCED).is_some());
 
-    daemon.signal(libc::SIGSTOP);
+    daemon.signal(nix::sys::signal::Signal::SIGSTOP);
     std::thread::sleep(Duration::from_millis(1600));
     let while_hung = lab.client_arp(ANNOUNCED);
-    daemon.signal(libc::SIGCONT);
+    daemon.signal(nix::sys::signal::Signal::SIGCONT);
     assert_eq!(while_hung, None, "a hung daemon's responder must go silent");
 
     let deadline = Instant::now() + Duration::from_secs(3);

@@ -6,6 +6,8 @@ use crate::cmd::{cargo, exec, workspace_root};
 
 pub(crate) fn run() -> anyhow::Result<()> {
     exec(cargo().args(["fmt", "--all", "--check"]))?;
+    // The fuzz targets are a workspace of their own (their warnings are denied in its manifest).
+    exec(cargo().args(["fmt", "--check", "--manifest-path", "fuzz/Cargo.toml"]))?;
     exec(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
     let mut ebpf = std::process::Command::new("cargo");
     ebpf.current_dir(workspace_root().join("ipam-ebpf"))

@@ -50,8 +50,7 @@ pub fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
     let dir = socket.parent().unwrap_or(Path::new("/"));
     if dir.exists() {
         let meta = std::fs::metadata(dir).map_err(io)?;
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
+        let me = nix::unistd::geteuid().as_raw();
         if meta.uid() != 0 && meta.uid() != me {
             return Err(ServerError::UnsafeDirectory {
                 dir: dir.to_owned(),

@@ -1,4 +1,6 @@
-//! Interfaces of the current network namespace.
+//! Interfaces of the current network namespace. Names and indexes through nix; the hardware
+//! address and the driver name need ioctls that nix has no safe wrapper for, hence the two
+//! `ifreq` calls below.
 
 use std::io;
 
@@ -14,16 +16,9 @@ pub fn index(name: &str) -> io::Result<u32> {
 
 /// The name of interface `ifindex`, or its number when it no longer exists.
 pub fn name(ifindex: u32) -> String {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: the buffer has the IF_NAMESIZE bytes the call may write.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return format!("if#{ifindex}");
-    }
-    // SAFETY: on success the buffer holds a NUL-terminated name.
-    unsafe { std::ffi::CStr::from_ptr(p) }
-        .to_string_lossy()
-        .into_owned()
+    nix::net::if_::if_indextoname(ifindex)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("if#{ifindex}"))
 }
 
 /// The hardware address of `name`, read with SIOCGIFHWADDR so it is right in any namespace

@@ -3,8 +3,16 @@
 
 use std::{
     io,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::{AsFd as _, AsRawFd as _, OwnedFd},
     time::Duration,
+};
+
+use nix::{
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::socket::{
+        AddressFamily, LinkAddr, MsgFlags, SockFlag, SockType, SockaddrLike as _, bind, recvfrom,
+        sendto, socket,
+    },
 };
 
 /// An AF_PACKET socket bound to one interface and one EtherType (or all with `ETH_P_ALL`).
@@ -17,47 +25,26 @@ pub const ETH_P_ALL: u16 = 0x0003;
 
 impl PacketSocket {
     pub fn bind(ifindex: u32, ethertype: u16) -> io::Result<Self> {
-        let proto = ethertype.to_be() as libc::c_int;
-        // SAFETY: plain socket(2) call.
-        let fd =
-            unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor owned from here on.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let addr = sockaddr(ifindex, ethertype);
-        // SAFETY: `addr` is a valid sockaddr_ll of the size passed.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // Protocol 0 receives nothing until the bind below names the EtherType (nix's protocol
+        // enum has no variant per EtherType).
+        let fd = socket(
+            AddressFamily::Packet,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        bind(fd.as_raw_fd(), &link_addr(ifindex, ethertype))?;
         Ok(Self { fd, ifindex })
     }
 
     /// Sends one complete Ethernet frame.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
-        let addr = sockaddr(self.ifindex, 0);
-        // SAFETY: the buffer and address are valid for the sizes passed.
-        let rc = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&addr as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        sendto(
+            self.fd.as_raw_fd(),
+            frame,
+            &link_addr(self.ifindex, 0),
+            MsgFlags::empty(),
+        )?;
         Ok(())
     }
 
@@ -95,50 +82,33 @@ impl PacketSocket {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: self.fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = left.as_millis().min(i32::MAX as u128) as i32;
-            // SAFETY: one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if rc < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if rc == 0 {
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, PollTimeout::from(ms))? == 0 {
                 return Ok(None);
             }
-            // SAFETY: sockaddr_ll is plain data.
-            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-            let mut from_len = size_of::<libc::sockaddr_ll>() as u32;
-            // SAFETY: buffer and address are valid for the sizes passed.
-            let n = unsafe {
-                libc::recvfrom(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    0,
-                    (&mut from as *mut libc::sockaddr_ll).cast(),
-                    &mut from_len,
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if from.sll_pkttype != libc::PACKET_OUTGOING {
-                return Ok(Some(n as usize));
+            let (n, from) = recvfrom::<LinkAddr>(self.fd.as_raw_fd(), buf)?;
+            if from.is_none_or(|a| a.pkttype() != libc::PACKET_OUTGOING) {
+                return Ok(Some(n));
             }
         }
     }
 }
 
-fn sockaddr(ifindex: u32, ethertype: u16) -> libc::sockaddr_ll {
+/// The link-layer address of `ifindex` for `ethertype`, as bind and sendto take it.
+fn link_addr(ifindex: u32, ethertype: u16) -> LinkAddr {
     // SAFETY: sockaddr_ll is plain data; zeroed is valid.
     let mut addr: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     addr.sll_family = libc::AF_PACKET as u16;
     addr.sll_protocol = ethertype.to_be();
     addr.sll_ifindex = ifindex as i32;
     addr.sll_halen = 6;
-    addr
+    // SAFETY: a complete sockaddr_ll of the size given.
+    unsafe {
+        LinkAddr::from_raw(
+            (&addr as *const libc::sockaddr_ll).cast(),
+            Some(size_of::<libc::sockaddr_ll>() as u32),
+        )
+    }
+    .expect("a sockaddr_ll is a link address")
 }

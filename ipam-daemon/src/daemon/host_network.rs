@@ -27,8 +27,8 @@ use crate::{
 /// Why the host device is not complete yet; every case is retried on the next pass.
 #[derive(Debug, Error)]
 pub(super) enum HostDeviceError {
-    #[error("waiting for the node's router addresses")]
-    NoRouterAddress,
+    #[error("waiting for the node's {} router address", family.name())]
+    NoRouterAddress { family: Family },
     #[error(transparent)]
     Netlink(#[from] NetlinkError),
 }
@@ -73,7 +73,12 @@ impl HostNetwork {
     }
 
     /// One pass: forwarding on, the device with the `routers` addresses, uplinks attached.
-    pub(super) fn sync(&mut self, routers: &[IpAddr], datapath: &Arc<Mutex<Datapath>>) {
+    pub(super) fn sync(
+        &mut self,
+        routers: &[IpAddr],
+        families: &[Family],
+        datapath: &Arc<Mutex<Datapath>>,
+    ) {
         let mut waiting = Vec::new();
         if !self.forwarding {
             match enable_forwarding() {
@@ -81,7 +86,7 @@ impl HostNetwork {
                 Err(e) => waiting.push(format!("IP forwarding: {e}")),
             }
         }
-        let device = self.sync_device(routers);
+        let device = self.sync_device(routers, families);
         self.gateway_ready.store(device.is_ok(), Ordering::SeqCst);
         if let Err(e) = device {
             waiting.push(format!("host device {}: {e}", self.device));
@@ -124,18 +129,33 @@ impl HostNetwork {
         }
     }
 
-    /// Netlink answers in microseconds, so this blocking work runs inline in the IPAM pass.
-    fn sync_device(&mut self, routers: &[IpAddr]) -> Result<(), HostDeviceError> {
+    /// Puts every router address known so far on the device; complete (pods have a gateway in
+    /// every family) only once each of `families` has one there. Netlink answers in
+    /// microseconds, so this blocking work runs inline in the IPAM pass.
+    fn sync_device(
+        &mut self,
+        routers: &[IpAddr],
+        families: &[Family],
+    ) -> Result<(), HostDeviceError> {
         if iface::index(&self.device).is_err() {
             // Not created yet, or deleted behind our back: (re)create it with every address.
             self.on_device.clear();
         }
-        if routers.iter().all(|ip| self.on_device.contains(ip)) && !self.on_device.is_empty() {
-            return Ok(());
+        if !routers.iter().all(|ip| self.on_device.contains(ip)) {
+            self.add_routers(routers)?;
         }
-        if routers.is_empty() {
-            return Err(HostDeviceError::NoRouterAddress);
+        // A pod set up before its family's router exists would get a gateway nobody answers
+        // for: the API stays not ready until every family has one on the device.
+        match families
+            .iter()
+            .find(|f| !self.on_device.iter().any(|ip| Family::of(*ip) == **f))
+        {
+            Some(&family) => Err(HostDeviceError::NoRouterAddress { family }),
+            None => Ok(()),
         }
+    }
+
+    fn add_routers(&mut self, routers: &[IpAddr]) -> Result<(), HostDeviceError> {
         let netlink = match &mut self.netlink {
             Some(n) => n,
             slot => slot.insert(Netlink::open()?),

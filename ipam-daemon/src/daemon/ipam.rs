@@ -230,7 +230,8 @@ impl IpamRuntime {
             .get(ROUTER_OWNER)
             .map(|m| m.values().copied().collect())
             .unwrap_or_default();
-        self.host.sync(&routers, &self.datapath);
+        self.host
+            .sync(&routers, &self.settings.families, &self.datapath);
         self.passes += 1;
         if self.passes.is_multiple_of(ENDPOINT_CHECK_PASSES) {
             log_endpoint_report(&self.endpoints);

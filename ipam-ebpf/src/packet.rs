@@ -23,13 +23,13 @@ impl Frame {
     }
 }
 
-/// Ethernet header; multi-byte fields as byte arrays (network order, no alignment assumption).
-#[repr(C)]
-pub struct EthHdr {
-    pub dst: [u8; 6],
-    pub src: [u8; 6],
-    pub ethertype: [u8; 2],
-}
+// Header layouts from network-types: `#[repr(C)]`, multi-byte fields as byte arrays or raw
+// network-order integers (never enums, which arbitrary packet bytes could make invalid).
+pub use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+};
+
 pub const ETH_HLEN: usize = 14;
 pub const ETH_P_ARP: u16 = 0x0806;
 pub const ETH_P_IP: u16 = 0x0800;
@@ -52,29 +52,6 @@ pub fn mac_words(mac: &[u8; 6]) -> MacWords {
     unsafe { *(mac as *const [u8; 6]).cast::<MacWords>() }
 }
 
-/// IPv4 header without options (the fields this datapath reads or rewrites).
-#[repr(C)]
-pub struct Ipv4Hdr {
-    pub version_ihl: u8,
-    pub tos: u8,
-    pub total_len: [u8; 2],
-    pub id: [u8; 2],
-    pub frag_off: [u8; 2],
-    pub ttl: u8,
-    pub protocol: u8,
-    pub check: [u8; 2],
-    pub src: [u8; 4],
-    pub dst: [u8; 4],
-}
-
-/// IPv6 fixed header.
-#[repr(C)]
-pub struct Ipv6Hdr {
-    pub vtc_flow: [u8; 4],
-    pub payload_len: [u8; 2],
-    pub next_header: u8,
-    pub hop_limit: u8,
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
-}
 pub const IPV6_HLEN: usize = 40;
+
+const _: () = assert!(EthHdr::LEN == ETH_HLEN && Ipv6Hdr::LEN == IPV6_HLEN && Ipv4Hdr::LEN == 20);

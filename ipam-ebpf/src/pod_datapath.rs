@@ -41,7 +41,7 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
         return dropped(PodStat::UnsupportedDropped);
     };
     // SAFETY: `ptr_at` checked that the header lies within the frame.
-    let ethertype = u16::from_be_bytes(unsafe { (*eth).ethertype });
+    let ethertype = u16::from_be(unsafe { (*eth).ether_type });
     match ethertype {
         ETH_P_IP => {
             let Some(ip) = frame.ptr_at::<Ipv4Hdr>(ETH_HLEN) else {
@@ -49,8 +49,8 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
             };
             // SAFETY: bounds checked by `ptr_at`; the pointers are to distinct headers.
             let (eth, ip) = unsafe { (&mut *eth, &mut *ip) };
-            if !sent_by(EndpointKey::v4(ip.src), ifindex) {
-                let source = u32::from_be_bytes(ip.src);
+            if !sent_by(EndpointKey::v4(ip.src_addr), ifindex) {
+                let source = u32::from_be_bytes(ip.src_addr);
                 warn!(
                     &(),
                     "pod on ifindex {}: dropped packet from spoofed source {:i}", ifindex, source
@@ -67,12 +67,12 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
             let (eth, ip6) = unsafe { (&mut *eth, &mut *ip6) };
             // Neighbour discovery, DAD and MLD use link-local or unspecified sources towards
             // link-scoped destinations; they never leave the link, so there is nothing to spoof.
-            if is_link_scoped_source(&ip6.src) && is_link_scoped_destination(&ip6.dst) {
+            if is_link_scoped_source(&ip6.src_addr) && is_link_scoped_destination(&ip6.dst_addr) {
                 count_pod(PodStat::ToStack);
                 return Verdict::Stack;
             }
-            if !sent_by(EndpointKey::v6(ip6.src), ifindex) {
-                let source = ip6.src;
+            if !sent_by(EndpointKey::v6(ip6.src_addr), ifindex) {
+                let source = ip6.src_addr;
                 warn!(
                     &(),
                     "pod on ifindex {}: dropped packet from spoofed source {:i}", ifindex, source
@@ -96,7 +96,7 @@ pub fn from_uplink(frame: &mut Frame) -> Verdict {
         return Verdict::Stack;
     };
     // SAFETY: `ptr_at` checked that the header lies within the frame.
-    let ethertype = u16::from_be_bytes(unsafe { (*eth).ethertype });
+    let ethertype = u16::from_be(unsafe { (*eth).ether_type });
     match ethertype {
         ETH_P_IP => match frame.ptr_at::<Ipv4Hdr>(ETH_HLEN) {
             // SAFETY: bounds checked by `ptr_at`.
@@ -138,16 +138,16 @@ fn sent_by(source: EndpointKey, ifindex: u32) -> bool {
 
 #[inline(always)]
 fn deliver_v4(eth: &mut EthHdr, ip: &mut Ipv4Hdr) -> Verdict {
-    let Some(endpoint) = POD_ENDPOINTS.get_ptr(EndpointKey::v4(ip.dst)) else {
+    let Some(endpoint) = POD_ENDPOINTS.get_ptr(EndpointKey::v4(ip.dst_addr)) else {
         return Verdict::Stack;
     };
     // A packet at the end of its life is the kernel's to answer (ICMP time exceeded).
     if ip.ttl <= 1 {
         return Verdict::Stack;
     }
-    let old = u16::from_be_bytes([ip.ttl, ip.protocol]);
+    let old = u16::from_be_bytes([ip.ttl, ip.proto]);
     ip.ttl -= 1;
-    let new = u16::from_be_bytes([ip.ttl, ip.protocol]);
+    let new = u16::from_be_bytes([ip.ttl, ip.proto]);
     ip.check = checksum_update(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
     // SAFETY: the map returned a valid pointer to the value.
     hand_over(eth, unsafe { &*endpoint })
@@ -155,7 +155,7 @@ fn deliver_v4(eth: &mut EthHdr, ip: &mut Ipv4Hdr) -> Verdict {
 
 #[inline(always)]
 fn deliver_v6(eth: &mut EthHdr, ip6: &mut Ipv6Hdr) -> Verdict {
-    let Some(endpoint) = POD_ENDPOINTS.get_ptr(EndpointKey::v6(ip6.dst)) else {
+    let Some(endpoint) = POD_ENDPOINTS.get_ptr(EndpointKey::v6(ip6.dst_addr)) else {
         return Verdict::Stack;
     };
     if ip6.hop_limit <= 1 {
@@ -169,8 +169,8 @@ fn deliver_v6(eth: &mut EthHdr, ip6: &mut Ipv6Hdr) -> Verdict {
 /// Addresses the frame from the pod's gateway to the pod, for redirection into its veth peer.
 #[inline(always)]
 fn hand_over(eth: &mut EthHdr, endpoint: &PodEndpoint) -> Verdict {
-    eth.dst = endpoint.pod_mac;
-    eth.src = endpoint.host_mac;
+    eth.dst_addr = endpoint.pod_mac;
+    eth.src_addr = endpoint.host_mac;
     count_pod(PodStat::Delivered);
     Verdict::Deliver {
         host_ifindex: endpoint.host_ifindex,

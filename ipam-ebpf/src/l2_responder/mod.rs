@@ -25,7 +25,7 @@ pub fn respond(frame: &mut Frame, ifindex: u32) -> Verdict {
         return Verdict::Pass;
     };
     // SAFETY: `ptr_at` checked that the header lies within the frame.
-    let ethertype = u16::from_be_bytes(unsafe { (*eth).ethertype });
+    let ethertype = u16::from_be(unsafe { (*eth).ether_type });
     // VLAN-tagged frames (0x8100, 0x88a8) fall through to Pass: announcements are per interface,
     // and a tagged request belongs to the VLAN sub-interface, which has its own attachment.
     match ethertype {

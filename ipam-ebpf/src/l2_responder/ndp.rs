@@ -37,7 +37,7 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     // SAFETY: `ptr_at` checked the header lies within the frame.
     let ip6 = unsafe { &mut *ip6 };
     // Not IPv6 despite the ethertype: the kernel drops it, and so must an answer.
-    if ip6.vtc_flow[0] >> 4 != 6 {
+    if ip6.vcf[0] >> 4 != 6 {
         count(ResponderStat::Malformed);
         debug!(
             &(),
@@ -45,7 +45,7 @@ pub fn respond(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
         );
         return Verdict::Pass;
     }
-    if ip6.next_header != IPPROTO_ICMPV6 {
+    if ip6.next_hdr != IPPROTO_ICMPV6 {
         return Verdict::Pass;
     }
     let Some(icmp_type) = frame.ptr_at::<u8>(ETH_HLEN + IPV6_HLEN) else {
@@ -91,12 +91,12 @@ fn respond_sized<const LEN: usize>(
         return Verdict::Pass;
     }
     // Duplicate address detection: the sender has no address yet and is not asking us.
-    if ip6.src == [0; 16] {
+    if ip6.src_addr == [0; 16] {
         return Verdict::Pass;
     }
     let target: [u8; 16] = sub16(msg, 8);
-    let multicast_dst = ip6.dst[0] == 0xff;
-    if ip6.src[0] == 0xff || target[0] == 0xff {
+    let multicast_dst = ip6.dst_addr[0] == 0xff;
+    if ip6.src_addr[0] == 0xff || target[0] == 0xff {
         count(ResponderStat::Malformed);
         debug!(&(), "NS on ifindex {}: multicast source or target", ifindex);
         return Verdict::Pass;
@@ -115,9 +115,9 @@ fn respond_sized<const LEN: usize>(
         return Verdict::Pass;
     }
     let addressed_to_target = if multicast_dst {
-        is_solicited_node(&ip6.dst, &target)
+        is_solicited_node(&ip6.dst_addr, &target)
     } else {
-        ip6.dst == target
+        ip6.dst_addr == target
     };
     if !addressed_to_target {
         return Verdict::Pass;
@@ -129,21 +129,23 @@ fn respond_sized<const LEN: usize>(
     };
     // SAFETY: a map value pointer of this CPU's slot, valid for this program run.
     let entry = unsafe { &mut *entry };
-    let eth_for_us = if is_group_mac(&eth.dst) {
-        eth.dst[0] == 0x33 && eth.dst[1] == 0x33 && eth.dst[2..6] == ip6.dst[12..16]
+    let eth_for_us = if is_group_mac(&eth.dst_addr) {
+        eth.dst_addr[0] == 0x33
+            && eth.dst_addr[1] == 0x33
+            && eth.dst_addr[2..6] == ip6.dst_addr[12..16]
     } else {
-        eth.dst == entry.mac
+        eth.dst_addr == entry.mac
     };
     if !eth_for_us || !liveness::daemon_alive() {
         return Verdict::Pass;
     }
 
-    eth.dst = eth.src;
-    eth.src = entry.mac;
-    ip6.vtc_flow = [0x60, 0, 0, 0];
+    eth.dst_addr = eth.src_addr;
+    eth.src_addr = entry.mac;
+    ip6.vcf = [0x60, 0, 0, 0];
     ip6.hop_limit = 255;
-    ip6.dst = ip6.src;
-    ip6.src = target;
+    ip6.dst_addr = ip6.src_addr;
+    ip6.src_addr = target;
     msg[0] = ND_NEIGHBOR_ADVERT;
     msg[2] = 0;
     msg[3] = 0;
@@ -201,8 +203,8 @@ fn checksum_ok<const LEN: usize>(ip6: &Ipv6Hdr, msg: &[u8; LEN]) -> bool {
 /// One's complement sum (unfolded) over the ICMPv6 pseudo-header and message (RFC 4443 2.3).
 #[inline(always)]
 fn icmpv6_sum<const LEN: usize>(ip6: &Ipv6Hdr, msg: &[u8; LEN]) -> u32 {
-    let mut sum = sum_words(0, &ip6.src);
-    sum = sum_words(sum, &ip6.dst);
+    let mut sum = sum_words(0, &ip6.src_addr);
+    sum = sum_words(sum, &ip6.dst_addr);
     sum += LEN as u32 + IPPROTO_ICMPV6 as u32;
     sum_words(sum, msg)
 }

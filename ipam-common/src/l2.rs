@@ -62,10 +62,15 @@ impl L2Announcement {
 
 /// Liveness gate of the responder, at index 0 of its config map.
 ///
-/// The daemon refreshes `heartbeat_ns` (CLOCK_MONOTONIC, which is what the kernel's
-/// `bpf_ktime_get*_ns` read) while it is healthy. The responder answers only while
-/// `now - heartbeat_ns <= max_staleness_ns`, so a hung daemon stops answering instead of
-/// holding an address it can no longer manage. `heartbeat_ns == 0` means "never alive".
+/// The responder answers only while `jiffies <= deadline_jiffies`, so a hung daemon stops
+/// answering instead of holding an address it can no longer manage; `deadline_jiffies == 0`
+/// means "never alive". The gate reads jiffies because the verifier inlines `bpf_jiffies64`
+/// (a load), where a clock helper call cost about 38 ns per reply (`cargo xtask bench arp`).
+///
+/// The daemon writes `max_staleness_ns` and its length in ticks, `staleness_jiffies` (rounded
+/// down: the deadline never falls later than the timeout), and proves it is alive by running
+/// the `l2_heartbeat` program, which sets `deadline_jiffies = jiffies + staleness_jiffies` and
+/// `heartbeat_ns` (CLOCK_MONOTONIC, for `ipamctl status`) from the kernel's own clocks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct ResponderConfig {
@@ -73,8 +78,12 @@ pub struct ResponderConfig {
     pub heartbeat_ns: u64,
     /// How old the heartbeat may be before the responder goes silent.
     pub max_staleness_ns: u64,
+    /// The last jiffy at which the responder still answers.
+    pub deadline_jiffies: u64,
+    /// `max_staleness_ns` in whole ticks.
+    pub staleness_jiffies: u64,
 }
-const _: () = assert!(core::mem::size_of::<ResponderConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<ResponderConfig>() == 32);
 
 /// Indexes of the responder's per-CPU counters.
 #[repr(u32)]

@@ -84,6 +84,9 @@ pub mod program_names {
     pub const L2_RESPONDER_XDP: &str = "l2_responder_xdp";
     /// The same responder attached at TC ingress (veth and other virtual devices, where it is faster).
     pub const L2_RESPONDER_TC: &str = "l2_responder_tc";
+    /// Never attached: the daemon runs it (`BPF_PROG_TEST_RUN`) to prove it is alive, which moves
+    /// the responder's deadline forward from the kernel's own jiffies.
+    pub const L2_HEARTBEAT: &str = "l2_heartbeat";
     /// TC ingress of each pod's host-side veth: what the pod sends (anti-spoofing, local delivery).
     pub const POD_FROM_CONTAINER: &str = "pod_from_container";
     /// TC ingress of the node's uplink: delivers traffic for local pods straight to them.

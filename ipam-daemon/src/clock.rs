@@ -1,8 +1,16 @@
-//! The clock the eBPF side reads (`bpf_ktime_get*_ns` is CLOCK_MONOTONIC).
+//! The clocks the eBPF side reads: `bpf_ktime_get*_ns` is CLOCK_MONOTONIC, and `bpf_jiffies64`
+//! counts ticks of the coarse clocks' resolution.
 
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
     let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .expect("CLOCK_MONOTONIC always exists on Linux");
     now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+}
+
+/// The length of one kernel tick (a jiffy), which is the resolution of the coarse clocks.
+pub fn jiffy_ns() -> u64 {
+    let res = nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+        .expect("CLOCK_MONOTONIC_COARSE always exists on Linux");
+    (res.tv_sec() as u64 * 1_000_000_000 + res.tv_nsec() as u64).max(1)
 }

@@ -45,6 +45,13 @@ mod programs {
         }
     }
 
+    /// The daemon's heartbeat (`BPF_PROG_TEST_RUN` only; never attached).
+    #[xdp]
+    pub fn l2_heartbeat(_ctx: XdpContext) -> u32 {
+        l2_responder::heartbeat();
+        xdp_action::XDP_PASS
+    }
+
     #[classifier]
     pub fn l2_responder_tc(ctx: TcContext) -> i32 {
         // The kernel moves an 802.1Q/802.1ad tag into the skb's metadata before TC runs, so the

@@ -59,7 +59,9 @@ impl Harness {
             .unwrap();
         maps.announce(IpAddr::V6(ANNOUNCED_V6), LO, OUR_MAC)
             .unwrap();
-        maps.heartbeat(std::time::Duration::from_secs(60)).unwrap();
+        datapath
+            .heartbeat(std::time::Duration::from_secs(60))
+            .unwrap();
         Self {
             datapath,
             _root: root,

@@ -55,9 +55,7 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
     let mut config = Config::load(&config_path)?;
     let mut datapath =
         Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
-    datapath
-        .responder()
-        .heartbeat(config.datapath.liveness_timeout())?;
+    datapath.heartbeat(config.datapath.liveness_timeout())?;
     tracing::info!(
         root = %datapath.root().display(),
         ebpf_log_level = ?config.datapath.ebpf_log_level,
@@ -100,7 +98,7 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
         };
         tokio::select! {
             _ = heartbeat.tick() => {
-                let beat = datapath.lock().expect("datapath lock").responder().heartbeat(config.datapath.liveness_timeout());
+                let beat = datapath.lock().expect("datapath lock").heartbeat(config.datapath.liveness_timeout());
                 if let Err(e) = beat {
                     tracing::error!("cannot write heartbeat, responders will go silent: {e}");
                 }

@@ -81,6 +81,13 @@ pub enum DatapathError {
         interface: String,
         source: std::io::Error,
     },
+    #[error(
+        "the heartbeat program did not run ({source}); the responders go silent when the \
+         liveness timeout passes"
+    )]
+    Heartbeat {
+        source: Box<aya::programs::ProgramError>,
+    },
     #[error("cannot count CPUs ({what}): {source}")]
     Cpus {
         what: &'static str,

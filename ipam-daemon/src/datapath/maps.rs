@@ -14,7 +14,6 @@ use ipam_common::{
 };
 
 use super::DatapathError;
-use crate::clock;
 
 /// Key of `ip` announced on `ifindex` (IPv4 stored IPv4-mapped, see `ipam-common`).
 pub fn responder_key(ip: IpAddr, ifindex: u32) -> ResponderKey {
@@ -147,15 +146,6 @@ impl ResponderMaps {
         Ok(out)
     }
 
-    /// Proves the daemon alive now; the responder answers until `max_staleness` has passed
-    /// without another heartbeat.
-    pub fn heartbeat(&mut self, max_staleness: Duration) -> Result<(), DatapathError> {
-        self.write_config(ResponderConfig {
-            heartbeat_ns: clock::monotonic_ns(),
-            max_staleness_ns: max_staleness.as_nanos().try_into().unwrap_or(u64::MAX),
-        })
-    }
-
     /// Writes the liveness gate as given (tests use it to make the heartbeat stale).
     pub fn write_config(&mut self, config: ResponderConfig) -> Result<(), DatapathError> {
         self.config
@@ -187,6 +177,30 @@ pub(super) fn map_error(name: &'static str, source: aya::maps::MapError) -> Data
         name,
         source: Box::new(source),
     }
+}
+
+/// The liveness gate's map holds nothing a restart must keep (the daemon writes it at start), so
+/// a pinned one with an older layout is unpinned and created afresh instead of refused. Links
+/// adopted from the old daemon keep their old program, and with it the old map, until this
+/// daemon swaps its program in: the responders keep answering through the upgrade.
+pub(super) fn replace_outdated_config(maps_dir: &Path) -> Result<(), DatapathError> {
+    let name = map_names::L2_RESPONDER_CONFIG;
+    let path = maps_dir.join(name);
+    let Ok(pinned) = MapData::from_pin(&path) else {
+        return Ok(());
+    };
+    let want = map_layouts::of(name).ok_or(DatapathError::MissingMap { name })?;
+    let info = pinned.info().map_err(|e| map_error(name, e))?;
+    if info.key_size() == want.key_size && info.value_size() == want.value_size {
+        return Ok(());
+    }
+    tracing::info!(
+        map = name,
+        found_value_size = info.value_size(),
+        value_size = want.value_size,
+        "liveness gate pinned by an older version: replacing it"
+    );
+    std::fs::remove_file(&path).map_err(|source| DatapathError::PinDir { path, source })
 }
 
 /// Opens the map `name` pinned under `root` and checks its layout.

@@ -17,13 +17,18 @@ mod maps;
 mod pod_attach;
 mod pod_maps;
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{SchedClassifier, Xdp},
+    programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
 use ipam_common::{map_names, program_names};
+
+use crate::clock;
 
 pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
 pub use ebpf_log::{EbpfLog, EbpfLogLevel};
@@ -57,6 +62,7 @@ impl Datapath {
     pub fn open_with_log(root: &Path, log_level: EbpfLogLevel) -> Result<Self, DatapathError> {
         bpffs::prepare_root(root)?;
         let maps_dir = root.join("maps");
+        maps::replace_outdated_config(&maps_dir)?;
         let mut loader = EbpfLoader::new();
         ebpf_log::set_level(&mut loader, log_level);
         for name in [
@@ -79,6 +85,7 @@ impl Datapath {
         for name in [
             program_names::L2_RESPONDER_XDP,
             program_names::L2_RESPONDER_TC,
+            program_names::L2_HEARTBEAT,
             program_names::POD_FROM_CONTAINER,
             program_names::POD_FROM_UPLINK,
         ] {
@@ -119,6 +126,32 @@ impl Datapath {
     /// The responder in its XDP form (also what `BPF_PROG_TEST_RUN` tests and benchmarks run).
     pub fn responder_xdp(&mut self) -> &mut Xdp {
         program_mut(&mut self.ebpf, program_names::L2_RESPONDER_XDP)
+    }
+
+    /// Proves the daemon alive now: the responders answer until `max_staleness` has passed
+    /// without another heartbeat. The staleness is kept in ticks (rounded down, so the deadline
+    /// never falls later than asked) and the kernel's heartbeat program sets the deadline from
+    /// its own jiffies.
+    pub fn heartbeat(&mut self, max_staleness: Duration) -> Result<(), DatapathError> {
+        let max_staleness_ns: u64 = max_staleness.as_nanos().try_into().unwrap_or(u64::MAX);
+        let mut config = self.responder.config()?;
+        if config.max_staleness_ns != max_staleness_ns || config.staleness_jiffies == 0 {
+            config.max_staleness_ns = max_staleness_ns;
+            config.staleness_jiffies = max_staleness_ns / clock::jiffy_ns();
+            self.responder.write_config(config)?;
+        }
+        // The program needs a frame to run on; it does not look at it.
+        let frame = [0u8; 14];
+        let heartbeat = program_mut::<Xdp>(&mut self.ebpf, program_names::L2_HEARTBEAT);
+        heartbeat
+            .test_run(TestRunOptions {
+                data_in: Some(&frame),
+                ..TestRunOptions::new()
+            })
+            .map(drop)
+            .map_err(|source| DatapathError::Heartbeat {
+                source: Box::new(source),
+            })
     }
 
     /// The responder in its TC form.

@@ -9,6 +9,12 @@ mod ndp;
 
 use crate::packet::{ETH_P_ARP, ETH_P_IPV6, EthHdr, Frame};
 
+/// Proves the daemon alive: the responder answers until the configured staleness has passed.
+#[inline(always)]
+pub fn heartbeat() {
+    liveness::beat();
+}
+
 /// What the entry point must do with the frame.
 pub enum Verdict {
     /// Leave the frame to the kernel, unmodified.

@@ -129,9 +129,7 @@ fn responder(root: &BpffsRoot, level: EbpfLogLevel) -> Datapath {
     dp.responder()
         .announce(IpAddr::V4(SERVICE), 1, [2, 0, 0, 0, 0, 0x10])
         .expect("announce");
-    dp.responder()
-        .heartbeat(Duration::from_secs(3600))
-        .expect("heartbeat");
+    dp.heartbeat(Duration::from_secs(3600)).expect("heartbeat");
     dp
 }
 
@@ -220,9 +218,7 @@ fn flood() -> (Vec<f64>, Vec<f64>) {
         dp.responder()
             .announce(IpAddr::V4(SERVICE), attached.ifindex, mac)
             .expect("announce");
-        dp.responder()
-            .heartbeat(Duration::from_secs(3600))
-            .expect("heartbeat");
+        dp.heartbeat(Duration::from_secs(3600)).expect("heartbeat");
     });
 
     let (mut ours, mut kernel) = (Vec::new(), Vec::new());

@@ -289,3 +289,45 @@ fn randomised_frames_are_never_answered_wrongly() {
     // exercised the reply path, not only the pass path.
     assert!(replies > 0, "seed {seed:#x}: no frame was answered");
 }
+
+/// An upgrade from a version whose liveness gate had another layout: the daemon replaces the
+/// pinned gate (it holds nothing worth keeping) instead of refusing to start.
+#[test]
+fn a_liveness_gate_pinned_by_an_older_version_is_replaced() {
+    let root = ipam_tests::BpffsRoot::new();
+    let maps = root.0.join("maps");
+    std::fs::create_dir_all(&maps).unwrap();
+    let gate = maps.join("L2_RESPONDER_CONFIG");
+    let gate = gate.to_str().unwrap();
+    // The 0.1 layout: heartbeat and staleness in nanoseconds, 16 bytes.
+    ipam_tests::run(
+        "bpftool",
+        &[
+            "map",
+            "create",
+            gate,
+            "type",
+            "array",
+            "key",
+            "4",
+            "value",
+            "16",
+            "entries",
+            "1",
+            "name",
+            "L2_RESPONDER_C",
+        ],
+    );
+    let mut datapath = ipam_daemon::datapath::Datapath::open(&root.0)
+        .expect("an outdated liveness gate does not stop the datapath from loading");
+    datapath
+        .heartbeat(std::time::Duration::from_secs(3))
+        .unwrap();
+    let shown: serde_json::Value = serde_json::from_str(&ipam_tests::run(
+        "bpftool",
+        &["--json", "map", "show", "pinned", gate],
+    ))
+    .unwrap();
+    assert_eq!(shown["bytes_value"], 32, "{shown}");
+    assert!(datapath.responder().config().unwrap().deadline_jiffies > 0);
+}

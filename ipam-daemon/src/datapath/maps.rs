@@ -4,7 +4,6 @@
 use std::{
     net::{IpAddr, Ipv6Addr},
     path::Path,
-    time::Duration,
 };
 
 use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};

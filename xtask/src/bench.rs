@@ -26,7 +26,10 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;
-    exec(&mut std::process::Command::new(
-        workspace_root().join("target/release").join(bin),
-    ))
+    let mut command = std::process::Command::new(workspace_root().join("target/release").join(bin));
+    if matches!(name, Name::Cni) {
+        // The plugin as it is installed on nodes.
+        command.env("IPAM_CNI_BIN", crate::build_cni::run()?);
+    }
+    exec(&mut command)
 }

@@ -2,6 +2,7 @@
 //! crates, so `setup` runs on a machine that cannot build them yet.
 
 mod bench;
+mod build_cni;
 mod build_ebpf;
 mod cmd;
 mod fuzz;
@@ -25,6 +26,8 @@ enum Command {
     Setup,
     /// Build the eBPF object on its own (a plain `cargo build` of the daemon also does it).
     BuildEbpf,
+    /// Build the CNI plugin as a static executable, the form to install on nodes.
+    BuildCni,
     /// fmt --check and clippy -D warnings on every crate, the eBPF one included.
     Lint,
     /// Set up, then lint (as `lint`) and run every unit and integration test.
@@ -54,6 +57,7 @@ fn main() -> anyhow::Result<()> {
     match Args::parse().command {
         Command::Setup => setup::run(),
         Command::BuildEbpf => build_ebpf::run(),
+        Command::BuildCni => build_cni::run().map(drop),
         Command::Lint => lint::run(),
         Command::Test { args } => {
             setup::run()?;

@@ -45,12 +45,17 @@ fn call(p: &Plugin, command: &str, container: &str) -> Duration {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn plugin");
-    child
+    let written = child
         .stdin
         .take()
         .unwrap()
-        .write_all(p.conf.to_string().as_bytes())
-        .unwrap();
+        .write_all(p.conf.to_string().as_bytes());
+    // The floor (`/bin/true`) may exit before reading its stdin.
+    if let Err(e) = written
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        panic!("{}: cannot write the configuration: {e}", p.name);
+    }
     let out = child.wait_with_output().unwrap();
     let elapsed = start.elapsed();
     assert!(
@@ -76,7 +81,9 @@ fn main() {
     let daemon = node.start_daemon();
     let ours = Plugin {
         name: "ipam-cni",
-        binary: workspace_binary("ipam-cni"),
+        // `cargo xtask bench cni` passes the static build (`cargo xtask build-cni`).
+        binary: std::env::var_os("IPAM_CNI_BIN")
+            .map_or_else(|| workspace_binary("ipam-cni"), PathBuf::from),
         conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "ipam-cni", "socket": node.socket()}}),
     };
     let host_local = Plugin {
@@ -85,10 +92,11 @@ fn main() {
         conf: json!({"cniVersion": "1.0.0", "name": "bench", "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.250.0.0/20"}]], "dataDir": node.dir.0.join("host-local")}}),
     };
     println!(
-        "environment: {} CPUs; ipam-cni durable (fsync per commit), host-local files",
+        "environment: {} CPUs; ipam-cni durable (fsync per commit), host-local files; plugin {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(0)
+            .unwrap_or(0),
+        ours.binary.display()
     );
 
     // Warm up both (page cache, first-exec costs).

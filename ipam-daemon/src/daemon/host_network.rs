@@ -163,7 +163,12 @@ impl HostNetwork {
         let peer = format!("{}_peer", self.device.chars().take(10).collect::<String>());
         let link = netlink.ensure_host_pair(&self.device, &peer)?;
         netlink.set_up(link.index)?;
-        for ip in routers {
+        let missing: Vec<IpAddr> = routers
+            .iter()
+            .filter(|ip| !self.on_device.contains(ip))
+            .copied()
+            .collect();
+        for ip in &missing {
             netlink.add_address(link.index, *ip, Family::of(*ip).bits())?;
             self.on_device.insert(*ip);
             tracing::info!(device = self.device.as_str(), %ip, "router address on host device");

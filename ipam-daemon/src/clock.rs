@@ -3,14 +3,21 @@
 
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .expect("CLOCK_MONOTONIC always exists on Linux");
-    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+    nanoseconds(
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .expect("CLOCK_MONOTONIC always exists on Linux"),
+    )
 }
 
 /// The length of one kernel tick (a jiffy), which is the resolution of the coarse clocks.
 pub fn jiffy_ns() -> u64 {
-    let res = nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
-        .expect("CLOCK_MONOTONIC_COARSE always exists on Linux");
-    (res.tv_sec() as u64 * 1_000_000_000 + res.tv_nsec() as u64).max(1)
+    nanoseconds(
+        nix::time::clock_getres(nix::time::ClockId::CLOCK_MONOTONIC_COARSE)
+            .expect("CLOCK_MONOTONIC_COARSE always exists on Linux"),
+    )
+    .max(1)
+}
+
+fn nanoseconds(t: nix::sys::time::TimeSpec) -> u64 {
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
 }

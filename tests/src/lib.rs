@@ -123,3 +123,23 @@ pub fn workspace_binary(name: &str) -> PathBuf {
             )
         })
 }
+
+/// Runs `program` once on `frame` through BPF_PROG_TEST_RUN: (return value, frame as it left).
+pub fn test_run<P>(program: &P, frame: &[u8]) -> (u32, Vec<u8>)
+where
+    P: for<'a> aya::programs::TestRun<
+            Opts<'a> = aya::programs::TestRunOptions<'a>,
+            Result = aya::programs::TestRunResult,
+        >,
+{
+    let mut out = vec![0u8; frame.len() + 256];
+    let result = program
+        .test_run(aya::programs::TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..aya::programs::TestRunOptions::new()
+        })
+        .unwrap_or_else(|e| panic!("test run on frame {frame:02x?}: {e}"));
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}

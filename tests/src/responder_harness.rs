@@ -4,14 +4,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::programs::{TestRun, TestRunOptions};
 use ipam_common::l2::ResponderStat;
 use ipam_daemon::{
     datapath::Datapath,
     net::frames::{ARP_REPLY, ArpFrame, ICMPV6_NA, ICMPV6_NS, NA_SOLICITED_OVERRIDE, NdpFrame},
 };
 
-use crate::{BpffsRoot, oracle};
+use crate::{BpffsRoot, oracle, test_run};
 
 pub const XDP_ABORTED: u32 = 0;
 pub const XDP_PASS: u32 = 2;
@@ -142,22 +141,6 @@ impl Harness {
 }
 
 /// One `BPF_PROG_TEST_RUN` of `program` on `frame`: the verdict and the frame as it left.
-pub fn test_run<P>(program: &P, frame: &[u8]) -> (u32, Vec<u8>)
-where
-    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = aya::programs::TestRunResult>,
-{
-    let mut out = vec![0u8; frame.len() + 256];
-    let result = program
-        .test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..TestRunOptions::new()
-        })
-        .unwrap_or_else(|e| panic!("test run on frame {frame:02x?}: {e}"));
-    out.truncate(result.data_size_out as usize);
-    (result.return_value, out)
-}
-
 /// The kernel's skb test harness (not our program) rejects IPv4/IPv6 frames too short for an IP
 /// header with EINVAL. Those frames still run through the same responder logic in XDP form.
 pub fn skb_harness_refuses(frame: &[u8]) -> bool {

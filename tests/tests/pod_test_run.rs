@@ -4,7 +4,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aya::programs::{TestRun, TestRunOptions};
 use ipam_common::pod::{PodEndpoint, PodStat};
 use ipam_daemon::datapath::{Datapath, PodProgram};
 use ipam_tests::BpffsRoot;
@@ -60,18 +59,7 @@ impl Harness {
     }
 
     fn run(&mut self, program: PodProgram, frame: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; frame.len() + 64];
-        let result = self
-            .datapath
-            .pod_program(program)
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .unwrap_or_else(|e| panic!("test run: {e}"));
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
+        ipam_tests::test_run(self.datapath.pod_program(program), frame)
     }
 
     fn stat(&mut self, stat: PodStat) -> u64 {

@@ -24,6 +24,14 @@ const PACKAGES: &[(&str, &str)] = &[
         "containernetworking-plugins",
         "Debian's CNI plugins (bridge, ptp, host-local) in the CNI tests and benchmark",
     ),
+    (
+        "protobuf-compiler",
+        "protoc: the etcd client's gRPC stubs are generated at build time",
+    ),
+    (
+        "etcd-server",
+        "etcd: the cluster store; tests and the lab start members on loopback",
+    ),
 ];
 
 pub(crate) fn run() -> anyhow::Result<()> {

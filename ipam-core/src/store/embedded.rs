@@ -4,13 +4,13 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use tokio::sync::broadcast;
 
-use super::{RawObject, Store, StoreError, Watch, WatchEvent};
+use super::{RawObject, Store, StoreError, WATCH_BUFFER, Watch, WatchEvent};
 
 /// key: "<kind>/<name>", value: revision (8 bytes, little endian) followed by the JSON value.
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -18,6 +18,10 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
 
 pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     path: PathBuf,
     db: Database,
     /// Writers go one at a time so revisions and events are in commit order.
@@ -49,15 +53,23 @@ impl EmbeddedStore {
         txn.commit().map_err(|e| backend(path, e))?;
         let (events, _) = broadcast::channel(4096);
         Ok(Self {
-            path: path.to_owned(),
-            db,
-            writer: Mutex::new(()),
-            events,
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                db,
+                writer: Mutex::new(()),
+                events,
+            }),
         })
     }
 
     /// The revision of the last change.
     pub fn revision(&self) -> Result<u64, StoreError> {
+        self.inner.revision()
+    }
+}
+
+impl Inner {
+    fn revision(&self) -> Result<u64, StoreError> {
         let read = self.db.begin_read().map_err(|e| backend(&self.path, e))?;
         let meta = read.open_table(META).map_err(|e| backend(&self.path, e))?;
         Ok(meta
@@ -172,21 +184,22 @@ fn backend(path: &Path, e: impl Into<redb::Error>) -> StoreError {
 
 impl Store for EmbeddedStore {
     async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
-        self.read(kind, name)
+        self.inner.read(kind, name)
     }
 
     async fn list(&self, kind: &str) -> Result<Vec<RawObject>, StoreError> {
-        self.read_kind(kind)
+        self.inner.read_kind(kind)
     }
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<u64, StoreError> {
-        self.write(kind, name, Some(value), |current| match current {
-            Some(_) => Err(StoreError::AlreadyExists {
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-            }),
-            None => Ok(true),
-        })
+        self.inner
+            .write(kind, name, Some(value), |current| match current {
+                Some(_) => Err(StoreError::AlreadyExists {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                }),
+                None => Ok(true),
+            })
     }
 
     async fn update(
@@ -196,19 +209,20 @@ impl Store for EmbeddedStore {
         value: Vec<u8>,
         expected: u64,
     ) -> Result<u64, StoreError> {
-        self.write(kind, name, Some(value), |current| match current {
-            None => Err(StoreError::NotFound {
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-            }),
-            Some(c) if c.revision != expected => Err(StoreError::Conflict {
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-                expected,
-                actual: c.revision,
-            }),
-            Some(_) => Ok(true),
-        })
+        self.inner
+            .write(kind, name, Some(value), |current| match current {
+                None => Err(StoreError::NotFound {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                }),
+                Some(c) if c.revision != expected => Err(StoreError::Conflict {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                    expected,
+                    actual: c.revision,
+                }),
+                Some(_) => Ok(true),
+            })
     }
 
     async fn delete(
@@ -217,49 +231,104 @@ impl Store for EmbeddedStore {
         name: &str,
         expected: Option<u64>,
     ) -> Result<(), StoreError> {
-        self.write(kind, name, None, |current| match (current, expected) {
-            (None, _) => Ok(false),
-            (Some(c), Some(e)) if c.revision != e => Err(StoreError::Conflict {
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-                expected: e,
-                actual: c.revision,
-            }),
-            _ => Ok(true),
-        })
-        .map(|_| ())
+        self.inner
+            .write(kind, name, None, |current| match (current, expected) {
+                (None, _) => Ok(false),
+                (Some(c), Some(e)) if c.revision != e => Err(StoreError::Conflict {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                    expected: e,
+                    actual: c.revision,
+                }),
+                _ => Ok(true),
+            })
+            .map(|_| ())
     }
 
     async fn watch(&self, kind: &str) -> Result<Watch, StoreError> {
         // Subscribe before reading, so no change between the two is missed; changes already in
         // the snapshot are skipped by revision.
-        let events = self.events.subscribe();
-        let _writer = self.writer.lock().expect("writer lock");
-        let initial = self.read_kind(kind)?;
-        let since = self.revision()?;
-        Ok(Watch {
-            initial,
-            kind: kind.to_owned(),
+        let events = self.inner.events.subscribe();
+        let (initial, since) = {
+            let _writer = self.inner.writer.lock().expect("writer lock");
+            (self.inner.read_kind(kind)?, self.inner.revision()?)
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        tokio::spawn(feed_watch(
+            self.inner.clone(),
+            kind.to_owned(),
             since,
             events,
-        })
+            tx,
+        ));
+        Ok(Watch::new(initial, since, rx))
+    }
+}
+
+/// The whole kind as a `Resync`, read again until it can be (a failed read is reported to the
+/// watch); `None` when the watch is gone.
+async fn resync(
+    store: &Inner,
+    kind: &str,
+    tx: &tokio::sync::mpsc::Sender<Result<WatchEvent, StoreError>>,
+) -> Option<WatchEvent> {
+    loop {
+        let snapshot = {
+            let _writer = store.writer.lock().expect("writer lock");
+            store
+                .read_kind(kind)
+                .and_then(|objects| Ok((objects, store.revision()?)))
+        };
+        match snapshot {
+            Ok((objects, revision)) => {
+                return Some(WatchEvent::Resync {
+                    kind: kind.to_owned(),
+                    revision,
+                    objects,
+                });
+            }
+            Err(e) => {
+                tx.send(Err(e)).await.ok()?;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Forwards the changes of `kind` after revision `since` to one watch, until it is dropped. A
+/// watch that fell behind the broadcast gets the whole kind again (`Resync`) and goes on.
+async fn feed_watch(
+    store: Arc<Inner>,
+    kind: String,
+    mut since: u64,
+    mut events: broadcast::Receiver<WatchEvent>,
+    tx: tokio::sync::mpsc::Sender<Result<WatchEvent, StoreError>>,
+) {
+    use broadcast::error::RecvError;
+    loop {
+        let event = match events.recv().await {
+            Ok(e) if e.kind() == kind && e.revision() > since => e,
+            Ok(_) => continue,
+            Err(RecvError::Lagged(_)) => {
+                events = store.events.subscribe();
+                match resync(&store, &kind, &tx).await {
+                    Some(event) => event,
+                    None => return,
+                }
+            }
+            Err(RecvError::Closed) => return,
+        };
+        since = event.revision();
+        if tx.send(Ok(event)).await.is_err() {
+            return;
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use serde::{Deserialize, Serialize};
-
     use super::*;
-    use crate::store::{Resource, TypedStore};
-
-    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-    struct Thing {
-        size: u32,
-    }
-    impl Resource for Thing {
-        const KIND: &'static str = "Thing";
-    }
+    use crate::store::{TypedStore, conformance, conformance::Thing};
 
     fn temp(name: &str) -> crate::test_util::TempPath {
         crate::test_util::TempPath::new(&format!("store-{name}.redb"))
@@ -268,39 +337,16 @@ mod tests {
     #[tokio::test]
     async fn crud_with_optimistic_concurrency() {
         let path = temp("crud");
-        let s = EmbeddedStore::open(&path).unwrap();
-        let r1 = s.create_typed("a", &Thing { size: 1 }).await.unwrap();
-        let e = s
-            .create_typed("a", &Thing { size: 2 })
-            .await
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("Thing a already exists"), "{e}");
-        let r2 = s.update_typed("a", &Thing { size: 2 }, r1).await.unwrap();
-        assert!(r2 > r1);
-        let e = s
-            .update_typed("a", &Thing { size: 3 }, r1)
-            .await
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("changed by someone else") && e.contains(&format!("revision {r2}")),
-            "{e}"
-        );
-        let got = s.get_typed::<Thing>("a").await.unwrap().unwrap();
-        assert_eq!((got.revision, got.value), (r2, Thing { size: 2 }));
-        s.create_typed("b", &Thing { size: 5 }).await.unwrap();
-        // Another kind with a name prefix in common does not leak into the list.
-        s.create("Things", "x", b"{}".to_vec()).await.unwrap();
-        let all = s.list_typed::<Thing>().await.unwrap();
-        assert_eq!(
-            all.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
-            ["a", "b"]
-        );
-        assert!(s.delete("Thing", "a", Some(r1)).await.is_err());
-        s.delete("Thing", "a", Some(r2)).await.unwrap();
-        s.delete("Thing", "a", None).await.unwrap();
-        assert!(s.get("Thing", "a").await.unwrap().is_none());
+        conformance::crud_with_optimistic_concurrency(&EmbeddedStore::open(&path).unwrap()).await;
+    }
+
+    #[tokio::test]
+    async fn watch_sees_the_snapshot_then_every_change_in_order() {
+        let path = temp("watch");
+        conformance::watch_sees_the_snapshot_then_every_change_in_order(
+            &EmbeddedStore::open(&path).unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -319,28 +365,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn watch_sees_the_snapshot_then_every_change_in_order() {
-        let path = temp("watch");
+    async fn a_watch_that_falls_behind_gets_the_whole_kind_again() {
+        let path = temp("lag");
         let s = EmbeddedStore::open(&path).unwrap();
-        s.create_typed("before", &Thing { size: 1 }).await.unwrap();
         let mut w = s.watch("Thing").await.unwrap();
-        assert_eq!(w.initial.len(), 1);
-        let r = s.create_typed("x", &Thing { size: 2 }).await.unwrap();
-        s.create("Other", "y", b"{}".to_vec()).await.unwrap();
-        s.update_typed("x", &Thing { size: 3 }, r).await.unwrap();
-        s.delete("Thing", "before", None).await.unwrap();
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            seen.push(match w.next().await.unwrap() {
-                WatchEvent::Put(o) => {
-                    format!("put {} {}", o.name, String::from_utf8_lossy(&o.value))
-                }
-                WatchEvent::Deleted { name, .. } => format!("del {name}"),
-            });
+        // More changes than the broadcast holds, before the watch task runs.
+        for i in 0..5000 {
+            s.create_typed(&format!("t{i}"), &Thing { size: i })
+                .await
+                .unwrap();
         }
-        assert_eq!(
-            seen,
-            ["put x {\"size\":2}", "put x {\"size\":3}", "del before"]
-        );
+        s.delete("Thing", "t0", None).await.unwrap();
+        let last = s.revision().unwrap();
+        let mut names = std::collections::BTreeSet::new();
+        let mut resynced = false;
+        loop {
+            match w.next().await.unwrap() {
+                WatchEvent::Put(o) => {
+                    names.insert(o.name);
+                }
+                WatchEvent::Deleted { name, .. } => {
+                    names.remove(&name);
+                }
+                WatchEvent::Resync { objects, .. } => {
+                    resynced = true;
+                    names = objects.into_iter().map(|o| o.name).collect();
+                }
+            }
+            if w.try_next().is_none() && names.len() == 4999 {
+                break;
+            }
+        }
+        assert!(resynced);
+        assert!(!names.contains("t0"));
+        assert_eq!(s.revision().unwrap(), last);
     }
 }

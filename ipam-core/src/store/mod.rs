@@ -6,6 +6,8 @@
 //! etcd and Kubernetes stores implement the same trait (revision = mod_revision /
 //! resourceVersion), so controllers do not change with the store.
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod embedded;
 pub mod lease;
 
@@ -33,20 +35,28 @@ pub enum WatchEvent {
         name: String,
         revision: u64,
     },
+    /// Every object of the kind as of `revision`, after the watch could not follow each change
+    /// (it fell behind, or the store compacted the revisions it needed): anything not in
+    /// `objects` is gone. The watch goes on from `revision`.
+    Resync {
+        kind: String,
+        revision: u64,
+        objects: Vec<RawObject>,
+    },
 }
 
 impl WatchEvent {
     pub fn kind(&self) -> &str {
         match self {
             Self::Put(o) => &o.kind,
-            Self::Deleted { kind, .. } => kind,
+            Self::Deleted { kind, .. } | Self::Resync { kind, .. } => kind,
         }
     }
 
     pub fn revision(&self) -> u64 {
         match self {
             Self::Put(o) => o.revision,
-            Self::Deleted { revision, .. } => *revision,
+            Self::Deleted { revision, .. } | Self::Resync { revision, .. } => *revision,
         }
     }
 }
@@ -73,8 +83,6 @@ pub enum StoreError {
         name: String,
         source: serde_json::Error,
     },
-    #[error("watch of {kind} fell behind by {missed} changes; list again and restart the watch")]
-    WatchLagged { kind: String, missed: u64 },
     #[error("store {location}: {source}")]
     Backend {
         location: String,
@@ -82,35 +90,46 @@ pub enum StoreError {
     },
 }
 
-/// A watch: the objects at the start, then every later change of the kind, in order.
+/// A watch: the objects at the start, then every later change of the kind, in order. The
+/// store's own task feeds it; it follows the store across restarts, lost connections and
+/// compactions (with a `Resync`), so a watch never has to be restarted by its user.
 pub struct Watch {
     pub initial: Vec<RawObject>,
-    kind: String,
-    since: u64,
-    events: tokio::sync::broadcast::Receiver<WatchEvent>,
+    /// The store revision `initial` was read at.
+    pub revision: u64,
+    events: tokio::sync::mpsc::Receiver<Result<WatchEvent, StoreError>>,
 }
 
+/// How many changes a watch buffers before its feeding task waits for the reader.
+pub const WATCH_BUFFER: usize = 1024;
+
 impl Watch {
-    /// The next change; `Err(WatchLagged)` when the watcher fell too far behind.
-    pub async fn next(&mut self) -> Result<WatchEvent, StoreError> {
-        loop {
-            match self.events.recv().await {
-                Ok(e) if e.kind() == self.kind && e.revision() > self.since => {
-                    self.since = e.revision();
-                    return Ok(e);
-                }
-                Ok(_) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                    return Err(StoreError::WatchLagged {
-                        kind: self.kind.clone(),
-                        missed,
-                    });
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    std::future::pending::<()>().await;
-                }
-            }
+    /// A watch fed through `events` by a store's task.
+    pub fn new(
+        initial: Vec<RawObject>,
+        revision: u64,
+        events: tokio::sync::mpsc::Receiver<Result<WatchEvent, StoreError>>,
+    ) -> Self {
+        Self {
+            initial,
+            revision,
+            events,
         }
+    }
+
+    /// The next change. An error reports trouble the store is already retrying (an
+    /// unreachable etcd, say): the watch goes on after it, resuming where it was.
+    pub async fn next(&mut self) -> Result<WatchEvent, StoreError> {
+        match self.events.recv().await {
+            Some(event) => event,
+            // The store is gone: nothing will change any more.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// A change if one is ready now.
+    pub fn try_next(&mut self) -> Option<Result<WatchEvent, StoreError>> {
+        self.events.try_recv().ok()
     }
 }
 

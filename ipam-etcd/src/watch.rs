@@ -1,0 +1,154 @@
+//! The task behind an etcd watch: follows one kind from a revision on, reopens the etcd watch
+//! from the last revision it delivered whenever the stream breaks (a member died, the leader
+//! changed), and lists the kind again (`Resync`) when etcd compacted the revisions it needed.
+
+use std::time::Duration;
+
+use etcd_client::{EventType, WatchOptions, WatchResponse};
+use ipam_core::{
+    backoff::Backoff,
+    store::{StoreError, WatchEvent},
+};
+use tokio::sync::mpsc::Sender;
+
+use crate::store::EtcdStore;
+
+/// Longest pause between two attempts to reopen a broken watch.
+const REOPEN_CAP: Duration = Duration::from_secs(5);
+
+type Events = Sender<Result<WatchEvent, StoreError>>;
+
+/// Why a watch stream ended.
+enum Ended {
+    /// The reader dropped the watch.
+    Dropped,
+    /// The stream broke; reopen after a pause.
+    Broken,
+    /// Revisions after `since` are compacted away; list again.
+    Compacted,
+}
+
+pub(crate) async fn feed_watch(store: EtcdStore, kind: String, mut since: u64, tx: Events) {
+    let mut backoff = Backoff::with(Duration::from_millis(100), 2.0, 0.2, REOPEN_CAP);
+    // Trouble is reported once per outage, not once per attempt.
+    let mut reported = false;
+    loop {
+        let ended = follow(&store, &kind, &mut since, &tx, &mut reported).await;
+        match ended {
+            Ended::Dropped => return,
+            Ended::Compacted => match store.list_at(&kind).await {
+                Ok((objects, revision)) => {
+                    tracing::info!(
+                        kind,
+                        since,
+                        revision,
+                        "etcd compacted the watched revisions; listed the kind again"
+                    );
+                    since = revision;
+                    let resync = WatchEvent::Resync {
+                        kind: kind.clone(),
+                        revision,
+                        objects,
+                    };
+                    if tx.send(Ok(resync)).await.is_err() {
+                        return;
+                    }
+                    backoff.reset();
+                    continue;
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut reported, true) && tx.send(Err(e)).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            Ended::Broken => {}
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+            () = tx.closed() => return,
+        }
+    }
+}
+
+/// Delivers the events of one etcd watch stream until it ends.
+async fn follow(
+    store: &EtcdStore,
+    kind: &str,
+    since: &mut u64,
+    tx: &Events,
+    reported: &mut bool,
+) -> Ended {
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(*since as i64 + 1);
+    let mut client = store.client();
+    let opened = tokio::select! {
+        opened = client.watch(store.kind_prefix(kind), Some(options)) => opened,
+        () = tx.closed() => return Ended::Dropped,
+    };
+    let mut stream = match opened {
+        Ok(stream) => stream,
+        Err(e) => return report(store, &e, tx, reported).await,
+    };
+    loop {
+        let message = tokio::select! {
+            message = stream.message() => message,
+            () = tx.closed() => return Ended::Dropped,
+        };
+        let response = match message {
+            Ok(Some(response)) => response,
+            Ok(None) => return Ended::Broken,
+            Err(e) => return report(store, &e, tx, reported).await,
+        };
+        if response.compact_revision() > 0 {
+            return Ended::Compacted;
+        }
+        if response.canceled() {
+            // Cancelled by the server for another reason (lost leader): reopen.
+            tracing::debug!(
+                kind,
+                reason = response.cancel_reason(),
+                "etcd watch cancelled"
+            );
+            return Ended::Broken;
+        }
+        *reported = false;
+        for event in events(store, kind, &response) {
+            *since = event.revision();
+            if tx.send(Ok(event)).await.is_err() {
+                return Ended::Dropped;
+            }
+        }
+    }
+}
+
+fn events(store: &EtcdStore, kind: &str, response: &WatchResponse) -> Vec<WatchEvent> {
+    response
+        .events()
+        .iter()
+        .filter_map(|event| {
+            let kv = event.kv()?;
+            match event.event_type() {
+                EventType::Put => store.object(kind, kv).map(WatchEvent::Put),
+                EventType::Delete => Some(WatchEvent::Deleted {
+                    kind: kind.to_owned(),
+                    name: store.name_of(kind, kv.key())?,
+                    revision: kv.mod_revision() as u64,
+                }),
+            }
+        })
+        .collect()
+}
+
+async fn report(
+    store: &EtcdStore,
+    e: &etcd_client::Error,
+    tx: &Events,
+    reported: &mut bool,
+) -> Ended {
+    if !std::mem::replace(reported, true) && tx.send(Err(store.backend_error(e))).await.is_err() {
+        return Ended::Dropped;
+    }
+    Ended::Broken
+}

@@ -18,7 +18,7 @@ use super::{
     durable::{DurableAllocator, DurableError, RestoreReport},
     multipool::{Watermarks, needs_block, releasable_blocks},
     pool::IpamMode,
-    resources::{NodeIpam, NodeIpamSpec, PoolRequest},
+    resources::{AllocatedBlock, NodeIpam, NodeIpamSpec, PoolRequest},
 };
 use crate::store::{StoreError, TypedStore};
 
@@ -35,6 +35,8 @@ pub struct NodeAgent {
     releasing: BTreeSet<Cidr>,
     /// When each empty block was first seen empty.
     empty_since: BTreeMap<Cidr, Instant>,
+    /// Blocks another node holds now, still in use here (logged once).
+    retired: BTreeSet<Cidr>,
     release_grace: Duration,
 }
 
@@ -78,6 +80,7 @@ impl NodeAgent {
                 demand: Arc::new(AtomicBool::new(false)),
                 releasing: BTreeSet::new(),
                 empty_since: BTreeMap::new(),
+                retired: BTreeSet::new(),
                 release_grace: RELEASE_GRACE,
             },
             report,
@@ -107,6 +110,7 @@ impl NodeAgent {
                     spec: NodeIpamSpec {
                         pools: Vec::new(),
                         pod_cidrs: self.pod_cidrs.clone(),
+                        reclaim: Vec::new(),
                     },
                     ..NodeIpam::default()
                 };
@@ -130,6 +134,10 @@ impl NodeAgent {
         };
         // The operator has released what we gave back once it is gone from the status.
         self.releasing.retain(|c| assigned.contains(c));
+        let reclaim = match self.mode {
+            IpamMode::Kubernetes => Vec::new(),
+            _ => self.reclaim(&record.value, &assigned)?,
+        };
         for cidr in &assigned {
             if !self.releasing.contains(cidr)
                 && !self.alloc.with(|a| a.blocks(cidr.family()).contains(cidr))
@@ -139,6 +147,13 @@ impl NodeAgent {
             }
         }
         if self.mode != IpamMode::MultiPool {
+            if reclaim != record.value.spec.reclaim {
+                let mut updated = record.value.clone();
+                updated.spec.reclaim = reclaim;
+                store
+                    .update_unless_changed(&self.node, &updated, record.revision)
+                    .await?;
+            }
             return Ok(());
         }
         let demand = self.demand.load(Ordering::SeqCst);
@@ -198,14 +213,85 @@ impl NodeAgent {
                 });
             }
         }
-        if requests != record.value.spec.pools {
+        if requests != record.value.spec.pools || reclaim != record.value.spec.reclaim {
             let mut updated = record.value.clone();
             updated.spec.pools = requests;
+            updated.spec.reclaim = reclaim;
             store
                 .update_unless_changed(&self.node, &updated, record.revision)
                 .await?;
         }
         Ok(())
+    }
+}
+
+impl NodeAgent {
+    /// The blocks this node holds that its record no longer lists (its lease lapsed while it
+    /// was away and the operator released them): asked back, unless the operator said another
+    /// node holds one now; such a block gives no new address and goes once it is empty.
+    fn reclaim(
+        &mut self,
+        record: &NodeIpam,
+        assigned: &BTreeSet<Cidr>,
+    ) -> Result<Vec<AllocatedBlock>, AgentError> {
+        let lost: BTreeSet<Cidr> = record
+            .status
+            .lost
+            .iter()
+            .filter(|b| b.pool == self.pool)
+            .map(|b| b.cidr)
+            .collect();
+        let held: Vec<Cidr> = self.alloc.with(|a| {
+            let mut held = a.blocks(Family::V4);
+            held.extend(a.blocks(Family::V6));
+            held
+        });
+        let mut reclaim = Vec::new();
+        for cidr in held.into_iter().filter(|c| !assigned.contains(c)) {
+            if !lost.contains(&cidr) {
+                if !record.spec.reclaim.iter().any(|b| b.cidr == cidr) {
+                    tracing::warn!(
+                        node = self.node.as_str(),
+                        pool = self.pool.as_str(),
+                        %cidr,
+                        "block held here is no longer assigned to this node (its lease lapsed \
+                         while away); asking for it back"
+                    );
+                }
+                reclaim.push(AllocatedBlock {
+                    pool: self.pool.clone(),
+                    cidr,
+                });
+                continue;
+            }
+            if self.alloc.remove_block(cidr)? {
+                tracing::warn!(
+                    node = self.node.as_str(),
+                    %cidr,
+                    "block was given to another node while this node was away; dropped it \
+                     (no address of it was in use here)"
+                );
+            } else {
+                let in_use = self.alloc.retire_block(cidr);
+                if self.retired.insert(cidr) {
+                    tracing::error!(
+                        node = self.node.as_str(),
+                        %cidr,
+                        in_use,
+                        "block was given to another node while this node was away, and {in_use} \
+                         of its addresses are still in use here: they conflict with the other \
+                         node's pods; delete and recreate the pods on this node that use them. \
+                         No new address comes from this block."
+                    );
+                }
+                // Still asked back: should the other node give it up, it returns here.
+                reclaim.push(AllocatedBlock {
+                    pool: self.pool.clone(),
+                    cidr,
+                });
+            }
+        }
+        Ok(reclaim)
     }
 }
 
@@ -333,5 +419,177 @@ mod tests {
             e.contains("not in any of its blocks") && e.contains("10.244.2.0/24"),
             "{e}"
         );
+    }
+
+    /// Node liveness through the store: a node whose lease lapses for the grace period loses
+    /// its blocks (never sooner, and not after an operator restart); when it returns it gets
+    /// them back if they are still free, else new ones, and a block another node took is no
+    /// longer used for new addresses.
+    #[tokio::test]
+    async fn lapsed_nodes_lose_their_blocks_and_get_them_back_when_free() {
+        use crate::{
+            resources::{NodeIpamStatus, node_lease_name},
+            store::lease::renew,
+        };
+        let dir = crate::test_util::TempPath::new("agent-liveness");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let spec = PodIpPoolSpec {
+            ipv4: Some(FamilySpec {
+                cidrs: vec!["10.80.0.0/24".into()],
+                mask_size: 26,
+            }),
+            ipv6: None,
+        };
+        store
+            .create_typed(
+                "default",
+                &PodIpPool {
+                    spec,
+                    status: PoolStatus::default(),
+                },
+            )
+            .await
+            .unwrap();
+        let grace = Duration::from_millis(400);
+        let agent = |name: &str| {
+            NodeAgent::open(
+                &dir.join(name),
+                name,
+                "default",
+                IpamMode::ClusterPool,
+                Watermarks { pre_allocate: 0 },
+                vec![],
+            )
+            .unwrap()
+            .0
+        };
+        let beat = |name: &'static str| {
+            let store = &store;
+            async move {
+                renew(store, &node_lease_name(name), name, grace)
+                    .await
+                    .unwrap()
+            }
+        };
+        let mut op = Operator::new(IpamMode::ClusterPool).with_node_grace(grace);
+        let (mut a, mut b) = (agent("a"), agent("b"));
+        for _ in 0..3 {
+            beat("a").await;
+            beat("b").await;
+            pass(&mut op, &mut a, &store).await;
+            b.sync(&store).await.unwrap();
+        }
+        let block_of = |agent: &NodeAgent| agent.allocator().with(|x| x.blocks(Family::V4));
+        let a_block = block_of(&a);
+        assert_eq!(a_block.len(), 1);
+        let pod_ip = a.allocator().allocate("pod-1", Family::V4).unwrap();
+
+        // a goes silent; b keeps renewing. Short of the grace period nothing happens.
+        let silent = Instant::now();
+        while silent.elapsed() < grace / 2 {
+            beat("b").await;
+            let report = op.reconcile(&store).await.unwrap();
+            assert!(report.released.is_empty());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // A restarted operator does not free a's blocks either: it has not waited yet.
+        let mut op = Operator::new(IpamMode::ClusterPool).with_node_grace(grace);
+        let restarted = Instant::now();
+        let mut expired = Vec::new();
+        while expired.is_empty() {
+            beat("b").await;
+            expired = op.reconcile(&store).await.unwrap().expired_nodes;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(restarted.elapsed() >= grace, "{:?}", restarted.elapsed());
+        assert_eq!(expired, ["a"]);
+        let record = store
+            .get_typed::<NodeIpam>("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .value;
+        assert!(record.status.allocated.is_empty());
+        assert!(
+            record.status.conditions[0].message.contains("node-a"),
+            "{:?}",
+            record.status
+        );
+        assert_eq!(block_of(&b).len(), 1, "the live node kept its block");
+
+        // a comes back while its block is still free: it gets it back, pod address intact.
+        for _ in 0..3 {
+            beat("a").await;
+            beat("b").await;
+            pass(&mut op, &mut a, &store).await;
+        }
+        let status: NodeIpamStatus = store
+            .get_typed::<NodeIpam>("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .status;
+        assert_eq!(
+            status.allocated.iter().map(|b| b.cidr).collect::<Vec<_>>(),
+            a_block
+        );
+        assert_eq!(
+            a.allocator().with(|x| x.lookup("pod-1", Family::V4)),
+            Some(pod_ip)
+        );
+
+        // a lapses again, and a new node c takes its block meanwhile.
+        let mut c = agent("c");
+        let mut expired = Vec::new();
+        while expired.is_empty() {
+            beat("b").await;
+            expired = op.reconcile(&store).await.unwrap().expired_nodes;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for _ in 0..3 {
+            beat("b").await;
+            beat("c").await;
+            op.reconcile(&store).await.unwrap();
+            c.sync(&store).await.unwrap();
+        }
+        assert_eq!(block_of(&c), a_block, "c got the freed block");
+        // a returns: its old block is lost (in use by pod-1, so retired, not dropped), and it
+        // gets a new block for new pods.
+        for _ in 0..4 {
+            beat("a").await;
+            beat("b").await;
+            beat("c").await;
+            pass(&mut op, &mut a, &store).await;
+        }
+        let status = store
+            .get_typed::<NodeIpam>("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .status;
+        assert_eq!(
+            status.lost.iter().map(|b| b.cidr).collect::<Vec<_>>(),
+            a_block
+        );
+        assert_eq!(status.allocated.len(), 1);
+        assert_ne!(status.allocated[0].cidr, a_block[0]);
+        let next = a.allocator().allocate("pod-2", Family::V4).unwrap();
+        assert!(status.allocated[0].cidr.contains(next), "{next}");
+        // Once pod-1 is gone, the lost block goes too.
+        a.allocator().release("pod-1", Family::V4).unwrap();
+        pass(&mut op, &mut a, &store).await;
+        pass(&mut op, &mut a, &store).await;
+        assert_eq!(block_of(&a), vec![status.allocated[0].cidr]);
+        let status = store
+            .get_typed::<NodeIpam>("a")
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .status;
+        assert!(status.lost.is_empty(), "{status:?}");
     }
 }

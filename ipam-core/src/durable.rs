@@ -212,6 +212,15 @@ impl DurableAllocator {
         Ok(true)
     }
 
+    /// Stops new allocations from `cidr` (see `NodeAllocator::retire_block`); in memory only:
+    /// the agent retires lost blocks again from the node's record after a restart.
+    pub fn retire_block(&self, cidr: Cidr) -> u64 {
+        self.alloc
+            .lock()
+            .expect("allocator lock")
+            .retire_block(cidr)
+    }
+
     /// An address for `owner`, acknowledged once durable. Idempotent.
     pub fn allocate(&self, owner: &str, family: Family) -> Result<IpAddr, DurableError> {
         let (ip, seq) = {

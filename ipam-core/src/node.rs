@@ -105,6 +105,8 @@ struct Block {
     used: u64,
     /// Word index where the next search starts (next-fit keeps allocation O(1) amortised).
     cursor: usize,
+    /// Another node holds this block now: its addresses in use stay, no new one is given.
+    retired: bool,
 }
 
 impl Block {
@@ -121,6 +123,7 @@ impl Block {
             last,
             bits: Vec::new(),
             used: 0,
+            retired: false,
             cursor: 0,
         }
     }
@@ -260,6 +263,19 @@ impl NodeAllocator {
         true
     }
 
+    /// Stops handing out addresses from `cidr` (another node holds it now); the addresses in
+    /// use stay until their owners release them, then the block can be removed. Returns how
+    /// many addresses of it are in use.
+    pub fn retire_block(&mut self, cidr: Cidr) -> u64 {
+        self.blocks
+            .iter_mut()
+            .find(|b| b.cidr == cidr)
+            .map_or(0, |b| {
+                b.retired = true;
+                b.used
+            })
+    }
+
     pub fn blocks(&self, family: Family) -> Vec<Cidr> {
         self.blocks
             .iter()
@@ -316,6 +332,9 @@ impl NodeAllocator {
                 continue;
             }
             any_block = true;
+            if block.retired {
+                continue;
+            }
             if let Some(off) = block.take() {
                 let slot = Slot {
                     block: i as u32,

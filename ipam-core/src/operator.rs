@@ -4,7 +4,10 @@
 //!
 //! Written against the `TypedStore` trait only, so it runs unchanged on every store.
 
-use std::collections::BTreeSet;
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
 
 use thiserror::Error;
 
@@ -14,10 +17,13 @@ use super::{
     pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
     resources::{
         AllocatedBlock, CLUSTER, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
-        NodeIpamStatus, PodIpPool, PoolStatus,
+        NodeIpamStatus, PodIpPool, PoolStatus, node_lease_name,
     },
 };
-use crate::store::{StoreError, TypedStore, Versioned};
+use crate::store::{
+    StoreError, TypedStore, Versioned,
+    lease::{Lease, LeaseObserver},
+};
 
 #[derive(Debug, Error)]
 pub enum OperatorError {
@@ -25,6 +31,8 @@ pub enum OperatorError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Mode(#[from] ModeMismatch),
+    #[error("stopped the pass: no longer the leading operator (the lease was not renewed in time)")]
+    NotLeading,
 }
 
 /// Records the IPAM mode on first start and refuses a different one afterwards.
@@ -47,6 +55,12 @@ pub async fn record_mode<S: TypedStore>(store: &S, mode: IpamMode) -> Result<(),
 pub struct Report {
     pub assigned: Vec<(String, AllocatedBlock)>,
     pub released: Vec<(String, AllocatedBlock)>,
+    /// Blocks a returning node asked back and got.
+    pub reclaimed: Vec<(String, AllocatedBlock)>,
+    /// Blocks a returning node asked back that another node holds now.
+    pub lost: Vec<(String, AllocatedBlock)>,
+    /// Nodes whose lease lapsed for the grace period; their blocks went back to the pools.
+    pub expired_nodes: Vec<String>,
     /// (object, message) for every object that is not ready.
     pub problems: Vec<(String, String)>,
 }
@@ -55,6 +69,12 @@ pub struct Operator {
     mode: IpamMode,
     blocks: BlockAllocator,
     restored: bool,
+    /// Set in the cluster roles: how long a node's lease may stay unrenewed before its blocks
+    /// go back to the pools.
+    node_grace: Option<Duration>,
+    leases: LeaseObserver,
+    /// The leading operator acts only until then (its leadership could lapse after).
+    deadline: Option<Instant>,
 }
 
 const READY: &str = "Ready";
@@ -65,6 +85,29 @@ impl Operator {
             mode,
             blocks: BlockAllocator::new(),
             restored: false,
+            node_grace: None,
+            leases: LeaseObserver::new(),
+            deadline: None,
+        }
+    }
+
+    /// Frees the blocks of nodes whose liveness lease stayed unrenewed for `grace`, as seen by
+    /// this operator: a restarted operator waits a full grace before it frees anything.
+    pub fn with_node_grace(mut self, grace: Duration) -> Self {
+        self.node_grace = Some(grace);
+        self
+    }
+
+    /// Stops every pass that would write after `deadline` (the end of this operator's
+    /// leadership, as far as it knows); `None` for a single operator without an election.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
+    }
+
+    fn check_deadline(&self) -> Result<(), OperatorError> {
+        match self.deadline {
+            Some(d) if Instant::now() >= d => Err(OperatorError::NotLeading),
+            _ => Ok(()),
         }
     }
 
@@ -99,8 +142,13 @@ impl Operator {
             self.restored = true;
         }
         let statuses = self.judge_pools(&pools, &mut report);
+        let expired = self.expired_nodes(store, &nodes).await?;
         for node in &nodes {
-            self.reconcile_node(store, node, &mut report).await?;
+            if expired.contains(&node.name) {
+                self.release_node(store, node, &mut report).await?;
+            } else {
+                self.reconcile_node(store, node, &mut report).await?;
+            }
         }
         // One write per changed pool, conditions and usage together, after the nodes got their
         // blocks so the usage is current.
@@ -109,6 +157,7 @@ impl Operator {
             if status != p.value.status {
                 let mut updated = p.value.clone();
                 updated.status = status;
+                self.check_deadline()?;
                 // A conflict means someone changed the pool: the next pass sees the change.
                 store
                     .update_unless_changed(&p.name, &updated, p.revision)
@@ -203,6 +252,26 @@ impl Operator {
     ) -> Result<(), OperatorError> {
         let name = &node.name;
         let mut problems = Vec::new();
+        let mut reclaimed = Vec::new();
+        let mut lost = Vec::new();
+        // A returning node's old blocks first, so it gets them back rather than new ones.
+        for b in &node.value.spec.reclaim {
+            match self.blocks.restore(name, &b.pool, b.cidr) {
+                Ok(()) => {
+                    if !node.value.status.allocated.contains(b) {
+                        report.reclaimed.push((name.clone(), b.clone()));
+                    }
+                    reclaimed.push(b.clone());
+                }
+                Err(e) => {
+                    if !node.value.status.lost.contains(b) {
+                        report.lost.push((name.clone(), b.clone()));
+                        tracing::warn!(node = name.as_str(), block = %b.cidr, "block cannot be given back: {e}");
+                    }
+                    lost.push(b.clone());
+                }
+            }
+        }
         for request in &node.value.spec.pools {
             for cidr in &request.release {
                 let held = self.blocks.blocks_of(name, &request.pool, cidr.family());
@@ -247,6 +316,7 @@ impl Operator {
                 });
             }
         }
+        allocated.extend(reclaimed);
         // Blocks held in pools the node no longer asks for stay listed until released.
         for b in &node.value.status.allocated {
             if self
@@ -269,13 +339,85 @@ impl Operator {
         };
         let status = NodeIpamStatus {
             allocated: allocated.into_iter().collect(),
+            lost,
             conditions,
         };
         if status != node.value.status {
             let mut updated = node.value.clone();
             updated.status = status;
+            self.check_deadline()?;
             // If the node changed its record meanwhile, its blocks stay held and the status is
             // written on the next pass.
+            store
+                .update_unless_changed(name, &updated, node.revision)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The nodes whose liveness lease has not changed for the grace period, as seen by this
+    /// operator (never any without a grace period, as in the standalone role).
+    async fn expired_nodes<S: TypedStore>(
+        &mut self,
+        store: &S,
+        nodes: &[Versioned<NodeIpam>],
+    ) -> Result<BTreeSet<String>, OperatorError> {
+        let Some(grace) = self.node_grace else {
+            return Ok(BTreeSet::new());
+        };
+        let leases: std::collections::HashMap<String, u64> = store
+            .list_typed::<Lease>()
+            .await?
+            .into_iter()
+            .map(|l| (l.name, l.revision))
+            .collect();
+        let now = Instant::now();
+        let mut expired = BTreeSet::new();
+        for node in nodes {
+            let lease = node_lease_name(&node.name);
+            self.leases
+                .observe(&lease, leases.get(&lease).copied(), now);
+            if self.leases.unchanged_for(&lease, now) >= grace {
+                expired.insert(node.name.clone());
+            }
+        }
+        Ok(expired)
+    }
+
+    /// Gives every block of a node whose lease lapsed back to the pools; its record says so.
+    async fn release_node<S: TypedStore>(
+        &mut self,
+        store: &S,
+        node: &Versioned<NodeIpam>,
+        report: &mut Report,
+    ) -> Result<(), OperatorError> {
+        let name = &node.name;
+        let grace = self.node_grace.unwrap_or_default();
+        for b in &node.value.status.allocated {
+            if self.blocks.release(name, &b.pool, b.cidr).is_ok() {
+                report.released.push((name.clone(), b.clone()));
+            }
+        }
+        let status = NodeIpamStatus {
+            allocated: Vec::new(),
+            lost: Vec::new(),
+            conditions: vec![Condition::new(
+                READY,
+                false,
+                format!(
+                    "node lease {} not renewed for {} s (the grace period): its blocks went back                      to the pools; the node's agent asks for them again when it returns",
+                    node_lease_name(name),
+                    grace.as_secs()
+                ),
+            )],
+        };
+        if status != node.value.status {
+            if !node.value.status.allocated.is_empty() {
+                report.expired_nodes.push(name.clone());
+            }
+            let mut updated = node.value.clone();
+            updated.status = status;
+            self.check_deadline()?;
             store
                 .update_unless_changed(name, &updated, node.revision)
                 .await?;
@@ -457,7 +599,7 @@ mod tests {
                     needed: n,
                     release: vec![],
                 }],
-                pod_cidrs: vec![],
+                ..Default::default()
             },
             status: NodeIpamStatus::default(),
         };

@@ -87,6 +87,10 @@ pub struct NodeIpamSpec {
     /// Kubernetes mode: the node's blocks as given by Node.spec.podCIDRs.
     #[serde(default)]
     pub pod_cidrs: Vec<Cidr>,
+    /// Blocks the node still holds from before its blocks were released (its lease had
+    /// lapsed): the operator gives each back if it is still free, else lists it as lost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reclaim: Vec<AllocatedBlock>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +110,9 @@ pub struct PoolRequest {
 pub struct NodeIpamStatus {
     #[serde(default)]
     pub allocated: Vec<AllocatedBlock>,
+    /// Blocks the node asked back that another node holds now: the node must stop using them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<AllocatedBlock>,
     #[serde(default)]
     pub conditions: Vec<Condition>,
 }
@@ -128,3 +135,11 @@ impl Resource for IpamConfig {
 
 /// Name of the one `IpamConfig` object.
 pub const CLUSTER: &str = "cluster";
+
+/// The name of node `node`'s liveness lease (a `Lease` object the node's agent renews).
+pub fn node_lease_name(node: &str) -> String {
+    format!("node-{node}")
+}
+
+/// The name of the operators' leader-election lease.
+pub const OPERATOR_LEASE: &str = "ipam-operator";

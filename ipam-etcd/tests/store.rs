@@ -174,3 +174,14 @@ async fn quorum_lost_fails_clearly_and_recovers_without_reconnecting() {
     }
     panic!("store does not work again once a majority is back: {last_error}");
 }
+
+#[tokio::test]
+async fn one_leader_and_takeover_after_the_duration() {
+    conformance::one_leader_and_takeover_after_the_duration(&shared("lead").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_candidates_never_both_lead() {
+    conformance::concurrent_candidates_never_both_lead(std::sync::Arc::new(shared("race").await))
+        .await;
+}

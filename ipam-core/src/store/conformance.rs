@@ -89,3 +89,113 @@ pub async fn watch_sees_the_snapshot_then_every_change_in_order<S: Store>(s: &S)
         ["put x {\"size\":2}", "put x {\"size\":3}", "del before"]
     );
 }
+
+/// One candidate leads; another takes over only after seeing the lease unchanged for its whole
+/// duration, by which time the old leader has stopped acting; a released lease is taken at once.
+pub async fn one_leader_and_takeover_after_the_duration<S: Store>(s: &S) {
+    use std::time::{Duration, Instant};
+
+    use super::lease::{LeaderElection, Leadership};
+    let duration = Duration::from_millis(600);
+    let mut a = LeaderElection::new("operator", "a", duration);
+    let mut b = LeaderElection::new("operator", "b", duration);
+    assert_eq!(
+        a.step(s).await.unwrap(),
+        Leadership::Leading { acquired: true }
+    );
+    for _ in 0..8 {
+        assert_eq!(
+            b.step(s).await.unwrap(),
+            Leadership::Following { holder: "a".into() }
+        );
+        assert_eq!(
+            a.step(s).await.unwrap(),
+            Leadership::Leading { acquired: false }
+        );
+        assert!(a.is_leading() && !b.is_leading());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // a stops renewing (its process died).
+    let last_renewal = Instant::now();
+    loop {
+        match b.step(s).await.unwrap() {
+            Leadership::Leading { acquired } => {
+                assert!(acquired);
+                break;
+            }
+            Leadership::Following { holder } => assert_eq!(holder, "a"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        last_renewal.elapsed() >= duration,
+        "{:?}",
+        last_renewal.elapsed()
+    );
+    assert!(
+        !a.is_leading(),
+        "the old leader stopped acting before the takeover"
+    );
+    b.release(s).await.unwrap();
+    assert!(!b.is_leading());
+    assert_eq!(
+        a.step(s).await.unwrap(),
+        Leadership::Leading { acquired: true }
+    );
+}
+
+/// Candidates that step, pause (as a stalled or dead process) and come back: the intervals in
+/// which each may act never overlap with another's.
+pub async fn concurrent_candidates_never_both_lead<S: Store + 'static>(s: std::sync::Arc<S>) {
+    use std::time::{Duration, Instant};
+
+    use rand::{Rng as _, SeedableRng as _};
+
+    use super::lease::LeaderElection;
+    let name = format!("race-{}", rand::random::<u32>());
+    let tasks: Vec<_> = (0..6)
+        .map(|c| {
+            let (s, name) = (s.clone(), name.clone());
+            tokio::spawn(async move {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(c);
+                let mut e =
+                    LeaderElection::new(&name, &format!("c{c}"), Duration::from_millis(300));
+                let mut acting: Vec<(Instant, Instant)> = Vec::new();
+                let end = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < end {
+                    let _ = e.step(&*s).await;
+                    if let Some(until) = e.leading_until() {
+                        let now = Instant::now();
+                        if now < until {
+                            acting.push((now, until));
+                        }
+                    }
+                    let pause = if rng.random_ratio(1, 12) { 400 } else { 20 };
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                acting
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for (c, t) in tasks.into_iter().enumerate() {
+        for interval in t.await.unwrap() {
+            all.push((c, interval));
+        }
+    }
+    let leaders: std::collections::BTreeSet<usize> = all.iter().map(|(c, _)| *c).collect();
+    assert!(
+        leaders.len() > 1,
+        "the pauses made leadership move: {leaders:?}"
+    );
+    for (i, (c1, (s1, e1))) in all.iter().enumerate() {
+        for (c2, (s2, e2)) in &all[i + 1..] {
+            if c1 != c2 {
+                assert!(
+                    e1 <= s2 || e2 <= s1,
+                    "c{c1} and c{c2} both acted as leader at once"
+                );
+            }
+        }
+    }
+}

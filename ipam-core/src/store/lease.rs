@@ -1,7 +1,18 @@
 //! Leases on top of the store (the model of Kubernetes' coordination.k8s.io Lease): an object
-//! naming its holder, when it was last renewed and for how long it holds. Acquiring, renewing
-//! and taking over an expired lease are update-if-revision writes, so the same code works on
-//! every store and two candidates can never both win.
+//! naming its holder, renewed by rewriting it. Acquiring, renewing and taking over are
+//! update-if-revision writes, so the same code works on every store and two candidates can
+//! never both win one round.
+//!
+//! Expiry is judged by the observer's own monotonic clock, never by comparing the holder's
+//! wall-clock time with ours: a lease is expired when its revision has not changed for its
+//! whole duration *as seen here*. A holder on a host whose clock is off can therefore not look
+//! dead (or alive) to others, and an observer that just started waits a full duration before
+//! it calls anything expired.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -10,9 +21,11 @@ use super::{Resource, StoreError, TypedStore};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Lease {
+    /// Who holds it; empty when released.
     pub holder: String,
     pub duration_ms: u64,
-    /// Wall-clock milliseconds since the Unix epoch.
+    /// Wall-clock milliseconds since the Unix epoch at the last renewal: for people reading
+    /// the lease, not for deciding expiry.
     pub renew_time_ms: u64,
     /// How many times the lease changed hands.
     pub transitions: u64,
@@ -23,69 +36,8 @@ impl Resource for Lease {
 }
 
 impl Lease {
-    pub fn expired(&self, now_ms: u64) -> bool {
-        now_ms > self.renew_time_ms.saturating_add(self.duration_ms)
-    }
-}
-
-/// What an acquisition attempt gave.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseOutcome {
-    /// We hold it now (new, renewed, or taken over from an expired holder).
-    Held { transitions: u64 },
-    /// Someone else holds it for `remaining_ms` more.
-    HeldBy { holder: String, remaining_ms: u64 },
-}
-
-/// Acquires or renews lease `name` for `holder`, at wall-clock time `now_ms`.
-pub async fn try_acquire<S: TypedStore>(
-    store: &S,
-    name: &str,
-    holder: &str,
-    duration_ms: u64,
-    now_ms: u64,
-) -> Result<LeaseOutcome, StoreError> {
-    let mine = |transitions| Lease {
-        holder: holder.to_owned(),
-        duration_ms,
-        renew_time_ms: now_ms,
-        transitions,
-    };
-    let result = match store.get_typed::<Lease>(name).await? {
-        None => store.create_typed(name, &mine(0)).await.map(|_| 0),
-        Some(current) if current.value.holder == holder || current.value.expired(now_ms) => {
-            let transitions = current.value.transitions + u64::from(current.value.holder != holder);
-            store
-                .update_typed(name, &mine(transitions), current.revision)
-                .await
-                .map(|_| transitions)
-        }
-        Some(current) => {
-            return Ok(LeaseOutcome::HeldBy {
-                remaining_ms: (current.value.renew_time_ms + current.value.duration_ms)
-                    .saturating_sub(now_ms),
-                holder: current.value.holder,
-            });
-        }
-    };
-    match result {
-        Ok(transitions) => Ok(LeaseOutcome::Held { transitions }),
-        // Lost a race: whoever won holds it.
-        Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
-            let current = store.get_typed::<Lease>(name).await?;
-            Ok(match current {
-                Some(c) => LeaseOutcome::HeldBy {
-                    remaining_ms: (c.value.renew_time_ms + c.value.duration_ms)
-                        .saturating_sub(now_ms),
-                    holder: c.value.holder,
-                },
-                None => LeaseOutcome::HeldBy {
-                    holder: String::new(),
-                    remaining_ms: 0,
-                },
-            })
-        }
-        Err(e) => Err(e),
+    pub fn duration(&self) -> Duration {
+        Duration::from_millis(self.duration_ms)
     }
 }
 
@@ -96,76 +48,249 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Watches leases change, by name, on the local clock.
+#[derive(Debug, Default)]
+pub struct LeaseObserver {
+    /// name -> (revision last seen, or None for "no lease", and when it was first seen so).
+    seen: HashMap<String, (Option<u64>, Instant)>,
+}
+
+impl LeaseObserver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records the revision of lease `name` now (`None`: there is none).
+    pub fn observe(&mut self, name: &str, revision: Option<u64>, now: Instant) {
+        match self.seen.get_mut(name) {
+            Some((seen, since)) if *seen != revision => {
+                *seen = revision;
+                *since = now;
+            }
+            Some(_) => {}
+            None => {
+                self.seen.insert(name.to_owned(), (revision, now));
+            }
+        }
+    }
+
+    /// How long lease `name` has stayed as it is, as seen here (zero if never observed).
+    pub fn unchanged_for(&self, name: &str, now: Instant) -> Duration {
+        self.seen.get(name).map_or(Duration::ZERO, |(_, since)| {
+            now.saturating_duration_since(*since)
+        })
+    }
+
+    pub fn forget(&mut self, name: &str) {
+        self.seen.remove(name);
+    }
+}
+
+/// What a step of an election found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leadership {
+    /// We lead; `acquired` on the step that made us leader.
+    Leading { acquired: bool },
+    /// Someone else leads (empty when the lease was released and another won the race).
+    Following { holder: String },
+}
+
+/// One candidate in an election over lease `name`.
+///
+/// Call `step` every `renew_interval`. The leader acts only while `is_leading` holds, which
+/// ends `renew_deadline` after its last successful renewal; another candidate takes over only
+/// after seeing the lease unchanged for the full `duration`. The gap between the two keeps two
+/// leaders from ever acting at once, as long as a pass of the leader's work is shorter than
+/// the gap (it checks `is_leading` before each write).
+#[derive(Debug)]
+pub struct LeaderElection {
+    name: String,
+    identity: String,
+    duration: Duration,
+    renew_deadline: Duration,
+    observer: LeaseObserver,
+    renewed_at: Option<Instant>,
+}
+
+impl LeaderElection {
+    /// Leadership lasts `duration` without renewal; the leader stops acting after two thirds
+    /// of it.
+    pub fn new(name: &str, identity: &str, duration: Duration) -> Self {
+        Self {
+            name: name.to_owned(),
+            identity: identity.to_owned(),
+            duration,
+            renew_deadline: duration * 2 / 3,
+            observer: LeaseObserver::new(),
+            renewed_at: None,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// How often to call `step`.
+    pub fn renew_interval(&self) -> Duration {
+        self.duration / 5
+    }
+
+    /// Whether we may act as leader now.
+    pub fn is_leading(&self) -> bool {
+        self.leading_until()
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Until when we may act as leader, if we lead.
+    pub fn leading_until(&self) -> Option<Instant> {
+        self.renewed_at.map(|at| at + self.renew_deadline)
+    }
+
+    /// Acquires, renews or takes over the lease, or observes who holds it.
+    pub async fn step<S: TypedStore>(&mut self, store: &S) -> Result<Leadership, StoreError> {
+        // Taken before the request: the leader's deadline counts from before its write landed,
+        // every follower's patience from after it saw the write.
+        let now = Instant::now();
+        let was_leading = self.is_leading();
+        let mine = |transitions| Lease {
+            holder: self.identity.clone(),
+            duration_ms: self.duration.as_millis() as u64,
+            renew_time_ms: now_ms(),
+            transitions,
+        };
+        let current = store.get_typed::<Lease>(&self.name).await?;
+        self.observer
+            .observe(&self.name, current.as_ref().map(|c| c.revision), now);
+        let written = match current {
+            None => store.create_typed(&self.name, &mine(0)).await,
+            Some(c) if c.value.holder == self.identity => {
+                store
+                    .update_typed(&self.name, &mine(c.value.transitions), c.revision)
+                    .await
+            }
+            Some(c)
+                if c.value.holder.is_empty()
+                    || self.observer.unchanged_for(&self.name, now) >= c.value.duration() =>
+            {
+                store
+                    .update_typed(&self.name, &mine(c.value.transitions + 1), c.revision)
+                    .await
+            }
+            Some(c) => {
+                self.renewed_at = None;
+                return Ok(Leadership::Following {
+                    holder: c.value.holder,
+                });
+            }
+        };
+        match written {
+            Ok(_) => {
+                self.renewed_at = Some(now);
+                Ok(Leadership::Leading {
+                    acquired: !was_leading,
+                })
+            }
+            // Lost a race: whoever won holds it.
+            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
+                self.renewed_at = None;
+                let holder = store
+                    .get_typed::<Lease>(&self.name)
+                    .await?
+                    .map(|c| c.value.holder)
+                    .unwrap_or_default();
+                Ok(Leadership::Following { holder })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives the lease up (on a clean shutdown), so another candidate takes over at once.
+    pub async fn release<S: TypedStore>(&mut self, store: &S) -> Result<(), StoreError> {
+        self.renewed_at = None;
+        if let Some(c) = store.get_typed::<Lease>(&self.name).await?
+            && c.value.holder == self.identity
+        {
+            let released = Lease {
+                holder: String::new(),
+                ..c.value
+            };
+            match store.update_typed(&self.name, &released, c.revision).await {
+                Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Renews the lease `name` held by `holder` unconditionally (a node's liveness lease: only the
+/// node itself writes it).
+pub async fn renew<S: TypedStore>(
+    store: &S,
+    name: &str,
+    holder: &str,
+    duration: Duration,
+) -> Result<(), StoreError> {
+    let lease = |transitions| Lease {
+        holder: holder.to_owned(),
+        duration_ms: duration.as_millis() as u64,
+        renew_time_ms: now_ms(),
+        transitions,
+    };
+    loop {
+        let result = match store.get_typed::<Lease>(name).await? {
+            None => store.create_typed(name, &lease(0)).await.map(|_| ()),
+            Some(c) => store
+                .update_typed(name, &lease(c.value.transitions), c.revision)
+                .await
+                .map(|_| ()),
+        };
+        match result {
+            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
+            other => return other,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{conformance, embedded::EmbeddedStore};
+
+    #[test]
+    fn observer_counts_from_the_last_change_it_saw() {
+        let mut o = LeaseObserver::new();
+        let t0 = Instant::now();
+        o.observe("n", Some(5), t0);
+        o.observe("n", Some(5), t0 + Duration::from_secs(3));
+        assert_eq!(
+            o.unchanged_for("n", t0 + Duration::from_secs(4)),
+            Duration::from_secs(4)
+        );
+        o.observe("n", Some(6), t0 + Duration::from_secs(5));
+        assert_eq!(
+            o.unchanged_for("n", t0 + Duration::from_secs(6)),
+            Duration::from_secs(1)
+        );
+        // Never seen: no time has passed, whatever the clock says.
+        assert_eq!(o.unchanged_for("m", t0), Duration::ZERO);
+    }
 
     #[tokio::test]
-    async fn one_holder_at_a_time_and_takeover_after_expiry() {
+    async fn one_leader_and_takeover_after_the_duration() {
         let path = crate::test_util::TempPath::new("lease.redb");
-        let s = EmbeddedStore::open(&path).unwrap();
-        let t0 = 1_000_000;
-        assert_eq!(
-            try_acquire(&s, "l2-svc", "node-a", 2000, t0).await.unwrap(),
-            LeaseOutcome::Held { transitions: 0 }
-        );
-        assert_eq!(
-            try_acquire(&s, "l2-svc", "node-b", 2000, t0 + 500)
-                .await
-                .unwrap(),
-            LeaseOutcome::HeldBy {
-                holder: "node-a".into(),
-                remaining_ms: 1500
-            }
-        );
-        // node-a renews; node-b still waits.
-        assert!(matches!(
-            try_acquire(&s, "l2-svc", "node-a", 2000, t0 + 1500)
-                .await
-                .unwrap(),
-            LeaseOutcome::Held { .. }
-        ));
-        assert!(matches!(
-            try_acquire(&s, "l2-svc", "node-b", 2000, t0 + 3000)
-                .await
-                .unwrap(),
-            LeaseOutcome::HeldBy { .. }
-        ));
-        // node-a stops renewing (its node died): node-b takes over after expiry.
-        assert_eq!(
-            try_acquire(&s, "l2-svc", "node-b", 2000, t0 + 3600)
-                .await
-                .unwrap(),
-            LeaseOutcome::Held { transitions: 1 }
-        );
+        conformance::one_leader_and_takeover_after_the_duration(
+            &EmbeddedStore::open(&path).unwrap(),
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_candidates_never_both_win() {
+    async fn concurrent_candidates_never_both_lead() {
         let path = crate::test_util::TempPath::new("lease-race.redb");
-        let s = Arc::new(EmbeddedStore::open(&path).unwrap());
-        for round in 0..20u64 {
-            let name = format!("lease-{round}");
-            let tasks: Vec<_> = (0..8)
-                .map(|c| {
-                    let (s, name) = (s.clone(), name.clone());
-                    tokio::spawn(async move {
-                        try_acquire(&*s, &name, &format!("node-{c}"), 1000, 5000)
-                            .await
-                            .unwrap()
-                    })
-                })
-                .collect();
-            let mut winners = 0;
-            for t in tasks {
-                if matches!(t.await.unwrap(), LeaseOutcome::Held { .. }) {
-                    winners += 1;
-                }
-            }
-            assert_eq!(winners, 1, "round {round}");
-        }
+        conformance::concurrent_candidates_never_both_lead(std::sync::Arc::new(
+            EmbeddedStore::open(&path).unwrap(),
+        ))
+        .await;
     }
 }

@@ -44,6 +44,93 @@ pub struct Config {
     /// IP address management; absent means the daemon only announces.
     #[serde(default)]
     pub ipam: Option<IpamSettings>,
+    /// Where the cluster state lives.
+    #[serde(default)]
+    pub store: StoreSettings,
+    /// Timings of the cluster roles (leases, grace, resync).
+    #[serde(default)]
+    pub cluster: ClusterSettings,
+}
+
+/// The `[store]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    #[serde(default)]
+    pub kind: StoreKind,
+    /// The embedded store's file (`[ipam] store` sets it too, for older files).
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Required for `kind = "etcd"`.
+    #[serde(default)]
+    pub etcd: Option<ipam_etcd::EtcdConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// A database file on this node: one node, or a cluster run from one host.
+    #[default]
+    Embedded,
+    /// etcd v3: several nodes and operator replicas share the state.
+    Etcd,
+}
+
+/// The `[cluster]` section: timings of the agent and operator roles.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSettings {
+    /// A node's liveness lease lasts this long; the agent renews it three times as often.
+    pub node_lease_ms: u64,
+    /// A node whose lease stays unrenewed this long loses its blocks.
+    pub node_grace_ms: u64,
+    /// The leading operator's lease; another replica takes over this long after the leader
+    /// stopped renewing it.
+    pub operator_lease_ms: u64,
+    /// Controllers react to the store's watches, and run a full pass this often regardless.
+    pub resync_ms: u64,
+    /// This operator replica's name in the election; defaults to host name and process id.
+    pub identity: Option<String>,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        Self {
+            node_lease_ms: 15_000,
+            node_grace_ms: 60_000,
+            operator_lease_ms: 15_000,
+            resync_ms: 30_000,
+            identity: None,
+        }
+    }
+}
+
+impl ClusterSettings {
+    pub fn node_lease(&self) -> Duration {
+        Duration::from_millis(self.node_lease_ms)
+    }
+
+    pub fn node_renew_interval(&self) -> Duration {
+        self.node_lease() / 3
+    }
+
+    pub fn node_grace(&self) -> Duration {
+        Duration::from_millis(self.node_grace_ms)
+    }
+
+    pub fn operator_lease(&self) -> Duration {
+        Duration::from_millis(self.operator_lease_ms)
+    }
+
+    pub fn resync(&self) -> Duration {
+        Duration::from_millis(self.resync_ms)
+    }
+
+    pub fn identity(&self) -> String {
+        self.identity
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", default_node_name(), std::process::id()))
+    }
 }
 
 /// The `[ipam]` section (standalone role: operator and agent in this process, embedded store).
@@ -113,7 +200,7 @@ fn default_socket() -> PathBuf {
     PathBuf::from(ipam_api::DEFAULT_SOCKET)
 }
 
-fn default_store() -> PathBuf {
+pub(crate) fn default_store() -> PathBuf {
     PathBuf::from("/var/lib/ipam/store.redb")
 }
 
@@ -198,6 +285,20 @@ pub enum ConfigError {
         timeout: u64,
     },
     #[error(
+        "config file {path}: [store] kind = \"etcd\" needs a [store.etcd] section with the \
+         members' client URLs in endpoints"
+    )]
+    EtcdMissing { path: PathBuf },
+    #[error(
+        "config file {path}: [cluster] node_grace_ms ({grace}) must be at least node_lease_ms \
+         ({lease}), or nodes lose their blocks while their lease still holds"
+    )]
+    Grace {
+        path: PathBuf,
+        grace: u64,
+        lease: u64,
+    },
+    #[error(
         "config file {path}: IP {ip} is announced twice on interface {interface}; remove one of \
          the [[announcement]] entries"
     )]
@@ -247,6 +348,24 @@ impl Config {
                 timeout: d.liveness_timeout_ms,
             });
         }
+        if self.store.kind == StoreKind::Etcd
+            && self
+                .store
+                .etcd
+                .as_ref()
+                .is_none_or(|e| e.endpoints.is_empty())
+        {
+            return Err(ConfigError::EtcdMissing {
+                path: path.to_owned(),
+            });
+        }
+        if self.cluster.node_grace_ms < self.cluster.node_lease_ms {
+            return Err(ConfigError::Grace {
+                path: path.to_owned(),
+                grace: self.cluster.node_grace_ms,
+                lease: self.cluster.node_lease_ms,
+            });
+        }
         let mut seen = std::collections::BTreeSet::new();
         for a in &self.announcements {
             if let Some(why) = not_announceable(a.ip) {
@@ -266,6 +385,20 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The store as configured, with the embedded store's file resolved (`[store] path`, else
+    /// `[ipam] store`, else the default).
+    pub fn store_settings(&self) -> StoreSettings {
+        let mut store = self.store.clone();
+        if store.path.is_none() {
+            store.path = Some(
+                self.ipam
+                    .as_ref()
+                    .map_or_else(default_store, |i| i.store.clone()),
+            );
+        }
+        store
     }
 
     /// The attach mode configured for `interface` (the default when it is not listed).
@@ -394,6 +527,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("v5"), "{e}");
+    }
+
+    #[test]
+    fn store_and_cluster_sections() {
+        let c = parse(
+            r#"
+            [store]
+            kind = "etcd"
+            [store.etcd]
+            endpoints = ["http://127.0.0.1:2379", "http://127.0.0.1:22379"]
+            prefix = "/lab"
+            tls = { ca = "/etc/ipam/etcd-ca.pem", cert = "/etc/ipam/etcd.pem", key = "/etc/ipam/etcd-key.pem" }
+            [cluster]
+            node_lease_ms = 3000
+            node_grace_ms = 10000
+            "#,
+        )
+        .unwrap();
+        let etcd = c.store.etcd.as_ref().unwrap();
+        assert_eq!((c.store.kind, etcd.endpoints.len()), (StoreKind::Etcd, 2));
+        assert_eq!(etcd.prefix, "/lab");
+        assert_eq!(c.cluster.node_renew_interval(), Duration::from_secs(1));
+        assert_eq!(c.cluster.operator_lease_ms, 15_000);
+
+        let e = parse("[store]\nkind = \"etcd\"\n").unwrap_err().to_string();
+        assert!(e.contains("[store.etcd]") && e.contains("endpoints"), "{e}");
+        let e = parse("[cluster]\nnode_lease_ms = 5000\nnode_grace_ms = 1000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node_grace_ms") && e.contains("5000"), "{e}");
+        let e = parse("[store.etcd]\nendpoints = [\"x\"]\nport = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("port"), "{e}");
+        // Older files name the embedded store's file in [ipam].
+        let c = parse("[ipam]\nmode = \"cluster-pool\"\nstore = \"/x/s.redb\"\n").unwrap();
+        assert_eq!(c.store_settings().path.unwrap(), PathBuf::from("/x/s.redb"));
     }
 
     /// The configuration the README shows must stay valid.

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod datapath;

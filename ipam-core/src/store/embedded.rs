@@ -17,6 +17,7 @@ const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const REVISION: &str = "revision";
 
+#[derive(Clone)]
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
 }

@@ -1,11 +1,16 @@
-//! IPAM inside the standalone daemon: the embedded store, the mode check, pools from the
-//! configuration, the operator and the node agent, the node's router and health addresses, and
-//! the status it publishes for `ipamctl ipam status`.
+//! IPAM on a node: the node agent over the configured store, the node's liveness lease, the
+//! router and health addresses, and the status it publishes for `ipamctl ipam status`. The
+//! operator runs beside it in the standalone role (see `cluster::operator`), or elsewhere.
+//!
+//! The agent talks to the store when the store changes (a watch on its own record), when an
+//! allocation found no block, and on a periodic resync: never once per pod. A pod ADD is served
+//! from the node's blocks without any store round trip, so it works while the store is down.
 
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
 };
 
 use ipam_core::{
@@ -15,10 +20,10 @@ use ipam_core::{
     infra::{INFRA_RETRY_CAP, allocate_waiting},
     multipool::Watermarks,
     node::{HEALTH_OWNER, INGRESS_OWNER, ROUTER_OWNER},
-    operator::{Operator, OperatorError, record_mode},
-    resources::{NodeIpam, PodIpPool, PoolStatus},
-    store::{StoreError, TypedStore, embedded::EmbeddedStore},
+    resources::{NodeIpam, PodIpPool, PoolStatus, node_lease_name},
+    store::{Resource as _, StoreError, TypedStore, lease},
 };
+use tokio::sync::Notify;
 
 use super::{
     endpoints::Endpoints,
@@ -26,12 +31,18 @@ use super::{
     infra_state::InfraState,
     status::{PoolSummary, PublishedStatus, STATUS_FILE, write_status},
 };
-use crate::{api::server::Handler, config::IpamSettings, datapath::Datapath};
+use crate::{
+    api::server::Handler,
+    cluster::{
+        ClusterStore,
+        changes::{Interest, wake_on_changes},
+    },
+    config::{ClusterSettings, IpamSettings},
+    datapath::Datapath,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IpamRuntimeError {
-    #[error(transparent)]
-    Operator(#[from] OperatorError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -47,12 +58,21 @@ pub enum IpamRuntimeError {
 
 pub struct IpamRuntime {
     settings: IpamSettings,
-    store: Arc<EmbeddedStore>,
-    operator: Operator,
+    store: ClusterStore,
     agent: NodeAgent,
+    /// Signalled when the node's record or a pool changed in the store.
+    wake: Arc<Notify>,
+    /// The last store pass failed: the next one waits for the backoff.
+    store_retry: Backoff,
+    store_retry_at: Option<tokio::time::Instant>,
+    /// A pass was asked for by the allocations' demand flag and not yet made.
+    demand_seen: bool,
     infra: Arc<Mutex<InfraState>>,
     /// What was last written to status.json: unchanged status is not written again.
     published: Option<PublishedStatus>,
+    /// The pools and the node's conditions as last read from the store.
+    seen_pools: Vec<PoolSummary>,
+    seen_node_conditions: Vec<ipam_core::resources::Condition>,
     datapath: Arc<Mutex<Datapath>>,
     endpoints: Arc<Endpoints>,
     host: HostNetwork,
@@ -63,6 +83,9 @@ pub struct IpamRuntime {
 /// without CNI DEL leave entries behind until then).
 const ENDPOINT_CHECK_PASSES: u64 = 20;
 
+/// Longest wait between two store passes while the store is unreachable.
+const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
+
 fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
     std::fs::create_dir_all(path).map_err(|source| IpamRuntimeError::Dir {
         path: path.to_owned(),
@@ -71,19 +94,16 @@ fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
 }
 
 impl IpamRuntime {
-    /// Opens the store and the node state, refuses a changed mode, writes the configured pools,
-    /// and starts allocating the router and health addresses (waiting for a block if needed).
+    /// Restores the node state (before anything else: every later answer reflects it), starts
+    /// following the node's record and renewing its lease, and starts allocating the router
+    /// and health addresses (waiting for a block if needed). Needs no store to be reachable.
     pub async fn start(
         settings: IpamSettings,
+        store: ClusterStore,
+        cluster: &ClusterSettings,
         datapath: Arc<Mutex<Datapath>>,
     ) -> Result<Self, IpamRuntimeError> {
-        if let Some(dir) = settings.store.parent() {
-            mkdir(dir)?;
-        }
         mkdir(&settings.state_dir)?;
-        let store = Arc::new(EmbeddedStore::open(&settings.store)?);
-        record_mode(&*store, settings.mode).await?;
-        apply_pools(&*store, &settings).await?;
         let (agent, restored) = NodeAgent::open(
             &settings.state_dir,
             &settings.node_name,
@@ -106,14 +126,34 @@ impl IpamRuntime {
                 .map_err(IpamRuntimeError::Endpoints)?,
         );
         log_endpoint_report(&endpoints);
+        let wake = wake_on_changes(
+            store.clone(),
+            vec![
+                Interest::Named(NodeIpam::KIND, settings.node_name.clone()),
+                Interest::All(PodIpPool::KIND),
+            ],
+        );
+        if store.is_shared() {
+            tokio::spawn(renew_node_lease(
+                store.clone(),
+                settings.node_name.clone(),
+                cluster.node_lease(),
+                cluster.node_renew_interval(),
+            ));
+        }
         let runtime = Self {
-            operator: Operator::new(settings.mode),
             host: HostNetwork::new(settings.host_device.clone(), settings.uplinks.clone()),
             settings,
             store,
             agent,
+            wake,
+            store_retry: Backoff::new(STORE_RETRY_CAP),
+            store_retry_at: None,
+            demand_seen: false,
             infra: Arc::new(Mutex::new(InfraState::default())),
             published: None,
+            seen_pools: Vec::new(),
+            seen_node_conditions: Vec::new(),
             datapath,
             endpoints,
             passes: 0,
@@ -196,7 +236,8 @@ impl IpamRuntime {
         Arc::new(move |request| pods.handle(request))
     }
 
-    /// Reload: new pools (a mode change needs a restart and is refused).
+    /// Reload: new uplinks (a mode change needs a restart and is refused; pools go to the
+    /// operator).
     pub async fn reload(&mut self, settings: IpamSettings) -> Result<(), IpamRuntimeError> {
         if settings.mode != self.settings.mode {
             tracing::error!(
@@ -207,21 +248,20 @@ impl IpamRuntime {
             );
             return Ok(());
         }
-        apply_pools(&*self.store, &settings).await?;
         self.host.set_uplinks(settings.uplinks.clone());
         self.settings.pools = settings.pools;
         self.settings.uplinks = settings.uplinks;
         Ok(())
     }
 
-    /// One pass of the operator and the agent, then the published status.
-    pub async fn reconcile(&mut self) -> Result<(), IpamRuntimeError> {
-        let report = self.operator.reconcile(&*self.store).await?;
-        for (node, block) in &report.assigned {
-            tracing::info!(node = node.as_str(), pool = block.pool.as_str(), cidr = %block.cidr, "block assigned");
-        }
-        self.agent.sync(&*self.store).await?;
-        self.publish().await?;
+    /// Signalled when the store has something for the agent.
+    pub fn wake(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// The local pass, twice a second: the host device and routes, endpoint checks, and a
+    /// store pass when an allocation found no block (or a failed one's backoff is over).
+    pub async fn local_pass(&mut self) {
         let routers: Vec<IpAddr> = self
             .infra
             .lock()
@@ -236,11 +276,57 @@ impl IpamRuntime {
         if self.passes.is_multiple_of(ENDPOINT_CHECK_PASSES) {
             log_endpoint_report(&self.endpoints);
         }
-        Ok(())
+        if let Err(e) = self.publish() {
+            tracing::warn!("cannot publish the IPAM status: {e}");
+        }
+        let demand = self.agent.demand().load(Ordering::SeqCst);
+        let retry_due = self
+            .store_retry_at
+            .is_some_and(|at| tokio::time::Instant::now() >= at);
+        if (demand && !self.demand_seen) || retry_due {
+            self.demand_seen = demand;
+            self.store_pass().await;
+        }
+        if !demand {
+            self.demand_seen = false;
+        }
     }
 
-    async fn publish(&mut self) -> Result<(), IpamRuntimeError> {
-        let pools = self
+    /// A pass with the store: the agent's sync and the published status. Failures are
+    /// logged and retried with backoff; the node keeps serving from its blocks meanwhile.
+    pub async fn store_pass(&mut self) {
+        if self
+            .store_retry_at
+            .is_some_and(|at| tokio::time::Instant::now() < at)
+        {
+            return;
+        }
+        let result = async {
+            self.agent.sync(&self.store).await?;
+            self.refresh_from_store().await
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                if self.store_retry_at.take().is_some() {
+                    tracing::info!(store = self.store.describe(), "store reachable again");
+                }
+                self.store_retry.reset();
+            }
+            Err(e) => {
+                let delay = self.store_retry.next_delay();
+                tracing::warn!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "IPAM store pass failed (pods still get addresses from this node's blocks): {e}"
+                );
+                self.store_retry_at = Some(tokio::time::Instant::now() + delay);
+            }
+        }
+    }
+
+    /// Reads what the status shows of the store (pools, the node's conditions).
+    async fn refresh_from_store(&mut self) -> Result<(), IpamRuntimeError> {
+        self.seen_pools = self
             .store
             .list_typed::<PodIpPool>()
             .await?
@@ -256,10 +342,17 @@ impl IpamRuntime {
                 }
             })
             .collect();
-        let node = self
+        self.seen_node_conditions = self
             .store
             .get_typed::<NodeIpam>(&self.settings.node_name)
-            .await?;
+            .await?
+            .map(|n| n.value.status.conditions)
+            .unwrap_or_default();
+        Ok(())
+    }
+
+    /// Writes status.json from the node's state and what was last read from the store.
+    fn publish(&mut self) -> Result<(), IpamRuntimeError> {
         let alloc = self.agent.allocator();
         let InfraState {
             addresses: infra,
@@ -268,18 +361,19 @@ impl IpamRuntime {
         let status = PublishedStatus {
             node: self.settings.node_name.clone(),
             mode: Some(self.settings.mode),
-            pools,
+            pools: self.seen_pools.clone(),
             node_blocks: alloc.with(|a| {
                 let mut b = a.blocks(Family::V4);
                 b.extend(a.blocks(Family::V6));
                 b
             }),
-            node_conditions: node.map(|n| n.value.status.conditions).unwrap_or_default(),
+            node_conditions: self.seen_node_conditions.clone(),
             infra,
             waiting,
             allocations: alloc.with(|a| a.allocated(Family::V4) + a.allocated(Family::V6)),
         };
-        // Passes run twice a second; the file changes only when the status does (or was removed).
+        // Local passes run twice a second; the file changes only when the status does (or was
+        // removed).
         let file = self.settings.state_dir.join(STATUS_FILE);
         if self.published.as_ref() == Some(&status) && file.exists() {
             return Ok(());
@@ -295,42 +389,42 @@ impl IpamRuntime {
     }
 }
 
-/// Writes the configured pools into the store (creating or updating their specs).
-async fn apply_pools<S: TypedStore>(
-    store: &S,
-    settings: &IpamSettings,
-) -> Result<(), IpamRuntimeError> {
-    for p in &settings.pools {
-        loop {
-            let result = match store.get_typed::<PodIpPool>(&p.name).await? {
-                None => store
-                    .create_typed(
-                        &p.name,
-                        &PodIpPool {
-                            spec: p.spec.clone(),
-                            status: PoolStatus::default(),
-                        },
-                    )
-                    .await
-                    .map(|_| ()),
-                Some(cur) if cur.value.spec == p.spec => Ok(()),
-                Some(cur) => {
-                    let mut v = cur.value;
-                    v.spec = p.spec.clone();
-                    store
-                        .update_typed(&p.name, &v, cur.revision)
-                        .await
-                        .map(|_| ())
+/// Renews the node's liveness lease for as long as the daemon runs. Failures are logged once
+/// per outage; the operator frees the node's blocks only after the grace period.
+async fn renew_node_lease(
+    store: ClusterStore,
+    node: String,
+    duration: Duration,
+    interval: Duration,
+) {
+    let name = node_lease_name(&node);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing_since: Option<std::time::Instant> = None;
+    loop {
+        tick.tick().await;
+        match lease::renew(&store, &name, &node, duration).await {
+            Ok(()) => {
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(
+                        lease = name.as_str(),
+                        after_ms = since.elapsed().as_millis() as u64,
+                        "node lease renewed again"
+                    );
                 }
-            };
-            match result {
-                Ok(()) => break,
-                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
-                Err(e) => return Err(e.into()),
+            }
+            Err(e) => {
+                if failing_since.is_none() {
+                    failing_since = Some(std::time::Instant::now());
+                    tracing::warn!(
+                        lease = name.as_str(),
+                        "cannot renew the node lease; the node keeps its blocks unless this lasts \
+                         the grace period: {e}"
+                    );
+                }
             }
         }
     }
-    Ok(())
 }
 
 /// Reconciles the endpoint table with the datapath and logs what changed.

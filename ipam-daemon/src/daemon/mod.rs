@@ -1,6 +1,11 @@
-//! The `ipamd` main loop for the standalone role: keep the datapath in line with the
-//! configuration, prove liveness to the responders, and run IPAM (operator and agent) when the
-//! configuration has an `[ipam]` section.
+//! The `ipamd` main loop, for each role:
+//! - `standalone` (the default): everything in one process: datapath, node agent, and the
+//!   operator (on a shared store it takes part in the operators' election);
+//! - `agent`: one per node: datapath, node agent, liveness lease, local API; no operator;
+//! - `operator`: the cluster-wide controllers, any number of replicas, one leading; no datapath.
+//!
+//! The datapath follows the configuration and proves liveness to the responders; IPAM runs when
+//! the configuration has an `[ipam]` section.
 
 pub mod endpoints;
 mod host_network;
@@ -15,13 +20,20 @@ use std::{
     time::Duration,
 };
 
+use tokio::sync::{Notify, watch};
+
 use thiserror::Error;
 use tokio::signal::unix::{SignalKind, signal};
 
 use ipam_core::backoff::Backoff;
 
 use crate::{
-    config::{Config, ConfigError},
+    cluster::{
+        ClusterStore,
+        operator::{self as operator_role, OperatorSettings},
+        store::OpenStoreError,
+    },
+    config::{Config, ConfigError, StoreKind},
     datapath::{Datapath, DatapathError, EbpfLog},
     l2::announcer::{self, AnnounceError, ReconcileReport},
     net::iface,
@@ -41,22 +53,194 @@ pub enum DaemonError {
     Ipam(#[from] ipam::IpamRuntimeError),
     #[error(transparent)]
     Api(#[from] crate::api::server::ServerError),
+    #[error(transparent)]
+    Store(#[from] OpenStoreError),
+    #[error(
+        "the {role} role needs a store shared with the other nodes and operators: set [store] \
+         kind = \"etcd\" with the members in [store.etcd] endpoints"
+    )]
+    NeedsSharedStore { role: &'static str },
+    #[error("the operator role needs an [ipam] section (mode and pools)")]
+    OperatorWithoutIpam,
+    #[error(transparent)]
+    Mode(#[from] ipam_core::pool::ModeMismatch),
 }
 
-/// How often IPAM reconciles (operator and agent) in the standalone role.
-const IPAM_PASS: Duration = Duration::from_millis(500);
+/// Refuses to start with another IPAM mode than the cluster's (that needs a migration, not a
+/// restart). An unreachable store does not stop the start: the node serves from its blocks,
+/// and the operator records the mode once it can.
+async fn check_mode(
+    store: &ClusterStore,
+    mode: ipam_core::pool::IpamMode,
+) -> Result<(), DaemonError> {
+    use ipam_core::{
+        pool::check_mode,
+        resources::{CLUSTER, IpamConfig},
+        store::TypedStore as _,
+    };
+    match store.get_typed::<IpamConfig>(CLUSTER).await {
+        Ok(recorded) => Ok(check_mode(recorded.map(|r| r.value.mode), mode)?),
+        Err(e) => {
+            tracing::warn!(
+                store = store.describe(),
+                "cannot read the cluster's IPAM mode yet; checking it once the store answers: {e}"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Which part of the system this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Role {
+    /// Datapath, node agent and operator in one process.
+    #[default]
+    Standalone,
+    /// One per node: datapath and node agent.
+    Agent,
+    /// Cluster-wide controllers; replicas elect one leader.
+    Operator,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Standalone => "standalone",
+            Self::Agent => "agent",
+            Self::Operator => "operator",
+        }
+    }
+}
+
+/// How often the node's local IPAM pass runs (host device, routes, a pending block request).
+const LOCAL_PASS: Duration = Duration::from_millis(500);
 
 /// Longest wait between two attempts at an interface that is not there yet.
 const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// Runs until SIGTERM or SIGINT. Pins stay in place on exit: the responders keep answering until
 /// the liveness timeout passes, which is what lets a restart or upgrade go unnoticed.
-pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
-    let mut config = Config::load(&config_path)?;
+pub async fn run(config_path: PathBuf, role: Role) -> Result<(), DaemonError> {
+    let config = Config::load(&config_path)?;
+    if role != Role::Standalone && config.store.kind != StoreKind::Etcd {
+        return Err(DaemonError::NeedsSharedStore { role: role.name() });
+    }
+    if role == Role::Operator {
+        return run_operator(config_path, config).await;
+    }
+    run_node(config_path, config, role).await
+}
+
+/// Signals that stop or reload the daemon.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+enum SignalEvent {
+    Stop,
+    Reload,
+}
+
+impl Signals {
+    fn install() -> Result<Self, DaemonError> {
+        let install = |kind| signal(kind).map_err(DaemonError::Signal);
+        Ok(Self {
+            terminate: install(SignalKind::terminate())?,
+            interrupt: install(SignalKind::interrupt())?,
+            hangup: install(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> SignalEvent {
+        tokio::select! {
+            _ = self.terminate.recv() => SignalEvent::Stop,
+            _ = self.interrupt.recv() => SignalEvent::Stop,
+            _ = self.hangup.recv() => SignalEvent::Reload,
+        }
+    }
+}
+
+/// The operator task beside the node's work, and how to reload and stop it.
+struct OperatorTask {
+    pools: watch::Sender<Vec<crate::config::PoolConfig>>,
+    stop: watch::Sender<bool>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl OperatorTask {
+    fn spawn(store: ClusterStore, config: &Config) -> Option<Self> {
+        let ipam = config.ipam.as_ref()?;
+        let (pools, pools_rx) = watch::channel(ipam.pools.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        let settings = OperatorSettings {
+            mode: ipam.mode,
+            pools: ipam.pools.clone(),
+            cluster: config.cluster.clone(),
+            elect: store.is_shared(),
+        };
+        tracing::info!(
+            store = store.describe(),
+            elect = settings.elect,
+            "operator starting"
+        );
+        let handle = tokio::spawn(operator_role::run(store, settings, pools_rx, stop_rx));
+        Some(Self {
+            pools,
+            stop,
+            handle,
+        })
+    }
+
+    fn reload(&self, config: &Config) {
+        if let Some(ipam) = &config.ipam {
+            let _ = self.pools.send(ipam.pools.clone());
+        }
+    }
+
+    /// Stops the operator, giving it a moment to hand leadership over.
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.handle).await;
+    }
+}
+
+async fn run_operator(config_path: PathBuf, mut config: Config) -> Result<(), DaemonError> {
+    if config.ipam.is_none() {
+        return Err(DaemonError::OperatorWithoutIpam);
+    }
+    let store = ClusterStore::open(&config.store_settings()).await?;
+    check_mode(&store, config.ipam.as_ref().expect("checked above").mode).await?;
+    let task = OperatorTask::spawn(store, &config).expect("checked above");
+    let mut signals = Signals::install()?;
+    loop {
+        match signals.next().await {
+            SignalEvent::Stop => break,
+            SignalEvent::Reload => match Config::load(&config_path) {
+                Ok(new) => {
+                    tracing::info!(config = %config_path.display(), "configuration reloaded");
+                    task.reload(&new);
+                    config = new;
+                }
+                Err(e) => tracing::error!("keeping the running configuration: {e}"),
+            },
+        }
+    }
+    tracing::info!(
+        pools = config.ipam.map_or(0, |i| i.pools.len()),
+        "operator stopping"
+    );
+    task.stop().await;
+    Ok(())
+}
+
+async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Result<(), DaemonError> {
     let mut datapath =
         Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
     datapath.heartbeat(config.datapath.liveness_timeout())?;
     tracing::info!(
+        role = role.name(),
         root = %datapath.root().display(),
         ebpf_log_level = ?config.datapath.ebpf_log_level,
         "datapath loaded"
@@ -69,9 +253,21 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
 
     let mut retry = Backoff::new(RETRY_CAP);
     let mut retry_at = apply(&datapath, &config, &mut retry)?;
+    let mut operator = None;
     let mut ipam = match config.ipam.clone() {
         Some(settings) => {
-            let runtime = ipam::IpamRuntime::start(settings.clone(), datapath.clone()).await?;
+            let store = ClusterStore::open(&config.store_settings()).await?;
+            check_mode(&store, settings.mode).await?;
+            if role == Role::Standalone {
+                operator = OperatorTask::spawn(store.clone(), &config);
+            }
+            let runtime = ipam::IpamRuntime::start(
+                settings.clone(),
+                store,
+                &config.cluster,
+                datapath.clone(),
+            )
+            .await?;
             // State is restored by now: every answer of the API reflects it.
             let listener = crate::api::server::bind(&settings.socket)?;
             tokio::spawn(crate::api::server::serve(listener, runtime.api_handler()));
@@ -80,12 +276,13 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let mut ipam_pass = tokio::time::interval(IPAM_PASS);
-    ipam_pass.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let wake: Option<Arc<Notify>> = ipam.as_ref().map(|r| r.wake());
+    let mut local_pass = tokio::time::interval(LOCAL_PASS);
+    local_pass.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resync = tokio::time::interval(config.cluster.resync());
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
-    let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signal)?;
+    let mut signals = Signals::install()?;
     let mut heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -93,6 +290,12 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
         let retry_sleep = async {
             match retry_at {
                 Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let woken = async {
+            match &wake {
+                Some(w) => w.notified().await,
                 None => std::future::pending().await,
             }
         };
@@ -106,16 +309,24 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
             () = retry_sleep => {
                 retry_at = apply(&datapath, &config, &mut retry)?;
             }
-            _ = ipam_pass.tick(), if ipam.is_some() => {
-                if let Some(runtime) = ipam.as_mut()
-                    && let Err(e) = runtime.reconcile().await
-                {
-                    // Store trouble is retried on the next pass; the daemon does not exit.
-                    tracing::error!("IPAM pass failed, retrying: {e}");
+            _ = local_pass.tick(), if ipam.is_some() => {
+                if let Some(runtime) = ipam.as_mut() {
+                    runtime.local_pass().await;
                 }
             }
-            _ = hangup.recv() => {
-                match Config::load(&config_path) {
+            () = woken => {
+                if let Some(runtime) = ipam.as_mut() {
+                    runtime.store_pass().await;
+                }
+            }
+            _ = resync.tick(), if ipam.is_some() => {
+                if let Some(runtime) = ipam.as_mut() {
+                    runtime.store_pass().await;
+                }
+            }
+            event = signals.next() => match event {
+                SignalEvent::Stop => break,
+                SignalEvent::Reload => match Config::load(&config_path) {
                     Ok(new) if new.datapath.bpffs_root != config.datapath.bpffs_root => {
                         tracing::error!(
                             "not reloading {}: datapath.bpffs_root changed, which needs a restart",
@@ -129,17 +340,21 @@ pub async fn run(config_path: PathBuf) -> Result<(), DaemonError> {
                         {
                             tracing::error!("IPAM reload failed: {e}");
                         }
+                        if let Some(op) = &operator {
+                            op.reload(&new);
+                        }
                         config = new;
                         heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
                         retry.reset();
                         retry_at = apply(&datapath, &config, &mut retry)?;
                     }
                     Err(e) => tracing::error!("keeping the running configuration: {e}"),
-                }
-            }
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
+                },
+            },
         }
+    }
+    if let Some(op) = operator {
+        op.stop().await;
     }
     tracing::info!(
         "stopping; responders keep answering for up to {} ms, until the liveness timeout",

@@ -1,0 +1,270 @@
+//! The operator role: the cluster-wide IPAM controller (pools, blocks, node liveness), run by
+//! any number of replicas of which exactly one leads, through a lease in the store.
+//!
+//! A replica that becomes leader starts from an empty cache: its first pass restores the pools
+//! and every block held from the store before it decides anything, and it frees no node's
+//! blocks before it has itself seen that node's lease unrenewed for the whole grace period.
+
+use std::{sync::Arc, time::Duration};
+
+use ipam_core::{
+    backoff::Backoff,
+    operator::{Operator, OperatorError, Report, record_mode},
+    pool::IpamMode,
+    resources::{NodeIpam, OPERATOR_LEASE, PodIpPool},
+    store::{
+        Resource as _, Store, TypedStore,
+        lease::{LeaderElection, Leadership},
+    },
+};
+use tokio::sync::{Notify, watch};
+
+use super::changes::{Interest, wake_on_changes};
+use crate::config::{ClusterSettings, PoolConfig};
+
+/// Longest wait between two attempts while the store is unreachable.
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// What an operator replica needs to know.
+#[derive(Debug, Clone)]
+pub struct OperatorSettings {
+    pub mode: IpamMode,
+    /// Pools from the configuration, written to the store on start and on reload.
+    pub pools: Vec<PoolConfig>,
+    pub cluster: ClusterSettings,
+    /// Whether other replicas may run: then it leads only while it holds the lease.
+    pub elect: bool,
+}
+
+/// Runs the operator until `stop` turns true; on a clean stop it hands leadership over.
+pub async fn run<S: Store + Clone + 'static>(
+    store: S,
+    settings: OperatorSettings,
+    mut pools: watch::Receiver<Vec<PoolConfig>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let identity = settings.cluster.identity();
+    let mut backoff = Backoff::new(RETRY_CAP);
+    // Mode and pools first: every later decision depends on them.
+    loop {
+        let prepared = async {
+            record_mode(&store, settings.mode).await?;
+            apply_pools(&store, &settings.pools).await?;
+            Ok::<_, OperatorError>(())
+        };
+        match prepared.await {
+            Ok(()) => break,
+            // A changed mode is a configuration error; it will not fix itself, but the
+            // operator does not crash-loop over it either: it says so and waits.
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::error!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "operator waiting: {e}"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        }
+    }
+    backoff.reset();
+    let wake: Arc<Notify> = wake_on_changes(
+        store.clone(),
+        vec![
+            Interest::All(PodIpPool::KIND),
+            Interest::All(NodeIpam::KIND),
+        ],
+    );
+    let mut election =
+        LeaderElection::new(OPERATOR_LEASE, &identity, settings.cluster.operator_lease());
+    let mut elect_tick = tokio::time::interval(election.renew_interval());
+    elect_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Node leases lapse without any change to wake us: look at them this often.
+    let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
+    let mut resync = tokio::time::interval(settings.cluster.resync());
+    let mut operator: Option<Operator> = None;
+    let mut dirty = true;
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = elect_tick.tick(), if settings.elect => {
+                step_election(&store, &mut election, &mut operator, &settings, &identity).await;
+                dirty |= operator.is_some();
+            }
+            () = wake.notified() => dirty = true,
+            _ = liveness_tick.tick() => dirty = true,
+            _ = resync.tick() => dirty = true,
+            () = retry => { retry_at = None; dirty = true; }
+            changed = pools.changed() => {
+                if changed.is_err() { return; }
+                let new = pools.borrow_and_update().clone();
+                if let Err(e) = apply_pools(&store, &new).await {
+                    tracing::error!("cannot write the reloaded pools, keeping the old ones: {e}");
+                }
+            }
+            _ = stop.changed() => {
+                if settings.elect && election.is_leading() {
+                    match election.release(&store).await {
+                        Ok(()) => tracing::info!(identity, "operator leadership handed over"),
+                        Err(e) => tracing::warn!("cannot release the operator lease, another replica takes over when it lapses: {e}"),
+                    }
+                }
+                return;
+            }
+        }
+        if !settings.elect && operator.is_none() {
+            operator = Some(new_operator(&settings));
+        }
+        if !dirty || retry_at.is_some() {
+            continue;
+        }
+        let Some(op) = operator.as_mut() else {
+            continue;
+        };
+        if settings.elect && !election.is_leading() {
+            continue;
+        }
+        op.set_deadline(if settings.elect {
+            election.leading_until()
+        } else {
+            None
+        });
+        match op.reconcile(&store).await {
+            Ok(report) => {
+                dirty = false;
+                backoff.reset();
+                log_report(&report);
+            }
+            Err(OperatorError::NotLeading) => {
+                tracing::warn!("operator pass stopped: leadership could not be renewed in time");
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::error!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "operator pass failed, retrying: {e}"
+                );
+                retry_at = Some(tokio::time::Instant::now() + delay);
+            }
+        }
+    }
+}
+
+fn new_operator(settings: &OperatorSettings) -> Operator {
+    let op = Operator::new(settings.mode);
+    if settings.elect {
+        op.with_node_grace(settings.cluster.node_grace())
+    } else {
+        op
+    }
+}
+
+async fn step_election<S: Store>(
+    store: &S,
+    election: &mut LeaderElection,
+    operator: &mut Option<Operator>,
+    settings: &OperatorSettings,
+    identity: &str,
+) {
+    match election.step(store).await {
+        Ok(Leadership::Leading { acquired: true }) => {
+            tracing::info!(
+                identity,
+                "leading the operators; restoring state before deciding"
+            );
+            // A fresh controller: it restores pools and blocks from the store on its first
+            // pass, whatever a previous term of ours left in memory.
+            *operator = Some(new_operator(settings));
+        }
+        Ok(Leadership::Leading { acquired: false }) => {}
+        Ok(Leadership::Following { holder }) => {
+            if operator.take().is_some() {
+                tracing::warn!(
+                    identity,
+                    leader = holder.as_str(),
+                    "no longer leading the operators"
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(identity, "cannot renew the operator lease: {e}");
+            if !election.is_leading() && operator.take().is_some() {
+                tracing::warn!(
+                    identity,
+                    "stopped leading: the lease could not be renewed in time"
+                );
+            }
+        }
+    }
+}
+
+fn log_report(report: &Report) {
+    for (node, b) in &report.assigned {
+        tracing::info!(node = node.as_str(), pool = b.pool.as_str(), cidr = %b.cidr, "block assigned");
+    }
+    for (node, b) in &report.released {
+        tracing::info!(node = node.as_str(), pool = b.pool.as_str(), cidr = %b.cidr, "block released");
+    }
+    for (node, b) in &report.reclaimed {
+        tracing::info!(node = node.as_str(), pool = b.pool.as_str(), cidr = %b.cidr, "returning node got its block back");
+    }
+    for (node, b) in &report.lost {
+        tracing::warn!(node = node.as_str(), pool = b.pool.as_str(), cidr = %b.cidr, "returning node asked for a block another node holds now; it gets a new one");
+    }
+    for node in &report.expired_nodes {
+        tracing::warn!(
+            node = node.as_str(),
+            "node lease lapsed for the grace period; its blocks went back to the pools"
+        );
+    }
+    for (object, problem) in &report.problems {
+        tracing::warn!(object = object.as_str(), "{problem}");
+    }
+}
+
+/// Writes the configured pools into the store (creating or updating their specs).
+pub async fn apply_pools<S: TypedStore>(
+    store: &S,
+    pools: &[PoolConfig],
+) -> Result<(), ipam_core::store::StoreError> {
+    use ipam_core::{resources::PoolStatus, store::StoreError};
+    for p in pools {
+        loop {
+            let result = match store.get_typed::<PodIpPool>(&p.name).await? {
+                None => store
+                    .create_typed(
+                        &p.name,
+                        &PodIpPool {
+                            spec: p.spec.clone(),
+                            status: PoolStatus::default(),
+                        },
+                    )
+                    .await
+                    .map(|_| ()),
+                Some(cur) if cur.value.spec == p.spec => Ok(()),
+                Some(cur) => {
+                    let mut v = cur.value;
+                    v.spec = p.spec.clone();
+                    store
+                        .update_typed(&p.name, &v, cur.revision)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            match result {
+                Ok(()) => break,
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}

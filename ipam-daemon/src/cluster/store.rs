@@ -1,0 +1,125 @@
+//! The store the daemon runs on, as chosen in the configuration: the embedded database file
+//! (one node, the default) or etcd (many nodes sharing pools).
+
+use ipam_core::store::{RawObject, Store, StoreError, Watch, embedded::EmbeddedStore};
+use ipam_etcd::{EtcdError, EtcdStore};
+
+use crate::config::{StoreKind, StoreSettings, default_store};
+
+#[derive(Clone)]
+pub enum ClusterStore {
+    Embedded(EmbeddedStore),
+    /// Boxed: the etcd client is large, and the store is cloned into every task.
+    Etcd(std::sync::Arc<EtcdStore>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenStoreError {
+    #[error(transparent)]
+    Embedded(#[from] StoreError),
+    #[error("cannot use the etcd store: {0}")]
+    Etcd(#[from] EtcdError),
+    #[error("cannot create the directory of the embedded store {path}: {source}")]
+    Dir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl ClusterStore {
+    pub async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {
+        match settings.kind {
+            StoreKind::Embedded => {
+                let path = settings.path.clone().unwrap_or_else(default_store);
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).map_err(|source| OpenStoreError::Dir {
+                        path: dir.to_owned(),
+                        source,
+                    })?;
+                }
+                Ok(Self::Embedded(EmbeddedStore::open(&path)?))
+            }
+            StoreKind::Etcd => {
+                let config = settings
+                    .etcd
+                    .clone()
+                    .expect("configuration validation requires [store.etcd] for kind etcd");
+                Ok(Self::Etcd(std::sync::Arc::new(
+                    EtcdStore::connect(config).await?,
+                )))
+            }
+        }
+    }
+
+    /// Whether other processes (other nodes, operator replicas) share this store.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Self::Etcd(_))
+    }
+
+    /// Where the state lives, for logs and `ipamctl`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Embedded(_) => "embedded store".to_owned(),
+            Self::Etcd(s) => format!(
+                "etcd {} (prefix {})",
+                s.config().endpoint_list(),
+                s.config().prefix
+            ),
+        }
+    }
+}
+
+impl Store for ClusterStore {
+    async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
+        match self {
+            Self::Embedded(s) => s.get(kind, name).await,
+            Self::Etcd(s) => s.get(kind, name).await,
+        }
+    }
+
+    async fn list(&self, kind: &str) -> Result<Vec<RawObject>, StoreError> {
+        match self {
+            Self::Embedded(s) => s.list(kind).await,
+            Self::Etcd(s) => s.list(kind).await,
+        }
+    }
+
+    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<u64, StoreError> {
+        match self {
+            Self::Embedded(s) => s.create(kind, name, value).await,
+            Self::Etcd(s) => s.create(kind, name, value).await,
+        }
+    }
+
+    async fn update(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: u64,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Self::Embedded(s) => s.update(kind, name, value, expected).await,
+            Self::Etcd(s) => s.update(kind, name, value, expected).await,
+        }
+    }
+
+    async fn delete(
+        &self,
+        kind: &str,
+        name: &str,
+        expected: Option<u64>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Self::Embedded(s) => s.delete(kind, name, expected).await,
+            Self::Etcd(s) => s.delete(kind, name, expected).await,
+        }
+    }
+
+    async fn watch(&self, kind: &str) -> Result<Watch, StoreError> {
+        match self {
+            Self::Embedded(s) => s.watch(kind).await,
+            Self::Etcd(s) => s.watch(kind).await,
+        }
+    }
+}

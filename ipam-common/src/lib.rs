@@ -39,6 +39,10 @@ pub mod map_names {
     pub const POD_ENDPOINTS: &str = "POD_ENDPOINTS";
     /// Per-CPU counters indexed by `pod::PodStat`.
     pub const POD_DATAPATH_STATS: &str = "POD_DATAPATH_STATS";
+    /// LPM trie `remote pod CIDR -> RemoteRoute`: the other nodes' blocks and how to reach them.
+    pub const POD_ROUTES: &str = "POD_ROUTES";
+    /// Per-CPU counters indexed by `pod::RouteStat`.
+    pub const POD_ROUTE_STATS: &str = "POD_ROUTE_STATS";
 }
 
 /// Key and value sizes of every map, as the eBPF side declares them. The daemon refuses a pinned
@@ -64,12 +68,14 @@ pub mod map_layouts {
     }
 
     /// Arrays are indexed by `u32`; counters are `u64` per CPU.
-    pub const ALL: [MapLayout; 5] = [
+    pub const ALL: [MapLayout; 7] = [
         layout::<l2::ResponderKey, l2::L2Announcement>(map_names::L2_RESPONDER),
         layout::<u32, l2::ResponderConfig>(map_names::L2_RESPONDER_CONFIG),
         layout::<u32, u64>(map_names::L2_RESPONDER_STATS),
         layout::<pod::EndpointKey, pod::PodEndpoint>(map_names::POD_ENDPOINTS),
         layout::<u32, u64>(map_names::POD_DATAPATH_STATS),
+        layout::<pod::RouteKey, pod::RemoteRoute>(map_names::POD_ROUTES),
+        layout::<u32, u64>(map_names::POD_ROUTE_STATS),
     ];
 
     /// The layout of map `name`, if the object has such a map.

@@ -43,6 +43,58 @@ pub struct PodEndpoint {
 }
 const _: () = assert!(core::mem::size_of::<PodEndpoint>() == 16);
 
+/// Maximum number of remote pod CIDRs (blocks of other nodes, all families) in the route map.
+pub const POD_ROUTES_CAPACITY: usize = 65_536;
+
+/// Key of the route map as the kernel's LPM trie reads it: a prefix length in bits, then the
+/// address, IPv4 stored IPv4-mapped like the endpoint key (so an IPv4 /24 has prefix 96 + 24).
+#[repr(C, packed)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteKey {
+    pub prefix_len: u32,
+    pub addr: [u8; 16],
+}
+const _: () = assert!(core::mem::size_of::<RouteKey>() == 20);
+
+/// Address family numbers of `bpf_redir_neigh.nh_family` (Linux's AF_INET and AF_INET6).
+pub const AF_INET: u32 = 2;
+pub const AF_INET6: u32 = 10;
+
+/// Value of the route map: where a remote pod CIDR lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRoute {
+    /// The node that holds the block, as the next hop: IPv4-mapped for `AF_INET`.
+    pub next_hop: [u8; 16],
+    /// `AF_INET` or `AF_INET6`: the family of `next_hop`.
+    pub family: u32,
+    /// The uplink the node is reached through; the kernel resolves the next hop's MAC there.
+    pub uplink_ifindex: u32,
+}
+const _: () = assert!(core::mem::size_of::<RemoteRoute>() == 24);
+
+/// Indexes of the cross-node routing counters.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteStat {
+    /// Packets from local pods sent to another node's pod (`bpf_redirect_neigh`).
+    Forwarded = 0,
+    /// Packets for a remote pod left to the kernel because their hop limit ran out.
+    HopLimitToStack = 1,
+}
+
+impl RouteStat {
+    pub const COUNT: usize = 2;
+    pub const ALL: [RouteStat; Self::COUNT] = [Self::Forwarded, Self::HopLimitToStack];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Forwarded => "forwarded",
+            Self::HopLimitToStack => "hop_limit_to_stack",
+        }
+    }
+}
+
 /// Indexes of the pod datapath's per-CPU counters.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,4 +138,6 @@ mod user {
     unsafe impl aya::Pod for super::EndpointKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PodEndpoint {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RemoteRoute {}
 }

@@ -37,6 +37,8 @@ pub struct NodeAgent {
     empty_since: BTreeMap<Cidr, Instant>,
     /// Blocks another node holds now, still in use here (logged once).
     retired: BTreeSet<Cidr>,
+    /// The node's addresses between nodes, published in its record for the others' routes.
+    addresses: Vec<std::net::IpAddr>,
     release_grace: Duration,
 }
 
@@ -81,6 +83,7 @@ impl NodeAgent {
                 releasing: BTreeSet::new(),
                 empty_since: BTreeMap::new(),
                 retired: BTreeSet::new(),
+                addresses: Vec::new(),
                 release_grace: RELEASE_GRACE,
             },
             report,
@@ -94,6 +97,11 @@ impl NodeAgent {
     /// The flag allocations set when they found no block, and clear once served.
     pub fn demand(&self) -> Arc<AtomicBool> {
         self.demand.clone()
+    }
+
+    /// The node's addresses between nodes (written to its record on the next sync).
+    pub fn set_addresses(&mut self, addresses: Vec<std::net::IpAddr>) {
+        self.addresses = addresses;
     }
 
     /// Shortens the grace before empty blocks go back (tests).
@@ -111,6 +119,7 @@ impl NodeAgent {
                         pools: Vec::new(),
                         pod_cidrs: self.pod_cidrs.clone(),
                         reclaim: Vec::new(),
+                        addresses: self.addresses.clone(),
                     },
                     ..NodeIpam::default()
                 };
@@ -147,9 +156,11 @@ impl NodeAgent {
             }
         }
         if self.mode != IpamMode::MultiPool {
-            if reclaim != record.value.spec.reclaim {
+            if reclaim != record.value.spec.reclaim || self.addresses != record.value.spec.addresses
+            {
                 let mut updated = record.value.clone();
                 updated.spec.reclaim = reclaim;
+                updated.spec.addresses = self.addresses.clone();
                 store
                     .update_unless_changed(&self.node, &updated, record.revision)
                     .await?;
@@ -213,10 +224,14 @@ impl NodeAgent {
                 });
             }
         }
-        if requests != record.value.spec.pools || reclaim != record.value.spec.reclaim {
+        if requests != record.value.spec.pools
+            || reclaim != record.value.spec.reclaim
+            || self.addresses != record.value.spec.addresses
+        {
             let mut updated = record.value.clone();
             updated.spec.pools = requests;
             updated.spec.reclaim = reclaim;
+            updated.spec.addresses = self.addresses.clone();
             store
                 .update_unless_changed(&self.node, &updated, record.revision)
                 .await?;

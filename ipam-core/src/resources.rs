@@ -91,6 +91,10 @@ pub struct NodeIpamSpec {
     /// lapsed): the operator gives each back if it is still free, else lists it as lost.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reclaim: Vec<AllocatedBlock>,
+    /// The node's own addresses on the network between nodes (one per family), where other
+    /// nodes send traffic for this node's pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

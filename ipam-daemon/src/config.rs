@@ -173,6 +173,10 @@ pub struct IpamSettings {
     /// attached there so it reaches pods without the host's routing.
     #[serde(default)]
     pub uplinks: Vec<String>,
+    /// The node's addresses on the network between nodes (one per family), where the other
+    /// nodes route this node's pod CIDRs; by default the first uplink's addresses.
+    #[serde(default)]
+    pub node_addresses: Vec<IpAddr>,
     /// Pools written to the store on start and on reload.
     #[serde(default, rename = "pool")]
     pub pools: Vec<PoolConfig>,

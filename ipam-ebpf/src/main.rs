@@ -21,8 +21,8 @@ mod pod_datapath;
 #[cfg(target_arch = "bpf")]
 mod programs {
     use aya_ebpf::{
-        bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
-        helpers::{bpf_redirect, bpf_redirect_peer},
+        bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_redir_neigh, xdp_action},
+        helpers::{bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer},
         macros::{classifier, xdp},
         programs::{TcContext, XdpContext},
     };
@@ -105,6 +105,41 @@ mod programs {
             pod_datapath::Verdict::Deliver { host_ifindex } => unsafe {
                 bpf_redirect_peer(host_ifindex, 0) as i32
             },
+            pod_datapath::Verdict::Forward { route } => forward(&route),
+        }
+    }
+
+    /// Out of the uplink to the node that holds the destination's block: the kernel finds the
+    /// next hop's MAC in its neighbour table (resolving it when needed), so no route of the
+    /// host is consulted.
+    #[inline(always)]
+    fn forward(route: &ipam_common::pod::RemoteRoute) -> i32 {
+        let nh = route.next_hop;
+        let mut params = bpf_redir_neigh {
+            nh_family: route.family,
+            __bindgen_anon_1: if route.family == ipam_common::pod::AF_INET {
+                aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 {
+                    ipv4_nh: u32::from_ne_bytes([nh[12], nh[13], nh[14], nh[15]]),
+                }
+            } else {
+                aya_ebpf::bindings::bpf_redir_neigh__bindgen_ty_1 {
+                    ipv6_nh: [
+                        u32::from_ne_bytes([nh[0], nh[1], nh[2], nh[3]]),
+                        u32::from_ne_bytes([nh[4], nh[5], nh[6], nh[7]]),
+                        u32::from_ne_bytes([nh[8], nh[9], nh[10], nh[11]]),
+                        u32::from_ne_bytes([nh[12], nh[13], nh[14], nh[15]]),
+                    ],
+                }
+            },
+        };
+        // SAFETY: plain helper call with a parameter block on our stack; flags must be 0.
+        unsafe {
+            bpf_redirect_neigh(
+                route.uplink_ifindex,
+                &mut params,
+                core::mem::size_of::<bpf_redir_neigh>() as i32,
+                0,
+            ) as i32
         }
     }
 

@@ -1,12 +1,15 @@
 //! The maps of the eBPF object. Their names (the static names) and capacities are defined in
 //! `ipam-common`, which the daemon reads too.
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
 use ipam_common::{
     l2::{L2_RESPONDER_CAPACITY, L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
-    pod::{EndpointKey, POD_ENDPOINTS_CAPACITY, PodEndpoint, PodStat},
+    pod::{
+        EndpointKey, POD_ENDPOINTS_CAPACITY, POD_ROUTES_CAPACITY, PodEndpoint, PodStat,
+        RemoteRoute, RouteStat,
+    },
 };
 
 #[btf_map]
@@ -39,6 +42,23 @@ pub static POD_DATAPATH_STATS: PerCpuArray<u64, { PodStat::COUNT }> = PerCpuArra
 #[inline(always)]
 pub fn count_pod(stat: PodStat) {
     if let Some(counter) = POD_DATAPATH_STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, only this program on this CPU writes it (no preemption in BPF).
+        unsafe { *counter += 1 };
+    }
+}
+
+/// The other nodes' pod CIDRs (keys as `ipam_common::pod::RouteKey`: prefix length, then the
+/// address, IPv4-mapped).
+#[btf_map]
+pub static POD_ROUTES: LpmTrie<[u8; 16], RemoteRoute, POD_ROUTES_CAPACITY> = LpmTrie::new();
+
+#[btf_map]
+pub static POD_ROUTE_STATS: PerCpuArray<u64, { RouteStat::COUNT }> = PerCpuArray::new();
+
+/// Adds one to a routing counter of this CPU.
+#[inline(always)]
+pub fn count_route(stat: RouteStat) {
+    if let Some(counter) = POD_ROUTE_STATS.get_ptr_mut(stat as u32) {
         // SAFETY: per-CPU slot, only this program on this CPU writes it (no preemption in BPF).
         unsafe { *counter += 1 };
     }

@@ -3,7 +3,10 @@
 //!
 //! - A packet for a pod of this node is handed straight to that pod (`bpf_redirect_peer` into
 //!   its veth peer), skipping the host's routing, neighbour and qdisc layers.
-//! - Everything else goes to the kernel stack (host addresses, other nodes, the outside).
+//! - A packet for a pod of another node (a block in the route map) is routed out of the uplink
+//!   towards that node with `bpf_redirect_neigh`: the kernel resolves the next hop's MAC, and
+//!   the host's routing table is not consulted.
+//! - Everything else goes to the kernel stack (host addresses, the outside).
 //! - A packet from a pod must carry one of that pod's addresses as its source, and arrive on that
 //!   pod's veth; anything else is dropped and counted (no spoofing).
 //!
@@ -13,11 +16,12 @@
 //! Written against a [`Frame`] like the responder; the entry points only pull headers into the
 //! linear area and turn the [`Verdict`] into a TC action.
 
+use aya_ebpf::btf_maps::lpm_trie::Key;
 use aya_log_ebpf::warn;
-use ipam_common::pod::{EndpointKey, PodEndpoint, PodStat};
+use ipam_common::pod::{EndpointKey, PodEndpoint, PodStat, RemoteRoute, RouteStat};
 
 use crate::{
-    maps::{POD_ENDPOINTS, count_pod},
+    maps::{POD_ENDPOINTS, POD_ROUTES, count_pod, count_route},
     packet::{ETH_HLEN, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, EthHdr, Frame, Ipv4Hdr, Ipv6Hdr},
 };
 
@@ -32,6 +36,8 @@ pub enum Verdict {
     Drop,
     /// The frame was rewritten for a local pod: redirect it into the peer of this host-side veth.
     Deliver { host_ifindex: u32 },
+    /// For a pod on another node: send it out of the uplink towards that node.
+    Forward { route: RemoteRoute },
 }
 
 /// A frame a pod sent, received on its host-side veth `ifindex`.
@@ -57,7 +63,10 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
                 );
                 return dropped(PodStat::SpoofDropped);
             }
-            to_stack_unless_local(deliver_v4(eth, ip))
+            to_stack_unless_local(match deliver_v4(eth, ip) {
+                Verdict::Stack => route_v4(ip),
+                delivered => delivered,
+            })
         }
         ETH_P_IPV6 => {
             let Some(ip6) = frame.ptr_at::<Ipv6Hdr>(ETH_HLEN) else {
@@ -79,7 +88,10 @@ pub fn from_container(frame: &mut Frame, ifindex: u32) -> Verdict {
                 );
                 return dropped(PodStat::SpoofDropped);
             }
-            to_stack_unless_local(deliver_v6(eth, ip6))
+            to_stack_unless_local(match deliver_v6(eth, ip6) {
+                Verdict::Stack => route_v6(ip6),
+                delivered => delivered,
+            })
         }
         ETH_P_ARP => {
             count_pod(PodStat::ToStack);
@@ -164,6 +176,40 @@ fn deliver_v6(eth: &mut EthHdr, ip6: &mut Ipv6Hdr) -> Verdict {
     ip6.hop_limit -= 1;
     // SAFETY: the map returned a valid pointer to the value.
     hand_over(eth, unsafe { &*endpoint })
+}
+
+/// A packet for a pod of another node: its hop limit counted down, routed to that node.
+#[inline(always)]
+fn route_v4(ip: &mut Ipv4Hdr) -> Verdict {
+    let key = Key::new(128, ipam_common::ipv4_mapped(ip.dst_addr));
+    let Some(route) = POD_ROUTES.get(&key) else {
+        return Verdict::Stack;
+    };
+    if ip.ttl <= 1 {
+        count_route(RouteStat::HopLimitToStack);
+        return Verdict::Stack;
+    }
+    let old = u16::from_be_bytes([ip.ttl, ip.proto]);
+    ip.ttl -= 1;
+    let new = u16::from_be_bytes([ip.ttl, ip.proto]);
+    ip.check = checksum_update(u16::from_be_bytes(ip.check), old, new).to_be_bytes();
+    count_route(RouteStat::Forwarded);
+    Verdict::Forward { route: *route }
+}
+
+#[inline(always)]
+fn route_v6(ip6: &mut Ipv6Hdr) -> Verdict {
+    let key = Key::new(128, ip6.dst_addr);
+    let Some(route) = POD_ROUTES.get(&key) else {
+        return Verdict::Stack;
+    };
+    if ip6.hop_limit <= 1 {
+        count_route(RouteStat::HopLimitToStack);
+        return Verdict::Stack;
+    }
+    ip6.hop_limit -= 1;
+    count_route(RouteStat::Forwarded);
+    Verdict::Forward { route: *route }
 }
 
 /// Addresses the frame from the pod's gateway to the pod, for redirection into its veth peer.

@@ -44,6 +44,8 @@ struct Member {
 
 pub struct EtcdCluster {
     members: Vec<Member>,
+    /// The network namespace the members run in (the root namespace's loopback when `None`).
+    netns: Option<PathBuf>,
     initial_cluster: String,
     token: String,
     tls: Option<ServerTls>,
@@ -62,6 +64,22 @@ impl EtcdCluster {
 
     /// Starts `size` members serving clients over TLS.
     pub fn start_with(size: usize, tls: Option<ServerTls>) -> std::io::Result<Self> {
+        Self::start_on(size, tls, None, Ipv4Addr::LOCALHOST)
+    }
+
+    /// Starts `size` members inside the network namespace at `netns` (a path such as
+    /// `/run/netns/<name>`), listening on `ip` there: for tests whose nodes live in namespaces
+    /// and reach the store over their own network.
+    pub fn start_in_netns(size: usize, netns: &Path, ip: Ipv4Addr) -> std::io::Result<Self> {
+        Self::start_on(size, None, Some(netns.to_owned()), ip)
+    }
+
+    fn start_on(
+        size: usize,
+        tls: Option<ServerTls>,
+        netns: Option<PathBuf>,
+        ip: Ipv4Addr,
+    ) -> std::io::Result<Self> {
         remove_stale_dirs();
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
@@ -70,9 +88,10 @@ impl EtcdCluster {
         let members: Vec<Member> = (0..size)
             .map(|i| {
                 let name = format!("m{i}");
+                // Ports free on the host's loopback are as good as any in a fresh namespace.
                 Ok(Member {
-                    client_url: format!("{scheme}://127.0.0.1:{}", free_port()?),
-                    peer_url: format!("http://127.0.0.1:{}", free_port()?),
+                    client_url: format!("{scheme}://{ip}:{}", free_port()?),
+                    peer_url: format!("http://{ip}:{}", free_port()?),
                     data_dir: dir.path().join(&name),
                     name,
                     child: None,
@@ -91,6 +110,7 @@ impl EtcdCluster {
         );
         let mut cluster = Self {
             members,
+            netns,
             initial_cluster,
             token,
             tls,
@@ -175,16 +195,30 @@ impl EtcdCluster {
     }
 
     fn healthy(&self, m: &Member) -> bool {
-        let port = m
+        let Some(address) = m
             .client_url
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse::<u16>().ok())
-            .unwrap_or(0);
-        let Ok(mut stream) = TcpStream::connect_timeout(
-            &(Ipv4Addr::LOCALHOST, port).into(),
-            Duration::from_millis(200),
-        ) else {
+            .split("://")
+            .nth(1)
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        else {
+            return false;
+        };
+        let connected = match &self.netns {
+            None => TcpStream::connect_timeout(&address, Duration::from_millis(200)),
+            Some(netns) => {
+                let netns = netns.clone();
+                std::thread::spawn(move || {
+                    let file = std::fs::File::open(&netns)?;
+                    // Only this thread enters the namespace; the socket stays in it.
+                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)?;
+                    TcpStream::connect_timeout(&address, Duration::from_millis(200))
+                })
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("probe thread panicked")))
+            }
+        };
+        let Ok(mut stream) = connected else {
             return false;
         };
         if self.tls.is_some() {
@@ -211,7 +245,14 @@ impl EtcdCluster {
             .create(true)
             .append(true)
             .open(log_path(&m.data_dir))?;
-        let mut command = Command::new("etcd");
+        let mut command = match &self.netns {
+            None => Command::new("etcd"),
+            Some(netns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", netns.display())).arg("etcd");
+                c
+            }
+        };
         command
             .args(["--name", &m.name])
             .arg("--data-dir")

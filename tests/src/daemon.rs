@@ -20,6 +20,11 @@ impl Daemon {
     /// Starts `ipamd -c config` in `ns` (entered with nsenter, which keeps the host's bpffs
     /// visible; `ip netns exec` would remount /sys and hide it).
     pub fn start(ns: &Netns, config: &Path) -> Self {
+        Self::start_with(ns, config, &[])
+    }
+
+    /// As `start`, with more arguments (`--role agent`, say).
+    pub fn start_with(ns: &Netns, config: &Path, args: &[&str]) -> Self {
         let log = config.with_extension(format!("{}.log", crate::unique("")));
         let file = std::fs::File::create(&log).expect("daemon log");
         let child = Command::new("nsenter")
@@ -27,6 +32,7 @@ impl Daemon {
             .arg(workspace_binary("ipamd"))
             .arg("--config")
             .arg(config)
+            .args(args)
             .env("RUST_BACKTRACE", "0")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -73,6 +73,8 @@ pub struct IpamRuntime {
     /// The pools and the node's conditions as last read from the store.
     seen_pools: Vec<PoolSummary>,
     seen_node_conditions: Vec<ipam_core::resources::Condition>,
+    /// The node's addresses between nodes, as last published.
+    node_addresses: Vec<IpAddr>,
     datapath: Arc<Mutex<Datapath>>,
     endpoints: Arc<Endpoints>,
     host: HostNetwork,
@@ -82,6 +84,9 @@ pub struct IpamRuntime {
 /// Endpoints are checked against the node's interfaces every this many passes (pods deleted
 /// without CNI DEL leave entries behind until then).
 const ENDPOINT_CHECK_PASSES: u64 = 20;
+
+/// The node's addresses between nodes are looked up every this many local passes.
+const ADDRESS_CHECK_PASSES: u64 = 10;
 
 /// Longest wait between two store passes while the store is unreachable.
 const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
@@ -133,6 +138,14 @@ impl IpamRuntime {
                 Interest::All(PodIpPool::KIND),
             ],
         );
+        if let Some(uplink) = settings.uplinks.first() {
+            tokio::spawn(super::routes::run(
+                store.clone(),
+                settings.node_name.clone(),
+                uplink.clone(),
+                datapath.clone(),
+            ));
+        }
         if store.is_shared() {
             tokio::spawn(renew_node_lease(
                 store.clone(),
@@ -154,6 +167,7 @@ impl IpamRuntime {
             published: None,
             seen_pools: Vec::new(),
             seen_node_conditions: Vec::new(),
+            node_addresses: Vec::new(),
             datapath,
             endpoints,
             passes: 0,
@@ -278,6 +292,23 @@ impl IpamRuntime {
         }
         if let Err(e) = self.publish() {
             tracing::warn!("cannot publish the IPAM status: {e}");
+        }
+        if self.passes % ADDRESS_CHECK_PASSES == 1 {
+            let addresses = if self.settings.node_addresses.is_empty() {
+                self.settings
+                    .uplinks
+                    .first()
+                    .map(|u| super::routes::uplink_addresses(u))
+                    .unwrap_or_default()
+            } else {
+                self.settings.node_addresses.clone()
+            };
+            if addresses != self.node_addresses {
+                tracing::info!(?addresses, "node addresses between nodes");
+                self.node_addresses = addresses.clone();
+                self.agent.set_addresses(addresses);
+                self.store_pass().await;
+            }
         }
         let demand = self.agent.demand().load(Ordering::SeqCst);
         let retry_due = self

@@ -12,6 +12,7 @@ mod host_network;
 mod infra_state;
 pub mod ipam;
 mod pods;
+pub mod routes;
 pub mod status;
 
 use std::{

@@ -235,7 +235,11 @@ pub(super) fn check_layout(
     map: &Map,
 ) -> Result<(), DatapathError> {
     let data = match map {
-        Map::PerCpuHashMap(d) | Map::HashMap(d) | Map::Array(d) | Map::PerCpuArray(d) => d,
+        Map::PerCpuHashMap(d)
+        | Map::HashMap(d)
+        | Map::Array(d)
+        | Map::PerCpuArray(d)
+        | Map::LpmTrie(d) => d,
         _ => return Err(DatapathError::MissingMap { name }),
     };
     let info = data.info().map_err(|e| map_error(name, e))?;

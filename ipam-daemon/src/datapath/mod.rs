@@ -16,6 +16,7 @@ mod links;
 mod maps;
 mod pod_attach;
 mod pod_maps;
+mod route_maps;
 
 use std::{
     path::{Path, PathBuf},
@@ -36,6 +37,7 @@ pub use error::DatapathError;
 pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
 pub use pod_attach::{PodLink, PodProgram, pinned_pod_links, unpin_pod_link};
 pub use pod_maps::{PodMaps, PodStats, endpoint_key};
+pub use route_maps::{RouteMaps, RouteTarget};
 
 /// The eBPF object built by `build.rs` from `ipam-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ipam-ebpf"));
@@ -48,6 +50,7 @@ pub struct Datapath {
     ebpf: Ebpf,
     responder: ResponderMaps,
     pods: PodMaps,
+    routes: RouteMaps,
 }
 
 impl Datapath {
@@ -71,6 +74,8 @@ impl Datapath {
             map_names::L2_RESPONDER_STATS,
             map_names::POD_ENDPOINTS,
             map_names::POD_DATAPATH_STATS,
+            map_names::POD_ROUTES,
+            map_names::POD_ROUTE_STATS,
         ] {
             loader.map_pin_path(name, maps_dir.join(name));
         }
@@ -93,12 +98,14 @@ impl Datapath {
         }
         let responder = ResponderMaps::take(&mut ebpf, &maps_dir)?;
         let pods = PodMaps::take(&mut ebpf, &maps_dir)?;
+        let routes = RouteMaps::take(&mut ebpf, &maps_dir)?;
         Ok(Self {
             root: root.to_owned(),
             log,
             ebpf,
             responder,
             pods,
+            routes,
         })
     }
 
@@ -121,6 +128,11 @@ impl Datapath {
     /// The pod datapath's maps: endpoints and counters.
     pub fn pods(&mut self) -> &mut PodMaps {
         &mut self.pods
+    }
+
+    /// The cross-node route map: other nodes' pod CIDRs.
+    pub fn routes(&mut self) -> &mut RouteMaps {
+        &mut self.routes
     }
 
     /// The responder in its XDP form (also what `BPF_PROG_TEST_RUN` tests and benchmarks run).

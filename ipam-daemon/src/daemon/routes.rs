@@ -1,0 +1,264 @@
+//! Cross-node pod routing (native routing): every node learns the other nodes' blocks and
+//! addresses from the store and keeps the datapath's route map in line with them, so the pod
+//! programs send traffic for a remote pod straight out of the uplink towards the node that
+//! holds its block. Entries follow nodes joining, changing blocks and leaving.
+//!
+//! The controller keeps the records it has seen from its watch (no list per change) and
+//! reprograms the map by difference. The node's own addresses between nodes are found on the
+//! first uplink and published in its record for the others.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use ipam_core::{
+    Cidr, Family,
+    backoff::Backoff,
+    resources::NodeIpam,
+    store::{Resource as _, Store, WatchEvent, decode},
+};
+
+use crate::{
+    cluster::ClusterStore,
+    datapath::{Datapath, RouteTarget},
+    net::iface,
+};
+
+/// How often the map is checked against the records even without changes (an uplink that
+/// appeared late, a map entry removed by hand).
+const RECHECK: Duration = Duration::from_secs(5);
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// The routes this node wants: every block of every other node that published an address of
+/// the block's family, through `uplink_ifindex`.
+pub fn desired_routes(
+    this_node: &str,
+    records: &BTreeMap<String, NodeIpam>,
+    uplink_ifindex: u32,
+) -> BTreeMap<Cidr, RouteTarget> {
+    let mut out = BTreeMap::new();
+    for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
+        let blocks = record
+            .status
+            .allocated
+            .iter()
+            .map(|b| b.cidr)
+            .chain(record.spec.pod_cidrs.iter().copied());
+        for cidr in blocks {
+            let Some(next_hop) = record
+                .spec
+                .addresses
+                .iter()
+                .copied()
+                .find(|a| Family::of(*a) == cidr.family())
+            else {
+                tracing::debug!(node = node.as_str(), %cidr, "no node address of the block's family; not routed");
+                continue;
+            };
+            out.insert(
+                cidr,
+                RouteTarget {
+                    next_hop,
+                    uplink_ifindex,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Follows every node's record and keeps the route map in line, for the life of the daemon.
+pub async fn run(
+    store: ClusterStore,
+    node: String,
+    uplink: String,
+    datapath: Arc<Mutex<Datapath>>,
+) {
+    let mut backoff = Backoff::new(RETRY_CAP);
+    let mut watch = loop {
+        match store.watch(NodeIpam::KIND).await {
+            Ok(w) => break w,
+            Err(e) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "cannot follow the nodes for pod routes yet: {e}"
+                );
+                tokio::time::sleep(delay).await;
+            }
+        }
+    };
+    let mut records: BTreeMap<String, NodeIpam> = BTreeMap::new();
+    absorb_all(&mut records, &watch.initial);
+    let mut programmed: BTreeMap<Cidr, RouteTarget> = BTreeMap::new();
+    let mut recheck = tokio::time::interval(RECHECK);
+    loop {
+        program(&node, &uplink, &records, &mut programmed, &datapath);
+        tokio::select! {
+            event = watch.next() => match event {
+                Ok(WatchEvent::Put(o)) => match decode::<NodeIpam>(&o) {
+                    Ok(v) => { records.insert(v.name, v.value); }
+                    Err(e) => tracing::warn!("{e}"),
+                },
+                Ok(WatchEvent::Deleted { name, .. }) => { records.remove(&name); }
+                Ok(WatchEvent::Resync { objects, .. }) => {
+                    records.clear();
+                    absorb_all(&mut records, &objects);
+                }
+                Err(e) => tracing::warn!("node watch for pod routes interrupted, resuming: {e}"),
+            },
+            _ = recheck.tick() => {}
+        }
+    }
+}
+
+fn absorb_all(records: &mut BTreeMap<String, NodeIpam>, objects: &[ipam_core::store::RawObject]) {
+    for o in objects {
+        match decode::<NodeIpam>(o) {
+            Ok(v) => {
+                records.insert(v.name, v.value);
+            }
+            Err(e) => tracing::warn!("{e}"),
+        }
+    }
+}
+
+/// Brings the route map in line with the records: adds, changes and removes by difference.
+fn program(
+    node: &str,
+    uplink: &str,
+    records: &BTreeMap<String, NodeIpam>,
+    programmed: &mut BTreeMap<Cidr, RouteTarget>,
+    datapath: &Mutex<Datapath>,
+) {
+    let Ok(uplink_ifindex) = iface::index(uplink) else {
+        // Logged by the host network's own checks; routes follow once the uplink exists.
+        return;
+    };
+    let want = desired_routes(node, records, uplink_ifindex);
+    if &want == programmed {
+        return;
+    }
+    let mut dp = datapath.lock().expect("datapath lock");
+    let routes = dp.routes();
+    let stale: BTreeSet<Cidr> = programmed
+        .keys()
+        .filter(|c| !want.contains_key(c))
+        .copied()
+        .collect();
+    for cidr in stale {
+        match routes.remove(cidr) {
+            Ok(()) => {
+                tracing::info!(%cidr, "pod route removed");
+                programmed.remove(&cidr);
+            }
+            Err(e) => tracing::warn!(%cidr, "cannot remove pod route: {e}"),
+        }
+    }
+    for (cidr, target) in &want {
+        if programmed.get(cidr) == Some(target) {
+            continue;
+        }
+        match routes.insert(*cidr, *target) {
+            Ok(()) => {
+                tracing::info!(%cidr, next_hop = %target.next_hop, uplink, "pod route added");
+                programmed.insert(*cidr, *target);
+            }
+            Err(e) => tracing::warn!(%cidr, "cannot add pod route: {e}"),
+        }
+    }
+}
+
+/// The node's addresses between nodes: the global unicast addresses of `uplink`, one per
+/// family (the first the kernel lists).
+pub fn uplink_addresses(uplink: &str) -> Vec<IpAddr> {
+    let Ok(index) = iface::index(uplink) else {
+        return Vec::new();
+    };
+    let Ok(netlink) = ipam_netlink::Netlink::open() else {
+        return Vec::new();
+    };
+    let Ok(addresses) = netlink.addresses(index) else {
+        return Vec::new();
+    };
+    let mut out: Vec<IpAddr> = Vec::new();
+    for (ip, _) in addresses {
+        let usable = match ip {
+            IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local(),
+            IpAddr::V6(v6) => !v6.is_loopback() && !v6.is_unicast_link_local(),
+        };
+        if usable && !out.iter().any(|a| Family::of(*a) == Family::of(ip)) {
+            out.push(ip);
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use ipam_core::resources::{AllocatedBlock, NodeIpamSpec, NodeIpamStatus};
+
+    use super::*;
+
+    fn record(addresses: &[&str], blocks: &[&str]) -> NodeIpam {
+        NodeIpam {
+            spec: NodeIpamSpec {
+                addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+                ..Default::default()
+            },
+            status: NodeIpamStatus {
+                allocated: blocks
+                    .iter()
+                    .map(|b| AllocatedBlock {
+                        pool: "default".into(),
+                        cidr: b.parse().unwrap(),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn other_nodes_blocks_go_to_their_address_of_the_same_family() {
+        let records: BTreeMap<String, NodeIpam> = [
+            (
+                "a".to_owned(),
+                record(
+                    &["192.168.50.1", "fd50::1"],
+                    &["10.244.0.0/24", "fd00::/120"],
+                ),
+            ),
+            (
+                "b".to_owned(),
+                record(
+                    &["192.168.50.2", "fd50::2"],
+                    &["10.244.1.0/24", "fd00::100/120"],
+                ),
+            ),
+            // No IPv6 address published: its IPv6 block cannot be routed.
+            (
+                "c".to_owned(),
+                record(&["192.168.50.3"], &["10.244.2.0/24", "fd00::200/120"]),
+            ),
+        ]
+        .into();
+        let routes = desired_routes("a", &records, 7);
+        let shown: Vec<String> = routes
+            .iter()
+            .map(|(c, t)| format!("{c} via {} dev {}", t.next_hop, t.uplink_ifindex))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "10.244.1.0/24 via 192.168.50.2 dev 7",
+                "10.244.2.0/24 via 192.168.50.3 dev 7",
+                "fd00::100/120 via fd50::2 dev 7",
+            ]
+        );
+    }
+}

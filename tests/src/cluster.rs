@@ -1,0 +1,372 @@
+//! A cluster on one machine: a fabric namespace holding the L2 segment (a bridge), three real
+//! etcd members and the operator replicas; node namespaces on the bridge, each running
+//! `ipamd --role agent` with the pod datapath on its uplink; pods wired by `ipam-cni`.
+//!
+//! Addresses: the segment is 10.77.0.0/24 and fd77::/64 (node i at .i+1 / ::i+1, the fabric
+//! and etcd at .254 / ::fe); pods come from 10.240.0.0/16 (/24 blocks) and fd00:240::/104
+//! (/120 blocks). Everything is the test's own and goes away on drop.
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use ipam_core::{
+    Cidr,
+    resources::NodeIpam,
+    store::{TypedStore as _, Versioned},
+};
+use ipam_etcd::{EtcdConfig, EtcdStore, testing::EtcdCluster};
+use serde_json::{Value, json};
+
+use crate::{
+    BpffsRoot, TempDir, TempFile,
+    cni::run_cni,
+    daemon::Daemon,
+    netns::{Netns, veth},
+    workspace_binary,
+};
+
+pub const UPLINK: &str = "up0";
+const FABRIC_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 254);
+
+/// Timings short enough for tests, in the proportions of the defaults.
+pub const NODE_LEASE_MS: u64 = 1500;
+pub const NODE_GRACE_MS: u64 = 6000;
+pub const OPERATOR_LEASE_MS: u64 = 3000;
+
+pub struct Cluster {
+    pub fabric: Netns,
+    pub etcd: EtcdCluster,
+    pub store: EtcdConfig,
+    pub nodes: Vec<ClusterNode>,
+    pub operators: Vec<Option<Daemon>>,
+    operator_config: TempFile,
+    _dir: TempDir,
+}
+
+pub struct ClusterNode {
+    pub name: String,
+    pub ns: Netns,
+    pub dir: TempDir,
+    config: TempFile,
+    root: BpffsRoot,
+    pub daemon: Option<Daemon>,
+}
+
+/// One pod: its namespace, CNI identity and addresses.
+pub struct ClusterPod {
+    pub ns: Netns,
+    pub container: String,
+    pub v4: String,
+    pub v6: String,
+}
+
+impl Cluster {
+    /// The fabric, etcd and `operators` operator replicas; no node yet.
+    pub fn start(tag: &str, operators: usize) -> Self {
+        let fabric = Netns::new(&format!("{tag}f"));
+        fabric.ip(&["link", "add", "br0", "type", "bridge"]);
+        fabric.ip(&["link", "set", "br0", "up"]);
+        fabric.ip(&["addr", "add", &format!("{FABRIC_V4}/24"), "dev", "br0"]);
+        fabric.ip(&["-6", "addr", "add", "fd77::fe/64", "dev", "br0", "nodad"]);
+        let etcd = EtcdCluster::start_in_netns(3, &fabric.path(), FABRIC_V4)
+            .expect("etcd members in the fabric namespace");
+        let store = etcd.config(&ipam_etcd::testing::unique_prefix(tag));
+        let dir = TempDir::new(&format!("{tag}-cluster-"));
+        let operator_config = TempFile::new(&format!("{tag}-op"), "toml");
+        std::fs::write(
+            &operator_config.0,
+            format!(
+                "{}\n[ipam]\nmode = \"cluster-pool\"\n{POOLS}",
+                store_section(&store)
+            ),
+        )
+        .expect("write operator config");
+        let mut cluster = Self {
+            fabric,
+            etcd,
+            store,
+            nodes: Vec::new(),
+            operators: Vec::new(),
+            operator_config,
+            _dir: dir,
+        };
+        for _ in 0..operators {
+            let daemon = cluster.start_operator();
+            cluster.operators.push(Some(daemon));
+        }
+        cluster
+    }
+
+    /// Starts another operator replica in the fabric namespace.
+    pub fn start_operator(&self) -> Daemon {
+        Daemon::start_with(
+            &self.fabric,
+            &self.operator_config.0,
+            &["--role", "operator"],
+        )
+    }
+
+    /// Adds node `index` (a namespace on the bridge) and starts its agent.
+    pub fn add_node(&mut self, tag: &str) -> usize {
+        let index = self.nodes.len();
+        let name = format!("node-{index}");
+        let ns = Netns::new(&format!("{tag}n{index}"));
+        veth(&ns, UPLINK, &self.fabric, &format!("p{index}"));
+        self.fabric
+            .ip(&["link", "set", &format!("p{index}"), "master", "br0"]);
+        let (v4, v6) = node_addresses(index);
+        ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", UPLINK]);
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{v6}/64"),
+            "dev",
+            UPLINK,
+            "nodad",
+        ]);
+        let dir = TempDir::new(&format!("{tag}-n{index}-"));
+        let root = BpffsRoot::new();
+        let config = TempFile::new(&format!("{tag}-n{index}"), "toml");
+        std::fs::write(
+            &config.0,
+            format!(
+                "[datapath]\nbpffs_root = \"{}\"\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
+                 node_name = \"{name}\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
+                 families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n",
+                root.0.display(),
+                store_section(&self.store),
+                d = dir.0.display()
+            ),
+        )
+        .expect("write agent config");
+        let mut node = ClusterNode {
+            name,
+            ns,
+            dir,
+            config,
+            root,
+            daemon: None,
+        };
+        node.start();
+        self.nodes.push(node);
+        index
+    }
+
+    /// Runs `f` against the cluster's store, from the fabric namespace (where etcd listens).
+    pub fn with_store<T: Send + 'static>(
+        &self,
+        f: impl AsyncFnOnce(EtcdStore) -> T + Send + 'static,
+    ) -> T {
+        let config = self.store.clone();
+        self.fabric.run(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async move {
+                    let store = EtcdStore::connect(config).await.expect("etcd client");
+                    f(store).await
+                })
+        })
+    }
+
+    /// Every node record, by node name (empty while the store cannot be read).
+    pub fn records(&self) -> BTreeMap<String, Versioned<NodeIpam>> {
+        self.with_store(async |s| s.list_typed::<NodeIpam>().await)
+            .map(|all| all.into_iter().map(|r| (r.name.clone(), r)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The blocks each node holds according to the store.
+    pub fn blocks(&self) -> BTreeMap<String, Vec<Cidr>> {
+        self.records()
+            .into_iter()
+            .map(|(n, r)| (n, r.value.status.allocated.iter().map(|b| b.cidr).collect()))
+            .collect()
+    }
+
+    /// Panics when a block is held by two nodes, or by a node and another's local state.
+    pub fn assert_no_block_twice(&self) {
+        let mut holder: BTreeMap<Cidr, String> = BTreeMap::new();
+        for (node, blocks) in self.blocks() {
+            for b in blocks {
+                if let Some(other) = holder.insert(b, node.clone()) {
+                    panic!("block {b} held by {other} and {node}");
+                }
+            }
+        }
+    }
+
+    /// The log of operator replica `i` (empty when it was stopped).
+    pub fn operator_log(&self, i: usize) -> String {
+        self.operators[i]
+            .as_ref()
+            .map(Daemon::log_text)
+            .unwrap_or_default()
+    }
+
+    /// Which operator replica leads, by the lease in the store.
+    pub fn leader(&self) -> Option<String> {
+        use ipam_core::{resources::OPERATOR_LEASE, store::lease::Lease};
+        self.with_store(async |s| s.get_typed::<Lease>(OPERATOR_LEASE).await)
+            .ok()
+            .flatten()
+            .map(|l| l.value.holder)
+            .filter(|h| !h.is_empty())
+    }
+}
+
+impl ClusterNode {
+    /// Starts (or restarts) the node's agent and waits until its API answers.
+    pub fn start(&mut self) {
+        let daemon = Daemon::start_with(&self.ns, &self.config.0, &["--role", "agent"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.api_answers() {
+            assert!(
+                Instant::now() < deadline,
+                "{}: agent never answered:\n{}",
+                self.name,
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.daemon = Some(daemon);
+    }
+
+    fn api_answers(&self) -> bool {
+        ipam_api::client::call(
+            &self.socket(),
+            &ipam_api::types::Request::Status,
+            Duration::from_secs(1),
+        )
+        .is_ok()
+    }
+
+    /// `true` when the agent can serve pods (router addresses in place).
+    pub fn ready(&self) -> bool {
+        matches!(
+            ipam_api::client::call(
+                &self.socket(),
+                &ipam_api::types::Request::Status,
+                Duration::from_secs(1),
+            ),
+            Ok(ipam_api::types::Response::Ready)
+        )
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.0.join("api/ipamd.sock")
+    }
+
+    pub fn log(&self) -> String {
+        self.daemon
+            .as_ref()
+            .map(Daemon::log_text)
+            .unwrap_or_default()
+    }
+
+    /// The node's published status (`ipamctl ipam status` reads the same file).
+    pub fn status(&self) -> Option<ipam_daemon::daemon::status::PublishedStatus> {
+        ipam_daemon::daemon::status::read_status(&self.dir.0.join("node")).ok()
+    }
+
+    pub fn bpffs_root(&self) -> &std::path::Path {
+        &self.root.0
+    }
+
+    /// The network configuration with `ipam-cni` as the main plugin.
+    pub fn conf(&self) -> Value {
+        json!({
+            "cniVersion": "1.1.0",
+            "name": "podnet",
+            "type": "ipam-cni",
+            "socket": self.socket(),
+            "timeoutMs": 5000,
+            "mtu": 1500,
+        })
+    }
+
+    /// A new pod on this node, wired by CNI ADD; `Err` with the plugin's output if it failed.
+    pub fn try_add_pod(&self, tag: &str) -> Result<ClusterPod, Value> {
+        let ns = Netns::new(tag);
+        let container = format!("ctr-{}", ns.name);
+        let (ok, result) = run_cni(
+            &workspace_binary("ipam-cni"),
+            Some(&self.ns),
+            "ADD",
+            &container,
+            "eth0",
+            Some(&ns),
+            &self.conf(),
+        );
+        if !ok {
+            return Err(result);
+        }
+        let address = |i: usize| {
+            result["ips"][i]["address"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no address {i} in {result}"))
+                .split('/')
+                .next()
+                .unwrap()
+                .to_owned()
+        };
+        let (v4, v6) = (address(0), address(1));
+        Ok(ClusterPod {
+            ns,
+            container,
+            v4,
+            v6,
+        })
+    }
+
+    pub fn add_pod(&self, tag: &str) -> ClusterPod {
+        self.try_add_pod(tag)
+            .unwrap_or_else(|e| panic!("CNI ADD of {tag} on {}: {e}\n{}", self.name, self.log()))
+    }
+}
+
+/// Node `index`'s addresses on the segment.
+pub fn node_addresses(index: usize) -> (String, String) {
+    (
+        format!("10.77.0.{}", index + 1),
+        format!("fd77::{}", index + 1),
+    )
+}
+
+const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
+    ipv4 = { cidrs = [\"10.240.0.0/16\"], maskSize = 24 }\n\
+    ipv6 = { cidrs = [\"fd00:240::/104\"], maskSize = 120 }\n";
+
+fn store_section(store: &EtcdConfig) -> String {
+    format!(
+        "[store]\nkind = \"etcd\"\n[store.etcd]\nendpoints = {:?}\nprefix = \"{}\"\n\
+         request_timeout_ms = 1000\ndial_timeout_ms = 500\n\n[cluster]\n\
+         node_lease_ms = {NODE_LEASE_MS}\nnode_grace_ms = {NODE_GRACE_MS}\n\
+         operator_lease_ms = {OPERATOR_LEASE_MS}\nresync_ms = 5000\n",
+        store.endpoints, store.prefix
+    )
+}
+
+/// Waits until `done` holds, or panics after `timeout` with `what` and `context()`.
+pub fn wait_until(
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+    context: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

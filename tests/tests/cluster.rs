@@ -1,0 +1,227 @@
+//! Many nodes, one cluster, on one machine: three real etcd members, two operator replicas and
+//! node namespaces on one L2 segment, each node running `ipamd --role agent` with the pod
+//! datapath; pods wired by `ipam-cni`. Every fault ends with "nothing lost, nothing held
+//! twice" checked against the store.
+//!
+//! One test walks the cluster through its faults in order, so etcd and the nodes start once
+//! (the faults are few but real; each is a step below).
+
+use std::time::{Duration, Instant};
+
+use ipam_tests::{
+    cluster::{Cluster, ClusterPod, NODE_GRACE_MS, OPERATOR_LEASE_MS, wait_until},
+    pod_net::reaches,
+};
+
+fn all_reach(pods: &[(&str, &ClusterPod)]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (from_node, from) in pods {
+        for (to_node, to) in pods {
+            if from.container == to.container {
+                continue;
+            }
+            for addr in [&to.v4, &to.v6] {
+                if !reaches(&from.ns, addr) {
+                    failures.push(format!("{from_node} {} -> {to_node} {addr}", from.v4));
+                }
+            }
+        }
+    }
+    failures
+}
+
+#[test]
+fn a_cluster_over_etcd_survives_its_faults() {
+    let mut c = Cluster::start("cl", 2);
+    for _ in 0..3 {
+        c.add_node("cl");
+    }
+    let context = |c: &Cluster| {
+        format!(
+            "blocks: {:?}\noperator 0:\n{}\noperator 1:\n{}\nnode-0:\n{}",
+            c.blocks(),
+            c.operator_log(0),
+            c.operator_log(1),
+            c.nodes[0].log()
+        )
+    };
+
+    // Every node gets a block of each family, none twice.
+    wait_until(
+        Duration::from_secs(30),
+        "every node to hold an IPv4 and an IPv6 block",
+        || c.blocks().values().filter(|b| b.len() == 2).count() == 3,
+        || context(&c),
+    );
+    c.assert_no_block_twice();
+    wait_until(
+        Duration::from_secs(20),
+        "every agent to be ready for pods",
+        || c.nodes.iter().all(|n| n.ready()),
+        || context(&c),
+    );
+    let leader = c.leader().expect("an operator leads");
+    let logs = c.operator_log(0) + &c.operator_log(1);
+    assert_eq!(
+        logs.matches("leading the operators").count(),
+        1,
+        "exactly one replica leads: {logs}"
+    );
+
+    // Pods on different nodes reach each other, v4 and v6, both ways, through the datapath.
+    let pods: Vec<ClusterPod> = (0..3)
+        .map(|i| c.nodes[i].add_pod(&format!("clp{i}")))
+        .collect();
+    let named: Vec<(&str, &ClusterPod)> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (c.nodes[i].name.as_str(), p))
+        .collect();
+    let mut failures = all_reach(&named);
+    if !failures.is_empty() {
+        // Routes follow the records within a moment of the blocks; one more look.
+        std::thread::sleep(Duration::from_secs(2));
+        failures = all_reach(&named);
+    }
+    assert!(
+        failures.is_empty(),
+        "unreachable: {failures:?}\n{}",
+        context(&c)
+    );
+    // They went through the route map (the nodes have no kernel route to each other's pods).
+    for node in &c.nodes {
+        let forwarded = ipam_daemon::datapath::RouteMaps::from_pins(node.bpffs_root())
+            .unwrap()
+            .stats()
+            .unwrap()[ipam_common::pod::RouteStat::Forwarded as usize];
+        assert!(
+            forwarded > 0,
+            "{}: nothing forwarded by the datapath",
+            node.name
+        );
+        // Only its own pods (one /32 per pod on its veth) are in the node's routing table.
+        let kernel_routes = node.ns.ip(&["route", "show"]);
+        assert!(
+            kernel_routes
+                .lines()
+                .filter(|l| l.starts_with("10.240."))
+                .all(|l| l
+                    .split_whitespace()
+                    .next()
+                    .is_some_and(|d| !d.contains('/'))),
+            "{kernel_routes}"
+        );
+    }
+
+    // The leading operator SIGKILLed while a new node asks for blocks: the other replica takes
+    // over within the lease and serves it; no block is assigned twice.
+    let leader_index = (0..2)
+        .find(|i| c.operator_log(*i).contains("leading the operators"))
+        .expect("the leader's log");
+    c.operators[leader_index].take().unwrap().kill();
+    let killed_at = Instant::now();
+    let new_node = c.add_node("cl");
+    wait_until(
+        Duration::from_secs(30),
+        "the new node's blocks from the new leader",
+        || c.blocks().get("node-3").is_some_and(|b| b.len() == 2),
+        || context(&c),
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the new node to be ready for pods",
+        || c.nodes[new_node].ready(),
+        || context(&c),
+    );
+    let failover = killed_at.elapsed();
+    assert!(
+        failover < Duration::from_millis(OPERATOR_LEASE_MS * 4),
+        "took {failover:?}"
+    );
+    assert_ne!(c.leader().as_deref(), Some(leader.as_str()));
+    c.assert_no_block_twice();
+    eprintln!("operator failover: new node served {failover:?} after the leader's SIGKILL");
+
+    // An agent SIGKILLed and restarted keeps its blocks and its pods.
+    let before = c.blocks()["node-1"].clone();
+    c.nodes[1].daemon.take().unwrap().kill();
+    c.nodes[1].start();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(c.blocks()["node-1"], before);
+    assert!(
+        reaches(&pods[0].ns, &pods[1].v4),
+        "pod on the restarted node reachable"
+    );
+    assert!(reaches(&pods[1].ns, &pods[2].v6));
+
+    // One etcd member killed: work goes on.
+    c.etcd.kill(0);
+    let p3 = c.nodes[new_node].add_pod("clp3");
+    assert!(reaches(&p3.ns, &pods[0].v4));
+    // Two of three down: no quorum. Pods still get addresses from the nodes' blocks; the
+    // agents say what is wrong and keep running.
+    c.etcd.kill(1);
+    let during: Vec<ClusterPod> = (0..3)
+        .map(|i| c.nodes[i].add_pod(&format!("clq{i}")))
+        .collect();
+    assert!(reaches(&during[0].ns, &during[2].v4));
+    std::thread::sleep(Duration::from_secs(3));
+    for node in &mut c.nodes {
+        assert!(
+            node.daemon.as_mut().unwrap().running(),
+            "{} exited:\n{}",
+            node.name,
+            node.log()
+        );
+    }
+    let log = c.nodes[0].log();
+    assert!(
+        log.contains("cannot renew the node lease") && log.contains("no member could serve"),
+        "{log}"
+    );
+    // etcd back: everything resumes without a restart; no node lost its blocks meanwhile
+    // (the outage was shorter than the grace period).
+    c.etcd.restart(0).unwrap();
+    c.etcd.restart(1).unwrap();
+    c.etcd.wait_ready(Duration::from_secs(30)).unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "the agents to renew their leases again",
+        || c.nodes[0].log().contains("node lease renewed again"),
+        || context(&c),
+    );
+    let blocks = c.blocks();
+    assert_eq!(
+        blocks.values().filter(|b| b.len() == 2).count(),
+        4,
+        "{blocks:?}"
+    );
+    c.assert_no_block_twice();
+
+    // A node removed (its agent gone for good): its blocks are freed only after the grace
+    // period, and then a new node can have them.
+    let gone = c.blocks()["node-2"].clone();
+    c.nodes[2].daemon.take().unwrap().kill();
+    let removed_at = Instant::now();
+    wait_until(
+        Duration::from_millis(NODE_GRACE_MS * 4),
+        "node-2's blocks to be freed",
+        || c.blocks().get("node-2").is_some_and(|b| b.is_empty()),
+        || context(&c),
+    );
+    assert!(
+        removed_at.elapsed() >= Duration::from_millis(NODE_GRACE_MS),
+        "freed after {:?}, before the grace period",
+        removed_at.elapsed()
+    );
+    c.assert_no_block_twice();
+    // Routes to the removed node are gone from the others' datapath.
+    let routes = ipam_daemon::datapath::RouteMaps::from_pins(c.nodes[0].bpffs_root())
+        .unwrap()
+        .list()
+        .unwrap();
+    assert!(
+        gone.iter().all(|b| !routes.contains_key(b)),
+        "{routes:?} still routes {gone:?}"
+    );
+}

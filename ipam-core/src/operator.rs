@@ -79,6 +79,11 @@ pub struct Operator {
 
 const READY: &str = "Ready";
 
+/// Node statuses written at once, and how many of them a pass writes before it checks again
+/// that it still leads.
+const WRITES_IN_FLIGHT: usize = 64;
+const WRITE_BATCH: usize = 512;
+
 impl Operator {
     pub fn new(mode: IpamMode) -> Self {
         Self {
@@ -143,13 +148,16 @@ impl Operator {
         }
         let statuses = self.judge_pools(&pools, &mut report);
         let expired = self.expired_nodes(store, &nodes).await?;
+        let mut writes = Vec::new();
         for node in &nodes {
-            if expired.contains(&node.name) {
-                self.release_node(store, node, &mut report).await?;
+            let write = if expired.contains(&node.name) {
+                self.release_node(node, &mut report)
             } else {
-                self.reconcile_node(store, node, &mut report).await?;
-            }
+                self.reconcile_node(node, &mut report)
+            };
+            writes.extend(write);
         }
+        self.write_node_statuses(store, writes).await?;
         // One write per changed pool, conditions and usage together, after the nodes got their
         // blocks so the usage is current.
         for (p, mut status) in pools.iter().zip(statuses) {
@@ -244,12 +252,12 @@ impl Operator {
         }
     }
 
-    async fn reconcile_node<S: TypedStore>(
+    /// Decides a node's blocks; returns its record with the new status, if the status changed.
+    fn reconcile_node(
         &mut self,
-        store: &S,
         node: &Versioned<NodeIpam>,
         report: &mut Report,
-    ) -> Result<(), OperatorError> {
+    ) -> Option<Versioned<NodeIpam>> {
         let name = &node.name;
         let mut problems = Vec::new();
         let mut reclaimed = Vec::new();
@@ -342,14 +350,34 @@ impl Operator {
             lost,
             conditions,
         };
-        if status != node.value.status {
-            let mut updated = node.value.clone();
-            updated.status = status;
+        (status != node.value.status).then(|| {
+            let mut updated = node.clone();
+            updated.value.status = status;
+            updated
+        })
+    }
+
+    /// Writes the nodes' new statuses, many at once: the store orders them, and a store like
+    /// etcd commits concurrent writes together, so a thousand nodes joining do not wait for a
+    /// thousand round trips one after the other. If a node changed its record meanwhile, its
+    /// blocks stay held and the status is written on the next pass.
+    async fn write_node_statuses<S: TypedStore>(
+        &self,
+        store: &S,
+        writes: Vec<Versioned<NodeIpam>>,
+    ) -> Result<(), OperatorError> {
+        use futures_util::{StreamExt as _, TryStreamExt as _};
+        for batch in writes.chunks(WRITE_BATCH) {
             self.check_deadline()?;
-            // If the node changed its record meanwhile, its blocks stay held and the status is
-            // written on the next pass.
-            store
-                .update_unless_changed(name, &updated, node.revision)
+            // The futures are made here, not in a closure of the stream: a closure over the
+            // borrowed records would not be provably Send for every lifetime.
+            let pending: Vec<_> = batch
+                .iter()
+                .map(|n| store.update_unless_changed(&n.name, &n.value, n.revision))
+                .collect();
+            futures_util::stream::iter(pending)
+                .buffer_unordered(WRITES_IN_FLIGHT)
+                .try_collect::<Vec<bool>>()
                 .await?;
         }
         Ok(())
@@ -385,12 +413,11 @@ impl Operator {
     }
 
     /// Gives every block of a node whose lease lapsed back to the pools; its record says so.
-    async fn release_node<S: TypedStore>(
+    fn release_node(
         &mut self,
-        store: &S,
         node: &Versioned<NodeIpam>,
         report: &mut Report,
-    ) -> Result<(), OperatorError> {
+    ) -> Option<Versioned<NodeIpam>> {
         let name = &node.name;
         let grace = self.node_grace.unwrap_or_default();
         for b in &node.value.status.allocated {
@@ -411,18 +438,15 @@ impl Operator {
                 ),
             )],
         };
-        if status != node.value.status {
-            if !node.value.status.allocated.is_empty() {
-                report.expired_nodes.push(name.clone());
-            }
-            let mut updated = node.value.clone();
-            updated.status = status;
-            self.check_deadline()?;
-            store
-                .update_unless_changed(name, &updated, node.revision)
-                .await?;
+        if status == node.value.status {
+            return None;
         }
-        Ok(())
+        if !node.value.status.allocated.is_empty() {
+            report.expired_nodes.push(name.clone());
+        }
+        let mut updated = node.clone();
+        updated.value.status = status;
+        Some(updated)
     }
 
     fn usage(&self, pool: &str) -> Vec<FamilyUsageStatus> {

@@ -55,8 +55,11 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
             let store = store.clone();
             tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(i);
-                let mut election =
-                    LeaderElection::new(OPERATOR_LEASE, &format!("op-{i}"), Duration::from_millis(600));
+                let mut election = LeaderElection::new(
+                    OPERATOR_LEASE,
+                    &format!("op-{i}"),
+                    Duration::from_millis(600),
+                );
                 let mut operator: Option<Operator> = None;
                 let mut terms = 0;
                 while Instant::now() < end {
@@ -92,7 +95,10 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
             let state = dir.path().join(format!("n{n}"));
             tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(100 + n as u64);
-                tokio::time::sleep(Duration::from_millis(rng.random_range(0..RUN.as_millis() as u64 / 2))).await;
+                tokio::time::sleep(Duration::from_millis(
+                    rng.random_range(0..RUN.as_millis() as u64 / 2),
+                ))
+                .await;
                 let (mut agent, _) = NodeAgent::open(
                     &state,
                     &format!("node-{n}"),
@@ -119,7 +125,8 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
     let settle = {
         let store = store.clone();
         tokio::spawn(async move {
-            let mut election = LeaderElection::new(OPERATOR_LEASE, "op-final", Duration::from_millis(600));
+            let mut election =
+                LeaderElection::new(OPERATOR_LEASE, "op-final", Duration::from_millis(600));
             let mut operator = Operator::new(IpamMode::ClusterPool);
             let until = Instant::now() + Duration::from_secs(3);
             while Instant::now() < until {
@@ -136,7 +143,10 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
         local.insert(format!("node-{n}"), a.await.unwrap());
     }
     settle.await.unwrap();
-    assert!(terms > OPERATORS, "leadership changed hands ({terms} terms)");
+    assert!(
+        terms > OPERATORS,
+        "leadership changed hands ({terms} terms)"
+    );
 
     let records = store.list_typed::<NodeIpam>().await.unwrap();
     let mut holder: BTreeMap<Cidr, String> = BTreeMap::new();

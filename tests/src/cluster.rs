@@ -41,6 +41,8 @@ pub struct Cluster {
     pub fabric: Netns,
     pub etcd: EtcdCluster,
     pub store: EtcdConfig,
+    /// The `[store]` and `[cluster]` sections every daemon of the cluster shares.
+    store_section: String,
     pub nodes: Vec<ClusterNode>,
     pub operators: Vec<Option<Daemon>>,
     operator_config: TempFile,
@@ -67,6 +69,11 @@ pub struct ClusterPod {
 impl Cluster {
     /// The fabric, etcd and `operators` operator replicas; no node yet.
     pub fn start(tag: &str, operators: usize) -> Self {
+        Self::start_with(tag, operators, POOLS, NODE_GRACE_MS)
+    }
+
+    /// As `start`, with other pools (`[[ipam.pool]]` entries) and node grace period.
+    pub fn start_with(tag: &str, operators: usize, pools: &str, node_grace_ms: u64) -> Self {
         let fabric = Netns::new(&format!("{tag}f"));
         fabric.ip(&["link", "add", "br0", "type", "bridge"]);
         fabric.ip(&["link", "set", "br0", "up"]);
@@ -75,20 +82,19 @@ impl Cluster {
         let etcd = EtcdCluster::start_in_netns(3, &fabric.path(), FABRIC_V4)
             .expect("etcd members in the fabric namespace");
         let store = etcd.config(&ipam_etcd::testing::unique_prefix(tag));
+        let store_section = store_section(&store, node_grace_ms);
         let dir = TempDir::new(&format!("{tag}-cluster-"));
         let operator_config = TempFile::new(&format!("{tag}-op"), "toml");
         std::fs::write(
             &operator_config.0,
-            format!(
-                "{}\n[ipam]\nmode = \"cluster-pool\"\n{POOLS}",
-                store_section(&store)
-            ),
+            format!("{store_section}\n[ipam]\nmode = \"cluster-pool\"\n{pools}"),
         )
         .expect("write operator config");
         let mut cluster = Self {
             fabric,
             etcd,
             store,
+            store_section,
             nodes: Vec::new(),
             operators: Vec::new(),
             operator_config,
@@ -139,7 +145,7 @@ impl Cluster {
                  node_name = \"{name}\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
                  families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n",
                 root.0.display(),
-                store_section(&self.store),
+                self.store_section,
                 d = dir.0.display()
             ),
         )
@@ -339,15 +345,16 @@ pub fn node_addresses(index: usize) -> (String, String) {
     )
 }
 
-const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
+/// The pools of `Cluster::start`.
+pub const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
     ipv4 = { cidrs = [\"10.240.0.0/16\"], maskSize = 24 }\n\
     ipv6 = { cidrs = [\"fd00:240::/104\"], maskSize = 120 }\n";
 
-fn store_section(store: &EtcdConfig) -> String {
+fn store_section(store: &EtcdConfig, node_grace_ms: u64) -> String {
     format!(
         "[store]\nkind = \"etcd\"\n[store.etcd]\nendpoints = {:?}\nprefix = \"{}\"\n\
          request_timeout_ms = 1000\ndial_timeout_ms = 500\n\n[cluster]\n\
-         node_lease_ms = {NODE_LEASE_MS}\nnode_grace_ms = {NODE_GRACE_MS}\n\
+         node_lease_ms = {NODE_LEASE_MS}\nnode_grace_ms = {node_grace_ms}\n\
          operator_lease_ms = {OPERATOR_LEASE_MS}\nresync_ms = 5000\n",
         store.endpoints, store.prefix
     )

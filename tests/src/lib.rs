@@ -13,6 +13,7 @@ pub mod oracle;
 pub mod pod_net;
 pub mod resolve;
 pub mod responder_harness;
+pub mod tcp_bench;
 
 use std::{
     path::PathBuf,

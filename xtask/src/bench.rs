@@ -15,6 +15,9 @@ pub(crate) enum Name {
     /// Pod-to-pod TCP request/response and throughput: TC datapath vs kernel routing vs a
     /// direct veth pair.
     Datapath,
+    /// The cluster over real etcd: 5,000 nodes' blocks, store writes per pod ADD, operator
+    /// failover, pod-to-pod across nodes versus kernel routing.
+    Cluster,
 }
 
 pub(crate) fn run(name: Name) -> anyhow::Result<()> {
@@ -23,6 +26,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Alloc => "bench-alloc",
         Name::Cni => "bench-cni",
         Name::Datapath => "bench-datapath",
+        Name::Cluster => "bench-cluster",
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;

@@ -118,6 +118,11 @@ impl Cluster {
 
     /// Adds node `index` (a namespace on the bridge) and starts its agent.
     pub fn add_node(&mut self, tag: &str) -> usize {
+        self.add_node_with(tag, "")
+    }
+
+    /// As `add_node`, with more configuration (`[[announcement]]` tables, say) for its agent.
+    pub fn add_node_with(&mut self, tag: &str, extra_config: &str) -> usize {
         let index = self.nodes.len();
         let name = format!("node-{index}");
         let ns = Netns::new(&format!("{tag}n{index}"));
@@ -143,7 +148,7 @@ impl Cluster {
             format!(
                 "[datapath]\nbpffs_root = \"{}\"\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
                  node_name = \"{name}\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
-                 families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n",
+                 families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n\n{extra_config}",
                 root.0.display(),
                 self.store_section,
                 d = dir.0.display()
@@ -267,6 +272,11 @@ impl ClusterNode {
 
     pub fn socket(&self) -> PathBuf {
         self.dir.0.join("api/ipamd.sock")
+    }
+
+    /// The agent's configuration file.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config.0
     }
 
     pub fn log(&self) -> String {

@@ -55,11 +55,16 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum IpamCommand {
     /// Pools with capacity and usage, this node's blocks, router and health addresses, and what
-    /// the node waits for (as the daemon last published it).
+    /// the node waits for (as the daemon last published it). With `--config` naming a cluster
+    /// store (etcd), also every node's blocks and addresses and the leading operator, read
+    /// from the store.
     Status {
-        /// The daemon's ipam.state_dir.
-        #[arg(long, default_value = "/var/lib/ipam/node")]
-        state_dir: PathBuf,
+        /// The daemon's ipam.state_dir (taken from `--config` when that is given).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// The daemon's configuration file: where its state and the cluster's store are.
+        #[arg(short, long, env = "IPAMD_CONFIG")]
+        config: Option<PathBuf>,
     },
 }
 
@@ -77,8 +82,31 @@ fn main() -> anyhow::Result<()> {
         Command::Status => status(&args.bpffs_root),
         Command::Endpoints { state_dir } => endpoints(&args.bpffs_root, &state_dir),
         Command::Ipam {
-            command: IpamCommand::Status { state_dir },
-        } => ipam_status(&state_dir),
+            command: IpamCommand::Status { state_dir, config },
+        } => {
+            let config = config
+                .map(|path| ipam_daemon::config::Config::load(&path).map_err(anyhow::Error::from))
+                .transpose()?;
+            let state_dir = state_dir
+                .or_else(|| {
+                    config
+                        .as_ref()
+                        .and_then(|c| c.ipam.as_ref())
+                        .map(|i| i.state_dir.clone())
+                })
+                .unwrap_or_else(|| PathBuf::from("/var/lib/ipam/node"));
+            let local = ipam_status(&state_dir);
+            match config {
+                Some(c) if c.store.kind == ipam_daemon::config::StoreKind::Etcd => {
+                    if let Err(e) = &local {
+                        // An operator host has no node status; the cluster view still helps.
+                        println!("(no node status here: {e})");
+                    }
+                    cluster_status(&c)
+                }
+                _ => local,
+            }
+        }
         Command::Datapath {
             command: DatapathCommand::Remove,
         } => {
@@ -271,6 +299,77 @@ fn ipam_status(state_dir: &std::path::Path) -> anyhow::Result<()> {
     }
     println!("{rows}");
     Ok(())
+}
+
+/// Every node's blocks, addresses and conditions, the pools' usage and the leading operator,
+/// read from the cluster's store.
+fn cluster_status(config: &ipam_daemon::config::Config) -> anyhow::Result<()> {
+    use ipam_core::{
+        resources::{NodeIpam, OPERATOR_LEASE},
+        store::{TypedStore as _, lease::Lease},
+    };
+    use ipam_daemon::cluster::ClusterStore;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = ClusterStore::open(&config.store_settings()).await?;
+        let nodes = store.list_typed::<NodeIpam>().await?;
+        let leader = store
+            .get_typed::<Lease>(OPERATOR_LEASE)
+            .await?
+            .map(|l| l.value.holder)
+            .filter(|h| !h.is_empty());
+        println!("\ncluster, read from {}:", store.describe());
+        println!(
+            "leading operator: {}",
+            leader
+                .as_deref()
+                .unwrap_or("(none: no operator holds the lease)")
+        );
+        let mut rows = table(["NODE", "BLOCKS", "ADDRESSES", "READY", "MESSAGE"]);
+        for n in &nodes {
+            let blocks: Vec<String> = n
+                .value
+                .status
+                .allocated
+                .iter()
+                .map(|b| b.cidr.to_string())
+                .collect();
+            let addresses: Vec<String> = n
+                .value
+                .spec
+                .addresses
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            let ready = n.value.status.conditions.iter().all(|c| c.status);
+            let message = n
+                .value
+                .status
+                .conditions
+                .first()
+                .map_or("", |c| c.message.as_str());
+            rows.add_row([
+                n.name.clone(),
+                if blocks.is_empty() {
+                    "-".into()
+                } else {
+                    blocks.join(",")
+                },
+                if addresses.is_empty() {
+                    "-".into()
+                } else {
+                    addresses.join(",")
+                },
+                if ready { "yes".into() } else { "NO".into() },
+                message.to_owned(),
+            ]);
+        }
+        println!("{rows}");
+        println!("nodes: {}", nodes.len());
+        Ok(())
+    })
 }
 
 /// A plain table: a header row, columns sized to their content, no borders (easy to read, grep

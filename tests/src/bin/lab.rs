@@ -1,60 +1,118 @@
-//! The lab: a "node" namespace where `ipamd` announces a LoadBalancer-style IP, and a "client"
-//! namespace on the same link that finds it with ARP/NDP and talks to it. Then two pods are added
-//! to the node with `ipam-cni` exactly as a container runtime adds them, and talk to each other,
-//! to the node and to the client through the TC pod datapath. Everything is created here and
-//! removed at the end, also when a step fails.
+//! The lab: a cluster on one machine. Three etcd members, two operator replicas, three nodes
+//! and a client on one L2 segment (a bridge in a fabric namespace). Every node runs
+//! `ipamd --role agent`; node-0 also announces a service IP, which the client finds with
+//! ARP/NDP and reaches. Pods are added to every node with `ipam-cni` as a container runtime adds
+//! them, and reach each other across nodes through the TC datapath. Then `ipamctl` shows the
+//! blocks per node, read from etcd. Everything is created here and removed at the end, also
+//! when a step fails.
 
 use std::{
     io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
+    net::{Ipv4Addr, Ipv6Addr, TcpListener, TcpStream},
     time::{Duration, Instant},
 };
 
 use ipam_api::types::Mac;
 use ipam_tests::{
-    BpffsRoot, TempDir, TempFile,
-    cni::run_cni,
-    daemon::{Daemon, wait_for_maps},
+    cluster::{Cluster, ClusterNode, ClusterPod, UPLINK, node_addresses, wait_until},
     netns::{Netns, veth},
     pod_net::{reaches, reaches_from},
     resolve::Resolver,
     run, workspace_binary,
 };
 
-const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 1);
-const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 2);
-const SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 80, 0, 100);
-const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 1);
-const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 2);
-const SERVICE_V6: Ipv6Addr = Ipv6Addr::new(0xfd80, 0, 0, 0, 0, 0, 0, 0x100);
+const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
+const CLIENT_V6: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0x100);
+const SERVICE_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 200);
+const SERVICE_V6: Ipv6Addr = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, 0x200);
+const NODES: usize = 3;
 
 fn step(n: u32, text: &str) {
     println!("\n[{n}] {text}");
 }
 
 fn main() {
-    println!("IPAM lab: one node announces a service IP, a client on the same link reaches it.");
-    let node = Netns::new("labnode");
-    let client = Netns::new("labcli");
-    let root = BpffsRoot::new();
-    let config_file = TempFile::new("lab", "toml");
-    let ipam_dir = TempDir::new("lab-ipam-");
-    let config = config_file.0.clone();
+    println!(
+        "IPAM lab: a cluster on one L2 segment: etcd, two operators, three nodes, pods on \
+         every node, and a client."
+    );
+    step(1, "The segment and the store: a bridge, three etcd members");
+    let mut c = Cluster::start("lab", 0);
+    println!(
+        "    fabric namespace {}: br0 10.77.0.254/24, fd77::fe/64",
+        c.fabric.name
+    );
+    println!(
+        "    etcd members: {} (key prefix {})",
+        c.store.endpoints.join(", "),
+        c.store.prefix
+    );
 
-    step(1, "Building the network");
-    veth(&node, "eth0", &client, "eth0");
-    node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "eth0"]);
-    node.ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{NODE_V6}/64"),
-        "dev",
-        "eth0",
-        "nodad",
-    ]);
-    client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "eth0"]);
+    step(
+        2,
+        "Two operator replicas: one leads, through a lease in etcd",
+    );
+    for _ in 0..2 {
+        let op = c.start_operator();
+        c.operators.push(Some(op));
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "an operator to lead",
+        || c.leader().is_some(),
+        || c.operator_log(0),
+    );
+    println!("    leading: {}", c.leader().unwrap_or_default());
+
+    step(
+        3,
+        "Three nodes join (ipamd --role agent); node-0 also announces a service IP",
+    );
+    let announce = format!(
+        "[[announcement]]\nip = \"{SERVICE_V4}\"\ninterface = \"{UPLINK}\"\n\n\
+         [[announcement]]\nip = \"{SERVICE_V6}\"\ninterface = \"{UPLINK}\"\n"
+    );
+    for i in 0..NODES {
+        let started = Instant::now();
+        let index = c.add_node_with("lab", if i == 0 { &announce } else { "" });
+        let (v4, v6) = node_addresses(index);
+        println!(
+            "    {} in namespace {}: {UPLINK} {v4}/24, {v6}/64; agent answering after {} ms",
+            c.nodes[index].name,
+            c.nodes[index].ns.name,
+            started.elapsed().as_millis()
+        );
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "every node's blocks and router addresses",
+        || c.nodes.iter().all(ClusterNode::ready),
+        || format!("{:?}\n{}", c.blocks(), c.nodes[0].log()),
+    );
+    for (node, blocks) in c.blocks() {
+        let blocks: Vec<String> = blocks.iter().map(ToString::to_string).collect();
+        println!("    {node}: {}", blocks.join(", "));
+    }
+    // The service IP is local to node-0 (its kernel accepts traffic for it) but the kernel must
+    // not answer ARP for it: the eBPF responder does, on the interfaces the daemon chooses.
+    let node0 = &c.nodes[0];
+    node0
+        .ns
+        .ip(&["addr", "add", &format!("{SERVICE_V4}/32"), "dev", "lo"]);
+    node0.ns.run(|| {
+        run("sysctl", &["-qw", "net.ipv4.conf.all.arp_ignore=1"]);
+    });
+
+    step(
+        4,
+        "A client on the segment, routing each node's blocks to that node",
+    );
+    let client = Netns::new("labcli");
+    veth(&client, "eth0", &c.fabric, "pcli");
+    c.fabric.ip(&["link", "set", "pcli", "master", "br0"]);
+    client.ip(&["addr", "add", &format!("{CLIENT_V4}/24"), "dev", "eth0"]);
     client.ip(&[
+        "-6",
         "addr",
         "add",
         &format!("{CLIENT_V6}/64"),
@@ -62,74 +120,143 @@ fn main() {
         "eth0",
         "nodad",
     ]);
-    // The service IP is local to the node (on lo, like a LoadBalancer VIP) so the node's kernel
-    // accepts traffic for it, but the kernel must not answer ARP for it on eth0: the eBPF
-    // responder does, on exactly the interfaces the daemon chooses.
-    node.ip(&["addr", "add", &format!("{SERVICE_IP}/32"), "dev", "lo"]);
-    node.run(|| {
-        run("sysctl", &["-qw", "net.ipv4.conf.all.arp_ignore=1"]);
-    });
+    for (i, node) in c.nodes.iter().enumerate() {
+        let (v4, v6) = node_addresses(i);
+        for cidr in c.blocks().get(&node.name).into_iter().flatten() {
+            let (family, via) = match cidr.family() {
+                ipam_core::Family::V4 => ("-4", &v4),
+                ipam_core::Family::V6 => ("-6", &v6),
+            };
+            client.ip(&[family, "route", "add", &cidr.to_string(), "via", via]);
+        }
+    }
     println!(
-        "    node   namespace {:<14} eth0 {NODE_IP}/24, MAC {}",
-        node.name,
-        Mac(node.mac("eth0"))
-    );
-    println!(
-        "    client namespace {:<14} eth0 {CLIENT_IP}/24, MAC {}",
-        client.name,
-        Mac(client.mac("eth0"))
+        "    client namespace {}: eth0 {CLIENT_V4}/24, {CLIENT_V6}/64",
+        client.name
     );
 
     step(
-        2,
-        "Starting ipamd in the node: it announces the service IPs on eth0 and runs IPAM \
-         (cluster-pool, dual-stack)",
+        5,
+        "The client finds the service IP (ARP, NDP) and reaches it",
     );
-    std::fs::write(
-        &config,
-        format!(
-            "[datapath]\nbpffs_root = \"{root}\"\n\n\
-             [[announcement]]\nip = \"{SERVICE_IP}\"\ninterface = \"eth0\"\n\n\
-             [[announcement]]\nip = \"{SERVICE_V6}\"\ninterface = \"eth0\"\n\n\
-             [ipam]\nmode = \"cluster-pool\"\nnode_name = \"lab-node\"\n\
-             store = \"{dir}/store.redb\"\nstate_dir = \"{dir}/node\"\nsocket = \"{dir}/api/ipamd.sock\"\n\
-             families = [\"v4\", \"v6\"]\nuplinks = [\"eth0\"]\n\n\
-             [[ipam.pool]]\nname = \"default\"\n\
-             ipv4 = {{ cidrs = [\"10.244.0.0/16\"], maskSize = 24 }}\n\
-             ipv6 = {{ cidrs = [\"fd00:244::/104\"], maskSize = 120 }}\n",
-            root = root.0.display(),
-            dir = ipam_dir.0.display()
-        ),
-    )
-    .expect("write lab config");
-    println!("    config: {}", config.display());
-    let started = Instant::now();
-    let daemon = Daemon::start(&node, &config);
-    wait_for_maps(
-        &root.0,
-        Duration::from_secs(20),
-        "the daemon to announce",
-        |m| m.list().map(|l| l.len() == 2).unwrap_or(false),
-    );
-    println!(
-        "    ipamd is answering after {} ms; it loaded its eBPF responder and pinned it under {}",
-        started.elapsed().as_millis(),
-        root.0.display()
-    );
+    service(&c, &client);
+
     step(
-        3,
-        &format!("The client asks \"who has {SERVICE_IP}?\" (ARP)"),
+        6,
+        "Pods: ipam-cni adds one pod to every node; they reach each other across nodes",
     );
-    let node_mac = node.mac("eth0");
+    let pods: Vec<ClusterPod> = (0..NODES)
+        .map(|i| add_pod(&c.nodes[i], &format!("labp{i}")))
+        .collect();
+    for (i, p) in pods.iter().enumerate() {
+        println!(
+            "    {} pod {}: {} and {}",
+            c.nodes[i].name, p.container, p.v4, p.v6
+        );
+    }
+    let mut checks = Vec::new();
+    for (i, from) in pods.iter().enumerate() {
+        for (j, to) in pods.iter().enumerate() {
+            if i != j {
+                for addr in [&to.v4, &to.v6] {
+                    checks.push((
+                        format!("pod on node-{i} -> pod on node-{j}"),
+                        &from.ns,
+                        addr.clone(),
+                    ));
+                }
+            }
+        }
+        checks.push((
+            format!("client -> pod on node-{i}"),
+            &client,
+            from.v4.clone(),
+        ));
+    }
+    for (what, from, to) in &checks {
+        if !reaches(from, to) {
+            fail(&c, &format!("{what}: {to} does not answer"));
+        }
+        println!("    ping {what:<34} {to:<18} answered");
+    }
+    // A pod sending from an address that is not its own is dropped by the datapath.
+    let spoof = "10.240.255.250";
+    pods[0]
+        .ns
+        .ip(&["addr", "add", &format!("{spoof}/32"), "dev", "eth0"]);
+    if reaches_from(&pods[0].ns, spoof, &pods[1].v4) {
+        fail(&c, "a spoofed source address got through");
+    }
+    println!(
+        "    ping {:<34} {:<18} dropped (spoof_dropped)",
+        format!("pod on node-0, source {spoof}"),
+        pods[1].v4
+    );
+    for node in &c.nodes {
+        let routes = ipam_daemon::datapath::RouteMaps::from_pins(node.bpffs_root())
+            .and_then(|m| m.list())
+            .unwrap_or_default();
+        let shown: Vec<String> = routes
+            .iter()
+            .map(|(cidr, t)| format!("{cidr} via {}", t.next_hop))
+            .collect();
+        println!(
+            "    {} route map (bpf_redirect_neigh out of {UPLINK}): {}",
+            node.name,
+            shown.join(", ")
+        );
+    }
+
+    step(
+        7,
+        "ipamctl ipam status on node-0: its own state, and the cluster's blocks read from etcd",
+    );
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", c.nodes[0].ns.path().display()))
+        .arg(workspace_binary("ipamctl"))
+        .args(["ipam", "status", "--config"])
+        .arg(c.nodes[0].config_path())
+        .output()
+        .expect("run ipamctl");
+    println!("    $ ipamctl ipam status --config <node-0's ipamd.toml>");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("    {line}");
+    }
+    if !out.status.success() {
+        fail(
+            &c,
+            &format!(
+                "ipamctl failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        );
+    }
+
+    step(
+        8,
+        "Cleaning up: pods, agents, operators, etcd members, pins and namespaces",
+    );
+    drop(pods);
+    drop(client);
+    drop(c);
+    println!(
+        "    done: three nodes got their blocks from the leading operator over etcd, pods on \
+         every node reached each other across nodes, and the service IP answered; nothing is \
+         left behind."
+    );
+}
+
+/// The client resolves the service IP and talks to it over TCP.
+fn service(c: &Cluster, client: &Netns) {
+    let node_mac = c.nodes[0].ns.mac(UPLINK);
     let answer = client.run(|| {
-        let r = Resolver::new("eth0");
         let t = Instant::now();
-        let a = r.arp(CLIENT_IP, SERVICE_IP, Duration::from_secs(1));
+        let a = Resolver::new("eth0").arp(CLIENT_V4, SERVICE_V4, Duration::from_secs(1));
         (a, t.elapsed())
     });
     match answer {
         (Some(reply), rtt) => println!(
-            "    answered in {} µs: {SERVICE_IP} is at {} (the node's eth0: {})",
+            "    ARP answered in {} µs: {SERVICE_V4} is at {} (node-0's {UPLINK}: {})",
             rtt.as_micros(),
             Mac(reply.sender_mac),
             if reply.sender_mac == node_mac {
@@ -138,249 +265,56 @@ fn main() {
                 "WRONG"
             }
         ),
-        (None, _) => fail("no ARP answer", &daemon),
+        (None, _) => fail(c, "no ARP answer for the service IP"),
     }
-
-    step(
-        4,
-        &format!("The client asks \"who has {SERVICE_V6}?\" (IPv6 neighbour solicitation)"),
-    );
     match client.run(|| Resolver::new("eth0").ndp(CLIENT_V6, SERVICE_V6, Duration::from_secs(1))) {
         Some(na) => println!(
-            "    neighbour advertisement: {SERVICE_V6} is at {} (checksum {})",
-            Mac(na.lladdr_option.map(|o| o.1).unwrap_or_default()),
-            if na.checksum_valid() {
-                "valid"
-            } else {
-                "INVALID"
-            }
+            "    neighbour advertisement: {SERVICE_V6} is at {}",
+            Mac(na.lladdr_option.map(|o| o.1).unwrap_or_default())
         ),
-        None => fail("no NDP answer", &daemon),
+        None => fail(c, "no NDP answer for the service IPv6 address"),
     }
-
-    step(
-        5,
-        &format!("The client pings {SERVICE_IP} and opens a TCP connection to it"),
-    );
-    let ping = client.run(|| {
-        run(
-            "ping",
-            &["-c", "3", "-i", "0.2", "-W", "1", &SERVICE_IP.to_string()],
-        )
-    });
-    if let Some(summary) = ping.lines().find(|l| l.contains("packets transmitted")) {
-        println!("    ping: {summary}");
-    }
-    let listener =
-        node.run(|| TcpListener::bind((SERVICE_IP, 8080)).expect("listen on service IP"));
+    let listener = c.nodes[0]
+        .ns
+        .run(|| TcpListener::bind((SERVICE_V4, 8080)).expect("listen on the service IP"));
     let server = std::thread::spawn(move || {
         if let Ok((mut conn, _)) = listener.accept() {
-            let _ = conn.write_all(b"hello from the service on the node\n");
+            let _ = conn.write_all(b"hello from the service on node-0\n");
         }
     });
     let greeting = client.run(|| {
-        let mut s = TcpStream::connect_timeout(&(SERVICE_IP, 8080).into(), Duration::from_secs(2))
-            .expect("connect to service IP");
+        let mut s = TcpStream::connect_timeout(&(SERVICE_V4, 8080).into(), Duration::from_secs(2))
+            .expect("connect to the service IP");
         let mut text = String::new();
         s.read_to_string(&mut text).expect("read greeting");
         text
     });
     let _ = server.join();
-    println!("    TCP {SERVICE_IP}:8080 said: {}", greeting.trim());
-    let neigh = client.ip(&["neigh", "show", &SERVICE_IP.to_string()]);
-    println!("    client's neighbour table: {}", neigh.trim());
+    println!("    TCP {SERVICE_V4}:8080 said: {}", greeting.trim());
+}
 
-    step(
-        6,
-        "Pods: ipam-cni (main plugin) adds two pods as a container runtime would; they talk over \
-         the TC pod datapath",
-    );
-    let socket = ipam_dir.0.join("api/ipamd.sock");
-    let pods = lab_pods(&node, &client, &socket, &daemon);
-
-    step(
-        7,
-        "What the daemon logged, and what ipamctl shows (pinned eBPF maps, published IPAM status)",
-    );
-    for line in daemon.log_text().lines().filter(|l| l.contains("INFO")) {
-        println!("    | {}", line.split("INFO ").nth(1).unwrap_or(line));
-    }
-    let ctl = workspace_binary("ipamctl");
-    let state_dir = ipam_dir.0.join("node").display().to_string();
+/// Adds a pod like a runtime: code 11 (try again later) is retried, anything else fails.
+fn add_pod(node: &ClusterNode, tag: &str) -> ClusterPod {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !ipam_daemon::daemon::status::read_status(&ipam_dir.0.join("node"))
-        .is_ok_and(|s| s.infra.get("router").is_some_and(|m| m.len() == 2))
-    {
-        if Instant::now() > deadline {
-            fail("the node's router addresses did not appear", &daemon);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for args in [
-        &["announcements"][..],
-        &["status"][..],
-        &["endpoints", "--state-dir", &state_dir][..],
-        &["ipam", "status", "--state-dir", &state_dir][..],
-    ] {
-        let out = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", node.path().display()))
-            .arg(&ctl)
-            .arg("--bpffs-root")
-            .arg(&root.0)
-            .args(args)
-            .output()
-            .expect("run ipamctl");
-        println!("    $ ipamctl {}", args.join(" "));
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            println!("    {line}");
+    loop {
+        match node.try_add_pod(tag) {
+            Ok(pod) => return pod,
+            Err(e) if e["code"] == 11 && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("CNI ADD of {tag} on {}: {e}\n{}", node.name, node.log()),
         }
     }
-
-    step(
-        8,
-        "Cleaning up: CNI DEL of the pods, stopping ipamd, removing pins, IPAM state and namespaces",
-    );
-    for (ns, container) in &pods {
-        let (ok, out) = cni("DEL", container, ns, &socket, &node);
-        if !ok {
-            fail(&format!("CNI DEL of {container}: {out}"), &daemon);
-        }
-    }
-    drop(pods);
-    drop(daemon);
-    drop(config_file);
-    drop(ipam_dir);
-    let announced = IpAddr::V4(SERVICE_IP);
-    println!(
-        "    done: {announced} was announced, resolved and reached, the node got its addresses \
-         from the pool, two pods were wired and routed; nothing is left behind."
-    );
 }
 
-fn fail(what: &str, daemon: &Daemon) -> ! {
-    eprintln!(
-        "LAB FAILED: {what}\n--- ipamd log ---\n{}",
-        daemon.log_text()
-    );
-    // Destructors of the namespaces and pins run on unwinding.
+fn fail(c: &Cluster, what: &str) -> ! {
+    eprintln!("LAB FAILED: {what}");
+    for node in &c.nodes {
+        eprintln!("--- {} log ---\n{}", node.name, node.log());
+    }
+    for i in 0..c.operators.len() {
+        eprintln!("--- operator {i} log ---\n{}", c.operator_log(i));
+    }
+    // Destructors of the namespaces, daemons and etcd members run on unwinding.
     panic!("{what}");
-}
-
-fn cni(
-    command: &str,
-    container: &str,
-    pod: &Netns,
-    socket: &std::path::Path,
-    node: &Netns,
-) -> (bool, serde_json::Value) {
-    let conf = serde_json::json!({
-        "cniVersion": "1.1.0",
-        "name": "lab-pods",
-        "type": "ipam-cni",
-        "socket": socket,
-        "mtu": 1500,
-    });
-    run_cni(
-        &workspace_binary("ipam-cni"),
-        Some(node),
-        command,
-        container,
-        "eth0",
-        Some(pod),
-        &conf,
-    )
-}
-
-/// Adds two pods, shows their addresses and checks who reaches whom.
-fn lab_pods(
-    node: &Netns,
-    client: &Netns,
-    socket: &std::path::Path,
-    daemon: &Daemon,
-) -> Vec<(Netns, String)> {
-    client.ip(&["route", "add", "10.244.0.0/16", "via", &NODE_IP.to_string()]);
-    client.ip(&[
-        "-6",
-        "route",
-        "add",
-        "fd00:244::/104",
-        "via",
-        &NODE_V6.to_string(),
-    ]);
-    let mut pods = Vec::new();
-    let mut addresses = Vec::new();
-    for tag in ["labpoda", "labpodb"] {
-        let ns = Netns::new(tag);
-        let container = format!("lab-{}", ns.name);
-        // Like a runtime: code 11 (try again later) is retried, anything else is an error.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut said = false;
-        let result = loop {
-            let (ok, result) = cni("ADD", &container, &ns, socket, node);
-            if ok {
-                break result;
-            }
-            if result["code"] != 11 || Instant::now() > deadline {
-                fail(&format!("CNI ADD of {container}: {result}"), daemon);
-            }
-            if !said {
-                println!(
-                    "    CNI ADD {container}: code 11, {}",
-                    result["msg"].as_str().unwrap_or("?")
-                );
-                said = true;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let ips: Vec<String> = result["ips"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip["address"].as_str())
-            .map(|a| a.split('/').next().unwrap_or_default().to_owned())
-            .collect();
-        println!(
-            "    CNI ADD {container}: {} (host side {}, gateways {} and {})",
-            ips.join(" and "),
-            result["interfaces"][0]["name"].as_str().unwrap_or("?"),
-            result["ips"][0]["gateway"].as_str().unwrap_or("?"),
-            result["ips"][1]["gateway"].as_str().unwrap_or("?"),
-        );
-        addresses.push(ips);
-        pods.push((ns, container));
-    }
-    let (a, b) = (&pods[0].0, &pods[1].0);
-    let mut checks: Vec<(&str, &Netns, String)> = Vec::new();
-    for ip in &addresses[1] {
-        checks.push(("pod a -> pod b", a, ip.clone()));
-    }
-    for ip in &addresses[0] {
-        checks.push(("pod b -> pod a", b, ip.clone()));
-        checks.push(("node -> pod a", node, ip.clone()));
-        checks.push(("client -> pod a (through the uplink)", client, ip.clone()));
-    }
-    checks.push(("pod a -> node (router address)", a, "10.244.0.1".to_owned()));
-    checks.push((
-        "pod a -> node (router address)",
-        a,
-        "fd00:244::1".to_owned(),
-    ));
-    checks.push(("pod b -> client", b, CLIENT_IP.to_string()));
-    for (what, from, to) in &checks {
-        if !reaches(from, to) {
-            fail(&format!("{what}: {to} does not answer"), daemon);
-        }
-        println!("    ping {what:<38} {to:<16} answered");
-    }
-    // A pod sending from an address that is not its own is dropped by the datapath.
-    a.ip(&["addr", "add", "10.244.0.250/32", "dev", "eth0"]);
-    if reaches_from(a, "10.244.0.250", &addresses[1][0]) {
-        fail("a spoofed source address got through", daemon);
-    }
-    a.ip(&["addr", "del", "10.244.0.250/32", "dev", "eth0"]);
-    println!(
-        "    ping {:<38} {:<16} dropped (spoof_dropped)",
-        "pod a -> pod b, source 10.244.0.250", addresses[1][0]
-    );
-    pods
 }

@@ -325,21 +325,26 @@ mod tests {
         agent.sync(store).await.unwrap();
     }
 
-    #[tokio::test]
-    async fn blocks_on_demand_and_back_only_after_the_grace_and_without_demand() {
-        let dir = crate::test_util::TempPath::new("agent");
+    /// A fresh directory with an embedded store holding one IPv4 pool.
+    async fn store_with_v4_pool(
+        tag: &str,
+        pool: &str,
+        cidr: &str,
+        mask: u8,
+    ) -> (crate::test_util::TempPath, EmbeddedStore) {
+        let dir = crate::test_util::TempPath::new(tag);
         std::fs::create_dir_all(&*dir).unwrap();
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let spec = PodIpPoolSpec {
             ipv4: Some(FamilySpec {
-                cidrs: vec!["10.70.0.0/24".into()],
-                mask_size: 28,
+                cidrs: vec![cidr.into()],
+                mask_size: mask,
             }),
             ipv6: None,
         };
         store
             .create_typed(
-                "t",
+                pool,
                 &PodIpPool {
                     spec,
                     status: PoolStatus::default(),
@@ -347,6 +352,12 @@ mod tests {
             )
             .await
             .unwrap();
+        (dir, store)
+    }
+
+    #[tokio::test]
+    async fn blocks_on_demand_and_back_only_after_the_grace_and_without_demand() {
+        let (dir, store) = store_with_v4_pool("agent", "t", "10.70.0.0/24", 28).await;
         let mut operator = Operator::new(IpamMode::MultiPool);
         let (mut agent, _) = NodeAgent::open(
             &dir.join("node"),
@@ -446,26 +457,8 @@ mod tests {
             resources::{NodeIpamStatus, node_lease_name},
             store::lease::renew,
         };
-        let dir = crate::test_util::TempPath::new("agent-liveness");
-        std::fs::create_dir_all(&*dir).unwrap();
-        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
-        let spec = PodIpPoolSpec {
-            ipv4: Some(FamilySpec {
-                cidrs: vec!["10.80.0.0/24".into()],
-                mask_size: 26,
-            }),
-            ipv6: None,
-        };
-        store
-            .create_typed(
-                "default",
-                &PodIpPool {
-                    spec,
-                    status: PoolStatus::default(),
-                },
-            )
-            .await
-            .unwrap();
+        let (dir, store) =
+            store_with_v4_pool("agent-liveness", "default", "10.80.0.0/24", 26).await;
         let grace = Duration::from_millis(400);
         let agent = |name: &str| {
             NodeAgent::open(

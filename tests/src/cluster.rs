@@ -323,16 +323,7 @@ impl ClusterNode {
         if !ok {
             return Err(result);
         }
-        let address = |i: usize| {
-            result["ips"][i]["address"]
-                .as_str()
-                .unwrap_or_else(|| panic!("no address {i} in {result}"))
-                .split('/')
-                .next()
-                .unwrap()
-                .to_owned()
-        };
-        let (v4, v6) = (address(0), address(1));
+        let (v4, v6) = crate::pod_net::result_addresses(&result);
         Ok(ClusterPod {
             ns,
             container,

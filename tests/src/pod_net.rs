@@ -106,16 +106,7 @@ impl PodNode {
         let container = format!("ctr-{}", ns.name);
         let (ok, result) = self.cni("ADD", &container, Some(&ns));
         assert!(ok, "CNI ADD of {tag}: {result}");
-        let address = |i: usize| {
-            result["ips"][i]["address"]
-                .as_str()
-                .unwrap_or_else(|| panic!("no address {i} in {result}"))
-                .split('/')
-                .next()
-                .unwrap()
-                .to_owned()
-        };
-        let (v4, v6) = (address(0), address(1));
+        let (v4, v6) = result_addresses(&result);
         Pod {
             ns,
             container,
@@ -157,6 +148,20 @@ impl PodNode {
             .unwrap_or_else(|| panic!("no counter {name}"))
             .1
     }
+}
+
+/// The pod's first two addresses (IPv4, IPv6) from a CNI ADD result, without prefix lengths.
+pub fn result_addresses(result: &Value) -> (String, String) {
+    let address = |i: usize| {
+        result["ips"][i]["address"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no address {i} in {result}"))
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    (address(0), address(1))
 }
 
 /// `true` when `from` gets an echo reply from `to` within a few seconds.

@@ -17,6 +17,7 @@ pub mod blocks;
 pub mod cidr;
 pub mod durable;
 pub mod infra;
+pub mod lb;
 pub mod multipool;
 pub mod node;
 pub mod operator;

@@ -1,0 +1,374 @@
+//! Which node answers ARP/NDP for each Service IP. Every node computes the same answer from the
+//! same inputs: the policies, the services' assigned IPs, and the nodes that are alive (their
+//! leases, observed locally) with their labels and interfaces. The owner of an IP is the eligible
+//! node with the highest rendezvous hash of (IP, node): when a node dies only its IPs move, and
+//! no per-service object is written (one lease per node, whatever the number of services).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus};
+use crate::Cidr;
+
+/// A node as the announcement decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub interfaces: Vec<NodeInterface>,
+}
+
+/// An interface of a node that is up, with its addresses (published in the node's record).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeInterface {
+    pub name: String,
+    /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+impl NodeInterface {
+    fn subnets(&self) -> impl Iterator<Item = Cidr> + '_ {
+        self.addresses.iter().filter_map(|a| {
+            let (ip, prefix) = a.split_once('/')?;
+            let ip: IpAddr = ip.parse().ok()?;
+            let prefix: u8 = prefix.parse().ok()?;
+            let net = ipnet::IpNet::new(ip, prefix).ok()?.trunc();
+            format!("{net}").parse().ok()
+        })
+    }
+}
+
+/// One IP to announce: who, for which service, on which of the owner's interfaces.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Announcement {
+    pub ip: IpAddr,
+    pub service: String,
+    pub node: String,
+    pub interfaces: Vec<String>,
+}
+
+/// A policy with its interface patterns compiled.
+struct Policy<'a> {
+    spec: &'a L2PolicySpec,
+    patterns: Vec<regex_lite::Regex>,
+}
+
+impl Policy<'_> {
+    fn interfaces<'n>(&self, node: &'n NodeView) -> Vec<&'n NodeInterface> {
+        node.interfaces
+            .iter()
+            .filter(|i| {
+                self.patterns.is_empty() || self.patterns.iter().any(|p| p.is_match(&i.name))
+            })
+            .collect()
+    }
+}
+
+/// Compiles the policies' interface patterns; a bad pattern is reported with its policy.
+fn compile<'a>(policies: &'a [(String, L2PolicySpec)]) -> (Vec<Policy<'a>>, Vec<(String, String)>) {
+    let mut ok = Vec::new();
+    let mut bad = Vec::new();
+    for (name, spec) in policies {
+        let compiled: Result<Vec<_>, _> = spec
+            .interfaces
+            .iter()
+            .map(|p| regex_lite::Regex::new(&format!("^(?:{p})$")).map_err(|e| (p, e)))
+            .collect();
+        match compiled {
+            Ok(patterns) => ok.push(Policy { spec, patterns }),
+            Err((p, e)) => bad.push((
+                name.clone(),
+                format!("interface pattern {p:?} is not a regular expression: {e}"),
+            )),
+        }
+    }
+    (ok, bad)
+}
+
+/// The rendezvous weight of `node` for `ip`: FNV-1a over both, then a 64-bit finaliser. Fixed
+/// here (not std's hasher, which may change between Rust releases) so that nodes running
+/// different builds during an upgrade still agree.
+pub fn weight(ip: IpAddr, node: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes: Vec<u8> = match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    };
+    for b in bytes.iter().chain([0xffu8].iter()).chain(node.as_bytes()) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // splitmix64's finaliser spreads FNV's low-entropy high bits.
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// Who announces each IP among the `live` nodes. IPs no live node may announce are absent.
+pub fn owners(
+    policies: &[(String, L2PolicySpec)],
+    services: &[(String, ServiceSpec, ServiceStatus)],
+    live: &[NodeView],
+) -> Vec<Announcement> {
+    let (policies, _) = compile(policies);
+    let mut out = Vec::new();
+    for (name, spec, status) in services.iter().filter(|(_, s, _)| s.is_ours()) {
+        let ips = status
+            .ingress
+            .iter()
+            .map(|ip| (*ip, false))
+            .chain(spec.external_ips.iter().map(|ip| (*ip, true)));
+        let mut seen = BTreeSet::new();
+        for (ip, external) in ips {
+            if !seen.insert(ip) {
+                continue;
+            }
+            let best = live
+                .iter()
+                .filter_map(|node| {
+                    let mut interfaces: BTreeSet<String> = BTreeSet::new();
+                    for p in policies.iter().filter(|p| {
+                        p.spec.node_selector.matches(&node.labels)
+                            && p.spec.service_selector.matches(&spec.labels)
+                            && if external {
+                                p.spec.external_ips
+                            } else {
+                                p.spec.load_balancer_ips
+                            }
+                    }) {
+                        interfaces.extend(p.interfaces(node).into_iter().map(|i| i.name.clone()));
+                    }
+                    (!interfaces.is_empty()).then(|| (weight(ip, &node.name), node, interfaces))
+                })
+                .max_by_key(|(w, node, _)| (*w, node.name.clone()));
+            if let Some((_, node, interfaces)) = best {
+                out.push(Announcement {
+                    ip,
+                    service: name.clone(),
+                    node: node.name.clone(),
+                    interfaces: interfaces.into_iter().collect(),
+                });
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Pools whose addresses lie outside the subnet of every interface a policy announces on (the
+/// seed's silently unreachable pool), with the warning to show; and policies with a bad
+/// interface pattern. Judged over all nodes, alive or not.
+pub fn unreachable_pools(
+    pools: &[(String, LbIpPoolSpec)],
+    policies: &[(String, L2PolicySpec)],
+    nodes: &[NodeView],
+) -> (BTreeMap<String, String>, Vec<(String, String)>) {
+    let (compiled, bad) = compile(policies);
+    let mut subnets: BTreeMap<Cidr, Vec<String>> = BTreeMap::new();
+    for node in nodes {
+        for p in compiled
+            .iter()
+            .filter(|p| p.spec.node_selector.matches(&node.labels))
+        {
+            for i in p.interfaces(node) {
+                for s in i.subnets() {
+                    subnets
+                        .entry(s)
+                        .or_default()
+                        .push(format!("{} on {}", i.name, node.name));
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (name, spec) in pools {
+        let mut outside = Vec::new();
+        for block in &spec.blocks {
+            let (first, last) = match (&block.cidr, &block.start, &block.stop) {
+                (Some(c), ..) => match c.parse::<Cidr>() {
+                    Ok(c) => (c.network(), crate::cidr::u128_to_ip(c.family(), c.last())),
+                    Err(_) => continue,
+                },
+                (None, Some(a), Some(b)) => match (a.parse::<IpAddr>(), b.parse::<IpAddr>()) {
+                    (Ok(a), Ok(b)) => (a, b),
+                    _ => continue,
+                },
+                _ => continue,
+            };
+            let inside = subnets
+                .keys()
+                .any(|s| s.contains(first) && s.contains(last));
+            if !inside {
+                outside.push(format!("{first}-{last}"));
+            }
+        }
+        if !outside.is_empty() {
+            let announced: Vec<String> = subnets
+                .iter()
+                .map(|(s, on)| format!("{s} ({})", on.join(", ")))
+                .collect();
+            out.insert(
+                name.clone(),
+                format!(
+                    "addresses {} are outside the subnet of every interface an L2 announcement \
+                     policy announces on ({}): clients on those links will not reach them; use \
+                     a range inside one of those subnets",
+                    outside.join(", "),
+                    if announced.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        announced.join("; ")
+                    }
+                ),
+            );
+        }
+    }
+    (out, bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        Family,
+        lb::resources::{IpFamilyPolicy, LbIpBlock, Selector, ServiceType},
+    };
+
+    fn node(name: &str, zone: &str, ifaces: &[(&str, &str)]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            labels: [("zone".to_owned(), zone.to_owned())].into(),
+            interfaces: ifaces
+                .iter()
+                .map(|(n, a)| NodeInterface {
+                    name: (*n).into(),
+                    addresses: vec![(*a).into()],
+                })
+                .collect(),
+        }
+    }
+
+    fn policy(zone: Option<&str>, interfaces: &[&str]) -> (String, L2PolicySpec) {
+        let mut node_selector = Selector::default();
+        if let Some(z) = zone {
+            node_selector.match_labels.insert("zone".into(), z.into());
+        }
+        (
+            "p".into(),
+            L2PolicySpec {
+                node_selector,
+                service_selector: Selector::default(),
+                interfaces: interfaces.iter().map(|s| (*s).to_owned()).collect(),
+                load_balancer_ips: true,
+                external_ips: false,
+            },
+        )
+    }
+
+    fn services(n: usize, family: Family) -> Vec<(String, ServiceSpec, ServiceStatus)> {
+        (0..n)
+            .map(|i| {
+                let ip: IpAddr = match family {
+                    Family::V4 => format!("10.77.0.{}", 100 + i % 150).parse().unwrap(),
+                    Family::V6 => format!("fd77::{:x}", 0x100 + i).parse().unwrap(),
+                };
+                (
+                    format!("ns/s{i}"),
+                    ServiceSpec {
+                        service_type: ServiceType::LoadBalancer,
+                        labels: Default::default(),
+                        ports: vec![],
+                        load_balancer_class: None,
+                        requested_ips: vec![],
+                        sharing_key: None,
+                        ip_families: vec![family],
+                        ip_family_policy: IpFamilyPolicy::SingleStack,
+                        external_ips: vec![],
+                    },
+                    ServiceStatus {
+                        ingress: vec![ip],
+                        conditions: vec![],
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_owner_per_ip_spread_and_only_the_dead_nodes_ips_move() {
+        for family in [Family::V4, Family::V6] {
+            let nodes: Vec<NodeView> = (0..3)
+                .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
+                .collect();
+            let svcs = services(150, family);
+            let all = owners(&[policy(None, &["eth.*"])], &svcs, &nodes);
+            assert_eq!(all.len(), 150);
+            let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
+            for a in &all {
+                *per_node.entry(a.node.as_str()).or_default() += 1;
+                assert_eq!(a.interfaces, ["eth0"]);
+            }
+            assert!(per_node.values().all(|n| *n > 30), "{per_node:?}");
+            // n1 dies: exactly its IPs move, each to a survivor.
+            let survivors = [nodes[0].clone(), nodes[2].clone()];
+            let after = owners(&[policy(None, &["eth.*"])], &svcs, &survivors);
+            for (before, now) in all.iter().zip(&after) {
+                assert_eq!(before.ip, now.ip);
+                if before.node == "n1" {
+                    assert_ne!(now.node, "n1");
+                } else {
+                    assert_eq!(before.node, now.node, "{} moved needlessly", before.ip);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn node_selector_and_interface_patterns_decide_who_may_announce() {
+        let nodes = [
+            node("a", "east", &[("eth0", "10.77.0.1/24")]),
+            node("b", "west", &[("eth0", "10.77.0.2/24")]),
+            node("c", "east", &[("bond0", "10.77.0.3/24")]),
+        ];
+        let svcs = services(20, Family::V4);
+        let owners = owners(&[policy(Some("east"), &["eth[0-9]+"])], &svcs, &nodes);
+        assert!(owners.iter().all(|a| a.node == "a"), "{owners:?}");
+        let none = super::owners(&[policy(Some("north"), &[])], &svcs, &nodes);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn a_pool_outside_every_announced_subnet_is_flagged() {
+        let nodes = [node("a", "east", &[("eth0", "10.77.0.1/24")])];
+        let pool = |cidr: &str| LbIpPoolSpec {
+            blocks: vec![LbIpBlock {
+                cidr: Some(cidr.into()),
+                ..Default::default()
+            }],
+            service_selector: Selector::default(),
+            allow_first_last_ips: false,
+            disabled: false,
+        };
+        let pools = [
+            ("inside".to_owned(), pool("10.77.0.192/27")),
+            ("outside".to_owned(), pool("172.18.250.0/24")),
+        ];
+        let (flagged, bad) = unreachable_pools(&pools, &[policy(None, &["eth0"])], &nodes);
+        assert!(bad.is_empty());
+        assert_eq!(flagged.keys().collect::<Vec<_>>(), ["outside"]);
+        let m = &flagged["outside"];
+        assert!(
+            m.contains("172.18.250.0-172.18.250.255") && m.contains("10.77.0.0/24 (eth0 on a)"),
+            "{m}"
+        );
+        let (_, bad) = unreachable_pools(&pools, &[policy(None, &["eth("])], &nodes);
+        assert!(bad[0].1.contains("eth("), "{bad:?}");
+    }
+}

@@ -1,0 +1,420 @@
+//! LB-IPAM: which Service gets which IP, from the pools and the services as they are. A pure
+//! function of its inputs, so the operator can run it on every pass, and every rule has a
+//! table test.
+//!
+//! Rules:
+//! - a pool that is invalid, or overlaps a pool earlier in name order, is not used (its status
+//!   says why); a disabled pool keeps its assignments and gives no new ones;
+//! - a service keeps each IP it holds while the IP is in a usable pool that selects it; an IP
+//!   that left every such pool is replaced, and the service's condition says so (never a
+//!   silently dead address);
+//! - requested IPs must lie in an enabled pool that selects the service and be free (or shared);
+//! - services with the same sharing key share an IP when their ports do not clash;
+//! - new IPs are the lowest free address of the first enabled pool (by name) that selects the
+//!   service and has the family; first and last address of each CIDR only with
+//!   `allowFirstLastIPs`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use super::resources::{LbFamilyCount, LbIpPoolSpec, LbIpPoolStatus, ServiceSpec, ServiceStatus};
+use crate::{
+    Cidr, Family,
+    cidr::{ip_to_u128, u128_to_ip},
+    resources::Condition,
+};
+
+/// The condition types LB-IPAM writes.
+pub const READY: &str = "Ready";
+pub const CONFLICT: &str = "Conflict";
+pub const IP_ASSIGNED: &str = "IPAssigned";
+
+/// An inclusive range of usable addresses of one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Range {
+    family: Family,
+    first: u128,
+    last: u128,
+}
+
+impl Range {
+    fn contains(&self, ip: IpAddr) -> bool {
+        Family::of(ip) == self.family && (self.first..=self.last).contains(&ip_to_u128(ip))
+    }
+
+    fn overlaps(&self, other: &Range) -> bool {
+        self.family == other.family && self.first <= other.last && other.first <= self.last
+    }
+
+    fn size(&self) -> u128 {
+        self.last - self.first + 1
+    }
+}
+
+struct UsablePool<'a> {
+    name: &'a str,
+    spec: &'a LbIpPoolSpec,
+    ranges: Vec<Range>,
+}
+
+impl UsablePool<'_> {
+    fn contains(&self, ip: IpAddr) -> bool {
+        self.ranges.iter().any(|r| r.contains(ip))
+    }
+
+    fn has(&self, family: Family) -> bool {
+        self.ranges.iter().any(|r| r.family == family)
+    }
+}
+
+/// The pools' usable ranges, or why a block is not valid.
+fn parse_pool(name: &str, spec: &LbIpPoolSpec) -> Result<Vec<Range>, String> {
+    if spec.blocks.is_empty() {
+        return Err(format!(
+            "pool {name} has no blocks; give spec.blocks a cidr or a start/stop range"
+        ));
+    }
+    let mut ranges = Vec::new();
+    for (i, block) in spec.blocks.iter().enumerate() {
+        let range = match (&block.cidr, &block.start, &block.stop) {
+            (Some(cidr), None, None) => {
+                let cidr: Cidr = cidr
+                    .parse()
+                    .map_err(|e| format!("pool {name} block {i}: {e}"))?;
+                let (base, last) = (cidr.base(), cidr.last());
+                // The first and last address of a CIDR (network and broadcast in IPv4) are
+                // left out unless asked for; a /31, /32, /127 or /128 keeps them all.
+                let (first, last) = if spec.allow_first_last_ips || cidr.host_bits() <= 1 {
+                    (base, last)
+                } else {
+                    (base + 1, last - 1)
+                };
+                Range {
+                    family: cidr.family(),
+                    first,
+                    last,
+                }
+            }
+            (None, Some(start), Some(stop)) => {
+                let parse = |s: &str| {
+                    s.parse::<IpAddr>()
+                        .map_err(|_| format!("pool {name} block {i}: {s:?} is not an IP address"))
+                };
+                let (start, stop) = (parse(start)?, parse(stop)?);
+                if Family::of(start) != Family::of(stop) {
+                    return Err(format!(
+                        "pool {name} block {i}: start {start} and stop {stop} are of different families"
+                    ));
+                }
+                if ip_to_u128(start) > ip_to_u128(stop) {
+                    return Err(format!(
+                        "pool {name} block {i}: start {start} is after stop {stop}; swap them"
+                    ));
+                }
+                Range {
+                    family: Family::of(start),
+                    first: ip_to_u128(start),
+                    last: ip_to_u128(stop),
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "pool {name} block {i}: give either cidr, or start and stop"
+                ));
+            }
+        };
+        ranges.push(range);
+    }
+    Ok(ranges)
+}
+
+/// What LB-IPAM decided: the new status of every service it serves and of every pool.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    pub services: BTreeMap<String, ServiceStatus>,
+    pub pools: BTreeMap<String, LbIpPoolStatus>,
+}
+
+/// Who holds which IP so far in this pass.
+#[derive(Default)]
+struct Holders<'a> {
+    by_ip: BTreeMap<IpAddr, Vec<(&'a str, &'a ServiceSpec)>>,
+}
+
+impl<'a> Holders<'a> {
+    /// Why `spec` cannot hold `ip`, or `None` if it can (free, or shared without a clash).
+    fn refuses(&self, ip: IpAddr, name: &str, spec: &ServiceSpec) -> Option<String> {
+        let holders = self.by_ip.get(&ip)?;
+        for (other, other_spec) in holders.iter().filter(|(n, _)| *n != name) {
+            match (&spec.sharing_key, &other_spec.sharing_key) {
+                (Some(a), Some(b)) if a == b => {
+                    let clash = spec.ports.iter().find(|p| other_spec.ports.contains(p));
+                    if let Some(p) = clash {
+                        return Some(format!(
+                            "{ip} is shared with service {other} (sharing key {a}), but both use \
+                             port {}/{:?}; change one of the ports or the sharing key",
+                            p.port, p.protocol
+                        ));
+                    }
+                }
+                _ => {
+                    return Some(format!(
+                        "{ip} is taken by service {other}; give both the same sharing key (and \
+                         ports that do not clash) to share it"
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    fn hold(&mut self, ip: IpAddr, name: &'a str, spec: &'a ServiceSpec) {
+        let holders = self.by_ip.entry(ip).or_default();
+        if !holders.iter().any(|(n, _)| *n == name) {
+            holders.push((name, spec));
+        }
+    }
+}
+
+/// Assigns IPs to `services` from `pools`. Services of another class or type are left out of
+/// the result (their status is not LB-IPAM's to write).
+pub fn assign(
+    pools: &[(String, LbIpPoolSpec)],
+    services: &[(String, ServiceSpec, ServiceStatus)],
+) -> Assignment {
+    let mut out = Assignment::default();
+    let mut usable: Vec<UsablePool> = Vec::new();
+    let mut sorted: Vec<&(String, LbIpPoolSpec)> = pools.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, spec) in sorted {
+        let condition = match parse_pool(name, spec) {
+            Err(message) => Condition::new(READY, false, message),
+            Ok(ranges) => {
+                let clash = usable.iter().find_map(|u| {
+                    u.ranges
+                        .iter()
+                        .any(|r| ranges.iter().any(|s| s.overlaps(r)))
+                        .then_some(u.name)
+                });
+                match clash {
+                    Some(other) => Condition::new(
+                        CONFLICT,
+                        true,
+                        format!(
+                            "pool {name} overlaps pool {other}; it is not used until the overlap \
+                             is removed"
+                        ),
+                    ),
+                    None => {
+                        usable.push(UsablePool { name, spec, ranges });
+                        Condition::new(
+                            READY,
+                            true,
+                            if spec.disabled {
+                                "disabled: keeps its assignments, gives no new ones"
+                            } else {
+                                "in use"
+                            },
+                        )
+                    }
+                }
+            }
+        };
+        out.pools.insert(
+            name.clone(),
+            LbIpPoolStatus {
+                conditions: vec![condition],
+                counts: Vec::new(),
+            },
+        );
+    }
+
+    let mut ours: Vec<&(String, ServiceSpec, ServiceStatus)> =
+        services.iter().filter(|(_, s, _)| s.is_ours()).collect();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut holders = Holders::default();
+    // Kept IPs first, for every service, so a new assignment never takes an IP someone holds.
+    let mut kept: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
+    let mut notes: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (name, spec, status) in &ours {
+        let (families, _) = spec.wanted_families();
+        for ip in &status.ingress {
+            let selected = usable
+                .iter()
+                .any(|p| p.contains(*ip) && p.spec.service_selector.matches(&spec.labels));
+            let reason = if !families.contains(&Family::of(*ip)) {
+                Some(format!(
+                    "{ip} is of a family the service no longer asks for"
+                ))
+            } else if !selected {
+                Some(format!(
+                    "{ip} is no longer in a pool that selects this service"
+                ))
+            } else if !spec.requested_ips.is_empty() && !spec.requested_ips.contains(ip) {
+                Some(format!("{ip} is not among the requested IPs"))
+            } else {
+                holders.refuses(*ip, name, spec)
+            };
+            match reason {
+                None => {
+                    holders.hold(*ip, name, spec);
+                    kept.entry(name).or_default().push(*ip);
+                }
+                Some(why) => notes
+                    .entry(name)
+                    .or_default()
+                    .push(format!("gave up {why}")),
+            }
+        }
+    }
+
+    for (name, spec, _) in &ours {
+        let (families, all_required) = spec.wanted_families();
+        let mut ips = kept.remove(name.as_str()).unwrap_or_default();
+        let mut problems = Vec::new();
+        for family in families {
+            if ips.iter().any(|ip| Family::of(*ip) == family) {
+                continue;
+            }
+            match new_ip(&usable, &holders, name, spec, family) {
+                Ok(ip) => {
+                    holders.hold(ip, name, spec);
+                    ips.push(ip);
+                }
+                Err(why) => problems.push(why),
+            }
+        }
+        ips.sort();
+        let assigned = if all_required {
+            problems.is_empty()
+        } else {
+            !ips.is_empty()
+        };
+        let mut message: Vec<String> = notes.remove(name.as_str()).unwrap_or_default();
+        if problems.is_empty() {
+            message.push(if ips.is_empty() {
+                "no IP".to_owned()
+            } else {
+                format!(
+                    "assigned {}",
+                    ips.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            });
+        } else {
+            message.extend(problems);
+        }
+        out.services.insert(
+            name.clone(),
+            ServiceStatus {
+                ingress: ips,
+                conditions: vec![Condition::new(IP_ASSIGNED, assigned, message.join("; "))],
+            },
+        );
+    }
+
+    for pool in &usable {
+        let mut counts = Vec::new();
+        for family in [Family::V4, Family::V6] {
+            let ranges: Vec<&Range> = pool.ranges.iter().filter(|r| r.family == family).collect();
+            if ranges.is_empty() {
+                continue;
+            }
+            let total: u128 = ranges.iter().map(|r| r.size()).sum();
+            let used = holders
+                .by_ip
+                .keys()
+                .filter(|ip| ranges.iter().any(|r| r.contains(**ip)))
+                .count() as u128;
+            counts.push(LbFamilyCount {
+                family,
+                total,
+                used,
+                available: total - used,
+            });
+        }
+        if let Some(status) = out.pools.get_mut(pool.name) {
+            status.counts = counts;
+        }
+    }
+    out
+}
+
+/// A new IP of `family` for the service: a requested one, a shared one, or the lowest free.
+fn new_ip(
+    usable: &[UsablePool],
+    holders: &Holders,
+    name: &str,
+    spec: &ServiceSpec,
+    family: Family,
+) -> Result<IpAddr, String> {
+    let enabled: Vec<&UsablePool> = usable
+        .iter()
+        .filter(|p| !p.spec.disabled && p.spec.service_selector.matches(&spec.labels))
+        .collect();
+    let requested: Vec<IpAddr> = spec
+        .requested_ips
+        .iter()
+        .copied()
+        .filter(|ip| Family::of(*ip) == family)
+        .collect();
+    if !spec.requested_ips.is_empty() {
+        let Some(ip) = requested.first() else {
+            return Err(format!("no requested IP is an {} address", family.name()));
+        };
+        if !enabled.iter().any(|p| p.contains(*ip)) {
+            return Err(format!(
+                "requested IP {ip} is outside every enabled pool that selects this service"
+            ));
+        }
+        return match holders.refuses(*ip, name, spec) {
+            None => Ok(*ip),
+            Some(why) => Err(format!("requested IP {why}")),
+        };
+    }
+    if spec.sharing_key.is_some() {
+        let shared = holders.by_ip.iter().find_map(|(ip, list)| {
+            (Family::of(*ip) == family
+                && list.iter().any(|(_, s)| s.sharing_key == spec.sharing_key)
+                && enabled.iter().any(|p| p.contains(*ip))
+                && holders.refuses(*ip, name, spec).is_none())
+            .then_some(*ip)
+        });
+        if let Some(ip) = shared {
+            return Ok(ip);
+        }
+    }
+    let candidates: Vec<&&UsablePool> = enabled.iter().filter(|p| p.has(family)).collect();
+    if candidates.is_empty() {
+        return Err(format!(
+            "no enabled pool with {} addresses selects this service; add one, or labels the \
+             service a pool selects",
+            family.name()
+        ));
+    }
+    for pool in &candidates {
+        for range in pool.ranges.iter().filter(|r| r.family == family) {
+            let mut n = range.first;
+            loop {
+                let ip = u128_to_ip(family, n);
+                if !holders.by_ip.contains_key(&ip) {
+                    return Ok(ip);
+                }
+                if n == range.last {
+                    break;
+                }
+                n += 1;
+            }
+        }
+    }
+    let names: BTreeSet<&str> = candidates.iter().map(|p| p.name).collect();
+    Err(format!(
+        "pool {} exhausted: every {} address is assigned; add a block to it or another pool",
+        names.into_iter().collect::<Vec<_>>().join(", "),
+        family.name()
+    ))
+}

@@ -1,0 +1,425 @@
+//! Table tests of LB-IPAM: every rule, IPv4 and IPv6.
+
+use std::net::IpAddr;
+
+use super::{
+    assign::{CONFLICT, IP_ASSIGNED, READY, assign},
+    resources::{
+        IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, Protocol, Selector, ServicePort, ServiceSpec,
+        ServiceStatus, ServiceType,
+    },
+};
+use crate::Family;
+
+fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
+    LbIpPoolSpec {
+        blocks: cidrs
+            .iter()
+            .map(|c| LbIpBlock {
+                cidr: Some((*c).to_owned()),
+                ..LbIpBlock::default()
+            })
+            .collect(),
+        service_selector: Selector::default(),
+        allow_first_last_ips: false,
+        disabled: false,
+    }
+}
+
+fn range_pool(start: &str, stop: &str) -> LbIpPoolSpec {
+    LbIpPoolSpec {
+        blocks: vec![LbIpBlock {
+            cidr: None,
+            start: Some(start.into()),
+            stop: Some(stop.into()),
+        }],
+        ..cidr_pool(&[])
+    }
+}
+
+fn svc(family: Family) -> ServiceSpec {
+    ServiceSpec {
+        service_type: ServiceType::LoadBalancer,
+        labels: Default::default(),
+        ports: vec![ServicePort {
+            port: 80,
+            protocol: Protocol::TCP,
+        }],
+        load_balancer_class: None,
+        requested_ips: vec![],
+        sharing_key: None,
+        ip_families: vec![family],
+        ip_family_policy: IpFamilyPolicy::SingleStack,
+        external_ips: vec![],
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Runs LB-IPAM once; returns each service's IPs (as text) and condition message.
+fn run(
+    pools: &[(&str, LbIpPoolSpec)],
+    services: &[(&str, ServiceSpec, Vec<&str>)],
+) -> (
+    Vec<(String, Vec<String>, bool, String)>,
+    super::assign::Assignment,
+) {
+    let pools: Vec<(String, LbIpPoolSpec)> = pools
+        .iter()
+        .map(|(n, p)| ((*n).to_owned(), p.clone()))
+        .collect();
+    let services: Vec<(String, ServiceSpec, ServiceStatus)> = services
+        .iter()
+        .map(|(n, s, held)| {
+            (
+                (*n).to_owned(),
+                s.clone(),
+                ServiceStatus {
+                    ingress: held.iter().map(|h| ip(h)).collect(),
+                    conditions: vec![],
+                },
+            )
+        })
+        .collect();
+    let out = assign(&pools, &services);
+    let rows = out
+        .services
+        .iter()
+        .map(|(n, st)| {
+            let c = &st.conditions[0];
+            assert_eq!(c.kind, IP_ASSIGNED);
+            (
+                n.clone(),
+                st.ingress.iter().map(ToString::to_string).collect(),
+                c.status,
+                c.message.clone(),
+            )
+        })
+        .collect();
+    (rows, out)
+}
+
+/// (family, pool CIDR, first usable, second usable, last usable with allowFirstLastIPs)
+const FAMILIES: [(Family, &str, &str, &str, &str); 2] = [
+    (
+        Family::V4,
+        "192.0.2.0/30",
+        "192.0.2.1",
+        "192.0.2.2",
+        "192.0.2.3",
+    ),
+    (
+        Family::V6,
+        "2001:db8::/126",
+        "2001:db8::1",
+        "2001:db8::2",
+        "2001:db8::3",
+    ),
+];
+
+#[test]
+fn lowest_free_address_without_first_and_last_then_exhaustion() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let (rows, out) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/s1", svc(family), vec![]),
+                ("ns/s2", svc(family), vec![]),
+                ("ns/s3", svc(family), vec![]),
+            ],
+        );
+        assert_eq!(rows[0].1, [first], "{family:?}");
+        assert_eq!(rows[1].1, [second]);
+        assert!(
+            !rows[2].2 && rows[2].3.contains("pool a exhausted"),
+            "{rows:?}"
+        );
+        let counts = &out.pools["a"].counts[0];
+        assert_eq!((counts.total, counts.used, counts.available), (2, 2, 0));
+    }
+}
+
+#[test]
+fn first_and_last_when_allowed_and_ranges_used_whole() {
+    for (family, cidr, _, _, last) in FAMILIES {
+        let mut pool = cidr_pool(&[cidr]);
+        pool.allow_first_last_ips = true;
+        let services: Vec<_> = (0..4).map(|i| (format!("ns/s{i}"), svc(family))).collect();
+        let input: Vec<(&str, ServiceSpec, Vec<&str>)> = services
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.clone(), vec![]))
+            .collect();
+        let (rows, _) = run(&[("a", pool)], &input);
+        assert_eq!(rows[3].1, [last], "{family:?}");
+    }
+    let (rows, _) = run(
+        &[("r", range_pool("10.9.0.7", "10.9.0.8"))],
+        &[
+            ("ns/a", svc(Family::V4), vec![]),
+            ("ns/b", svc(Family::V4), vec![]),
+        ],
+    );
+    assert_eq!(
+        (rows[0].1[0].as_str(), rows[1].1[0].as_str()),
+        ("10.9.0.7", "10.9.0.8")
+    );
+}
+
+#[test]
+fn overlapping_pools_conflict_and_are_not_used() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let wider = if family == Family::V4 {
+            "192.0.2.0/24"
+        } else {
+            "2001:db8::/120"
+        };
+        let (rows, out) = run(
+            &[("a", cidr_pool(&[cidr])), ("b", cidr_pool(&[wider]))],
+            &[("ns/s", svc(family), vec![])],
+        );
+        let b = &out.pools["b"].conditions[0];
+        assert!(
+            b.kind == CONFLICT && b.status && b.message.contains("overlaps pool a"),
+            "{b:?}"
+        );
+        assert!(out.pools["b"].counts.is_empty());
+        assert_eq!(rows[0].1, [first]);
+    }
+}
+
+#[test]
+fn disabled_pool_keeps_assignments_and_gives_no_new_ones() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let mut pool = cidr_pool(&[cidr]);
+        pool.disabled = true;
+        let (rows, out) = run(
+            &[("a", pool)],
+            &[
+                ("ns/old", svc(family), vec![first]),
+                ("ns/new", svc(family), vec![]),
+            ],
+        );
+        let new = rows.iter().find(|r| r.0 == "ns/new").unwrap();
+        let old = rows.iter().find(|r| r.0 == "ns/old").unwrap();
+        assert_eq!(old.1, [first], "{family:?}");
+        assert!(!new.2 && new.3.contains("no enabled pool"), "{new:?}");
+        assert!(out.pools["a"].conditions[0].message.contains("disabled"));
+    }
+}
+
+#[test]
+fn an_ip_removed_from_its_pool_is_replaced_with_a_reason() {
+    for (family, cidr, _, _, _) in FAMILIES {
+        let (old, new_cidr, new_first) = if family == Family::V4 {
+            ("198.51.100.1", "192.0.2.0/30", "192.0.2.1")
+        } else {
+            ("2001:db8:1::1", "2001:db8::/126", "2001:db8::1")
+        };
+        let _ = cidr;
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[new_cidr]))],
+            &[("ns/s", svc(family), vec![old])],
+        );
+        assert_eq!(rows[0].1, [new_first]);
+        assert!(
+            rows[0].2
+                && rows[0].3.contains(&format!("gave up {old}"))
+                && rows[0].3.contains("no longer in a pool"),
+            "{rows:?}"
+        );
+    }
+    // Nowhere to go: the condition says why, no dead address is kept.
+    let (rows, _) = run(&[], &[("ns/s", svc(Family::V4), vec!["198.51.100.1"])]);
+    assert!(rows[0].1.is_empty() && !rows[0].2, "{rows:?}");
+    assert!(rows[0].3.contains("gave up") && rows[0].3.contains("no enabled pool"));
+}
+
+#[test]
+fn requested_ips_inside_and_outside_pools_and_taken() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let outside = if family == Family::V4 {
+            "203.0.113.9"
+        } else {
+            "2001:db8:ff::9"
+        };
+        let mut want = svc(family);
+        want.requested_ips = vec![ip(second)];
+        let mut lost = svc(family);
+        lost.requested_ips = vec![ip(outside)];
+        let mut late = svc(family);
+        late.requested_ips = vec![ip(second)];
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/a-want", want, vec![]),
+                ("ns/b-outside", lost, vec![]),
+                ("ns/c-other", svc(family), vec![]),
+                ("ns/d-late", late, vec![]),
+            ],
+        );
+        assert_eq!(rows[0].1, [second], "{family:?}");
+        assert!(
+            !rows[1].2 && rows[1].3.contains("outside every enabled pool"),
+            "{rows:?}"
+        );
+        assert_eq!(rows[2].1, [first]);
+        assert!(
+            !rows[3].2 && rows[3].3.contains("taken by service ns/a-want"),
+            "{rows:?}"
+        );
+    }
+}
+
+#[test]
+fn sharing_key_shares_without_port_clash_and_refuses_with_one() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let shared = |port| {
+            let mut s = svc(family);
+            s.sharing_key = Some("web".into());
+            s.ports = vec![ServicePort {
+                port,
+                protocol: Protocol::TCP,
+            }];
+            s
+        };
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/http", shared(80), vec![]),
+                ("ns/https", shared(443), vec![]),
+                ("ns/http2", shared(80), vec![]),
+            ],
+        );
+        let of = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().1.clone();
+        assert_eq!(of("ns/http"), [first], "{family:?}");
+        assert_eq!(of("ns/https"), [first], "shared");
+        // Port 80 clashes with ns/http: it gets its own address.
+        assert_eq!(of("ns/http2"), [second]);
+        // Asking for the shared IP with a clashing port gets a condition naming the clash.
+        let mut clash = shared(80);
+        clash.requested_ips = vec![ip(first)];
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/http", shared(80), vec![first]),
+                ("ns/x", clash, vec![]),
+            ],
+        );
+        assert!(
+            !rows[1].2 && rows[1].3.contains("both use port 80"),
+            "{rows:?}"
+        );
+    }
+}
+
+#[test]
+fn service_selector_class_and_type_decide_who_is_served() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let mut pool = cidr_pool(&[cidr]);
+        pool.service_selector
+            .match_labels
+            .insert("tier".into(), "edge".into());
+        let mut edge = svc(family);
+        edge.labels.insert("tier".into(), "edge".into());
+        let mut other_class = svc(family);
+        other_class.load_balancer_class = Some("metallb".into());
+        let mut cluster_ip = svc(family);
+        cluster_ip.service_type = ServiceType::ClusterIP;
+        let (rows, _) = run(
+            &[("a", pool)],
+            &[
+                ("ns/edge", edge, vec![]),
+                ("ns/plain", svc(family), vec![]),
+                ("ns/metallb", other_class, vec![]),
+                ("ns/internal", cluster_ip, vec![]),
+            ],
+        );
+        let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        assert_eq!(names, ["ns/edge", "ns/plain"], "others are left alone");
+        assert_eq!(rows[0].1, [first]);
+        assert!(
+            !rows[1].2 && rows[1].3.contains("no enabled pool"),
+            "{rows:?}"
+        );
+    }
+}
+
+#[test]
+fn dual_stack_policies() {
+    let pools = [("a", cidr_pool(&["192.0.2.0/30", "2001:db8::/126"]))];
+    let only_v4 = [("v4", cidr_pool(&["192.0.2.0/30"]))];
+    let mut prefer = svc(Family::V4);
+    prefer.ip_family_policy = IpFamilyPolicy::PreferDualStack;
+    let mut require = svc(Family::V6);
+    require.ip_family_policy = IpFamilyPolicy::RequireDualStack;
+    let (rows, _) = run(
+        &pools,
+        &[
+            ("ns/p", prefer.clone(), vec![]),
+            ("ns/r", require.clone(), vec![]),
+        ],
+    );
+    assert_eq!(rows[0].1, ["192.0.2.1", "2001:db8::1"]);
+    assert_eq!(rows[1].1, ["192.0.2.2", "2001:db8::2"]);
+    let (rows, _) = run(
+        &only_v4,
+        &[("ns/p", prefer, vec![]), ("ns/r", require, vec![])],
+    );
+    assert!(
+        rows[0].2 && rows[0].1 == ["192.0.2.1"],
+        "prefer: one family is enough"
+    );
+    assert!(
+        !rows[1].2 && rows[1].3.contains("IPv6"),
+        "require: {rows:?}"
+    );
+}
+
+#[test]
+fn invalid_pools_say_what_is_wrong() {
+    let bad = [
+        ("host-bits", cidr_pool(&["192.0.2.1/24"]), "host bits"),
+        ("backwards", range_pool("10.0.0.9", "10.0.0.1"), "swap them"),
+        (
+            "mixed",
+            range_pool("10.0.0.1", "2001:db8::1"),
+            "different families",
+        ),
+        ("empty", cidr_pool(&[]), "no blocks"),
+    ];
+    for (name, pool, expected) in bad {
+        let (_, out) = run(&[(name, pool)], &[]);
+        let c = &out.pools[name].conditions[0];
+        assert!(
+            c.kind == READY && !c.status && c.message.contains(expected),
+            "{c:?}"
+        );
+    }
+}
+
+#[test]
+fn assignments_are_stable_across_passes() {
+    for (family, cidr, ..) in FAMILIES {
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[("ns/b", svc(family), vec![])],
+        );
+        let held = rows[0].1.clone();
+        // A service sorted before it arrives later: the held IP stays where it is.
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/a", svc(family), vec![]),
+                (
+                    "ns/b",
+                    svc(family),
+                    held.iter().map(String::as_str).collect(),
+                ),
+            ],
+        );
+        assert_eq!(rows[1].1, held, "{family:?}");
+        assert_ne!(rows[0].1, held);
+    }
+}

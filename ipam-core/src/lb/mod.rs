@@ -1,0 +1,8 @@
+//! Service IPs: the load-balancer resources, LB-IPAM (which Service gets which IP), and which
+//! node announces each IP.
+
+pub mod announce;
+pub mod assign;
+#[cfg(test)]
+mod assign_tests;
+pub mod resources;

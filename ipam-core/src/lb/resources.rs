@@ -1,0 +1,243 @@
+//! Load-balancer resources as stored (and as YAML for `ipamctl apply`): the pools Service IPs
+//! come from, the Services, and the policies that say which nodes announce them. Field names
+//! follow Kubernetes' and Cilium's where users know them.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Family, resources::Condition, store::Resource};
+
+/// The `loadBalancerClass` this project serves; services without a class are served too.
+pub const LB_CLASS: &str = "ipam-ebpf.io/l2";
+
+/// A label selector (Kubernetes' `matchLabels` and `matchExpressions`); empty matches all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Selector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl Selector {
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator {
+                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
+                    SelectorOperator::Exists => value.is_some(),
+                    SelectorOperator::DoesNotExist => value.is_none(),
+                }
+            })
+    }
+}
+
+/// A pool of Service IPs (like CiliumLoadBalancerIPPool).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbIpPool {
+    pub spec: LbIpPoolSpec,
+    #[serde(default)]
+    pub status: LbIpPoolStatus,
+}
+
+impl Resource for LbIpPool {
+    const KIND: &'static str = "LoadBalancerIPPool";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LbIpPoolSpec {
+    /// CIDRs or start/stop ranges, IPv4 and IPv6.
+    pub blocks: Vec<LbIpBlock>,
+    /// Which services may take IPs from it; empty: every service.
+    #[serde(default)]
+    pub service_selector: Selector,
+    /// Also hand out the first and last address of each CIDR (network and broadcast for IPv4).
+    #[serde(default)]
+    pub allow_first_last_ips: bool,
+    /// Keeps its assignments, gives no new ones.
+    #[serde(default)]
+    pub disabled: bool,
+}
+
+/// A CIDR (`cidr`) or an inclusive range (`start`, `stop`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbIpBlock {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbIpPoolStatus {
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub counts: Vec<LbFamilyCount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbFamilyCount {
+    pub family: Family,
+    pub total: u128,
+    pub used: u128,
+    pub available: u128,
+}
+
+/// A Service (the parts LB-IPAM and L2 announcements read); named `<namespace>/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Service {
+    pub spec: ServiceSpec,
+    #[serde(default)]
+    pub status: ServiceStatus,
+}
+
+impl Resource for Service {
+    const KIND: &'static str = "Service";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    #[serde(rename = "type", default)]
+    pub service_type: ServiceType,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_balancer_class: Option<String>,
+    /// IPs asked for (like the `lbipam.cilium.io/ips` annotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requested_ips: Vec<IpAddr>,
+    /// Services with the same key share an IP when their ports do not clash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_families: Vec<Family>,
+    #[serde(default)]
+    pub ip_family_policy: IpFamilyPolicy,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_ips: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServiceType {
+    #[default]
+    LoadBalancer,
+    ClusterIP,
+    NodePort,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IpFamilyPolicy {
+    #[default]
+    SingleStack,
+    PreferDualStack,
+    RequireDualStack,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServicePort {
+    pub port: u16,
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Protocol {
+    #[default]
+    TCP,
+    UDP,
+    SCTP,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceStatus {
+    /// The assigned IPs (Kubernetes' `status.loadBalancer.ingress`).
+    #[serde(default)]
+    pub ingress: Vec<IpAddr>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+impl ServiceSpec {
+    /// Whether LB-IPAM of this project serves it.
+    pub fn is_ours(&self) -> bool {
+        self.service_type == ServiceType::LoadBalancer
+            && self
+                .load_balancer_class
+                .as_deref()
+                .is_none_or(|c| c == LB_CLASS)
+    }
+
+    /// The families it wants, in order of preference, and whether all are required.
+    pub fn wanted_families(&self) -> (Vec<Family>, bool) {
+        let first = self.ip_families.first().copied().unwrap_or(Family::V4);
+        let other = match first {
+            Family::V4 => Family::V6,
+            Family::V6 => Family::V4,
+        };
+        match self.ip_family_policy {
+            IpFamilyPolicy::SingleStack => (vec![first], true),
+            IpFamilyPolicy::PreferDualStack => (vec![first, other], false),
+            IpFamilyPolicy::RequireDualStack => (vec![first, other], true),
+        }
+    }
+}
+
+/// Which nodes announce which services' IPs, on which interfaces (like
+/// CiliumL2AnnouncementPolicy).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct L2AnnouncementPolicy {
+    pub spec: L2PolicySpec,
+}
+
+impl Resource for L2AnnouncementPolicy {
+    const KIND: &'static str = "L2AnnouncementPolicy";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct L2PolicySpec {
+    #[serde(default)]
+    pub node_selector: Selector,
+    #[serde(default)]
+    pub service_selector: Selector,
+    /// Regular expressions over interface names (anchored); empty: every interface.
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+    #[serde(default = "yes")]
+    pub load_balancer_ips: bool,
+    #[serde(default)]
+    pub external_ips: bool,
+}
+
+fn yes() -> bool {
+    true
+}

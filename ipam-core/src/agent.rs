@@ -37,9 +37,32 @@ pub struct NodeAgent {
     empty_since: BTreeMap<Cidr, Instant>,
     /// Blocks another node holds now, still in use here (logged once).
     retired: BTreeSet<Cidr>,
-    /// The node's addresses between nodes, published in its record for the others' routes.
-    addresses: Vec<std::net::IpAddr>,
+    /// What the node publishes about itself in its record.
+    facts: NodeFacts,
     release_grace: Duration,
+}
+
+/// What a node says about itself in its record: its addresses between nodes (the others route
+/// its pods there), its labels and its interfaces (L2 announcement policies select by them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub addresses: Vec<std::net::IpAddr>,
+    pub labels: BTreeMap<String, String>,
+    pub interfaces: Vec<crate::lb::announce::NodeInterface>,
+}
+
+impl NodeFacts {
+    fn published_in(&self, record: &NodeIpam) -> bool {
+        self.addresses == record.spec.addresses
+            && self.labels == record.spec.labels
+            && self.interfaces == record.spec.interfaces
+    }
+
+    fn publish(&self, record: &mut NodeIpam) {
+        record.spec.addresses = self.addresses.clone();
+        record.spec.labels = self.labels.clone();
+        record.spec.interfaces = self.interfaces.clone();
+    }
 }
 
 /// How long a block must stay empty before it goes back: a fresh block is empty until the
@@ -83,7 +106,7 @@ impl NodeAgent {
                 releasing: BTreeSet::new(),
                 empty_since: BTreeMap::new(),
                 retired: BTreeSet::new(),
-                addresses: Vec::new(),
+                facts: NodeFacts::default(),
                 release_grace: RELEASE_GRACE,
             },
             report,
@@ -99,9 +122,9 @@ impl NodeAgent {
         self.demand.clone()
     }
 
-    /// The node's addresses between nodes (written to its record on the next sync).
-    pub fn set_addresses(&mut self, addresses: Vec<std::net::IpAddr>) {
-        self.addresses = addresses;
+    /// What the node publishes about itself (written to its record on the next sync).
+    pub fn set_facts(&mut self, facts: NodeFacts) {
+        self.facts = facts;
     }
 
     /// Shortens the grace before empty blocks go back (tests).
@@ -119,7 +142,9 @@ impl NodeAgent {
                         pools: Vec::new(),
                         pod_cidrs: self.pod_cidrs.clone(),
                         reclaim: Vec::new(),
-                        addresses: self.addresses.clone(),
+                        addresses: self.facts.addresses.clone(),
+                        labels: self.facts.labels.clone(),
+                        interfaces: self.facts.interfaces.clone(),
                     },
                     ..NodeIpam::default()
                 };
@@ -156,11 +181,10 @@ impl NodeAgent {
             }
         }
         if self.mode != IpamMode::MultiPool {
-            if reclaim != record.value.spec.reclaim || self.addresses != record.value.spec.addresses
-            {
+            if reclaim != record.value.spec.reclaim || !self.facts.published_in(&record.value) {
                 let mut updated = record.value.clone();
                 updated.spec.reclaim = reclaim;
-                updated.spec.addresses = self.addresses.clone();
+                self.facts.publish(&mut updated);
                 store
                     .update_unless_changed(&self.node, &updated, record.revision)
                     .await?;
@@ -226,12 +250,12 @@ impl NodeAgent {
         }
         if requests != record.value.spec.pools
             || reclaim != record.value.spec.reclaim
-            || self.addresses != record.value.spec.addresses
+            || !self.facts.published_in(&record.value)
         {
             let mut updated = record.value.clone();
             updated.spec.pools = requests;
             updated.spec.reclaim = reclaim;
-            updated.spec.addresses = self.addresses.clone();
+            self.facts.publish(&mut updated);
             store
                 .update_unless_changed(&self.node, &updated, record.revision)
                 .await?;

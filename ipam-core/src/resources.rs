@@ -95,6 +95,13 @@ pub struct NodeIpamSpec {
     /// nodes send traffic for this node's pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<std::net::IpAddr>,
+    /// The node's labels (L2 announcement policies select nodes by them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The node's interfaces that are up, with their addresses: where it could announce
+    /// Service IPs, and which subnets those reach.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<crate::lb::announce::NodeInterface>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

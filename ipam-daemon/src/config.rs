@@ -177,6 +177,9 @@ pub struct IpamSettings {
     /// nodes route this node's pod CIDRs; by default the first uplink's addresses.
     #[serde(default)]
     pub node_addresses: Vec<IpAddr>,
+    /// The node's labels: L2 announcement policies select the nodes that may announce by them.
+    #[serde(default)]
+    pub node_labels: BTreeMap<String, String>,
     /// Pools written to the store on start and on reload.
     #[serde(default, rename = "pool")]
     pub pools: Vec<PoolConfig>,
@@ -294,6 +297,17 @@ pub enum ConfigError {
     )]
     EtcdMissing { path: PathBuf },
     #[error(
+        "config file {path}: [datapath] liveness_timeout_ms ({timeout}) must be under half of \
+         [cluster] node_lease_ms ({lease}): a node that cannot renew its lease must go silent \
+         before another node may take its service IPs; lower liveness_timeout_ms or raise \
+         node_lease_ms"
+    )]
+    Fencing {
+        path: PathBuf,
+        timeout: u64,
+        lease: u64,
+    },
+    #[error(
         "config file {path}: [cluster] node_grace_ms ({grace}) must be at least node_lease_ms \
          ({lease}), or nodes lose their blocks while their lease still holds"
     )]
@@ -387,6 +401,22 @@ impl Config {
                     interface: a.interface.clone(),
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// For a node on a shared store: its responders must go silent (liveness timeout after the
+    /// last heartbeat, which stops at half a lease without renewal) before another node may take
+    /// its service IPs over (a whole lease without renewal).
+    pub fn check_fencing(&self, path: &std::path::Path) -> Result<(), ConfigError> {
+        if self.store.kind == StoreKind::Etcd
+            && self.datapath.liveness_timeout_ms * 2 >= self.cluster.node_lease_ms
+        {
+            return Err(ConfigError::Fencing {
+                path: path.to_owned(),
+                timeout: self.datapath.liveness_timeout_ms,
+                lease: self.cluster.node_lease_ms,
+            });
         }
         Ok(())
     }

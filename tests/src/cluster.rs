@@ -146,7 +146,7 @@ impl Cluster {
         std::fs::write(
             &config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
+                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 500\nheartbeat_interval_ms = 100\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
                  node_name = \"{name}\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
                  families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n\n{extra_config}",
                 root.0.display(),

@@ -54,6 +54,24 @@ impl Resolver {
         self.next_arp(timeout, |f| f.op == ARP_REPLY && f.sender_ip == target)
     }
 
+    /// Sends an ARP request for `target` and returns the MAC of every reply to it within
+    /// `window` (a second answer would be a second node claiming the IP).
+    pub fn arp_all(&self, sender: Ipv4Addr, target: Ipv4Addr, window: Duration) -> Vec<[u8; 6]> {
+        self.socket_arp
+            .send(&ArpFrame::request(self.mac, sender, target).to_bytes())
+            .expect("send ARP request");
+        let deadline = Instant::now() + window;
+        let mut macs = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Some(f) = self.next_arp(left, |f| {
+                f.op == ARP_REPLY && f.sender_ip == target && f.target_mac == self.mac
+            }) {
+                macs.push(f.sender_mac);
+            }
+        }
+        macs
+    }
+
     /// Waits for an ARP frame matching `want`.
     pub fn next_arp(
         &self,

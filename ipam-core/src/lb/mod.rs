@@ -5,4 +5,5 @@ pub mod announce;
 pub mod assign;
 #[cfg(test)]
 mod assign_tests;
+pub mod controller;
 pub mod resources;

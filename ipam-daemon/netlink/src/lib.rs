@@ -31,6 +31,11 @@ use netlink_packet_route::{
 use rtnetlink::{AddressMessageBuilder, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
 
+/// EADDRNOTAVAIL: the address to remove is not there.
+const fn libc_eaddrnotavail() -> i32 {
+    99
+}
+
 use socket::RouteSocket;
 
 /// A netlink operation that failed, with the object it was about.
@@ -237,6 +242,36 @@ impl Netlink {
                     e,
                 )
             })
+    }
+
+    /// Removes `ip/prefix_len` from link `index`; removing what is not there is not an error.
+    pub fn delete_address(
+        &self,
+        index: u32,
+        ip: IpAddr,
+        prefix_len: u8,
+    ) -> Result<(), NetlinkError> {
+        let message: AddressMessage = match ip {
+            IpAddr::V4(v4) => AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(v4, prefix_len)
+                .build(),
+            IpAddr::V6(v6) => AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(v6, prefix_len)
+                .build(),
+        };
+        match self
+            .socket
+            .request(RouteNetlinkMessage::DelAddress(message), NLM_F_ACK)
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc_eaddrnotavail()) => Ok(()),
+            Err(e) => Err(NetlinkError::new(
+                format!("cannot remove address {ip}/{prefix_len} from link #{index}"),
+                e,
+            )),
+        }
     }
 
     /// Addresses on link `index`, as (address, prefix length).

@@ -1,6 +1,7 @@
 //! What the daemon needs to run as one of many: the store it shares with the other nodes and
 //! operator replicas, the watches that wake its controllers, and the operator role.
 
+pub mod cache;
 pub mod changes;
 pub mod operator;
 pub mod store;

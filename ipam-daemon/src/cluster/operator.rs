@@ -9,6 +9,10 @@ use std::{sync::Arc, time::Duration};
 
 use ipam_core::{
     backoff::Backoff,
+    lb::{
+        controller as lb_ipam,
+        resources::{L2AnnouncementPolicy, LbIpPool, Service},
+    },
     operator::{Operator, OperatorError, Report, record_mode},
     pool::IpamMode,
     resources::{NodeIpam, OPERATOR_LEASE, PodIpPool},
@@ -75,6 +79,9 @@ pub async fn run<S: Store + Clone + 'static>(
         vec![
             Interest::All(PodIpPool::KIND),
             Interest::All(NodeIpam::KIND),
+            Interest::All(LbIpPool::KIND),
+            Interest::All(Service::KIND),
+            Interest::All(L2AnnouncementPolicy::KIND),
         ],
     );
     let mut election =
@@ -85,6 +92,7 @@ pub async fn run<S: Store + Clone + 'static>(
     let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
     let mut resync = tokio::time::interval(settings.cluster.resync());
     let mut operator: Option<Operator> = None;
+    let mut last_lb_problems = Vec::new();
     let mut dirty = true;
     let mut retry_at: Option<tokio::time::Instant> = None;
     loop {
@@ -137,11 +145,17 @@ pub async fn run<S: Store + Clone + 'static>(
         } else {
             None
         });
-        match op.reconcile(&store).await {
-            Ok(report) => {
+        let pass = async {
+            let report = op.reconcile(&store).await?;
+            let lb = lb_ipam::reconcile(&store).await?;
+            Ok::<_, OperatorError>((report, lb))
+        };
+        match pass.await {
+            Ok((report, lb)) => {
                 dirty = false;
                 backoff.reset();
                 log_report(&report);
+                log_lb_report(&lb, &mut last_lb_problems);
             }
             Err(OperatorError::NotLeading) => {
                 tracing::warn!("operator pass stopped: leadership could not be renewed in time");
@@ -227,6 +241,19 @@ fn log_report(report: &Report) {
     }
     for (object, problem) in &report.problems {
         tracing::warn!(object = object.as_str(), "{problem}");
+    }
+}
+
+/// Logs new Service IPs, and problems when they change (not on every pass).
+fn log_lb_report(report: &lb_ipam::LbReport, last_problems: &mut Vec<(String, String)>) {
+    for (service, ips) in &report.assigned {
+        tracing::info!(service = service.as_str(), ?ips, "service IPs assigned");
+    }
+    if &report.problems != last_problems {
+        for (object, problem) in &report.problems {
+            tracing::warn!(object = object.as_str(), "{problem}");
+        }
+        *last_problems = report.problems.clone();
     }
 }
 

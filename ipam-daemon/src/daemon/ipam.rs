@@ -15,7 +15,7 @@ use std::{
 
 use ipam_core::{
     Family,
-    agent::{AgentError, NodeAgent},
+    agent::{AgentError, NodeAgent, NodeFacts},
     backoff::Backoff,
     infra::{INFRA_RETRY_CAP, allocate_waiting},
     multipool::Watermarks,
@@ -29,6 +29,7 @@ use super::{
     endpoints::Endpoints,
     host_network::HostNetwork,
     infra_state::InfraState,
+    service_ips::{OwnLease, ServiceAnnouncements},
     status::{PoolSummary, PublishedStatus, STATUS_FILE, write_status},
 };
 use crate::{
@@ -56,8 +57,27 @@ pub enum IpamRuntimeError {
     Endpoints(std::io::Error),
 }
 
+/// What a node in a cluster (shared store) has beyond the standalone node.
+#[derive(Clone)]
+pub struct ClusterParts {
+    /// When the node last renewed its lease: the responders' heartbeat stops without it.
+    pub own: Arc<OwnLease>,
+    /// The service IPs this node answers for.
+    pub announcements: Arc<ServiceAnnouncements>,
+    pub node_lease: Duration,
+}
+
+impl ClusterParts {
+    /// Whether the node may keep its responders answering: its lease was renewed within half
+    /// the lease (others take over only after a whole lease without a renewal).
+    pub fn may_answer(&self) -> bool {
+        self.own.fresh(self.node_lease / 2)
+    }
+}
+
 pub struct IpamRuntime {
     settings: IpamSettings,
+    cluster: Option<ClusterParts>,
     store: ClusterStore,
     agent: NodeAgent,
     /// Signalled when the node's record or a pool changed in the store.
@@ -73,8 +93,8 @@ pub struct IpamRuntime {
     /// The pools and the node's conditions as last read from the store.
     seen_pools: Vec<PoolSummary>,
     seen_node_conditions: Vec<ipam_core::resources::Condition>,
-    /// The node's addresses between nodes, as last published.
-    node_addresses: Vec<IpAddr>,
+    /// What the node published about itself last.
+    facts: NodeFacts,
     datapath: Arc<Mutex<Datapath>>,
     endpoints: Arc<Endpoints>,
     host: HostNetwork,
@@ -146,15 +166,32 @@ impl IpamRuntime {
                 datapath.clone(),
             ));
         }
+        let mut cluster_parts = None;
         if store.is_shared() {
+            let own = Arc::new(OwnLease::default());
+            let announcements = Arc::new(ServiceAnnouncements::default());
             tokio::spawn(renew_node_lease(
                 store.clone(),
                 settings.node_name.clone(),
                 cluster.node_lease(),
                 cluster.node_renew_interval(),
+                own.clone(),
             ));
+            tokio::spawn(super::service_ips::run(
+                store.clone(),
+                settings.node_name.clone(),
+                cluster.node_lease(),
+                own.clone(),
+                announcements.clone(),
+            ));
+            cluster_parts = Some(ClusterParts {
+                own,
+                announcements,
+                node_lease: cluster.node_lease(),
+            });
         }
         let runtime = Self {
+            cluster: cluster_parts,
             host: HostNetwork::new(settings.host_device.clone(), settings.uplinks.clone()),
             settings,
             store,
@@ -167,7 +204,7 @@ impl IpamRuntime {
             published: None,
             seen_pools: Vec::new(),
             seen_node_conditions: Vec::new(),
-            node_addresses: Vec::new(),
+            facts: NodeFacts::default(),
             datapath,
             endpoints,
             passes: 0,
@@ -268,6 +305,11 @@ impl IpamRuntime {
         Ok(())
     }
 
+    /// The node's cluster parts (lease, service IPs), on a shared store.
+    pub fn cluster(&self) -> Option<ClusterParts> {
+        self.cluster.clone()
+    }
+
     /// Signalled when the store has something for the agent.
     pub fn wake(&self) -> Arc<Notify> {
         self.wake.clone()
@@ -294,19 +336,15 @@ impl IpamRuntime {
             tracing::warn!("cannot publish the IPAM status: {e}");
         }
         if self.passes % ADDRESS_CHECK_PASSES == 1 {
-            let addresses = if self.settings.node_addresses.is_empty() {
-                self.settings
-                    .uplinks
-                    .first()
-                    .map(|u| super::routes::uplink_addresses(u))
-                    .unwrap_or_default()
-            } else {
-                self.settings.node_addresses.clone()
-            };
-            if addresses != self.node_addresses {
-                tracing::info!(?addresses, "node addresses between nodes");
-                self.node_addresses = addresses.clone();
-                self.agent.set_addresses(addresses);
+            let facts = self.node_facts();
+            if facts != self.facts {
+                tracing::info!(
+                    addresses = ?facts.addresses,
+                    interfaces = ?facts.interfaces.iter().map(|i| &i.name).collect::<Vec<_>>(),
+                    "node facts published"
+                );
+                self.facts = facts.clone();
+                self.agent.set_facts(facts);
                 self.store_pass().await;
             }
         }
@@ -352,6 +390,30 @@ impl IpamRuntime {
                 );
                 self.store_retry_at = Some(tokio::time::Instant::now() + delay);
             }
+        }
+    }
+
+    /// The node's addresses between nodes (the first uplink's, or as configured), its labels,
+    /// and its interfaces with addresses (not the loopback, not the pods' gateway device).
+    fn node_facts(&self) -> NodeFacts {
+        let addresses = if self.settings.node_addresses.is_empty() {
+            self.settings
+                .uplinks
+                .first()
+                .map(|u| super::routes::uplink_addresses(u))
+                .unwrap_or_default()
+        } else {
+            self.settings.node_addresses.clone()
+        };
+        let host = &self.settings.host_device;
+        let interfaces = super::routes::interfaces_with_addresses()
+            .into_iter()
+            .filter(|i| i.name != "lo" && &i.name != host && i.name != format!("{host}_peer"))
+            .collect();
+        NodeFacts {
+            addresses,
+            labels: self.settings.node_labels.clone(),
+            interfaces,
         }
     }
 
@@ -427,6 +489,7 @@ async fn renew_node_lease(
     node: String,
     duration: Duration,
     interval: Duration,
+    own: Arc<OwnLease>,
 ) {
     let name = node_lease_name(&node);
     let mut tick = tokio::time::interval(interval);
@@ -434,8 +497,11 @@ async fn renew_node_lease(
     let mut failing_since: Option<std::time::Instant> = None;
     loop {
         tick.tick().await;
+        let asked = std::time::Instant::now();
         match lease::renew(&store, &name, &node, duration).await {
             Ok(()) => {
+                // Counted from before the write: others may count from when they saw it.
+                own.renewed(asked);
                 if let Some(since) = failing_since.take() {
                     tracing::info!(
                         lease = name.as_str(),

@@ -13,6 +13,7 @@ mod infra_state;
 pub mod ipam;
 mod pods;
 pub mod routes;
+pub mod service_ips;
 pub mod status;
 
 use std::{
@@ -237,6 +238,7 @@ async fn run_operator(config_path: PathBuf, mut config: Config) -> Result<(), Da
 }
 
 async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Result<(), DaemonError> {
+    config.check_fencing(&config_path)?;
     let mut datapath =
         Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
     datapath.heartbeat(config.datapath.liveness_timeout())?;
@@ -253,7 +255,7 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
     let datapath = Arc::new(Mutex::new(datapath));
 
     let mut retry = Backoff::new(RETRY_CAP);
-    let mut retry_at = apply(&datapath, &config, &mut retry)?;
+    let mut retry_at = apply(&datapath, &config, None, &mut retry)?;
     let mut operator = None;
     let mut ipam = match config.ipam.clone() {
         Some(settings) => {
@@ -278,6 +280,8 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
         None => None,
     };
     let wake: Option<Arc<Notify>> = ipam.as_ref().map(|r| r.wake());
+    let cluster = ipam.as_ref().and_then(|r| r.cluster());
+    let mut silenced = false;
     let mut local_pass = tokio::time::interval(LOCAL_PASS);
     local_pass.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut resync = tokio::time::interval(config.cluster.resync());
@@ -302,13 +306,33 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
         };
         tokio::select! {
             _ = heartbeat.tick() => {
+                // Fencing: without a fresh node lease the responders go silent, before any
+                // other node may take this node's service IPs over.
+                if let Some(c) = &cluster && !c.may_answer() {
+                    if !silenced {
+                        tracing::warn!("node lease not renewed in time: responders go silent until it is");
+                        silenced = true;
+                    }
+                    continue;
+                }
+                if std::mem::take(&mut silenced) {
+                    tracing::info!("node lease renewed: responders answer again");
+                }
                 let beat = datapath.lock().expect("datapath lock").heartbeat(config.datapath.liveness_timeout());
                 if let Err(e) = beat {
                     tracing::error!("cannot write heartbeat, responders will go silent: {e}");
                 }
             }
+            () = async {
+                match &cluster {
+                    Some(c) => c.announcements.changed().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                retry_at = apply(&datapath, &config, cluster.as_ref(), &mut retry)?;
+            }
             () = retry_sleep => {
-                retry_at = apply(&datapath, &config, &mut retry)?;
+                retry_at = apply(&datapath, &config, cluster.as_ref(), &mut retry)?;
             }
             _ = local_pass.tick(), if ipam.is_some() => {
                 if let Some(runtime) = ipam.as_mut() {
@@ -347,7 +371,7 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
                         config = new;
                         heartbeat = tokio::time::interval(config.datapath.heartbeat_interval());
                         retry.reset();
-                        retry_at = apply(&datapath, &config, &mut retry)?;
+                        retry_at = apply(&datapath, &config, cluster.as_ref(), &mut retry)?;
                     }
                     Err(e) => tracing::error!("keeping the running configuration: {e}"),
                 },
@@ -364,13 +388,23 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
     Ok(())
 }
 
-/// Reconciles once; returns when to try again if some interface could not be served.
+/// Reconciles once (the configured announcements and, in a cluster, the service IPs this node
+/// owns); returns when to try again if some interface could not be served.
 fn apply(
     datapath: &Mutex<Datapath>,
     config: &Config,
+    cluster: Option<&ipam::ClusterParts>,
     retry: &mut Backoff,
 ) -> Result<Option<tokio::time::Instant>, DaemonError> {
-    let report = announcer::reconcile(&mut datapath.lock().expect("datapath lock"), config)?;
+    let mut wanted = config.clone();
+    if let Some(c) = cluster {
+        for a in c.announcements.wanted() {
+            if !wanted.announcements.contains(&a) {
+                wanted.announcements.push(a);
+            }
+        }
+    }
+    let report = announcer::reconcile(&mut datapath.lock().expect("datapath lock"), &wanted)?;
     log_report(&report);
     if report.failed.is_empty() {
         retry.reset();

@@ -14,15 +14,13 @@ use std::{
     time::Duration,
 };
 
-use ipam_core::{
-    Cidr, Family,
-    backoff::Backoff,
-    resources::NodeIpam,
-    store::{Resource as _, Store, WatchEvent, decode},
-};
+use ipam_core::{Cidr, Family, resources::NodeIpam};
 
 use crate::{
-    cluster::ClusterStore,
+    cluster::{
+        ClusterStore,
+        cache::{Cache, watch_until_it_works},
+    },
     datapath::{Datapath, RouteTarget},
     net::iface,
 };
@@ -30,7 +28,6 @@ use crate::{
 /// How often the map is checked against the records even without changes (an uplink that
 /// appeared late, a map entry removed by hand).
 const RECHECK: Duration = Duration::from_secs(5);
-const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// The routes this node wants: every block of every other node that published an address of
 /// the block's family, through `uplink_ifindex`.
@@ -77,51 +74,19 @@ pub async fn run(
     uplink: String,
     datapath: Arc<Mutex<Datapath>>,
 ) {
-    let mut backoff = Backoff::new(RETRY_CAP);
-    let mut watch = loop {
-        match store.watch(NodeIpam::KIND).await {
-            Ok(w) => break w,
-            Err(e) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "cannot follow the nodes for pod routes yet: {e}"
-                );
-                tokio::time::sleep(delay).await;
-            }
-        }
-    };
-    let mut records: BTreeMap<String, NodeIpam> = BTreeMap::new();
-    absorb_all(&mut records, &watch.initial);
+    let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "pod routes").await;
+    let mut records: Cache<NodeIpam> = Cache::new(&watch.initial);
     let mut programmed: BTreeMap<Cidr, RouteTarget> = BTreeMap::new();
     let mut recheck = tokio::time::interval(RECHECK);
     loop {
-        program(&node, &uplink, &records, &mut programmed, &datapath);
+        let current: BTreeMap<String, NodeIpam> = records
+            .iter()
+            .map(|r| (r.name.clone(), r.value.clone()))
+            .collect();
+        program(&node, &uplink, &current, &mut programmed, &datapath);
         tokio::select! {
-            event = watch.next() => match event {
-                Ok(WatchEvent::Put(o)) => match decode::<NodeIpam>(&o) {
-                    Ok(v) => { records.insert(v.name, v.value); }
-                    Err(e) => tracing::warn!("{e}"),
-                },
-                Ok(WatchEvent::Deleted { name, .. }) => { records.remove(&name); }
-                Ok(WatchEvent::Resync { objects, .. }) => {
-                    records.clear();
-                    absorb_all(&mut records, &objects);
-                }
-                Err(e) => tracing::warn!("node watch for pod routes interrupted, resuming: {e}"),
-            },
+            event = watch.next() => records.apply(event),
             _ = recheck.tick() => {}
-        }
-    }
-}
-
-fn absorb_all(records: &mut BTreeMap<String, NodeIpam>, objects: &[ipam_core::store::RawObject]) {
-    for o in objects {
-        match decode::<NodeIpam>(o) {
-            Ok(v) => {
-                records.insert(v.name, v.value);
-            }
-            Err(e) => tracing::warn!("{e}"),
         }
     }
 }
@@ -170,6 +135,43 @@ fn program(
             Err(e) => tracing::warn!(%cidr, "cannot add pod route: {e}"),
         }
     }
+}
+
+/// Every interface of the node that is up and has an address other than a link-local one, with
+/// those addresses (`ip/prefix`), sorted by name.
+pub fn interfaces_with_addresses() -> Vec<ipam_core::lb::announce::NodeInterface> {
+    let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
+        return Vec::new();
+    };
+    let Ok(netlink) = ipam_netlink::Netlink::open() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let state = std::fs::read_to_string(entry.path().join("operstate")).unwrap_or_default();
+        if !matches!(state.trim(), "up" | "unknown") {
+            continue;
+        }
+        let Ok(index) = iface::index(&name) else {
+            continue;
+        };
+        let addresses: Vec<String> = netlink
+            .addresses(index)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(ip, _)| match ip {
+                IpAddr::V4(v4) => !v4.is_link_local(),
+                IpAddr::V6(v6) => !v6.is_unicast_link_local(),
+            })
+            .map(|(ip, prefix)| format!("{ip}/{prefix}"))
+            .collect();
+        if !addresses.is_empty() {
+            out.push(ipam_core::lb::announce::NodeInterface { name, addresses });
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The node's addresses between nodes: the global unicast addresses of `uplink`, one per

@@ -1,0 +1,160 @@
+//! The operator's LB-IPAM controller: reads pools, services, policies and node records from the
+//! store, runs the assignment, and writes what changed: each service's IPs and condition, each
+//! pool's counts and conditions, and the warning for pools no announced interface reaches.
+
+use super::{
+    announce::{NodeView, unreachable_pools},
+    assign::{IP_ASSIGNED, assign},
+    resources::{L2AnnouncementPolicy, LbIpPool, Service},
+};
+use crate::{
+    resources::{Condition, NodeIpam},
+    store::{StoreError, TypedStore},
+};
+
+/// The condition a pool (and its services) get when no announced interface reaches it.
+pub const REACHABLE: &str = "Reachable";
+
+/// What a pass changed, for the log.
+#[derive(Debug, Default)]
+pub struct LbReport {
+    /// (service, IPs) whose IPs changed.
+    pub assigned: Vec<(String, Vec<std::net::IpAddr>)>,
+    /// (object, message) for every service or pool that is not as asked.
+    pub problems: Vec<(String, String)>,
+}
+
+/// The nodes' labels and interfaces from their records.
+pub fn node_views(records: &[crate::store::Versioned<NodeIpam>]) -> Vec<NodeView> {
+    records
+        .iter()
+        .map(|r| NodeView {
+            name: r.name.clone(),
+            labels: r.value.spec.labels.clone(),
+            interfaces: r.value.spec.interfaces.clone(),
+        })
+        .collect()
+}
+
+/// One LB-IPAM pass. Safe to run at any time and as often as wanted.
+pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError> {
+    let pools = store.list_typed::<LbIpPool>().await?;
+    let services = store.list_typed::<Service>().await?;
+    let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
+    let nodes = store.list_typed::<NodeIpam>().await?;
+    let pool_specs: Vec<_> = pools
+        .iter()
+        .map(|p| (p.name.clone(), p.value.spec.clone()))
+        .collect();
+    let policy_specs: Vec<_> = policies
+        .iter()
+        .map(|p| (p.name.clone(), p.value.spec.clone()))
+        .collect();
+    let service_rows: Vec<_> = services
+        .iter()
+        .map(|s| (s.name.clone(), s.value.spec.clone(), s.value.status.clone()))
+        .collect();
+    let mut decided = assign(&pool_specs, &service_rows);
+    let (unreachable, bad_policies) =
+        unreachable_pools(&pool_specs, &policy_specs, &node_views(&nodes));
+    let mut report = LbReport::default();
+    for (policy, message) in bad_policies {
+        report
+            .problems
+            .push((format!("L2AnnouncementPolicy {policy}"), message));
+    }
+    // Policies decide reachability only once there are some: without any, nothing is announced.
+    let judge_reach = !policy_specs.is_empty();
+    for p in &pools {
+        let Some(mut status) = decided.pools.remove(&p.name) else {
+            continue;
+        };
+        if judge_reach {
+            status.conditions.push(match unreachable.get(&p.name) {
+                Some(message) => Condition::new(REACHABLE, false, message.clone()),
+                None => Condition::new(REACHABLE, true, "inside an announced subnet"),
+            });
+        }
+        for c in status
+            .conditions
+            .iter()
+            .filter(|c| c.kind != "Conflict" && !c.status)
+        {
+            report
+                .problems
+                .push((format!("LoadBalancerIPPool {}", p.name), c.message.clone()));
+        }
+        if status != p.value.status {
+            let mut updated = p.value.clone();
+            updated.status = status;
+            store
+                .update_unless_changed(&p.name, &updated, p.revision)
+                .await?;
+        }
+    }
+    for s in &services {
+        let Some(mut status) = decided.services.remove(&s.name) else {
+            continue;
+        };
+        if judge_reach {
+            // The seed's silent failure made loud: an assigned IP nothing on the link reaches.
+            let unreachable_pool = pools.iter().find(|p| {
+                unreachable.contains_key(&p.name)
+                    && status
+                        .ingress
+                        .iter()
+                        .any(|ip| decided_pool_contains(&p.value, *ip))
+            });
+            if let Some(p) = unreachable_pool {
+                status.conditions.push(Condition::new(
+                    REACHABLE,
+                    false,
+                    format!(
+                        "its IP comes from pool {}: {}",
+                        p.name, unreachable[&p.name]
+                    ),
+                ));
+            }
+        }
+        for c in status.conditions.iter().filter(|c| !c.status) {
+            report
+                .problems
+                .push((format!("Service {}", s.name), c.message.clone()));
+        }
+        if status != s.value.status {
+            if status.ingress != s.value.status.ingress {
+                report
+                    .assigned
+                    .push((s.name.clone(), status.ingress.clone()));
+            }
+            let mut updated = s.value.clone();
+            updated.status = status;
+            store
+                .update_unless_changed(&s.name, &updated, s.revision)
+                .await?;
+        }
+    }
+    debug_assert!(IP_ASSIGNED != REACHABLE);
+    Ok(report)
+}
+
+/// Whether `ip` lies in one of the pool's blocks (as written; validity is judged elsewhere).
+fn decided_pool_contains(pool: &LbIpPool, ip: std::net::IpAddr) -> bool {
+    use crate::{Cidr, cidr::ip_to_u128};
+    pool.spec
+        .blocks
+        .iter()
+        .any(|b| match (&b.cidr, &b.start, &b.stop) {
+            (Some(c), ..) => c.parse::<Cidr>().is_ok_and(|c| c.contains(ip)),
+            (None, Some(a), Some(z)) => match (a.parse(), z.parse()) {
+                (Ok(a), Ok(z)) => {
+                    let n = ip_to_u128(ip);
+                    crate::Family::of(ip) == crate::Family::of(a)
+                        && ip_to_u128(a) <= n
+                        && n <= ip_to_u128(z)
+                }
+                _ => false,
+            },
+            _ => false,
+        })
+}

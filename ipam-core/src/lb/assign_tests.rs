@@ -58,14 +58,14 @@ fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
+/// A service's name, IPs (as text), whether its condition is true, and its message.
+type Row = (String, Vec<String>, bool, String);
+
 /// Runs LB-IPAM once; returns each service's IPs (as text) and condition message.
 fn run(
     pools: &[(&str, LbIpPoolSpec)],
     services: &[(&str, ServiceSpec, Vec<&str>)],
-) -> (
-    Vec<(String, Vec<String>, bool, String)>,
-    super::assign::Assignment,
-) {
+) -> (Vec<Row>, super::assign::Assignment) {
     let pools: Vec<(String, LbIpPoolSpec)> = pools
         .iter()
         .map(|(n, p)| ((*n).to_owned(), p.clone()))

@@ -213,6 +213,44 @@ impl Cluster {
         }
     }
 
+    /// Writes `value` as `name` (creating or replacing it).
+    pub fn put<T: ipam_core::store::Resource + Clone + 'static>(&self, name: &str, value: &T) {
+        let (name, value) = (name.to_owned(), value.clone());
+        self.with_store(async move |s| {
+            loop {
+                let result = match s.get_typed::<T>(&name).await.expect("read") {
+                    None => s.create_typed(&name, &value).await,
+                    Some(cur) => s.update_typed(&name, &value, cur.revision).await,
+                };
+                if result.is_ok() {
+                    break;
+                }
+            }
+        });
+    }
+
+    /// Every object of `T`'s kind.
+    pub fn list<T: ipam_core::store::Resource + 'static>(&self) -> Vec<Versioned<T>> {
+        self.with_store(async |s| s.list_typed::<T>().await)
+            .unwrap_or_default()
+    }
+
+    /// A client host on the segment: 10.77.0.100/24 and fd77::100/64 on its `eth0`.
+    pub fn add_client(&self, tag: &str) -> Netns {
+        let client = Netns::new(tag);
+        veth(
+            &client,
+            "eth0",
+            &self.fabric,
+            &format!("c{}", &client.name[client.name.len().saturating_sub(6)..]),
+        );
+        let port = format!("c{}", &client.name[client.name.len().saturating_sub(6)..]);
+        self.fabric.ip(&["link", "set", &port, "master", "br0"]);
+        client.ip(&["addr", "add", "10.77.0.100/24", "dev", "eth0"]);
+        client.ip(&["-6", "addr", "add", "fd77::100/64", "dev", "eth0", "nodad"]);
+        client
+    }
+
     /// The log of operator replica `i` (empty when it was stopped).
     pub fn operator_log(&self, i: usize) -> String {
         self.operators[i]
@@ -256,6 +294,19 @@ impl ClusterNode {
             Duration::from_secs(1),
         )
         .is_ok()
+    }
+
+    /// A power loss: the agent SIGKILLed and the node's link to the segment cut.
+    pub fn power_off(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.kill();
+        }
+        self.ns.ip(&["link", "set", UPLINK, "down"]);
+    }
+
+    /// The MAC of the node's uplink.
+    pub fn mac(&self) -> [u8; 6] {
+        self.ns.mac(UPLINK)
     }
 
     /// `true` when the agent can serve pods (router addresses in place).

@@ -24,17 +24,12 @@ use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F
 use netlink_packet_route::{
     AddressFamily, RouteNetlinkMessage,
     address::{AddressAttribute, AddressFlags, AddressMessage},
-    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkMessage},
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkMessage},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
     route::{RouteScope, RouteType},
 };
 use rtnetlink::{AddressMessageBuilder, LinkMessageBuilder, LinkUnspec, RouteMessageBuilder};
 use thiserror::Error;
-
-/// EADDRNOTAVAIL: the address to remove is not there.
-const fn libc_eaddrnotavail() -> i32 {
-    99
-}
 
 use socket::RouteSocket;
 
@@ -73,6 +68,8 @@ pub struct LinkInfo {
     pub name: String,
     pub mac: [u8; 6],
     pub mtu: u32,
+    /// Administratively up and with a carrier.
+    pub up: bool,
 }
 
 /// A netlink connection to one network namespace.
@@ -112,6 +109,24 @@ impl Netlink {
             )
         })?;
         Ok(Self { socket })
+    }
+
+    /// Every link of the namespace.
+    pub fn links(&self) -> Result<Vec<LinkInfo>, NetlinkError> {
+        let answers = self
+            .socket
+            .request(
+                RouteNetlinkMessage::GetLink(LinkMessage::default()),
+                NLM_F_DUMP,
+            )
+            .map_err(|e| NetlinkError::new("cannot list links", e))?;
+        Ok(answers
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(link) => Some(link_info(link)),
+                _ => None,
+            })
+            .collect())
     }
 
     /// The link named `name`, or `None` when there is none.
@@ -266,7 +281,7 @@ impl Netlink {
             .request(RouteNetlinkMessage::DelAddress(message), NLM_F_ACK)
         {
             Ok(_) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc_eaddrnotavail()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EADDRNOTAVAIL) => Ok(()),
             Err(e) => Err(NetlinkError::new(
                 format!("cannot remove address {ip}/{prefix_len} from link #{index}"),
                 e,
@@ -393,6 +408,8 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
         name: String::new(),
         mac: [0; 6],
         mtu: 0,
+        up: msg.header.flags.contains(LinkFlags::Up)
+            && msg.header.flags.contains(LinkFlags::LowerUp),
     };
     for attr in &msg.attributes {
         match attr {

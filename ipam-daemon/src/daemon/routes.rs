@@ -140,24 +140,20 @@ fn program(
 /// Every interface of the node that is up and has an address other than a link-local one, with
 /// those addresses (`ip/prefix`), sorted by name.
 pub fn interfaces_with_addresses() -> Vec<ipam_core::lb::announce::NodeInterface> {
-    let Ok(entries) = std::fs::read_dir("/sys/class/net") else {
-        return Vec::new();
-    };
+    // From netlink, not /sys/class/net: a daemon entered into a namespace with `nsenter --net`
+    // still sees the host's /sys.
     let Ok(netlink) = ipam_netlink::Netlink::open() else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let state = std::fs::read_to_string(entry.path().join("operstate")).unwrap_or_default();
-        if !matches!(state.trim(), "up" | "unknown") {
-            continue;
-        }
-        let Ok(index) = iface::index(&name) else {
-            continue;
-        };
+    for link in netlink
+        .links()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|l| l.up)
+    {
         let addresses: Vec<String> = netlink
-            .addresses(index)
+            .addresses(link.index)
             .unwrap_or_default()
             .into_iter()
             .filter(|(ip, _)| match ip {
@@ -167,7 +163,10 @@ pub fn interfaces_with_addresses() -> Vec<ipam_core::lb::announce::NodeInterface
             .map(|(ip, prefix)| format!("{ip}/{prefix}"))
             .collect();
         if !addresses.is_empty() {
-            out.push(ipam_core::lb::announce::NodeInterface { name, addresses });
+            out.push(ipam_core::lb::announce::NodeInterface {
+                name: link.name,
+                addresses,
+            });
         }
     }
     out.sort();

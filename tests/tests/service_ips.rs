@@ -1,0 +1,290 @@
+//! Service IPs across nodes with real etcd, real agents and a client on the segment: LB-IPAM
+//! assigns from a pool, exactly one node answers ARP for each IP (the client sees no second
+//! answer), the IP moves within seconds when its node loses power, a node cut off from the store
+//! goes silent before another takes over and takes its IPs back when it returns, 200 services
+//! spread over the nodes without per-service store writes, and a pool outside every announced
+//! subnet is flagged.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
+};
+
+use ipam_core::lb::resources::{
+    IpFamilyPolicy, L2AnnouncementPolicy, L2PolicySpec, LbIpBlock, LbIpPool, LbIpPoolSpec,
+    LbIpPoolStatus, Protocol, Selector, Service, ServicePort, ServiceSpec, ServiceStatus,
+    ServiceType,
+};
+use ipam_tests::{
+    cluster::{Cluster, NODE_LEASE_MS, wait_until},
+    netns::Netns,
+    resolve::Resolver,
+};
+
+const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
+
+fn range(start: &str, stop: &str) -> LbIpBlock {
+    LbIpBlock {
+        cidr: None,
+        start: Some(start.into()),
+        stop: Some(stop.into()),
+    }
+}
+
+fn pool(blocks: Vec<LbIpBlock>) -> LbIpPool {
+    LbIpPool {
+        spec: LbIpPoolSpec {
+            blocks,
+            service_selector: Selector::default(),
+            allow_first_last_ips: false,
+            disabled: false,
+        },
+        status: LbIpPoolStatus::default(),
+    }
+}
+
+fn service() -> Service {
+    Service {
+        spec: ServiceSpec {
+            service_type: ServiceType::LoadBalancer,
+            labels: Default::default(),
+            ports: vec![ServicePort {
+                port: 80,
+                protocol: Protocol::TCP,
+            }],
+            load_balancer_class: None,
+            requested_ips: vec![],
+            sharing_key: None,
+            ip_families: vec![],
+            ip_family_policy: IpFamilyPolicy::SingleStack,
+            external_ips: vec![],
+        },
+        status: ServiceStatus::default(),
+    }
+}
+
+/// Every service's IPv4 address, by service name.
+fn service_ips(c: &Cluster) -> BTreeMap<String, Ipv4Addr> {
+    c.list::<Service>()
+        .into_iter()
+        .filter_map(|s| match s.value.status.ingress.first() {
+            Some(IpAddr::V4(v4)) => Some((s.name, *v4)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The MACs that answer one ARP request for `ip`, as the client sees them.
+fn answers(client: &Netns, ip: Ipv4Addr) -> Vec<[u8; 6]> {
+    client.run(move || Resolver::new("eth0").arp_all(CLIENT, ip, Duration::from_millis(250)))
+}
+
+/// Which node's MAC is `mac`.
+fn node_of(macs: &BTreeMap<[u8; 6], String>, mac: [u8; 6]) -> String {
+    macs.get(&mac)
+        .cloned()
+        .unwrap_or_else(|| format!("{mac:x?}"))
+}
+
+/// The node answering for `ip`; panics unless exactly one answers (within a few seconds).
+fn owner_of(c: &Cluster, client: &Netns, macs: &BTreeMap<[u8; 6], String>, ip: Ipv4Addr) -> String {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        got = answers(client, ip);
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        got.len(),
+        1,
+        "{ip}: answers from {got:x?}\n{}",
+        c.nodes
+            .iter()
+            .map(|n| n.log())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    );
+    node_of(macs, got[0])
+}
+
+#[test]
+fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
+    let mut c = Cluster::start("sv", 1);
+    for _ in 0..3 {
+        c.add_node("sv");
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "every agent ready",
+        || c.nodes.iter().all(|n| n.ready()),
+        || format!("{:?}", c.blocks()),
+    );
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    // Inside the segment, around the client's address.
+    c.put(
+        "lb",
+        &pool(vec![
+            range("10.77.0.10", "10.77.0.99"),
+            range("10.77.0.101", "10.77.0.250"),
+        ]),
+    );
+    c.put(
+        "uplinks",
+        &L2AnnouncementPolicy {
+            spec: L2PolicySpec {
+                node_selector: Selector::default(),
+                service_selector: Selector::default(),
+                interfaces: vec!["up[0-9]+".into()],
+                load_balancer_ips: true,
+                external_ips: false,
+            },
+        },
+    );
+    for i in 0..6 {
+        c.put(&format!("default/web-{i}"), &service());
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "the services' IPs",
+        || service_ips(&c).len() == 6,
+        || c.operator_log(0),
+    );
+    let ips = service_ips(&c);
+    let client = c.add_client("svcl");
+
+    // Exactly one MAC answers for each IP.
+    let owners: BTreeMap<String, String> = ips
+        .iter()
+        .map(|(s, ip)| (s.clone(), owner_of(&c, &client, &macs, *ip)))
+        .collect();
+    eprintln!("owners: {owners:?}");
+
+    // Power loss of the node answering for web-0: another node answers within seconds.
+    let victim_name = owners["default/web-0"].clone();
+    let victim = c.nodes.iter().position(|n| n.name == victim_name).unwrap();
+    let ip = ips["default/web-0"];
+    c.nodes[victim].power_off();
+    let lost = Instant::now();
+    let new_owner = loop {
+        let got = answers(&client, ip);
+        assert!(got.len() <= 1, "two nodes answered for {ip}: {got:x?}");
+        if let Some(mac) = got.first() {
+            break node_of(&macs, *mac);
+        }
+        assert!(lost.elapsed() < Duration::from_secs(10), "{ip} never moved");
+    };
+    let took = lost.elapsed();
+    assert_ne!(new_owner, victim_name);
+    eprintln!("{ip} moved from {victim_name} to {new_owner} after {took:?}");
+    assert!(
+        took < Duration::from_millis(NODE_LEASE_MS * 3),
+        "took {took:?} with a {NODE_LEASE_MS} ms node lease"
+    );
+
+    // A node that loses the store but stays on the link goes silent before another answers,
+    // and takes its IPs back when the store returns.
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    let cut = survivors[0];
+    let cut_name = c.nodes[cut].name.clone();
+    let cut_ips: Vec<Ipv4Addr> = ips
+        .iter()
+        .filter(|(_, ip)| owner_of(&c, &client, &macs, **ip) == cut_name)
+        .map(|(_, ip)| *ip)
+        .collect();
+    assert!(!cut_ips.is_empty(), "{cut_name} owns something to lose");
+    c.nodes[cut]
+        .ns
+        .ip(&["route", "add", "blackhole", "10.77.0.254/32"]);
+    let started = Instant::now();
+    let mut moved: BTreeSet<Ipv4Addr> = BTreeSet::new();
+    while moved.len() < cut_ips.len() {
+        for ip in &cut_ips {
+            let got = answers(&client, *ip);
+            assert!(got.len() <= 1, "two nodes answered for {ip}: {got:x?}");
+            if got.first().is_some_and(|m| node_of(&macs, *m) != cut_name) {
+                moved.insert(*ip);
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the cut-off node's IPs never moved: {moved:?} of {cut_ips:?}\n{}",
+            c.nodes[cut].log()
+        );
+    }
+    assert!(c.nodes[cut].log().contains("responders go silent"));
+    c.nodes[cut]
+        .ns
+        .ip(&["route", "del", "blackhole", "10.77.0.254/32"]);
+    wait_until(
+        Duration::from_secs(15),
+        "the returning node to answer for its IPs again",
+        || {
+            cut_ips.iter().all(|ip| {
+                let got = answers(&client, *ip);
+                assert!(got.len() <= 1, "two nodes answered for {ip}: {got:x?}");
+                got.first().is_some_and(|m| node_of(&macs, *m) == cut_name)
+            })
+        },
+        || c.nodes[cut].log(),
+    );
+
+    // 200 services spread over the live nodes, with no store write per service in steady state.
+    for i in 6..206 {
+        c.put(&format!("default/many-{i}"), &service());
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "206 services with IPs",
+        || service_ips(&c).len() == 206,
+        || c.operator_log(0),
+    );
+    let live: Vec<usize> = (0..3).filter(|i| *i != victim).collect();
+    wait_until(
+        Duration::from_secs(10),
+        "the live nodes to announce all 206 IPs",
+        || {
+            live.iter()
+                .map(|i| {
+                    ipam_daemon::datapath::ResponderMaps::from_pins(c.nodes[*i].bpffs_root())
+                        .and_then(|m| m.list())
+                        .map(|l| l.len())
+                        .unwrap_or(0)
+                })
+                .sum::<usize>()
+                == 206
+        },
+        String::new,
+    );
+    for i in &live {
+        let n = ipam_daemon::datapath::ResponderMaps::from_pins(c.nodes[*i].bpffs_root())
+            .unwrap()
+            .list()
+            .unwrap()
+            .len();
+        assert!(n > 50, "{} announces only {n} of 206", c.nodes[*i].name);
+    }
+    let before = c.list::<Service>().iter().map(|s| s.revision).max();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = c.list::<Service>().iter().map(|s| s.revision).max();
+    assert_eq!(before, after, "no service object written in steady state");
+
+    // The seed's silently unreachable pool: flagged on the pool and on its services.
+    c.put("far", &pool(vec![range("172.18.250.1", "172.18.250.9")]));
+    wait_until(
+        Duration::from_secs(10),
+        "the unreachable pool's warning",
+        || {
+            c.list::<LbIpPool>().iter().any(|p| {
+                p.name == "far"
+                    && p.value.status.conditions.iter().any(|c| {
+                        c.kind == "Reachable" && !c.status && c.message.contains("172.18.250.1")
+                    })
+            })
+        },
+        || format!("{:?}", c.list::<LbIpPool>()),
+    );
+}

@@ -251,6 +251,62 @@ impl Cluster {
         client
     }
 
+    /// Every write to the cluster's keys while `during` runs, counted by kind from a watch on
+    /// the whole prefix.
+    pub fn count_writes(&self, during: impl FnOnce()) -> BTreeMap<String, u64> {
+        let config = self.store.clone();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+        let counter = self.fabric.spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async move {
+                    let mut client = etcd_client::Client::connect(&config.endpoints, None)
+                        .await
+                        .expect("etcd client");
+                    let mut watch = client
+                        .watch(
+                            config.prefix.clone(),
+                            Some(etcd_client::WatchOptions::new().with_prefix()),
+                        )
+                        .await
+                        .expect("etcd watch");
+                    ready_tx.send(()).expect("ready");
+                    let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+                    loop {
+                        tokio::select! {
+                            m = watch.message() => {
+                                let Ok(Some(m)) = m else { break };
+                                for e in m.events() {
+                                    let key = e
+                                        .kv()
+                                        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+                                        .unwrap_or_default();
+                                    let kind = key
+                                        .trim_start_matches(&config.prefix)
+                                        .split('/')
+                                        .nth(1)
+                                        .unwrap_or("?")
+                                        .to_owned();
+                                    *by_kind.entry(kind).or_default() += 1;
+                                }
+                            }
+                            () = tokio::time::sleep(Duration::from_millis(50)) => {
+                                if stop_rx.try_recv().is_ok() { break; }
+                            }
+                        }
+                    }
+                    by_kind
+                })
+        });
+        ready_rx.recv().expect("watch started");
+        during();
+        stop_tx.send(()).expect("stop");
+        counter.join().expect("counter")
+    }
+
     /// The log of operator replica `i` (empty when it was stopped).
     pub fn operator_log(&self, i: usize) -> String {
         self.operators[i]

@@ -18,6 +18,9 @@ pub(crate) enum Name {
     /// The cluster over real etcd: 5,000 nodes' blocks, store writes per pod ADD, operator
     /// failover, pod-to-pod across nodes versus kernel routing.
     Cluster,
+    /// Service IP failover after a power loss, failed requests, store writes with 1,000
+    /// services.
+    Failover,
 }
 
 pub(crate) fn run(name: Name) -> anyhow::Result<()> {
@@ -27,6 +30,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Cni => "bench-cni",
         Name::Datapath => "bench-datapath",
         Name::Cluster => "bench-cluster",
+        Name::Failover => "bench-failover",
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;

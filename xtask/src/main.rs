@@ -36,8 +36,13 @@ enum Command {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// Set up, then run the lab: a node namespace announcing an IP and a client reaching it.
-    Lab,
+    /// Set up, then run the lab: a cluster (etcd, operators, three nodes, a client) with pods on
+    /// every node; `lab failover` kills the node answering for a service IP and prints the
+    /// timeline.
+    Lab {
+        #[arg(value_enum)]
+        which: Option<lab::Which>,
+    },
     /// Set up, then run a fuzz target (or all) for a bounded time and report executions.
     Fuzz {
         #[arg(value_enum)]
@@ -67,9 +72,9 @@ fn main() -> anyhow::Result<()> {
             }
             test::run(&args)
         }
-        Command::Lab => {
+        Command::Lab { which } => {
             setup::run()?;
-            lab::run()
+            lab::run(which.unwrap_or_default())
         }
         Command::Fuzz { target, seconds } => {
             setup::run()?;

@@ -87,53 +87,14 @@ fn main() {
 fn store_writes_per_pod_add(c: &Cluster, n: usize) -> (f64, u64) {
     // Steady state: the node's blocks and addresses are written, its agent settled.
     std::thread::sleep(Duration::from_secs(2));
-    let config = c.store.clone();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
-    let counter = c.fabric.spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async move {
-                let mut client = etcd_client::Client::connect(&config.endpoints, None)
-                    .await
-                    .unwrap();
-                let mut watch = client
-                    .watch(
-                        config.prefix.clone(),
-                        Some(etcd_client::WatchOptions::new().with_prefix()),
-                    )
-                    .await
-                    .unwrap();
-                ready_tx.send(()).unwrap();
-                let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
-                loop {
-                    tokio::select! {
-                        m = watch.message() => {
-                            let Ok(Some(m)) = m else { break };
-                            for e in m.events() {
-                                let key = e.kv().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).unwrap_or_default();
-                                let kind = key.trim_start_matches(&config.prefix).split('/').nth(1).unwrap_or("?").to_owned();
-                                *by_kind.entry(kind).or_default() += 1;
-                            }
-                        }
-                        () = tokio::time::sleep(Duration::from_millis(50)) => {
-                            if stop_rx.try_recv().is_ok() { break; }
-                        }
-                    }
-                }
-                by_kind
-            })
+    let mut pods = Vec::new();
+    let by_kind = c.count_writes(|| {
+        pods = (0..POD_ADDS)
+            .map(|i| c.nodes[n].add_pod(&format!("bw{i}")))
+            .collect::<Vec<ClusterPod>>();
+        // Let anything the ADDs would cause reach the store.
+        std::thread::sleep(Duration::from_secs(1));
     });
-    ready_rx.recv().unwrap();
-    let pods: Vec<ClusterPod> = (0..POD_ADDS)
-        .map(|i| c.nodes[n].add_pod(&format!("bw{i}")))
-        .collect();
-    // Let anything the ADDs would cause reach the store.
-    std::thread::sleep(Duration::from_secs(1));
-    stop_tx.send(()).unwrap();
-    let by_kind = counter.join().unwrap();
     drop(pods);
     println!("  writes during the ADDs, by kind: {by_kind:?}");
     let lease = by_kind.get(Lease::KIND).copied().unwrap_or(0);

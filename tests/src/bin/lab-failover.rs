@@ -1,0 +1,67 @@
+//! `cargo xtask lab failover`: the seed's failover measurement, on our system. Three nodes and a
+//! client on one segment, etcd and an operator; a LoadBalancer service with a backend on every
+//! node; the client requests every 50 ms; the node answering for the service IP loses power
+//! (agent SIGKILLed, link cut). Prints the timeline (last success, first failure, first
+//! gratuitous ARP seen by the client, first success again, failed requests) and writes it with a
+//! plot (SVG: requests over time by answering node, failures in their own row) to
+//! `target/lab/`. Everything is cleaned up, also on failure.
+
+use std::time::Duration;
+
+use ipam_tests::{cluster::NODE_LEASE_MS, failover::FailoverRig};
+
+fn main() {
+    println!(
+        "Failover lab: etcd, an operator, three agents and a client on one segment; a service \
+         with a backend on every node."
+    );
+    let mut rig = FailoverRig::start("lfo");
+    println!(
+        "service IP {} answered by {}; node lease {NODE_LEASE_MS} ms (renewed every {} ms), \
+         responders silent 500 ms after a node's last heartbeat",
+        rig.ip,
+        rig.owner().unwrap_or_else(|| "?".into()),
+        NODE_LEASE_MS / 3
+    );
+    println!("the client requests every 50 ms; in 5 s the answering node loses power\n");
+    let run = rig.kill_owner(Duration::from_secs(5), Duration::from_secs(30));
+    let timeline = run.timeline();
+    println!("{timeline}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .join("target/lab");
+    std::fs::create_dir_all(&dir).expect("target/lab");
+    let log = dir.join("failover.log");
+    let plot = dir.join("failover.svg");
+    let samples: Vec<String> = run
+        .samples
+        .iter()
+        .map(|s| {
+            format!(
+                "{:.3} {}",
+                s.at.as_secs_f64(),
+                s.node.as_deref().unwrap_or("FAILED")
+            )
+        })
+        .collect();
+    std::fs::write(
+        &log,
+        format!(
+            "{timeline}\n\nrequests (seconds from start, answering node):\n{}\n",
+            samples.join("\n")
+        ),
+    )
+    .expect("write the log");
+    run.write_svg(&plot).expect("write the plot");
+    println!(
+        "\ntimeline and every request: {}\nplot: {}",
+        log.display(),
+        plot.display()
+    );
+    match run.failover_s() {
+        Some(s) if s <= 2.0 => println!("failover: {s:.2} s (aim: under 2 s)"),
+        Some(s) => println!("failover: {s:.2} s: over the 2 s aim"),
+        None => panic!("the service never answered again"),
+    }
+}

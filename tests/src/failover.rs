@@ -112,8 +112,8 @@ impl KillRun {
     pub fn last_success_before(&self) -> Option<&Sample> {
         self.samples
             .iter()
-            .filter(|s| s.at < self.killed_at && s.node.is_some())
-            .last()
+            .rev()
+            .find(|s| s.at < self.killed_at && s.node.is_some())
     }
 
     pub fn first_failure(&self) -> Option<&Sample> {

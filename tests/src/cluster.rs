@@ -252,7 +252,7 @@ impl Cluster {
     }
 
     /// Every write to the cluster's keys while `during` runs, counted by kind from a watch on
-    /// the whole prefix.
+    /// the whole prefix (by key instead with `IPAM_WRITES_BY_KEY` set, to find who writes).
     pub fn count_writes(&self, during: impl FnOnce()) -> BTreeMap<String, u64> {
         let config = self.store.clone();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -284,12 +284,12 @@ impl Cluster {
                                         .kv()
                                         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
                                         .unwrap_or_default();
-                                    let kind = key
-                                        .trim_start_matches(&config.prefix)
-                                        .split('/')
-                                        .nth(1)
-                                        .unwrap_or("?")
-                                        .to_owned();
+                                    let rest = key.trim_start_matches(&config.prefix);
+                                    let kind = if std::env::var_os("IPAM_WRITES_BY_KEY").is_some() {
+                                        rest.to_owned()
+                                    } else {
+                                        rest.split('/').nth(1).unwrap_or("?").to_owned()
+                                    };
                                     *by_kind.entry(kind).or_default() += 1;
                                 }
                             }

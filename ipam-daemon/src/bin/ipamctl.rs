@@ -50,6 +50,61 @@ enum Command {
         #[command(subcommand)]
         command: IpamCommand,
     },
+    /// Create or update objects (LoadBalancerIPPool, Service, L2AnnouncementPolicy, PodIPPool)
+    /// from YAML documents, in the store of the daemon's configuration.
+    Apply {
+        /// The file with one or more YAML documents (`-` for standard input).
+        #[arg(short, long)]
+        file: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// List objects of a kind: services (with their IPs and the node announcing each),
+    /// lbpools, l2policies, podpools.
+    Get {
+        #[arg(value_enum)]
+        kind: ObjectKind,
+        /// Output: a table, or every field as json or yaml.
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete an object (services are named namespace/name).
+    Delete {
+        #[arg(value_enum)]
+        kind: ObjectKind,
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct StoreArgs {
+    /// The daemon's configuration file: its [store] says where the objects live.
+    #[arg(
+        short,
+        long,
+        env = "IPAMD_CONFIG",
+        default_value = "/etc/ipam/ipamd.toml"
+    )]
+    config: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ObjectKind {
+    Services,
+    Lbpools,
+    L2policies,
+    Podpools,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -106,6 +161,15 @@ fn main() -> anyhow::Result<()> {
                 }
                 _ => local,
             }
+        }
+        Command::Apply { file, store } => objects_command(&store, async |s| apply(&s, &file).await),
+        Command::Get {
+            kind,
+            output,
+            store,
+        } => objects_command(&store, async |s| get(&s, kind, output).await),
+        Command::Delete { kind, name, store } => {
+            objects_command(&store, async |s| delete(&s, kind, &name).await)
         }
         Command::Datapath {
             command: DatapathCommand::Remove,
@@ -370,6 +434,213 @@ fn cluster_status(config: &ipam_daemon::config::Config) -> anyhow::Result<()> {
         println!("nodes: {}", nodes.len());
         Ok(())
     })
+}
+
+/// Opens the store of the daemon's configuration and runs `f` on it.
+fn objects_command(
+    args: &StoreArgs,
+    f: impl AsyncFnOnce(ipam_daemon::cluster::ClusterStore) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let config = ipam_daemon::config::Config::load(&args.config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = ipam_daemon::cluster::ClusterStore::open(&config.store_settings())
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{e}; with the embedded store, ipamctl can reach the objects only while \
+                     ipamd is stopped (it holds the database file)"
+                )
+            })?;
+        f(store).await
+    })
+}
+
+async fn apply(
+    store: &ipam_daemon::cluster::ClusterStore,
+    file: &std::path::Path,
+) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let (name, text) = if file == std::path::Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        ("standard input".to_owned(), text)
+    } else {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+        (file.display().to_string(), text)
+    };
+    // Every document is checked before anything is written.
+    let objects = ipam_daemon::cluster::objects::parse(&name, &text)?;
+    for object in &objects {
+        let created = ipam_daemon::cluster::objects::apply(store, object).await?;
+        println!(
+            "{} {}",
+            object.describe(),
+            if created { "created" } else { "configured" }
+        );
+    }
+    Ok(())
+}
+
+async fn delete(
+    store: &ipam_daemon::cluster::ClusterStore,
+    kind: ObjectKind,
+    name: &str,
+) -> anyhow::Result<()> {
+    use ipam_core::{
+        lb::resources::{L2AnnouncementPolicy, LbIpPool, Service},
+        resources::PodIpPool,
+        store::{Resource, Store as _},
+    };
+    let kind = match kind {
+        ObjectKind::Services => Service::KIND,
+        ObjectKind::Lbpools => LbIpPool::KIND,
+        ObjectKind::L2policies => L2AnnouncementPolicy::KIND,
+        ObjectKind::Podpools => PodIpPool::KIND,
+    };
+    if store.get(kind, name).await?.is_none() {
+        anyhow::bail!("{kind} {name} does not exist; `ipamctl get` lists them");
+    }
+    store.delete(kind, name, None).await?;
+    println!("{kind} {name} deleted");
+    Ok(())
+}
+
+async fn get(
+    store: &ipam_daemon::cluster::ClusterStore,
+    kind: ObjectKind,
+    output: Output,
+) -> anyhow::Result<()> {
+    use ipam_core::{
+        lb::resources::{L2AnnouncementPolicy, LbIpPool, Service},
+        resources::PodIpPool,
+        store::TypedStore as _,
+    };
+    fn show<T: serde::Serialize>(output: Output, items: &[(String, T)]) -> anyhow::Result<bool> {
+        let map: std::collections::BTreeMap<&str, &T> =
+            items.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        match output {
+            Output::Table => return Ok(false),
+            Output::Json => println!("{}", serde_json::to_string_pretty(&map)?),
+            Output::Yaml => print!("{}", serde_yaml_ng::to_string(&map)?),
+        }
+        Ok(true)
+    }
+    let condition = |c: &[ipam_core::resources::Condition]| {
+        c.iter()
+            .find(|c| !c.status)
+            .or(c.first())
+            .map_or(String::new(), |c| {
+                format!("{}={}: {}", c.kind, c.status, c.message)
+            })
+    };
+    match kind {
+        ObjectKind::Services => {
+            let items: Vec<_> = store
+                .list_typed::<Service>()
+                .await?
+                .into_iter()
+                .map(|v| (v.name, v.value))
+                .collect();
+            if show(output, &items)? {
+                return Ok(());
+            }
+            let announcing = ipam_daemon::cluster::objects::announcing_nodes(store).await?;
+            let mut rows = table(["SERVICE", "IPS", "ANNOUNCED BY", "CONDITION"]);
+            for (name, s) in &items {
+                let ips: Vec<String> = s.status.ingress.iter().map(ToString::to_string).collect();
+                let by: Vec<String> = s
+                    .status
+                    .ingress
+                    .iter()
+                    .map(|ip| announcing.get(ip).cloned().unwrap_or_else(|| "-".into()))
+                    .collect();
+                rows.add_row([
+                    name.clone(),
+                    if ips.is_empty() {
+                        "<pending>".into()
+                    } else {
+                        ips.join(",")
+                    },
+                    by.join(","),
+                    condition(&s.status.conditions),
+                ]);
+            }
+            println!("{rows}");
+            println!(
+                "(read from {}; the announcing node is derived from the node leases' renew times)",
+                store.describe()
+            );
+        }
+        ObjectKind::Lbpools => {
+            let items: Vec<_> = store
+                .list_typed::<LbIpPool>()
+                .await?
+                .into_iter()
+                .map(|v| (v.name, v.value))
+                .collect();
+            if show(output, &items)? {
+                return Ok(());
+            }
+            let mut rows = table(["POOL", "DISABLED", "USED/TOTAL", "CONDITION"]);
+            for (name, p) in &items {
+                let counts: Vec<String> = p
+                    .status
+                    .counts
+                    .iter()
+                    .map(|c| format!("{} {}/{}", c.family.name(), c.used, c.total))
+                    .collect();
+                rows.add_row([
+                    name.clone(),
+                    p.spec.disabled.to_string(),
+                    counts.join(", "),
+                    condition(&p.status.conditions),
+                ]);
+            }
+            println!("{rows}");
+        }
+        ObjectKind::L2policies => {
+            let items: Vec<_> = store
+                .list_typed::<L2AnnouncementPolicy>()
+                .await?
+                .into_iter()
+                .map(|v| (v.name, v.value))
+                .collect();
+            if show(output, &items)? {
+                return Ok(());
+            }
+            let mut rows = table(["POLICY", "INTERFACES", "LB IPS", "EXTERNAL IPS"]);
+            for (name, p) in &items {
+                rows.add_row([
+                    name.clone(),
+                    p.spec.interfaces.join(","),
+                    p.spec.load_balancer_ips.to_string(),
+                    p.spec.external_ips.to_string(),
+                ]);
+            }
+            println!("{rows}");
+        }
+        ObjectKind::Podpools => {
+            let items: Vec<_> = store
+                .list_typed::<PodIpPool>()
+                .await?
+                .into_iter()
+                .map(|v| (v.name, v.value))
+                .collect();
+            if show(output, &items)? {
+                return Ok(());
+            }
+            let mut rows = table(["POOL", "CONDITION"]);
+            for (name, p) in &items {
+                rows.add_row([name.clone(), condition(&p.status.conditions)]);
+            }
+            println!("{rows}");
+        }
+    }
+    Ok(())
 }
 
 /// A plain table: a header row, columns sized to their content, no borders (easy to read, grep

@@ -51,6 +51,17 @@ impl ClusterStore {
         }
     }
 
+    /// A second connection to the same store, for a task that must not share the first one's
+    /// runtime (the node lease, renewed from a thread of its own).
+    pub async fn connect_again(&self) -> Result<Self, OpenStoreError> {
+        match self {
+            Self::Embedded(s) => Ok(Self::Embedded(s.clone())),
+            Self::Etcd(s) => Ok(Self::Etcd(std::sync::Arc::new(
+                EtcdStore::connect(s.config().clone()).await?,
+            ))),
+        }
+    }
+
     /// Whether other processes (other nodes, operator replicas) share this store.
     pub fn is_shared(&self) -> bool {
         matches!(self, Self::Etcd(_))

@@ -170,13 +170,13 @@ impl IpamRuntime {
         if store.is_shared() {
             let own = Arc::new(OwnLease::default());
             let announcements = Arc::new(ServiceAnnouncements::default());
-            tokio::spawn(renew_node_lease(
+            spawn_lease_thread(
                 store.clone(),
                 settings.node_name.clone(),
                 cluster.node_lease(),
                 cluster.node_renew_interval(),
                 own.clone(),
-            ));
+            );
             tokio::spawn(super::service_ips::run(
                 store.clone(),
                 settings.node_name.clone(),
@@ -482,6 +482,54 @@ impl IpamRuntime {
     }
 }
 
+/// Runs the node lease's renewal on a thread of its own, with its own runtime and its own store
+/// connection: nothing the rest of the daemon does (a slow netlink call, a program swap waiting
+/// for the kernel) can delay it, and a delayed renewal would make the node look dead.
+fn spawn_lease_thread(
+    store: ClusterStore,
+    node: String,
+    duration: Duration,
+    interval: Duration,
+    own: Arc<OwnLease>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("node-lease".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(
+                        "cannot start the node lease's runtime: {e}; renewing from the main one"
+                    );
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let mut backoff = Backoff::new(STORE_RETRY_CAP);
+                let store = loop {
+                    match store.connect_again().await {
+                        Ok(s) => break s,
+                        Err(e) => {
+                            let delay = backoff.next_delay();
+                            tracing::warn!(
+                                retry_in_ms = delay.as_millis() as u64,
+                                "cannot connect for the node lease: {e}"
+                            );
+                            tokio::time::sleep(delay).await;
+                        }
+                    }
+                };
+                renew_node_lease(store, node, duration, interval, own).await;
+            });
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the node lease's thread: {e}");
+    }
+}
+
 /// Renews the node's liveness lease for as long as the daemon runs. Failures are logged once
 /// per outage; the operator frees the node's blocks only after the grace period.
 async fn renew_node_lease(
@@ -502,6 +550,11 @@ async fn renew_node_lease(
             Ok(()) => {
                 // Counted from before the write: others may count from when they saw it.
                 own.renewed(asked);
+                tracing::debug!(
+                    lease = name.as_str(),
+                    took_ms = asked.elapsed().as_millis() as u64,
+                    "node lease renewed"
+                );
                 if let Some(since) = failing_since.take() {
                     tracing::info!(
                         lease = name.as_str(),

@@ -329,14 +329,23 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
                     None => std::future::pending().await,
                 }
             } => {
+                let t = std::time::Instant::now();
                 retry_at = apply(&datapath, &config, cluster.as_ref(), &mut retry)?;
+                if t.elapsed() > Duration::from_millis(20) {
+                    tracing::debug!(took_ms = t.elapsed().as_millis() as u64, "slow announcement apply");
+                }
             }
             () = retry_sleep => {
                 retry_at = apply(&datapath, &config, cluster.as_ref(), &mut retry)?;
             }
             _ = local_pass.tick(), if ipam.is_some() => {
                 if let Some(runtime) = ipam.as_mut() {
+                    let t = std::time::Instant::now();
                     runtime.local_pass().await;
+                    if t.elapsed() > Duration::from_millis(20) {
+                        // The runtime runs the API and the controllers too: say when it stalls.
+                        tracing::debug!(took_ms = t.elapsed().as_millis() as u64, "slow local pass");
+                    }
                 }
             }
             () = woken => {
@@ -451,7 +460,7 @@ async fn drain_ebpf_log(log: EbpfLog) {
 }
 
 fn log_report(report: &ReconcileReport) {
-    for a in &report.attachments {
+    for a in report.attachments.iter().filter(|a| !a.kept) {
         tracing::info!(
             interface = a.interface.as_str(),
             form = a.form.name(),

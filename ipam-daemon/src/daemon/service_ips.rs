@@ -119,6 +119,7 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         let now = Instant::now();
+        let pass_started = now;
         let live: Vec<NodeView> = nodes
             .iter()
             .filter(|r| {
@@ -152,16 +153,46 @@ pub async fn run(
                 .collect();
         state.follow(&mine, &out);
         state.reannounce(now);
+        if pass_started.elapsed() > Duration::from_millis(20) {
+            tracing::debug!(
+                took_ms = pass_started.elapsed().as_millis() as u64,
+                "slow service IP pass"
+            );
+        }
     }
 }
 
 /// What this node owns now, and the announcements still to repeat.
-#[derive(Default)]
 struct Owned {
     ips: BTreeMap<IpAddr, Vec<String>>,
     /// (when, IP) of gratuitous announcements still to send.
     pending: BTreeSet<(Instant, IpAddr)>,
     arp_ignore_set: BTreeSet<String>,
+    /// Adds and removes the service IPs on `lo`, in order, on a thread of its own: an address
+    /// change can take the kernel tens of milliseconds, and the runtime has leases to keep.
+    addresses: std::sync::mpsc::Sender<(IpAddr, bool)>,
+}
+
+impl Default for Owned {
+    fn default() -> Self {
+        let (addresses, changes) = std::sync::mpsc::channel::<(IpAddr, bool)>();
+        let spawned = std::thread::Builder::new()
+            .name("service-ips-lo".into())
+            .spawn(move || {
+                for (ip, present) in changes {
+                    local_address(ip, present);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the service IP address thread: {e}");
+        }
+        Self {
+            ips: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            arp_ignore_set: BTreeSet::new(),
+            addresses,
+        }
+    }
 }
 
 impl Owned {
@@ -187,14 +218,14 @@ impl Owned {
                     set_arp_ignore(i);
                 }
             }
-            local_address(*ip, true);
+            let _ = self.addresses.send((*ip, true));
             for after in REANNOUNCE_AFTER {
                 self.pending.insert((now + after, *ip));
             }
             tracing::info!(%ip, service = mine[ip].0.as_str(), ?interfaces, "service IP taken over: answering for it");
         }
         for ip in self.ips.keys().filter(|ip| !wanted.contains_key(ip)) {
-            local_address(*ip, false);
+            let _ = self.addresses.send((*ip, false));
             self.pending.retain(|(_, p)| p != ip);
             tracing::info!(%ip, "service IP given up: another node answers for it now");
         }

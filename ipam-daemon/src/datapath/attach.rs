@@ -62,6 +62,8 @@ pub struct Attachment {
     pub form: AttachForm,
     /// `true` when an existing pinned link was adopted (restart), `false` for a new attachment.
     pub adopted: bool,
+    /// This process attached or adopted it before, and it is still in place: nothing was done.
+    pub kept: bool,
 }
 
 impl Attachment {
@@ -97,6 +99,31 @@ impl Datapath {
             interface: interface.to_owned(),
             source,
         })?;
+        // Attached (or adopted) by this process and still pinned: nothing to do. Adopting again
+        // would swap the program on the link, which waits for an RCU grace period each time.
+        if let Some(done) = self.responders.get(interface)
+            && done.ifindex == ifindex
+            && responder_pin(done.form, interface, ifindex)
+                .path(&self.root)
+                .exists()
+        {
+            return Ok(Attachment {
+                kept: true,
+                ..done.clone()
+            });
+        }
+        let attachment = self.attach_responder_anew(interface, ifindex, mode)?;
+        self.responders
+            .insert(interface.to_owned(), attachment.clone());
+        Ok(attachment)
+    }
+
+    fn attach_responder_anew(
+        &mut self,
+        interface: &str,
+        ifindex: u32,
+        mode: AttachMode,
+    ) -> Result<Attachment, DatapathError> {
         let forms: &[AttachForm] = match mode {
             AttachMode::Auto if iface::is_virtual(interface) => &[AttachForm::Tc],
             AttachMode::Auto => &[AttachForm::XdpNative, AttachForm::Tc],
@@ -116,6 +143,7 @@ impl Datapath {
                             ifindex,
                             form,
                             adopted: true,
+                            kept: false,
                         });
                     }
                     Err(e) => {
@@ -139,6 +167,7 @@ impl Datapath {
                         ifindex,
                         form,
                         adopted: false,
+                        kept: false,
                     });
                 }
                 Err(e) => {
@@ -158,9 +187,11 @@ impl Datapath {
 
     /// Detaches the responder from every interface not in `keep` (by removing its pinned link).
     pub fn detach_responders_except(
-        &self,
+        &mut self,
         keep: &[Attachment],
     ) -> Result<Vec<String>, DatapathError> {
+        self.responders
+            .retain(|interface, _| keep.iter().any(|a| &a.interface == interface));
         let mut removed = Vec::new();
         for attachment in pinned_attachments(&self.root)? {
             let wanted = keep.iter().any(|a| {
@@ -245,6 +276,7 @@ pub fn pinned_attachments(root: &Path) -> Result<Vec<Attachment>, DatapathError>
         .into_iter()
         .filter_map(|pin| match pin.program {
             LinkedProgram::Responder(form) => Some(Attachment {
+                kept: false,
                 interface: pin.interface,
                 ifindex: pin.ifindex,
                 form,

@@ -51,6 +51,8 @@ pub struct Datapath {
     responder: ResponderMaps,
     pods: PodMaps,
     routes: RouteMaps,
+    /// Responder attachments this process made or adopted, by interface.
+    responders: std::collections::BTreeMap<String, Attachment>,
 }
 
 impl Datapath {
@@ -106,6 +108,7 @@ impl Datapath {
             responder,
             pods,
             routes,
+            responders: std::collections::BTreeMap::new(),
         })
     }
 

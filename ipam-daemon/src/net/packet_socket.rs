@@ -37,6 +37,19 @@ impl PacketSocket {
         Ok(Self { fd, ifindex })
     }
 
+    /// A socket that only sends, on `ifindex`. It is never bound, so it receives nothing and
+    /// costs no RCU grace period to open or close (binding one to an EtherType does), which
+    /// matters when a takeover announces a hundred IPs at once.
+    pub fn sender(ifindex: u32) -> io::Result<Self> {
+        let fd = socket(
+            AddressFamily::Packet,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        Ok(Self { fd, ifindex })
+    }
+
     /// Sends one complete Ethernet frame.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         sendto(

@@ -12,9 +12,8 @@ use std::{
 };
 
 use ipam_core::lb::resources::{
-    IpFamilyPolicy, L2AnnouncementPolicy, L2PolicySpec, LbIpBlock, LbIpPool, LbIpPoolSpec,
-    LbIpPoolStatus, Protocol, Selector, Service, ServicePort, ServiceSpec, ServiceStatus,
-    ServiceType,
+    IpFamilyPolicy, LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Protocol, Selector, Service,
+    ServicePort, ServiceSpec, ServiceStatus, ServiceType,
 };
 use ipam_tests::{
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
@@ -87,6 +86,26 @@ fn node_of(macs: &BTreeMap<[u8; 6], String>, mac: [u8; 6]) -> String {
         .unwrap_or_else(|| format!("{mac:x?}"))
 }
 
+/// Runs `ipamctl ARGS --config <node-0's ipamd.toml>` in node-0's namespace (it reaches etcd
+/// over the segment); returns its output, panicking with it when it fails.
+fn ipamctl(c: &Cluster, args: &[&str]) -> String {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net={}", c.nodes[0].ns.path().display()))
+        .arg(ipam_tests::workspace_binary("ipamctl"))
+        .args(args)
+        .arg("--config")
+        .arg(c.nodes[0].config_path())
+        .output()
+        .expect("run ipamctl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ipamctl {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// The node answering for `ip`; panics unless exactly one answers (within a few seconds).
 fn owner_of(c: &Cluster, client: &Netns, macs: &BTreeMap<[u8; 6], String>, ip: Ipv4Addr) -> String {
     let mut got = Vec::new();
@@ -124,25 +143,21 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     );
     let macs: BTreeMap<[u8; 6], String> =
         c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
-    // Inside the segment, around the client's address.
-    c.put(
-        "lb",
-        &pool(vec![
-            range("10.77.0.10", "10.77.0.99"),
-            range("10.77.0.101", "10.77.0.250"),
-        ]),
-    );
-    c.put(
-        "uplinks",
-        &L2AnnouncementPolicy {
-            spec: L2PolicySpec {
-                node_selector: Selector::default(),
-                service_selector: Selector::default(),
-                interfaces: vec!["up[0-9]+".into()],
-                load_balancer_ips: true,
-                external_ips: false,
-            },
-        },
+    // Pool (inside the segment, around the client's address) and policy, as a user writes them.
+    let manifest = ipam_tests::TempFile::new("svlb", "yaml");
+    std::fs::write(
+        &manifest.0,
+        "kind: LoadBalancerIPPool\nmetadata: { name: lb }\nspec:\n  blocks:\n\
+         \x20   - { start: 10.77.0.10, stop: 10.77.0.99 }\n\
+         \x20   - { start: 10.77.0.101, stop: 10.77.0.250 }\n---\n\
+         kind: L2AnnouncementPolicy\nmetadata: { name: uplinks }\nspec: { interfaces: [ \"up[0-9]+\" ] }\n",
+    )
+    .unwrap();
+    let applied = ipamctl(&c, &["apply", "-f", &manifest.0.display().to_string()]);
+    assert!(
+        applied.contains("LoadBalancerIPPool lb created")
+            && applied.contains("L2AnnouncementPolicy uplinks created"),
+        "{applied}"
     );
     for i in 0..6 {
         c.put(&format!("default/web-{i}"), &service());
@@ -155,6 +170,11 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     );
     let ips = service_ips(&c);
     let client = c.add_client("svcl");
+    let listed = ipamctl(&c, &["get", "services"]);
+    assert!(
+        listed.contains("default/web-0") && listed.contains(&ips["default/web-0"].to_string()),
+        "{listed}"
+    );
 
     // Exactly one MAC answers for each IP.
     let owners: BTreeMap<String, String> = ips
@@ -274,6 +294,20 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         writes.keys().all(|k| k.contains("Lease")),
         "only leases are written in steady state: {writes:?}"
     );
+
+    // The announcing node shown by ipamctl is the one that answers.
+    let listed = ipamctl(&c, &["get", "services"]);
+    let line = listed
+        .lines()
+        .find(|l| l.contains("default/web-1 "))
+        .unwrap_or_else(|| panic!("{listed}"));
+    let answering = owner_of(&c, &client, &macs, ips["default/web-1"]);
+    assert!(
+        line.contains(&answering),
+        "{line} (answered by {answering})"
+    );
+    ipamctl(&c, &["delete", "services", "default/web-1"]);
+    assert!(!service_ips(&c).contains_key("default/web-1"));
 
     // The seed's silently unreachable pool: flagged on the pool and on its services.
     c.put("far", &pool(vec![range("172.18.250.1", "172.18.250.9")]));

@@ -202,3 +202,15 @@ pub enum ErrorCode {
     /// Out of addresses, store failure, ... (CNI 999 with the message).
     Failed,
 }
+
+impl ErrorCode {
+    /// As written on the wire (and in metrics' labels).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NotReady => "not-ready",
+            Self::BadRequest => "bad-request",
+            Self::Unknown => "unknown",
+            Self::Failed => "failed",
+        }
+    }
+}

@@ -8,4 +8,5 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod l2;
+pub mod metrics;
 pub mod net;

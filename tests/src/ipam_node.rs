@@ -33,6 +33,19 @@ impl IpamNode {
         )
     }
 
+    /// As `new`, with the metrics and health endpoints on `127.0.0.1:9963` in the node's
+    /// namespace.
+    pub fn with_metrics(tag: &str, cidr: &str, mask: u8) -> Self {
+        Self::with_ipam(
+            tag,
+            "\n[metrics]\nlisten = \"127.0.0.1:9963\"\n",
+            &format!(
+                "families = [\"v4\"]\n\n[[ipam.pool]]\nname = \"default\"\n\
+                 ipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\n"
+            ),
+        )
+    }
+
     /// A dual-stack node: pool `default` with an IPv4 and an IPv6 CIDR, and the pod datapath on
     /// `uplinks`. The eBPF programs log at warn level, as an operator watching pods would set
     /// it: spoofed packets show in the daemon's log.

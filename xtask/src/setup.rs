@@ -32,6 +32,10 @@ const PACKAGES: &[(&str, &str)] = &[
         "etcd-server",
         "etcd: the cluster store; tests and the lab start members on loopback",
     ),
+    (
+        "prometheus",
+        "promtool: the metrics test checks ipamd's exposition with it",
+    ),
 ];
 
 pub(crate) fn run() -> anyhow::Result<()> {

@@ -46,6 +46,7 @@ pub async fn run<S: Store + Clone + 'static>(
     settings: OperatorSettings,
     mut pools: watch::Receiver<Vec<PoolConfig>>,
     mut stop: watch::Receiver<bool>,
+    observed: crate::daemon::ipam::Observed,
 ) {
     let identity = settings.cluster.identity();
     let mut backoff = Backoff::new(RETRY_CAP);
@@ -104,8 +105,10 @@ pub async fn run<S: Store + Clone + 'static>(
         };
         tokio::select! {
             _ = elect_tick.tick(), if settings.elect => {
-                step_election(&store, &mut election, &mut operator, &settings, &identity).await;
+                let reached = step_election(&store, &mut election, &mut operator, &settings, &identity).await;
+                observed.health.set("store", reached);
                 dirty |= operator.is_some();
+                observed.metrics.operator_leader.set(i64::from(election.is_leading()));
             }
             () = wake.notified() => dirty = true,
             _ = liveness_tick.tick() => dirty = true,
@@ -152,6 +155,7 @@ pub async fn run<S: Store + Clone + 'static>(
         };
         match pass.await {
             Ok((report, lb)) => {
+                observed.health.set("store", Ok(()));
                 dirty = false;
                 backoff.reset();
                 log_report(&report);
@@ -161,6 +165,7 @@ pub async fn run<S: Store + Clone + 'static>(
                 tracing::warn!("operator pass stopped: leadership could not be renewed in time");
             }
             Err(e) => {
+                observed.health.set("store", Err(e.to_string()));
                 let delay = backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -187,7 +192,7 @@ async fn step_election<S: Store>(
     operator: &mut Option<Operator>,
     settings: &OperatorSettings,
     identity: &str,
-) {
+) -> Result<(), String> {
     match election.step(store).await {
         Ok(Leadership::Leading { acquired: true }) => {
             tracing::info!(
@@ -216,8 +221,10 @@ async fn step_election<S: Store>(
                     "stopped leading: the lease could not be renewed in time"
                 );
             }
+            return Err(format!("cannot reach the store: {e}"));
         }
     }
+    Ok(())
 }
 
 fn log_report(report: &Report) {

@@ -75,7 +75,15 @@ impl ClusterParts {
     }
 }
 
+/// The metrics and readiness checks the runtime keeps current.
+#[derive(Clone, Default)]
+pub struct Observed {
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub health: Arc<crate::metrics::Health>,
+}
+
 pub struct IpamRuntime {
+    observed: Observed,
     settings: IpamSettings,
     cluster: Option<ClusterParts>,
     store: ClusterStore,
@@ -127,6 +135,7 @@ impl IpamRuntime {
         store: ClusterStore,
         cluster: &ClusterSettings,
         datapath: Arc<Mutex<Datapath>>,
+        observed: Observed,
     ) -> Result<Self, IpamRuntimeError> {
         mkdir(&settings.state_dir)?;
         let (agent, restored) = NodeAgent::open(
@@ -176,6 +185,7 @@ impl IpamRuntime {
                 cluster.node_lease(),
                 cluster.node_renew_interval(),
                 own.clone(),
+                observed.metrics.clone(),
             );
             tokio::spawn(super::service_ips::run(
                 store.clone(),
@@ -183,6 +193,7 @@ impl IpamRuntime {
                 cluster.node_lease(),
                 own.clone(),
                 announcements.clone(),
+                observed.metrics.clone(),
             ));
             cluster_parts = Some(ClusterParts {
                 own,
@@ -190,7 +201,9 @@ impl IpamRuntime {
                 node_lease: cluster.node_lease(),
             });
         }
+        observed.health.set("restored", Ok(()));
         let runtime = Self {
+            observed,
             cluster: cluster_parts,
             host: HostNetwork::new(settings.host_device.clone(), settings.uplinks.clone()),
             settings,
@@ -283,6 +296,7 @@ impl IpamRuntime {
             endpoints: self.endpoints.clone(),
             gateway_ready: self.host.gateway_ready(),
             host_device: self.settings.host_device.clone(),
+            metrics: self.observed.metrics.clone(),
         };
         Arc::new(move |request| pods.handle(request))
     }
@@ -335,6 +349,7 @@ impl IpamRuntime {
         if let Err(e) = self.publish() {
             tracing::warn!("cannot publish the IPAM status: {e}");
         }
+        self.observe();
         if self.passes % ADDRESS_CHECK_PASSES == 1 {
             let facts = self.node_facts();
             if facts != self.facts {
@@ -381,8 +396,20 @@ impl IpamRuntime {
                     tracing::info!(store = self.store.describe(), "store reachable again");
                 }
                 self.store_retry.reset();
+                self.observed.health.set("store", Ok(()));
             }
             Err(e) => {
+                self.observed
+                    .metrics
+                    .store_errors
+                    .get_or_create(&crate::metrics::KindLabel {
+                        kind: store_error_kind(&e).to_owned(),
+                    })
+                    .inc();
+                self.observed.health.set(
+                    "store",
+                    Err(format!("{} unreachable: {e}", self.store.describe())),
+                );
                 let delay = self.store_retry.next_delay();
                 tracing::warn!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -415,6 +442,76 @@ impl IpamRuntime {
             labels: self.settings.node_labels.clone(),
             interfaces,
         }
+    }
+
+    /// Brings the gauges and the datapath's counters up to date, and the pod network check.
+    fn observe(&self) {
+        use std::sync::atomic::Ordering;
+
+        use crate::metrics::{FamilyState, PoolFamilyState};
+        let m = &self.observed.metrics;
+        let alloc = self.agent.allocator();
+        for family in [Family::V4, Family::V6] {
+            let (used, free) = alloc.with(|a| (a.allocated(family) as u64, a.free(family)));
+            let label = |state: &str| FamilyState {
+                family: family.name().to_owned(),
+                state: state.to_owned(),
+            };
+            m.node_addresses
+                .get_or_create(&label("capacity"))
+                .set((used + free) as i64);
+            m.node_addresses
+                .get_or_create(&label("used"))
+                .set(used as i64);
+        }
+        m.block_requests_pending
+            .set(i64::from(self.agent.demand().load(Ordering::SeqCst)));
+        for pool in &self.seen_pools {
+            for u in &pool.usage {
+                for (state, n) in [("total", u.total_blocks), ("used", u.used_blocks)] {
+                    m.pool_blocks
+                        .get_or_create(&PoolFamilyState {
+                            pool: pool.name.clone(),
+                            family: u.family.name().to_owned(),
+                            state: state.to_owned(),
+                        })
+                        .set(n.min(i64::MAX as u128) as i64);
+                }
+            }
+        }
+        if let Ok(mut dp) = self.datapath.lock() {
+            if let Ok(stats) = dp.pods().stats() {
+                for stat in ipam_common::pod::PodStat::ALL {
+                    m.pod_counter_total(stat.name(), stats.get(stat));
+                }
+            }
+            if let Ok(entries) = dp.responder().list() {
+                let mut by_ip: std::collections::BTreeMap<IpAddr, u64> = Default::default();
+                for e in entries {
+                    *by_ip.entry(e.ip).or_default() += e.replies;
+                }
+                for (ip, replies) in by_ip {
+                    m.l2_replies_total(ip, replies);
+                }
+            }
+        }
+        let gateway = self.host.gateway_ready().load(Ordering::SeqCst);
+        self.observed.health.set(
+            "pod network",
+            if gateway {
+                Ok(())
+            } else {
+                Err(self
+                    .infra
+                    .lock()
+                    .expect("infra lock")
+                    .waiting
+                    .clone()
+                    .unwrap_or_else(|| {
+                        "the router addresses are not on the host device yet".into()
+                    }))
+            },
+        );
     }
 
     /// Reads what the status shows of the store (pools, the node's conditions).
@@ -491,6 +588,7 @@ fn spawn_lease_thread(
     duration: Duration,
     interval: Duration,
     own: Arc<OwnLease>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     let spawned = std::thread::Builder::new()
         .name("node-lease".into())
@@ -522,11 +620,24 @@ fn spawn_lease_thread(
                         }
                     }
                 };
-                renew_node_lease(store, node, duration, interval, own).await;
+                renew_node_lease(store, node, duration, interval, own, metrics).await;
             });
         });
     if let Err(e) = spawned {
         tracing::error!("cannot start the node lease's thread: {e}");
+    }
+}
+
+/// A store error as a metric's label (a bounded set).
+fn store_error_kind(e: &IpamRuntimeError) -> &'static str {
+    match e {
+        IpamRuntimeError::Store(StoreError::Backend { .. })
+        | IpamRuntimeError::Agent(AgentError::Store(StoreError::Backend { .. })) => "unreachable",
+        IpamRuntimeError::Store(StoreError::Conflict { .. })
+        | IpamRuntimeError::Agent(AgentError::Store(StoreError::Conflict { .. })) => "conflict",
+        IpamRuntimeError::Store(StoreError::Decode { .. })
+        | IpamRuntimeError::Agent(AgentError::Store(StoreError::Decode { .. })) => "decode",
+        _ => "other",
     }
 }
 
@@ -538,6 +649,7 @@ async fn renew_node_lease(
     duration: Duration,
     interval: Duration,
     own: Arc<OwnLease>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     let name = node_lease_name(&node);
     let mut tick = tokio::time::interval(interval);
@@ -546,7 +658,15 @@ async fn renew_node_lease(
     loop {
         tick.tick().await;
         let asked = std::time::Instant::now();
-        match lease::renew(&store, &name, &node, duration).await {
+        let renewed = lease::renew(&store, &name, &node, duration).await;
+        metrics
+            .node_lease_renew_seconds
+            .observe(asked.elapsed().as_secs_f64());
+        crate::metrics::Metrics::result(
+            &metrics.node_lease_renewals,
+            if renewed.is_ok() { "ok" } else { "error" },
+        );
+        match renewed {
             Ok(()) => {
                 // Counted from before the write: others may count from when they saw it.
                 own.renewed(asked);

@@ -66,6 +66,13 @@ pub enum DaemonError {
     OperatorWithoutIpam,
     #[error(transparent)]
     Mode(#[from] ipam_core::pool::ModeMismatch),
+    #[error(
+        "cannot serve metrics on {address}: {source}; change [metrics] listen or free the port"
+    )]
+    Metrics {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Refuses to start with another IPAM mode than the cluster's (that needs a migration, not a
@@ -127,10 +134,22 @@ pub async fn run(config_path: PathBuf, role: Role) -> Result<(), DaemonError> {
     if role != Role::Standalone && config.store.kind != StoreKind::Etcd {
         return Err(DaemonError::NeedsSharedStore { role: role.name() });
     }
-    if role == Role::Operator {
-        return run_operator(config_path, config).await;
+    let observed = ipam::Observed::default();
+    if let Some(address) = config.metrics.listen {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| DaemonError::Metrics { address, source })?;
+        tracing::info!(%address, "metrics and health endpoints listening (/metrics, /healthz, /readyz)");
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            observed.metrics.clone(),
+            observed.health.clone(),
+        ));
     }
-    run_node(config_path, config, role).await
+    if role == Role::Operator {
+        return run_operator(config_path, config, observed).await;
+    }
+    run_node(config_path, config, role, observed).await
 }
 
 /// Signals that stop or reload the daemon.
@@ -172,7 +191,7 @@ struct OperatorTask {
 }
 
 impl OperatorTask {
-    fn spawn(store: ClusterStore, config: &Config) -> Option<Self> {
+    fn spawn(store: ClusterStore, config: &Config, observed: ipam::Observed) -> Option<Self> {
         let ipam = config.ipam.as_ref()?;
         let (pools, pools_rx) = watch::channel(ipam.pools.clone());
         let (stop, stop_rx) = watch::channel(false);
@@ -187,7 +206,9 @@ impl OperatorTask {
             elect = settings.elect,
             "operator starting"
         );
-        let handle = tokio::spawn(operator_role::run(store, settings, pools_rx, stop_rx));
+        let handle = tokio::spawn(operator_role::run(
+            store, settings, pools_rx, stop_rx, observed,
+        ));
         Some(Self {
             pools,
             stop,
@@ -208,13 +229,17 @@ impl OperatorTask {
     }
 }
 
-async fn run_operator(config_path: PathBuf, mut config: Config) -> Result<(), DaemonError> {
+async fn run_operator(
+    config_path: PathBuf,
+    mut config: Config,
+    observed: ipam::Observed,
+) -> Result<(), DaemonError> {
     if config.ipam.is_none() {
         return Err(DaemonError::OperatorWithoutIpam);
     }
     let store = ClusterStore::open(&config.store_settings()).await?;
     check_mode(&store, config.ipam.as_ref().expect("checked above").mode).await?;
-    let task = OperatorTask::spawn(store, &config).expect("checked above");
+    let task = OperatorTask::spawn(store, &config, observed).expect("checked above");
     let mut signals = Signals::install()?;
     loop {
         match signals.next().await {
@@ -237,7 +262,12 @@ async fn run_operator(config_path: PathBuf, mut config: Config) -> Result<(), Da
     Ok(())
 }
 
-async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Result<(), DaemonError> {
+async fn run_node(
+    config_path: PathBuf,
+    mut config: Config,
+    role: Role,
+    observed: ipam::Observed,
+) -> Result<(), DaemonError> {
     config.check_fencing(&config_path)?;
     let mut datapath =
         Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
@@ -248,6 +278,7 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
         ebpf_log_level = ?config.datapath.ebpf_log_level,
         "datapath loaded"
     );
+    observed.health.set("datapath", Ok(()));
     if let Some(log) = datapath.take_log() {
         tokio::spawn(drain_ebpf_log(log));
     }
@@ -262,13 +293,14 @@ async fn run_node(config_path: PathBuf, mut config: Config, role: Role) -> Resul
             let store = ClusterStore::open(&config.store_settings()).await?;
             check_mode(&store, settings.mode).await?;
             if role == Role::Standalone {
-                operator = OperatorTask::spawn(store.clone(), &config);
+                operator = OperatorTask::spawn(store.clone(), &config, observed.clone());
             }
             let runtime = ipam::IpamRuntime::start(
                 settings.clone(),
                 store,
                 &config.cluster,
                 datapath.clone(),
+                observed.clone(),
             )
             .await?;
             // State is restored by now: every answer of the API reflects it.

@@ -29,6 +29,15 @@ pub(super) struct PodAllocations {
     /// The host device holds the router addresses (see `host_network`).
     pub(super) gateway_ready: Arc<AtomicBool>,
     pub(super) host_device: String,
+    pub(super) metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// A response as a metric's result label: `ok`, or the error code (a bounded set).
+fn outcome(response: &Response) -> &'static str {
+    match response {
+        Response::Error { code, .. } => code.name(),
+        _ => "ok",
+    }
 }
 
 /// The API's answer for an endpoint failure: a claim of someone else's address is the
@@ -44,8 +53,16 @@ fn endpoint_error(e: EndpointError) -> Response {
 impl PodAllocations {
     pub(super) fn handle(&self, request: Request) -> Response {
         match request {
-            Request::Allocate(a) => self.allocate(&a.id, a.pod.as_deref()),
-            Request::Release(a) => self.release(&a.id),
+            Request::Allocate(a) => {
+                let response = self.allocate(&a.id, a.pod.as_deref());
+                crate::metrics::Metrics::result(&self.metrics.pod_allocations, outcome(&response));
+                response
+            }
+            Request::Release(a) => {
+                let response = self.release(&a.id);
+                crate::metrics::Metrics::result(&self.metrics.pod_releases, outcome(&response));
+                response
+            }
             Request::Check(a) => match self.held(&a.id) {
                 ips if ips.is_empty() => Response::error(
                     ErrorCode::Unknown,

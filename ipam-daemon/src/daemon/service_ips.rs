@@ -96,6 +96,7 @@ pub async fn run(
     node_lease: Duration,
     own: Arc<OwnLease>,
     out: Arc<ServiceAnnouncements>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
     let mut policies_watch =
@@ -151,7 +152,9 @@ pub async fn run(
                 .filter(|a| a.node == node)
                 .map(|a| (a.ip, (a.service, a.interfaces)))
                 .collect();
-        state.follow(&mine, &out);
+        let taken = state.follow(&mine, &out);
+        metrics.service_ip_takeovers.inc_by(taken);
+        metrics.service_ips_announced.set(state.ips.len() as i64);
         state.reannounce(now);
         if pass_started.elapsed() > Duration::from_millis(20) {
             tracing::debug!(
@@ -196,19 +199,21 @@ impl Default for Owned {
 }
 
 impl Owned {
+    /// Follows what this node owns now; returns how many IPs it took over.
     fn follow(
         &mut self,
         mine: &BTreeMap<IpAddr, (String, Vec<String>)>,
         out: &ServiceAnnouncements,
-    ) {
+    ) -> u64 {
         let wanted: BTreeMap<IpAddr, Vec<String>> = mine
             .iter()
             .map(|(ip, (_, interfaces))| (*ip, interfaces.clone()))
             .collect();
         if wanted == self.ips {
-            return;
+            return 0;
         }
         let now = Instant::now();
+        let mut taken = 0;
         for (ip, interfaces) in &wanted {
             if self.ips.contains_key(ip) {
                 continue;
@@ -219,6 +224,7 @@ impl Owned {
                 }
             }
             let _ = self.addresses.send((*ip, true));
+            taken += 1;
             for after in REANNOUNCE_AFTER {
                 self.pending.insert((now + after, *ip));
             }
@@ -242,6 +248,7 @@ impl Owned {
             .collect();
         *out.wanted.lock().expect("announcements lock") = pairs;
         out.changed.notify_one();
+        taken
     }
 
     /// Sends the gratuitous announcements that are due.

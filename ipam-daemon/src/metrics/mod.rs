@@ -1,0 +1,311 @@
+//! What `ipamd` exposes for monitoring (`[metrics] listen`): Prometheus metrics at `/metrics`,
+//! and `/healthz` (the process answers) and `/readyz` (restored, store reachable, datapath in
+//! place; the reason in the body when not), so a DaemonSet probe and a person see the same
+//! thing.
+//!
+//! Names follow Prometheus' rules: an `ipam_` prefix, base units, `_total` on counters, and
+//! labels of bounded cardinality (pool, family, result, counter name, announced IP).
+
+mod http;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+    sync::Mutex,
+};
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+
+pub use http::serve;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyState {
+    pub family: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolFamilyState {
+    pub pool: String,
+    pub family: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CounterLabel {
+    pub counter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IpLabel {
+    pub ip: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+/// Every metric of the daemon, shared by the parts that move them.
+pub struct Metrics {
+    registry: Registry,
+    pub pod_allocations: Family<ResultLabel, Counter>,
+    pub pod_releases: Family<ResultLabel, Counter>,
+    pub node_addresses: Family<FamilyState, Gauge>,
+    pub pool_blocks: Family<PoolFamilyState, Gauge>,
+    pub block_requests_pending: Gauge,
+    pub node_lease_renewals: Family<ResultLabel, Counter>,
+    pub node_lease_renew_seconds: Histogram,
+    pub service_ips_announced: Gauge,
+    pub service_ip_takeovers: Counter,
+    pub store_errors: Family<KindLabel, Counter>,
+    pub operator_leader: Gauge,
+    pub pod_datapath_packets: Family<CounterLabel, Counter>,
+    pub l2_replies: Family<IpLabel, Counter>,
+    /// Datapath counters as last read, to add only what they grew by.
+    seen_pod: Mutex<BTreeMap<String, u64>>,
+    seen_replies: Mutex<HashMap<IpAddr, u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ipam");
+        let m = Self {
+            pod_allocations: Family::default(),
+            pod_releases: Family::default(),
+            node_addresses: Family::default(),
+            pool_blocks: Family::default(),
+            block_requests_pending: Gauge::default(),
+            node_lease_renewals: Family::default(),
+            node_lease_renew_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
+            ),
+            service_ips_announced: Gauge::default(),
+            service_ip_takeovers: Counter::default(),
+            store_errors: Family::default(),
+            operator_leader: Gauge::default(),
+            pod_datapath_packets: Family::default(),
+            l2_replies: Family::default(),
+            seen_pod: Mutex::new(BTreeMap::new()),
+            seen_replies: Mutex::new(HashMap::new()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "pod_allocations",
+            "Pod address requests (CNI ADD) by result: allocated, or the error code",
+            m.pod_allocations.clone(),
+        );
+        registry.register(
+            "pod_releases",
+            "Pod address releases (CNI DEL) by result",
+            m.pod_releases.clone(),
+        );
+        registry.register(
+            "node_addresses",
+            "Addresses of this node's blocks by family and state (capacity, used)",
+            m.node_addresses.clone(),
+        );
+        registry.register(
+            "pool_blocks",
+            "Blocks of each pod IP pool by family and state (total, used), as the operator last wrote them",
+            m.pool_blocks.clone(),
+        );
+        registry.register(
+            "block_requests_pending",
+            "1 while this node waits for a block it asked the operator for",
+            m.block_requests_pending.clone(),
+        );
+        registry.register(
+            "node_lease_renewals",
+            "Renewals of this node's liveness lease by result",
+            m.node_lease_renewals.clone(),
+        );
+        registry.register_with_unit(
+            "node_lease_renew_duration",
+            "How long a renewal of the node lease took",
+            Unit::Seconds,
+            m.node_lease_renew_seconds.clone(),
+        );
+        registry.register(
+            "service_ips_announced",
+            "Service IPs this node answers ARP/NDP for",
+            m.service_ips_announced.clone(),
+        );
+        registry.register(
+            "service_ip_takeovers",
+            "Service IPs this node took over (started answering for)",
+            m.service_ip_takeovers.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Failed store passes by kind of failure",
+            m.store_errors.clone(),
+        );
+        registry.register(
+            "operator_leader",
+            "1 while this operator replica leads",
+            m.operator_leader.clone(),
+        );
+        registry.register(
+            "pod_datapath_packets",
+            "Packets of the pod datapath by counter (delivered, to_stack, spoof_dropped, ...)",
+            m.pod_datapath_packets.clone(),
+        );
+        registry.register(
+            "l2_replies",
+            "ARP/NDP replies sent by the responder, by announced IP",
+            m.l2_replies.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// The same metrics in Prometheus' classic text format (0.0.4), for scrapers and tools that
+    /// do not ask for OpenMetrics: counters' HELP and TYPE name the `_total` series, and the
+    /// OpenMetrics-only lines (`# UNIT`, `# EOF`) are left out.
+    pub fn encode_text(&self) -> String {
+        to_classic_text(&self.encode())
+    }
+
+    /// Brings a counter family fed from a datapath total up to `total`.
+    pub fn pod_counter_total(&self, counter: &str, total: u64) {
+        let mut seen = self.seen_pod.lock().expect("metrics lock");
+        let last = seen.entry(counter.to_owned()).or_insert(0);
+        // A restarted datapath starts its counters again: count from there.
+        let delta = if total >= *last { total - *last } else { total };
+        *last = total;
+        self.pod_datapath_packets
+            .get_or_create(&CounterLabel {
+                counter: counter.to_owned(),
+            })
+            .inc_by(delta);
+    }
+
+    /// Brings an announced IP's reply counter up to `total`.
+    pub fn l2_replies_total(&self, ip: IpAddr, total: u64) {
+        let mut seen = self.seen_replies.lock().expect("metrics lock");
+        let last = seen.entry(ip).or_insert(0);
+        let delta = if total >= *last { total - *last } else { total };
+        *last = total;
+        self.l2_replies
+            .get_or_create(&IpLabel { ip: ip.to_string() })
+            .inc_by(delta);
+    }
+
+    pub fn result(family: &Family<ResultLabel, Counter>, result: &str) {
+        family
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+}
+
+fn to_classic_text(open_metrics: &str) -> String {
+    let counters: std::collections::BTreeSet<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+/// What `/readyz` reports: every check by name, ready or the reason why not.
+#[derive(Debug, Default)]
+pub struct Health {
+    checks: Mutex<BTreeMap<&'static str, Result<(), String>>>,
+}
+
+impl Health {
+    pub fn set(&self, check: &'static str, state: Result<(), String>) {
+        self.checks
+            .lock()
+            .expect("health lock")
+            .insert(check, state);
+    }
+
+    /// Ready when every check is (and there is at least one), with one line per check.
+    pub fn report(&self) -> (bool, String) {
+        let checks = self.checks.lock().expect("health lock");
+        let ready = !checks.is_empty() && checks.values().all(Result::is_ok);
+        let lines: Vec<String> = checks
+            .iter()
+            .map(|(name, state)| match state {
+                Ok(()) => format!("ok {name}"),
+                Err(why) => format!("NOT READY {name}: {why}"),
+            })
+            .collect();
+        let body = if checks.is_empty() {
+            "NOT READY: starting\n".to_owned()
+        } else {
+            lines.join("\n") + "\n"
+        };
+        (ready, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counters_by_their_series() {
+        let m = Metrics::new();
+        Metrics::result(&m.pod_allocations, "ok");
+        let text = m.encode_text();
+        assert!(
+            text.contains("# TYPE ipam_pod_allocations_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP ipam_pod_allocations_total Pod address"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ipam_pod_allocations_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        assert!(m.encode().ends_with("# EOF\n"));
+    }
+}

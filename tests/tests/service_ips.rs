@@ -306,6 +306,24 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         line.contains(&answering),
         "{line} (answered by {answering})"
     );
+    // who-has answers for a service IP, a node's address and a free pool address.
+    let ip1 = ips["default/web-1"].to_string();
+    let said = ipamctl(&c, &["who-has", &ip1]);
+    assert!(
+        said.contains("service default/web-1") && said.contains(&format!("announced by {answering}")),
+        "{said}"
+    );
+    let said = ipamctl(&c, &["who-has", "10.77.0.2"]);
+    assert!(said.contains("node node-1's address between nodes"), "{said}");
+    let said = ipamctl(&c, &["who-has", "10.77.0.249", "-o", "json"]);
+    let json: serde_json::Value = serde_json::from_str(&said).unwrap();
+    assert_eq!(json["findings"][0]["what"], "free-in-pool", "{said}");
+    assert_eq!(json["findings"][0]["pool"], "lb", "{said}");
+    let pools = ipamctl(&c, &["pools"]);
+    assert!(
+        pools.contains("pod pool default") && pools.contains("load-balancer pool lb") && pools.contains("node-0: 10.240.0.0/24"),
+        "{pools}"
+    );
     ipamctl(&c, &["delete", "services", "default/web-1"]);
     assert!(!service_ips(&c).contains_key("default/web-1"));
 

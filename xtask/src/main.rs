@@ -2,6 +2,7 @@
 //! crates, so `setup` runs on a machine that cannot build them yet.
 
 mod bench;
+mod completions;
 mod build_cni;
 mod build_ebpf;
 mod cmd;
@@ -43,6 +44,9 @@ enum Command {
         #[arg(value_enum)]
         which: Option<lab::Which>,
     },
+    /// Build ipamctl and write its shell completions and man page under target/ (completions/,
+    /// man/), ready to install.
+    Completions,
     /// Set up, then run a fuzz target (or all) for a bounded time and report executions.
     Fuzz {
         #[arg(value_enum)]
@@ -72,6 +76,7 @@ fn main() -> anyhow::Result<()> {
             }
             test::run(&args)
         }
+        Command::Completions => completions::run(),
         Command::Lab { which } => {
             setup::run()?;
             lab::run(which.unwrap_or_default())

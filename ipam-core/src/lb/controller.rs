@@ -103,7 +103,7 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
                     && status
                         .ingress
                         .iter()
-                        .any(|ip| decided_pool_contains(&p.value, *ip))
+                        .any(|ip| p.value.spec.contains(*ip))
             });
             if let Some(p) = unreachable_pool {
                 status.conditions.push(Condition::new(
@@ -136,25 +136,4 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
     }
     debug_assert!(IP_ASSIGNED != REACHABLE);
     Ok(report)
-}
-
-/// Whether `ip` lies in one of the pool's blocks (as written; validity is judged elsewhere).
-fn decided_pool_contains(pool: &LbIpPool, ip: std::net::IpAddr) -> bool {
-    use crate::{Cidr, cidr::ip_to_u128};
-    pool.spec
-        .blocks
-        .iter()
-        .any(|b| match (&b.cidr, &b.start, &b.stop) {
-            (Some(c), ..) => c.parse::<Cidr>().is_ok_and(|c| c.contains(ip)),
-            (None, Some(a), Some(z)) => match (a.parse(), z.parse()) {
-                (Ok(a), Ok(z)) => {
-                    let n = ip_to_u128(ip);
-                    crate::Family::of(ip) == crate::Family::of(a)
-                        && ip_to_u128(a) <= n
-                        && n <= ip_to_u128(z)
-                }
-                _ => false,
-            },
-            _ => false,
-        })
 }

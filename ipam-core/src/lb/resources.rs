@@ -82,6 +82,26 @@ pub struct LbIpPoolSpec {
     pub disabled: bool,
 }
 
+impl LbIpPoolSpec {
+    /// Whether `ip` lies in one of the blocks as written (validity is judged by LB-IPAM).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        use crate::cidr::ip_to_u128;
+        self.blocks
+            .iter()
+            .any(|b| match (&b.cidr, &b.start, &b.stop) {
+                (Some(c), ..) => c.parse::<crate::Cidr>().is_ok_and(|c| c.contains(ip)),
+                (None, Some(a), Some(z)) => match (a.parse::<IpAddr>(), z.parse::<IpAddr>()) {
+                    (Ok(a), Ok(z)) => {
+                        Family::of(a) == Family::of(ip)
+                            && (ip_to_u128(a)..=ip_to_u128(z)).contains(&ip_to_u128(ip))
+                    }
+                    _ => false,
+                },
+                _ => false,
+            })
+    }
+}
+
 /// A CIDR (`cidr`) or an inclusive range (`start`, `stop`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LbIpBlock {

@@ -70,6 +70,32 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// Who has this IP: a pod on this node, a node's address, a Service and the node announcing
+    /// it, the node whose block holds it, or the pool it is free in. Says what it read.
+    WhoHas {
+        ip: std::net::IpAddr,
+        /// The daemon's ipam.state_dir (taken from --config when that is given).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Pod IP pools with a usage bar, the blocks each node holds, what is refused or waited
+    /// for; and the load-balancer pools' counts.
+    Pools {
+        #[arg(short, long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff).
+    #[command(hide = true)]
+    Man,
     /// Delete an object (services are named namespace/name).
     Delete {
         #[arg(value_enum)]
@@ -168,6 +194,25 @@ fn main() -> anyhow::Result<()> {
             output,
             store,
         } => objects_command(&store, async |s| get(&s, kind, output).await),
+        Command::WhoHas {
+            ip,
+            state_dir,
+            output,
+            store,
+        } => who_has(ip, state_dir, output, &store),
+        Command::Pools { output, store } => {
+            objects_command(&store, async |s| pools(&s, output).await)
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(shell, &mut Args::command(), "ipamctl", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            use clap::CommandFactory as _;
+            clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout())?;
+            Ok(())
+        }
         Command::Delete { kind, name, store } => {
             objects_command(&store, async |s| delete(&s, kind, &name).await)
         }
@@ -434,6 +479,180 @@ fn cluster_status(config: &ipam_daemon::config::Config) -> anyhow::Result<()> {
         println!("nodes: {}", nodes.len());
         Ok(())
     })
+}
+
+/// `who-has`: the local node's view, then the cluster store's when the configuration names one.
+fn who_has(
+    ip: std::net::IpAddr,
+    state_dir: Option<PathBuf>,
+    output: Output,
+    store: &StoreArgs,
+) -> anyhow::Result<()> {
+    use ipam_daemon::cluster::who_has;
+    let config = ipam_daemon::config::Config::load(&store.config).ok();
+    let state_dir = state_dir
+        .or_else(|| {
+            config
+                .as_ref()
+                .and_then(|c| c.ipam.as_ref())
+                .map(|i| i.state_dir.clone())
+        })
+        .unwrap_or_else(|| PathBuf::from("/var/lib/ipam/node"));
+    let mut sources = vec![format!("this node's state under {}", state_dir.display())];
+    let mut findings = who_has::local(ip, &state_dir);
+    if let Some(c) = config.filter(|c| c.store.kind == ipam_daemon::config::StoreKind::Etcd) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let s = ipam_daemon::cluster::ClusterStore::open(&c.store_settings()).await?;
+            sources.push(s.describe());
+            for f in who_has::cluster(&s, ip).await? {
+                if !findings.contains(&f) {
+                    findings.push(f);
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+    }
+    #[derive(serde::Serialize)]
+    struct Answer<'a> {
+        ip: std::net::IpAddr,
+        read: &'a [String],
+        findings: &'a [who_has::Finding],
+    }
+    let answer = Answer {
+        ip,
+        read: &sources,
+        findings: &findings,
+    };
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&answer)?),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&answer)?),
+        Output::Table => {
+            if findings.is_empty() {
+                println!("{ip}: nobody has it, and no pool holds it");
+            }
+            for f in &findings {
+                println!("{ip}: {f}");
+            }
+            println!("(read: {})", sources.join("; "));
+        }
+    }
+    Ok(())
+}
+
+/// `pools`: usage, blocks per node, what is refused or waited for.
+async fn pools(store: &ipam_daemon::cluster::ClusterStore, output: Output) -> anyhow::Result<()> {
+    use ipam_core::{
+        lb::resources::LbIpPool,
+        resources::{NodeIpam, PodIpPool},
+        store::TypedStore as _,
+    };
+    let pod_pools = store.list_typed::<PodIpPool>().await?;
+    let nodes = store.list_typed::<NodeIpam>().await?;
+    let lb_pools = store.list_typed::<LbIpPool>().await?;
+    #[derive(serde::Serialize)]
+    struct PoolView {
+        name: String,
+        kind: &'static str,
+        usage: Vec<(String, u128, u128)>,
+        blocks_by_node: std::collections::BTreeMap<String, Vec<String>>,
+        problems: Vec<String>,
+    }
+    let mut views = Vec::new();
+    for p in &pod_pools {
+        let mut blocks_by_node: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for n in &nodes {
+            for b in n.value.status.allocated.iter().filter(|b| b.pool == p.name) {
+                blocks_by_node
+                    .entry(n.name.clone())
+                    .or_default()
+                    .push(b.cidr.to_string());
+            }
+        }
+        let mut problems: Vec<String> = p
+            .value
+            .status
+            .conditions
+            .iter()
+            .filter(|c| !c.status)
+            .map(|c| c.message.clone())
+            .collect();
+        for n in &nodes {
+            for c in n.value.status.conditions.iter().filter(|c| !c.status) {
+                if c.message.contains(&p.name) {
+                    problems.push(format!("node {}: {}", n.name, c.message));
+                }
+            }
+        }
+        views.push(PoolView {
+            name: p.name.clone(),
+            kind: "pod",
+            usage: p
+                .value
+                .status
+                .usage
+                .iter()
+                .map(|u| (u.family.name().to_owned(), u.used_blocks, u.total_blocks))
+                .collect(),
+            blocks_by_node,
+            problems,
+        });
+    }
+    for p in &lb_pools {
+        views.push(PoolView {
+            name: p.name.clone(),
+            kind: "load-balancer",
+            usage: p
+                .value
+                .status
+                .counts
+                .iter()
+                .map(|c| (c.family.name().to_owned(), c.used, c.total))
+                .collect(),
+            blocks_by_node: Default::default(),
+            problems: p
+                .value
+                .status
+                .conditions
+                .iter()
+                .filter(|c| !c.status && c.kind != "Conflict" || c.kind == "Conflict" && c.status)
+                .map(|c| c.message.clone())
+                .collect(),
+        });
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&views)?),
+        Output::Yaml => print!("{}", serde_yaml_ng::to_string(&views)?),
+        Output::Table => {
+            for v in &views {
+                println!("{} pool {}", v.kind, v.name);
+                for (family, used, total) in &v.usage {
+                    let unit = if v.kind == "pod" { "blocks" } else { "IPs" };
+                    println!("  {family:<5} {} {used}/{total} {unit}", usage_bar(*used, *total));
+                }
+                for (node, blocks) in &v.blocks_by_node {
+                    println!("  {node}: {}", blocks.join(", "));
+                }
+                for p in &v.problems {
+                    println!("  ! {p}");
+                }
+            }
+            println!("(read from {})", store.describe());
+        }
+    }
+    Ok(())
+}
+
+/// `[#####.....]`: how full, in 20 steps.
+fn usage_bar(used: u128, total: u128) -> String {
+    let filled = if total == 0 {
+        0
+    } else {
+        ((used * 20).div_ceil(total)).min(20) as usize
+    };
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(20 - filled))
 }
 
 /// Opens the store of the daemon's configuration and runs `f` on it.

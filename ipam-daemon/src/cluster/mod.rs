@@ -6,5 +6,6 @@ pub mod changes;
 pub mod objects;
 pub mod operator;
 pub mod store;
+pub mod who_has;
 
 pub use store::ClusterStore;

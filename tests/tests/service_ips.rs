@@ -342,4 +342,10 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         },
         || format!("{:?}", c.list::<LbIpPool>()),
     );
+    let listed = ipamctl(&c, &["get", "lbpools"]);
+    let far = listed
+        .lines()
+        .find(|l| l.contains("far"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(far.contains("Reachable=false") && far.contains("172.18.250.1"), "{far}");
 }

@@ -7,7 +7,11 @@ fn ipamctl(args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("run ipamctl");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -19,5 +23,8 @@ fn completions_and_man_page_cover_the_commands() {
     }
     assert!(ipamctl(&["completions", "zsh"]).contains("#compdef ipamctl"));
     let man = ipamctl(&["man"]);
-    assert!(man.contains(".TH ipamctl") && man.contains("who\\-has"), "{man}");
+    assert!(
+        man.contains(".TH ipamctl") && man.contains("who\\-has"),
+        "{man}"
+    );
 }

@@ -310,18 +310,24 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     let ip1 = ips["default/web-1"].to_string();
     let said = ipamctl(&c, &["who-has", &ip1]);
     assert!(
-        said.contains("service default/web-1") && said.contains(&format!("announced by {answering}")),
+        said.contains("service default/web-1")
+            && said.contains(&format!("announced by {answering}")),
         "{said}"
     );
     let said = ipamctl(&c, &["who-has", "10.77.0.2"]);
-    assert!(said.contains("node node-1's address between nodes"), "{said}");
+    assert!(
+        said.contains("node node-1's address between nodes"),
+        "{said}"
+    );
     let said = ipamctl(&c, &["who-has", "10.77.0.249", "-o", "json"]);
     let json: serde_json::Value = serde_json::from_str(&said).unwrap();
     assert_eq!(json["findings"][0]["what"], "free-in-pool", "{said}");
     assert_eq!(json["findings"][0]["pool"], "lb", "{said}");
     let pools = ipamctl(&c, &["pools"]);
     assert!(
-        pools.contains("pod pool default") && pools.contains("load-balancer pool lb") && pools.contains("node-0: 10.240.0.0/24"),
+        pools.contains("pod pool default")
+            && pools.contains("load-balancer pool lb")
+            && pools.contains("node-0: 10.240.0.0/24"),
         "{pools}"
     );
     ipamctl(&c, &["delete", "services", "default/web-1"]);
@@ -347,5 +353,8 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         .lines()
         .find(|l| l.contains("far"))
         .unwrap_or_else(|| panic!("{listed}"));
-    assert!(far.contains("Reachable=false") && far.contains("172.18.250.1"), "{far}");
+    assert!(
+        far.contains("Reachable=false") && far.contains("172.18.250.1"),
+        "{far}"
+    );
 }

@@ -20,9 +20,15 @@ pub(crate) fn run() -> anyhow::Result<()> {
         println!("wrote {}", path.display());
         Ok(())
     };
-    write(&["completions", "bash"], target.join("completions/ipamctl.bash"))?;
+    write(
+        &["completions", "bash"],
+        target.join("completions/ipamctl.bash"),
+    )?;
     write(&["completions", "zsh"], target.join("completions/_ipamctl"))?;
-    write(&["completions", "fish"], target.join("completions/ipamctl.fish"))?;
+    write(
+        &["completions", "fish"],
+        target.join("completions/ipamctl.fish"),
+    )?;
     write(&["man"], target.join("man/ipamctl.1"))?;
     Ok(())
 }

@@ -2,10 +2,10 @@
 //! crates, so `setup` runs on a machine that cannot build them yet.
 
 mod bench;
-mod completions;
 mod build_cni;
 mod build_ebpf;
 mod cmd;
+mod completions;
 mod fuzz;
 mod lab;
 mod lint;

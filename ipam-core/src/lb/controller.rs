@@ -100,10 +100,7 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
             // The seed's silent failure made loud: an assigned IP nothing on the link reaches.
             let unreachable_pool = pools.iter().find(|p| {
                 unreachable.contains_key(&p.name)
-                    && status
-                        .ingress
-                        .iter()
-                        .any(|ip| p.value.spec.contains(*ip))
+                    && status.ingress.iter().any(|ip| p.value.spec.contains(*ip))
             });
             if let Some(p) = unreachable_pool {
                 status.conditions.push(Condition::new(

@@ -16,7 +16,7 @@ use ipam_daemon::{
 /// pinned eBPF maps directly, so they work while the daemon is running, restarting or stopped;
 /// `ipam status` reads the status the daemon publishes after every IPAM pass.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "ipamctl", version)]
 struct Args {
     /// The daemon's bpffs root (datapath.bpffs_root in its configuration).
     #[arg(long, global = true, env = "IPAM_BPFFS_ROOT", default_value = DEFAULT_BPFFS_ROOT)]
@@ -205,7 +205,12 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
-            clap_complete::generate(shell, &mut Args::command(), "ipamctl", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Args::command(),
+                "ipamctl",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
         Command::Man => {
@@ -562,7 +567,8 @@ async fn pools(store: &ipam_daemon::cluster::ClusterStore, output: Output) -> an
     }
     let mut views = Vec::new();
     for p in &pod_pools {
-        let mut blocks_by_node: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        let mut blocks_by_node: std::collections::BTreeMap<String, Vec<String>> =
+            Default::default();
         for n in &nodes {
             for b in n.value.status.allocated.iter().filter(|b| b.pool == p.name) {
                 blocks_by_node
@@ -630,7 +636,10 @@ async fn pools(store: &ipam_daemon::cluster::ClusterStore, output: Output) -> an
                 println!("{} pool {}", v.kind, v.name);
                 for (family, used, total) in &v.usage {
                     let unit = if v.kind == "pod" { "blocks" } else { "IPs" };
-                    println!("  {family:<5} {} {used}/{total} {unit}", usage_bar(*used, *total));
+                    println!(
+                        "  {family:<5} {} {used}/{total} {unit}",
+                        usage_bar(*used, *total)
+                    );
                 }
                 for (node, blocks) in &v.blocks_by_node {
                     println!("  {node}: {}", blocks.join(", "));

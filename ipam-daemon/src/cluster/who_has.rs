@@ -58,7 +58,9 @@ impl std::fmt::Display for Finding {
                 "pod {} on node {node} (container {container}, interface {interface})",
                 pod.as_deref().unwrap_or("(name not given by the runtime)")
             ),
-            Self::NodeAddress { node, purpose } => write!(f, "the {purpose} address of node {node}"),
+            Self::NodeAddress { node, purpose } => {
+                write!(f, "the {purpose} address of node {node}")
+            }
             Self::NodeUplink { node } => write!(f, "node {node}'s address between nodes"),
             Self::Service {
                 service,
@@ -66,13 +68,18 @@ impl std::fmt::Display for Finding {
             } => write!(
                 f,
                 "the IP of service {service}, announced by {}",
-                announced_by.as_deref().unwrap_or("no node (none is live and eligible)")
+                announced_by
+                    .as_deref()
+                    .unwrap_or("no node (none is live and eligible)")
             ),
             Self::Block { node, pool, block } => {
                 write!(f, "in block {block} of pool {pool}, held by node {node}")
             }
             Self::FreeInPool { pool, kind } => {
-                write!(f, "free: in {kind} pool {pool}, but no node or service holds it")
+                write!(
+                    f,
+                    "free: in {kind} pool {pool}, but no node or service holds it"
+                )
             }
         }
     }
@@ -129,7 +136,13 @@ pub async fn cluster<S: TypedStore>(store: &S, ip: IpAddr) -> Result<Vec<Finding
                 node: n.name.clone(),
             });
         }
-        for b in n.value.status.allocated.iter().filter(|b| b.cidr.contains(ip)) {
+        for b in n
+            .value
+            .status
+            .allocated
+            .iter()
+            .filter(|b| b.cidr.contains(ip))
+        {
             in_block = true;
             out.push(Finding::Block {
                 node: n.name.clone(),

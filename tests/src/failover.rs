@@ -206,7 +206,7 @@ impl KillRun {
             .collect();
         rows.push("failed".into());
         let end = self.samples.last().map_or(1.0, |s| s.at.as_secs_f64());
-        let (w, h, left, top, row_h) = (960.0, 60.0 + rows.len() as f64 * 40.0, 110.0, 30.0, 40.0);
+        let (w, h, left, top, row_h) = (960.0, 90.0 + rows.len() as f64 * 40.0, 110.0, 30.0, 40.0);
         let x = |t: f64| left + (t / end) * (w - left - 20.0);
         let colours = ["#1b9e77", "#7570b3", "#e6ab02", "#66a61e"];
         let mut svg = format!(

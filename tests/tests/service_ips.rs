@@ -12,11 +12,11 @@ use std::{
 };
 
 use ipam_core::lb::resources::{
-    IpFamilyPolicy, LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Protocol, Selector, Service,
-    ServicePort, ServiceSpec, ServiceStatus, ServiceType,
+    LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Selector, Service,
 };
 use ipam_tests::{
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
+    failover::lb_service,
     netns::Netns,
     resolve::Resolver,
 };
@@ -40,26 +40,6 @@ fn pool(blocks: Vec<LbIpBlock>) -> LbIpPool {
             disabled: false,
         },
         status: LbIpPoolStatus::default(),
-    }
-}
-
-fn service() -> Service {
-    Service {
-        spec: ServiceSpec {
-            service_type: ServiceType::LoadBalancer,
-            labels: Default::default(),
-            ports: vec![ServicePort {
-                port: 80,
-                protocol: Protocol::TCP,
-            }],
-            load_balancer_class: None,
-            requested_ips: vec![],
-            sharing_key: None,
-            ip_families: vec![],
-            ip_family_policy: IpFamilyPolicy::SingleStack,
-            external_ips: vec![],
-        },
-        status: ServiceStatus::default(),
     }
 }
 
@@ -160,7 +140,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         "{applied}"
     );
     for i in 0..6 {
-        c.put(&format!("default/web-{i}"), &service());
+        c.put(&format!("default/web-{i}"), &lb_service(80));
     }
     wait_until(
         Duration::from_secs(20),
@@ -254,7 +234,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
 
     // 200 services spread over the live nodes, with no store write per service in steady state.
     for i in 6..206 {
-        c.put(&format!("default/many-{i}"), &service());
+        c.put(&format!("default/many-{i}"), &lb_service(80));
     }
     wait_until(
         Duration::from_secs(30),

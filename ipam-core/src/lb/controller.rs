@@ -3,9 +3,10 @@
 //! pool's counts and conditions, and the warning for pools no announced interface reaches.
 
 use super::{
-    announce::{NodeView, unreachable_pools},
+    announce::unreachable_pools,
     assign::{IP_ASSIGNED, assign},
     resources::{L2AnnouncementPolicy, LbIpPool, Service},
+    rows,
 };
 use crate::{
     resources::{Condition, NodeIpam},
@@ -24,39 +25,17 @@ pub struct LbReport {
     pub problems: Vec<(String, String)>,
 }
 
-/// The nodes' labels and interfaces from their records.
-pub fn node_views(records: &[crate::store::Versioned<NodeIpam>]) -> Vec<NodeView> {
-    records
-        .iter()
-        .map(|r| NodeView {
-            name: r.name.clone(),
-            labels: r.value.spec.labels.clone(),
-            interfaces: r.value.spec.interfaces.clone(),
-        })
-        .collect()
-}
-
 /// One LB-IPAM pass. Safe to run at any time and as often as wanted.
 pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError> {
     let pools = store.list_typed::<LbIpPool>().await?;
     let services = store.list_typed::<Service>().await?;
     let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
-    let pool_specs: Vec<_> = pools
-        .iter()
-        .map(|p| (p.name.clone(), p.value.spec.clone()))
-        .collect();
-    let policy_specs: Vec<_> = policies
-        .iter()
-        .map(|p| (p.name.clone(), p.value.spec.clone()))
-        .collect();
-    let service_rows: Vec<_> = services
-        .iter()
-        .map(|s| (s.name.clone(), s.value.spec.clone(), s.value.status.clone()))
-        .collect();
-    let mut decided = assign(&pool_specs, &service_rows);
-    let (unreachable, bad_policies) =
-        unreachable_pools(&pool_specs, &policy_specs, &node_views(&nodes));
+    let pool_specs = rows::pools(&pools);
+    let policy_specs = rows::policies(&policies);
+    let mut decided = assign(&pool_specs, &rows::services(&services));
+    let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
+    let (unreachable, bad_policies) = unreachable_pools(&pool_specs, &policy_specs, &node_views);
     let mut report = LbReport::default();
     for (policy, message) in bad_policies {
         report

@@ -7,3 +7,4 @@ pub mod assign;
 mod assign_tests;
 pub mod controller;
 pub mod resources;
+pub mod rows;

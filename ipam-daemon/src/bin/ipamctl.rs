@@ -737,6 +737,19 @@ async fn delete(
     Ok(())
 }
 
+/// Every object of `T`'s kind, as (name, value).
+async fn named<T: ipam_core::store::Resource>(
+    store: &ipam_daemon::cluster::ClusterStore,
+) -> anyhow::Result<Vec<(String, T)>> {
+    use ipam_core::store::TypedStore as _;
+    Ok(store
+        .list_typed::<T>()
+        .await?
+        .into_iter()
+        .map(|v| (v.name, v.value))
+        .collect())
+}
+
 async fn get(
     store: &ipam_daemon::cluster::ClusterStore,
     kind: ObjectKind,
@@ -745,7 +758,6 @@ async fn get(
     use ipam_core::{
         lb::resources::{L2AnnouncementPolicy, LbIpPool, Service},
         resources::PodIpPool,
-        store::TypedStore as _,
     };
     fn show<T: serde::Serialize>(output: Output, items: &[(String, T)]) -> anyhow::Result<bool> {
         let map: std::collections::BTreeMap<&str, &T> =
@@ -767,12 +779,7 @@ async fn get(
     };
     match kind {
         ObjectKind::Services => {
-            let items: Vec<_> = store
-                .list_typed::<Service>()
-                .await?
-                .into_iter()
-                .map(|v| (v.name, v.value))
-                .collect();
+            let items = named::<Service>(store).await?;
             if show(output, &items)? {
                 return Ok(());
             }
@@ -804,12 +811,7 @@ async fn get(
             );
         }
         ObjectKind::Lbpools => {
-            let items: Vec<_> = store
-                .list_typed::<LbIpPool>()
-                .await?
-                .into_iter()
-                .map(|v| (v.name, v.value))
-                .collect();
+            let items = named::<LbIpPool>(store).await?;
             if show(output, &items)? {
                 return Ok(());
             }
@@ -831,12 +833,7 @@ async fn get(
             println!("{rows}");
         }
         ObjectKind::L2policies => {
-            let items: Vec<_> = store
-                .list_typed::<L2AnnouncementPolicy>()
-                .await?
-                .into_iter()
-                .map(|v| (v.name, v.value))
-                .collect();
+            let items = named::<L2AnnouncementPolicy>(store).await?;
             if show(output, &items)? {
                 return Ok(());
             }
@@ -852,12 +849,7 @@ async fn get(
             println!("{rows}");
         }
         ObjectKind::Podpools => {
-            let items: Vec<_> = store
-                .list_typed::<PodIpPool>()
-                .await?
-                .into_iter()
-                .map(|v| (v.name, v.value))
-                .collect();
+            let items = named::<PodIpPool>(store).await?;
             if show(output, &items)? {
                 return Ok(());
             }

@@ -18,6 +18,7 @@ use ipam_core::{
     lb::{
         announce::{NodeView, owners},
         resources::{L2AnnouncementPolicy, LbIpPool, Service},
+        rows,
     },
     pool::PodIpPoolSpec,
     resources::{NodeIpam, PodIpPool, node_lease_name},
@@ -226,24 +227,16 @@ pub async fn announcing_nodes<S: TypedStore>(
                 .get(&node_lease_name(&n.name))
                 .is_some_and(|l| now.saturating_sub(l.renew_time_ms) < l.duration_ms)
         })
-        .map(|n| NodeView {
-            name: n.name.clone(),
-            labels: n.value.spec.labels.clone(),
-            interfaces: n.value.spec.interfaces.clone(),
-        })
+        .map(rows::node)
         .collect();
-    let policy_rows: Vec<_> = policies
-        .iter()
-        .map(|p| (p.name.clone(), p.value.spec.clone()))
-        .collect();
-    let service_rows: Vec<_> = services
-        .iter()
-        .map(|s| (s.name.clone(), s.value.spec.clone(), s.value.status.clone()))
-        .collect();
-    Ok(owners(&policy_rows, &service_rows, &live)
-        .into_iter()
-        .map(|a| (a.ip, a.node))
-        .collect())
+    Ok(owners(
+        &rows::policies(&policies),
+        &rows::services(&services),
+        &live,
+    )
+    .into_iter()
+    .map(|a| (a.ip, a.node))
+    .collect())
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use ipam_core::{
     lb::{
         announce::{NodeView, owners},
         resources::{L2AnnouncementPolicy, Service},
+        rows,
     },
     resources::{NodeIpam, node_lease_name},
     store::lease::{Lease, LeaseObserver},
@@ -112,11 +113,13 @@ pub async fn run(
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // Changes only update the copies; ownership is decided once per tick, whatever the
+        // number of changes (a burst of service writes would otherwise cost a decision each).
         tokio::select! {
-            e = services_watch.next() => services.apply(e),
-            e = policies_watch.next() => policies.apply(e),
-            e = nodes_watch.next() => nodes.apply(e),
-            e = leases_watch.next() => leases.apply(e),
+            e = services_watch.next() => { services.apply(e); continue; }
+            e = policies_watch.next() => { policies.apply(e); continue; }
+            e = nodes_watch.next() => { nodes.apply(e); continue; }
+            e = leases_watch.next() => { leases.apply(e); continue; }
             _ = tick.tick() => {}
         }
         let now = Instant::now();
@@ -132,26 +135,17 @@ pub async fn run(
                     leases.get(&lease).is_some() && observer.unchanged_for(&lease, now) < node_lease
                 }
             })
-            .map(|r| NodeView {
-                name: r.name.clone(),
-                labels: r.value.spec.labels.clone(),
-                interfaces: r.value.spec.interfaces.clone(),
-            })
+            .map(rows::node)
             .collect();
-        let policy_rows: Vec<_> = policies
-            .iter()
-            .map(|p| (p.name.clone(), p.value.spec.clone()))
-            .collect();
-        let service_rows: Vec<_> = services
-            .iter()
-            .map(|s| (s.name.clone(), s.value.spec.clone(), s.value.status.clone()))
-            .collect();
-        let mine: BTreeMap<IpAddr, (String, Vec<String>)> =
-            owners(&policy_rows, &service_rows, &live)
-                .into_iter()
-                .filter(|a| a.node == node)
-                .map(|a| (a.ip, (a.service, a.interfaces)))
-                .collect();
+        let mine: BTreeMap<IpAddr, (String, Vec<String>)> = owners(
+            &rows::policies(policies.iter()),
+            &rows::services(services.iter()),
+            &live,
+        )
+        .into_iter()
+        .filter(|a| a.node == node)
+        .map(|a| (a.ip, (a.service, a.interfaces)))
+        .collect();
         let taken = state.follow(&mine, &out);
         metrics.service_ip_takeovers.inc_by(taken);
         metrics.service_ips_announced.set(state.ips.len() as i64);

@@ -1,0 +1,47 @@
+//! The (name, spec[, status]) rows LB-IPAM and the owner decision take, from stored objects:
+//! the operator, every agent and `ipamctl` build them the same way.
+
+use super::{
+    announce::NodeView,
+    resources::{
+        L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, Service, ServiceSpec,
+        ServiceStatus,
+    },
+};
+use crate::{resources::NodeIpam, store::Versioned};
+
+pub fn pools<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<LbIpPool>>,
+) -> Vec<(String, LbIpPoolSpec)> {
+    objects
+        .into_iter()
+        .map(|p| (p.name.clone(), p.value.spec.clone()))
+        .collect()
+}
+
+pub fn policies<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<L2AnnouncementPolicy>>,
+) -> Vec<(String, L2PolicySpec)> {
+    objects
+        .into_iter()
+        .map(|p| (p.name.clone(), p.value.spec.clone()))
+        .collect()
+}
+
+pub fn services<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<Service>>,
+) -> Vec<(String, ServiceSpec, ServiceStatus)> {
+    objects
+        .into_iter()
+        .map(|s| (s.name.clone(), s.value.spec.clone(), s.value.status.clone()))
+        .collect()
+}
+
+/// A node as the owner decision sees it: its name, labels and interfaces.
+pub fn node(record: &Versioned<NodeIpam>) -> NodeView {
+    NodeView {
+        name: record.name.clone(),
+        labels: record.value.spec.labels.clone(),
+        interfaces: record.value.spec.interfaces.clone(),
+    }
+}

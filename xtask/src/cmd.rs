@@ -36,3 +36,26 @@ pub(crate) fn cargo() -> Command {
     c.current_dir(workspace_root());
     c
 }
+
+/// Warns, before a build, when the filesystem holding the workspace has less than `need_gib`
+/// free: a full disk otherwise shows up minutes later as a linker bus error or `os error 28`.
+pub(crate) fn warn_if_disk_low(need_gib: u64, what: &str) {
+    let root = workspace_root();
+    let free = output(
+        Command::new("df")
+            .args(["--output=avail", "-B1"])
+            .arg(&root),
+    )
+    .and_then(|out| out.lines().nth(1)?.trim().parse::<u64>().ok());
+    let Some(free) = free else { return };
+    let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+    if free < need_gib << 30 {
+        eprintln!(
+            "warning: {:.1} GiB free on the filesystem of {}; {what} takes up to {need_gib} GiB \
+             from a clean clone. Free some space (`cargo clean` in another checkout, or \
+             `rm -rf target/debug/incremental`) if the build fails with `No space left on device`.",
+            gib(free),
+            root.display()
+        );
+    }
+}

@@ -19,9 +19,13 @@ use crate::{
 };
 
 /// Reads and writes that fail for a reason time can fix (a member restarting, a leader
-/// election) are tried this many times before the error goes to the caller.
+/// election) are tried at least this many times, and again until the request timeout has
+/// passed, before the error goes to the caller: right after a member dies the client's
+/// balancer can hand it a few more requests before it notices, and a fixed small number of
+/// quick tries could all land there.
 const ATTEMPTS: u32 = 3;
-const RETRY_PAUSE: Duration = Duration::from_millis(100);
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+const LONGEST_RETRY_PAUSE: Duration = Duration::from_millis(400);
 /// How long a member may take to answer the health check of a failed request's diagnosis.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -129,6 +133,8 @@ impl EtcdStore {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let mut attempt = 1;
+        let mut pause = FIRST_RETRY_PAUSE;
+        let deadline = tokio::time::Instant::now() + self.config.request_timeout();
         loop {
             let result =
                 tokio::time::timeout(self.config.request_timeout(), op(self.client())).await;
@@ -147,11 +153,12 @@ impl EtcdStore {
             if !error.is_transient() {
                 return Err(backend(error));
             }
-            if attempt >= ATTEMPTS {
+            if attempt >= ATTEMPTS && tokio::time::Instant::now() + pause >= deadline {
                 return Err(backend(self.diagnose(error).await));
             }
             attempt += 1;
-            tokio::time::sleep(RETRY_PAUSE).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LONGEST_RETRY_PAUSE);
         }
     }
 

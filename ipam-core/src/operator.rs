@@ -13,7 +13,7 @@ use thiserror::Error;
 
 use super::{
     Family,
-    blocks::BlockAllocator,
+    blocks::{BlockAllocator, BlockError},
     pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
     resources::{
         AllocatedBlock, CLUSTER, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
@@ -63,6 +63,41 @@ pub struct Report {
     pub expired_nodes: Vec<String>,
     /// (object, message) for every object that is not ready.
     pub problems: Vec<(String, String)>,
+    /// What went wrong for the first time in this pass (a problem already recorded in the
+    /// object's status is not reported again): what monitoring counts and users are told.
+    pub events: Vec<PoolEvent>,
+    /// Every pool's blocks after the pass, by family.
+    pub usage: Vec<(String, Vec<FamilyUsageStatus>)>,
+}
+
+/// Something users must see about a pod IP pool, reported once when it happens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolEvent {
+    /// A node asked for a block and the pool had none left.
+    Exhausted {
+        pool: String,
+        family: Family,
+        node: String,
+    },
+    /// The pool's spec was refused (invalid, overlapping, or a change that cannot be made);
+    /// the pool keeps working with its last accepted spec, if any.
+    Refused { pool: String, message: String },
+}
+
+impl PoolEvent {
+    pub fn pool(&self) -> &str {
+        match self {
+            Self::Exhausted { pool, .. } | Self::Refused { pool, .. } => pool,
+        }
+    }
+
+    /// A stable name for logs and metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Exhausted { .. } => "exhausted",
+            Self::Refused { .. } => "refused",
+        }
+    }
 }
 
 pub struct Operator {
@@ -162,6 +197,7 @@ impl Operator {
         // blocks so the usage is current.
         for (p, mut status) in pools.iter().zip(statuses) {
             status.usage = self.usage(&p.name);
+            report.usage.push((p.name.clone(), status.usage.clone()));
             if status != p.value.status {
                 let mut updated = p.value.clone();
                 updated.status = status;
@@ -210,6 +246,18 @@ impl Operator {
                     status.conditions = vec![Condition::new(READY, true, "pool is in use")];
                 }
                 Err(message) => {
+                    let already_told = p
+                        .value
+                        .status
+                        .conditions
+                        .iter()
+                        .any(|c| !c.status && c.message == message);
+                    if !already_told {
+                        report.events.push(PoolEvent::Refused {
+                            pool: p.name.clone(),
+                            message: message.clone(),
+                        });
+                    }
                     // A refused change keeps the pool working with its last accepted spec.
                     if let Some(pool) = status
                         .accepted_spec
@@ -309,6 +357,24 @@ impl Operator {
                         },
                     )),
                     Err(e) => {
+                        // The message counts the holders, which change while the pool stays
+                        // exhausted: the node's condition is matched on what stays the same.
+                        let exhausted = format!("pool {pool} ({}) is exhausted", family.name());
+                        let already_told = node
+                            .value
+                            .status
+                            .conditions
+                            .iter()
+                            .any(|c| !c.status && c.message.contains(&exhausted));
+                        if let BlockError::Exhausted { .. } = e
+                            && !already_told
+                        {
+                            report.events.push(PoolEvent::Exhausted {
+                                pool: pool.clone(),
+                                family,
+                                node: name.clone(),
+                            });
+                        }
                         problems.push(e.to_string());
                         break;
                     }
@@ -554,6 +620,16 @@ mod tests {
                 && msg.contains("Append a CIDR"),
             "{msg}"
         );
+        assert_eq!(
+            report.events,
+            vec![PoolEvent::Exhausted {
+                pool: "default".into(),
+                family: Family::V4,
+                node: "node-257".into()
+            }]
+        );
+        // Told once: the next pass finds it in the node's record.
+        assert!(op.reconcile(&s).await.unwrap().events.is_empty());
         let pool = pool_spec_and_status(&s, "default").await;
         assert_eq!(
             (
@@ -597,6 +673,15 @@ mod tests {
             24
         );
         assert!(report.assigned.is_empty());
+        assert_eq!(
+            report
+                .events
+                .iter()
+                .map(|e| (e.pool(), e.reason()))
+                .collect::<Vec<_>>(),
+            [("default", "refused")]
+        );
+        assert!(op.reconcile(&s).await.unwrap().events.is_empty());
         // A new node is still served from the accepted /24 spec.
         s.create_typed("node-258", &NodeIpam::default())
             .await

@@ -13,7 +13,7 @@ use ipam_core::{
         controller as lb_ipam,
         resources::{L2AnnouncementPolicy, LbIpPool, Service},
     },
-    operator::{Operator, OperatorError, Report, record_mode},
+    operator::{Operator, OperatorError, PoolEvent, Report, record_mode},
     pool::IpamMode,
     resources::{NodeIpam, OPERATOR_LEASE, PodIpPool},
     store::{
@@ -159,6 +159,12 @@ pub async fn run<S: Store + Clone + 'static>(
                 dirty = false;
                 backoff.reset();
                 log_report(&report);
+                for (pool, usage) in &report.usage {
+                    observed.metrics.set_pool_usage(pool, usage);
+                }
+                for event in &report.events {
+                    observed.metrics.pool_event(event);
+                }
                 log_lb_report(&lb, &mut last_lb_problems);
             }
             Err(OperatorError::NotLeading) => {
@@ -245,6 +251,19 @@ fn log_report(report: &Report) {
             node = node.as_str(),
             "node lease lapsed for the grace period; its blocks went back to the pools"
         );
+    }
+    for event in &report.events {
+        match event {
+            PoolEvent::Exhausted { pool, family, node } => tracing::error!(
+                pool = pool.as_str(),
+                node = node.as_str(),
+                "pod IP pool has no {} block left for a node that asked for one",
+                family.name()
+            ),
+            PoolEvent::Refused { pool, message } => {
+                tracing::error!(pool = pool.as_str(), "pod IP pool spec refused: {message}");
+            }
+        }
     }
     for (object, problem) in &report.problems {
         tracing::warn!(object = object.as_str(), "{problem}");

@@ -93,8 +93,9 @@ pub struct IpamRuntime {
     /// The last store pass failed: the next one waits for the backoff.
     store_retry: Backoff,
     store_retry_at: Option<tokio::time::Instant>,
-    /// A pass was asked for by the allocations' demand flag and not yet made.
-    demand_seen: bool,
+    /// Since when an allocation has been waiting for a block (the demand flag was raised):
+    /// the store pass that asks for it is made once, and the wait is measured.
+    demand_since: Option<tokio::time::Instant>,
     infra: Arc<Mutex<InfraState>>,
     /// What was last written to status.json: unchanged status is not written again.
     published: Option<PublishedStatus>,
@@ -212,7 +213,7 @@ impl IpamRuntime {
             wake,
             store_retry: Backoff::new(STORE_RETRY_CAP),
             store_retry_at: None,
-            demand_seen: false,
+            demand_since: None,
             infra: Arc::new(Mutex::new(InfraState::default())),
             published: None,
             seen_pools: Vec::new(),
@@ -367,12 +368,18 @@ impl IpamRuntime {
         let retry_due = self
             .store_retry_at
             .is_some_and(|at| tokio::time::Instant::now() >= at);
-        if (demand && !self.demand_seen) || retry_due {
-            self.demand_seen = demand;
+        let new_demand = demand && self.demand_since.is_none();
+        if new_demand {
+            self.demand_since = Some(tokio::time::Instant::now());
+        }
+        if new_demand || retry_due {
             self.store_pass().await;
         }
-        if !demand {
-            self.demand_seen = false;
+        if !demand && let Some(since) = self.demand_since.take() {
+            self.observed
+                .metrics
+                .block_request_wait_seconds
+                .observe(since.elapsed().as_secs_f64());
         }
     }
 
@@ -448,7 +455,7 @@ impl IpamRuntime {
     fn observe(&self) {
         use std::sync::atomic::Ordering;
 
-        use crate::metrics::{FamilyState, PoolFamilyState};
+        use crate::metrics::FamilyState;
         let m = &self.observed.metrics;
         let alloc = self.agent.allocator();
         for family in [Family::V4, Family::V6] {
@@ -463,21 +470,14 @@ impl IpamRuntime {
             m.node_addresses
                 .get_or_create(&label("used"))
                 .set(used as i64);
+            m.node_addresses
+                .get_or_create(&label("available"))
+                .set(free as i64);
         }
         m.block_requests_pending
             .set(i64::from(self.agent.demand().load(Ordering::SeqCst)));
         for pool in &self.seen_pools {
-            for u in &pool.usage {
-                for (state, n) in [("total", u.total_blocks), ("used", u.used_blocks)] {
-                    m.pool_blocks
-                        .get_or_create(&PoolFamilyState {
-                            pool: pool.name.clone(),
-                            family: u.family.name().to_owned(),
-                            state: state.to_owned(),
-                        })
-                        .set(n.min(i64::MAX as u128) as i64);
-                }
-            }
+            m.set_pool_usage(&pool.name, &pool.usage);
         }
         if let Ok(mut dp) = self.datapath.lock() {
             if let Ok(stats) = dp.pods().stats() {

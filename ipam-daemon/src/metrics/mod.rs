@@ -11,8 +11,10 @@ mod http;
 use std::{
     collections::{BTreeMap, HashMap},
     net::IpAddr,
-    sync::Mutex,
+    sync::{Mutex, atomic::AtomicU64},
 };
+
+use ipam_core::{operator::PoolEvent, resources::FamilyUsageStatus};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -41,6 +43,12 @@ pub struct PoolFamilyState {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolReason {
+    pub pool: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CounterLabel {
     pub counter: String,
 }
@@ -62,7 +70,11 @@ pub struct Metrics {
     pub pod_releases: Family<ResultLabel, Counter>,
     pub node_addresses: Family<FamilyState, Gauge>,
     pub pool_blocks: Family<PoolFamilyState, Gauge>,
+    /// Addresses can exceed an i64 in an IPv6 pool: a float gauge.
+    pub pool_addresses: Family<PoolFamilyState, Gauge<f64, AtomicU64>>,
+    pub pool_events: Family<PoolReason, Counter>,
     pub block_requests_pending: Gauge,
+    pub block_request_wait_seconds: Histogram,
     pub node_lease_renewals: Family<ResultLabel, Counter>,
     pub node_lease_renew_seconds: Histogram,
     pub service_ips_announced: Gauge,
@@ -90,7 +102,12 @@ impl Metrics {
             pod_releases: Family::default(),
             node_addresses: Family::default(),
             pool_blocks: Family::default(),
+            pool_addresses: Family::default(),
+            pool_events: Family::default(),
             block_requests_pending: Gauge::default(),
+            block_request_wait_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.05, 2.0, 10),
+            ),
             node_lease_renewals: Family::default(),
             node_lease_renew_seconds: Histogram::new(
                 prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 14),
@@ -126,9 +143,25 @@ impl Metrics {
             m.pool_blocks.clone(),
         );
         registry.register(
+            "pool_addresses",
+            "Addresses of each pod IP pool by family and state (capacity, used: in blocks held by nodes, available: in free blocks)",
+            m.pool_addresses.clone(),
+        );
+        registry.register(
+            "pool_events",
+            "Pod IP pool events by pool and reason (exhausted: a node got no block; refused: the pool's spec was refused), each counted once when it happens",
+            m.pool_events.clone(),
+        );
+        registry.register(
             "block_requests_pending",
             "1 while this node waits for a block it asked the operator for",
             m.block_requests_pending.clone(),
+        );
+        registry.register_with_unit(
+            "block_request_wait",
+            "How long this node waited for a block it asked for, from the request to the block",
+            Unit::Seconds,
+            m.block_request_wait_seconds.clone(),
         );
         registry.register(
             "node_lease_renewals",
@@ -212,6 +245,44 @@ impl Metrics {
         self.l2_replies
             .get_or_create(&IpLabel { ip: ip.to_string() })
             .inc_by(delta);
+    }
+
+    /// A pool's blocks and addresses, by family, from its usage as the operator computed it.
+    /// Pool-wide, an address counts as used once its block is held by a node: the operator
+    /// sees blocks, and each node's exact use is `node_addresses`.
+    pub fn set_pool_usage(&self, pool: &str, usage: &[FamilyUsageStatus]) {
+        for u in usage {
+            let label = |state: &str| PoolFamilyState {
+                pool: pool.to_owned(),
+                family: u.family.name().to_owned(),
+                state: state.to_owned(),
+            };
+            for (state, n) in [("total", u.total_blocks), ("used", u.used_blocks)] {
+                self.pool_blocks
+                    .get_or_create(&label(state))
+                    .set(n.min(i64::MAX as u128) as i64);
+            }
+            let per_block = 2f64.powi(i32::from(u.family.bits() - u.mask_size));
+            let total = u.total_blocks as f64 * per_block;
+            let used = u.used_blocks as f64 * per_block;
+            for (state, n) in [
+                ("capacity", total),
+                ("used", used),
+                ("available", total - used),
+            ] {
+                self.pool_addresses.get_or_create(&label(state)).set(n);
+            }
+        }
+    }
+
+    /// Counts a pool event (the operator reports each once, when it happens).
+    pub fn pool_event(&self, event: &PoolEvent) {
+        self.pool_events
+            .get_or_create(&PoolReason {
+                pool: event.pool().to_owned(),
+                reason: event.reason().to_owned(),
+            })
+            .inc();
     }
 
     pub fn result(family: &Family<ResultLabel, Counter>, result: &str) {

@@ -72,7 +72,8 @@ impl Cluster {
         Self::start_with(tag, operators, POOLS, NODE_GRACE_MS)
     }
 
-    /// As `start`, with other pools (`[[ipam.pool]]` entries) and node grace period.
+    /// As `start`, with other operator configuration appended (`[[ipam.pool]]` entries, and
+    /// tables after them such as `[metrics]`) and node grace period.
     pub fn start_with(tag: &str, operators: usize, pools: &str, node_grace_ms: u64) -> Self {
         let fabric = Netns::new(&format!("{tag}f"));
         fabric.ip(&["link", "add", "br0", "type", "bridge"]);
@@ -166,6 +167,27 @@ impl Cluster {
         node.start();
         self.nodes.push(node);
         index
+    }
+
+    /// Runs `ipamctl ARGS --config <node's ipamd.toml>` in the node's namespace (it reaches
+    /// etcd over the segment); returns its output, panicking with it when it fails.
+    pub fn ipamctl(&self, node: usize, args: &[&str]) -> String {
+        let n = &self.nodes[node];
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net={}", n.ns.path().display()))
+            .arg(crate::workspace_binary("ipamctl"))
+            .args(args)
+            .arg("--config")
+            .arg(n.config_path())
+            .output()
+            .expect("run ipamctl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "ipamctl {args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
     }
 
     /// Runs `f` against the cluster's store, from the fabric namespace (where etcd listens).

@@ -322,6 +322,29 @@ fn every_attach_form_answers() {
                 &["--bpffs-root", root.to_str().unwrap(), "status"],
             )
         });
+        let ipamctl = ipam_tests::workspace_binary("ipamctl");
+        let root = lab.root.0.clone();
+        let json = lab.node.run(move || {
+            ipam_tests::run(
+                ipamctl.to_str().unwrap(),
+                &[
+                    "--bpffs-root",
+                    root.to_str().unwrap(),
+                    "status",
+                    "-o",
+                    "json",
+                ],
+            )
+        });
+        let json: serde_json::Value = serde_json::from_str(&json).expect("status -o json");
+        assert_eq!(json["state"], "answering", "{json}");
+        assert_eq!(json["announcements"], 1, "{json}");
+        assert_eq!(json["attachments"][0]["interface"], "n0", "{json}");
+        assert_eq!(
+            json["attachments"][0]["caveat"].is_string(),
+            attach == "xdp-native",
+            "{json}"
+        );
         if attach == "xdp-native" {
             daemon.wait_log(
                 "only if the peer runs an XDP program",

@@ -66,26 +66,6 @@ fn node_of(macs: &BTreeMap<[u8; 6], String>, mac: [u8; 6]) -> String {
         .unwrap_or_else(|| format!("{mac:x?}"))
 }
 
-/// Runs `ipamctl ARGS --config <node-0's ipamd.toml>` in node-0's namespace (it reaches etcd
-/// over the segment); returns its output, panicking with it when it fails.
-fn ipamctl(c: &Cluster, args: &[&str]) -> String {
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net={}", c.nodes[0].ns.path().display()))
-        .arg(ipam_tests::workspace_binary("ipamctl"))
-        .args(args)
-        .arg("--config")
-        .arg(c.nodes[0].config_path())
-        .output()
-        .expect("run ipamctl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "ipamctl {args:?}: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 /// The node answering for `ip`; panics unless exactly one answers (within a few seconds).
 fn owner_of(c: &Cluster, client: &Netns, macs: &BTreeMap<[u8; 6], String>, ip: Ipv4Addr) -> String {
     let mut got = Vec::new();
@@ -133,7 +113,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
          kind: L2AnnouncementPolicy\nmetadata: { name: uplinks }\nspec: { interfaces: [ \"up[0-9]+\" ] }\n",
     )
     .unwrap();
-    let applied = ipamctl(&c, &["apply", "-f", &manifest.0.display().to_string()]);
+    let applied = c.ipamctl(0, &["apply", "-f", &manifest.0.display().to_string()]);
     assert!(
         applied.contains("LoadBalancerIPPool lb created")
             && applied.contains("L2AnnouncementPolicy uplinks created"),
@@ -150,7 +130,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     );
     let ips = service_ips(&c);
     let client = c.add_client("svcl");
-    let listed = ipamctl(&c, &["get", "services"]);
+    let listed = c.ipamctl(0, &["get", "services"]);
     assert!(
         listed.contains("default/web-0") && listed.contains(&ips["default/web-0"].to_string()),
         "{listed}"
@@ -276,7 +256,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     );
 
     // The announcing node shown by ipamctl is the one that answers.
-    let listed = ipamctl(&c, &["get", "services"]);
+    let listed = c.ipamctl(0, &["get", "services"]);
     let line = listed
         .lines()
         .find(|l| l.contains("default/web-1 "))
@@ -288,29 +268,29 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     );
     // who-has answers for a service IP, a node's address and a free pool address.
     let ip1 = ips["default/web-1"].to_string();
-    let said = ipamctl(&c, &["who-has", &ip1]);
+    let said = c.ipamctl(0, &["who-has", &ip1]);
     assert!(
         said.contains("service default/web-1")
             && said.contains(&format!("announced by {answering}")),
         "{said}"
     );
-    let said = ipamctl(&c, &["who-has", "10.77.0.2"]);
+    let said = c.ipamctl(0, &["who-has", "10.77.0.2"]);
     assert!(
         said.contains("node node-1's address between nodes"),
         "{said}"
     );
-    let said = ipamctl(&c, &["who-has", "10.77.0.249", "-o", "json"]);
+    let said = c.ipamctl(0, &["who-has", "10.77.0.249", "-o", "json"]);
     let json: serde_json::Value = serde_json::from_str(&said).unwrap();
     assert_eq!(json["findings"][0]["what"], "free-in-pool", "{said}");
     assert_eq!(json["findings"][0]["pool"], "lb", "{said}");
-    let pools = ipamctl(&c, &["pools"]);
+    let pools = c.ipamctl(0, &["pools"]);
     assert!(
         pools.contains("pod pool default")
             && pools.contains("load-balancer pool lb")
             && pools.contains("node-0: 10.240.0.0/24"),
         "{pools}"
     );
-    ipamctl(&c, &["delete", "services", "default/web-1"]);
+    c.ipamctl(0, &["delete", "services", "default/web-1"]);
     assert!(!service_ips(&c).contains_key("default/web-1"));
 
     // The seed's silently unreachable pool: flagged on the pool and on its services.
@@ -328,7 +308,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         },
         || format!("{:?}", c.list::<LbIpPool>()),
     );
-    let listed = ipamctl(&c, &["get", "lbpools"]);
+    let listed = c.ipamctl(0, &["get", "lbpools"]);
     let far = listed
         .lines()
         .find(|l| l.contains("far"))

@@ -78,13 +78,26 @@ pub enum Object {
 }
 
 impl Object {
-    pub fn describe(&self) -> String {
+    pub fn kind(&self) -> &'static str {
         match self {
-            Self::LbPool(n, _) => format!("{} {n}", LbIpPool::KIND),
-            Self::Service(n, _) => format!("{} {n}", Service::KIND),
-            Self::L2Policy(n, _) => format!("{} {n}", L2AnnouncementPolicy::KIND),
-            Self::PodPool(n, _) => format!("{} {n}", PodIpPool::KIND),
+            Self::LbPool(..) => LbIpPool::KIND,
+            Self::Service(..) => Service::KIND,
+            Self::L2Policy(..) => L2AnnouncementPolicy::KIND,
+            Self::PodPool(..) => PodIpPool::KIND,
         }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Self::LbPool(n, _)
+            | Self::Service(n, _)
+            | Self::L2Policy(n, _)
+            | Self::PodPool(n, _) => n,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.kind(), self.name())
     }
 }
 

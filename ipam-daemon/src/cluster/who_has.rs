@@ -17,7 +17,11 @@ use crate::daemon::{endpoints::read_table, status::read_status};
 
 /// One thing that knows the address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "what", rename_all = "kebab-case")]
+#[serde(
+    tag = "what",
+    rename_all = "kebab-case",
+    rename_all_fields = "camelCase"
+)]
 pub enum Finding {
     /// A pod on the local node holds it.
     Pod {

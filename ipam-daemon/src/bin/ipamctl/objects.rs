@@ -1,0 +1,357 @@
+//! The commands on the cluster's objects (`apply`, `get`, `delete`, `pools`), in the store of
+//! the daemon's configuration.
+
+use std::{collections::BTreeMap, path::Path};
+
+use ipam_core::{
+    lb::resources::{L2AnnouncementPolicy, LbIpPool, Service},
+    resources::{Condition, NodeIpam, PodIpPool},
+    store::{Resource, Store as _, TypedStore as _},
+};
+use ipam_daemon::{
+    cluster::{ClusterStore, objects},
+    config::Config,
+};
+use serde::Serialize;
+
+use crate::output::{Output, emit, table, usage_bar};
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum ObjectKind {
+    Services,
+    Lbpools,
+    L2policies,
+    Podpools,
+}
+
+impl ObjectKind {
+    fn store_kind(self) -> &'static str {
+        match self {
+            Self::Services => Service::KIND,
+            Self::Lbpools => LbIpPool::KIND,
+            Self::L2policies => L2AnnouncementPolicy::KIND,
+            Self::Podpools => PodIpPool::KIND,
+        }
+    }
+}
+
+/// Opens the store of the daemon's configuration and runs `f` on it.
+pub(crate) fn with_store(
+    config: &Path,
+    f: impl AsyncFnOnce(ClusterStore) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let config = Config::load(config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let store = ClusterStore::open(&config.store_settings())
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{e}; with the embedded store, ipamctl can reach the objects only while \
+                     ipamd is stopped (it holds the database file)"
+                )
+            })?;
+        f(store).await
+    })
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Applied {
+    kind: &'static str,
+    name: String,
+    /// `created` or `configured`.
+    result: &'static str,
+}
+
+pub(crate) async fn apply(store: &ClusterStore, file: &Path, output: Output) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    let (name, text) = if file == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        ("standard input".to_owned(), text)
+    } else {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+        (file.display().to_string(), text)
+    };
+    // Every document is checked before anything is written.
+    let parsed = objects::parse(&name, &text)?;
+    let mut applied = Vec::with_capacity(parsed.len());
+    for object in &parsed {
+        let created = objects::apply(store, object).await?;
+        applied.push(Applied {
+            kind: object.kind(),
+            name: object.name().to_owned(),
+            result: if created { "created" } else { "configured" },
+        });
+    }
+    emit(output, &applied, |applied| {
+        for a in applied {
+            println!("{} {} {}", a.kind, a.name, a.result);
+        }
+    })
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Deleted<'a> {
+    kind: &'static str,
+    name: &'a str,
+}
+
+pub(crate) async fn delete(
+    store: &ClusterStore,
+    kind: ObjectKind,
+    name: &str,
+    output: Output,
+) -> anyhow::Result<()> {
+    let kind = kind.store_kind();
+    if store.get(kind, name).await?.is_none() {
+        anyhow::bail!("{kind} {name} does not exist; `ipamctl get` lists them");
+    }
+    store.delete(kind, name, None).await?;
+    emit(output, &Deleted { kind, name }, |d| {
+        println!("{} {} deleted", d.kind, d.name);
+    })
+}
+
+/// Every object of `T`'s kind, by name.
+async fn named<T: Resource>(store: &ClusterStore) -> anyhow::Result<BTreeMap<String, T>> {
+    Ok(store
+        .list_typed::<T>()
+        .await?
+        .into_iter()
+        .map(|v| (v.name, v.value))
+        .collect())
+}
+
+/// The condition to show in a table: the first failing one, else the first.
+fn condition(c: &[Condition]) -> String {
+    c.iter()
+        .find(|c| !c.status)
+        .or(c.first())
+        .map_or(String::new(), |c| {
+            format!("{}={}: {}", c.kind, c.status, c.message)
+        })
+}
+
+/// `get`: JSON and YAML give every object whole, by name, as stored.
+pub(crate) async fn get(
+    store: &ClusterStore,
+    kind: ObjectKind,
+    output: Output,
+) -> anyhow::Result<()> {
+    match kind {
+        ObjectKind::Services => {
+            let items = named::<Service>(store).await?;
+            let announcing = objects::announcing_nodes(store).await?;
+            emit(output, &items, |items| {
+                let mut rows = table(["SERVICE", "IPS", "ANNOUNCED BY", "CONDITION"]);
+                for (name, s) in items {
+                    let ips: Vec<String> =
+                        s.status.ingress.iter().map(ToString::to_string).collect();
+                    let by: Vec<String> = s
+                        .status
+                        .ingress
+                        .iter()
+                        .map(|ip| announcing.get(ip).cloned().unwrap_or_else(|| "-".into()))
+                        .collect();
+                    rows.add_row([
+                        name.clone(),
+                        if ips.is_empty() {
+                            "<pending>".into()
+                        } else {
+                            ips.join(",")
+                        },
+                        by.join(","),
+                        condition(&s.status.conditions),
+                    ]);
+                }
+                println!("{rows}");
+                println!(
+                    "(read from {}; the announcing node is derived from the node leases' renew times)",
+                    store.describe()
+                );
+            })
+        }
+        ObjectKind::Lbpools => emit(output, &named::<LbIpPool>(store).await?, |items| {
+            let mut rows = table(["POOL", "DISABLED", "USED/TOTAL", "CONDITION"]);
+            for (name, p) in items {
+                let counts: Vec<String> = p
+                    .status
+                    .counts
+                    .iter()
+                    .map(|c| format!("{} {}/{}", c.family.name(), c.used, c.total))
+                    .collect();
+                rows.add_row([
+                    name.clone(),
+                    p.spec.disabled.to_string(),
+                    counts.join(", "),
+                    condition(&p.status.conditions),
+                ]);
+            }
+            println!("{rows}");
+        }),
+        ObjectKind::L2policies => emit(
+            output,
+            &named::<L2AnnouncementPolicy>(store).await?,
+            |items| {
+                let mut rows = table(["POLICY", "INTERFACES", "LB IPS", "EXTERNAL IPS"]);
+                for (name, p) in items {
+                    rows.add_row([
+                        name.clone(),
+                        p.spec.interfaces.join(","),
+                        p.spec.load_balancer_ips.to_string(),
+                        p.spec.external_ips.to_string(),
+                    ]);
+                }
+                println!("{rows}");
+            },
+        ),
+        ObjectKind::Podpools => emit(output, &named::<PodIpPool>(store).await?, |items| {
+            let mut rows = table(["POOL", "CONDITION"]);
+            for (name, p) in items {
+                rows.add_row([name.clone(), condition(&p.status.conditions)]);
+            }
+            println!("{rows}");
+        }),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PoolView {
+    name: String,
+    /// `pod` or `load-balancer`.
+    kind: &'static str,
+    usage: Vec<FamilyCount>,
+    blocks_by_node: BTreeMap<String, Vec<String>>,
+    /// What is refused or waited for, in words.
+    problems: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FamilyCount {
+    family: &'static str,
+    used: u128,
+    total: u128,
+    /// `blocks` for a pod pool, `IPs` for a load-balancer pool.
+    unit: &'static str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Pools {
+    read: String,
+    pools: Vec<PoolView>,
+}
+
+/// `pools`: usage, blocks per node, what is refused or waited for.
+pub(crate) async fn pools(store: &ClusterStore, output: Output) -> anyhow::Result<()> {
+    let pod_pools = store.list_typed::<PodIpPool>().await?;
+    let nodes = store.list_typed::<NodeIpam>().await?;
+    let lb_pools = store.list_typed::<LbIpPool>().await?;
+    let mut views = Vec::new();
+    for p in &pod_pools {
+        let mut blocks_by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for n in &nodes {
+            for b in n.value.status.allocated.iter().filter(|b| b.pool == p.name) {
+                blocks_by_node
+                    .entry(n.name.clone())
+                    .or_default()
+                    .push(b.cidr.to_string());
+            }
+        }
+        let mut problems: Vec<String> = p
+            .value
+            .status
+            .conditions
+            .iter()
+            .filter(|c| !c.status)
+            .map(|c| c.message.clone())
+            .collect();
+        for n in &nodes {
+            for c in n.value.status.conditions.iter().filter(|c| !c.status) {
+                if c.message.contains(&p.name) {
+                    problems.push(format!("node {}: {}", n.name, c.message));
+                }
+            }
+        }
+        views.push(PoolView {
+            name: p.name.clone(),
+            kind: "pod",
+            usage: p
+                .value
+                .status
+                .usage
+                .iter()
+                .map(|u| FamilyCount {
+                    family: u.family.name(),
+                    used: u.used_blocks,
+                    total: u.total_blocks,
+                    unit: "blocks",
+                })
+                .collect(),
+            blocks_by_node,
+            problems,
+        });
+    }
+    for p in &lb_pools {
+        views.push(PoolView {
+            name: p.name.clone(),
+            kind: "load-balancer",
+            usage: p
+                .value
+                .status
+                .counts
+                .iter()
+                .map(|c| FamilyCount {
+                    family: c.family.name(),
+                    used: c.used,
+                    total: c.total,
+                    unit: "IPs",
+                })
+                .collect(),
+            blocks_by_node: BTreeMap::new(),
+            // A Conflict condition is a problem when true; any other when false.
+            problems: p
+                .value
+                .status
+                .conditions
+                .iter()
+                .filter(|c| (c.kind == "Conflict") == c.status)
+                .map(|c| c.message.clone())
+                .collect(),
+        });
+    }
+    let answer = Pools {
+        read: store.describe(),
+        pools: views,
+    };
+    emit(output, &answer, |answer| {
+        for v in &answer.pools {
+            println!("{} pool {}", v.kind, v.name);
+            for u in &v.usage {
+                println!(
+                    "  {:<5} {} {}/{} {}",
+                    u.family,
+                    usage_bar(u.used, u.total),
+                    u.used,
+                    u.total,
+                    u.unit
+                );
+            }
+            for (node, blocks) in &v.blocks_by_node {
+                println!("  {node}: {}", blocks.join(", "));
+            }
+            for p in &v.problems {
+                println!("  ! {p}");
+            }
+        }
+        println!("(read from {})", answer.read);
+    })
+}

@@ -186,7 +186,7 @@ impl NodeAgent {
                 updated.spec.reclaim = reclaim;
                 self.facts.publish(&mut updated);
                 store
-                    .update_unless_changed(&self.node, &updated, record.revision)
+                    .update_unless_changed(&self.node, &updated, &record.revision)
                     .await?;
             }
             return Ok(());
@@ -257,7 +257,7 @@ impl NodeAgent {
             updated.spec.reclaim = reclaim;
             self.facts.publish(&mut updated);
             store
-                .update_unless_changed(&self.node, &updated, record.revision)
+                .update_unless_changed(&self.node, &updated, &record.revision)
                 .await?;
         }
         Ok(())

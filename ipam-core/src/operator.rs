@@ -21,7 +21,7 @@ use super::{
     },
 };
 use crate::store::{
-    StoreError, TypedStore, Versioned,
+    Revision, StoreError, TypedStore, Versioned,
     lease::{Lease, LeaseObserver},
 };
 
@@ -204,7 +204,7 @@ impl Operator {
                 self.check_deadline()?;
                 // A conflict means someone changed the pool: the next pass sees the change.
                 store
-                    .update_unless_changed(&p.name, &updated, p.revision)
+                    .update_unless_changed(&p.name, &updated, &p.revision)
                     .await?;
             }
         }
@@ -439,7 +439,7 @@ impl Operator {
             // borrowed records would not be provably Send for every lifetime.
             let pending: Vec<_> = batch
                 .iter()
-                .map(|n| store.update_unless_changed(&n.name, &n.value, n.revision))
+                .map(|n| store.update_unless_changed(&n.name, &n.value, &n.revision))
                 .collect();
             futures_util::stream::iter(pending)
                 .buffer_unordered(WRITES_IN_FLIGHT)
@@ -459,7 +459,7 @@ impl Operator {
         let Some(grace) = self.node_grace else {
             return Ok(BTreeSet::new());
         };
-        let leases: std::collections::HashMap<String, u64> = store
+        let leases: std::collections::HashMap<String, Revision> = store
             .list_typed::<Lease>()
             .await?
             .into_iter()
@@ -469,8 +469,7 @@ impl Operator {
         let mut expired = BTreeSet::new();
         for node in nodes {
             let lease = node_lease_name(&node.name);
-            self.leases
-                .observe(&lease, leases.get(&lease).copied(), now);
+            self.leases.observe(&lease, leases.get(&lease), now);
             if self.leases.unchanged_for(&lease, now) >= grace {
                 expired.insert(node.name.clone());
             }
@@ -565,7 +564,7 @@ mod tests {
             Some(cur) => {
                 let mut v = cur.value;
                 v.spec = pool.spec;
-                s.update_typed(name, &v, cur.revision).await.unwrap();
+                s.update_typed(name, &v, &cur.revision).await.unwrap();
             }
         }
     }

@@ -10,7 +10,7 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
     TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
-use ipam_core::store::{RawObject, Store, StoreError, WATCH_BUFFER, Watch};
+use ipam_core::store::{RawObject, Revision, Store, StoreError, WATCH_BUFFER, Watch};
 
 use crate::{
     config::{EtcdConfig, TlsFiles},
@@ -186,7 +186,7 @@ impl EtcdStore {
         Some(RawObject {
             kind: kind.to_owned(),
             name,
-            revision: kv.mod_revision() as u64,
+            revision: Revision::Number(kv.mod_revision() as u64),
             value: kv.value().to_vec(),
         })
     }
@@ -223,6 +223,15 @@ impl EtcdStore {
         });
         Ok(Err(current))
     }
+}
+
+/// The etcd mod_revision a write is conditioned on. Every revision this store hands out is a
+/// number; any other can match no key, so the write fails as a conflict.
+fn mod_revision(expected: &Revision) -> i64 {
+    expected
+        .number()
+        .and_then(|n| i64::try_from(n).ok())
+        .unwrap_or(-1)
 }
 
 pub(crate) fn backend(e: EtcdError) -> StoreError {
@@ -304,7 +313,7 @@ impl Store for EtcdStore {
         Ok(self.list_at(kind).await?.0)
     }
 
-    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<u64, StoreError> {
+    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         let key = self.key(kind, name);
         // A key that does not exist has create_revision 0.
         let compare = Compare::create_revision(key.as_str(), CompareOp::Equal, 0);
@@ -312,7 +321,7 @@ impl Store for EtcdStore {
             .write_if(&key, compare, TxnOp::put(key.as_str(), value, None))
             .await?
         {
-            Ok(revision) => Ok(revision),
+            Ok(revision) => Ok(revision.into()),
             Err(_) => Err(StoreError::AlreadyExists {
                 kind: kind.to_owned(),
                 name: name.to_owned(),
@@ -325,15 +334,15 @@ impl Store for EtcdStore {
         kind: &str,
         name: &str,
         value: Vec<u8>,
-        expected: u64,
-    ) -> Result<u64, StoreError> {
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
         let key = self.key(kind, name);
-        let compare = Compare::mod_revision(key.as_str(), CompareOp::Equal, expected as i64);
+        let compare = Compare::mod_revision(key.as_str(), CompareOp::Equal, mod_revision(expected));
         match self
             .write_if(&key, compare, TxnOp::put(key.as_str(), value, None))
             .await?
         {
-            Ok(revision) => Ok(revision),
+            Ok(revision) => Ok(revision.into()),
             Err(None) => Err(StoreError::NotFound {
                 kind: kind.to_owned(),
                 name: name.to_owned(),
@@ -341,8 +350,8 @@ impl Store for EtcdStore {
             Err(Some(current)) => Err(StoreError::Conflict {
                 kind: kind.to_owned(),
                 name: name.to_owned(),
-                expected,
-                actual: current.mod_revision() as u64,
+                expected: expected.clone(),
+                actual: Revision::Number(current.mod_revision() as u64),
             }),
         }
     }
@@ -351,7 +360,7 @@ impl Store for EtcdStore {
         &self,
         kind: &str,
         name: &str,
-        expected: Option<u64>,
+        expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
         let key = self.key(kind, name);
         let Some(expected) = expected else {
@@ -362,7 +371,7 @@ impl Store for EtcdStore {
             .await?;
             return Ok(());
         };
-        let compare = Compare::mod_revision(key.as_str(), CompareOp::Equal, expected as i64);
+        let compare = Compare::mod_revision(key.as_str(), CompareOp::Equal, mod_revision(expected));
         match self
             .write_if(&key, compare, TxnOp::delete(key.as_str(), None))
             .await?
@@ -372,8 +381,8 @@ impl Store for EtcdStore {
             Err(Some(current)) => Err(StoreError::Conflict {
                 kind: kind.to_owned(),
                 name: name.to_owned(),
-                expected,
-                actual: current.mod_revision() as u64,
+                expected: expected.clone(),
+                actual: Revision::Number(current.mod_revision() as u64),
             }),
         }
     }
@@ -382,6 +391,6 @@ impl Store for EtcdStore {
         let (initial, revision) = self.list_at(kind).await?;
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         tokio::spawn(feed_watch(self.clone(), kind.to_owned(), revision, tx));
-        Ok(Watch::new(initial, revision, rx))
+        Ok(Watch::new(initial, revision.into(), rx))
     }
 }

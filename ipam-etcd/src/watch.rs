@@ -7,7 +7,7 @@ use std::time::Duration;
 use etcd_client::{EventType, WatchOptions, WatchResponse};
 use ipam_core::{
     backoff::Backoff,
-    store::{StoreError, WatchEvent},
+    store::{Revision, StoreError, WatchEvent},
 };
 use tokio::sync::mpsc::Sender;
 
@@ -47,7 +47,7 @@ pub(crate) async fn feed_watch(store: EtcdStore, kind: String, mut since: u64, t
                     since = revision;
                     let resync = WatchEvent::Resync {
                         kind: kind.clone(),
-                        revision,
+                        revision: revision.into(),
                         objects,
                     };
                     if tx.send(Ok(resync)).await.is_err() {
@@ -115,7 +115,8 @@ async fn follow(
         }
         *reported = false;
         for event in events(store, kind, &response) {
-            *since = event.revision();
+            // Every revision this store makes is a number.
+            *since = event.revision().number().unwrap_or(*since);
             if tx.send(Ok(event)).await.is_err() {
                 return Ended::Dropped;
             }
@@ -134,7 +135,7 @@ fn events(store: &EtcdStore, kind: &str, response: &WatchResponse) -> Vec<WatchE
                 EventType::Delete => Some(WatchEvent::Deleted {
                     kind: kind.to_owned(),
                     name: store.name_of(kind, kv.key())?,
-                    revision: kv.mod_revision() as u64,
+                    revision: Revision::Number(kv.mod_revision() as u64),
                 }),
             }
         })

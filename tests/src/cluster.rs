@@ -242,7 +242,7 @@ impl Cluster {
             loop {
                 let result = match s.get_typed::<T>(&name).await.expect("read") {
                     None => s.create_typed(&name, &value).await,
-                    Some(cur) => s.update_typed(&name, &value, cur.revision).await,
+                    Some(cur) => s.update_typed(&name, &value, &cur.revision).await,
                 };
                 if result.is_ok() {
                     break;

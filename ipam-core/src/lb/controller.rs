@@ -67,7 +67,7 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
             let mut updated = p.value.clone();
             updated.status = status;
             store
-                .update_unless_changed(&p.name, &updated, p.revision)
+                .update_unless_changed(&p.name, &updated, &p.revision)
                 .await?;
         }
     }
@@ -106,7 +106,7 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
             let mut updated = s.value.clone();
             updated.status = status;
             store
-                .update_unless_changed(&s.name, &updated, s.revision)
+                .update_unless_changed(&s.name, &updated, &s.revision)
                 .await?;
         }
     }

@@ -10,7 +10,7 @@ use std::{
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use tokio::sync::broadcast;
 
-use super::{RawObject, Store, StoreError, WATCH_BUFFER, Watch, WatchEvent};
+use super::{RawObject, Revision, Store, StoreError, WATCH_BUFFER, Watch, WatchEvent};
 
 /// key: "<kind>/<name>", value: revision (8 bytes, little endian) followed by the JSON value.
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -39,7 +39,7 @@ fn split_value(kind: &str, name: &str, bytes: &[u8]) -> RawObject {
     RawObject {
         kind: kind.to_owned(),
         name: name.to_owned(),
-        revision: u64::from_le_bytes(rev.try_into().unwrap_or([0; 8])),
+        revision: Revision::Number(u64::from_le_bytes(rev.try_into().unwrap_or([0; 8]))),
         value: value.to_vec(),
     }
 }
@@ -132,7 +132,7 @@ impl Inner {
                 .map_err(|e| backend(&self.path, e))?
                 .map(|v| split_value(kind, name, v.value()));
             if !precondition(current.as_ref())? {
-                return Ok(current.map_or(0, |c| c.revision));
+                return Ok(current.map_or(0, |c| number(&c.revision)));
             }
             let mut meta = txn.open_table(META).map_err(|e| backend(&self.path, e))?;
             revision = meta
@@ -162,18 +162,23 @@ impl Inner {
             Some(value) => WatchEvent::Put(RawObject {
                 kind: kind.to_owned(),
                 name: name.to_owned(),
-                revision,
+                revision: revision.into(),
                 value,
             }),
             None => WatchEvent::Deleted {
                 kind: kind.to_owned(),
                 name: name.to_owned(),
-                revision,
+                revision: revision.into(),
             },
         };
         let _ = self.events.send(event);
         Ok(revision)
     }
+}
+
+/// This store's revisions are numbers; it never makes another kind.
+fn number(revision: &Revision) -> u64 {
+    revision.number().unwrap_or(0)
 }
 
 fn backend(path: &Path, e: impl Into<redb::Error>) -> StoreError {
@@ -192,7 +197,7 @@ impl Store for EmbeddedStore {
         self.inner.read_kind(kind)
     }
 
-    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<u64, StoreError> {
+    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         self.inner
             .write(kind, name, Some(value), |current| match current {
                 Some(_) => Err(StoreError::AlreadyExists {
@@ -201,6 +206,7 @@ impl Store for EmbeddedStore {
                 }),
                 None => Ok(true),
             })
+            .map(Revision::from)
     }
 
     async fn update(
@@ -208,38 +214,39 @@ impl Store for EmbeddedStore {
         kind: &str,
         name: &str,
         value: Vec<u8>,
-        expected: u64,
-    ) -> Result<u64, StoreError> {
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
         self.inner
             .write(kind, name, Some(value), |current| match current {
                 None => Err(StoreError::NotFound {
                     kind: kind.to_owned(),
                     name: name.to_owned(),
                 }),
-                Some(c) if c.revision != expected => Err(StoreError::Conflict {
+                Some(c) if &c.revision != expected => Err(StoreError::Conflict {
                     kind: kind.to_owned(),
                     name: name.to_owned(),
-                    expected,
-                    actual: c.revision,
+                    expected: expected.clone(),
+                    actual: c.revision.clone(),
                 }),
                 Some(_) => Ok(true),
             })
+            .map(Revision::from)
     }
 
     async fn delete(
         &self,
         kind: &str,
         name: &str,
-        expected: Option<u64>,
+        expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
         self.inner
             .write(kind, name, None, |current| match (current, expected) {
                 (None, _) => Ok(false),
-                (Some(c), Some(e)) if c.revision != e => Err(StoreError::Conflict {
+                (Some(c), Some(e)) if &c.revision != e => Err(StoreError::Conflict {
                     kind: kind.to_owned(),
                     name: name.to_owned(),
-                    expected: e,
-                    actual: c.revision,
+                    expected: e.clone(),
+                    actual: c.revision.clone(),
                 }),
                 _ => Ok(true),
             })
@@ -262,7 +269,7 @@ impl Store for EmbeddedStore {
             events,
             tx,
         ));
-        Ok(Watch::new(initial, since, rx))
+        Ok(Watch::new(initial, since.into(), rx))
     }
 }
 
@@ -284,7 +291,7 @@ async fn resync(
             Ok((objects, revision)) => {
                 return Some(WatchEvent::Resync {
                     kind: kind.to_owned(),
-                    revision,
+                    revision: revision.into(),
                     objects,
                 });
             }
@@ -308,7 +315,7 @@ async fn feed_watch(
     use broadcast::error::RecvError;
     loop {
         let event = match events.recv().await {
-            Ok(e) if e.kind() == kind && e.revision() > since => e,
+            Ok(e) if e.kind() == kind && number(e.revision()) > since => e,
             Ok(_) => continue,
             Err(RecvError::Lagged(_)) => {
                 events = store.events.subscribe();
@@ -319,7 +326,7 @@ async fn feed_watch(
             }
             Err(RecvError::Closed) => return,
         };
-        since = event.revision();
+        since = number(event.revision());
         if tx.send(Ok(event)).await.is_err() {
             return;
         }
@@ -362,7 +369,9 @@ mod tests {
             s.get_typed::<Thing>("a").await.unwrap().unwrap().value.size,
             7
         );
-        assert!(s.create_typed("b", &Thing { size: 1 }).await.unwrap() > rev);
+        // This store's revisions are numbers that only grow, across reopening too.
+        let next = s.create_typed("b", &Thing { size: 1 }).await.unwrap();
+        assert!(next.number() > rev.number(), "{next} after {rev}");
     }
 
     #[tokio::test]

@@ -16,7 +16,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{Resource, StoreError, TypedStore};
+use super::{Resource, Revision, StoreError, TypedStore};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -52,7 +52,7 @@ pub fn now_ms() -> u64 {
 #[derive(Debug, Default)]
 pub struct LeaseObserver {
     /// name -> (revision last seen, or None for "no lease", and when it was first seen so).
-    seen: HashMap<String, (Option<u64>, Instant)>,
+    seen: HashMap<String, (Option<Revision>, Instant)>,
 }
 
 impl LeaseObserver {
@@ -61,15 +61,16 @@ impl LeaseObserver {
     }
 
     /// Records the revision of lease `name` now (`None`: there is none).
-    pub fn observe(&mut self, name: &str, revision: Option<u64>, now: Instant) {
+    pub fn observe(&mut self, name: &str, revision: Option<&Revision>, now: Instant) {
         match self.seen.get_mut(name) {
-            Some((seen, since)) if *seen != revision => {
+            Some((seen, since)) if seen.as_ref() != revision => {
+                let revision = revision.cloned();
                 *seen = revision;
                 *since = now;
             }
             Some(_) => {}
             None => {
-                self.seen.insert(name.to_owned(), (revision, now));
+                self.seen.insert(name.to_owned(), (revision.cloned(), now));
             }
         }
     }
@@ -160,12 +161,12 @@ impl LeaderElection {
         };
         let current = store.get_typed::<Lease>(&self.name).await?;
         self.observer
-            .observe(&self.name, current.as_ref().map(|c| c.revision), now);
+            .observe(&self.name, current.as_ref().map(|c| &c.revision), now);
         let written = match current {
             None => store.create_typed(&self.name, &mine(0)).await,
             Some(c) if c.value.holder == self.identity => {
                 store
-                    .update_typed(&self.name, &mine(c.value.transitions), c.revision)
+                    .update_typed(&self.name, &mine(c.value.transitions), &c.revision)
                     .await
             }
             Some(c)
@@ -173,7 +174,7 @@ impl LeaderElection {
                     || self.observer.unchanged_for(&self.name, now) >= c.value.duration() =>
             {
                 store
-                    .update_typed(&self.name, &mine(c.value.transitions + 1), c.revision)
+                    .update_typed(&self.name, &mine(c.value.transitions + 1), &c.revision)
                     .await
             }
             Some(c) => {
@@ -214,7 +215,7 @@ impl LeaderElection {
                 holder: String::new(),
                 ..c.value
             };
-            match store.update_typed(&self.name, &released, c.revision).await {
+            match store.update_typed(&self.name, &released, &c.revision).await {
                 Ok(_) | Err(StoreError::Conflict { .. }) => {}
                 Err(e) => return Err(e),
             }
@@ -241,7 +242,7 @@ pub async fn renew<S: TypedStore>(
         let result = match store.get_typed::<Lease>(name).await? {
             None => store.create_typed(name, &lease(0)).await.map(|_| ()),
             Some(c) => store
-                .update_typed(name, &lease(c.value.transitions), c.revision)
+                .update_typed(name, &lease(c.value.transitions), &c.revision)
                 .await
                 .map(|_| ()),
         };
@@ -261,13 +262,13 @@ mod tests {
     fn observer_counts_from_the_last_change_it_saw() {
         let mut o = LeaseObserver::new();
         let t0 = Instant::now();
-        o.observe("n", Some(5), t0);
-        o.observe("n", Some(5), t0 + Duration::from_secs(3));
+        o.observe("n", Some(&Revision::Number(5)), t0);
+        o.observe("n", Some(&Revision::Number(5)), t0 + Duration::from_secs(3));
         assert_eq!(
             o.unchanged_for("n", t0 + Duration::from_secs(4)),
             Duration::from_secs(4)
         );
-        o.observe("n", Some(6), t0 + Duration::from_secs(5));
+        o.observe("n", Some(&Revision::Number(6)), t0 + Duration::from_secs(5));
         assert_eq!(
             o.unchanged_for("n", t0 + Duration::from_secs(6)),
             Duration::from_secs(1)

@@ -16,12 +16,47 @@ use std::future::Future;
 use serde::{Serialize, de::DeserializeOwned};
 use thiserror::Error;
 
+/// Which version of an object (or of the whole store) something was read at, as the store
+/// names it. Controllers only keep revisions, compare them for equality and hand them back
+/// with a write: etcd's and the embedded store's are numbers, while a Kubernetes
+/// resourceVersion is an opaque string that clients must not parse or order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Revision {
+    Number(u64),
+    Opaque(String),
+}
+
+impl Revision {
+    /// The number, for the stores whose revisions are numbers.
+    pub fn number(&self) -> Option<u64> {
+        match self {
+            Self::Number(n) => Some(*n),
+            Self::Opaque(_) => None,
+        }
+    }
+}
+
+impl From<u64> for Revision {
+    fn from(n: u64) -> Self {
+        Self::Number(n)
+    }
+}
+
+impl std::fmt::Display for Revision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Opaque(s) => f.write_str(s),
+        }
+    }
+}
+
 /// An object as stored: kind, name, revision of its last change, JSON value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawObject {
     pub kind: String,
     pub name: String,
-    pub revision: u64,
+    pub revision: Revision,
     pub value: Vec<u8>,
 }
 
@@ -33,14 +68,14 @@ pub enum WatchEvent {
     Deleted {
         kind: String,
         name: String,
-        revision: u64,
+        revision: Revision,
     },
     /// Every object of the kind as of `revision`, after the watch could not follow each change
     /// (it fell behind, or the store compacted the revisions it needed): anything not in
     /// `objects` is gone. The watch goes on from `revision`.
     Resync {
         kind: String,
-        revision: u64,
+        revision: Revision,
         objects: Vec<RawObject>,
     },
 }
@@ -53,10 +88,10 @@ impl WatchEvent {
         }
     }
 
-    pub fn revision(&self) -> u64 {
+    pub fn revision(&self) -> &Revision {
         match self {
-            Self::Put(o) => o.revision,
-            Self::Deleted { revision, .. } | Self::Resync { revision, .. } => *revision,
+            Self::Put(o) => &o.revision,
+            Self::Deleted { revision, .. } | Self::Resync { revision, .. } => revision,
         }
     }
 }
@@ -74,8 +109,8 @@ pub enum StoreError {
     Conflict {
         kind: String,
         name: String,
-        expected: u64,
-        actual: u64,
+        expected: Revision,
+        actual: Revision,
     },
     #[error("{kind} {name} is not a valid {kind}: {source}")]
     Decode {
@@ -96,7 +131,7 @@ pub enum StoreError {
 pub struct Watch {
     pub initial: Vec<RawObject>,
     /// The store revision `initial` was read at.
-    pub revision: u64,
+    pub revision: Revision,
     events: tokio::sync::mpsc::Receiver<Result<WatchEvent, StoreError>>,
 }
 
@@ -107,7 +142,7 @@ impl Watch {
     /// A watch fed through `events` by a store's task.
     pub fn new(
         initial: Vec<RawObject>,
-        revision: u64,
+        revision: Revision,
         events: tokio::sync::mpsc::Receiver<Result<WatchEvent, StoreError>>,
     ) -> Self {
         Self {
@@ -147,21 +182,21 @@ pub trait Store: Send + Sync {
         kind: &str,
         name: &str,
         value: Vec<u8>,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send;
     /// Replaces `kind/name` if it is still at `expected` revision; fails with `Conflict`.
     fn update(
         &self,
         kind: &str,
         name: &str,
         value: Vec<u8>,
-        expected: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+        expected: &Revision,
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send;
     /// Deletes `kind/name` (if at `expected`, when given). Deleting nothing is not an error.
     fn delete(
         &self,
         kind: &str,
         name: &str,
-        expected: Option<u64>,
+        expected: Option<&Revision>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
     fn watch(&self, kind: &str) -> impl Future<Output = Result<Watch, StoreError>> + Send;
 }
@@ -175,14 +210,14 @@ pub trait Resource: Serialize + DeserializeOwned + Send + Sync {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Versioned<T> {
     pub name: String,
-    pub revision: u64,
+    pub revision: Revision,
     pub value: T,
 }
 
 pub fn decode<T: Resource>(o: &RawObject) -> Result<Versioned<T>, StoreError> {
     Ok(Versioned {
         name: o.name.clone(),
-        revision: o.revision,
+        revision: o.revision.clone(),
         value: serde_json::from_slice(&o.value).map_err(|source| StoreError::Decode {
             kind: o.kind.clone(),
             name: o.name.clone(),
@@ -220,7 +255,7 @@ pub trait TypedStore: Store {
         &self,
         name: &str,
         value: &T,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send {
         let bytes = encode(value);
         async move { self.create(T::KIND, name, bytes).await }
     }
@@ -229,10 +264,11 @@ pub trait TypedStore: Store {
         &self,
         name: &str,
         value: &T,
-        expected: u64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        expected: &Revision,
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send {
         let bytes = encode(value);
-        async move { self.update(T::KIND, name, bytes, expected).await }
+        let expected = expected.clone();
+        async move { self.update(T::KIND, name, bytes, &expected).await }
     }
 
     /// Writes `value` if `name` is still at `expected`. `Ok(false)` when someone changed it in
@@ -241,11 +277,12 @@ pub trait TypedStore: Store {
         &self,
         name: &str,
         value: &T,
-        expected: u64,
+        expected: &Revision,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let bytes = encode(value);
+        let expected = expected.clone();
         async move {
-            match self.update(T::KIND, name, bytes, expected).await {
+            match self.update(T::KIND, name, bytes, &expected).await {
                 Ok(_) => Ok(true),
                 Err(StoreError::Conflict { .. }) => Ok(false),
                 Err(e) => Err(e),

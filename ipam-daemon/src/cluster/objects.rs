@@ -205,7 +205,7 @@ async fn put<S: TypedStore, T: Resource + Clone>(
                 let mut updated = cur.value.clone();
                 merge(&mut updated, value);
                 store
-                    .update_typed(name, &updated, cur.revision)
+                    .update_typed(name, &updated, &cur.revision)
                     .await
                     .map(|_| false)
             }

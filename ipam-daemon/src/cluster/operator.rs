@@ -307,7 +307,7 @@ pub async fn apply_pools<S: TypedStore>(
                     let mut v = cur.value;
                     v.spec = p.spec.clone();
                     store
-                        .update_typed(&p.name, &v, cur.revision)
+                        .update_typed(&p.name, &v, &cur.revision)
                         .await
                         .map(|_| ())
                 }

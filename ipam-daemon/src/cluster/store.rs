@@ -1,7 +1,7 @@
 //! The store the daemon runs on, as chosen in the configuration: the embedded database file
 //! (one node, the default) or etcd (many nodes sharing pools).
 
-use ipam_core::store::{RawObject, Store, StoreError, Watch, embedded::EmbeddedStore};
+use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch, embedded::EmbeddedStore};
 use ipam_etcd::{EtcdError, EtcdStore};
 
 use crate::config::{StoreKind, StoreSettings, default_store};
@@ -95,7 +95,7 @@ impl Store for ClusterStore {
         }
     }
 
-    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<u64, StoreError> {
+    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         match self {
             Self::Embedded(s) => s.create(kind, name, value).await,
             Self::Etcd(s) => s.create(kind, name, value).await,
@@ -107,8 +107,8 @@ impl Store for ClusterStore {
         kind: &str,
         name: &str,
         value: Vec<u8>,
-        expected: u64,
-    ) -> Result<u64, StoreError> {
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
         match self {
             Self::Embedded(s) => s.update(kind, name, value, expected).await,
             Self::Etcd(s) => s.update(kind, name, value, expected).await,
@@ -119,7 +119,7 @@ impl Store for ClusterStore {
         &self,
         kind: &str,
         name: &str,
-        expected: Option<u64>,
+        expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
         match self {
             Self::Embedded(s) => s.delete(kind, name, expected).await,

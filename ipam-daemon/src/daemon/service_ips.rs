@@ -128,7 +128,7 @@ pub async fn run(
             .iter()
             .filter(|r| {
                 let lease = node_lease_name(&r.name);
-                observer.observe(&lease, leases.get(&lease).map(|l| l.revision), now);
+                observer.observe(&lease, leases.get(&lease).map(|l| &l.revision), now);
                 if r.name == node {
                     own.fresh(node_lease / 2)
                 } else {

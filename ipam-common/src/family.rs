@@ -10,6 +10,7 @@ use core::net::IpAddr;
     derive(serde::Serialize, serde::Deserialize),
     serde(rename_all = "lowercase")
 )]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Family {
     V4,
     V6,

@@ -34,6 +34,22 @@ pub enum CidrError {
     HostBitsSet { input: String, network: Cidr },
 }
 
+/// A CIDR is written as a string (`10.244.0.0/16`); Kubernetes validates the `cidr` format.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Cidr {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Cidr".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "format": "cidr" })
+    }
+}
+
 pub fn ip_to_u128(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(v4) => u32::from(v4) as u128,

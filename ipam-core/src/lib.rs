@@ -15,6 +15,7 @@ pub mod atomic_file;
 pub mod backoff;
 pub mod blocks;
 pub mod cidr;
+pub mod count;
 pub mod durable;
 pub mod infra;
 pub mod lb;

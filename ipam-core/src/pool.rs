@@ -11,6 +11,7 @@ use super::{Cidr, CidrError, Family};
 /// How pod IPs are managed cluster-wide. Recorded in cluster state on first start; a daemon
 /// configured with another mode refuses to start (see `check_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum IpamMode {
     /// One pool (`default`), one block per node and family, CIDR list append-only.
@@ -56,6 +57,7 @@ pub fn check_mode(recorded: Option<IpamMode>, configured: IpamMode) -> Result<()
 
 /// A pool as written by users (YAML/JSON; `ipamctl apply` and CRs take the same document).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct PodIpPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<FamilySpec>,
@@ -63,10 +65,27 @@ pub struct PodIpPoolSpec {
     pub ipv6: Option<FamilySpec>,
 }
 
+/// One family of a pool: its CIDRs, cut into blocks of `maskSize`. CIDRs may be appended; the
+/// mask size of a pool in use cannot change (held blocks cannot be re-cut): the Kubernetes API
+/// server refuses such a change by a validation rule, and over the other stores the operator
+/// refuses it in the pool's status while the pool keeps its accepted spec.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.maskSize == oldSelf.maskSize",
+        "message": "maskSize cannot change: blocks already handed out cannot be re-cut; append CIDRs instead, or create another pool"
+    }]))
+)]
 #[serde(rename_all = "camelCase")]
 pub struct FamilySpec {
+    #[cfg_attr(
+        feature = "schema",
+        schemars(extend("items" = { "type": "string", "format": "cidr" }), length(min = 1))
+    )]
     pub cidrs: Vec<String>,
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 128)))]
     pub mask_size: u8,
 }
 

@@ -11,6 +11,7 @@ use crate::store::Resource;
 
 /// A status condition: `type` is true or false, with a message saying why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Condition {
     #[serde(rename = "type")]
     pub kind: String,
@@ -29,6 +30,7 @@ impl Condition {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PodIpPool {
     pub spec: PodIpPoolSpec,
@@ -41,6 +43,7 @@ impl Resource for PodIpPool {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PoolStatus {
     #[serde(default)]
@@ -54,17 +57,23 @@ pub struct PoolStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FamilyUsageStatus {
     pub family: Family,
     pub cidrs: Vec<Cidr>,
     pub mask_size: u8,
+    #[serde(with = "crate::count")]
+    #[cfg_attr(feature = "schema", schemars(with = "crate::count::Schema"))]
     pub total_blocks: u128,
+    #[serde(with = "crate::count")]
+    #[cfg_attr(feature = "schema", schemars(with = "crate::count::Schema"))]
     pub used_blocks: u128,
 }
 
 /// One node's IPAM record (like CiliumNode.spec.ipam): what it asks for and what it holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeIpam {
     #[serde(default)]
@@ -78,6 +87,7 @@ impl Resource for NodeIpam {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeIpamSpec {
     /// Multi-pool: blocks wanted per pool and family. Cluster-pool ignores it (one block per
@@ -105,6 +115,7 @@ pub struct NodeIpamSpec {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PoolRequest {
     pub pool: String,
@@ -117,6 +128,7 @@ pub struct PoolRequest {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeIpamStatus {
     #[serde(default)]
@@ -129,6 +141,7 @@ pub struct NodeIpamStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct AllocatedBlock {
     pub pool: String,
     pub cidr: Cidr,
@@ -136,6 +149,7 @@ pub struct AllocatedBlock {
 
 /// The cluster's IPAM configuration (one object, named `cluster`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct IpamConfig {
     pub mode: IpamMode,
 }

@@ -24,6 +24,7 @@ pub struct NodeView {
 
 /// An interface of a node that is up, with its addresses (published in the node's record).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct NodeInterface {
     pub name: String,
     /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.

@@ -13,6 +13,7 @@ pub const LB_CLASS: &str = "ipam-ebpf.io/l2";
 
 /// A label selector (Kubernetes' `matchLabels` and `matchExpressions`); empty matches all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Selector {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -22,6 +23,7 @@ pub struct Selector {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct SelectorRequirement {
     pub key: String,
     pub operator: SelectorOperator,
@@ -30,6 +32,7 @@ pub struct SelectorRequirement {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum SelectorOperator {
     In,
     NotIn,
@@ -56,6 +59,7 @@ impl Selector {
 
 /// A pool of Service IPs (like CiliumLoadBalancerIPPool).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LbIpPool {
     pub spec: LbIpPoolSpec,
     #[serde(default)]
@@ -67,6 +71,7 @@ impl Resource for LbIpPool {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LbIpPoolSpec {
     /// CIDRs or start/stop ranges, IPv4 and IPv6.
@@ -104,6 +109,7 @@ impl LbIpPoolSpec {
 
 /// A CIDR (`cidr`) or an inclusive range (`start`, `stop`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LbIpBlock {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cidr: Option<String>,
@@ -114,6 +120,7 @@ pub struct LbIpBlock {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LbIpPoolStatus {
     #[serde(default)]
     pub conditions: Vec<Condition>,
@@ -122,15 +129,23 @@ pub struct LbIpPoolStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LbFamilyCount {
     pub family: Family,
+    #[serde(with = "crate::count")]
+    #[cfg_attr(feature = "schema", schemars(with = "crate::count::Schema"))]
     pub total: u128,
+    #[serde(with = "crate::count")]
+    #[cfg_attr(feature = "schema", schemars(with = "crate::count::Schema"))]
     pub used: u128,
+    #[serde(with = "crate::count")]
+    #[cfg_attr(feature = "schema", schemars(with = "crate::count::Schema"))]
     pub available: u128,
 }
 
 /// A Service (the parts LB-IPAM and L2 announcements read); named `<namespace>/<name>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Service {
     pub spec: ServiceSpec,
     #[serde(default)]
@@ -142,6 +157,7 @@ impl Resource for Service {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceSpec {
     #[serde(rename = "type", default)]
@@ -167,6 +183,7 @@ pub struct ServiceSpec {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum ServiceType {
     #[default]
     LoadBalancer,
@@ -175,6 +192,7 @@ pub enum ServiceType {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum IpFamilyPolicy {
     #[default]
     SingleStack,
@@ -183,6 +201,7 @@ pub enum IpFamilyPolicy {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ServicePort {
     pub port: u16,
     #[serde(default)]
@@ -190,6 +209,7 @@ pub struct ServicePort {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub enum Protocol {
     #[default]
     TCP,
@@ -198,6 +218,7 @@ pub enum Protocol {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ServiceStatus {
     /// The assigned IPs (Kubernetes' `status.loadBalancer.ingress`).
     #[serde(default)]
@@ -234,6 +255,7 @@ impl ServiceSpec {
 /// Which nodes announce which services' IPs, on which interfaces (like
 /// CiliumL2AnnouncementPolicy).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct L2AnnouncementPolicy {
     pub spec: L2PolicySpec,
 }
@@ -243,6 +265,7 @@ impl Resource for L2AnnouncementPolicy {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct L2PolicySpec {
     #[serde(default)]

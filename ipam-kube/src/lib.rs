@@ -1,4 +1,11 @@
 //! The Kubernetes store: the project's resources as custom resources over kube-rs, so the
 //! controllers written against `ipam_core::store::Store` run on a Kubernetes cluster unchanged.
 
+mod conditions;
 pub mod crd;
+mod lease;
+pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use store::KubeStore;

@@ -148,6 +148,16 @@ pub async fn one_leader_and_takeover_after_the_duration<S: Store>(s: &S) {
 /// Candidates that step, pause (as a stalled or dead process) and come back: the intervals in
 /// which each may act never overlap with another's.
 pub async fn concurrent_candidates_never_both_lead<S: Store + 'static>(s: std::sync::Arc<S>) {
+    concurrent_candidates_never_both_lead_with(s, std::time::Duration::from_millis(300)).await;
+}
+
+/// As `concurrent_candidates_never_both_lead`, with leases of `lease` (a store that keeps a
+/// lease's duration in whole seconds, as Kubernetes does, needs at least a second); the pauses
+/// and the run scale with it.
+pub async fn concurrent_candidates_never_both_lead_with<S: Store + 'static>(
+    s: std::sync::Arc<S>,
+    lease: std::time::Duration,
+) {
     use std::time::{Duration, Instant};
 
     use rand::{Rng as _, SeedableRng as _};
@@ -159,10 +169,9 @@ pub async fn concurrent_candidates_never_both_lead<S: Store + 'static>(s: std::s
             let (s, name) = (s.clone(), name.clone());
             tokio::spawn(async move {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(c);
-                let mut e =
-                    LeaderElection::new(&name, &format!("c{c}"), Duration::from_millis(300));
+                let mut e = LeaderElection::new(&name, &format!("c{c}"), lease);
                 let mut acting: Vec<(Instant, Instant)> = Vec::new();
-                let end = Instant::now() + Duration::from_secs(3);
+                let end = Instant::now() + lease * 10;
                 while Instant::now() < end {
                     let _ = e.step(&*s).await;
                     if let Some(until) = e.leading_until() {
@@ -171,8 +180,12 @@ pub async fn concurrent_candidates_never_both_lead<S: Store + 'static>(s: std::s
                             acting.push((now, until));
                         }
                     }
-                    let pause = if rng.random_ratio(1, 12) { 400 } else { 20 };
-                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    let pause = if rng.random_ratio(1, 12) {
+                        lease * 4 / 3
+                    } else {
+                        Duration::from_millis(20)
+                    };
+                    tokio::time::sleep(pause).await;
                 }
                 acting
             })

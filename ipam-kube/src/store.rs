@@ -1,0 +1,542 @@
+//! `Store` over the Kubernetes API. Each kind the controllers use maps to an API resource:
+//!
+//! - `PodIPPool`, `NodeIPAM`, `LoadBalancerIPPool`, `L2AnnouncementPolicy`: the custom
+//!   resources of `crate::crd`, cluster-scoped. The spec is written to the object and the
+//!   status through the status subresource; conditions become `metav1.Condition`s.
+//! - `Lease`: a `coordination.k8s.io/v1` Lease in the store's namespace.
+//! - `IpamConfig`: the ConfigMap `ipam-<name>` in the store's namespace.
+//!
+//! The revision is the object's resourceVersion, kept opaque. Every write is conditioned on
+//! it: an update is a JSON patch that sets `metadata.resourceVersion` (the API server answers
+//! 409 Conflict when the object has moved on), a delete carries it as a precondition. Watches
+//! are kube-runtime's watcher, which lists again (a `Resync`) after `410 Gone` and backs off
+//! while the API server is unreachable.
+
+use std::{collections::HashMap, sync::Arc};
+
+use futures_util::StreamExt as _;
+use ipam_core::store::{RawObject, Revision, Store, StoreError, WATCH_BUFFER, Watch, WatchEvent};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions},
+    core::ApiResource,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use serde_json::{Value, json};
+
+use crate::{conditions, crd};
+
+/// How the engine's value of a kind sits in the Kubernetes object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `{spec, status}`: the spec on the object, the status through `/status`.
+    SpecAndStatus,
+    /// `{spec}` only.
+    Spec,
+    /// The whole value is the object's spec (kinds without a spec of their own).
+    WholeAsSpec,
+}
+
+#[derive(Debug, Clone)]
+enum Mapping {
+    Custom {
+        resource: ApiResource,
+        layout: Layout,
+    },
+    Lease,
+    Config,
+}
+
+#[derive(Clone)]
+pub struct KubeStore {
+    client: Client,
+    /// Where the Leases and the ConfigMap live (the namespace the project is deployed in).
+    namespace: String,
+    kinds: Arc<HashMap<String, Mapping>>,
+}
+
+fn custom(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: crd::GROUP.to_owned(),
+        version: crd::VERSION.to_owned(),
+        api_version: format!("{}/{}", crd::GROUP, crd::VERSION),
+        kind: kind.to_owned(),
+        plural: plural.to_owned(),
+    }
+}
+
+fn lease_resource() -> ApiResource {
+    ApiResource {
+        group: "coordination.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "coordination.k8s.io/v1".into(),
+        kind: "Lease".into(),
+        plural: "leases".into(),
+    }
+}
+
+fn config_map_resource() -> ApiResource {
+    ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        plural: "configmaps".into(),
+    }
+}
+
+impl KubeStore {
+    /// A store on `client`, with its Leases and ConfigMap in `namespace`.
+    pub fn new(client: Client, namespace: &str) -> Self {
+        let mut kinds = HashMap::new();
+        for (kind, plural, layout) in [
+            ("PodIPPool", "podippools", Layout::SpecAndStatus),
+            ("NodeIPAM", "nodeipams", Layout::SpecAndStatus),
+            (
+                "LoadBalancerIPPool",
+                "loadbalancerippools",
+                Layout::SpecAndStatus,
+            ),
+            (
+                "L2AnnouncementPolicy",
+                "l2announcementpolicies",
+                Layout::Spec,
+            ),
+        ] {
+            kinds.insert(
+                kind.to_owned(),
+                Mapping::Custom {
+                    resource: custom(kind, plural),
+                    layout,
+                },
+            );
+        }
+        kinds.insert("Lease".to_owned(), Mapping::Lease);
+        kinds.insert("IpamConfig".to_owned(), Mapping::Config);
+        Self {
+            client,
+            namespace: namespace.to_owned(),
+            kinds: Arc::new(kinds),
+        }
+    }
+
+    /// Maps one more kind to a cluster-scoped custom resource of the project's group (the
+    /// conformance tests' kinds).
+    pub fn with_kind(mut self, kind: &str, plural: &str, layout: Layout) -> Self {
+        Arc::make_mut(&mut self.kinds).insert(
+            kind.to_owned(),
+            Mapping::Custom {
+                resource: custom(kind, plural),
+                layout,
+            },
+        );
+        self
+    }
+
+    pub fn describe(&self) -> String {
+        format!("the Kubernetes API (namespace {})", self.namespace)
+    }
+
+    fn mapping(&self, kind: &str) -> Result<&Mapping, StoreError> {
+        self.kinds.get(kind).ok_or_else(|| StoreError::Backend {
+            location: self.describe(),
+            source: format!(
+                "kind {kind} has no Kubernetes resource in this version; it cannot be kept in \
+                 a Kubernetes store"
+            )
+            .into(),
+        })
+    }
+
+    fn api(&self, mapping: &Mapping) -> Api<DynamicObject> {
+        match mapping {
+            Mapping::Custom { resource, .. } => Api::all_with(self.client.clone(), resource),
+            Mapping::Lease => {
+                Api::namespaced_with(self.client.clone(), &self.namespace, &lease_resource())
+            }
+            Mapping::Config => {
+                Api::namespaced_with(self.client.clone(), &self.namespace, &config_map_resource())
+            }
+        }
+    }
+
+    fn object_name(mapping: &Mapping, name: &str) -> String {
+        match mapping {
+            Mapping::Config => format!("ipam-{name}"),
+            _ => name.to_owned(),
+        }
+    }
+
+    fn engine_name(mapping: &Mapping, object: &str) -> Option<String> {
+        match mapping {
+            Mapping::Config => object.strip_prefix("ipam-").map(str::to_owned),
+            _ => Some(object.to_owned()),
+        }
+    }
+
+    fn error(&self, kind: &str, name: &str, e: kube::Error) -> StoreError {
+        match &e {
+            kube::Error::Api(status) if status.code == 404 => StoreError::NotFound {
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+            },
+            kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists" => {
+                StoreError::AlreadyExists {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                }
+            }
+            _ => StoreError::Backend {
+                location: self.describe(),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// The engine's view of an object.
+    fn raw(&self, kind: &str, mapping: &Mapping, object: &DynamicObject) -> Option<RawObject> {
+        let name = Self::engine_name(mapping, object.metadata.name.as_deref()?)?;
+        let value = match mapping {
+            Mapping::Custom { layout, .. } => {
+                let spec = object.data.get("spec").cloned().unwrap_or(json!({}));
+                match layout {
+                    Layout::WholeAsSpec => spec,
+                    Layout::Spec => json!({ "spec": spec }),
+                    Layout::SpecAndStatus => {
+                        let mut v = json!({ "spec": spec });
+                        if let Some(status) = object.data.get("status").filter(|s| !s.is_null()) {
+                            v["status"] = conditions::to_engine(status);
+                        }
+                        v
+                    }
+                }
+            }
+            Mapping::Lease => crate::lease::to_engine(object.data.get("spec")),
+            Mapping::Config => json!({ "mode": object.data["data"]["mode"] }),
+        };
+        Some(RawObject {
+            kind: kind.to_owned(),
+            name,
+            revision: revision_of(object),
+            value: serde_json::to_vec(&value).expect("JSON serialises"),
+        })
+    }
+
+    /// What the object gets from the engine's value (its top-level fields but the status), and
+    /// the status if the kind has one.
+    fn split(mapping: &Mapping, value: &[u8]) -> Result<(Value, Option<Value>), String> {
+        let value: Value = serde_json::from_slice(value).map_err(|e| e.to_string())?;
+        Ok(match mapping {
+            Mapping::Custom { layout, .. } => match layout {
+                Layout::WholeAsSpec => (json!({ "spec": value }), None),
+                Layout::Spec => (json!({ "spec": value["spec"] }), None),
+                Layout::SpecAndStatus => (
+                    json!({ "spec": value["spec"] }),
+                    Some(value.get("status").cloned().unwrap_or(json!({}))),
+                ),
+            },
+            Mapping::Lease => (json!({ "spec": crate::lease::to_kubernetes(&value) }), None),
+            Mapping::Config => (json!({ "data": { "mode": value["mode"] } }), None),
+        })
+    }
+
+    /// Writes `status` through the status subresource unless the object already has it;
+    /// returns the object as it is now.
+    async fn write_status(
+        &self,
+        api: &Api<DynamicObject>,
+        kind: &str,
+        name: &str,
+        object: DynamicObject,
+        status: &Value,
+    ) -> Result<DynamicObject, StoreError> {
+        let current = object.data.get("status").cloned().unwrap_or(Value::Null);
+        let wanted = conditions::to_kubernetes(status, &current);
+        if conditions::same_status(&wanted, &current) {
+            return Ok(object);
+        }
+        let revision = revision_of(&object);
+        let patch = precondition_and_set(&revision, "status", wanted);
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(written) => Ok(written),
+            Err(e) => Err(self.refused(api, kind, name, name, &revision, e).await),
+        }
+    }
+
+    /// The error for a write the API server refused: a conflict names the version the object
+    /// is at now (read again, as the server's answer does not say).
+    async fn refused(
+        &self,
+        api: &Api<DynamicObject>,
+        kind: &str,
+        name: &str,
+        object_name: &str,
+        expected: &Revision,
+        e: kube::Error,
+    ) -> StoreError {
+        match &e {
+            kube::Error::Api(status) if status.code == 409 => {
+                let actual = match api.get_opt(object_name).await {
+                    Ok(Some(o)) => revision_of(&o),
+                    Ok(None) => Revision::Opaque("(deleted)".into()),
+                    Err(_) => Revision::Opaque("(unknown)".into()),
+                };
+                StoreError::Conflict {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                    expected: expected.clone(),
+                    actual,
+                }
+            }
+            _ => self.error(kind, name, e),
+        }
+    }
+}
+
+fn revision_of(object: &DynamicObject) -> Revision {
+    Revision::Opaque(object.metadata.resource_version.clone().unwrap_or_default())
+}
+
+/// A JSON patch that holds only if the object is still at `revision` and then sets the
+/// top-level field `field`.
+fn precondition_and_set(revision: &Revision, field: &str, value: Value) -> json_patch::Patch {
+    serde_json::from_value(json!([
+        { "op": "replace", "path": "/metadata/resourceVersion", "value": revision.to_string() },
+        { "op": "add", "path": format!("/{field}"), "value": value },
+    ]))
+    .expect("a well-formed JSON patch")
+}
+
+impl Store for KubeStore {
+    async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
+        let mapping = self.mapping(kind)?;
+        let object = self
+            .api(mapping)
+            .get_opt(&Self::object_name(mapping, name))
+            .await
+            .map_err(|e| self.error(kind, name, e))?;
+        Ok(object.and_then(|o| self.raw(kind, mapping, &o)))
+    }
+
+    async fn list(&self, kind: &str) -> Result<Vec<RawObject>, StoreError> {
+        let mapping = self.mapping(kind)?;
+        let list = self
+            .api(mapping)
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| self.error(kind, "(list)", e))?;
+        let mut out: Vec<RawObject> = list
+            .items
+            .iter()
+            .filter_map(|o| self.raw(kind, mapping, o))
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
+        let mapping = self.mapping(kind)?;
+        let api = self.api(mapping);
+        let (mut body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
+        let resource = match mapping {
+            Mapping::Custom { resource, .. } => resource.clone(),
+            Mapping::Lease => lease_resource(),
+            Mapping::Config => config_map_resource(),
+        };
+        let object_name = Self::object_name(mapping, name);
+        body["apiVersion"] = json!(resource.api_version);
+        body["kind"] = json!(resource.kind);
+        body["metadata"] = json!({ "name": object_name });
+        let object: DynamicObject = serde_json::from_value(body).expect("a DynamicObject");
+        let created = api
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| self.error(kind, name, e))?;
+        let done = match status {
+            Some(status) => {
+                self.write_status(&api, kind, &object_name, created, &status)
+                    .await?
+            }
+            None => created,
+        };
+        Ok(revision_of(&done))
+    }
+
+    async fn update(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
+        let mapping = self.mapping(kind)?;
+        let api = self.api(mapping);
+        let (body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
+        let object_name = Self::object_name(mapping, name);
+        // The main object: its top-level fields (spec, or data) under the precondition. The
+        // API server leaves a write that changes nothing at the same resourceVersion.
+        let mut ops = vec![json!({
+            "op": "replace", "path": "/metadata/resourceVersion", "value": expected.to_string()
+        })];
+        for (field, value) in body.as_object().into_iter().flatten() {
+            ops.push(json!({ "op": "add", "path": format!("/{field}"), "value": value }));
+        }
+        let patch: json_patch::Patch =
+            serde_json::from_value(Value::Array(ops)).expect("a well-formed JSON patch");
+        let written = match api
+            .patch(
+                &object_name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(written) => written,
+            Err(e) => {
+                return Err(self
+                    .refused(&api, kind, name, &object_name, expected, e)
+                    .await);
+            }
+        };
+        let done = match status {
+            Some(status) => {
+                self.write_status(&api, kind, &object_name, written, &status)
+                    .await?
+            }
+            None => written,
+        };
+        Ok(revision_of(&done))
+    }
+
+    async fn delete(
+        &self,
+        kind: &str,
+        name: &str,
+        expected: Option<&Revision>,
+    ) -> Result<(), StoreError> {
+        let mapping = self.mapping(kind)?;
+        let params = DeleteParams {
+            preconditions: expected.map(|r| Preconditions {
+                resource_version: Some(r.to_string()),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let api = self.api(mapping);
+        let object_name = Self::object_name(mapping, name);
+        match api.delete(&object_name, &params).await {
+            Ok(_) => Ok(()),
+            // Deleting nothing is not an error.
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(e) => {
+                let expected = expected.cloned().unwrap_or(Revision::Opaque(String::new()));
+                Err(self
+                    .refused(&api, kind, name, &object_name, &expected, e)
+                    .await)
+            }
+        }
+    }
+
+    async fn watch(&self, kind: &str) -> Result<Watch, StoreError> {
+        let mapping = self.mapping(kind)?.clone();
+        let api = self.api(&mapping);
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        // The first listing is the watch's snapshot.
+        let mut initial = Vec::new();
+        loop {
+            match events.next().await {
+                Some(Ok(watcher::Event::Init)) => initial.clear(),
+                Some(Ok(watcher::Event::InitApply(o))) => {
+                    initial.extend(self.raw(kind, &mapping, &o));
+                }
+                Some(Ok(watcher::Event::InitDone)) => break,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    return Err(StoreError::Backend {
+                        location: self.describe(),
+                        source: Box::new(e),
+                    });
+                }
+                None => {
+                    return Err(StoreError::Backend {
+                        location: self.describe(),
+                        source: "the watch ended before its first listing".into(),
+                    });
+                }
+            }
+        }
+        initial.sort_by(|a, b| a.name.cmp(&b.name));
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let store = self.clone();
+        let kind = kind.to_owned();
+        tokio::spawn(async move {
+            let mut relisting: Option<Vec<RawObject>> = None;
+            while let Some(event) = events.next().await {
+                let out = match event {
+                    Ok(watcher::Event::Apply(o)) => {
+                        store.raw(&kind, &mapping, &o).map(WatchEvent::Put)
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        store.raw(&kind, &mapping, &o).map(|r| WatchEvent::Deleted {
+                            kind: r.kind,
+                            name: r.name,
+                            revision: r.revision,
+                        })
+                    }
+                    // A relist (after 410 Gone, or a broken watch): the whole kind again.
+                    Ok(watcher::Event::Init) => {
+                        relisting = Some(Vec::new());
+                        None
+                    }
+                    Ok(watcher::Event::InitApply(o)) => {
+                        if let (Some(list), Some(r)) =
+                            (relisting.as_mut(), store.raw(&kind, &mapping, &o))
+                        {
+                            list.push(r);
+                        }
+                        None
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        relisting.take().map(|objects| WatchEvent::Resync {
+                            kind: kind.clone(),
+                            revision: Revision::Opaque(String::new()),
+                            objects,
+                        })
+                    }
+                    Err(e) => {
+                        if tx
+                            .send(Err(StoreError::Backend {
+                                location: store.describe(),
+                                source: Box::new(e),
+                            }))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        None
+                    }
+                };
+                if let Some(event) = out
+                    && tx.send(Ok(event)).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+        // kube-runtime's watcher does not expose the listing's resourceVersion.
+        Ok(Watch::new(initial, Revision::Opaque(String::new()), rx))
+    }
+}
+
+fn decode(kind: &str, name: &str, e: String) -> StoreError {
+    StoreError::Backend {
+        location: format!("{kind} {name}"),
+        source: format!("not a JSON object: {e}").into(),
+    }
+}

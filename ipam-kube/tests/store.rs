@@ -1,0 +1,154 @@
+//! The Kubernetes store against an in-process stand-in for the API server
+//! (`ipam_kube::testing`): no Kubernetes API server is packaged for the machines these tests
+//! run on. The stand-in keeps resourceVersions, answers 409 on conflicts, serves the status
+//! subresource and watches, and answers 410 Gone to a watch that resumes from a forgotten
+//! version. The same conformance tests run here as over the embedded store and real etcd.
+
+use std::{sync::Arc, time::Duration};
+
+use ipam_core::{
+    resources::{Condition, NodeIpam, NodeIpamStatus},
+    store::{Store, TypedStore as _, WatchEvent, conformance},
+};
+use ipam_kube::{KubeStore, store::Layout, testing::StandIn};
+
+async fn store() -> (StandIn, KubeStore) {
+    let api = StandIn::start()
+        .await
+        .expect("start the stand-in API server");
+    let store = KubeStore::new(api.client(), "ipam-system")
+        .with_kind("Thing", "things", Layout::WholeAsSpec)
+        .with_kind("Things", "thingses", Layout::WholeAsSpec)
+        .with_kind("Other", "others", Layout::WholeAsSpec);
+    (api, store)
+}
+
+#[tokio::test]
+async fn crud_with_optimistic_concurrency() {
+    let (_api, s) = store().await;
+    conformance::crud_with_optimistic_concurrency(&s).await;
+}
+
+#[tokio::test]
+async fn watch_sees_the_snapshot_then_every_change_in_order() {
+    let (_api, s) = store().await;
+    conformance::watch_sees_the_snapshot_then_every_change_in_order(&s).await;
+}
+
+#[tokio::test]
+async fn one_leader_and_takeover_after_the_duration() {
+    let (_api, s) = store().await;
+    conformance::one_leader_and_takeover_after_the_duration(&s).await;
+}
+
+/// A Kubernetes Lease keeps its duration in whole seconds: leases of one second here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_candidates_never_both_lead() {
+    let (_api, s) = store().await;
+    conformance::concurrent_candidates_never_both_lead_with(Arc::new(s), Duration::from_secs(1))
+        .await;
+}
+
+/// A watch whose resourceVersion the server forgot (410 Gone) lists the kind again and goes
+/// on: what it delivers ends with the objects there are.
+#[tokio::test]
+async fn a_watch_told_gone_lists_again_and_goes_on() {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Thing {
+        size: u32,
+    }
+    impl ipam_core::store::Resource for Thing {
+        const KIND: &'static str = "Thing";
+    }
+    let (api, s) = store().await;
+    s.create_typed("a", &Thing { size: 1 }).await.unwrap();
+    let mut w = s.watch("Thing").await.unwrap();
+    s.create_typed("b", &Thing { size: 2 }).await.unwrap();
+    // Wait until the watch saw b, so it resumes from b's version.
+    loop {
+        if let Ok(WatchEvent::Put(o)) = w.next().await
+            && o.name == "b"
+        {
+            break;
+        }
+    }
+    s.delete("Thing", "a", None).await.unwrap();
+    s.create_typed("c", &Thing { size: 3 }).await.unwrap();
+    api.compact();
+    api.end_watches();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let event = tokio::time::timeout_at(deadline, w.next())
+            .await
+            .expect("a resync within 20 s");
+        if let Ok(WatchEvent::Resync { objects, .. }) = event {
+            let names: Vec<&str> = objects.iter().map(|o| o.name.as_str()).collect();
+            assert_eq!(names, ["b", "c"]);
+            break;
+        }
+    }
+}
+
+/// A node record as the agent and the operator write it: the spec on the object, the status
+/// through the status subresource, conditions as Kubernetes conditions whose transition time
+/// stays while they hold; a status written again unchanged leaves the resourceVersion alone.
+#[tokio::test]
+async fn status_goes_through_the_subresource_with_kubernetes_conditions() {
+    let (api, s) = store().await;
+    let created = s
+        .create_typed("node-1", &NodeIpam::default())
+        .await
+        .unwrap();
+    let mut record = s.get_typed::<NodeIpam>("node-1").await.unwrap().unwrap();
+    assert_eq!(record.revision, created);
+    record.value.status = NodeIpamStatus {
+        allocated: vec![],
+        lost: vec![],
+        conditions: vec![Condition::new(
+            "Ready",
+            false,
+            "pool default (IPv4) is exhausted",
+        )],
+    };
+    let written = s
+        .update_typed("node-1", &record.value, &record.revision)
+        .await
+        .unwrap();
+    assert_ne!(written, record.revision);
+    let again = s
+        .update_typed("node-1", &record.value, &written)
+        .await
+        .unwrap();
+    assert_eq!(again, written, "an unchanged status is not written again");
+    let back = s.get_typed::<NodeIpam>("node-1").await.unwrap().unwrap();
+    assert_eq!(back.value.status.conditions, record.value.status.conditions);
+
+    // What the API server holds is a Kubernetes condition.
+    let raw: serde_json::Value = api
+        .client()
+        .request(
+            http::Request::get("/apis/ipam-ebpf.io/v1alpha1/nodeipams/node-1")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let c = &raw["status"]["conditions"][0];
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("NotReady")),
+        "{raw}"
+    );
+    assert!(c["lastTransitionTime"].is_string(), "{raw}");
+
+    // A stale write is a conflict that names both versions.
+    let e = s
+        .update_typed("node-1", &NodeIpam::default(), &created)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("changed by someone else") && e.contains(&format!("revision {again}")),
+        "{e}"
+    );
+}

@@ -77,6 +77,26 @@ pub struct StoreSettings {
     /// Required for `kind = "etcd"`.
     #[serde(default)]
     pub etcd: Option<ipam_etcd::EtcdConfig>,
+    /// For `kind = "kubernetes"` (optional: the defaults suit the manifests in deploy/).
+    #[serde(default)]
+    pub kubernetes: KubernetesStoreSettings,
+}
+
+/// `[store.kubernetes]`: the API server is found by the usual rules (in a pod, its service
+/// account; elsewhere `KUBECONFIG` or `~/.kube/config`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesStoreSettings {
+    /// The namespace of the project's Leases and ConfigMap (where it is deployed).
+    pub namespace: String,
+}
+
+impl Default for KubernetesStoreSettings {
+    fn default() -> Self {
+        Self {
+            namespace: "ipam-system".to_owned(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -87,6 +107,15 @@ pub enum StoreKind {
     Embedded,
     /// etcd v3: several nodes and operator replicas share the state.
     Etcd,
+    /// The Kubernetes API: custom resources (deploy/crds.yaml) and Leases.
+    Kubernetes,
+}
+
+impl StoreKind {
+    /// Whether other processes (nodes, operator replicas) can share the store.
+    pub fn is_shared(self) -> bool {
+        matches!(self, Self::Etcd | Self::Kubernetes)
+    }
 }
 
 /// The `[cluster]` section: timings of the agent and operator roles.
@@ -422,7 +451,7 @@ impl Config {
     /// last heartbeat, which stops at half a lease without renewal) before another node may take
     /// its service IPs over (a whole lease without renewal).
     pub fn check_fencing(&self, path: &std::path::Path) -> Result<(), ConfigError> {
-        if self.store.kind == StoreKind::Etcd
+        if self.store.kind.is_shared()
             && self.datapath.liveness_timeout_ms * 2 >= self.cluster.node_lease_ms
         {
             return Err(ConfigError::Fencing {
@@ -600,6 +629,16 @@ mod tests {
 
         let e = parse("[store]\nkind = \"etcd\"\n").unwrap_err().to_string();
         assert!(e.contains("[store.etcd]") && e.contains("endpoints"), "{e}");
+        let k = parse("[store]\nkind = \"kubernetes\"\n").unwrap();
+        assert_eq!(
+            (k.store.kind, k.store.kubernetes.namespace.as_str()),
+            (StoreKind::Kubernetes, "ipam-system")
+        );
+        let k = parse(
+            "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"kube-system\"\n",
+        )
+        .unwrap();
+        assert!(k.store.kind.is_shared() && k.store.kubernetes.namespace == "kube-system");
         let e = parse("[cluster]\nnode_lease_ms = 5000\nnode_grace_ms = 1000\n")
             .unwrap_err()
             .to_string();

@@ -133,6 +133,10 @@ impl KubeStore {
         self
     }
 
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
     pub fn describe(&self) -> String {
         format!("the Kubernetes API (namespace {})", self.namespace)
     }

@@ -25,11 +25,27 @@ impl Daemon {
 
     /// As `start`, with more arguments (`--role agent`, say).
     pub fn start_with(ns: &Netns, config: &Path, args: &[&str]) -> Self {
+        let mut command = Command::new("nsenter");
+        command
+            .arg(format!("--net={}", ns.path().display()))
+            .arg(workspace_binary("ipamd"));
+        Self::spawn(command, config, args)
+    }
+
+    /// `ipamd -c config ARGS` in the host's network namespace with `env` added: for a role that
+    /// touches no network configuration (an operator) and talks to a server on loopback.
+    pub fn start_on_host(config: &Path, args: &[&str], env: &[(&str, &Path)]) -> Self {
+        let mut command = Command::new(workspace_binary("ipamd"));
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        Self::spawn(command, config, args)
+    }
+
+    fn spawn(mut command: Command, config: &Path, args: &[&str]) -> Self {
         let log = config.with_extension(format!("{}.log", crate::unique("")));
         let file = std::fs::File::create(&log).expect("daemon log");
-        let child = Command::new("nsenter")
-            .arg(format!("--net={}", ns.path().display()))
-            .arg(workspace_binary("ipamd"))
+        let child = command
             .arg("--config")
             .arg(config)
             .args(args)

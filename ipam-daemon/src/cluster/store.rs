@@ -1,8 +1,9 @@
 //! The store the daemon runs on, as chosen in the configuration: the embedded database file
-//! (one node, the default) or etcd (many nodes sharing pools).
+//! (one node, the default), etcd, or the Kubernetes API (many nodes sharing pools).
 
 use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch, embedded::EmbeddedStore};
 use ipam_etcd::{EtcdError, EtcdStore};
+use ipam_kube::KubeStore;
 
 use crate::config::{StoreKind, StoreSettings, default_store};
 
@@ -11,6 +12,7 @@ pub enum ClusterStore {
     Embedded(EmbeddedStore),
     /// Boxed: the etcd client is large, and the store is cloned into every task.
     Etcd(std::sync::Arc<EtcdStore>),
+    Kubernetes(KubeStore),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +21,11 @@ pub enum OpenStoreError {
     Embedded(#[from] StoreError),
     #[error("cannot use the etcd store: {0}")]
     Etcd(#[from] EtcdError),
+    #[error(
+        "cannot reach the Kubernetes API: {0}; in a pod, check its service account; elsewhere \
+         set KUBECONFIG or write ~/.kube/config"
+    )]
+    Kubernetes(#[source] kube::Error),
     #[error("cannot create the directory of the embedded store {path}: {source}")]
     Dir {
         path: std::path::PathBuf,
@@ -48,6 +55,16 @@ impl ClusterStore {
                     EtcdStore::connect(config).await?,
                 )))
             }
+            StoreKind::Kubernetes => {
+                // In a pod its service account, else KUBECONFIG or ~/.kube/config.
+                let client = kube::Client::try_default()
+                    .await
+                    .map_err(OpenStoreError::Kubernetes)?;
+                Ok(Self::Kubernetes(KubeStore::new(
+                    client,
+                    &settings.kubernetes.namespace,
+                )))
+            }
         }
     }
 
@@ -59,12 +76,20 @@ impl ClusterStore {
             Self::Etcd(s) => Ok(Self::Etcd(std::sync::Arc::new(
                 EtcdStore::connect(s.config().clone()).await?,
             ))),
+            // A client of its own: a clone would share connections driven by the first
+            // client's runtime.
+            Self::Kubernetes(s) => {
+                let client = kube::Client::try_default()
+                    .await
+                    .map_err(OpenStoreError::Kubernetes)?;
+                Ok(Self::Kubernetes(KubeStore::new(client, s.namespace())))
+            }
         }
     }
 
     /// Whether other processes (other nodes, operator replicas) share this store.
     pub fn is_shared(&self) -> bool {
-        matches!(self, Self::Etcd(_))
+        matches!(self, Self::Etcd(_) | Self::Kubernetes(_))
     }
 
     /// Where the state lives, for logs and `ipamctl`.
@@ -76,6 +101,7 @@ impl ClusterStore {
                 s.config().endpoint_list(),
                 s.config().prefix
             ),
+            Self::Kubernetes(s) => s.describe(),
         }
     }
 }
@@ -85,6 +111,7 @@ impl Store for ClusterStore {
         match self {
             Self::Embedded(s) => s.get(kind, name).await,
             Self::Etcd(s) => s.get(kind, name).await,
+            Self::Kubernetes(s) => s.get(kind, name).await,
         }
     }
 
@@ -92,6 +119,7 @@ impl Store for ClusterStore {
         match self {
             Self::Embedded(s) => s.list(kind).await,
             Self::Etcd(s) => s.list(kind).await,
+            Self::Kubernetes(s) => s.list(kind).await,
         }
     }
 
@@ -99,6 +127,7 @@ impl Store for ClusterStore {
         match self {
             Self::Embedded(s) => s.create(kind, name, value).await,
             Self::Etcd(s) => s.create(kind, name, value).await,
+            Self::Kubernetes(s) => s.create(kind, name, value).await,
         }
     }
 
@@ -112,6 +141,7 @@ impl Store for ClusterStore {
         match self {
             Self::Embedded(s) => s.update(kind, name, value, expected).await,
             Self::Etcd(s) => s.update(kind, name, value, expected).await,
+            Self::Kubernetes(s) => s.update(kind, name, value, expected).await,
         }
     }
 
@@ -124,6 +154,7 @@ impl Store for ClusterStore {
         match self {
             Self::Embedded(s) => s.delete(kind, name, expected).await,
             Self::Etcd(s) => s.delete(kind, name, expected).await,
+            Self::Kubernetes(s) => s.delete(kind, name, expected).await,
         }
     }
 
@@ -131,6 +162,7 @@ impl Store for ClusterStore {
         match self {
             Self::Embedded(s) => s.watch(kind).await,
             Self::Etcd(s) => s.watch(kind).await,
+            Self::Kubernetes(s) => s.watch(kind).await,
         }
     }
 }

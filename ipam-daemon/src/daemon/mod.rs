@@ -35,7 +35,7 @@ use crate::{
         operator::{self as operator_role, OperatorSettings},
         store::OpenStoreError,
     },
-    config::{Config, ConfigError, StoreKind},
+    config::{Config, ConfigError},
     datapath::{Datapath, DatapathError, EbpfLog},
     l2::announcer::{self, AnnounceError, ReconcileReport},
     net::iface,
@@ -59,7 +59,7 @@ pub enum DaemonError {
     Store(#[from] OpenStoreError),
     #[error(
         "the {role} role needs a store shared with the other nodes and operators: set [store] \
-         kind = \"etcd\" with the members in [store.etcd] endpoints"
+         kind = \"etcd\" with the members in [store.etcd] endpoints, or kind = \"kubernetes\""
     )]
     NeedsSharedStore { role: &'static str },
     #[error("the operator role needs an [ipam] section (mode and pools)")]
@@ -131,7 +131,7 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 /// the liveness timeout passes, which is what lets a restart or upgrade go unnoticed.
 pub async fn run(config_path: PathBuf, role: Role) -> Result<(), DaemonError> {
     let config = Config::load(&config_path)?;
-    if role != Role::Standalone && config.store.kind != StoreKind::Etcd {
+    if role != Role::Standalone && !config.store.kind.is_shared() {
         return Err(DaemonError::NeedsSharedStore { role: role.name() });
     }
     let observed = ipam::Observed::default();

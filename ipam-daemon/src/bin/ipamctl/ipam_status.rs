@@ -10,7 +10,7 @@ use ipam_core::{
 };
 use ipam_daemon::{
     cluster::ClusterStore,
-    config::{Config, StoreKind},
+    config::Config,
     daemon::status::{PublishedStatus, read_status},
 };
 use serde::Serialize;
@@ -55,7 +55,7 @@ pub(crate) fn run(state_dir: &Path, config: Option<&Config>, output: Output) -> 
         )
     });
     let cluster = match config {
-        Some(c) if c.store.kind == StoreKind::Etcd => Some(cluster_view(c)?),
+        Some(c) if c.store.kind.is_shared() => Some(cluster_view(c)?),
         _ => None,
     };
     // Without a cluster view, a missing node status is the whole answer: fail with it.

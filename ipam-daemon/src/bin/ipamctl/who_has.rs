@@ -5,7 +5,7 @@ use std::{net::IpAddr, path::PathBuf};
 
 use ipam_daemon::{
     cluster::{ClusterStore, who_has},
-    config::{Config, StoreKind},
+    config::Config,
 };
 use serde::Serialize;
 
@@ -28,7 +28,7 @@ pub(crate) fn run(
 ) -> anyhow::Result<()> {
     let mut read = vec![format!("this node's state under {}", state_dir.display())];
     let mut findings = who_has::local(ip, &state_dir);
-    if let Some(c) = config.filter(|c| c.store.kind == StoreKind::Etcd) {
+    if let Some(c) = config.filter(|c| c.store.kind.is_shared()) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;

@@ -180,7 +180,7 @@ impl ClusterSettings {
 #[serde(deny_unknown_fields)]
 pub struct IpamSettings {
     pub mode: IpamMode,
-    /// This node's name in the cluster state; defaults to the host name.
+    /// This node's name in the cluster state; defaults to `NODE_NAME`, else the host name.
     #[serde(default = "default_node_name")]
     pub node_name: String,
     /// The embedded store (cluster state: pools, node records, mode).
@@ -235,7 +235,12 @@ pub struct PoolConfig {
     pub spec: PodIpPoolSpec,
 }
 
+/// `NODE_NAME` when set (the DaemonSet passes the Kubernetes node name down: it need not be
+/// the host name), else the host name.
 fn default_node_name() -> String {
+    if let Some(name) = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
+        return name;
+    }
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "node".to_owned())

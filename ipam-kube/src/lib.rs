@@ -4,6 +4,7 @@
 mod conditions;
 pub mod crd;
 mod lease;
+mod service;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

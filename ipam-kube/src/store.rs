@@ -5,10 +5,15 @@
 //!   status through the status subresource; conditions become `metav1.Condition`s.
 //! - `Lease`: a `coordination.k8s.io/v1` Lease in the store's namespace.
 //! - `IpamConfig`: the ConfigMap `ipam-<name>` in the store's namespace.
+//! - `Service`: core/v1 Services, named `<namespace>/<name>` (see `crate::service`): read,
+//!   and their status written; never created, changed or deleted through the store.
 //!
 //! The revision is the object's resourceVersion, kept opaque. Every write is conditioned on
-//! it: an update is a JSON patch that sets `metadata.resourceVersion` (the API server answers
-//! 409 Conflict when the object has moved on), a delete carries it as a precondition. Watches
+//! it: an update reads the object (a moved object is a conflict at once), then writes the
+//! parts that differ, the object's fields and the status each as a JSON patch that sets
+//! `metadata.resourceVersion` (the API server answers 409 Conflict when the object has moved
+//! on meanwhile); a delete carries it as a precondition. So the operator, which writes only
+//! statuses, never needs the right to change a spec, and an agent never a status. Watches
 //! are kube-runtime's watcher, which lists again (a `Resync`) after `410 Gone` and backs off
 //! while the API server is unreachable.
 
@@ -45,6 +50,17 @@ enum Mapping {
     },
     Lease,
     Config,
+    Service,
+}
+
+fn service_resource() -> ApiResource {
+    ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        plural: "services".into(),
+    }
 }
 
 #[derive(Clone)]
@@ -113,6 +129,7 @@ impl KubeStore {
         }
         kinds.insert("Lease".to_owned(), Mapping::Lease);
         kinds.insert("IpamConfig".to_owned(), Mapping::Config);
+        kinds.insert("Service".to_owned(), Mapping::Service);
         Self {
             client,
             namespace: namespace.to_owned(),
@@ -152,9 +169,21 @@ impl KubeStore {
         })
     }
 
+    /// The API of `mapping`'s objects; for a Service, of the namespace in `name`
+    /// (`namespace/name`), or of every namespace without one.
+    fn api_for(&self, mapping: &Mapping, name: Option<&str>) -> Api<DynamicObject> {
+        match (mapping, name.and_then(|n| n.split_once('/'))) {
+            (Mapping::Service, Some((namespace, _))) => {
+                Api::namespaced_with(self.client.clone(), namespace, &service_resource())
+            }
+            _ => self.api(mapping),
+        }
+    }
+
     fn api(&self, mapping: &Mapping) -> Api<DynamicObject> {
         match mapping {
             Mapping::Custom { resource, .. } => Api::all_with(self.client.clone(), resource),
+            Mapping::Service => Api::all_with(self.client.clone(), &service_resource()),
             Mapping::Lease => {
                 Api::namespaced_with(self.client.clone(), &self.namespace, &lease_resource())
             }
@@ -167,14 +196,32 @@ impl KubeStore {
     fn object_name(mapping: &Mapping, name: &str) -> String {
         match mapping {
             Mapping::Config => format!("ipam-{name}"),
+            Mapping::Service => name.split_once('/').map_or(name, |(_, n)| n).to_owned(),
             _ => name.to_owned(),
         }
     }
 
-    fn engine_name(mapping: &Mapping, object: &str) -> Option<String> {
+    fn engine_name(mapping: &Mapping, object: &DynamicObject) -> Option<String> {
+        let name = object.metadata.name.as_deref()?;
         match mapping {
-            Mapping::Config => object.strip_prefix("ipam-").map(str::to_owned),
-            _ => Some(object.to_owned()),
+            Mapping::Config => name.strip_prefix("ipam-").map(str::to_owned),
+            Mapping::Service => Some(format!(
+                "{}/{name}",
+                object.metadata.namespace.as_deref().unwrap_or("default")
+            )),
+            _ => Some(name.to_owned()),
+        }
+    }
+
+    /// The error for a write of a Service, which this store does not make.
+    fn read_only(&self, kind: &str, name: &str, what: &str) -> StoreError {
+        StoreError::Backend {
+            location: self.describe(),
+            source: format!(
+                "{kind} {name}: {what} Services with kubectl (or your deployment tool); this \
+                 store only reads them and writes their status"
+            )
+            .into(),
         }
     }
 
@@ -199,7 +246,7 @@ impl KubeStore {
 
     /// The engine's view of an object.
     fn raw(&self, kind: &str, mapping: &Mapping, object: &DynamicObject) -> Option<RawObject> {
-        let name = Self::engine_name(mapping, object.metadata.name.as_deref()?)?;
+        let name = Self::engine_name(mapping, object)?;
         let value = match mapping {
             Mapping::Custom { layout, .. } => {
                 let spec = object.data.get("spec").cloned().unwrap_or(json!({}));
@@ -217,6 +264,7 @@ impl KubeStore {
             }
             Mapping::Lease => crate::lease::to_engine(object.data.get("spec")),
             Mapping::Config => json!({ "mode": object.data["data"]["mode"] }),
+            Mapping::Service => crate::service::to_engine(&serde_json::to_value(object).ok()?),
         };
         Some(RawObject {
             kind: kind.to_owned(),
@@ -241,6 +289,11 @@ impl KubeStore {
             },
             Mapping::Lease => (json!({ "spec": crate::lease::to_kubernetes(&value) }), None),
             Mapping::Config => (json!({ "data": { "mode": value["mode"] } }), None),
+            // The spec is the user's: only the status is written.
+            Mapping::Service => (
+                json!({}),
+                Some(value.get("status").cloned().unwrap_or(json!({}))),
+            ),
         })
     }
 
@@ -249,13 +302,18 @@ impl KubeStore {
     async fn write_status(
         &self,
         api: &Api<DynamicObject>,
+        mapping: &Mapping,
         kind: &str,
         name: &str,
         object: DynamicObject,
         status: &Value,
     ) -> Result<DynamicObject, StoreError> {
         let current = object.data.get("status").cloned().unwrap_or(Value::Null);
-        let wanted = conditions::to_kubernetes(status, &current);
+        let wanted = if let Mapping::Service = mapping {
+            crate::service::status_to_kubernetes(status, &current)
+        } else {
+            conditions::to_kubernetes(status, &current)
+        };
         if conditions::same_status(&wanted, &current) {
             return Ok(object);
         }
@@ -318,7 +376,7 @@ impl Store for KubeStore {
     async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
         let mapping = self.mapping(kind)?;
         let object = self
-            .api(mapping)
+            .api_for(mapping, Some(name))
             .get_opt(&Self::object_name(mapping, name))
             .await
             .map_err(|e| self.error(kind, name, e))?;
@@ -343,13 +401,14 @@ impl Store for KubeStore {
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        let api = self.api(mapping);
-        let (mut body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
         let resource = match mapping {
             Mapping::Custom { resource, .. } => resource.clone(),
             Mapping::Lease => lease_resource(),
             Mapping::Config => config_map_resource(),
+            Mapping::Service => return Err(self.read_only(kind, name, "create")),
         };
+        let api = self.api(mapping);
+        let (mut body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
         let object_name = Self::object_name(mapping, name);
         body["apiVersion"] = json!(resource.api_version);
         body["kind"] = json!(resource.kind);
@@ -361,7 +420,7 @@ impl Store for KubeStore {
             .map_err(|e| self.error(kind, name, e))?;
         let done = match status {
             Some(status) => {
-                self.write_status(&api, kind, &object_name, created, &status)
+                self.write_status(&api, mapping, kind, &object_name, created, &status)
                     .await?
             }
             None => created,
@@ -377,37 +436,63 @@ impl Store for KubeStore {
         expected: &Revision,
     ) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        let api = self.api(mapping);
+        let api = self.api_for(mapping, Some(name));
         let (body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
         let object_name = Self::object_name(mapping, name);
-        // The main object: its top-level fields (spec, or data) under the precondition. The
-        // API server leaves a write that changes nothing at the same resourceVersion.
-        let mut ops = vec![json!({
-            "op": "replace", "path": "/metadata/resourceVersion", "value": expected.to_string()
-        })];
-        for (field, value) in body.as_object().into_iter().flatten() {
-            ops.push(json!({ "op": "add", "path": format!("/{field}"), "value": value }));
-        }
-        let patch: json_patch::Patch =
-            serde_json::from_value(Value::Array(ops)).expect("a well-formed JSON patch");
-        let written = match api
-            .patch(
-                &object_name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
-            )
+        let current = api
+            .get_opt(&object_name)
             .await
-        {
-            Ok(written) => written,
-            Err(e) => {
-                return Err(self
-                    .refused(&api, kind, name, &object_name, expected, e)
-                    .await);
+            .map_err(|e| self.error(kind, name, e))?
+            .ok_or_else(|| StoreError::NotFound {
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+            })?;
+        let at = revision_of(&current);
+        if &at != expected {
+            return Err(StoreError::Conflict {
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+                expected: expected.clone(),
+                actual: at,
+            });
+        }
+        // The object's own fields (spec, or data), where they differ, under the precondition.
+        let changed: Vec<(&String, &Value)> = body
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(field, value)| current.data.get(field.as_str()) != Some(*value))
+            .collect();
+        let written = if changed.is_empty() {
+            current
+        } else {
+            let mut ops = vec![json!({
+                "op": "replace", "path": "/metadata/resourceVersion", "value": expected.to_string()
+            })];
+            for (field, value) in changed {
+                ops.push(json!({ "op": "add", "path": format!("/{field}"), "value": value }));
+            }
+            let patch: json_patch::Patch =
+                serde_json::from_value(Value::Array(ops)).expect("a well-formed JSON patch");
+            match api
+                .patch(
+                    &object_name,
+                    &PatchParams::default(),
+                    &Patch::Json::<()>(patch),
+                )
+                .await
+            {
+                Ok(written) => written,
+                Err(e) => {
+                    return Err(self
+                        .refused(&api, kind, name, &object_name, expected, e)
+                        .await);
+                }
             }
         };
         let done = match status {
             Some(status) => {
-                self.write_status(&api, kind, &object_name, written, &status)
+                self.write_status(&api, mapping, kind, &object_name, written, &status)
                     .await?
             }
             None => written,
@@ -422,6 +507,9 @@ impl Store for KubeStore {
         expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
         let mapping = self.mapping(kind)?;
+        if let Mapping::Service = mapping {
+            return Err(self.read_only(kind, name, "delete"));
+        }
         let params = DeleteParams {
             preconditions: expected.map(|r| Preconditions {
                 resource_version: Some(r.to_string()),

@@ -45,6 +45,8 @@ pub struct StandIn {
 
 struct Shared {
     store: Mutex<Objects>,
+    /// Every kind of request served, for RBAC checks.
+    requests: Mutex<std::collections::BTreeSet<Served>>,
     changes: broadcast::Sender<Change>,
     /// Bumped to end every open watch (as a restarting API server does).
     cut: tokio::sync::watch::Sender<u64>,
@@ -78,6 +80,7 @@ impl StandIn {
         let (changes, _) = broadcast::channel(HISTORY);
         let state = Arc::new(Shared {
             store: Mutex::new(Objects::default()),
+            requests: Mutex::default(),
             changes,
             cut: tokio::sync::watch::Sender::new(0),
         });
@@ -117,6 +120,11 @@ impl StandIn {
         store.oldest = store.revision + 2;
     }
 
+    /// Every kind of request served so far.
+    pub fn requests(&self) -> std::collections::BTreeSet<Served> {
+        self.state.requests.lock().expect("stand-in lock").clone()
+    }
+
     /// Ends every open watch; clients resume from the last version they saw (and, after
     /// `compact`, are told 410 Gone and list again).
     pub fn end_watches(&self) {
@@ -132,9 +140,29 @@ impl Drop for StandIn {
     }
 }
 
+/// A kind of request, as RBAC sees it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Served {
+    /// The bearer token the client sent (tests give each client its own), or `anonymous`.
+    pub user: String,
+    /// The verb as RBAC names it: get, list, watch, create, update, patch, delete.
+    pub verb: String,
+    /// The API group, `""` for the core group.
+    pub group: String,
+    /// `plural`, or `plural/subresource`.
+    pub resource: String,
+}
+
 /// A request's target: the collection, and the object and subresource if any.
 struct Target {
+    /// The API group (`""` for the core group) and the resource, `plural[/status]`.
+    group: String,
+    resource: String,
+    /// Where the objects are kept: `/api/v1/namespaces/ns/services`, `/apis/g/v/plural`.
     collection: String,
+    /// For a request over every namespace (`/api/v1/services`): what the collections of each
+    /// namespace start and end with.
+    every_namespace: Option<(String, String)>,
     name: Option<String>,
     status: bool,
     /// The resource has a status subresource (custom resources do; ConfigMaps and Leases not).
@@ -150,15 +178,31 @@ fn target(path: &str) -> Option<Target> {
         _ => return None,
     };
     let mut rest = &parts[base..];
-    let mut prefix = parts[..base].join("/");
-    if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
+    let api = parts[..base].join("/");
+    let mut prefix = api.clone();
+    let namespaced = rest.first() == Some(&"namespaces") && rest.len() >= 3;
+    if namespaced {
         prefix = format!("{prefix}/namespaces/{}", rest[1]);
         rest = &rest[2..];
     }
     let plural = rest.first()?;
-    let custom = parts[0] == "apis" && parts[1] != "coordination.k8s.io";
+    // Custom resources and Services have a status subresource; Leases and ConfigMaps not.
+    let custom = (parts[0] == "apis" && parts[1] != "coordination.k8s.io") || *plural == "services";
+    let status = rest.get(2) == Some(&"status");
     Some(Target {
+        group: if parts[0] == "api" {
+            String::new()
+        } else {
+            parts[1].to_owned()
+        },
+        resource: if status {
+            format!("{plural}/status")
+        } else {
+            (*plural).to_owned()
+        },
         collection: format!("/{prefix}/{plural}"),
+        every_namespace: (!namespaced)
+            .then(|| (format!("/{api}/namespaces/"), format!("/{plural}"))),
         name: rest.get(1).map(|s| (*s).to_owned()),
         status: rest.get(2) == Some(&"status"),
         has_status: custom,
@@ -184,6 +228,34 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
         Ok(b) => b,
         Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body"),
     };
+    let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (&parts.method, &target.name) {
+        (&Method::GET, None) if watching => "watch",
+        (&Method::GET, None) => "list",
+        (&Method::GET, Some(_)) => "get",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, _) => "delete",
+        _ => "other",
+    };
+    let user = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("anonymous")
+        .to_owned();
+    state
+        .requests
+        .lock()
+        .expect("stand-in lock")
+        .insert(Served {
+            user,
+            verb: verb.to_owned(),
+            group: target.group.clone(),
+            resource: target.resource.clone(),
+        });
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -191,9 +263,7 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
         .unwrap_or("")
         .to_owned();
     match (&parts.method, &target.name) {
-        (&Method::GET, None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
-            watch(&state, &target, &query)
-        }
+        (&Method::GET, None) if watching => watch(&state, &target, &query),
         (&Method::GET, None) => list(&state, &target),
         (&Method::GET, Some(name)) => get(&state, &target, name),
         (&Method::POST, None) => create(&state, &target, &body),
@@ -250,13 +320,24 @@ fn patched(current: &Value, body: &Bytes, content_type: &str) -> Result<Value, R
     Ok(doc)
 }
 
+impl Target {
+    /// Whether a list or watch of this target covers the objects kept in `collection`.
+    fn covers(&self, collection: &str) -> bool {
+        collection == self.collection
+            || self.every_namespace.as_ref().is_some_and(|(start, end)| {
+                collection.starts_with(start.as_str()) && collection.ends_with(end.as_str())
+            })
+    }
+}
+
 fn list(state: &Shared, target: &Target) -> Response {
     let store = state.store.lock().expect("stand-in lock");
     let items: Vec<Value> = store
         .items
-        .get(&target.collection)
-        .map(|m| m.values().cloned().collect())
-        .unwrap_or_default();
+        .iter()
+        .filter(|(collection, _)| target.covers(collection))
+        .flat_map(|(_, objects)| objects.values().cloned())
+        .collect();
     json_response(
         StatusCode::OK,
         &json!({
@@ -313,6 +394,14 @@ fn create(state: &Shared, target: &Target, body: &Bytes) -> Response {
     store.revision += 1;
     let revision = store.revision;
     let meta = &mut object["metadata"];
+    if let Some(namespace) = target
+        .collection
+        .split("/namespaces/")
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+    {
+        meta["namespace"] = json!(namespace);
+    }
     meta["resourceVersion"] = json!(revision.to_string());
     meta["uid"] = json!(format!("stand-in-{revision}"));
     meta["generation"] = json!(1);
@@ -493,12 +582,20 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
         let backlog: Vec<Change> = store
             .history
             .iter()
-            .filter(|c| c.revision > since && c.collection == target.collection)
+            .filter(|c| c.revision > since && target.covers(&c.collection))
             .cloned()
             .collect();
         (backlog, live)
     };
-    let collection = target.collection.clone();
+    let covers = {
+        let (collection, every) = (target.collection.clone(), target.every_namespace.clone());
+        move |c: &str| {
+            c == collection
+                || every.as_ref().is_some_and(|(start, end)| {
+                    c.starts_with(start.as_str()) && c.ends_with(end.as_str())
+                })
+        }
+    };
     let mut cut = state.cut.subscribe();
     cut.mark_unchanged();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(256);
@@ -519,7 +616,7 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
                 () = &mut deadline => return,
                 _ = cut.changed() => return,
                 change = live.recv() => match change {
-                    Ok(c) if c.revision > last && c.collection == collection => {
+                    Ok(c) if c.revision > last && covers(&c.collection) => {
                         last = c.revision;
                         if tx.send(Ok(line(&c))).await.is_err() {
                             return;

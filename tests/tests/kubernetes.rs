@@ -3,7 +3,12 @@
 //! on: the API is the in-process stand-in of `ipam_kube::testing` (resourceVersions, 409s, the
 //! status subresource, watches, 410 Gone), listening on loopback.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, Instant},
+};
+
+use serde::Deserialize as _;
 
 use ipam_core::{
     resources::{NodeIpam, PodIpPool},
@@ -15,19 +20,50 @@ use ipam_tests::{TempFile, daemon::Daemon, workspace_binary};
 const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
     ipv4 = { cidrs = [\"10.243.0.0/24\"], maskSize = 26 }\n";
 
-fn kubeconfig(api: &StandIn) -> TempFile {
+/// A kubeconfig for the stand-in whose user presents `token`: the stand-in records requests by
+/// token, which tells the operator's from ipamctl's.
+fn kubeconfig_for(api: &StandIn, token: &str) -> TempFile {
     let file = TempFile::new("kubeconfig", "yaml");
     std::fs::write(
         &file.0,
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    server: \
-             http://{}\nusers:\n- name: test\n  user: {{}}\ncontexts:\n- name: stand-in\n  \
-             context:\n    cluster: stand-in\n    user: test\ncurrent-context: stand-in\n",
+             http://{}\nusers:\n- name: test\n  user:\n    token: {token}\ncontexts:\n- name: \
+             stand-in\n  context:\n    cluster: stand-in\n    user: test\ncurrent-context: stand-in\n",
             api.address
         ),
     )
     .expect("write the kubeconfig");
     file
+}
+
+/// The (API group, resource, verb) a role of deploy/rbac.yaml grants.
+fn granted(role: &str) -> BTreeSet<(String, String, String)> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml"))
+        .expect("read deploy/rbac.yaml");
+    let mut out = BTreeSet::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let doc = serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).expect("YAML"))
+            .expect("as JSON");
+        let kind = doc["kind"].as_str().unwrap_or("");
+        if (kind != "ClusterRole" && kind != "Role") || doc["metadata"]["name"] != role {
+            continue;
+        }
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            for group in rule["apiGroups"].as_array().into_iter().flatten() {
+                for resource in rule["resources"].as_array().into_iter().flatten() {
+                    for verb in rule["verbs"].as_array().into_iter().flatten() {
+                        out.insert((
+                            group.as_str().unwrap_or("").to_owned(),
+                            resource.as_str().unwrap_or("").to_owned(),
+                            verb.as_str().unwrap_or("").to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 async fn wait_for<T>(
@@ -54,7 +90,8 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     let api = StandIn::start()
         .await
         .expect("start the stand-in API server");
-    let kubeconfig = kubeconfig(&api);
+    let kubeconfig = kubeconfig_for(&api, "operator");
+    let ipamctl_kubeconfig = kubeconfig_for(&api, "ipamctl");
     let config = TempFile::new("kube-operator", "toml");
     std::fs::write(
         &config.0,
@@ -122,7 +159,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     let out = std::process::Command::new(workspace_binary("ipamctl"))
         .args(["pools", "--config"])
         .arg(&config.0)
-        .env("KUBECONFIG", &kubeconfig.0)
+        .env("KUBECONFIG", &ipamctl_kubeconfig.0)
         .output()
         .expect("run ipamctl");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -136,6 +173,101 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
             && text.contains("worker-1: 10.243.0.0/26")
             && text.contains("the Kubernetes API (namespace ipam-system)"),
         "{text}"
+    );
+
+    // LB-IPAM on a Kubernetes Service: a pool applied with ipamctl, a Service of type
+    // LoadBalancer made with the Kubernetes API; the operator writes the Service's
+    // status.loadBalancer.ingress through /status.
+    let manifest = TempFile::new("kube-lb", "yaml");
+    std::fs::write(
+        &manifest.0,
+        "kind: LoadBalancerIPPool\nmetadata:\n  name: lb\nspec:\n  blocks:\n  - cidr: 10.77.5.0/29\n",
+    )
+    .unwrap();
+    let applied = std::process::Command::new(workspace_binary("ipamctl"))
+        .args(["apply", "-f"])
+        .arg(&manifest.0)
+        .arg("--config")
+        .arg(&config.0)
+        .env("KUBECONFIG", &ipamctl_kubeconfig.0)
+        .output()
+        .expect("run ipamctl apply");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(api.client(), "shop");
+    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "web", "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
+    }))
+    .unwrap();
+    services
+        .create(&kube::api::PostParams::default(), &web)
+        .await
+        .expect("create the Service");
+    let ingress = wait_for(
+        "the Service's ingress IP",
+        async || {
+            let s = services.get("web").await.ok()?;
+            s.status?.load_balancer?.ingress?.first()?.ip.clone()
+        },
+        log,
+    )
+    .await;
+    assert!(ingress.starts_with("10.77.5."), "{ingress}");
+
+    // A reloaded configuration with another CIDR: the operator patches the pool's spec.
+    let reloaded = std::fs::read_to_string(&config.0).unwrap().replace(
+        "[\"10.243.0.0/24\"]",
+        "[\"10.243.0.0/24\", \"10.244.0.0/24\"]",
+    );
+    std::fs::write(&config.0, reloaded).unwrap();
+    operator.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for(
+        "the reloaded pool",
+        async || {
+            let p = store.get_typed::<PodIpPool>("default").await.ok()??;
+            (p.value.spec.ipv4?.cidrs.len() == 2).then_some(())
+        },
+        log,
+    )
+    .await;
+
+    // The leader renews its lease (a patch) every third of operator_lease_ms.
+    wait_for(
+        "a renewal of the operator's lease",
+        async || {
+            api.requests()
+                .iter()
+                .any(|r| r.user == "operator" && r.resource == "leases" && r.verb == "patch")
+                .then_some(())
+        },
+        log,
+    )
+    .await;
+
+    // Every request the operator made is one deploy/rbac.yaml grants it, and every right it
+    // is granted was used.
+    let used: BTreeSet<(String, String, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user == "operator")
+        .map(|r| (r.group, r.resource, r.verb))
+        .collect();
+    let granted = granted("ipam-operator");
+    let not_granted: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        not_granted.is_empty(),
+        "the operator needs rights rbac.yaml does not grant: {not_granted:?}"
+    );
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "rbac.yaml grants the operator rights it never used: {unused:?}"
     );
     operator.kill();
 }

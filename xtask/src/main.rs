@@ -24,7 +24,12 @@ struct Args {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Install or check every prerequisite (Debian packages, nightly rust-src, bpf-linker, bpffs).
-    Setup,
+    Setup {
+        /// Only what building needs (the nightly with rust-src, bpf-linker): for an image
+        /// build, which has no Debian test packages to install and no bpffs to mount.
+        #[arg(long)]
+        toolchain_only: bool,
+    },
     /// Build the eBPF object on its own (a plain `cargo build` of the daemon also does it).
     BuildEbpf,
     /// Build the CNI plugin as a static executable, the form to install on nodes.
@@ -64,7 +69,13 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Args::parse().command {
-        Command::Setup => setup::run(),
+        Command::Setup { toolchain_only } => {
+            if toolchain_only {
+                setup::toolchain()
+            } else {
+                setup::run()
+            }
+        }
         Command::BuildEbpf => build_ebpf::run(),
         Command::BuildCni => build_cni::run().map(drop),
         Command::Lint => lint::run(),

@@ -38,6 +38,22 @@ const PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The toolchain alone: what building the project needs, nothing the tests need.
+pub(crate) fn toolchain() -> anyhow::Result<()> {
+    let mut changed = Vec::new();
+    nightly(&mut changed)?;
+    bpf_linker(&mut changed)?;
+    println!(
+        "setup: toolchain in place; changed: {}",
+        if changed.is_empty() {
+            "nothing".to_owned()
+        } else {
+            changed.join(", ")
+        }
+    );
+    Ok(())
+}
+
 pub(crate) fn run() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let mut changed = Vec::new();

@@ -1,0 +1,150 @@
+//! The manifests in deploy/, checked offline (no Kubernetes API server runs here): every
+//! document parses and names itself, kustomize's files exist, the configurations in the
+//! ConfigMaps are valid for ipamd, the CNI configuration names the plugin, and the workloads
+//! refer to service accounts, config keys and mounts that exist. Which RBAC rights the operator
+//! needs is checked against the requests it makes (tests/tests/kubernetes.rs); the CRDs against
+//! the Rust types (ipam-kube/tests/crds.rs).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize as _;
+use serde_json::Value;
+
+fn deploy() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every YAML document of `file`, as JSON.
+fn documents(file: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            let value = serde_yaml_ng::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            serde_json::to_value(value).expect("YAML as JSON")
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn all_objects() -> Vec<Value> {
+    let kustomization = &documents(&deploy().join("kustomization.yaml"))[0];
+    kustomization["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .flat_map(|r| documents(&deploy().join(r.as_str().expect("a file name"))))
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in deploy/"))
+}
+
+#[test]
+fn every_document_parses_and_names_itself() {
+    let objects = all_objects();
+    assert!(objects.len() > 15, "{}", objects.len());
+    for o in &objects {
+        assert!(
+            o["apiVersion"].is_string()
+                && o["kind"].is_string()
+                && o["metadata"]["name"].is_string(),
+            "{o}"
+        );
+    }
+    // The overlay's patch is a document of the same ConfigMap.
+    let overlay = deploy().join("overlays/example");
+    let k = &documents(&overlay.join("kustomization.yaml"))[0];
+    assert_eq!(k["resources"][0], "../..");
+    for patch in k["patches"].as_array().unwrap() {
+        let doc = &documents(&overlay.join(patch["path"].as_str().unwrap()))[0];
+        find(
+            &objects,
+            doc["kind"].as_str().unwrap(),
+            doc["metadata"]["name"].as_str().unwrap(),
+        );
+    }
+}
+
+#[test]
+fn configurations_are_valid_for_ipamd() {
+    let base = all_objects();
+    let overlay = documents(&deploy().join("overlays/example/config.yaml"));
+    for config_map in [find(&base, "ConfigMap", "ipam-config"), &overlay[0]] {
+        for key in ["operator.toml", "agent.toml"] {
+            let text = config_map["data"][key]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {key}"));
+            let file = ipam_tests::TempFile::new("deploy-config", "toml");
+            std::fs::write(&file.0, text).unwrap();
+            let config =
+                ipam_daemon::config::Config::load(&file.0).unwrap_or_else(|e| panic!("{key}: {e}"));
+            assert!(config.store.kind.is_shared(), "{key}");
+        }
+    }
+    let conflist: Value = serde_json::from_str(
+        find(&base, "ConfigMap", "ipam-config")["data"]["10-ipam.conflist"]
+            .as_str()
+            .unwrap(),
+    )
+    .expect("the CNI configuration is JSON");
+    assert_eq!(conflist["plugins"][0]["type"], "ipam-cni");
+    assert_eq!(conflist["plugins"][0]["socket"], "/run/ipam/ipamd.sock");
+}
+
+#[test]
+fn workloads_refer_to_what_exists() {
+    let objects = all_objects();
+    let config = find(&objects, "ConfigMap", "ipam-config");
+    for (kind, name, account) in [
+        ("DaemonSet", "ipam-agent", "ipam-agent"),
+        ("Deployment", "ipam-operator", "ipam-operator"),
+    ] {
+        let spec = &find(&objects, kind, name)["spec"]["template"]["spec"];
+        assert_eq!(spec["serviceAccountName"], account);
+        find(&objects, "ServiceAccount", account);
+        assert_eq!(spec["hostNetwork"], true, "{name}");
+        for volume in spec["volumes"].as_array().unwrap() {
+            for item in volume["configMap"]["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let key = item["key"].as_str().unwrap();
+                assert!(
+                    config["data"][key].is_string(),
+                    "{name} mounts missing key {key}"
+                );
+            }
+        }
+    }
+    let agent = &find(&objects, "DaemonSet", "ipam-agent")["spec"]["template"]["spec"];
+    let container = &agent["containers"][0];
+    let bpffs = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/sys/fs/bpf")
+        .expect("bpffs mounted");
+    assert_eq!(bpffs["mountPropagation"], "Bidirectional");
+    assert_eq!(container["env"][0]["name"], "NODE_NAME");
+    assert_eq!(
+        container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(agent["initContainers"][0]["name"], "install-cni");
+    let operator = find(&objects, "Deployment", "ipam-operator");
+    assert_eq!(operator["spec"]["replicas"], 2);
+    // The admission policy keeps the agent's account to its own node's objects.
+    let policy = find(&objects, "ValidatingAdmissionPolicy", "ipam-agent-own-node");
+    assert!(
+        policy["spec"]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("system:serviceaccount:ipam-system:ipam-agent")
+    );
+}

@@ -3,6 +3,7 @@
 
 mod conditions;
 pub mod crd;
+pub mod events;
 mod lease;
 mod service;
 pub mod store;

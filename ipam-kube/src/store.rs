@@ -154,6 +154,33 @@ impl KubeStore {
         &self.namespace
     }
 
+    pub(crate) fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The Kubernetes object behind the engine's `kind`/`name`, for an event to regard; `None`
+    /// when it does not exist.
+    pub(crate) async fn reference(
+        &self,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<k8s_openapi::api::core::v1::ObjectReference>, kube::Error> {
+        let Ok(mapping) = self.mapping(kind) else {
+            return Ok(None);
+        };
+        let resource = match mapping {
+            Mapping::Custom { resource, .. } => resource.clone(),
+            Mapping::Lease => lease_resource(),
+            Mapping::Config => config_map_resource(),
+            Mapping::Service => service_resource(),
+        };
+        let object = self
+            .api_for(mapping, Some(name))
+            .get_opt(&Self::object_name(mapping, name))
+            .await?;
+        Ok(object.map(|o| crate::events::reference_of(&o, &resource.api_version, &resource.kind)))
+    }
+
     pub fn describe(&self) -> String {
         format!("the Kubernetes API (namespace {})", self.namespace)
     }

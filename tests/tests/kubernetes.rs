@@ -155,6 +155,45 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         "{pool:?}"
     );
 
+    // Three more nodes take the pool's other blocks; two more find it exhausted. Users see it
+    // in an Event on the pool, the second adding to the first's series.
+    for n in 2..=6 {
+        store
+            .create_typed(&format!("worker-{n}"), &NodeIpam::default())
+            .await
+            .unwrap();
+    }
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(api.client(), "default");
+    let exhausted = wait_for(
+        "an event on the exhausted pool, seen twice",
+        async || {
+            let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("PoolExhausted")
+                    && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("PodIPPool")
+                    && e.series.as_ref().is_some_and(|s| s.count >= 2)
+            })
+        },
+        log,
+    )
+    .await;
+    assert_eq!(exhausted.type_.as_deref(), Some("Warning"));
+    let regarding = exhausted.regarding.unwrap();
+    assert_eq!(regarding.name.as_deref(), Some("default"));
+    assert!(
+        regarding.uid.is_some(),
+        "kubectl describe finds events by uid"
+    );
+    assert!(
+        exhausted
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("append a CIDR")),
+        "{:?}",
+        exhausted.note
+    );
+
     // ipamctl reads the same store through the kubeconfig, and says what it read.
     let out = std::process::Command::new(workspace_binary("ipamctl"))
         .args(["pools", "--config"])
@@ -169,7 +208,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        text.contains("[#####...............] 1/4 blocks")
+        text.contains("[####################] 4/4 blocks")
             && text.contains("worker-1: 10.243.0.0/26")
             && text.contains("the Kubernetes API (namespace ipam-system)"),
         "{text}"
@@ -232,6 +271,31 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         async || {
             let p = store.get_typed::<PodIpPool>("default").await.ok()??;
             (p.value.spec.ipv4?.cidrs.len() == 2).then_some(())
+        },
+        log,
+    )
+    .await;
+    // The nodes that waited get blocks from the appended CIDR.
+    wait_for(
+        "blocks for worker-5 and worker-6",
+        async || {
+            let mut served = 0;
+            for n in [5, 6] {
+                let node = store
+                    .get_typed::<NodeIpam>(&format!("worker-{n}"))
+                    .await
+                    .ok()??;
+                if node
+                    .value
+                    .status
+                    .allocated
+                    .iter()
+                    .any(|b| b.cidr.to_string().starts_with("10.244."))
+                {
+                    served += 1;
+                }
+            }
+            (served == 2).then_some(())
         },
         log,
     )

@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod changes;
+pub mod events;
 pub mod objects;
 pub mod operator;
 pub mod store;

@@ -47,6 +47,7 @@ pub async fn run<S: Store + Clone + 'static>(
     mut pools: watch::Receiver<Vec<PoolConfig>>,
     mut stop: watch::Receiver<bool>,
     observed: crate::daemon::ipam::Observed,
+    events: super::events::Events,
 ) {
     let identity = settings.cluster.identity();
     let mut backoff = Backoff::new(RETRY_CAP);
@@ -164,8 +165,11 @@ pub async fn run<S: Store + Clone + 'static>(
                 }
                 for event in &report.events {
                     observed.metrics.pool_event(event);
+                    events.pool_event(event).await;
                 }
-                log_lb_report(&lb, &mut last_lb_problems);
+                for (object, problem) in log_lb_report(&lb, &mut last_lb_problems) {
+                    events.lb_problem(&object, &problem).await;
+                }
             }
             Err(OperatorError::NotLeading) => {
                 tracing::warn!("operator pass stopped: leadership could not be renewed in time");
@@ -270,17 +274,29 @@ fn log_report(report: &Report) {
     }
 }
 
-/// Logs new Service IPs, and problems when they change (not on every pass).
-fn log_lb_report(report: &lb_ipam::LbReport, last_problems: &mut Vec<(String, String)>) {
+/// Logs new Service IPs, and problems when they change (not on every pass); returns the
+/// problems that were not there on the previous pass.
+fn log_lb_report(
+    report: &lb_ipam::LbReport,
+    last_problems: &mut Vec<(String, String)>,
+) -> Vec<(String, String)> {
     for (service, ips) in &report.assigned {
         tracing::info!(service = service.as_str(), ?ips, "service IPs assigned");
     }
-    if &report.problems != last_problems {
-        for (object, problem) in &report.problems {
-            tracing::warn!(object = object.as_str(), "{problem}");
-        }
-        *last_problems = report.problems.clone();
+    if &report.problems == last_problems {
+        return Vec::new();
     }
+    for (object, problem) in &report.problems {
+        tracing::warn!(object = object.as_str(), "{problem}");
+    }
+    let new = report
+        .problems
+        .iter()
+        .filter(|p| !last_problems.contains(p))
+        .cloned()
+        .collect();
+    *last_problems = report.problems.clone();
+    new
 }
 
 /// Writes the configured pools into the store (creating or updating their specs).

@@ -206,8 +206,13 @@ impl OperatorTask {
             elect = settings.elect,
             "operator starting"
         );
+        let events = crate::cluster::events::Events::for_store(
+            &store,
+            "ipam-operator",
+            &config.cluster.identity(),
+        );
         let handle = tokio::spawn(operator_role::run(
-            store, settings, pools_rx, stop_rx, observed,
+            store, settings, pools_rx, stop_rx, observed, events,
         ));
         Some(Self {
             pools,

@@ -1,0 +1,80 @@
+//! Telling users what happened to their objects where they look, beside the log and the
+//! metrics: on a Kubernetes store, Events on the objects (`kubectl describe podippool default`);
+//! on the other stores, the objects' conditions and the log say it already.
+
+use ipam_core::operator::PoolEvent;
+use ipam_kube::events::{EventPublisher, Severity};
+
+use super::store::ClusterStore;
+
+pub enum Events {
+    /// No event API: conditions, log lines and metrics carry it.
+    None,
+    /// Boxed: a publisher holds a client and a cache; most stores need neither.
+    Kubernetes(Box<EventPublisher>),
+}
+
+impl Events {
+    /// Events for `store`, reported by `controller` replica `instance`.
+    pub fn for_store(store: &ClusterStore, controller: &str, instance: &str) -> Self {
+        match store {
+            ClusterStore::Kubernetes(s) => {
+                Self::Kubernetes(Box::new(EventPublisher::new(s, controller, instance)))
+            }
+            _ => Self::None,
+        }
+    }
+
+    /// An event the operator reported once, when it happened.
+    pub async fn pool_event(&self, event: &PoolEvent) {
+        match event {
+            PoolEvent::Exhausted { pool, family, node } => {
+                let note = format!(
+                    "no {} block left for node {node}; append a CIDR to the pool's spec.{}.cidrs",
+                    family.name(),
+                    if family.bits() == 32 { "ipv4" } else { "ipv6" }
+                );
+                self.warn("PodIPPool", pool, "PoolExhausted", "AssignBlock", &note)
+                    .await;
+                let note = format!(
+                    "pool {pool} has no {} block left for this node",
+                    family.name()
+                );
+                self.warn("NodeIPAM", node, "PoolExhausted", "AssignBlock", &note)
+                    .await;
+            }
+            PoolEvent::Refused { pool, message } => {
+                self.warn("PodIPPool", pool, "SpecRefused", "ValidateSpec", message)
+                    .await;
+            }
+        }
+    }
+
+    /// A problem of LB-IPAM that was not there on the previous pass; `object` is
+    /// `<Kind> <name>` as the controller reports it.
+    pub async fn lb_problem(&self, object: &str, message: &str) {
+        let Some((kind, name)) = object.split_once(' ') else {
+            return;
+        };
+        let reason = match kind {
+            "LoadBalancerIPPool" => "PoolProblem",
+            "Service" => "LoadBalancerProblem",
+            _ => "PolicyProblem",
+        };
+        self.warn(kind, name, reason, "AssignLoadBalancerIPs", message)
+            .await;
+    }
+
+    async fn warn(&self, kind: &str, name: &str, reason: &str, action: &str, note: &str) {
+        let Self::Kubernetes(publisher) = self else {
+            return;
+        };
+        if let Err(e) = publisher
+            .publish(Severity::Warning, kind, name, reason, action, note)
+            .await
+        {
+            // The condition and the log still say it.
+            tracing::warn!(kind, name, reason, "cannot publish a Kubernetes event: {e}");
+        }
+    }
+}

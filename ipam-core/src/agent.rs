@@ -127,6 +127,12 @@ impl NodeAgent {
         self.facts = facts;
     }
 
+    /// The node's blocks in the `kubernetes` mode, as the cluster assigned them (its Node's
+    /// `spec.podCIDRs`); written to its record on the next sync.
+    pub fn set_pod_cidrs(&mut self, pod_cidrs: Vec<Cidr>) {
+        self.pod_cidrs = pod_cidrs;
+    }
+
     /// Shortens the grace before empty blocks go back (tests).
     pub fn set_release_grace(&mut self, grace: Duration) {
         self.release_grace = grace;
@@ -181,9 +187,17 @@ impl NodeAgent {
             }
         }
         if self.mode != IpamMode::MultiPool {
-            if reclaim != record.value.spec.reclaim || !self.facts.published_in(&record.value) {
+            let cidrs_changed =
+                self.mode == IpamMode::Kubernetes && record.value.spec.pod_cidrs != self.pod_cidrs;
+            if reclaim != record.value.spec.reclaim
+                || !self.facts.published_in(&record.value)
+                || cidrs_changed
+            {
                 let mut updated = record.value.clone();
                 updated.spec.reclaim = reclaim;
+                if self.mode == IpamMode::Kubernetes {
+                    updated.spec.pod_cidrs = self.pod_cidrs.clone();
+                }
                 self.facts.publish(&mut updated);
                 store
                     .update_unless_changed(&self.node, &updated, &record.revision)
@@ -469,6 +483,41 @@ mod tests {
             e.contains("not in any of its blocks") && e.contains("10.244.2.0/24"),
             "{e}"
         );
+    }
+
+    /// A node whose Node has no podCIDRs yet gets no block; when the cluster assigns them, the
+    /// next sync records and uses them.
+    #[tokio::test]
+    async fn kubernetes_mode_takes_pod_cidrs_that_arrive_later() {
+        let dir = crate::test_util::TempPath::new("agent-k8s-late");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let (mut agent, _) = NodeAgent::open(
+            &dir.join("node"),
+            "worker",
+            "default",
+            IpamMode::Kubernetes,
+            Watermarks { pre_allocate: 0 },
+            Vec::new(),
+        )
+        .unwrap();
+        let mut operator = Operator::new(IpamMode::Kubernetes);
+        for _ in 0..2 {
+            pass(&mut operator, &mut agent, &store).await;
+        }
+        assert!(agent.allocator().allocate("router", Family::V4).is_err());
+        agent.set_pod_cidrs(vec!["10.244.7.0/24".parse().unwrap()]);
+        for _ in 0..2 {
+            pass(&mut operator, &mut agent, &store).await;
+        }
+        let record = store
+            .get_typed::<NodeIpam>("worker")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.value.spec.pod_cidrs[0].to_string(), "10.244.7.0/24");
+        let router = agent.allocator().allocate("router", Family::V4).unwrap();
+        assert_eq!(router.to_string(), "10.244.7.1");
     }
 
     /// Node liveness through the store: a node whose lease lapses for the grace period loses

@@ -5,6 +5,7 @@ mod conditions;
 pub mod crd;
 pub mod events;
 mod lease;
+pub mod node;
 mod service;
 pub mod store;
 #[cfg(feature = "testing")]

@@ -25,10 +25,18 @@ impl Daemon {
 
     /// As `start`, with more arguments (`--role agent`, say).
     pub fn start_with(ns: &Netns, config: &Path, args: &[&str]) -> Self {
+        Self::start_in(ns, config, args, &[])
+    }
+
+    /// As `start_with`, with `env` added (a `KUBECONFIG`, say).
+    pub fn start_in(ns: &Netns, config: &Path, args: &[&str], env: &[(&str, &Path)]) -> Self {
         let mut command = Command::new("nsenter");
         command
             .arg(format!("--net={}", ns.path().display()))
             .arg(workspace_binary("ipamd"));
+        for (key, value) in env {
+            command.env(key, value);
+        }
         Self::spawn(command, config, args)
     }
 

@@ -335,3 +335,145 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     );
     operator.kill();
 }
+
+/// `ipamd --role agent` in a node's namespace on the Kubernetes store, in the `kubernetes` IPAM
+/// mode: it takes its labels, address and blocks from its Node, creates its NodeIPAM and its
+/// liveness Lease, and serves pods from the Node's podCIDRs. Its requests match the rights
+/// deploy/rbac.yaml gives agents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_takes_its_node_from_the_kubernetes_api() {
+    use ipam_api::{
+        client::call,
+        types::{Attachment, AttachmentId, Request, Response},
+    };
+    let api = StandIn::start()
+        .await
+        .expect("start the stand-in API server");
+    let node_ns = ipam_tests::netns::Netns::new("kag");
+    // The agent reaches the stand-in on its own namespace's loopback.
+    let listener = node_ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
+    let inside = api
+        .listen_also(listener)
+        .expect("serve in the node's namespace");
+    let kubeconfig = TempFile::new("kubeconfig-agent", "yaml");
+    std::fs::write(
+        &kubeconfig.0,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: \
+             http://{inside}\nusers:\n- name: a\n  user:\n    token: agent\ncontexts:\n- name: s\n  \
+             context:\n    cluster: s\n    user: a\ncurrent-context: s\n"
+        ),
+    )
+    .unwrap();
+    // The Node as the control plane made it.
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client());
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": "kn-1", "labels": { "topology.kubernetes.io/zone": "z1" } },
+        "spec": { "podCIDRs": ["10.245.3.0/24"] },
+        "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.31" }] },
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &node)
+        .await
+        .expect("create the Node");
+    let dir = ipam_tests::TempDir::new("kag-");
+    let root = ipam_tests::BpffsRoot::new();
+    let config = TempFile::new("kube-agent", "toml");
+    std::fs::write(
+        &config.0,
+        format!(
+            "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 500\nheartbeat_interval_ms = 100\n\n\
+             [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
+             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\n\n\
+             [ipam]\nmode = \"kubernetes\"\nnode_name = \"kn-1\"\nstate_dir = \"{d}/node\"\n\
+             socket = \"{d}/api/ipamd.sock\"\nfamilies = [\"v4\"]\n",
+            root.0.display(),
+            d = dir.0.display()
+        ),
+    )
+    .unwrap();
+    let agent = Daemon::start_in(
+        &node_ns,
+        &config.0,
+        &["--role", "agent"],
+        &[("KUBECONFIG", &kubeconfig.0)],
+    );
+    let log = || agent.log_text();
+    let store = KubeStore::new(api.client(), "ipam-system");
+
+    // Its record carries the Node's podCIDRs, labels and address.
+    let record = wait_for(
+        "kn-1's record with the Node's podCIDRs",
+        async || {
+            let r = store.get_typed::<NodeIpam>("kn-1").await.ok()??;
+            (!r.value.spec.pod_cidrs.is_empty() && !r.value.spec.addresses.is_empty()).then_some(r)
+        },
+        log,
+    )
+    .await;
+    assert_eq!(record.value.spec.pod_cidrs[0].to_string(), "10.245.3.0/24");
+    assert_eq!(
+        record.value.spec.labels["topology.kubernetes.io/zone"],
+        "z1"
+    );
+    assert_eq!(record.value.spec.addresses[0].to_string(), "192.0.2.31");
+    // Its liveness lease, renewed.
+    wait_for(
+        "kn-1's lease renewed",
+        async || {
+            api.requests()
+                .iter()
+                .any(|r| r.user == "agent" && r.resource == "leases" && r.verb == "patch")
+                .then_some(())
+        },
+        log,
+    )
+    .await;
+    // A pod gets an address from the Node's podCIDRs.
+    let socket = dir.0.join("api/ipamd.sock");
+    let allocated = wait_for(
+        "a pod address",
+        async || {
+            let attachment = Attachment {
+                id: AttachmentId {
+                    container_id: "kpod-1".into(),
+                    ifname: "eth0".into(),
+                },
+                pod: None,
+            };
+            match call(
+                &socket,
+                &Request::Allocate(attachment),
+                Duration::from_secs(2),
+            ) {
+                Ok(Response::Allocated { ips }) => ips.first().map(|ip| ip.address.to_string()),
+                _ => None,
+            }
+        },
+        log,
+    )
+    .await;
+    assert!(allocated.starts_with("10.245.3."), "{allocated}");
+
+    // What the agent asked of the API, against what rbac.yaml grants agents.
+    let used: BTreeSet<(String, String, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user == "agent")
+        .map(|r| (r.group, r.resource, r.verb))
+        .collect();
+    let granted = granted("ipam-agent");
+    let not_granted: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        not_granted.is_empty(),
+        "the agent needs rights rbac.yaml does not grant: {not_granted:?}"
+    );
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "rbac.yaml grants the agent rights it never used: {unused:?}"
+    );
+    agent.kill();
+}

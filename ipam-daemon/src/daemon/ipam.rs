@@ -104,6 +104,10 @@ pub struct IpamRuntime {
     seen_node_conditions: Vec<ipam_core::resources::Condition>,
     /// What the node published about itself last.
     facts: NodeFacts,
+    /// On a Kubernetes store: the node's Node (labels, addresses, `spec.podCIDRs`).
+    kube_node: Option<tokio::sync::watch::Receiver<Option<ipam_kube::node::NodeInfo>>>,
+    /// The podCIDRs last taken from the Node, to say once what is missing.
+    kube_pod_cidrs: Option<Vec<String>>,
     datapath: Arc<Mutex<Datapath>>,
     endpoints: Arc<Endpoints>,
     host: HostNetwork,
@@ -203,7 +207,13 @@ impl IpamRuntime {
             });
         }
         observed.health.set("restored", Ok(()));
+        let kube_node = match &store {
+            ClusterStore::Kubernetes(s) => Some(s.follow_node(&settings.node_name)),
+            _ => None,
+        };
         let runtime = Self {
+            kube_node,
+            kube_pod_cidrs: None,
             observed,
             cluster: cluster_parts,
             host: HostNetwork::new(settings.host_device.clone(), settings.uplinks.clone()),
@@ -351,7 +361,14 @@ impl IpamRuntime {
             tracing::warn!("cannot publish the IPAM status: {e}");
         }
         self.observe();
-        if self.passes % ADDRESS_CHECK_PASSES == 1 {
+        let node_changed = self
+            .kube_node
+            .as_mut()
+            .is_some_and(|n| n.has_changed().unwrap_or(false));
+        if node_changed {
+            self.take_pod_cidrs();
+        }
+        if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 {
             let facts = self.node_facts();
             if facts != self.facts {
                 tracing::info!(
@@ -427,18 +444,67 @@ impl IpamRuntime {
         }
     }
 
-    /// The node's addresses between nodes (the first uplink's, or as configured), its labels,
-    /// and its interfaces with addresses (not the loopback, not the pods' gateway device).
+    /// The `kubernetes` mode's blocks from the Node's `spec.podCIDRs`, when they changed; says
+    /// once what the node waits for while there are none.
+    fn take_pod_cidrs(&mut self) {
+        let Some(node) = self.kube_node.as_mut() else {
+            return;
+        };
+        let info = node.borrow_and_update().clone();
+        if self.settings.mode != ipam_core::pool::IpamMode::Kubernetes {
+            return;
+        }
+        let node_name = self.settings.node_name.as_str();
+        let Some(info) = info else {
+            tracing::warn!(
+                node = node_name,
+                "waiting for the Kubernetes Node {node_name}: the kubernetes IPAM mode takes the node's blocks from its spec.podCIDRs"
+            );
+            return;
+        };
+        if self.kube_pod_cidrs.as_ref() == Some(&info.pod_cidrs) {
+            return;
+        }
+        self.kube_pod_cidrs = Some(info.pod_cidrs.clone());
+        let mut cidrs = Vec::new();
+        for text in &info.pod_cidrs {
+            match text.parse::<ipam_core::Cidr>() {
+                Ok(c) => cidrs.push(c),
+                Err(e) => tracing::error!(node = node_name, "Node {node_name} spec.podCIDRs: {e}"),
+            }
+        }
+        if cidrs.is_empty() {
+            tracing::warn!(
+                node = node_name,
+                "Node {node_name} has no spec.podCIDRs yet: pods get no address until it does; \
+                 the kube-controller-manager assigns them with --allocate-node-cidrs (or use the \
+                 cluster-pool mode)"
+            );
+        } else {
+            tracing::info!(node = node_name, cidrs = ?info.pod_cidrs, "blocks from the Node's spec.podCIDRs");
+        }
+        self.agent.set_pod_cidrs(cidrs);
+    }
+
+    /// The node's addresses between nodes (as configured, else its Kubernetes Node's internal
+    /// addresses, else the first uplink's), its labels (its Node's, and the configured ones
+    /// over them), and its interfaces with addresses (not the loopback, not the pods' gateway
+    /// device).
     fn node_facts(&self) -> NodeFacts {
-        let addresses = if self.settings.node_addresses.is_empty() {
+        let node = self.kube_node.as_ref().and_then(|n| n.borrow().clone());
+        let addresses = if !self.settings.node_addresses.is_empty() {
+            self.settings.node_addresses.clone()
+        } else if let Some(n) = node.as_ref().filter(|n| !n.internal_addresses.is_empty()) {
+            n.internal_addresses.clone()
+        } else {
             self.settings
                 .uplinks
                 .first()
                 .map(|u| super::routes::uplink_addresses(u))
                 .unwrap_or_default()
-        } else {
-            self.settings.node_addresses.clone()
         };
+        let mut labels = node.map(|n| n.labels).unwrap_or_default();
+        labels.extend(self.settings.node_labels.clone());
         let host = &self.settings.host_device;
         let interfaces = super::routes::interfaces_with_addresses()
             .into_iter()
@@ -446,7 +512,7 @@ impl IpamRuntime {
             .collect();
         NodeFacts {
             addresses,
-            labels: self.settings.node_labels.clone(),
+            labels,
             interfaces,
         }
     }

@@ -27,6 +27,7 @@ pub(crate) fn to_engine(object: &Value) -> Value {
         .collect();
     if let Some(ip) = spec["loadBalancerIP"].as_str().filter(|ip| !ip.is_empty()) {
         requested.push(json!(ip));
+        note_deprecated_ip(meta, ip);
     }
     let service_type = match spec["type"].as_str() {
         Some("LoadBalancer") => "LoadBalancer",
@@ -76,6 +77,28 @@ pub(crate) fn to_engine(object: &Value) -> Value {
     }));
     engine_status["ingress"] = json!(ingress);
     json!({ "spec": engine_spec, "status": engine_status })
+}
+
+/// Says once per Service and process that `spec.loadBalancerIP` is deprecated (Kubernetes
+/// deprecated it in 1.24): it is honoured, and the annotation is the way to ask for IPs.
+fn note_deprecated_ip(meta: &Value, ip: &str) {
+    static NOTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let service = format!(
+        "{}/{}",
+        meta["namespace"].as_str().unwrap_or("default"),
+        meta["name"].as_str().unwrap_or("")
+    );
+    if NOTED
+        .lock()
+        .is_ok_and(|mut noted| noted.insert(service.clone()))
+    {
+        tracing::warn!(
+            service = service.as_str(),
+            "Service {service} asks for {ip} in spec.loadBalancerIP, which Kubernetes deprecated: \
+             it is honoured; use the annotation {IPS_ANNOTATION}: {ip} instead"
+        );
+    }
 }
 
 /// The Service status to write from the engine's: the ingress IPs and Kubernetes conditions

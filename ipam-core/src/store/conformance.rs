@@ -172,15 +172,24 @@ pub async fn concurrent_candidates_never_both_lead_with<S: Store + 'static>(
                 let mut e = LeaderElection::new(&name, &format!("c{c}"), lease);
                 let mut acting: Vec<(Instant, Instant)> = Vec::new();
                 let end = Instant::now() + lease * 10;
+                let mut leading_since: Option<Instant> = None;
                 while Instant::now() < end {
                     let _ = e.step(&*s).await;
-                    if let Some(until) = e.leading_until() {
-                        let now = Instant::now();
-                        if now < until {
-                            acting.push((now, until));
-                        }
+                    let now = Instant::now();
+                    if let Some(until) = e.leading_until()
+                        && now < until
+                    {
+                        acting.push((now, until));
                     }
-                    let pause = if rng.random_ratio(1, 12) {
+                    leading_since = e.is_leading().then(|| leading_since.unwrap_or(now));
+                    // Random stalls anywhere, and a leader that has led for two leases stalls
+                    // for two (as a process stopped mid-term): leadership moves in every run,
+                    // even when steps are slow on a loaded machine.
+                    let pause = if leading_since.is_some_and(|t| now.duration_since(t) >= lease * 2)
+                    {
+                        leading_since = None;
+                        lease * 2
+                    } else if rng.random_ratio(1, 12) {
                         lease * 4 / 3
                     } else {
                         Duration::from_millis(20)

@@ -64,6 +64,13 @@ struct Objects {
     oldest: u64,
 }
 
+impl Objects {
+    /// The object `name` of the target's collection, as stored.
+    fn find(&self, target: &Target, name: &str) -> Option<Value> {
+        self.items.get(&target.collection)?.get(name).cloned()
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Change {
     revision: u64,
@@ -169,6 +176,7 @@ pub struct Served {
 }
 
 /// A request's target: the collection, and the object and subresource if any.
+#[derive(Clone)]
 struct Target {
     /// The API group (`""` for the core group) and the resource, `plural[/status]`.
     group: String,
@@ -366,12 +374,8 @@ fn list(state: &Shared, target: &Target) -> Response {
 
 fn get(state: &Shared, target: &Target, name: &str) -> Response {
     let store = state.store.lock().expect("stand-in lock");
-    match store
-        .items
-        .get(&target.collection)
-        .and_then(|m| m.get(name))
-    {
-        Some(object) => json_response(StatusCode::OK, object),
+    match store.find(target, name) {
+        Some(object) => json_response(StatusCode::OK, &object),
         None => not_found(name),
     }
 }
@@ -439,12 +443,7 @@ fn write(
     change: impl FnOnce(&Value) -> Result<Value, Refusal>,
 ) -> Response {
     let mut store = state.store.lock().expect("stand-in lock");
-    let Some(current) = store
-        .items
-        .get(&target.collection)
-        .and_then(|m| m.get(name))
-        .cloned()
-    else {
+    let Some(current) = store.find(target, name) else {
         return not_found(name);
     };
     let mut new = match change(&current) {
@@ -514,12 +513,7 @@ fn write(
 fn delete(state: &Shared, target: &Target, name: &str, body: &Bytes) -> Response {
     let options: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let mut store = state.store.lock().expect("stand-in lock");
-    let Some(current) = store
-        .items
-        .get(&target.collection)
-        .and_then(|m| m.get(name))
-        .cloned()
-    else {
+    let Some(current) = store.find(target, name) else {
         return not_found(name);
     };
     let precondition = &options["preconditions"]["resourceVersion"];
@@ -602,15 +596,7 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
             .collect();
         (backlog, live)
     };
-    let covers = {
-        let (collection, every) = (target.collection.clone(), target.every_namespace.clone());
-        move |c: &str| {
-            c == collection
-                || every.as_ref().is_some_and(|(start, end)| {
-                    c.starts_with(start.as_str()) && c.ends_with(end.as_str())
-                })
-        }
-    };
+    let target = target.clone();
     let mut cut = state.cut.subscribe();
     cut.mark_unchanged();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(256);
@@ -631,7 +617,7 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
                 () = &mut deadline => return,
                 _ = cut.changed() => return,
                 change = live.recv() => match change {
-                    Ok(c) if c.revision > last && covers(&c.collection) => {
+                    Ok(c) if c.revision > last && target.covers(&c.collection) => {
                         last = c.revision;
                         if tx.send(Ok(line(&c))).await.is_err() {
                             return;

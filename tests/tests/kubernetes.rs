@@ -66,6 +66,28 @@ fn granted(role: &str) -> BTreeSet<(String, String, String)> {
     out
 }
 
+/// The requests `user` made of the stand-in are exactly the rights `role` has in
+/// deploy/rbac.yaml: none missing, none unused.
+fn assert_rights_match(api: &StandIn, user: &str, role: &str) {
+    let used: BTreeSet<(String, String, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user == user)
+        .map(|r| (r.group, r.resource, r.verb))
+        .collect();
+    let granted = granted(role);
+    let not_granted: Vec<_> = used.difference(&granted).collect();
+    assert!(
+        not_granted.is_empty(),
+        "the {user} needs rights rbac.yaml does not grant {role}: {not_granted:?}"
+    );
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "rbac.yaml grants {role} rights the {user} never used: {unused:?}"
+    );
+}
+
 async fn wait_for<T>(
     what: &str,
     mut probe: impl AsyncFnMut() -> Option<T>,
@@ -316,23 +338,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
 
     // Every request the operator made is one deploy/rbac.yaml grants it, and every right it
     // is granted was used.
-    let used: BTreeSet<(String, String, String)> = api
-        .requests()
-        .into_iter()
-        .filter(|r| r.user == "operator")
-        .map(|r| (r.group, r.resource, r.verb))
-        .collect();
-    let granted = granted("ipam-operator");
-    let not_granted: Vec<_> = used.difference(&granted).collect();
-    assert!(
-        not_granted.is_empty(),
-        "the operator needs rights rbac.yaml does not grant: {not_granted:?}"
-    );
-    let unused: Vec<_> = granted.difference(&used).collect();
-    assert!(
-        unused.is_empty(),
-        "rbac.yaml grants the operator rights it never used: {unused:?}"
-    );
+    assert_rights_match(&api, "operator", "ipam-operator");
     operator.kill();
 }
 
@@ -458,22 +464,6 @@ async fn agent_takes_its_node_from_the_kubernetes_api() {
     assert!(allocated.starts_with("10.245.3."), "{allocated}");
 
     // What the agent asked of the API, against what rbac.yaml grants agents.
-    let used: BTreeSet<(String, String, String)> = api
-        .requests()
-        .into_iter()
-        .filter(|r| r.user == "agent")
-        .map(|r| (r.group, r.resource, r.verb))
-        .collect();
-    let granted = granted("ipam-agent");
-    let not_granted: Vec<_> = used.difference(&granted).collect();
-    assert!(
-        not_granted.is_empty(),
-        "the agent needs rights rbac.yaml does not grant: {not_granted:?}"
-    );
-    let unused: Vec<_> = granted.difference(&used).collect();
-    assert!(
-        unused.is_empty(),
-        "rbac.yaml grants the agent rights it never used: {unused:?}"
-    );
+    assert_rights_match(&api, "agent", "ipam-agent");
     agent.kill();
 }

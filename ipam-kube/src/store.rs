@@ -53,6 +53,18 @@ enum Mapping {
     Service,
 }
 
+impl Mapping {
+    /// The API resource the kind's objects are.
+    fn resource(&self) -> ApiResource {
+        match self {
+            Self::Custom { resource, .. } => resource.clone(),
+            Self::Lease => lease_resource(),
+            Self::Config => config_map_resource(),
+            Self::Service => service_resource(),
+        }
+    }
+}
+
 fn service_resource() -> ApiResource {
     ApiResource {
         group: String::new(),
@@ -168,12 +180,7 @@ impl KubeStore {
         let Ok(mapping) = self.mapping(kind) else {
             return Ok(None);
         };
-        let resource = match mapping {
-            Mapping::Custom { resource, .. } => resource.clone(),
-            Mapping::Lease => lease_resource(),
-            Mapping::Config => config_map_resource(),
-            Mapping::Service => service_resource(),
-        };
+        let resource = mapping.resource();
         let object = self
             .api_for(mapping, Some(name))
             .get_opt(&Self::object_name(mapping, name))
@@ -207,15 +214,15 @@ impl KubeStore {
         }
     }
 
+    /// The API of `mapping`'s objects: cluster-wide, or in the store's namespace.
     fn api(&self, mapping: &Mapping) -> Api<DynamicObject> {
+        let resource = mapping.resource();
         match mapping {
-            Mapping::Custom { resource, .. } => Api::all_with(self.client.clone(), resource),
-            Mapping::Service => Api::all_with(self.client.clone(), &service_resource()),
-            Mapping::Lease => {
-                Api::namespaced_with(self.client.clone(), &self.namespace, &lease_resource())
+            Mapping::Custom { .. } | Mapping::Service => {
+                Api::all_with(self.client.clone(), &resource)
             }
-            Mapping::Config => {
-                Api::namespaced_with(self.client.clone(), &self.namespace, &config_map_resource())
+            Mapping::Lease | Mapping::Config => {
+                Api::namespaced_with(self.client.clone(), &self.namespace, &resource)
             }
         }
     }
@@ -428,12 +435,10 @@ impl Store for KubeStore {
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        let resource = match mapping {
-            Mapping::Custom { resource, .. } => resource.clone(),
-            Mapping::Lease => lease_resource(),
-            Mapping::Config => config_map_resource(),
-            Mapping::Service => return Err(self.read_only(kind, name, "create")),
-        };
+        if let Mapping::Service = mapping {
+            return Err(self.read_only(kind, name, "create"));
+        }
+        let resource = mapping.resource();
         let api = self.api(mapping);
         let (mut body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
         let object_name = Self::object_name(mapping, name);

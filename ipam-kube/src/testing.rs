@@ -227,7 +227,7 @@ fn target(path: &str) -> Option<Target> {
         every_namespace: (!namespaced)
             .then(|| (format!("/{api}/namespaces/"), format!("/{plural}"))),
         name: rest.get(1).map(|s| (*s).to_owned()),
-        status: rest.get(2) == Some(&"status"),
+        status,
         has_status: custom,
     })
 }

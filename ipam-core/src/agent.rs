@@ -22,6 +22,9 @@ use super::{
 };
 use crate::store::{StoreError, TypedStore};
 
+/// The IPAM controller of one pool on a node. A node allocating from several pools (multi-pool
+/// mode) runs one per pool over the same NodeIPAM record: each keeps the other pools' requests
+/// and reclaims as they are, and lists are written in one order.
 pub struct NodeAgent {
     node: String,
     pool: String,
@@ -176,7 +179,21 @@ impl NodeAgent {
         self.releasing.retain(|c| assigned.contains(c));
         let reclaim = match self.mode {
             IpamMode::Kubernetes => Vec::new(),
-            _ => self.reclaim(&record.value, &assigned)?,
+            _ => {
+                // The record is shared with the node's agents of other pools: their entries
+                // stay as they are.
+                let mut all: Vec<AllocatedBlock> = record
+                    .value
+                    .spec
+                    .reclaim
+                    .iter()
+                    .filter(|b| b.pool != self.pool)
+                    .cloned()
+                    .collect();
+                all.extend(self.reclaim(&record.value, &assigned)?);
+                all.sort();
+                all
+            }
         };
         for cidr in &assigned {
             if !self.releasing.contains(cidr)
@@ -262,6 +279,8 @@ impl NodeAgent {
                 });
             }
         }
+        // One order for every agent of the node, so that they never undo each other's write.
+        requests.sort_by(|a, b| (&a.pool, a.family).cmp(&(&b.pool, b.family)));
         if requests != record.value.spec.pools
             || reclaim != record.value.spec.reclaim
             || !self.facts.published_in(&record.value)
@@ -518,6 +537,72 @@ mod tests {
         assert_eq!(record.value.spec.pod_cidrs[0].to_string(), "10.244.7.0/24");
         let router = agent.allocator().allocate("router", Family::V4).unwrap();
         assert_eq!(router.to_string(), "10.244.7.1");
+    }
+
+    /// Multi-pool: one agent per pool on one node, sharing the node's record. Each gets blocks
+    /// of its own pool only, and once served they leave the record alone (no agent undoes
+    /// another's write).
+    #[tokio::test]
+    async fn agents_of_two_pools_share_the_record_and_settle() {
+        let (dir, store) = store_with_v4_pool("agent-pools", "infra", "10.71.0.0/24", 28).await;
+        let tenant = PodIpPoolSpec {
+            ipv4: Some(FamilySpec {
+                cidrs: vec!["10.72.0.0/24".into()],
+                mask_size: 27,
+            }),
+            ipv6: None,
+        };
+        store
+            .create_typed(
+                "tenant",
+                &PodIpPool {
+                    spec: tenant,
+                    status: PoolStatus::default(),
+                },
+            )
+            .await
+            .unwrap();
+        let agent = |pool: &str| {
+            NodeAgent::open(
+                &dir.join("node"),
+                "n1",
+                pool,
+                IpamMode::MultiPool,
+                Watermarks { pre_allocate: 1 },
+                vec![],
+            )
+            .unwrap()
+            .0
+        };
+        let (mut infra, mut tenant) = (agent("infra"), agent("tenant"));
+        let mut op = Operator::new(IpamMode::MultiPool);
+        for _ in 0..4 {
+            op.reconcile(&store).await.unwrap();
+            infra.sync(&store).await.unwrap();
+            tenant.sync(&store).await.unwrap();
+        }
+        let blocks = |a: &NodeAgent| a.allocator().with(|x| x.blocks(Family::V4));
+        assert_eq!(blocks(&infra), vec!["10.71.0.0/28".parse().unwrap()]);
+        assert_eq!(blocks(&tenant), vec!["10.72.0.0/27".parse().unwrap()]);
+        let record = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();
+        let requests: Vec<(&str, Family)> = record
+            .value
+            .spec
+            .pools
+            .iter()
+            .map(|r| (r.pool.as_str(), r.family))
+            .collect();
+        assert!(
+            requests.contains(&("infra", Family::V4)) && requests.contains(&("tenant", Family::V4))
+        );
+        assert!(requests.is_sorted(), "{requests:?}");
+        for _ in 0..3 {
+            op.reconcile(&store).await.unwrap();
+            infra.sync(&store).await.unwrap();
+            tenant.sync(&store).await.unwrap();
+        }
+        let after = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();
+        assert_eq!(after.revision, record.revision, "settled: no more writes");
     }
 
     /// Node liveness through the store: a node whose lease lapses for the grace period loses

@@ -9,15 +9,28 @@ use super::{Cidr, Family, node::NodeAllocator};
 
 /// Pod or namespace annotation naming the pool to allocate from.
 pub const POOL_ANNOTATION: &str = "ipam-ebpf.io/ip-pool";
-/// The pool used when neither the pod nor its namespace names one.
-pub const DEFAULT_POOL: &str = "default";
 
 /// Where the chosen pool came from, for logs and events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolSource {
     PodAnnotation,
     NamespaceAnnotation,
-    Default,
+    /// Neither names one: the node's own pool.
+    Fallback,
+    /// The attachment already holds an address of the pool (a repeated ADD).
+    Held,
+}
+
+impl PoolSource {
+    /// As logged: where the pool's name was found.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::PodAnnotation => "pod annotation",
+            Self::NamespaceAnnotation => "namespace annotation",
+            Self::Fallback => "node's pool",
+            Self::Held => "addresses it already holds",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -35,21 +48,21 @@ pub enum PoolChoiceError {
     },
     #[error(
         "pod {namespace}/{pod}: neither the pod nor namespace {namespace} has the annotation \
-         {POOL_ANNOTATION}, and falling back to pool {DEFAULT_POOL} is disabled; annotate the \
-         namespace (or the pod) with the pool to use"
+         {POOL_ANNOTATION}, and this node has no pool to fall back to; annotate the namespace \
+         (or the pod) with the pool to use"
     )]
     NoPool { namespace: String, pod: String },
 }
 
-/// Chooses the pool of a pod: pod annotation, then namespace annotation, then `default`
-/// (unless `allow_default` is false).
+/// Chooses the pool of a pod: pod annotation, then namespace annotation, then `fallback` (the
+/// node's own pool, which its router address comes from), if any.
 pub fn choose_pool<'a>(
     namespace: &str,
     pod: &str,
     pod_annotations: &BTreeMap<String, String>,
     namespace_annotations: &BTreeMap<String, String>,
     pools: impl IntoIterator<Item = &'a str> + Clone,
-    allow_default: bool,
+    fallback: Option<&str>,
 ) -> Result<(String, PoolSource), PoolChoiceError> {
     let exists = |name: &str| pools.clone().into_iter().any(|p| p == name);
     for (annotations, source, source_name) in [
@@ -73,8 +86,8 @@ pub fn choose_pool<'a>(
             return Ok((pool.clone(), source));
         }
     }
-    if allow_default && exists(DEFAULT_POOL) {
-        return Ok((DEFAULT_POOL.to_owned(), PoolSource::Default));
+    if let Some(pool) = fallback {
+        return Ok((pool.to_owned(), PoolSource::Fallback));
     }
     Err(PoolChoiceError::NoPool {
         namespace: namespace.to_owned(),
@@ -148,7 +161,15 @@ mod tests {
         let pools = ["default", "tenant-a"];
         let none = BTreeMap::new();
         assert_eq!(
-            choose_pool("tenant-a", "web", &none, &ann("tenant-a"), pools, true).unwrap(),
+            choose_pool(
+                "tenant-a",
+                "web",
+                &none,
+                &ann("tenant-a"),
+                pools,
+                Some("default")
+            )
+            .unwrap(),
             ("tenant-a".into(), PoolSource::NamespaceAnnotation)
         );
         assert_eq!(
@@ -158,23 +179,23 @@ mod tests {
                 &ann("default"),
                 &ann("tenant-a"),
                 pools,
-                true
+                Some("default")
             )
             .unwrap(),
             ("default".into(), PoolSource::PodAnnotation)
         );
         assert_eq!(
-            choose_pool("other", "web", &none, &none, pools, true).unwrap(),
-            ("default".into(), PoolSource::Default)
+            choose_pool("other", "web", &none, &none, pools, Some("default")).unwrap(),
+            ("default".into(), PoolSource::Fallback)
         );
-        let e = choose_pool("other", "web", &none, &none, pools, false)
+        let e = choose_pool("other", "web", &none, &none, pools, None)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("other/web") && e.contains("falling back") && e.contains(POOL_ANNOTATION),
+            e.contains("other/web") && e.contains("fall back") && e.contains(POOL_ANNOTATION),
             "{e}"
         );
-        let e = choose_pool("x", "web", &none, &ann("tenant-b"), pools, true)
+        let e = choose_pool("x", "web", &none, &ann("tenant-b"), pools, Some("default"))
             .unwrap_err()
             .to_string();
         assert!(
@@ -207,7 +228,7 @@ mod tests {
             &BTreeMap::new(),
             &ann("tenant-a"),
             ["default", "tenant-a"],
-            true,
+            Some("default"),
         )
         .unwrap();
         let mut node = NodeAllocator::new("worker-1", &pool);

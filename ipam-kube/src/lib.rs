@@ -6,6 +6,7 @@ pub mod crd;
 pub mod events;
 mod lease;
 pub mod node;
+pub mod pods;
 mod service;
 pub mod store;
 #[cfg(feature = "testing")]

@@ -14,8 +14,15 @@
 //!   resourceVersion asked for, and answer `410 Gone` (an `ERROR` event, as the server does)
 //!   when that version is older than the history kept, which makes clients list again.
 //!
-//! What it does not do: authentication, admission, schema validation, field and label
-//! selectors, pagination (it returns everything at once, which the API allows).
+//! - field selectors of equalities (`spec.nodeName=n1,metadata.name=x`) on lists and watches
+//!   (a watch leaves out changes to objects that do not match; the server would also send a
+//!   `DELETED` for an object that stops matching, which none of the fields the store selects
+//!   by can do);
+//! - metadata-only lists and watches (`Accept: ...;as=PartialObjectMetadataList`), as
+//!   `PartialObjectMetadata` objects.
+//!
+//! What it does not do: authentication, admission, schema validation, label selectors,
+//! pagination (it returns everything at once, which the API allows).
 
 use std::{
     collections::BTreeMap,
@@ -243,10 +250,29 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
         .map(|q| {
             q.split('&')
                 .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .map(|(k, v)| (k.to_owned(), percent_decoded(v)))
                 .collect()
         })
         .unwrap_or_default();
+    let view = View {
+        fields: query
+            .get("fieldSelector")
+            .map(|f| {
+                f.split(',')
+                    .filter_map(|term| {
+                        let (path, value) =
+                            term.split_once("==").or_else(|| term.split_once('='))?;
+                        Some((path.to_owned(), value.to_owned()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        metadata_only: parts
+            .headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("as=PartialObjectMetadata")),
+    };
     let body = match axum::body::to_bytes(body, 16 << 20).await {
         Ok(b) => b,
         Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body"),
@@ -286,8 +312,8 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
         .unwrap_or("")
         .to_owned();
     match (&parts.method, &target.name) {
-        (&Method::GET, None) if watching => watch(&state, &target, &query),
-        (&Method::GET, None) => list(&state, &target),
+        (&Method::GET, None) if watching => watch(&state, &target, &query, view),
+        (&Method::GET, None) => list(&state, &target, &view),
         (&Method::GET, Some(name)) => get(&state, &target, name),
         (&Method::POST, None) => create(&state, &target, &body),
         (&Method::PUT, Some(name)) => match serde_json::from_slice::<Value>(&body) {
@@ -353,19 +379,83 @@ impl Target {
     }
 }
 
-fn list(state: &Shared, target: &Target) -> Response {
+/// What a list or watch shows: the objects its field selector matches, whole or their
+/// metadata only.
+#[derive(Clone, Default)]
+struct View {
+    /// (dotted path, value) pairs that must all hold.
+    fields: Vec<(String, String)>,
+    metadata_only: bool,
+}
+
+impl View {
+    fn shows(&self, object: &Value) -> bool {
+        self.fields.iter().all(|(path, value)| {
+            let found = path
+                .split('.')
+                .try_fold(object, |v, key| v.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            found == value
+        })
+    }
+
+    fn of(&self, object: &Value) -> Value {
+        if self.metadata_only {
+            json!({
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": object["metadata"],
+            })
+        } else {
+            object.clone()
+        }
+    }
+}
+
+/// A query parameter's value with its `%XX` escapes decoded.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn list(state: &Shared, target: &Target, view: &View) -> Response {
     let store = state.store.lock().expect("stand-in lock");
     let items: Vec<Value> = store
         .items
         .iter()
         .filter(|(collection, _)| target.covers(collection))
-        .flat_map(|(_, objects)| objects.values().cloned())
+        .flat_map(|(_, objects)| objects.values())
+        .filter(|o| view.shows(o))
+        .map(|o| view.of(o))
         .collect();
     json_response(
         StatusCode::OK,
         &json!({
-            "kind": "List",
-            "apiVersion": "v1",
+            "kind": if view.metadata_only { "PartialObjectMetadataList" } else { "List" },
+            "apiVersion": if view.metadata_only { "meta.k8s.io/v1" } else { "v1" },
             "metadata": { "resourceVersion": store.revision.to_string() },
             "items": items,
         }),
@@ -559,7 +649,12 @@ fn record(
     let _ = state.changes.send(change);
 }
 
-fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>) -> Response {
+fn watch(
+    state: &Arc<Shared>,
+    target: &Target,
+    query: &BTreeMap<String, String>,
+    view: View,
+) -> Response {
     let since: u64 = query
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
@@ -592,6 +687,7 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
             .history
             .iter()
             .filter(|c| c.revision > since && target.covers(&c.collection))
+            .filter(|c| view.shows(&c.object))
             .cloned()
             .collect();
         (backlog, live)
@@ -601,8 +697,12 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
     cut.mark_unchanged();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(256);
     tokio::spawn(async move {
-        let line =
-            |c: &Change| Bytes::from(format!("{}\n", json!({"type": c.kind, "object": c.object})));
+        let line = |c: &Change| {
+            Bytes::from(format!(
+                "{}\n",
+                json!({"type": c.kind, "object": view.of(&c.object)})
+            ))
+        };
         let mut last = since;
         for c in &backlog {
             last = c.revision;
@@ -617,7 +717,7 @@ fn watch(state: &Arc<Shared>, target: &Target, query: &BTreeMap<String, String>)
                 () = &mut deadline => return,
                 _ = cut.changed() => return,
                 change = live.recv() => match change {
-                    Ok(c) if c.revision > last && target.covers(&c.collection) => {
+                    Ok(c) if c.revision > last && target.covers(&c.collection) && view.shows(&c.object) => {
                         last = c.revision;
                         if tx.send(Ok(line(&c))).await.is_err() {
                             return;

@@ -10,6 +10,7 @@ use std::{
 
 use serde::Deserialize as _;
 
+use ipam_api::types::{Attachment, AttachmentId, ErrorCode, Request, Response};
 use ipam_core::{
     resources::{NodeIpam, PodIpPool},
     store::{TypedStore as _, lease::Lease},
@@ -66,12 +67,12 @@ fn granted(role: &str) -> BTreeSet<(String, String, String)> {
     out
 }
 
-/// The requests `user` made of the stand-in are exactly the rights `role` has in
+/// The requests `user` made of the stand-ins are exactly the rights `role` has in
 /// deploy/rbac.yaml: none missing, none unused.
-fn assert_rights_match(api: &StandIn, user: &str, role: &str) {
-    let used: BTreeSet<(String, String, String)> = api
-        .requests()
-        .into_iter()
+fn assert_rights_match(apis: &[&StandIn], user: &str, role: &str) {
+    let used: BTreeSet<(String, String, String)> = apis
+        .iter()
+        .flat_map(|api| api.requests())
         .filter(|r| r.user == user)
         .map(|r| (r.group, r.resource, r.verb))
         .collect();
@@ -338,42 +339,132 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
 
     // Every request the operator made is one deploy/rbac.yaml grants it, and every right it
     // is granted was used.
-    assert_rights_match(&api, "operator", "ipam-operator");
+    assert_rights_match(&[&api], "operator", "ipam-operator");
     operator.kill();
 }
 
-/// `ipamd --role agent` in a node's namespace on the Kubernetes store, in the `kubernetes` IPAM
-/// mode: it takes its labels, address and blocks from its Node, creates its NodeIPAM and its
-/// liveness Lease, and serves pods from the Node's podCIDRs. Its requests match the rights
-/// deploy/rbac.yaml gives agents.
+/// `ipamd --role agent` in a node's namespace on the Kubernetes store, in the `kubernetes` and
+/// the `multi-pool` IPAM modes (each against a stand-in of its own: a cluster has one mode).
+/// Together the agents' requests match the rights deploy/rbac.yaml gives agents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_takes_its_node_from_the_kubernetes_api() {
-    use ipam_api::{
-        client::call,
-        types::{Attachment, AttachmentId, Request, Response},
-    };
+async fn agents_on_the_kubernetes_api() {
+    let node_mode = agent_takes_its_node_from_the_kubernetes_api().await;
+    let multi_pool = pods_take_the_pool_their_annotations_name().await;
+    assert_rights_match(&[&node_mode, &multi_pool], "agent", "ipam-agent");
+}
+
+/// An agent's node namespace, with the stand-in serving on its loopback, and a kubeconfig
+/// that reaches it there with the token `agent`.
+struct AgentNode {
+    ns: ipam_tests::netns::Netns,
+    kubeconfig: TempFile,
+    dir: ipam_tests::TempDir,
+    root: ipam_tests::BpffsRoot,
+}
+
+impl AgentNode {
+    fn new(api: &StandIn, tag: &str) -> Self {
+        let ns = ipam_tests::netns::Netns::new(tag);
+        // The agent reaches the stand-in on its own namespace's loopback.
+        let listener = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
+        let inside = api
+            .listen_also(listener)
+            .expect("serve in the node's namespace");
+        let kubeconfig = TempFile::new("kubeconfig-agent", "yaml");
+        std::fs::write(
+            &kubeconfig.0,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: \
+                 http://{inside}\nusers:\n- name: a\n  user:\n    token: agent\ncontexts:\n- \
+                 name: s\n  context:\n    cluster: s\n    user: a\ncurrent-context: s\n"
+            ),
+        )
+        .unwrap();
+        Self {
+            ns,
+            kubeconfig,
+            dir: ipam_tests::TempDir::new(&format!("{tag}-")),
+            root: ipam_tests::BpffsRoot::new(),
+        }
+    }
+
+    /// The agent's configuration: the Kubernetes store, short leases, and `ipam` (the mode and
+    /// the node's name) in the `[ipam]` section.
+    fn config(&self, ipam: &str) -> TempFile {
+        let config = TempFile::new("kube-agent", "toml");
+        std::fs::write(
+            &config.0,
+            format!(
+                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 500\n\
+                 heartbeat_interval_ms = 100\n\n\
+                 [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
+                 [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\n\n\
+                 [ipam]\n{ipam}\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
+                 families = [\"v4\"]\n",
+                self.root.0.display(),
+                d = self.dir.0.display()
+            ),
+        )
+        .unwrap();
+        config
+    }
+
+    fn start(&self, config: &TempFile) -> Daemon {
+        Daemon::start_in(
+            &self.ns,
+            &config.0,
+            &["--role", "agent"],
+            &[("KUBECONFIG", &self.kubeconfig.0)],
+        )
+    }
+
+    /// A request to the agent's local API, as `ipam-cni` makes it.
+    fn call(&self, request: &Request) -> Response {
+        ipam_api::client::call(
+            &self.dir.0.join("api/ipamd.sock"),
+            request,
+            Duration::from_secs(5),
+        )
+        .unwrap_or_else(|e| Response::error(ErrorCode::Failed, e.to_string()))
+    }
+
+    /// A pod's ADD, with the pod's `namespace/name` when the runtime passed it
+    /// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`).
+    fn add(&self, container: &str, pod: Option<&str>) -> Response {
+        self.call(&Request::Allocate(attachment(container, pod)))
+    }
+}
+
+fn attachment(container: &str, pod: Option<&str>) -> Attachment {
+    Attachment {
+        id: AttachmentId {
+            container_id: container.into(),
+            ifname: "eth0".into(),
+        },
+        pod: pod.map(str::to_owned),
+    }
+}
+
+/// The first address of a successful ADD or CHECK.
+fn first_address(response: &Response) -> Option<String> {
+    match response {
+        Response::Allocated { ips } | Response::Checked { ips } => {
+            ips.first().map(|ip| ip.address.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// In the `kubernetes` IPAM mode the agent takes its labels, address and blocks from its Node,
+/// creates its NodeIPAM and its liveness Lease, and serves pods from the Node's podCIDRs.
+async fn agent_takes_its_node_from_the_kubernetes_api() -> StandIn {
     let api = StandIn::start()
         .await
         .expect("start the stand-in API server");
-    let node_ns = ipam_tests::netns::Netns::new("kag");
-    // The agent reaches the stand-in on its own namespace's loopback.
-    let listener = node_ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
-    let inside = api
-        .listen_also(listener)
-        .expect("serve in the node's namespace");
-    let kubeconfig = TempFile::new("kubeconfig-agent", "yaml");
-    std::fs::write(
-        &kubeconfig.0,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: \
-             http://{inside}\nusers:\n- name: a\n  user:\n    token: agent\ncontexts:\n- name: s\n  \
-             context:\n    cluster: s\n    user: a\ncurrent-context: s\n"
-        ),
-    )
-    .unwrap();
+    let node = AgentNode::new(&api, "kag");
     // The Node as the control plane made it.
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client());
-    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+    let kube_node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": "kn-1", "labels": { "topology.kubernetes.io/zone": "z1" } },
         "spec": { "podCIDRs": ["10.245.3.0/24"] },
@@ -381,31 +472,11 @@ async fn agent_takes_its_node_from_the_kubernetes_api() {
     }))
     .unwrap();
     nodes
-        .create(&kube::api::PostParams::default(), &node)
+        .create(&kube::api::PostParams::default(), &kube_node)
         .await
         .expect("create the Node");
-    let dir = ipam_tests::TempDir::new("kag-");
-    let root = ipam_tests::BpffsRoot::new();
-    let config = TempFile::new("kube-agent", "toml");
-    std::fs::write(
-        &config.0,
-        format!(
-            "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 500\nheartbeat_interval_ms = 100\n\n\
-             [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\n\n\
-             [ipam]\nmode = \"kubernetes\"\nnode_name = \"kn-1\"\nstate_dir = \"{d}/node\"\n\
-             socket = \"{d}/api/ipamd.sock\"\nfamilies = [\"v4\"]\n",
-            root.0.display(),
-            d = dir.0.display()
-        ),
-    )
-    .unwrap();
-    let agent = Daemon::start_in(
-        &node_ns,
-        &config.0,
-        &["--role", "agent"],
-        &[("KUBECONFIG", &kubeconfig.0)],
-    );
+    let config = node.config("mode = \"kubernetes\"\nnode_name = \"kn-1\"");
+    let agent = node.start(&config);
     let log = || agent.log_text();
     let store = KubeStore::new(api.client(), "ipam-system");
 
@@ -438,32 +509,163 @@ async fn agent_takes_its_node_from_the_kubernetes_api() {
     )
     .await;
     // A pod gets an address from the Node's podCIDRs.
-    let socket = dir.0.join("api/ipamd.sock");
     let allocated = wait_for(
         "a pod address",
-        async || {
-            let attachment = Attachment {
-                id: AttachmentId {
-                    container_id: "kpod-1".into(),
-                    ifname: "eth0".into(),
-                },
-                pod: None,
-            };
-            match call(
-                &socket,
-                &Request::Allocate(attachment),
-                Duration::from_secs(2),
-            ) {
-                Ok(Response::Allocated { ips }) => ips.first().map(|ip| ip.address.to_string()),
-                _ => None,
-            }
-        },
+        async || first_address(&node.add("kpod-1", None)),
         log,
     )
     .await;
     assert!(allocated.starts_with("10.245.3."), "{allocated}");
-
-    // What the agent asked of the API, against what rbac.yaml grants agents.
-    assert_rights_match(&api, "agent", "ipam-agent");
     agent.kill();
+    api
+}
+
+/// Multi-pool mode: the agent reads its node's Pods and the Namespaces, and a pod takes its
+/// address from the pool its own or its namespace's `ipam-ebpf.io/ip-pool` annotation names,
+/// else from the node's pool. A wrong annotation, or a pod the API does not show on the node,
+/// gets an error that says so. A restarted agent restores every pool's allocations.
+async fn pods_take_the_pool_their_annotations_name() -> StandIn {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    let api = StandIn::start()
+        .await
+        .expect("start the stand-in API server");
+    // The operator serves the blocks of both pools.
+    let operator_config = TempFile::new("kube-mp-operator", "toml");
+    std::fs::write(
+        &operator_config.0,
+        "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
+         [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
+         [ipam]\nmode = \"multi-pool\"\n\
+         [[ipam.pool]]\nname = \"default\"\nipv4 = { cidrs = [\"10.246.0.0/24\"], maskSize = 28 }\n\
+         [[ipam.pool]]\nname = \"tenant-a\"\nipv4 = { cidrs = [\"10.247.0.0/24\"], maskSize = 28 }\n",
+    )
+    .unwrap();
+    let operator_kubeconfig = kubeconfig_for(&api, "operator");
+    let operator = Daemon::start_on_host(
+        &operator_config.0,
+        &["--role", "operator"],
+        &[("KUBECONFIG", &operator_kubeconfig.0)],
+    );
+    // A namespace that names a pool, one that does not, and pods bound to the node.
+    let manifests = [
+        serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": "shop", "annotations": { "ipam-ebpf.io/ip-pool": "tenant-a" } } }),
+        serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "plain" } }),
+    ];
+    for ns in manifests {
+        let ns: Namespace = serde_json::from_value(ns).unwrap();
+        kube::Api::<Namespace>::all(api.client())
+            .create(&kube::api::PostParams::default(), &ns)
+            .await
+            .expect("create a Namespace");
+    }
+    for (namespace, name, node, annotations) in [
+        ("shop", "web", "kn-2", serde_json::json!({})),
+        ("plain", "db", "kn-2", serde_json::json!({})),
+        (
+            "plain",
+            "typo",
+            "kn-2",
+            serde_json::json!({ "ipam-ebpf.io/ip-pool": "tenant-b" }),
+        ),
+        ("plain", "elsewhere", "kn-3", serde_json::json!({})),
+    ] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": namespace, "annotations": annotations },
+            "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/c" }] },
+        }))
+        .unwrap();
+        kube::Api::<Pod>::namespaced(api.client(), namespace)
+            .create(&kube::api::PostParams::default(), &pod)
+            .await
+            .expect("create a Pod");
+    }
+
+    let node = AgentNode::new(&api, "kmp");
+    let config = node.config("mode = \"multi-pool\"\nnode_name = \"kn-2\"");
+    let mut agent = node.start(&config);
+    let log = || format!("{}\noperator:\n{}", agent.log_text(), operator.log_text());
+
+    // No annotation: the node's pool.
+    let db = wait_for(
+        "plain/db's address",
+        async || first_address(&node.add("c-db", Some("plain/db"))),
+        log,
+    )
+    .await;
+    assert!(db.starts_with("10.246.0."), "{db}");
+    // The namespace's annotation: the first ADD asks for a block of tenant-a and is told to try
+    // again, as the runtime does; a later one gets an address of it.
+    match node.add("c-web", Some("shop/web")) {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::NotReady);
+            assert!(
+                message.contains("pool tenant-a") && message.contains("namespace annotation"),
+                "{message}"
+            );
+        }
+        other => panic!("the first pod of tenant-a waits for a block: {other:?}"),
+    }
+    let web = wait_for(
+        "shop/web's address",
+        async || first_address(&node.add("c-web", Some("shop/web"))),
+        log,
+    )
+    .await;
+    assert!(web.starts_with("10.247.0."), "{web}");
+    // A pool that does not exist, named on the pod.
+    let Response::Error { message, .. } = node.add("c-typo", Some("plain/typo")) else {
+        panic!("a pod naming a missing pool gets no address");
+    };
+    assert!(
+        message.contains("plain/typo")
+            && message.contains("ipam-ebpf.io/ip-pool=tenant-b")
+            && message.contains("default, tenant-a"),
+        "{message}"
+    );
+    // A pod bound to another node.
+    let Response::Error { message, .. } = node.add("c-else", Some("plain/elsewhere")) else {
+        panic!("a pod of another node gets no address here");
+    };
+    assert!(message.contains("spec.nodeName=kn-2"), "{message}");
+
+    // The node's record holds a block of each pool.
+    let store = KubeStore::new(api.client(), "ipam-system");
+    let record = store
+        .get_typed::<NodeIpam>("kn-2")
+        .await
+        .unwrap()
+        .expect("kn-2's record");
+    let pools: BTreeSet<&str> = record
+        .value
+        .status
+        .allocated
+        .iter()
+        .map(|b| b.pool.as_str())
+        .collect();
+    assert_eq!(pools, BTreeSet::from(["default", "tenant-a"]), "{record:?}");
+
+    // Restarted, the agent still knows both pods' addresses, in their pools.
+    agent.kill();
+    agent = node.start(&config);
+    let log = || agent.log_text();
+    let checked = wait_for(
+        "shop/web's address after the restart",
+        async || first_address(&node.call(&Request::Check(attachment("c-web", Some("shop/web"))))),
+        log,
+    )
+    .await;
+    assert_eq!(checked, web);
+    assert_eq!(
+        first_address(&node.add("c-db", Some("plain/db"))).as_deref(),
+        Some(db.as_str())
+    );
+    match node.call(&Request::Release(attachment("c-web", Some("shop/web")))) {
+        Response::Released { ips } => assert_eq!(ips.len(), 1, "{ips:?}"),
+        other => panic!("release of shop/web: {other:?}"),
+    }
+    agent.kill();
+    operator.kill();
+    api
 }

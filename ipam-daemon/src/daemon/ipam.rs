@@ -7,6 +7,7 @@
 //! from the node's blocks without any store round trip, so it works while the store is down.
 
 use std::{
+    collections::BTreeMap,
     net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, atomic::Ordering},
@@ -20,6 +21,7 @@ use ipam_core::{
     infra::{INFRA_RETRY_CAP, allocate_waiting},
     multipool::Watermarks,
     node::{HEALTH_OWNER, INGRESS_OWNER, ROUTER_OWNER},
+    pool::IpamMode,
     resources::{NodeIpam, PodIpPool, PoolStatus, node_lease_name},
     store::{Resource as _, StoreError, TypedStore, lease},
 };
@@ -29,6 +31,7 @@ use super::{
     endpoints::Endpoints,
     host_network::HostNetwork,
     infra_state::InfraState,
+    pod_pools::{PodPools, PoolAllocator},
     service_ips::{OwnLease, ServiceAnnouncements},
     status::{PoolSummary, PublishedStatus, STATUS_FILE, write_status},
 };
@@ -87,7 +90,11 @@ pub struct IpamRuntime {
     settings: IpamSettings,
     cluster: Option<ClusterParts>,
     store: ClusterStore,
-    agent: NodeAgent,
+    /// One agent per pool the node's pods take addresses from, the node's own pool
+    /// (`infra_pool`) first among them; more only in multi-pool mode.
+    agents: BTreeMap<String, NodeAgent>,
+    /// The pools' allocators as the API handler sees them.
+    pod_pools: Arc<PodPools>,
     /// Signalled when the node's record or a pool changed in the store.
     wake: Arc<Notify>,
     /// The last store pass failed: the next one waits for the backoff.
@@ -143,23 +150,21 @@ impl IpamRuntime {
         observed: Observed,
     ) -> Result<Self, IpamRuntimeError> {
         mkdir(&settings.state_dir)?;
-        let (agent, restored) = NodeAgent::open(
-            &settings.state_dir,
-            &settings.node_name,
-            &settings.infra_pool,
-            settings.mode,
-            Watermarks {
-                pre_allocate: settings.pre_allocate,
-            },
-            settings.pod_cidrs.clone(),
-        )?;
-        tracing::info!(
-            node = settings.node_name.as_str(),
-            mode = settings.mode.name(),
-            blocks = restored.blocks,
-            allocations = restored.allocations,
-            "IPAM state restored"
-        );
+        let directory = match &store {
+            ClusterStore::Kubernetes(s) if settings.mode == IpamMode::MultiPool => {
+                Some(s.follow_pods(&settings.node_name))
+            }
+            _ => None,
+        };
+        let pod_pools = Arc::new(PodPools::new(&settings.infra_pool, directory));
+        let mut agents = BTreeMap::new();
+        // The node's own pool, and in multi-pool mode every other pool it held addresses of
+        // before a restart: all restored before anything else.
+        for pool in pools_to_restore(&settings)? {
+            let agent = open_agent(&settings, &pool)?;
+            pod_pools.insert(&pool, PoolAllocator::of(&agent));
+            agents.insert(pool, agent);
+        }
         let endpoints = Arc::new(
             Endpoints::open(datapath.clone(), &settings.state_dir)
                 .map_err(IpamRuntimeError::Endpoints)?,
@@ -214,12 +219,13 @@ impl IpamRuntime {
         let runtime = Self {
             kube_node,
             kube_pod_cidrs: None,
+            pod_pools,
             observed,
             cluster: cluster_parts,
             host: HostNetwork::new(settings.host_device.clone(), settings.uplinks.clone()),
             settings,
             store,
-            agent,
+            agents,
             wake,
             store_retry: Backoff::new(STORE_RETRY_CAP),
             store_retry_at: None,
@@ -244,9 +250,10 @@ impl IpamRuntime {
         }
         // One task per family, router first: in a fresh block the router (the pods' gateway)
         // gets the first usable address, as users expect.
+        let own = &self.agents[&self.settings.infra_pool];
         for family in self.settings.families.clone() {
-            let alloc = self.agent.allocator();
-            let demand = self.agent.demand();
+            let alloc = own.allocator();
+            let demand = own.demand();
             let infra = self.infra.clone();
             let pool = self.settings.infra_pool.clone();
             let purposes = purposes.clone();
@@ -299,11 +306,9 @@ impl IpamRuntime {
     /// The handler of the local API: pod allocations for CNI attachments.
     pub fn api_handler(&self) -> Handler {
         let pods = super::pods::PodAllocations {
-            alloc: self.agent.allocator(),
-            demand: self.agent.demand(),
+            pools: self.pod_pools.clone(),
             infra: self.infra.clone(),
             families: self.settings.families.clone(),
-            pool: self.settings.infra_pool.clone(),
             endpoints: self.endpoints.clone(),
             gateway_ready: self.host.gateway_ready(),
             host_device: self.settings.host_device.clone(),
@@ -377,11 +382,14 @@ impl IpamRuntime {
                     "node facts published"
                 );
                 self.facts = facts.clone();
-                self.agent.set_facts(facts);
+                for agent in self.agents.values_mut() {
+                    agent.set_facts(facts.clone());
+                }
                 self.store_pass().await;
             }
         }
-        let demand = self.agent.demand().load(Ordering::SeqCst);
+        self.open_wanted_pools();
+        let demand = self.demand();
         let retry_due = self
             .store_retry_at
             .is_some_and(|at| tokio::time::Instant::now() >= at);
@@ -400,6 +408,39 @@ impl IpamRuntime {
         }
     }
 
+    /// Whether an allocation of any pool waits for a block.
+    fn demand(&self) -> bool {
+        self.agents
+            .values()
+            .any(|a| a.demand().load(Ordering::SeqCst))
+    }
+
+    /// Opens the pools pods asked for since the last pass (multi-pool mode), each with a
+    /// request for a block.
+    fn open_wanted_pools(&mut self) {
+        for pool in self.pod_pools.take_wanted() {
+            if self.agents.contains_key(&pool) {
+                continue;
+            }
+            match open_agent(&self.settings, &pool) {
+                Ok(mut agent) => {
+                    agent.set_facts(self.facts.clone());
+                    agent.demand().store(true, Ordering::SeqCst);
+                    self.pod_pools.insert(&pool, PoolAllocator::of(&agent));
+                    tracing::info!(
+                        pool = pool.as_str(),
+                        "a pod asked for pool {pool}: asking for a block of it"
+                    );
+                    self.agents.insert(pool, agent);
+                }
+                Err(e) => tracing::error!(
+                    pool = pool.as_str(),
+                    "cannot open pool {pool} on this node: {e}"
+                ),
+            }
+        }
+    }
+
     /// A pass with the store: the agent's sync and the published status. Failures are
     /// logged and retried with backoff; the node keeps serving from its blocks meanwhile.
     pub async fn store_pass(&mut self) {
@@ -410,7 +451,10 @@ impl IpamRuntime {
             return;
         }
         let result = async {
-            self.agent.sync(&self.store).await?;
+            // One after the other: they share the node's record.
+            for agent in self.agents.values_mut() {
+                agent.sync(&self.store).await?;
+            }
             self.refresh_from_store().await
         }
         .await;
@@ -451,7 +495,7 @@ impl IpamRuntime {
             return;
         };
         let info = node.borrow_and_update().clone();
-        if self.settings.mode != ipam_core::pool::IpamMode::Kubernetes {
+        if self.settings.mode != IpamMode::Kubernetes {
             return;
         }
         let node_name = self.settings.node_name.as_str();
@@ -483,7 +527,9 @@ impl IpamRuntime {
         } else {
             tracing::info!(node = node_name, cidrs = ?info.pod_cidrs, "blocks from the Node's spec.podCIDRs");
         }
-        self.agent.set_pod_cidrs(cidrs);
+        if let Some(agent) = self.agents.get_mut(&self.settings.infra_pool) {
+            agent.set_pod_cidrs(cidrs);
+        }
     }
 
     /// The node's addresses between nodes (as configured, else its Kubernetes Node's internal
@@ -523,9 +569,12 @@ impl IpamRuntime {
 
         use crate::metrics::FamilyState;
         let m = &self.observed.metrics;
-        let alloc = self.agent.allocator();
         for family in [Family::V4, Family::V6] {
-            let (used, free) = alloc.with(|a| (a.allocated(family) as u64, a.free(family)));
+            let (used, free) = self.agents.values().fold((0, 0), |(used, free), agent| {
+                agent
+                    .allocator()
+                    .with(|a| (used + a.allocated(family) as u64, free + a.free(family)))
+            });
             let label = |state: &str| FamilyState {
                 family: family.name().to_owned(),
                 state: state.to_owned(),
@@ -540,8 +589,7 @@ impl IpamRuntime {
                 .get_or_create(&label("available"))
                 .set(free as i64);
         }
-        m.block_requests_pending
-            .set(i64::from(self.agent.demand().load(Ordering::SeqCst)));
+        m.block_requests_pending.set(i64::from(self.demand()));
         for pool in &self.seen_pools {
             m.set_pool_usage(&pool.name, &pool.usage);
         }
@@ -598,6 +646,8 @@ impl IpamRuntime {
                 }
             })
             .collect();
+        self.pod_pools
+            .set_known(self.seen_pools.iter().map(|p| p.name.clone()).collect());
         self.seen_node_conditions = self
             .store
             .get_typed::<NodeIpam>(&self.settings.node_name)
@@ -609,7 +659,7 @@ impl IpamRuntime {
 
     /// Writes status.json from the node's state and what was last read from the store.
     fn publish(&mut self) -> Result<(), IpamRuntimeError> {
-        let alloc = self.agent.allocator();
+        let allocators: Vec<_> = self.agents.values().map(NodeAgent::allocator).collect();
         let InfraState {
             addresses: infra,
             waiting,
@@ -618,15 +668,23 @@ impl IpamRuntime {
             node: self.settings.node_name.clone(),
             mode: Some(self.settings.mode),
             pools: self.seen_pools.clone(),
-            node_blocks: alloc.with(|a| {
-                let mut b = a.blocks(Family::V4);
-                b.extend(a.blocks(Family::V6));
-                b
-            }),
+            node_blocks: allocators
+                .iter()
+                .flat_map(|alloc| {
+                    alloc.with(|a| {
+                        let mut b = a.blocks(Family::V4);
+                        b.extend(a.blocks(Family::V6));
+                        b
+                    })
+                })
+                .collect(),
             node_conditions: self.seen_node_conditions.clone(),
             infra,
             waiting,
-            allocations: alloc.with(|a| a.allocated(Family::V4) + a.allocated(Family::V6)),
+            allocations: allocators
+                .iter()
+                .map(|alloc| alloc.with(|a| a.allocated(Family::V4) + a.allocated(Family::V6)))
+                .sum(),
         };
         // Local passes run twice a second; the file changes only when the status does (or was
         // removed).
@@ -643,6 +701,54 @@ impl IpamRuntime {
         self.published = Some(status);
         Ok(())
     }
+}
+
+/// The allocation log of a pool on the node.
+const ALLOC_LOG_SUFFIX: &str = ".alloc.log";
+
+/// The pools whose state the node restores at start: its own, and in multi-pool mode every
+/// pool it has an allocation log of.
+fn pools_to_restore(settings: &IpamSettings) -> Result<Vec<String>, IpamRuntimeError> {
+    let mut pools = vec![settings.infra_pool.clone()];
+    if settings.mode != IpamMode::MultiPool {
+        return Ok(pools);
+    }
+    let dir_error = |source| IpamRuntimeError::Dir {
+        path: settings.state_dir.clone(),
+        source,
+    };
+    for entry in std::fs::read_dir(&settings.state_dir).map_err(dir_error)? {
+        let name = entry.map_err(dir_error)?.file_name();
+        if let Some(pool) = name.to_str().and_then(|n| n.strip_suffix(ALLOC_LOG_SUFFIX))
+            && !pools.iter().any(|p| p == pool)
+        {
+            pools.push(pool.to_owned());
+        }
+    }
+    Ok(pools)
+}
+
+/// Opens (restoring) the node's allocator of `pool`.
+fn open_agent(settings: &IpamSettings, pool: &str) -> Result<NodeAgent, IpamRuntimeError> {
+    let (agent, restored) = NodeAgent::open(
+        &settings.state_dir,
+        &settings.node_name,
+        pool,
+        settings.mode,
+        Watermarks {
+            pre_allocate: settings.pre_allocate,
+        },
+        settings.pod_cidrs.clone(),
+    )?;
+    tracing::info!(
+        node = settings.node_name.as_str(),
+        mode = settings.mode.name(),
+        pool,
+        blocks = restored.blocks,
+        allocations = restored.allocations,
+        "IPAM state restored"
+    );
+    Ok(agent)
 }
 
 /// Runs the node lease's renewal on a thread of its own, with its own runtime and its own store

@@ -11,6 +11,7 @@ pub mod endpoints;
 mod host_network;
 mod infra_state;
 pub mod ipam;
+mod pod_pools;
 mod pods;
 pub mod routes;
 pub mod service_ips;

@@ -9,22 +9,22 @@ use std::{
 use ipam_api::types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response};
 use ipam_core::{
     Family,
-    durable::{DurableAllocator, DurableError},
+    durable::DurableError,
+    multipool::PoolSource,
     node::{AllocError, ROUTER_OWNER},
 };
 
 use super::{
     endpoints::{EndpointError, Endpoints},
     infra_state::InfraState,
+    pod_pools::{PodPools, PoolAllocator},
 };
 
 /// Pod allocations served over the API.
 pub(super) struct PodAllocations {
-    pub(super) alloc: Arc<DurableAllocator>,
-    pub(super) demand: Arc<AtomicBool>,
+    pub(super) pools: Arc<PodPools>,
     pub(super) infra: Arc<Mutex<InfraState>>,
     pub(super) families: Vec<Family>,
-    pub(super) pool: String,
     pub(super) endpoints: Arc<Endpoints>,
     /// The host device holds the router addresses (see `host_network`).
     pub(super) gateway_ready: Arc<AtomicBool>,
@@ -130,13 +130,13 @@ impl PodAllocations {
         Some(format!(
             "ipamd is not ready: the node has no {} router address yet ({}); try again later",
             missing.join(" and "),
-            waiting.unwrap_or_else(|| format!("waiting for a block of pool {}", self.pool))
+            waiting.unwrap_or_else(|| format!("waiting for a block of pool {}", self.pools.own()))
         ))
     }
 
-    fn describe(&self, ip: IpAddr) -> AllocatedIp {
+    fn describe(&self, alloc: &PoolAllocator, ip: IpAddr) -> AllocatedIp {
         let family = Family::of(ip);
-        let prefix_len = self.alloc.with(|a| {
+        let prefix_len = alloc.alloc.with(|a| {
             a.blocks(family)
                 .iter()
                 .find(|b| b.contains(ip))
@@ -159,15 +159,43 @@ impl PodAllocations {
             || format!("container {}", id.container_id),
             |p| format!("pod {p}"),
         );
+        // A repeated ADD (one family was served, the other waited for a block) stays in the
+        // pool the attachment already holds an address of, whatever the annotations say now.
+        let holding = self.pools.all().into_iter().find(|(_, a)| {
+            [Family::V4, Family::V6]
+                .into_iter()
+                .any(|f| a.alloc.with(|x| x.lookup(&owner, f)).is_some())
+        });
+        let chosen = match holding {
+            Some((pool, _)) => Ok((pool, PoolSource::Held)),
+            None => self.pools.choose(pod),
+        };
+        let (pool, source) = match chosen {
+            Ok(chosen) => chosen,
+            Err(why) => return Response::error(ErrorCode::NotReady, why.0),
+        };
+        let Some(alloc) = self.pools.allocator(&pool) else {
+            return Response::error(
+                ErrorCode::NotReady,
+                format!(
+                    "{who}: pool {pool} (from the {}) has no block on this node yet; requested \
+                     one, try again later",
+                    source.name()
+                ),
+            );
+        };
         let mut ips = Vec::new();
         for family in &self.families {
-            match self.alloc.allocate(&owner, *family) {
-                Ok(ip) => ips.push(self.describe(ip)),
+            match alloc.alloc.allocate(&owner, *family) {
+                Ok(ip) => ips.push(self.describe(&alloc, ip)),
                 Err(DurableError::Alloc(
                     e @ (AllocError::NoBlock { .. } | AllocError::Full { .. }),
                 )) => {
-                    // Ask for a block; the runtime retries the ADD (CNI code 11).
-                    self.demand.store(true, std::sync::atomic::Ordering::SeqCst);
+                    // Ask for a block; the runtime retries the ADD (CNI code 11). What this
+                    // ADD took of the other family is kept for the retry.
+                    alloc
+                        .demand
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
                     return Response::error(
                         ErrorCode::NotReady,
                         format!("{who}: {e}; requested a block, try again later"),
@@ -176,7 +204,7 @@ impl PodAllocations {
                 Err(e) => return Response::error(ErrorCode::Failed, format!("{who}: {e}")),
             }
         }
-        tracing::info!(owner = owner.as_str(), pod, ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated");
+        tracing::info!(owner = owner.as_str(), pod, pool = pool.as_str(), from = source.name(), ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated");
         Response::Allocated { ips }
     }
 
@@ -187,11 +215,13 @@ impl PodAllocations {
         }
         let owner = id.owner();
         let mut ips = Vec::new();
-        for family in [Family::V4, Family::V6] {
-            match self.alloc.release(&owner, family) {
-                Ok(Some(ip)) => ips.push(ip),
-                Ok(None) => {}
-                Err(e) => return Response::error(ErrorCode::Failed, e.to_string()),
+        for (_, alloc) in self.pools.all() {
+            for family in [Family::V4, Family::V6] {
+                match alloc.alloc.release(&owner, family) {
+                    Ok(Some(ip)) => ips.push(ip),
+                    Ok(None) => {}
+                    Err(e) => return Response::error(ErrorCode::Failed, e.to_string()),
+                }
             }
         }
         if !ips.is_empty() {
@@ -202,11 +232,15 @@ impl PodAllocations {
 
     fn held(&self, id: &AttachmentId) -> Vec<AllocatedIp> {
         let owner = id.owner();
-        [Family::V4, Family::V6]
-            .into_iter()
-            .filter_map(|f| self.alloc.with(|a| a.lookup(&owner, f)))
-            .map(|ip| self.describe(ip))
-            .collect()
+        let mut held = Vec::new();
+        for (_, alloc) in self.pools.all() {
+            for family in [Family::V4, Family::V6] {
+                if let Some(ip) = alloc.alloc.with(|a| a.lookup(&owner, family)) {
+                    held.push(self.describe(&alloc, ip));
+                }
+            }
+        }
+        held
     }
 
     fn collect(&self, valid: &[AttachmentId]) -> Response {
@@ -214,15 +248,15 @@ impl PodAllocations {
         if let Err(e) = self.endpoints.retain(&valid) {
             return endpoint_error(e);
         }
-        let stale: std::collections::BTreeSet<String> = self.alloc.with(|a| {
-            a.allocations()
-                .into_iter()
-                .filter_map(|(owner, _)| {
+        let mut stale = std::collections::BTreeSet::new();
+        for (_, alloc) in self.pools.all() {
+            alloc.alloc.with(|a| {
+                stale.extend(a.allocations().into_iter().filter_map(|(owner, _)| {
                     let id = AttachmentId::from_owner(&owner)?;
                     (!valid.contains(&id)).then_some(owner)
-                })
-                .collect()
-        });
+                }));
+            });
+        }
         let mut released = Vec::new();
         for owner in stale {
             let id = AttachmentId::from_owner(&owner).expect("filtered above");

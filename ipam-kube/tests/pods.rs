@@ -1,0 +1,124 @@
+//! The agent's directory of its node's pods and the namespaces, over the in-process stand-in
+//! for the Kubernetes API (no API server is packaged for the machines the tests run on; the
+//! stand-in serves field selectors and metadata-only watches as the server does).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{Api, api::PostParams};
+use serde_json::json;
+
+use ipam_kube::{KubeStore, pods::PodLookupError, testing::StandIn};
+
+async fn create_namespace(api: &StandIn, name: &str, annotations: serde_json::Value) {
+    let namespaces: Api<Namespace> = Api::all(api.client());
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": { "name": name, "annotations": annotations },
+    }))
+    .unwrap();
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+async fn create_pod(
+    api: &StandIn,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    annotations: serde_json::Value,
+) {
+    let pods: Api<Pod> = Api::namespaced(api.client(), namespace);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name, "namespace": namespace, "annotations": annotations },
+        "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/c" }] },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_of_the_node_and_their_namespaces_annotations() {
+    let api = StandIn::start().await.expect("start the stand-in");
+    create_namespace(
+        &api,
+        "tenant-a",
+        json!({ "ipam-ebpf.io/ip-pool": "tenant-a" }),
+    )
+    .await;
+    create_namespace(&api, "plain", json!({})).await;
+    create_pod(&api, "tenant-a", "web", "n1", json!({})).await;
+    create_pod(
+        &api,
+        "plain",
+        "db",
+        "n1",
+        json!({ "ipam-ebpf.io/ip-pool": "fast" }),
+    )
+    .await;
+    create_pod(&api, "plain", "elsewhere", "n2", json!({})).await;
+
+    let store = KubeStore::new(api.client(), "ipam-system");
+    let directory = store.follow_pods("n1");
+    let lookup_within = |ns: &str, pod: &str, wait: Duration| {
+        let directory = directory.clone();
+        let (ns, pod) = (ns.to_owned(), pod.to_owned());
+        tokio::task::spawn_blocking(move || directory.annotations(&ns, &pod, wait))
+    };
+    let lookup = |ns: &str, pod: &str| lookup_within(ns, pod, Duration::from_secs(5));
+    let web = lookup("tenant-a", "web")
+        .await
+        .unwrap()
+        .expect("web's annotations");
+    assert!(web.pod.is_empty());
+    assert_eq!(web.namespace["ipam-ebpf.io/ip-pool"], "tenant-a");
+    let db = lookup("plain", "db")
+        .await
+        .unwrap()
+        .expect("db's annotations");
+    assert_eq!(db.pod["ipam-ebpf.io/ip-pool"], "fast");
+
+    // Another node's pod is not watched (spec.nodeName), and the error says where it looked.
+    let e = lookup_within("plain", "elsewhere", Duration::from_millis(500))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(e, PodLookupError::PodNotSeen { .. }), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("plain/elsewhere") && text.contains("spec.nodeName=n1"),
+        "{text}"
+    );
+
+    // A pod bound while the ADD waits is found.
+    let waiting = lookup("tenant-a", "late");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    create_pod(
+        &api,
+        "tenant-a",
+        "late",
+        "n1",
+        json!({ "ipam-ebpf.io/ip-pool": "x" }),
+    )
+    .await;
+    let late = waiting.await.unwrap().expect("the late pod");
+    assert_eq!(late.pod["ipam-ebpf.io/ip-pool"], "x");
+
+    // The directory only lists and watches pods and namespaces (the test made the creates).
+    let verbs: Vec<(String, String)> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.verb != "create")
+        .map(|r| (r.resource, r.verb))
+        .collect();
+    for (resource, verb) in &verbs {
+        assert!(
+            ["pods", "namespaces"].contains(&resource.as_str())
+                && ["list", "watch"].contains(&verb.as_str()),
+            "{verbs:?}"
+        );
+    }
+}

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod cni;
 pub mod daemon;
+pub mod deploy;
 pub mod failover;
 pub mod ipam_node;
 pub mod netns;

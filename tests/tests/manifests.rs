@@ -5,26 +5,13 @@
 //! needs is checked against the requests it makes (tests/tests/kubernetes.rs); the CRDs against
 //! the Rust types (ipam-kube/tests/crds.rs).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use serde::Deserialize as _;
+use ipam_tests::deploy::documents;
 use serde_json::Value;
 
 fn deploy() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
-/// Every YAML document of `file`, as JSON.
-fn documents(file: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|doc| {
-            let value = serde_yaml_ng::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-            serde_json::to_value(value).expect("YAML as JSON")
-        })
-        .filter(|v| !v.is_null())
-        .collect()
+    ipam_tests::deploy::dir()
 }
 
 fn all_objects() -> Vec<Value> {

@@ -7,6 +7,7 @@ mod build_ebpf;
 mod cmd;
 mod completions;
 mod fuzz;
+mod image;
 mod lab;
 mod lint;
 mod setup;
@@ -60,6 +61,16 @@ enum Command {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
     },
+    /// Build the container image (deploy/Containerfile) from binaries built here, and check it:
+    /// the binaries start, and the agent's init step installs the CNI plugin.
+    Image {
+        #[arg(long, default_value = "localhost/ipam-ebpf:0.1.0")]
+        tag: String,
+        /// Make the base image from Debian's packages (mmdebstrap) instead of pulling
+        /// debian:bookworm-slim from a registry.
+        #[arg(long)]
+        local_base: bool,
+    },
     /// Set up, then run a benchmark and print its figures (last line: key=value pairs).
     Bench {
         #[arg(value_enum)]
@@ -96,6 +107,7 @@ fn main() -> anyhow::Result<()> {
             setup::run()?;
             fuzz::run(target, seconds)
         }
+        Command::Image { tag, local_base } => image::run(&tag, local_base),
         Command::Bench { name } => {
             setup::run()?;
             bench::run(name)

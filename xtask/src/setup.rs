@@ -77,7 +77,15 @@ pub(crate) fn run() -> anyhow::Result<()> {
 }
 
 fn packages(changed: &mut Vec<String>) -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+    install_packages(PACKAGES, changed)
+}
+
+/// Installs the Debian packages of `wanted` (name, why) that are not installed yet.
+pub(crate) fn install_packages(
+    wanted: &[(&str, &str)],
+    changed: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let missing: Vec<&str> = wanted
         .iter()
         .map(|(p, _)| *p)
         .filter(|p| {

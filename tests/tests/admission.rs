@@ -1,0 +1,192 @@
+//! deploy/admission.yaml's ValidatingAdmissionPolicy, evaluated offline: no Kubernetes API
+//! server runs on the machines the tests run on, so its CEL is evaluated here with the `cel`
+//! crate over admission requests shaped as the API server builds them (`request.userInfo` with
+//! the node-name claim that service account tokens carry since Kubernetes 1.30). This checks the
+//! policy's logic: an agent may write only its own node's NodeIPAM and Lease, and the denial
+//! says what it may write. The API server's own evaluation (type checking, its CEL libraries)
+//! must still be checked on a real cluster.
+
+use std::{collections::HashMap, sync::Arc};
+
+use cel::{Context, Program, Value};
+use ipam_tests::deploy::documents;
+use serde_json::{Value as Json, json};
+
+const AGENT: &str = "system:serviceaccount:ipam-system:ipam-agent";
+
+/// What the policy decides for a request.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Its match constraints or conditions leave the request alone.
+    NotApplicable,
+    Allowed,
+    Denied(String),
+}
+
+struct Policy {
+    spec: Json,
+}
+
+fn compile(expression: &Json) -> Program {
+    let text = expression.as_str().expect("an expression");
+    Program::compile(text).unwrap_or_else(|e| panic!("{text}: {e}"))
+}
+
+fn run(program: &Program, context: &Context) -> Value {
+    program
+        .execute(context)
+        .unwrap_or_else(|e| panic!("{program:?}: {e}"))
+}
+
+impl Policy {
+    fn load() -> Self {
+        let policy = documents(&ipam_tests::deploy::dir().join("admission.yaml"))
+            .into_iter()
+            .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+            .expect("a ValidatingAdmissionPolicy in deploy/admission.yaml");
+        Self {
+            spec: policy["spec"].clone(),
+        }
+    }
+
+    /// The resource rules: group, resource and operation.
+    fn matches(&self, request: &Json) -> bool {
+        let has = |list: &Json, value: &Json| {
+            list.as_array()
+                .is_some_and(|l| l.iter().any(|v| v == value || v == "*"))
+        };
+        self.spec["matchConstraints"]["resourceRules"]
+            .as_array()
+            .expect("resourceRules")
+            .iter()
+            .any(|rule| {
+                has(&rule["apiGroups"], &request["resource"]["group"])
+                    && has(&rule["resources"], &request["resource"]["resource"])
+                    && has(&rule["operations"], &request["operation"])
+            })
+    }
+
+    fn decide(&self, request: Json) -> Verdict {
+        if !self.matches(&request) {
+            return Verdict::NotApplicable;
+        }
+        let mut context = Context::default();
+        context.add_variable_from_value("request", cel::to_value(&request).expect("request"));
+        for condition in self.spec["matchConditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if run(&compile(&condition["expression"]), &context) != Value::Bool(true) {
+                return Verdict::NotApplicable;
+            }
+        }
+        // Each variable sees the ones before it.
+        let mut variables: HashMap<String, Value> = HashMap::new();
+        for variable in self.spec["variables"].as_array().into_iter().flatten() {
+            context.add_variable_from_value("variables", variables.clone());
+            let value = run(&compile(&variable["expression"]), &context);
+            variables.insert(variable["name"].as_str().expect("a name").to_owned(), value);
+        }
+        context.add_variable_from_value("variables", variables);
+        for validation in self.spec["validations"].as_array().expect("validations") {
+            if run(&compile(&validation["expression"]), &context) != Value::Bool(true) {
+                return match run(&compile(&validation["messageExpression"]), &context) {
+                    Value::String(message) => Verdict::Denied(Arc::unwrap_or_clone(message)),
+                    other => panic!("the message is not a string: {other:?}"),
+                };
+            }
+        }
+        Verdict::Allowed
+    }
+}
+
+/// An admission request as the API server builds it for `user` (with the node-name claim of
+/// the pod's token, if any) writing `resource` object `name`.
+fn request(user: &str, node: Option<&str>, operation: &str, resource: &str, name: &str) -> Json {
+    let (group, namespace) = match resource {
+        "leases" => ("coordination.k8s.io", "ipam-system"),
+        _ => ("ipam-ebpf.io", ""),
+    };
+    let mut extra = json!({});
+    if let Some(node) = node {
+        extra["authentication.kubernetes.io/node-name"] = json!([node]);
+        extra["authentication.kubernetes.io/pod-name"] = json!(["ipam-agent-x7k2p"]);
+    }
+    json!({
+        "uid": "5c4e6a3e-0000-4000-8000-000000000001",
+        "kind": { "group": group, "version": "v1", "kind": "Object" },
+        "resource": { "group": group, "version": "v1", "resource": resource },
+        "name": name,
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {
+            "username": user,
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:ipam-system", "system:authenticated"],
+            "extra": extra,
+        },
+    })
+}
+
+#[test]
+fn an_agent_writes_only_its_own_nodes_record_and_lease() {
+    let policy = Policy::load();
+    let agent = |operation: &str, resource: &str, name: &str| {
+        policy.decide(request(AGENT, Some("worker-1"), operation, resource, name))
+    };
+    for operation in ["CREATE", "UPDATE", "DELETE"] {
+        assert_eq!(agent(operation, "nodeipams", "worker-1"), Verdict::Allowed);
+        assert_eq!(
+            agent(operation, "leases", "node-worker-1"),
+            Verdict::Allowed
+        );
+    }
+    assert_eq!(
+        agent("UPDATE", "nodeipams", "worker-2"),
+        Verdict::Denied(
+            "the ipam agent on node worker-1 may write only worker-1, not worker-2".into()
+        )
+    );
+    assert_eq!(
+        agent("UPDATE", "leases", "node-worker-2"),
+        Verdict::Denied(
+            "the ipam agent on node worker-1 may write only node-worker-1, not node-worker-2"
+                .into()
+        )
+    );
+    // Not the operators' election lease either.
+    assert!(matches!(
+        agent("UPDATE", "leases", "ipam-operator"),
+        Verdict::Denied(_)
+    ));
+    // A token without the node claim (a cluster older than 1.30, or a token made by hand)
+    // writes nothing.
+    assert!(matches!(
+        policy.decide(request(AGENT, None, "UPDATE", "nodeipams", "worker-1")),
+        Verdict::Denied(_)
+    ));
+}
+
+#[test]
+fn other_users_and_other_objects_are_left_alone() {
+    let policy = Policy::load();
+    let operator = "system:serviceaccount:ipam-system:ipam-operator";
+    assert_eq!(
+        policy.decide(request(operator, None, "UPDATE", "leases", "ipam-operator")),
+        Verdict::NotApplicable
+    );
+    assert_eq!(
+        policy.decide(request(operator, None, "UPDATE", "nodeipams", "worker-2")),
+        Verdict::NotApplicable
+    );
+    assert_eq!(
+        policy.decide(request(
+            AGENT,
+            Some("worker-1"),
+            "UPDATE",
+            "podippools",
+            "default"
+        )),
+        Verdict::NotApplicable
+    );
+}

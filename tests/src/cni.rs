@@ -14,14 +14,40 @@ use crate::{netns::Netns, workspace_binary};
 /// Debian's CNI plugins (containernetworking-plugins).
 pub const DEBIAN_CNI: &str = "/usr/lib/cni";
 
+/// Who a CNI call is for: the container, its interface, and the Kubernetes pod
+/// (`namespace`, `name`) the runtime passes in `CNI_ARGS`.
+pub struct CniTarget<'a> {
+    pub container: &'a str,
+    pub ifname: &'a str,
+    pub pod: (&'a str, &'a str),
+}
+
 /// Runs `binary` with `command` for (`container`, `ifname`): in `node_ns` when given (as a
-/// runtime on that node would), with `pod_ns` as CNI_NETNS. Returns (success, stdout JSON).
+/// runtime on that node would), with `pod_ns` as CNI_NETNS. The pod is named after the
+/// container, in namespace `default`. Returns (success, stdout JSON).
 pub fn run_cni(
     binary: &Path,
     node_ns: Option<&Netns>,
     command: &str,
     container: &str,
     ifname: &str,
+    pod_ns: Option<&Netns>,
+    conf: &Value,
+) -> (bool, Value) {
+    let target = CniTarget {
+        container,
+        ifname,
+        pod: ("default", container),
+    };
+    run_cni_for(binary, node_ns, command, &target, pod_ns, conf)
+}
+
+/// As `run_cni`, for a pod named by `target`.
+pub fn run_cni_for(
+    binary: &Path,
+    node_ns: Option<&Netns>,
+    command: &str,
+    target: &CniTarget,
     pod_ns: Option<&Netns>,
     conf: &Value,
 ) -> (bool, Value) {
@@ -35,9 +61,10 @@ pub fn run_cni(
         None => Command::new(binary),
     };
     let plugin_dir = workspace_binary("ipam-cni").parent().unwrap().to_owned();
+    let (namespace, name) = target.pod;
     cmd.env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container)
-        .env("CNI_IFNAME", ifname)
+        .env("CNI_CONTAINERID", target.container)
+        .env("CNI_IFNAME", target.ifname)
         .env(
             "CNI_NETNS",
             pod_ns
@@ -46,8 +73,7 @@ pub fn run_cni(
         )
         .env(
             "CNI_ARGS",
-            // Kubelet passes the pod; here the pod is named after the container.
-            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={container}"),
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"),
         )
         .env("CNI_PATH", format!("{}:{DEBIAN_CNI}", plugin_dir.display()))
         .stdin(Stdio::piped())

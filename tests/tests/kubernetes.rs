@@ -428,6 +428,34 @@ impl AgentNode {
         .unwrap_or_else(|e| Response::error(ErrorCode::Failed, e.to_string()))
     }
 
+    /// `ipam-cni`, the main plugin, run as the runtime on the node runs it for `pod`
+    /// (`namespace`, `name`) in `pod_ns`.
+    fn cni(
+        &self,
+        command: &str,
+        container: &str,
+        pod: (&str, &str),
+        pod_ns: &ipam_tests::netns::Netns,
+    ) -> (bool, serde_json::Value) {
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0", "name": "podnet", "type": "ipam-cni",
+            "socket": self.dir.0.join("api/ipamd.sock"), "timeoutMs": 5000, "mtu": 1500,
+        });
+        let target = ipam_tests::cni::CniTarget {
+            container,
+            ifname: "eth0",
+            pod,
+        };
+        ipam_tests::cni::run_cni_for(
+            &workspace_binary("ipam-cni"),
+            Some(&self.ns),
+            command,
+            &target,
+            Some(pod_ns),
+            &conf,
+        )
+    }
+
     /// A pod's ADD, with the pod's `namespace/name` when the runtime passed it
     /// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`).
     fn add(&self, container: &str, pod: Option<&str>) -> Response {
@@ -587,33 +615,61 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
     let mut agent = node.start(&config);
     let log = || format!("{}\noperator:\n{}", agent.log_text(), operator.log_text());
 
+    // Pods wired by ipam-cni as the runtime runs it, with K8S_POD_NAMESPACE and K8S_POD_NAME.
     // No annotation: the node's pool.
+    let (db_ns, web_ns) = (
+        ipam_tests::netns::Netns::new("kmp-db"),
+        ipam_tests::netns::Netns::new("kmp-web"),
+    );
+    let added = |result: &serde_json::Value| {
+        result["ips"][0]["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .map(str::to_owned)
+    };
     let db = wait_for(
         "plain/db's address",
-        async || first_address(&node.add("c-db", Some("plain/db"))),
+        async || match node.cni("ADD", "c-db", ("plain", "db"), &db_ns) {
+            (true, result) => added(&result),
+            _ => None,
+        },
         log,
     )
     .await;
     assert!(db.starts_with("10.246.0."), "{db}");
     // The namespace's annotation: the first ADD asks for a block of tenant-a and is told to try
-    // again, as the runtime does; a later one gets an address of it.
-    match node.add("c-web", Some("shop/web")) {
-        Response::Error { code, message } => {
-            assert_eq!(code, ErrorCode::NotReady);
-            assert!(
-                message.contains("pool tenant-a") && message.contains("namespace annotation"),
-                "{message}"
-            );
-        }
-        other => panic!("the first pod of tenant-a waits for a block: {other:?}"),
-    }
+    // again (CNI code 11), which the kubelet does; a later one gets an address of it.
+    let (ok, refusal) = node.cni("ADD", "c-web", ("shop", "web"), &web_ns);
+    assert!(
+        !ok,
+        "the first pod of tenant-a waits for a block: {refusal}"
+    );
+    assert_eq!(refusal["code"], 11, "{refusal}");
+    let message = refusal["msg"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("pool tenant-a") && message.contains("namespace annotation"),
+        "{refusal}"
+    );
     let web = wait_for(
         "shop/web's address",
-        async || first_address(&node.add("c-web", Some("shop/web"))),
+        async || match node.cni("ADD", "c-web", ("shop", "web"), &web_ns) {
+            (true, result) => added(&result),
+            _ => None,
+        },
         log,
     )
     .await;
     assert!(web.starts_with("10.247.0."), "{web}");
+    // The two pools' pods reach each other through the node's datapath, both ways.
+    assert!(
+        ipam_tests::pod_net::reaches(&web_ns, &db),
+        "shop/web ({web}) cannot reach plain/db ({db})\n{}",
+        log()
+    );
+    assert!(
+        ipam_tests::pod_net::reaches(&db_ns, &web),
+        "plain/db cannot reach shop/web"
+    );
     // A pool that does not exist, named on the pod.
     let Response::Error { message, .. } = node.add("c-typo", Some("plain/typo")) else {
         panic!("a pod naming a missing pool gets no address");
@@ -661,9 +717,16 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
         first_address(&node.add("c-db", Some("plain/db"))).as_deref(),
         Some(db.as_str())
     );
-    match node.call(&Request::Release(attachment("c-web", Some("shop/web")))) {
-        Response::Released { ips } => assert_eq!(ips.len(), 1, "{ips:?}"),
-        other => panic!("release of shop/web: {other:?}"),
+    assert!(
+        ipam_tests::pod_net::reaches(&web_ns, &db),
+        "after the restart"
+    );
+    // DEL finds the pod's address in its pool and frees it.
+    let (ok, result) = node.cni("DEL", "c-web", ("shop", "web"), &web_ns);
+    assert!(ok, "DEL of shop/web: {result}");
+    match node.call(&Request::Check(attachment("c-web", Some("shop/web")))) {
+        Response::Error { code, .. } => assert_eq!(code, ErrorCode::Unknown),
+        other => panic!("shop/web still holds an address after DEL: {other:?}"),
     }
     agent.kill();
     operator.kill();

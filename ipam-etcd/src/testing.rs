@@ -85,19 +85,22 @@ impl EtcdCluster {
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()?;
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let members: Vec<Member> = (0..size)
-            .map(|i| {
+        // Ports free on the host's loopback are as good as any in a fresh namespace.
+        let ports = free_ports(2 * size)?;
+        let members: Vec<Member> = ports
+            .chunks(2)
+            .enumerate()
+            .map(|(i, pair)| {
                 let name = format!("m{i}");
-                // Ports free on the host's loopback are as good as any in a fresh namespace.
-                Ok(Member {
-                    client_url: format!("{scheme}://{ip}:{}", free_port()?),
-                    peer_url: format!("http://{ip}:{}", free_port()?),
+                Member {
+                    client_url: format!("{scheme}://{ip}:{}", pair[0]),
+                    peer_url: format!("http://{ip}:{}", pair[1]),
                     data_dir: dir.path().join(&name),
                     name,
                     child: None,
-                })
+                }
             })
-            .collect::<std::io::Result<_>>()?;
+            .collect();
         let initial_cluster = members
             .iter()
             .map(|m| format!("{}={}", m.name, m.peer_url))
@@ -317,11 +320,13 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// A port nobody listens on now (the member binds it a moment later).
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
+/// `count` distinct ports nobody listens on now (the members bind them a moment later). They
+/// are all held until the last is found: ports released one by one can be handed out again.
+fn free_ports(count: usize) -> std::io::Result<Vec<u16>> {
+    let held = (0..count)
+        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
 /// Data directories of earlier runs whose process is gone.

@@ -113,10 +113,14 @@ pub struct AttachmentId {
 pub struct Attachment {
     #[serde(flatten)]
     pub id: AttachmentId,
-    /// `namespace/name` of the pod when the runtime says (K8S_POD_NAMESPACE/K8S_POD_NAME), for
-    /// logs and errors.
+    /// `namespace/name` of the pod when the runtime says (K8S_POD_NAMESPACE/K8S_POD_NAME): for
+    /// logs and errors, and in multi-pool mode on Kubernetes for the pod's pool annotations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// The pool the network configuration names (`"pool"`), multi-pool mode: what pods that
+    /// name no pool by annotation take their address from instead of the node's pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
 }
 
 impl AttachmentId {

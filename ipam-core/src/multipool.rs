@@ -15,7 +15,9 @@ pub const POOL_ANNOTATION: &str = "ipam-ebpf.io/ip-pool";
 pub enum PoolSource {
     PodAnnotation,
     NamespaceAnnotation,
-    /// Neither names one: the node's own pool.
+    /// The pod's network configuration (`"pool"` in the CNI configuration).
+    NetworkConfig,
+    /// Nothing names one: the node's own pool.
     Fallback,
     /// The attachment already holds an address of the pool (a repeated ADD).
     Held,
@@ -27,6 +29,7 @@ impl PoolSource {
         match self {
             Self::PodAnnotation => "pod annotation",
             Self::NamespaceAnnotation => "namespace annotation",
+            Self::NetworkConfig => "network configuration",
             Self::Fallback => "node's pool",
             Self::Held => "addresses it already holds",
         }
@@ -52,6 +55,63 @@ pub enum PoolChoiceError {
          (or the pod) with the pool to use"
     )]
     NoPool { namespace: String, pod: String },
+    #[error(
+        "{who}: the network configuration names pool {pool}, which does not exist (pools: \
+         {known}); fix \"pool\" in the CNI configuration or create the pool"
+    )]
+    UnknownNetworkPool {
+        who: String,
+        pool: String,
+        known: String,
+    },
+}
+
+/// The pool a network configuration names, checked against the pools.
+pub fn network_pool<'a>(
+    who: &str,
+    pool: &str,
+    pools: impl IntoIterator<Item = &'a str> + Clone,
+) -> Result<(String, PoolSource), PoolChoiceError> {
+    if pools.clone().into_iter().any(|p| p == pool) {
+        return Ok((pool.to_owned(), PoolSource::NetworkConfig));
+    }
+    Err(PoolChoiceError::UnknownNetworkPool {
+        who: who.to_owned(),
+        pool: pool.to_owned(),
+        known: pools.into_iter().collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// The pool a pod's own annotation names, else its namespace's; `None` when neither does.
+pub fn annotated_pool<'a>(
+    namespace: &str,
+    pod: &str,
+    pod_annotations: &BTreeMap<String, String>,
+    namespace_annotations: &BTreeMap<String, String>,
+    pools: impl IntoIterator<Item = &'a str> + Clone,
+) -> Result<Option<(String, PoolSource)>, PoolChoiceError> {
+    for (annotations, source, source_name) in [
+        (pod_annotations, PoolSource::PodAnnotation, "pod"),
+        (
+            namespace_annotations,
+            PoolSource::NamespaceAnnotation,
+            "namespace",
+        ),
+    ] {
+        if let Some(pool) = annotations.get(POOL_ANNOTATION) {
+            if !pools.clone().into_iter().any(|p| p == pool) {
+                return Err(PoolChoiceError::UnknownPool {
+                    namespace: namespace.to_owned(),
+                    pod: pod.to_owned(),
+                    source_name,
+                    pool: pool.clone(),
+                    known: pools.clone().into_iter().collect::<Vec<_>>().join(", "),
+                });
+            }
+            return Ok(Some((pool.clone(), source)));
+        }
+    }
+    Ok(None)
 }
 
 /// Chooses the pool of a pod: pod annotation, then namespace annotation, then `fallback` (the
@@ -64,27 +124,14 @@ pub fn choose_pool<'a>(
     pools: impl IntoIterator<Item = &'a str> + Clone,
     fallback: Option<&str>,
 ) -> Result<(String, PoolSource), PoolChoiceError> {
-    let exists = |name: &str| pools.clone().into_iter().any(|p| p == name);
-    for (annotations, source, source_name) in [
-        (pod_annotations, PoolSource::PodAnnotation, "pod"),
-        (
-            namespace_annotations,
-            PoolSource::NamespaceAnnotation,
-            "namespace",
-        ),
-    ] {
-        if let Some(pool) = annotations.get(POOL_ANNOTATION) {
-            if !exists(pool) {
-                return Err(PoolChoiceError::UnknownPool {
-                    namespace: namespace.to_owned(),
-                    pod: pod.to_owned(),
-                    source_name,
-                    pool: pool.clone(),
-                    known: pools.clone().into_iter().collect::<Vec<_>>().join(", "),
-                });
-            }
-            return Ok((pool.clone(), source));
-        }
+    if let Some(chosen) = annotated_pool(
+        namespace,
+        pod,
+        pod_annotations,
+        namespace_annotations,
+        pools,
+    )? {
+        return Ok(chosen);
     }
     if let Some(pool) = fallback {
         return Ok((pool.to_owned(), PoolSource::Fallback));
@@ -200,6 +247,25 @@ mod tests {
             .to_string();
         assert!(
             e.contains("tenant-b") && e.contains("namespace") && e.contains("default, tenant-a"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_network_names_a_pool_that_must_exist() {
+        let pools = ["default", "tenant-a"];
+        assert_eq!(
+            network_pool("container c1", "tenant-a", pools).unwrap(),
+            ("tenant-a".into(), PoolSource::NetworkConfig)
+        );
+        let e = network_pool("container c1", "tenant-b", pools)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("container c1")
+                && e.contains("pool tenant-b")
+                && e.contains("default, tenant-a")
+                && e.contains("CNI configuration"),
             "{e}"
         );
     }

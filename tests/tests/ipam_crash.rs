@@ -147,6 +147,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
                         let request = Request::Allocate(Attachment {
                             id: id.clone(),
                             pod: None,
+                            pool: None,
                         });
                         // Errors (the daemon is gone) mean "not acknowledged": nothing to check.
                         if let Ok(Response::Allocated { ips }) =
@@ -182,6 +183,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
             &Request::Check(Attachment {
                 id: id.clone(),
                 pod: None,
+                pool: None,
             }),
             Duration::from_secs(2),
         )

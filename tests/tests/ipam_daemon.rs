@@ -1,5 +1,9 @@
 //! IPAM in a real `ipamd` process (standalone role, embedded store).
 //!
+//! Pools per network: in multi-pool mode a network configuration may name the pool of its
+//! pods; pods of two networks get addresses of two pools and reach each other, and a pool
+//! that does not exist is named in the error.
+//!
 //! The multi-pool deadlock seed end to end: the router address's pool does not exist yet; the
 //! daemon keeps running and says what it waits for, and gets its router address as soon as the
 //! pool appears. The address survives SIGKILL and restart, and a restart with another IPAM mode
@@ -38,10 +42,9 @@ impl Setup {
         std::fs::write(
             &self.config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"{mode}\"\nnode_name = \"worker-1\"\nstore = \"{}/store.redb\"\nstate_dir = \"{}/node\"\ninfra_pool = \"hrz\"\ningress = true\n{pools}",
+                "[datapath]\nbpffs_root = \"{}\"\n\n[ipam]\nmode = \"{mode}\"\nnode_name = \"worker-1\"\nstore = \"{d}/store.redb\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\ninfra_pool = \"hrz\"\ningress = true\n{pools}",
                 self.root.0.display(),
-                self.dir.display(),
-                self.dir.display()
+                d = self.dir.display()
             ),
         )
         .unwrap();
@@ -165,4 +168,97 @@ fn router_address_waits_for_its_pool_survives_sigkill_and_mode_change_is_refused
         log.contains("multi-pool") && log.contains("cluster-pool") && log.contains("migrate"),
         "{log}"
     );
+}
+
+const TENANT: &str =
+    "[[ipam.pool]]\nname = \"tenant\"\nipv4 = { cidrs = [\"10.61.0.0/16\"], maskSize = 27 }\n";
+
+#[test]
+fn a_network_configuration_names_the_pool_of_its_pods() {
+    use ipam_tests::{cni::run_cni, pod_net::reaches, workspace_binary};
+    let s = Setup::new();
+    s.write("multi-pool", &format!("{HRZ}{TENANT}"));
+    let daemon = Daemon::start(&s.ns, &s.config.0);
+    s.wait_for(&daemon, "the router address", |st| {
+        st.infra.contains_key("router") && st.waiting.is_none()
+    });
+    let conf = |pool: Option<&str>| {
+        let mut conf = serde_json::json!({
+            "cniVersion": "1.1.0", "name": "podnet", "type": "ipam-cni",
+            "socket": s.dir.join("api/ipamd.sock"), "timeoutMs": 5000,
+        });
+        if let Some(pool) = pool {
+            conf["pool"] = pool.into();
+        }
+        conf
+    };
+    let address = |result: &serde_json::Value| {
+        result["ips"][0]["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .map(str::to_owned)
+    };
+    // ADD until it is served: the first ADD of a pool asks for its block and is told to retry.
+    let add = |container: &str, pod: &Netns, pool: Option<&str>| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (ok, result) = run_cni(
+                &workspace_binary("ipam-cni"),
+                Some(&s.ns),
+                "ADD",
+                container,
+                "eth0",
+                Some(pod),
+                &conf(pool),
+            );
+            if ok {
+                return address(&result).expect("an address");
+            }
+            assert_eq!(result["code"], 11, "{result}");
+            assert!(
+                Instant::now() < deadline,
+                "{container} got no address: {result}\n{}",
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (plain, tenant) = (Netns::new("np-plain"), Netns::new("np-tenant"));
+    let plain_ip = add("c-plain", &plain, None);
+    let tenant_ip = add("c-tenant", &tenant, Some("tenant"));
+    assert!(plain_ip.starts_with("10.60."), "{plain_ip}");
+    assert!(tenant_ip.starts_with("10.61."), "{tenant_ip}");
+    assert!(
+        reaches(&tenant, &plain_ip),
+        "tenant pod cannot reach {plain_ip}"
+    );
+    assert!(
+        reaches(&plain, &tenant_ip),
+        "plain pod cannot reach {tenant_ip}"
+    );
+    assert!(
+        daemon.log_text().contains("from=\"network configuration\""),
+        "the log says where the pool came from"
+    );
+
+    // A pool that does not exist: named, with the pools there are, and what to fix.
+    let typo = Netns::new("np-typo");
+    let (ok, result) = run_cni(
+        &workspace_binary("ipam-cni"),
+        Some(&s.ns),
+        "ADD",
+        "c-typo",
+        "eth0",
+        Some(&typo),
+        &conf(Some("tenat")),
+    );
+    assert!(!ok);
+    let message = result["msg"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("pool tenat")
+            && message.contains("hrz, tenant")
+            && message.contains("\"pool\""),
+        "{result}"
+    );
+    daemon.kill();
 }

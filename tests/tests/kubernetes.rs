@@ -470,6 +470,7 @@ fn attachment(container: &str, pod: Option<&str>) -> Attachment {
             ifname: "eth0".into(),
         },
         pod: pod.map(str::to_owned),
+        pool: None,
     }
 }
 

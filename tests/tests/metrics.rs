@@ -59,6 +59,7 @@ fn attachment(i: usize) -> Attachment {
             ifname: "eth0".into(),
         },
         pod: None,
+        pool: None,
     }
 }
 

@@ -40,6 +40,9 @@ pub struct IpamSection {
     /// The plugin's deadline for an answer from ipamd.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Multi-pool mode: the pool this network's pods take addresses from.
+    #[serde(default)]
+    pub pool: Option<String>,
 }
 
 fn default_socket() -> PathBuf {
@@ -75,6 +78,9 @@ pub struct NetConf {
     /// Main-plugin mode: MTU of the pod's interface and its host side (default 1500).
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// Main-plugin mode, multi-pool mode: the pool this network's pods take addresses from.
+    #[serde(default)]
+    pub pool: Option<String>,
     #[serde(rename = "prevResult", default)]
     pub prev_result: Option<PrevResult>,
     #[serde(rename = "cni.dev/valid-attachments", default)]
@@ -181,7 +187,8 @@ impl NetConf {
                 return Err(CniError::new(
                     Code::InvalidConfig,
                     format!(
-                        "network {}: as the main plugin, ipam-cni allocates addresses itself;                          remove the \"ipam\" section (type {:?})",
+                        "network {}: as the main plugin, ipam-cni allocates addresses itself; \
+                         remove the \"ipam\" section (type {:?})",
                         self.name, ipam.kind
                     ),
                 ));
@@ -200,6 +207,7 @@ impl NetConf {
                 role: Role::Main { mtu },
                 socket: self.socket.clone().unwrap_or_else(default_socket),
                 timeout: Duration::from_millis(self.timeout_ms.unwrap_or_else(default_timeout_ms)),
+                pool: self.pool.clone(),
             });
         }
         match &self.ipam {
@@ -207,6 +215,7 @@ impl NetConf {
                 role: Role::Ipam,
                 socket: section.socket.clone(),
                 timeout: section.timeout(),
+                pool: section.pool.clone(),
             }),
             _ => Err(CniError::new(
                 Code::InvalidConfig,
@@ -238,4 +247,43 @@ pub struct PluginSettings {
     pub role: Role,
     pub socket: PathBuf,
     pub timeout: Duration,
+    /// The pool the network names, if any.
+    pub pool: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(conf: serde_json::Value) -> Result<PluginSettings, CniError> {
+        NetConf::parse(conf.to_string().as_bytes())?.settings()
+    }
+
+    #[test]
+    fn the_network_names_its_pool_in_either_role() {
+        let main = settings(serde_json::json!({"name": "n", "type": "ipam-cni", "pool": "tenant"}))
+            .unwrap();
+        assert_eq!(main.pool.as_deref(), Some("tenant"));
+        let delegated = settings(serde_json::json!({
+            "name": "n", "type": "bridge", "ipam": {"type": "ipam-cni", "pool": "tenant"},
+        }))
+        .unwrap();
+        assert_eq!(delegated.role, Role::Ipam);
+        assert_eq!(delegated.pool.as_deref(), Some("tenant"));
+        let none = settings(serde_json::json!({"name": "n", "type": "ipam-cni"})).unwrap();
+        assert_eq!(none.pool, None);
+    }
+
+    #[test]
+    fn an_ipam_section_under_the_main_plugin_is_refused_with_the_fix() {
+        let e = settings(serde_json::json!({
+            "name": "n", "type": "ipam-cni", "ipam": {"type": "host-local"},
+        }))
+        .unwrap_err();
+        assert_eq!(
+            e.msg,
+            "network n: as the main plugin, ipam-cni allocates addresses itself; remove the \
+             \"ipam\" section (type \"host-local\")"
+        );
+    }
 }

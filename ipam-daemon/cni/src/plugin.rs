@@ -82,6 +82,7 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
     let attachment = || Attachment {
         id: inv.attachment(),
         pod: inv.pod(),
+        pool: settings.pool.clone(),
     };
     let main_mtu = match settings.role {
         Role::Main { mtu } => Some(mtu),

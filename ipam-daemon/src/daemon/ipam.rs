@@ -156,7 +156,11 @@ impl IpamRuntime {
             }
             _ => None,
         };
-        let pod_pools = Arc::new(PodPools::new(&settings.infra_pool, directory));
+        let pod_pools = Arc::new(PodPools::new(
+            &settings.infra_pool,
+            settings.mode == IpamMode::MultiPool,
+            directory,
+        ));
         let mut agents = BTreeMap::new();
         // The node's own pool, and in multi-pool mode every other pool it held addresses of
         // before a restart: all restored before anything else.

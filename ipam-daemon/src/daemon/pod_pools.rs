@@ -1,9 +1,10 @@
 //! The pools a node's pods take addresses from. The node's own pool (`[ipam] infra_pool`, where
-//! its router address comes from) is always open. In multi-pool mode on a Kubernetes store a pod
-//! may name another pool with the `ipam-ebpf.io/ip-pool` annotation, on itself or its namespace;
-//! the first pod of a pool on a node makes the runtime open that pool's allocator and ask for
-//! a block, and the ADD is answered "try again" until the block is there (as when the node's
-//! own pool runs out).
+//! its router address comes from) is always open. In multi-pool mode a pod's pool is, in order:
+//! the one its `ipam-ebpf.io/ip-pool` annotation names, or its namespace's (on a Kubernetes
+//! store); the one its network configuration names (`"pool"` in the CNI configuration, on any
+//! store); the node's own. The first pod of a pool on a node makes the runtime open that pool's
+//! allocator and ask for a block, and the ADD is answered "try again" until the block is there
+//! (as when the node's own pool runs out).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,7 +14,7 @@ use std::{
 
 use ipam_core::{
     durable::DurableAllocator,
-    multipool::{PoolSource, choose_pool},
+    multipool::{PoolSource, annotated_pool, network_pool},
 };
 use ipam_kube::pods::PodDirectory;
 
@@ -44,6 +45,8 @@ pub(super) struct NoPoolYet(pub(super) String);
 pub(super) struct PodPools {
     /// The node's own pool: pods that name none, and every pod outside multi-pool mode.
     own: String,
+    /// Whether pods may name other pools (multi-pool mode).
+    multi_pool: bool,
     /// Where pods' annotations are read (multi-pool mode on a Kubernetes store).
     directory: Option<PodDirectory>,
     open: RwLock<BTreeMap<String, PoolAllocator>>,
@@ -54,9 +57,10 @@ pub(super) struct PodPools {
 }
 
 impl PodPools {
-    pub(super) fn new(own: &str, directory: Option<PodDirectory>) -> Self {
+    pub(super) fn new(own: &str, multi_pool: bool, directory: Option<PodDirectory>) -> Self {
         Self {
             own: own.to_owned(),
+            multi_pool,
             directory,
             open: RwLock::default(),
             wanted: Mutex::default(),
@@ -107,32 +111,61 @@ impl PodPools {
             .collect()
     }
 
-    /// The pool of `pod` (`namespace/name`, as the runtime passed it to the CNI plugin). Blocks
+    /// The pool of an attachment: `who` in messages, `pod` (`namespace/name`) as the runtime
+    /// passed it to the CNI plugin, `network` the pool its network configuration names. Blocks
     /// up to a few seconds while the pod is not in the agent's cache yet.
-    pub(super) fn choose(&self, pod: Option<&str>) -> Result<(String, PoolSource), NoPoolYet> {
-        let (Some(directory), Some((namespace, name))) =
-            (&self.directory, pod.and_then(|p| p.split_once('/')))
-        else {
-            return Ok((self.own.clone(), PoolSource::Fallback));
+    pub(super) fn choose(
+        &self,
+        who: &str,
+        pod: Option<&str>,
+        network: Option<&str>,
+    ) -> Result<(String, PoolSource), NoPoolYet> {
+        if !self.multi_pool {
+            return match network {
+                Some(pool) if pool != self.own => Err(NoPoolYet(format!(
+                    "{who}: the network configuration names pool {pool}, but pools per network \
+                     or pod need the multi-pool mode; this node takes every pod address from \
+                     pool {own}; remove \"pool\" from the CNI configuration",
+                    own = self.own
+                ))),
+                _ => Ok((self.own.clone(), PoolSource::Fallback)),
+            };
+        }
+        let annotated = match (&self.directory, pod.and_then(|p| p.split_once('/'))) {
+            (Some(directory), Some((namespace, name))) => Some((
+                directory.annotations(namespace, name, POD_WAIT),
+                namespace,
+                name,
+            )),
+            _ => None,
         };
-        let annotations = directory
-            .annotations(namespace, name, POD_WAIT)
-            .map_err(|e| NoPoolYet(e.to_string()))?;
+        if annotated.is_none() && network.is_none() {
+            return Ok((self.own.clone(), PoolSource::Fallback));
+        }
         let known = self.known.read().expect("pools lock").clone();
         if known.is_empty() {
             return Err(NoPoolYet(format!(
-                "pod {namespace}/{name}: the agent has not read the pools from the store yet; \
-                 try again"
+                "{who}: the agent has not read the pools from the store yet; try again"
             )));
         }
-        choose_pool(
-            namespace,
-            name,
-            &annotations.pod,
-            &annotations.namespace,
-            known.iter().map(String::as_str),
-            Some(&self.own),
-        )
-        .map_err(|e| NoPoolYet(e.to_string()))
+        let known = known.iter().map(String::as_str);
+        if let Some((annotations, namespace, name)) = annotated {
+            let annotations = annotations.map_err(|e| NoPoolYet(e.to_string()))?;
+            let chosen = annotated_pool(
+                namespace,
+                name,
+                &annotations.pod,
+                &annotations.namespace,
+                known.clone(),
+            )
+            .map_err(|e| NoPoolYet(e.to_string()))?;
+            if let Some(chosen) = chosen {
+                return Ok(chosen);
+            }
+        }
+        match network {
+            Some(pool) => network_pool(who, pool, known).map_err(|e| NoPoolYet(e.to_string())),
+            None => Ok((self.own.clone(), PoolSource::Fallback)),
+        }
     }
 }

@@ -54,7 +54,7 @@ impl PodAllocations {
     pub(super) fn handle(&self, request: Request) -> Response {
         match request {
             Request::Allocate(a) => {
-                let response = self.allocate(&a.id, a.pod.as_deref());
+                let response = self.allocate(&a.id, a.pod.as_deref(), a.pool.as_deref());
                 crate::metrics::Metrics::result(&self.metrics.pod_allocations, outcome(&response));
                 response
             }
@@ -150,7 +150,12 @@ impl PodAllocations {
         }
     }
 
-    fn allocate(&self, id: &AttachmentId, pod: Option<&str>) -> Response {
+    fn allocate(
+        &self,
+        id: &AttachmentId,
+        pod: Option<&str>,
+        network_pool: Option<&str>,
+    ) -> Response {
         if let Some(why) = self.not_ready() {
             return Response::error(ErrorCode::NotReady, why);
         }
@@ -168,7 +173,7 @@ impl PodAllocations {
         });
         let chosen = match holding {
             Some((pool, _)) => Ok((pool, PoolSource::Held)),
-            None => self.pools.choose(pod),
+            None => self.pools.choose(&who, pod, network_pool),
         };
         let (pool, source) = match chosen {
             Ok(chosen) => chosen,

@@ -50,12 +50,6 @@ pub enum PoolChoiceError {
         known: String,
     },
     #[error(
-        "pod {namespace}/{pod}: neither the pod nor namespace {namespace} has the annotation \
-         {POOL_ANNOTATION}, and this node has no pool to fall back to; annotate the namespace \
-         (or the pod) with the pool to use"
-    )]
-    NoPool { namespace: String, pod: String },
-    #[error(
         "{who}: the network configuration names pool {pool}, which does not exist (pools: \
          {known}); fix \"pool\" in the CNI configuration or create the pool"
     )]
@@ -112,34 +106,6 @@ pub fn annotated_pool<'a>(
         }
     }
     Ok(None)
-}
-
-/// Chooses the pool of a pod: pod annotation, then namespace annotation, then `fallback` (the
-/// node's own pool, which its router address comes from), if any.
-pub fn choose_pool<'a>(
-    namespace: &str,
-    pod: &str,
-    pod_annotations: &BTreeMap<String, String>,
-    namespace_annotations: &BTreeMap<String, String>,
-    pools: impl IntoIterator<Item = &'a str> + Clone,
-    fallback: Option<&str>,
-) -> Result<(String, PoolSource), PoolChoiceError> {
-    if let Some(chosen) = annotated_pool(
-        namespace,
-        pod,
-        pod_annotations,
-        namespace_annotations,
-        pools,
-    )? {
-        return Ok(chosen);
-    }
-    if let Some(pool) = fallback {
-        return Ok((pool.to_owned(), PoolSource::Fallback));
-    }
-    Err(PoolChoiceError::NoPool {
-        namespace: namespace.to_owned(),
-        pod: pod.to_owned(),
-    })
 }
 
 /// Pre-allocation settings of a pool on a node (Cilium's multi-pool `pre-allocate`).
@@ -204,49 +170,27 @@ mod tests {
     }
 
     #[test]
-    fn pool_comes_from_pod_then_namespace_then_default() {
+    fn pool_comes_from_the_pod_then_its_namespace() {
         let pools = ["default", "tenant-a"];
         let none = BTreeMap::new();
+        let chosen = |pod: &BTreeMap<String, String>, ns: &BTreeMap<String, String>| {
+            annotated_pool("shop", "web", pod, ns, pools)
+        };
         assert_eq!(
-            choose_pool(
-                "tenant-a",
-                "web",
-                &none,
-                &ann("tenant-a"),
-                pools,
-                Some("default")
-            )
-            .unwrap(),
-            ("tenant-a".into(), PoolSource::NamespaceAnnotation)
+            chosen(&none, &ann("tenant-a")).unwrap(),
+            Some(("tenant-a".into(), PoolSource::NamespaceAnnotation))
         );
         assert_eq!(
-            choose_pool(
-                "tenant-a",
-                "web",
-                &ann("default"),
-                &ann("tenant-a"),
-                pools,
-                Some("default")
-            )
-            .unwrap(),
-            ("default".into(), PoolSource::PodAnnotation)
+            chosen(&ann("default"), &ann("tenant-a")).unwrap(),
+            Some(("default".into(), PoolSource::PodAnnotation))
         );
-        assert_eq!(
-            choose_pool("other", "web", &none, &none, pools, Some("default")).unwrap(),
-            ("default".into(), PoolSource::Fallback)
-        );
-        let e = choose_pool("other", "web", &none, &none, pools, None)
-            .unwrap_err()
-            .to_string();
+        assert_eq!(chosen(&none, &none).unwrap(), None, "nothing named");
+        let e = chosen(&none, &ann("tenant-b")).unwrap_err().to_string();
         assert!(
-            e.contains("other/web") && e.contains("fall back") && e.contains(POOL_ANNOTATION),
-            "{e}"
-        );
-        let e = choose_pool("x", "web", &none, &ann("tenant-b"), pools, Some("default"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("tenant-b") && e.contains("namespace") && e.contains("default, tenant-a"),
+            e.contains("shop/web")
+                && e.contains("namespace annotation")
+                && e.contains("tenant-b")
+                && e.contains("default, tenant-a"),
             "{e}"
         );
     }
@@ -288,15 +232,15 @@ mod tests {
                 .upsert_pool(validate(name, &spec).unwrap())
                 .unwrap();
         }
-        let (pool, _) = choose_pool(
+        let (pool, _) = annotated_pool(
             "tenant-a",
             "web-0",
             &BTreeMap::new(),
             &ann("tenant-a"),
             ["default", "tenant-a"],
-            Some("default"),
         )
-        .unwrap();
+        .unwrap()
+        .expect("the namespace names the pool");
         let mut node = NodeAllocator::new("worker-1", &pool);
         let w = Watermarks { pre_allocate: 0 };
         assert!(

@@ -164,6 +164,14 @@ pub fn result_addresses(result: &Value) -> (String, String) {
     (address(0), address(1))
 }
 
+/// The first address of a CNI ADD result, without its prefix length.
+pub fn result_address(result: &Value) -> Option<String> {
+    result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .map(str::to_owned)
+}
+
 /// `true` when `from` gets an echo reply from `to` within a few seconds.
 pub fn reaches(from: &Netns, to: &str) -> bool {
     std::process::Command::new("ip")

@@ -175,7 +175,11 @@ const TENANT: &str =
 
 #[test]
 fn a_network_configuration_names_the_pool_of_its_pods() {
-    use ipam_tests::{cni::run_cni, pod_net::reaches, workspace_binary};
+    use ipam_tests::{
+        cni::run_cni,
+        pod_net::{reaches, result_address},
+        workspace_binary,
+    };
     let s = Setup::new();
     s.write("multi-pool", &format!("{HRZ}{TENANT}"));
     let daemon = Daemon::start(&s.ns, &s.config.0);
@@ -192,12 +196,6 @@ fn a_network_configuration_names_the_pool_of_its_pods() {
         }
         conf
     };
-    let address = |result: &serde_json::Value| {
-        result["ips"][0]["address"]
-            .as_str()
-            .and_then(|a| a.split('/').next())
-            .map(str::to_owned)
-    };
     // ADD until it is served: the first ADD of a pool asks for its block and is told to retry.
     let add = |container: &str, pod: &Netns, pool: Option<&str>| {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -212,7 +210,7 @@ fn a_network_configuration_names_the_pool_of_its_pods() {
                 &conf(pool),
             );
             if ok {
-                return address(&result).expect("an address");
+                return result_address(&result).expect("an address");
             }
             assert_eq!(result["code"], 11, "{result}");
             assert!(

@@ -622,12 +622,7 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
         ipam_tests::netns::Netns::new("kmp-db"),
         ipam_tests::netns::Netns::new("kmp-web"),
     );
-    let added = |result: &serde_json::Value| {
-        result["ips"][0]["address"]
-            .as_str()
-            .and_then(|a| a.split('/').next())
-            .map(str::to_owned)
-    };
+    let added = ipam_tests::pod_net::result_address;
     let db = wait_for(
         "plain/db's address",
         async || match node.cni("ADD", "c-db", ("plain", "db"), &db_ns) {

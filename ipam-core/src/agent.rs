@@ -182,14 +182,7 @@ impl NodeAgent {
             _ => {
                 // The record is shared with the node's agents of other pools: their entries
                 // stay as they are.
-                let mut all: Vec<AllocatedBlock> = record
-                    .value
-                    .spec
-                    .reclaim
-                    .iter()
-                    .filter(|b| b.pool != self.pool)
-                    .cloned()
-                    .collect();
+                let mut all = self.of_other_pools(&record.value.spec.reclaim, |b| &b.pool);
                 all.extend(self.reclaim(&record.value, &assigned)?);
                 all.sort();
                 all
@@ -233,14 +226,7 @@ impl NodeAgent {
         for c in &empty {
             self.empty_since.entry(*c).or_insert(now);
         }
-        let mut requests: Vec<PoolRequest> = record
-            .value
-            .spec
-            .pools
-            .iter()
-            .filter(|r| r.pool != self.pool)
-            .cloned()
-            .collect();
+        let mut requests = self.of_other_pools(&record.value.spec.pools, |r| &r.pool);
         for family in [Family::V4, Family::V6] {
             let held = self.alloc.with(|a| a.blocks(family).len()) as u32;
             let mut release: Vec<Cidr> = Vec::new();
@@ -298,6 +284,16 @@ impl NodeAgent {
 }
 
 impl NodeAgent {
+    /// The entries of a list in the node's record that belong to the node's other pools' agents:
+    /// kept as they are when this agent writes its own.
+    fn of_other_pools<T: Clone>(&self, entries: &[T], pool: impl Fn(&T) -> &String) -> Vec<T> {
+        entries
+            .iter()
+            .filter(|e| *pool(e) != self.pool)
+            .cloned()
+            .collect()
+    }
+
     /// The blocks this node holds that its record no longer lists (its lease lapsed while it
     /// was away and the operator released them): asked back, unless the operator said another
     /// node holds one now; such a block gives no new address and goes once it is empty.

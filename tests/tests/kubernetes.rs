@@ -8,8 +8,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::Deserialize as _;
-
 use ipam_api::types::{Attachment, AttachmentId, ErrorCode, Request, Response};
 use ipam_core::{
     resources::{NodeIpam, PodIpPool},
@@ -40,12 +38,8 @@ fn kubeconfig_for(api: &StandIn, token: &str) -> TempFile {
 
 /// The (API group, resource, verb) a role of deploy/rbac.yaml grants.
 fn granted(role: &str) -> BTreeSet<(String, String, String)> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml"))
-        .expect("read deploy/rbac.yaml");
     let mut out = BTreeSet::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let doc = serde_json::to_value(serde_yaml_ng::Value::deserialize(doc).expect("YAML"))
-            .expect("as JSON");
+    for doc in ipam_tests::deploy::documents(&ipam_tests::deploy::dir().join("rbac.yaml")) {
         let kind = doc["kind"].as_str().unwrap_or("");
         if (kind != "ClusterRole" && kind != "Role") || doc["metadata"]["name"] != role {
             continue;
@@ -623,12 +617,17 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
         ipam_tests::netns::Netns::new("kmp-web"),
     );
     let added = ipam_tests::pod_net::result_address;
-    let db = wait_for(
-        "plain/db's address",
-        async || match node.cni("ADD", "c-db", ("plain", "db"), &db_ns) {
+    // ADDs until one is served, as the kubelet retries.
+    let served = |container: &'static str, pod: (&'static str, &'static str), ns| {
+        let node = &node;
+        async move || match node.cni("ADD", container, pod, ns) {
             (true, result) => added(&result),
             _ => None,
-        },
+        }
+    };
+    let db = wait_for(
+        "plain/db's address",
+        served("c-db", ("plain", "db"), &db_ns),
         log,
     )
     .await;
@@ -648,10 +647,7 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
     );
     let web = wait_for(
         "shop/web's address",
-        async || match node.cni("ADD", "c-web", ("shop", "web"), &web_ns) {
-            (true, result) => added(&result),
-            _ => None,
-        },
+        served("c-web", ("shop", "web"), &web_ns),
         log,
     )
     .await;

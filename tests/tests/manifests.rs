@@ -5,14 +5,8 @@
 //! needs is checked against the requests it makes (tests/tests/kubernetes.rs); the CRDs against
 //! the Rust types (ipam-kube/tests/crds.rs).
 
-use std::path::PathBuf;
-
-use ipam_tests::deploy::documents;
+use ipam_tests::deploy::{dir as deploy, documents};
 use serde_json::Value;
-
-fn deploy() -> PathBuf {
-    ipam_tests::deploy::dir()
-}
 
 fn all_objects() -> Vec<Value> {
     let kustomization = &documents(&deploy().join("kustomization.yaml"))[0];

@@ -7,8 +7,22 @@ use anyhow::{Context as _, bail};
 
 use crate::cmd::{exec, output};
 
+/// Debian packages the build itself needs: installed by `setup --toolchain-only` too, so an image
+/// build or a clean root gets them from the same list.
+const BUILD_PACKAGES: &[(&str, &str)] = &[
+    (
+        "protobuf-compiler",
+        "protoc: the etcd client's gRPC stubs are generated at build time",
+    ),
+    (
+        "libprotobuf-dev",
+        "the well-known .proto files (google/protobuf/descriptor.proto) etcd's protos import; \
+         Debian's protoc ships without them",
+    ),
+];
+
 /// Debian packages the tests, the lab and the benchmarks use.
-const PACKAGES: &[(&str, &str)] = &[
+const TEST_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip: namespaces, veth pairs"),
     (
         "util-linux",
@@ -25,10 +39,6 @@ const PACKAGES: &[(&str, &str)] = &[
         "Debian's CNI plugins (bridge, ptp, host-local) in the CNI tests and benchmark",
     ),
     (
-        "protobuf-compiler",
-        "protoc: the etcd client's gRPC stubs are generated at build time",
-    ),
-    (
         "etcd-server",
         "etcd: the cluster store; tests and the lab start members on loopback",
     ),
@@ -41,6 +51,7 @@ const PACKAGES: &[(&str, &str)] = &[
 /// The toolchain alone: what building the project needs, nothing the tests need.
 pub(crate) fn toolchain() -> anyhow::Result<()> {
     let mut changed = Vec::new();
+    install_packages(BUILD_PACKAGES, &mut changed)?;
     nightly(&mut changed)?;
     bpf_linker(&mut changed)?;
     println!(
@@ -77,7 +88,12 @@ pub(crate) fn run() -> anyhow::Result<()> {
 }
 
 fn packages(changed: &mut Vec<String>) -> anyhow::Result<()> {
-    install_packages(PACKAGES, changed)
+    let all: Vec<(&str, &str)> = BUILD_PACKAGES
+        .iter()
+        .chain(TEST_PACKAGES)
+        .copied()
+        .collect();
+    install_packages(&all, changed)
 }
 
 /// Installs the Debian packages of `wanted` (name, why) that are not installed yet.

@@ -2,7 +2,7 @@
 //! (tests/src/bin/bench-<name>.rs). Its last output line holds the headline figures as
 //! `key=value` pairs.
 
-use crate::cmd::{cargo, exec, workspace_root};
+use crate::cmd::{cargo, exec, target_dir};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub(crate) enum Name {
@@ -34,7 +34,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;
-    let mut command = std::process::Command::new(workspace_root().join("target/release").join(bin));
+    let mut command = std::process::Command::new(target_dir()?.join("release").join(bin));
     if matches!(name, Name::Cni) {
         // The plugin as it is installed on nodes.
         command.env("IPAM_CNI_BIN", crate::build_cni::run()?);

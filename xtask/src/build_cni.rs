@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::cmd::{cargo, exec, workspace_root};
+use crate::cmd::{cargo, exec, target_dir};
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
@@ -20,10 +20,7 @@ pub(crate) fn run() -> anyhow::Result<PathBuf> {
                 "-C target-feature=+crt-static",
             ),
     )?;
-    let path = workspace_root()
-        .join("target")
-        .join(TARGET)
-        .join("release/ipam-cni");
+    let path = target_dir()?.join(TARGET).join("release/ipam-cni");
     println!("static ipam-cni: {}", path.display());
     Ok(path)
 }

@@ -1,15 +1,32 @@
 //! Running commands with clear failures.
 
-use std::process::{Command, Stdio};
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
 
 use anyhow::{Context as _, bail};
 
 /// The workspace root (xtask lives one level below it).
-pub(crate) fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+pub(crate) fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask is inside the workspace")
         .to_owned()
+}
+
+/// Where cargo puts what it builds: `target/` under the workspace, or wherever
+/// `CARGO_TARGET_DIR` or a cargo configuration says. Asked of cargo itself, so every way of
+/// moving it is honoured.
+pub(crate) fn target_dir() -> anyhow::Result<PathBuf> {
+    let metadata = output(cargo().args(["metadata", "--format-version", "1", "--no-deps"]))
+        .context("`cargo metadata` failed; run it by hand to see why")?;
+    let metadata: serde_json::Value =
+        serde_json::from_str(&metadata).context("`cargo metadata` printed no JSON")?;
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("`cargo metadata` names no target_directory")
 }
 
 /// Runs `cmd` with inherited output; fails with the command line when it fails.

@@ -3,12 +3,12 @@
 
 use anyhow::Context as _;
 
-use crate::cmd::{cargo, exec, workspace_root};
+use crate::cmd::{cargo, exec, target_dir};
 
 pub(crate) fn run() -> anyhow::Result<()> {
     exec(cargo().args(["build", "--bin", "ipamctl"]))?;
-    let ipamctl = workspace_root().join("target/debug/ipamctl");
-    let target = workspace_root().join("target");
+    let target = target_dir()?;
+    let ipamctl = target.join("debug/ipamctl");
     let write = |args: &[&str], path: std::path::PathBuf| -> anyhow::Result<()> {
         let out = std::process::Command::new(&ipamctl)
             .args(args)

@@ -13,7 +13,7 @@ use anyhow::Context as _;
 
 use crate::{
     build_cni,
-    cmd::{cargo, exec, output, workspace_root},
+    cmd::{cargo, exec, output, target_dir, workspace_root},
     setup,
 };
 
@@ -36,13 +36,14 @@ const LOCAL_BASE: &str = "localhost/ipam-base:bookworm";
 pub(crate) fn run(tag: &str, local_base: bool) -> anyhow::Result<()> {
     let mut changed = Vec::new();
     setup::install_packages(PACKAGES, &mut changed)?;
-    let context = workspace_root().join("target/image");
+    let target = target_dir()?;
+    let context = target.join("image");
     let out = context.join("out");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
 
     exec(cargo().args(["build", "--release", "-p", "ipam-daemon", "--bins"]))?;
     let cni = build_cni::run()?;
-    let release = workspace_root().join("target/release");
+    let release = target.join("release");
     for (from, name) in [
         (release.join("ipamd"), "ipamd"),
         (release.join("ipamctl"), "ipamctl"),

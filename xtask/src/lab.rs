@@ -1,7 +1,7 @@
 //! `cargo xtask lab [failover]`: builds the binaries and runs a lab program
 //! (tests/src/bin/lab.rs, tests/src/bin/lab-failover.rs).
 
-use crate::cmd::{cargo, exec, workspace_root};
+use crate::cmd::{cargo, exec, target_dir};
 
 #[derive(Debug, Clone, Copy, Default, clap::ValueEnum)]
 pub(crate) enum Which {
@@ -19,6 +19,6 @@ pub(crate) fn run(which: Which) -> anyhow::Result<()> {
         Which::Failover => "lab-failover",
     };
     exec(&mut std::process::Command::new(
-        workspace_root().join("target/debug").join(bin),
+        target_dir()?.join("debug").join(bin),
     ))
 }

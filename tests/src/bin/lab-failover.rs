@@ -27,11 +27,16 @@ fn main() {
     let run = rig.kill_owner(Duration::from_secs(5), Duration::from_secs(30));
     let timeline = run.timeline();
     println!("{timeline}");
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    // Beside the profile folders of the target directory this binary was built into (also
+    // when CARGO_TARGET_DIR moves it): <target>/debug/lab-failover writes to <target>/lab.
+    let exe = std::env::current_exe().expect("the lab's own path");
+    let dir = exe
         .parent()
-        .expect("the workspace")
-        .join("target/lab");
-    std::fs::create_dir_all(&dir).expect("target/lab");
+        .and_then(std::path::Path::parent)
+        .expect("the lab runs from <target>/<profile>/")
+        .join("lab");
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
     let log = dir.join("failover.log");
     let plot = dir.join("failover.svg");
     let samples: Vec<String> = run

@@ -4,6 +4,7 @@
 mod bench;
 mod build_cni;
 mod build_ebpf;
+mod clean_root;
 mod cmd;
 mod completions;
 mod fuzz;
@@ -30,6 +31,13 @@ enum Command {
         /// build, which has no Debian test packages to install and no bpffs to mount.
         #[arg(long)]
         toolchain_only: bool,
+    },
+    /// Run `setup` and the workspace build in a clean Debian root (mmdebstrap) with the
+    /// machine's Rust toolchains, to find what a fresh machine lacks. Slow; not part of CI.
+    CleanRoot {
+        /// Keep the root (under the target directory) after a successful run.
+        #[arg(long)]
+        keep: bool,
     },
     /// Build the eBPF object on its own (a plain `cargo build` of the daemon also does it).
     BuildEbpf,
@@ -87,6 +95,7 @@ fn main() -> anyhow::Result<()> {
                 setup::run()
             }
         }
+        Command::CleanRoot { keep } => clean_root::run(keep),
         Command::BuildEbpf => build_ebpf::run(),
         Command::BuildCni => build_cni::run().map(drop),
         Command::Lint => lint::run(),

@@ -8,5 +8,6 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod l2;
+pub mod logging;
 pub mod metrics;
 pub mod net;

@@ -149,7 +149,12 @@ fn router_address_waits_for_its_pool_survives_sigkill_and_mode_change_is_refused
         st.infra.contains_key("ingress")
     });
     assert_eq!(*again.infra["ingress"].values().next().unwrap(), ingress);
-    daemon.wait_log("IPAM state restored", Duration::from_secs(10));
+    let log = daemon.wait_log("IPAM state restored", Duration::from_secs(10));
+    // A log written to a file (as a container's is to a pipe) carries no colour escapes.
+    assert!(
+        !log.contains('\x1b'),
+        "ANSI escapes in a log that is not a terminal:\n{log}"
+    );
     daemon.kill();
 
     // Another mode on the same cluster state: refused at start, with the way out.

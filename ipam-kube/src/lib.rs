@@ -12,4 +12,5 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use service::{IPS_ANNOTATION, SHARING_KEY_ANNOTATION};
 pub use store::KubeStore;

@@ -9,8 +9,8 @@
 
 use serde_json::{Value, json};
 
-pub(crate) const IPS_ANNOTATION: &str = "ipam-ebpf.io/ips";
-pub(crate) const SHARING_KEY_ANNOTATION: &str = "ipam-ebpf.io/sharing-key";
+pub const IPS_ANNOTATION: &str = "ipam-ebpf.io/ips";
+pub const SHARING_KEY_ANNOTATION: &str = "ipam-ebpf.io/sharing-key";
 
 /// The engine's `{spec, status}` of a Service object.
 pub(crate) fn to_engine(object: &Value) -> Value {

@@ -129,3 +129,81 @@ fn workloads_refer_to_what_exists() {
             .contains("system:serviceaccount:ipam-system:ipam-agent")
     );
 }
+
+/// Every `ipam-ebpf.io/...` name a user reads in the README, docs/ or deploy/ is one the code
+/// serves: the load-balancer class, an annotation, or the API group. A name that drifted (the
+/// docs once named the class `ipam-ebpf.io/lb`) is a Service no one serves.
+#[test]
+fn every_project_name_in_the_docs_and_manifests_is_one_the_code_serves() {
+    let served = [
+        ipam_core::lb::resources::LB_CLASS.to_owned(),
+        ipam_core::multipool::POOL_ANNOTATION.to_owned(),
+        ipam_kube::IPS_ANNOTATION.to_owned(),
+        ipam_kube::SHARING_KEY_ANNOTATION.to_owned(),
+        format!("{}/{}", ipam_kube::crd::GROUP, ipam_kube::crd::VERSION),
+    ];
+    let root = deploy().join("..");
+    let mut files = vec![root.join("README.md")];
+    for dir in ["docs", "deploy", "deploy/overlays/example"] {
+        for entry in std::fs::read_dir(root.join(dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "md" || e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    let mut seen = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for (at, _) in text.match_indices("ipam-ebpf.io/") {
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "./-_".contains(*c))
+                .collect();
+            let name = name.trim_end_matches(['.', '-']);
+            assert!(
+                served.iter().any(|s| s == name),
+                "{} names {name}, which the code does not serve (it serves {served:?})",
+                file.display()
+            );
+            seen += 1;
+        }
+    }
+    assert!(
+        seen >= 5,
+        "the docs name the class and the annotations ({seen} found)"
+    );
+}
+
+/// A second `kubectl apply -k deploy` is a no-op only when the manifest already holds what the
+/// API server defaults: kubectl replaces a list of rules as a whole, so a rule without the
+/// `scope` the server fills in differs from the stored one on every apply. (What the server
+/// defaults is Kubernetes' SetDefaults for admissionregistration/v1; a real API server is the
+/// judge, this test keeps the manifest from losing the fields again.)
+#[test]
+fn the_admission_policy_spells_out_what_the_api_server_defaults() {
+    let objects = all_objects();
+    let policy = find(&objects, "ValidatingAdmissionPolicy", "ipam-agent-own-node");
+    let constraints = &policy["spec"]["matchConstraints"];
+    assert_eq!(constraints["matchPolicy"], "Equivalent");
+    assert!(
+        constraints["namespaceSelector"].is_object(),
+        "{constraints}"
+    );
+    assert!(constraints["objectSelector"].is_object(), "{constraints}");
+    let rules = constraints["resourceRules"]
+        .as_array()
+        .expect("resourceRules");
+    assert!(!rules.is_empty());
+    for rule in rules {
+        assert_eq!(
+            rule["scope"], "*",
+            "a rule without the defaulted scope: {rule}"
+        );
+    }
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+}

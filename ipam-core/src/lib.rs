@@ -25,6 +25,7 @@ pub mod operator;
 pub mod owners;
 pub mod pool;
 pub mod resources;
+pub mod spelling;
 pub mod store;
 #[cfg(test)]
 mod test_util;

@@ -95,7 +95,7 @@ pub struct NodeIpamSpec {
     #[serde(default)]
     pub pools: Vec<PoolRequest>,
     /// Kubernetes mode: the node's blocks as given by Node.spec.podCIDRs.
-    #[serde(default)]
+    #[serde(default, rename = "podCIDRs", alias = "podCidrs")]
     pub pod_cidrs: Vec<Cidr>,
     /// Blocks the node still holds from before its blocks were released (its lease had
     /// lapsed): the operator gives each back if it is still free, else lists it as lost.

@@ -220,10 +220,11 @@ pub struct L2AnnouncementPolicySpec {
     pub policy: L2PolicySpec,
 }
 
+type Crd =
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
 /// Every CRD of the project, in the order they are installed.
-pub fn all()
--> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
-{
+pub fn all() -> Vec<Crd> {
     use kube::CustomResourceExt as _;
     vec![
         PodIPPool::crd(),
@@ -231,6 +232,49 @@ pub fn all()
         LoadBalancerIPPool::crd(),
         L2AnnouncementPolicy::crd(),
     ]
+    .into_iter()
+    .map(with_old_spellings)
+    .collect()
+}
+
+/// Keeps each renamed field's old spelling in the schema (`ipam_core::spelling`), marked
+/// deprecated: the API server prunes fields its schema does not name, also from objects it
+/// reads back from etcd, so without it an object written with the old spelling would lose the
+/// field instead of being read with a note. Neither spelling carries a schema default: the
+/// server would fill in the new name beside an old one the user wrote, and the two would
+/// disagree; the engine's own defaults apply instead when a field is absent.
+fn with_old_spellings(crd: Crd) -> Crd {
+    let kind = crd.spec.names.kind.clone();
+    let mut value = serde_json::to_value(&crd).expect("a CRD serialises");
+    for version in value["spec"]["versions"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        for renamed in ipam_core::spelling::RENAMED
+            .iter()
+            .filter(|r| r.kind == kind)
+        {
+            let properties = &mut version["schema"]["openAPIV3Schema"]["properties"]
+                [renamed.parent]["properties"];
+            let Some(new) = properties.get_mut(renamed.new) else {
+                panic!(
+                    "{kind}: the renamed field {} is not in the schema",
+                    renamed.new
+                )
+            };
+            if let Some(new) = new.as_object_mut() {
+                new.remove("default");
+            }
+            let mut old = new.clone();
+            old["description"] = serde_json::Value::String(format!(
+                "Deprecated: the old spelling of {}, still read. Write {} instead.",
+                renamed.new, renamed.new
+            ));
+            properties[renamed.old] = old;
+        }
+    }
+    serde_json::from_value(value).expect("the CRD with its old spellings deserialises")
 }
 
 /// The CRDs as one multi-document YAML file: what `deploy/crds.yaml` holds.

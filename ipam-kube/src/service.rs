@@ -54,10 +54,10 @@ pub(crate) fn to_engine(object: &Value) -> Value {
         "type": service_type,
         "labels": meta["labels"].as_object().cloned().unwrap_or_default(),
         "ports": ports,
-        "requestedIps": requested,
+        "requestedIPs": requested,
         "ipFamilies": families,
         "ipFamilyPolicy": spec["ipFamilyPolicy"].as_str().unwrap_or("SingleStack"),
-        "externalIps": spec["externalIPs"].as_array().cloned().unwrap_or_default(),
+        "externalIPs": spec["externalIPs"].as_array().cloned().unwrap_or_default(),
     });
     if let Some(class) = spec["loadBalancerClass"].as_str() {
         engine_spec["loadBalancerClass"] = json!(class);

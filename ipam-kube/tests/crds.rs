@@ -81,3 +81,90 @@ fn assert_structural(node: &serde_json::Value, at: &str) {
         assert_structural(values, &format!("{at}{{}}"));
     }
 }
+
+/// A printer column whose path names no field of the schema is always empty in `kubectl get`
+/// (L2AnnouncementPolicy's `LB IPs` column once read `.spec.loadBalancerIPs` while the field was
+/// spelled `loadBalancerIps`).
+#[test]
+fn every_printer_column_names_a_field_of_the_schema() {
+    for crd in ipam_kube::crd::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let version = &crd.spec.versions[0];
+        let schema = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap();
+        let columns = version.additional_printer_columns.as_deref().unwrap_or(&[]);
+        assert!(!columns.is_empty(), "{name} has printer columns");
+        for column in columns {
+            let path = without_brackets(&column.json_path);
+            let mut at = &schema["openAPIV3Schema"];
+            for segment in path.trim_start_matches('.').split('.') {
+                if segment == "metadata" {
+                    break; // ObjectMeta: the API server's, not in the CRD's schema
+                }
+                let (field, indexed) = match segment.strip_suffix("[]") {
+                    Some(field) => (field, true),
+                    None => (segment, false),
+                };
+                at = &at["properties"][field];
+                assert!(
+                    at.is_object(),
+                    "{name}: printer column {:?} reads {}, but the schema has no field {field:?} there",
+                    column.name,
+                    column.json_path
+                );
+                if indexed {
+                    at = &at["items"];
+                }
+            }
+        }
+    }
+}
+
+/// `a[?(@.type=="Ready")].b` → `a[].b`: a filter's own dots are not steps of the path.
+fn without_brackets(path: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0;
+    for c in path.chars() {
+        match c {
+            '[' => {
+                if depth == 0 {
+                    out.push_str("[]");
+                }
+                depth += 1;
+            }
+            ']' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The old spelling of a renamed field stays in the schema, marked deprecated, so the API
+/// server does not prune it from objects written before the rename.
+#[test]
+fn renamed_fields_keep_their_old_spelling_in_the_schema() {
+    for renamed in ipam_core::spelling::RENAMED {
+        let Some(crd) = ipam_kube::crd::all()
+            .into_iter()
+            .find(|c| c.spec.names.kind == renamed.kind)
+        else {
+            continue; // Services are core/v1
+        };
+        let schema = serde_json::to_value(crd.spec.versions[0].schema.as_ref().unwrap()).unwrap();
+        let fields = &schema["openAPIV3Schema"]["properties"][renamed.parent]["properties"];
+        assert!(fields[renamed.new].is_object(), "{renamed:?}");
+        let old = &fields[renamed.old];
+        assert_eq!(old["type"], fields[renamed.new]["type"], "{renamed:?}");
+        // A server-side default would put the new name beside an old one a user wrote.
+        assert!(
+            old.get("default").is_none() && fields[renamed.new].get("default").is_none(),
+            "{renamed:?}: no schema default on either spelling"
+        );
+        assert!(
+            old["description"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("Deprecated") && d.contains(renamed.new)),
+            "{old}"
+        );
+    }
+}

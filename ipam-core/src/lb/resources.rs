@@ -80,7 +80,7 @@ pub struct LbIpPoolSpec {
     #[serde(default)]
     pub service_selector: Selector,
     /// Also hand out the first and last address of each CIDR (network and broadcast for IPv4).
-    #[serde(default)]
+    #[serde(default, rename = "allowFirstLastIPs", alias = "allowFirstLastIps")]
     pub allow_first_last_ips: bool,
     /// Keeps its assignments, gives no new ones.
     #[serde(default)]
@@ -169,7 +169,12 @@ pub struct ServiceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_balancer_class: Option<String>,
     /// IPs asked for (like the `lbipam.cilium.io/ips` annotation).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "requestedIPs",
+        alias = "requestedIps"
+    )]
     pub requested_ips: Vec<IpAddr>,
     /// Services with the same key share an IP when their ports do not clash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -178,7 +183,12 @@ pub struct ServiceSpec {
     pub ip_families: Vec<Family>,
     #[serde(default)]
     pub ip_family_policy: IpFamilyPolicy,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "externalIPs",
+        alias = "externalIps"
+    )]
     pub external_ips: Vec<IpAddr>,
 }
 
@@ -275,9 +285,11 @@ pub struct L2PolicySpec {
     /// Regular expressions over interface names (anchored); empty: every interface.
     #[serde(default)]
     pub interfaces: Vec<String>,
-    #[serde(default = "yes")]
+    /// Announce the Services' LoadBalancer IPs.
+    #[serde(default = "yes", rename = "loadBalancerIPs", alias = "loadBalancerIps")]
     pub load_balancer_ips: bool,
-    #[serde(default)]
+    /// Announce the Services' external IPs.
+    #[serde(default, rename = "externalIPs", alias = "externalIps")]
     pub external_ips: bool,
 }
 

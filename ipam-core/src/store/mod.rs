@@ -215,6 +215,7 @@ pub struct Versioned<T> {
 }
 
 pub fn decode<T: Resource>(o: &RawObject) -> Result<Versioned<T>, StoreError> {
+    crate::spelling::note_old_spellings(&o.kind, &o.name, &o.value);
     Ok(Versioned {
         name: o.name.clone(),
         revision: o.revision.clone(),

@@ -276,6 +276,35 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     .await;
     assert!(ingress.starts_with("10.77.5."), "{ingress}");
 
+    // The Service turned NodePort leaves LB-IPAM: its IP is given back and what LB-IPAM wrote
+    // in its status (the ingress, the IPAssigned condition) is cleared in the same pass.
+    services
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({ "spec": { "type": "NodePort" } })),
+        )
+        .await
+        .expect("change the Service's type");
+    wait_for(
+        "the NodePort Service's status cleared of its LoadBalancer IP",
+        async || {
+            let status = services.get("web").await.ok()?.status.unwrap_or_default();
+            let ingress = status
+                .load_balancer
+                .and_then(|lb| lb.ingress)
+                .unwrap_or_default();
+            let ours = status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "IPAssigned");
+            (ingress.is_empty() && !ours).then_some(())
+        },
+        log,
+    )
+    .await;
+
     // A reloaded configuration with another CIDR: the operator patches the pool's spec.
     let reloaded = std::fs::read_to_string(&config.0).unwrap().replace(
         "[\"10.243.0.0/24\"]",

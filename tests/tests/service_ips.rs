@@ -318,3 +318,107 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         "{far}"
     );
 }
+
+/// LB-IPAM through the operator over real etcd: adding a pool that overlaps the one in use,
+/// named to sort first, moves no IP (the newcomer is flagged); a Service that turns NodePort
+/// gives its IP back at once and its status is cleared; the released IP serves the next Service.
+#[test]
+fn a_new_pool_renumbers_nothing_and_a_service_leaving_releases_its_ip() {
+    let c = Cluster::start("lbo", 1);
+    let mut in_use = pool(vec![range("10.77.0.10", "10.77.0.19")]);
+    in_use.spec.blocks.push(LbIpBlock {
+        cidr: Some("fd77::100/124".into()),
+        start: None,
+        stop: None,
+    });
+    c.put("zzz-in-use", &in_use);
+    let mut dual = lb_service(80);
+    dual.spec.ip_family_policy = ipam_core::lb::resources::IpFamilyPolicy::RequireDualStack;
+    for name in ["default/web", "default/api"] {
+        c.put(name, &dual);
+    }
+    let held = || -> BTreeMap<String, Vec<IpAddr>> {
+        c.list::<Service>()
+            .into_iter()
+            .map(|s| (s.name, s.value.status.ingress))
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "both services' IPv4 and IPv6 addresses",
+        || held().values().filter(|ips| ips.len() == 2).count() == 2,
+        || c.operator_log(0),
+    );
+    let before = held();
+
+    // The newcomer overlaps both families of the pool in use and sorts first by name.
+    let mut newcomer = pool(vec![range("10.77.0.5", "10.77.0.30")]);
+    newcomer.spec.blocks.push(LbIpBlock {
+        cidr: Some("fd77::100/120".into()),
+        start: None,
+        stop: None,
+    });
+    c.put("aaa-newcomer", &newcomer);
+    let conflict = || {
+        c.list::<LbIpPool>()
+            .into_iter()
+            .find(|p| p.name == "aaa-newcomer")
+            .and_then(|p| {
+                p.value
+                    .status
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.kind == "Conflict")
+            })
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the newcomer flagged",
+        || conflict().is_some(),
+        || c.operator_log(0),
+    );
+    let flagged = conflict().unwrap();
+    assert!(
+        flagged.status && flagged.message.contains("overlaps pool zzz-in-use"),
+        "{flagged:?}"
+    );
+    // A few passes later, still no IP has moved.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(held(), before, "adding a pool moved an IP");
+
+    // web turns NodePort: its IPs are released and its status cleared.
+    let web = c
+        .list::<Service>()
+        .into_iter()
+        .find(|s| s.name == "default/web")
+        .unwrap();
+    let released = web.value.status.ingress.clone();
+    let mut node_port = web.value.clone();
+    node_port.spec.service_type = ipam_core::lb::resources::ServiceType::NodePort;
+    c.put("default/web", &node_port);
+    let web_status = || {
+        c.list::<Service>()
+            .into_iter()
+            .find(|s| s.name == "default/web")
+            .map(|s| s.value.status)
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "web's status cleared",
+        || {
+            let status = web_status();
+            status.ingress.is_empty() && !status.conditions.iter().any(|c| c.kind == "IPAssigned")
+        },
+        || format!("{:?}\n{}", web_status(), c.operator_log(0)),
+    );
+    // The released addresses are free: the next Service takes them (the lowest free).
+    c.put("default/next", &dual);
+    wait_until(
+        Duration::from_secs(20),
+        "the next Service served from the released IPs",
+        || held().get("default/next") == Some(&released),
+        || format!("{:?}\n{}", held(), c.operator_log(0)),
+    );
+    assert_eq!(held()["default/api"], before["default/api"]);
+}

@@ -3,8 +3,14 @@
 //! table test.
 //!
 //! Rules:
-//! - a pool that is invalid, or overlaps a pool earlier in name order, is not used (its status
-//!   says why); a disabled pool keeps its assignments and gives no new ones;
+//! - a pool that is invalid, or whose own blocks overlap, is not used (its status says why and
+//!   names the blocks);
+//! - of two pools that overlap, the one already in use keeps serving and the newcomer is
+//!   flagged `Conflict` and not used: adding a pool never moves an IP a Service holds. A pool
+//!   is in use when its stored status says it was accepted (Ready, no Conflict) on an earlier
+//!   pass; between two pools of the same standing (both new, say, applied together) the one
+//!   first in name order wins;
+//! - a disabled pool keeps its assignments and gives no new ones;
 //! - a service keeps each IP it holds while the IP is in a usable pool that selects it; an IP
 //!   that left every such pool is replaced, and the service's condition says so (never a
 //!   silently dead address);
@@ -12,7 +18,9 @@
 //! - services with the same sharing key share an IP when their ports do not clash;
 //! - new IPs are the lowest free address of the first enabled pool (by name) that selects the
 //!   service and has the family; first and last address of each CIDR only with
-//!   `allowFirstLastIPs`.
+//!   `allowFirstLastIPs`;
+//! - a Service that leaves LB-IPAM (another type or class) gives its IPs back at once: its
+//!   status loses the IPs and the condition LB-IPAM wrote, so no two Services claim one IP.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -30,6 +38,9 @@ use crate::{
 pub const READY: &str = "Ready";
 pub const CONFLICT: &str = "Conflict";
 pub const IP_ASSIGNED: &str = "IPAssigned";
+/// The condition a pool (and its services) get when no announced interface reaches it; the
+/// operator's controller writes it beside LB-IPAM's.
+pub const REACHABLE: &str = "Reachable";
 
 /// An inclusive range of usable addresses of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +78,51 @@ impl UsablePool<'_> {
     fn has(&self, family: Family) -> bool {
         self.ranges.iter().any(|r| r.family == family)
     }
+}
+
+/// Why a pool is not used.
+enum Unusable {
+    /// A block is not valid.
+    Invalid(String),
+    /// Two of its own blocks cover the same addresses.
+    SelfOverlap(String),
+}
+
+/// The pools' usable ranges, or why they cannot be used.
+fn pool_ranges(name: &str, spec: &LbIpPoolSpec) -> Result<Vec<Range>, Unusable> {
+    let ranges = parse_pool(name, spec).map_err(Unusable::Invalid)?;
+    // Whole blocks are compared: a CIDR's first and last address count even when left out.
+    let whole = LbIpPoolSpec {
+        allow_first_last_ips: true,
+        ..spec.clone()
+    };
+    let blocks = parse_pool(name, &whole).map_err(Unusable::Invalid)?;
+    for (i, a) in blocks.iter().enumerate() {
+        if let Some(j) = blocks[i + 1..].iter().position(|b| b.overlaps(a)) {
+            let j = i + 1 + j;
+            return Err(Unusable::SelfOverlap(format!(
+                "pool {name}: block {i} ({}) and block {j} ({}) overlap; none of its blocks is \
+                 used until one of them is removed or narrowed",
+                describe(&spec.blocks[i]),
+                describe(&spec.blocks[j])
+            )));
+        }
+    }
+    Ok(ranges)
+}
+
+fn describe(block: &super::resources::LbIpBlock) -> String {
+    match (&block.cidr, &block.start, &block.stop) {
+        (Some(cidr), ..) => cidr.clone(),
+        (None, Some(start), Some(stop)) => format!("{start}-{stop}"),
+        _ => "?".to_owned(),
+    }
+}
+
+/// Whether the pool's stored status says an earlier pass accepted it: Ready and no Conflict.
+fn accepted(status: &LbIpPoolStatus) -> bool {
+    let has = |kind: &str| status.conditions.iter().any(|c| c.kind == kind && c.status);
+    has(READY) && !has(CONFLICT)
 }
 
 /// The pools' usable ranges, or why a block is not valid.
@@ -178,19 +234,22 @@ impl<'a> Holders<'a> {
     }
 }
 
-/// Assigns IPs to `services` from `pools`. Services of another class or type are left out of
-/// the result (their status is not LB-IPAM's to write).
+/// Assigns IPs to `services` from `pools` (name, spec, stored status). Services of another
+/// class or type are left out of the result (their status is not LB-IPAM's to write), unless
+/// their status still holds what LB-IPAM wrote: that is cleared.
 pub fn assign(
-    pools: &[(String, LbIpPoolSpec)],
+    pools: &[(String, LbIpPoolSpec, LbIpPoolStatus)],
     services: &[(String, ServiceSpec, ServiceStatus)],
 ) -> Assignment {
     let mut out = Assignment::default();
     let mut usable: Vec<UsablePool> = Vec::new();
-    let mut sorted: Vec<&(String, LbIpPoolSpec)> = pools.iter().collect();
-    sorted.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, spec) in sorted {
-        let condition = match parse_pool(name, spec) {
-            Err(message) => Condition::new(READY, false, message),
+    let mut sorted: Vec<&(String, LbIpPoolSpec, LbIpPoolStatus)> = pools.iter().collect();
+    // Pools in use first, so a newcomer never takes addresses from one.
+    sorted.sort_by(|a, b| accepted(&b.2).cmp(&accepted(&a.2)).then(a.0.cmp(&b.0)));
+    for (name, spec, _) in sorted {
+        let condition = match pool_ranges(name, spec) {
+            Err(Unusable::Invalid(message)) => Condition::new(READY, false, message),
+            Err(Unusable::SelfOverlap(message)) => Condition::new(CONFLICT, true, message),
             Ok(ranges) => {
                 let clash = usable.iter().find_map(|u| {
                     u.ranges
@@ -203,8 +262,8 @@ pub fn assign(
                         CONFLICT,
                         true,
                         format!(
-                            "pool {name} overlaps pool {other}; it is not used until the overlap \
-                             is removed"
+                            "pool {name} overlaps pool {other}, which was there first; it is not \
+                             used until the overlap is removed"
                         ),
                     ),
                     None => {
@@ -231,6 +290,11 @@ pub fn assign(
         );
     }
 
+    for (name, _, status) in services.iter().filter(|(_, s, _)| !s.is_ours()) {
+        if let Some(cleared) = released(status) {
+            out.services.insert(name.clone(), cleared);
+        }
+    }
     let mut ours: Vec<&(String, ServiceSpec, ServiceStatus)> =
         services.iter().filter(|(_, s, _)| s.is_ours()).collect();
     ours.sort_by(|a, b| a.0.cmp(&b.0));
@@ -342,6 +406,24 @@ pub fn assign(
         }
     }
     out
+}
+
+/// The status of a Service that left LB-IPAM, if LB-IPAM's IPs and condition are still in it:
+/// without them and without the operator's other condition (anyone else's kept). A status
+/// without our condition was never ours (another controller's Service) and is left alone.
+fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
+    if !status.conditions.iter().any(|c| c.kind == IP_ASSIGNED) {
+        return None;
+    }
+    Some(ServiceStatus {
+        ingress: Vec::new(),
+        conditions: status
+            .conditions
+            .iter()
+            .filter(|c| c.kind != IP_ASSIGNED && c.kind != REACHABLE)
+            .cloned()
+            .collect(),
+    })
 }
 
 /// A new IP of `family` for the service: a requested one, a shared one, or the lowest free.

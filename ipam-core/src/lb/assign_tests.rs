@@ -5,11 +5,11 @@ use std::net::IpAddr;
 use super::{
     assign::{CONFLICT, IP_ASSIGNED, READY, assign},
     resources::{
-        IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, Protocol, Selector, ServicePort, ServiceSpec,
-        ServiceStatus, ServiceType,
+        IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, LbIpPoolStatus, Protocol, Selector, ServicePort,
+        ServiceSpec, ServiceStatus, ServiceType,
     },
 };
-use crate::Family;
+use crate::{Family, resources::Condition};
 
 fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
     LbIpPoolSpec {
@@ -66,9 +66,9 @@ fn run(
     pools: &[(&str, LbIpPoolSpec)],
     services: &[(&str, ServiceSpec, Vec<&str>)],
 ) -> (Vec<Row>, super::assign::Assignment) {
-    let pools: Vec<(String, LbIpPoolSpec)> = pools
+    let pools: Vec<(String, LbIpPoolSpec, LbIpPoolStatus)> = pools
         .iter()
-        .map(|(n, p)| ((*n).to_owned(), p.clone()))
+        .map(|(n, p)| ((*n).to_owned(), p.clone(), LbIpPoolStatus::default()))
         .collect();
     let services: Vec<(String, ServiceSpec, ServiceStatus)> = services
         .iter()
@@ -421,5 +421,215 @@ fn assignments_are_stable_across_passes() {
         );
         assert_eq!(rows[1].1, held, "{family:?}");
         assert_ne!(rows[0].1, held);
+    }
+}
+
+/// (family, the pool in use, a wider pool overlapping it)
+const OVERLAPS: [(Family, &str, &str); 2] = [
+    (Family::V4, "192.0.2.0/28", "192.0.2.0/24"),
+    (Family::V6, "2001:db8::/124", "2001:db8::/120"),
+];
+
+/// Adding a pool never renumbers a running Service: a newcomer that overlaps the pool in use
+/// is flagged, whatever its name, and the Services keep their IPs. (Pools decided by name once
+/// let a new pool named `aaa` take the overlap from the pool in use and renumber its Services.)
+#[test]
+fn a_new_overlapping_pool_is_flagged_and_no_ip_moves() {
+    for (family, in_use, wider) in OVERLAPS {
+        // First pass: only the pool in use; its Service gets an IP and the pool is accepted.
+        let first = assign(
+            &[(
+                "zzz-old".into(),
+                cidr_pool(&[in_use]),
+                LbIpPoolStatus::default(),
+            )],
+            &[("ns/web".into(), svc(family), ServiceStatus::default())],
+        );
+        let held = first.services["ns/web"].ingress.clone();
+        assert_eq!(held.len(), 1, "{family:?}");
+        // Second pass: a pool sorting first by name overlaps it.
+        let second = assign(
+            &[
+                (
+                    "aaa-new".into(),
+                    cidr_pool(&[wider]),
+                    LbIpPoolStatus::default(),
+                ),
+                (
+                    "zzz-old".into(),
+                    cidr_pool(&[in_use]),
+                    first.pools["zzz-old"].clone(),
+                ),
+            ],
+            &[(
+                "ns/web".into(),
+                svc(family),
+                first.services["ns/web"].clone(),
+            )],
+        );
+        assert_eq!(
+            second.services["ns/web"].ingress, held,
+            "{family:?}: no IP moves"
+        );
+        let new = &second.pools["aaa-new"].conditions[0];
+        assert!(
+            new.kind == CONFLICT
+                && new.status
+                && new
+                    .message
+                    .contains("overlaps pool zzz-old, which was there first"),
+            "{new:?}"
+        );
+        let old = &second.pools["zzz-old"].conditions[0];
+        assert!(old.kind == READY && old.status, "{old:?}");
+        // And on the pass after (the statuses as written), still so: the decision is stable.
+        let third = assign(
+            &[
+                (
+                    "aaa-new".into(),
+                    cidr_pool(&[wider]),
+                    second.pools["aaa-new"].clone(),
+                ),
+                (
+                    "zzz-old".into(),
+                    cidr_pool(&[in_use]),
+                    second.pools["zzz-old"].clone(),
+                ),
+            ],
+            &[(
+                "ns/web".into(),
+                svc(family),
+                second.services["ns/web"].clone(),
+            )],
+        );
+        assert_eq!(third.services["ns/web"].ingress, held);
+        assert_eq!(third.pools["aaa-new"].conditions[0].kind, CONFLICT);
+        // The old pool removed: the newcomer is used, and the Service's IP (inside it) stays.
+        let fourth = assign(
+            &[(
+                "aaa-new".into(),
+                cidr_pool(&[wider]),
+                third.pools["aaa-new"].clone(),
+            )],
+            &[(
+                "ns/web".into(),
+                svc(family),
+                third.services["ns/web"].clone(),
+            )],
+        );
+        assert_eq!(fourth.pools["aaa-new"].conditions[0].kind, READY);
+        assert_eq!(fourth.services["ns/web"].ingress, held);
+    }
+}
+
+/// A Service that stops being LB-IPAM's (another type, another class) gives its IP back in the
+/// same pass: its status loses the IP and LB-IPAM's conditions, and the IP can go to another
+/// Service, with no two Services claiming it.
+#[test]
+fn a_service_leaving_lb_ipam_releases_its_ip_and_status() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let pools = [(
+            "a".to_owned(),
+            cidr_pool(&[cidr]),
+            LbIpPoolStatus::default(),
+        )];
+        let held = ServiceStatus {
+            ingress: vec![ip(first)],
+            conditions: vec![
+                Condition::new(IP_ASSIGNED, true, format!("assigned {first}")),
+                Condition::new("Reachable", true, "inside an announced subnet"),
+                Condition::new("SomeoneElses", true, "kept"),
+            ],
+        };
+        for leave in ["NodePort", "ClusterIP", "class"] {
+            let mut gone = svc(family);
+            match leave {
+                "NodePort" => gone.service_type = ServiceType::NodePort,
+                "ClusterIP" => gone.service_type = ServiceType::ClusterIP,
+                _ => gone.load_balancer_class = Some("example.com/other".into()),
+            }
+            let out = assign(
+                &pools,
+                &[
+                    ("ns/gone".into(), gone, held.clone()),
+                    ("ns/next".into(), svc(family), ServiceStatus::default()),
+                ],
+            );
+            let released = &out.services["ns/gone"];
+            assert!(released.ingress.is_empty(), "{leave}: {released:?}");
+            let kinds: Vec<&str> = released
+                .conditions
+                .iter()
+                .map(|c| c.kind.as_str())
+                .collect();
+            assert_eq!(kinds, ["SomeoneElses"], "{leave}");
+            assert_eq!(
+                out.services["ns/next"].ingress,
+                [ip(first)],
+                "{leave}: reused"
+            );
+        }
+        // A Service of another class LB-IPAM never served keeps its status untouched.
+        let mut theirs = svc(family);
+        theirs.load_balancer_class = Some("example.com/other".into());
+        let status = ServiceStatus {
+            ingress: vec![ip(first)],
+            conditions: vec![],
+        };
+        let out = assign(&pools, &[("ns/theirs".into(), theirs, status)]);
+        assert!(!out.services.contains_key("ns/theirs"));
+    }
+}
+
+/// A pool whose own blocks overlap is flagged, naming both blocks, and none of its blocks is
+/// used until it is fixed.
+#[test]
+fn a_pool_whose_own_blocks_overlap_is_flagged_and_unused() {
+    let cases = [
+        (
+            Family::V4,
+            cidr_pool(&["192.0.2.0/24", "192.0.2.128/25"]),
+            "192.0.2.0/24",
+            "192.0.2.128/25",
+        ),
+        (
+            Family::V6,
+            cidr_pool(&["2001:db8::/120", "2001:db8::80/121"]),
+            "2001:db8::/120",
+            "2001:db8::80/121",
+        ),
+    ];
+    for (family, mut pool, a, b) in cases {
+        // With a range too: a range inside a CIDR's left-out first address still overlaps.
+        let (start, stop) = match family {
+            Family::V4 => ("198.51.100.10", "198.51.100.20"),
+            Family::V6 => ("2001:db8:1::10", "2001:db8:1::20"),
+        };
+        pool.blocks.push(range_pool(start, stop).blocks[0].clone());
+        let out = assign(
+            &[("p".into(), pool, LbIpPoolStatus::default())],
+            &[("ns/s".into(), svc(family), ServiceStatus::default())],
+        );
+        let c = &out.pools["p"].conditions[0];
+        assert!(
+            c.kind == CONFLICT
+                && c.status
+                && c.message
+                    .contains(&format!("block 0 ({a}) and block 1 ({b}) overlap")),
+            "{c:?}"
+        );
+        let s = &out.services["ns/s"];
+        assert!(
+            s.ingress.is_empty(),
+            "{family:?}: nothing from a flagged pool"
+        );
+        assert!(!s.conditions[0].status);
+        // Blocks that only touch do not overlap.
+        let touching = match family {
+            Family::V4 => cidr_pool(&["192.0.2.0/25", "192.0.2.128/25"]),
+            Family::V6 => cidr_pool(&["2001:db8::/121", "2001:db8::80/121"]),
+        };
+        let out = assign(&[("t".into(), touching, LbIpPoolStatus::default())], &[]);
+        assert_eq!(out.pools["t"].conditions[0].kind, READY, "{family:?}");
     }
 }

@@ -4,7 +4,7 @@
 
 use super::{
     announce::unreachable_pools,
-    assign::{IP_ASSIGNED, assign},
+    assign::assign,
     resources::{L2AnnouncementPolicy, LbIpPool, Service},
     rows,
 };
@@ -13,8 +13,7 @@ use crate::{
     store::{StoreError, TypedStore},
 };
 
-/// The condition a pool (and its services) get when no announced interface reaches it.
-pub const REACHABLE: &str = "Reachable";
+pub use super::assign::REACHABLE;
 
 /// What a pass changed, for the log.
 #[derive(Debug, Default)]
@@ -33,7 +32,7 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
     let nodes = store.list_typed::<NodeIpam>().await?;
     let pool_specs = rows::pools(&pools);
     let policy_specs = rows::policies(&policies);
-    let mut decided = assign(&pool_specs, &rows::services(&services));
+    let mut decided = assign(&rows::pools_with_status(&pools), &rows::services(&services));
     let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
     let (unreachable, bad_policies) = unreachable_pools(&pool_specs, &policy_specs, &node_views);
     let mut report = LbReport::default();
@@ -110,6 +109,5 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
                 .await?;
         }
     }
-    debug_assert!(IP_ASSIGNED != REACHABLE);
     Ok(report)
 }

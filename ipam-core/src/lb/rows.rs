@@ -4,8 +4,8 @@
 use super::{
     announce::NodeView,
     resources::{
-        L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, Service, ServiceSpec,
-        ServiceStatus,
+        L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Service,
+        ServiceSpec, ServiceStatus,
     },
 };
 use crate::{resources::NodeIpam, store::Versioned};
@@ -16,6 +16,17 @@ pub fn pools<'a>(
     objects
         .into_iter()
         .map(|p| (p.name.clone(), p.value.spec.clone()))
+        .collect()
+}
+
+/// The pools with their stored status, as LB-IPAM takes them (the status says which pools an
+/// earlier pass accepted).
+pub fn pools_with_status<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<LbIpPool>>,
+) -> Vec<(String, LbIpPoolSpec, LbIpPoolStatus)> {
+    objects
+        .into_iter()
+        .map(|p| (p.name.clone(), p.value.spec.clone(), p.value.status.clone()))
         .collect()
 }
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use ipam_core::{
     lb::{
         announce::{NodeView, owners},
-        resources::{L2AnnouncementPolicy, LbIpPool, Service},
+        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceSpec},
         rows,
     },
     pool::PodIpPoolSpec,
@@ -50,15 +50,50 @@ pub enum ObjectError {
         name: String,
         source: serde_yaml_ng::Error,
     },
+    #[error(
+        "{file}: document {index} ({kind} {name}): {field} is not a field of a {kind}; \
+         check its spelling and place (docs/service-ips.md and docs/ipam.md list the fields). \
+         Nothing was applied"
+    )]
+    UnknownField {
+        file: String,
+        index: usize,
+        kind: String,
+        name: String,
+        field: String,
+    },
+    #[error(
+        "{file}: document {index} (Service {name}): metadata.labels and the deprecated \
+         spec.labels disagree; keep the labels in metadata.labels only"
+    )]
+    LabelsDisagree {
+        file: String,
+        index: usize,
+        name: String,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
+/// The top level of a document: what Kubernetes manifests hold. `apiVersion` is not checked
+/// (the kind says which resource it is) and a `status` is not applied (it is the controllers'),
+/// as the API server does with a status in an apply.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Document {
+    #[serde(default)]
+    #[expect(
+        dead_code,
+        reason = "accepted as in any manifest, not needed to tell kinds apart"
+    )]
+    api_version: Option<String>,
     kind: String,
     metadata: Metadata,
+    #[serde(default)]
     spec: serde_yaml_ng::Value,
+    #[serde(default)]
+    #[expect(dead_code, reason = "a status in a manifest is not applied")]
+    status: Option<serde_yaml_ng::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,7 +101,27 @@ pub struct Metadata {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
+
+/// The fields of Kubernetes' ObjectMeta that the server sets: accepted in a document (a
+/// `kubectl get -o yaml` holds them) and not applied.
+const SERVER_METADATA: &[&str] = &[
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "managedFields",
+    "ownerReferences",
+    "finalizers",
+    "generateName",
+    "selfLink",
+];
 
 /// One object read from a file, ready to write.
 #[derive(Debug)]
@@ -101,53 +156,88 @@ impl Object {
     }
 }
 
+/// The documents of a file: the objects to write, and notes for the user (old spellings that
+/// are still read).
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub objects: Vec<Object>,
+    pub notes: Vec<String>,
+}
+
 /// Reads every document of `text` (from `file`, named in errors). Nothing is written unless all
-/// of them are valid.
-pub fn parse(file: &str, text: &str) -> Result<Vec<Object>, ObjectError> {
-    let mut out = Vec::new();
+/// of them are valid; a field the resource does not have is an error, not ignored.
+pub fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
+    let mut parsed = Parsed::default();
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value = serde_yaml_ng::Value::deserialize(doc).map_err(|source| ObjectError::Yaml {
+        let yaml = |source| ObjectError::Yaml {
             file: file.to_owned(),
             index,
             source,
-        })?;
+        };
+        let value = serde_yaml_ng::Value::deserialize(doc).map_err(yaml)?;
         if value.is_null() {
             continue;
         }
-        let doc: Document =
-            serde_yaml_ng::from_value(value).map_err(|source| ObjectError::Yaml {
-                file: file.to_owned(),
-                index,
-                source,
-            })?;
-        let spec = |kind: &str, name: &str| {
-            let file = file.to_owned();
-            let (kind, name) = (kind.to_owned(), name.to_owned());
-            move |source| ObjectError::Spec {
-                file,
-                kind,
-                name,
-                source,
+        let mut unknown = Vec::new();
+        let doc: Document = serde_ignored::deserialize(value, |path| {
+            let path = field_path(&path);
+            if !SERVER_METADATA
+                .iter()
+                .any(|m| path == format!("metadata.{m}"))
+            {
+                unknown.push(path);
             }
+        })
+        .map_err(yaml)?;
+        let kind = doc.kind.clone();
+        let name = match (kind.as_str(), &doc.metadata.namespace) {
+            ("Service", namespace) => format!(
+                "{}/{}",
+                namespace.as_deref().unwrap_or("default"),
+                doc.metadata.name
+            ),
+            _ => doc.metadata.name.clone(),
         };
-        let name = doc.metadata.name.clone();
-        out.push(match doc.kind.as_str() {
+        let at = Place {
+            file,
+            index,
+            kind: &kind,
+            name: &name,
+        };
+        if let Some(field) = unknown.into_iter().next() {
+            return Err(at.unknown(field));
+        }
+        parsed.notes.extend(at.old_spellings(&doc.spec));
+        let object = match kind.as_str() {
             "LoadBalancerIPPool" => Object::LbPool(
                 name.clone(),
                 LbIpPool {
-                    spec: typed(doc.spec).map_err(spec(&doc.kind, &name))?,
+                    spec: at.spec(doc.spec)?,
                     status: Default::default(),
                 },
             ),
             "Service" => {
-                let full = format!(
-                    "{}/{name}",
-                    doc.metadata.namespace.as_deref().unwrap_or("default")
-                );
+                let mut spec: ServiceSpec = at.spec(doc.spec)?;
+                if !spec.labels.is_empty() {
+                    if !doc.metadata.labels.is_empty() && doc.metadata.labels != spec.labels {
+                        return Err(ObjectError::LabelsDisagree {
+                            file: file.to_owned(),
+                            index,
+                            name,
+                        });
+                    }
+                    parsed.notes.push(format!(
+                        "{file}: document {index} (Service {name}): spec.labels is deprecated \
+                         and still read; move the labels to metadata.labels, where Kubernetes \
+                         keeps a Service's labels"
+                    ));
+                } else {
+                    spec.labels = doc.metadata.labels.clone();
+                }
                 Object::Service(
-                    full.clone(),
+                    name.clone(),
                     Service {
-                        spec: typed(doc.spec).map_err(spec(&doc.kind, &full))?,
+                        spec,
                         status: Default::default(),
                     },
                 )
@@ -155,13 +245,13 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Object>, ObjectError> {
             "L2AnnouncementPolicy" => Object::L2Policy(
                 name.clone(),
                 L2AnnouncementPolicy {
-                    spec: typed(doc.spec).map_err(spec(&doc.kind, &name))?,
+                    spec: at.spec(doc.spec)?,
                 },
             ),
             "PodIPPool" => Object::PodPool(
                 name.clone(),
                 PodIpPool {
-                    spec: typed::<PodIpPoolSpec>(doc.spec).map_err(spec(&doc.kind, &name))?,
+                    spec: at.spec::<PodIpPoolSpec>(doc.spec)?,
                     status: Default::default(),
                 },
             ),
@@ -172,13 +262,81 @@ pub fn parse(file: &str, text: &str) -> Result<Vec<Object>, ObjectError> {
                     kind: other.to_owned(),
                 });
             }
-        });
+        };
+        parsed.objects.push(object);
     }
-    Ok(out)
+    Ok(parsed)
 }
 
-fn typed<T: DeserializeOwned>(v: serde_yaml_ng::Value) -> Result<T, serde_yaml_ng::Error> {
-    serde_yaml_ng::from_value(v)
+/// A field's path as Kubernetes writes it in its errors: `spec.blocks[0].cidr`.
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => match field_path(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
+    }
+}
+
+/// Where a document is, for its errors and notes.
+struct Place<'a> {
+    file: &'a str,
+    index: usize,
+    kind: &'a str,
+    name: &'a str,
+}
+
+impl Place<'_> {
+    fn unknown(&self, field: String) -> ObjectError {
+        ObjectError::UnknownField {
+            file: self.file.to_owned(),
+            index: self.index,
+            kind: self.kind.to_owned(),
+            name: self.name.to_owned(),
+            field,
+        }
+    }
+
+    /// The typed spec; a field it does not have is an error naming the field.
+    fn spec<T: DeserializeOwned>(&self, spec: serde_yaml_ng::Value) -> Result<T, ObjectError> {
+        let mut unknown = None;
+        let typed = serde_ignored::deserialize(spec, |path| {
+            unknown.get_or_insert_with(|| format!("spec.{}", field_path(&path)));
+        })
+        .map_err(|source| ObjectError::Spec {
+            file: self.file.to_owned(),
+            kind: self.kind.to_owned(),
+            name: self.name.to_owned(),
+            source,
+        })?;
+        match unknown {
+            Some(field) => Err(self.unknown(field)),
+            None => Ok(typed),
+        }
+    }
+
+    /// Notes for the fields `spec` spells the old way (`ipam_core::spelling`).
+    fn old_spellings(&self, spec: &serde_yaml_ng::Value) -> Vec<String> {
+        let Ok(spec) = serde_json::to_value(spec) else {
+            return Vec::new();
+        };
+        ipam_core::spelling::old_spellings(self.kind, &serde_json::json!({ "spec": spec }))
+            .into_iter()
+            .map(|r| {
+                format!(
+                    "{}: document {} ({} {}): spec.{} is the old spelling of spec.{}; it is \
+                     still read, but write {}",
+                    self.file, self.index, self.kind, self.name, r.old, r.new, r.new
+                )
+            })
+            .collect()
+    }
 }
 
 /// Writes `object`'s spec: creates it, or replaces the spec of the existing one (its status is
@@ -261,8 +419,9 @@ mod tests {
         let text = "kind: LoadBalancerIPPool\nmetadata: { name: lb }\nspec: { blocks: [ { cidr: 10.77.0.192/27 } ] }\n---\n\
                     kind: Service\nmetadata: { name: web }\nspec: { type: LoadBalancer, ports: [ { port: 80 } ], sharingKey: web }\n---\n\
                     kind: L2AnnouncementPolicy\nmetadata: { name: all }\nspec: { interfaces: [ \"eth.*\" ] }\n";
-        let objects = parse("lb.yaml", text).unwrap();
-        let names: Vec<String> = objects.iter().map(Object::describe).collect();
+        let parsed = parse("lb.yaml", text).unwrap();
+        assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
+        let names: Vec<String> = parsed.objects.iter().map(Object::describe).collect();
         assert_eq!(
             names,
             [
@@ -283,6 +442,127 @@ mod tests {
         .to_string();
         assert!(
             e.contains("Service shop/web") && e.contains("Balancer"),
+            "{e}"
+        );
+    }
+
+    fn error(text: &str) -> String {
+        parse("x.yaml", text).unwrap_err().to_string()
+    }
+
+    /// A field the resource does not have is refused with the file, the document, the object
+    /// and the field: an ignored misspelling once left a pool handing out addresses its author
+    /// had excluded.
+    #[test]
+    fn an_unknown_field_is_an_error_naming_file_document_object_and_field() {
+        let e = error(
+            "kind: L2AnnouncementPolicy\nmetadata: { name: ok }\nspec: {}\n---\n\
+             kind: LoadBalancerIPPool\nmetadata: { name: lb }\n\
+             spec: { blocks: [ { cidr: 10.77.0.0/24 } ], allowFirstLast: true }\n",
+        );
+        assert!(
+            e.contains("x.yaml")
+                && e.contains("document 1")
+                && e.contains("LoadBalancerIPPool lb")
+                && e.contains("spec.allowFirstLast "),
+            "{e}"
+        );
+        // Nested, in a list: the path says where.
+        let e = error(
+            "kind: LoadBalancerIPPool\nmetadata: { name: lb }\nspec: { blocks: [ { cdr: fd77::/64 } ] }\n",
+        );
+        assert!(e.contains("spec.blocks[0].cdr"), "{e}");
+        // Beside the spec, and in the metadata.
+        let e = error("kind: Service\nmetadata: { name: web }\nspce: {}\n");
+        assert!(e.contains("spce") && e.contains("document 0"), "{e}");
+        let e = error("kind: Service\nmetadata: { name: web, labells: { a: b } }\nspec: {}\n");
+        assert!(
+            e.contains("metadata.labells") && e.contains("Service default/web"),
+            "{e}"
+        );
+        // What `kubectl get -o yaml` adds is not an error: apiVersion, server metadata, status.
+        let parsed = parse(
+            "x.yaml",
+            "apiVersion: ipam-ebpf.io/v1alpha1\nkind: LoadBalancerIPPool\n\
+             metadata: { name: lb, uid: 1f, resourceVersion: \"7\", creationTimestamp: x }\n\
+             spec: { blocks: [ { start: 10.77.0.10, stop: 10.77.0.20 } ] }\nstatus: { conditions: [] }\n",
+        )
+        .unwrap();
+        assert_eq!(parsed.objects.len(), 1);
+    }
+
+    /// Kubernetes' spelling is read; the old spelling too, with a note.
+    #[test]
+    fn kubernetes_spelling_is_read_and_the_old_one_with_a_note() {
+        let parsed = parse(
+            "x.yaml",
+            "kind: LoadBalancerIPPool\nmetadata: { name: lb }\n\
+             spec: { blocks: [ { cidr: fd77::/64 } ], allowFirstLastIPs: true }\n",
+        )
+        .unwrap();
+        let Object::LbPool(_, pool) = &parsed.objects[0] else {
+            panic!("a pool")
+        };
+        assert!(pool.spec.allow_first_last_ips);
+        assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
+
+        let parsed = parse(
+            "x.yaml",
+            "kind: L2AnnouncementPolicy\nmetadata: { name: p }\nspec: { loadBalancerIps: false }\n",
+        )
+        .unwrap();
+        let Object::L2Policy(_, policy) = &parsed.objects[0] else {
+            panic!("a policy")
+        };
+        assert!(!policy.spec.load_balancer_ips);
+        assert_eq!(parsed.notes.len(), 1);
+        assert!(
+            parsed.notes[0].contains("L2AnnouncementPolicy p")
+                && parsed.notes[0].contains("loadBalancerIPs"),
+            "{:?}",
+            parsed.notes
+        );
+    }
+
+    /// A Service's labels are where Kubernetes keeps them, so one YAML works on every store;
+    /// `spec.labels` still reads, with a note, and two that disagree are refused.
+    #[test]
+    fn a_service_s_labels_come_from_its_metadata() {
+        let parsed = parse(
+            "x.yaml",
+            "kind: Service\nmetadata: { name: web, namespace: shop, labels: { tier: edge } }\nspec: {}\n",
+        )
+        .unwrap();
+        let Object::Service(name, service) = &parsed.objects[0] else {
+            panic!("a service")
+        };
+        assert_eq!(name, "shop/web");
+        assert_eq!(
+            service.spec.labels.get("tier").map(String::as_str),
+            Some("edge")
+        );
+        assert!(parsed.notes.is_empty());
+
+        let parsed = parse(
+            "x.yaml",
+            "kind: Service\nmetadata: { name: web }\nspec: { labels: { tier: edge } }\n",
+        )
+        .unwrap();
+        let Object::Service(_, service) = &parsed.objects[0] else {
+            panic!("a service")
+        };
+        assert_eq!(service.spec.labels.len(), 1);
+        assert!(
+            parsed.notes[0].contains("metadata.labels"),
+            "{:?}",
+            parsed.notes
+        );
+
+        let e = error(
+            "kind: Service\nmetadata: { name: web, labels: { tier: a } }\nspec: { labels: { tier: b } }\n",
+        );
+        assert!(
+            e.contains("disagree") && e.contains("Service default/web"),
             "{e}"
         );
     }

@@ -79,8 +79,11 @@ pub(crate) async fn apply(store: &ClusterStore, file: &Path, output: Output) -> 
     };
     // Every document is checked before anything is written.
     let parsed = objects::parse(&name, &text)?;
-    let mut applied = Vec::with_capacity(parsed.len());
-    for object in &parsed {
+    for note in &parsed.notes {
+        eprintln!("note: {note}");
+    }
+    let mut applied = Vec::with_capacity(parsed.objects.len());
+    for object in &parsed.objects {
         let created = objects::apply(store, object).await?;
         applied.push(Applied {
             kind: object.kind(),

@@ -8,7 +8,8 @@
 //! to the root: setup may add components without touching the host's), a `CARGO_HOME` of its own
 //! (so setup builds bpf-linker again, as on a fresh machine), the host's crate downloads through
 //! an overlay (to spare the registry, not to hide anything: crates are not system packages) and
-//! the source tree read-only (the build writes nothing into it). Every mount lives in a private
+//! the source tree read-only (the build writes nothing into it), and the host's network settings
+//! (resolver, trusted certificate authorities). Every mount lives in a private
 //! mount namespace and vanishes with it; the root is removed at the end unless `--keep`.
 //!
 //! Slow (a from-scratch build on this machine's cores); not part of CI. Run it whenever a
@@ -144,7 +145,14 @@ mount --bind {source} "$root/src"
 mount -o remount,bind,ro "$root/src"
 overlay {rustup_home} rustup "$root/root/.rustup"
 overlay {registry} registry "$root/root/.cargo/registry"
+# The host's network settings: its resolver, and the certificate authorities it trusts (a
+# site's own, for a proxy in front of the registries, among them; kept where a later
+# update-ca-certificates in the root finds them again).
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+if [ -d /usr/local/share/ca-certificates ]; then
+  cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+fi
+cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/ca-certificates.crt"
 cp {rustup} "$root/root/.cargo/bin/rustup"
 for tool in cargo rustc rustdoc rustfmt cargo-fmt cargo-clippy clippy-driver; do
   ln -sf rustup "$root/root/.cargo/bin/$tool"

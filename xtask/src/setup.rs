@@ -24,6 +24,7 @@ const BUILD_PACKAGES: &[(&str, &str)] = &[
 /// Debian packages the tests, the lab and the benchmarks use.
 const TEST_PACKAGES: &[(&str, &str)] = &[
     ("iproute2", "ip: namespaces, veth pairs"),
+    ("mount", "mount: setup mounts bpffs at /sys/fs/bpf"),
     (
         "util-linux",
         "nsenter: runs the daemon in a namespace without hiding bpffs",

@@ -79,7 +79,7 @@ pub enum ObjectError {
 /// (the kind says which resource it is) and a `status` is not applied (it is the controllers'),
 /// as the API server does with a status in an apply.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 struct Document {
     #[serde(default)]
     #[expect(
@@ -190,13 +190,12 @@ pub fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
         })
         .map_err(yaml)?;
         let kind = doc.kind.clone();
-        let name = match (kind.as_str(), &doc.metadata.namespace) {
-            ("Service", namespace) => format!(
-                "{}/{}",
-                namespace.as_deref().unwrap_or("default"),
-                doc.metadata.name
-            ),
-            _ => doc.metadata.name.clone(),
+        // Services are namespaced (`namespace/name`); the project's own kinds are cluster-wide.
+        let name = if kind == Service::KIND {
+            let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
+            format!("{namespace}/{}", doc.metadata.name)
+        } else {
+            doc.metadata.name.clone()
         };
         let at = Place {
             file,
@@ -474,7 +473,10 @@ mod tests {
         assert!(e.contains("spec.blocks[0].cdr"), "{e}");
         // Beside the spec, and in the metadata.
         let e = error("kind: Service\nmetadata: { name: web }\nspce: {}\n");
-        assert!(e.contains("spce") && e.contains("document 0"), "{e}");
+        assert!(
+            e.contains("spce is not a field") && e.contains("document 0 (Service default/web)"),
+            "{e}"
+        );
         let e = error("kind: Service\nmetadata: { name: web, labells: { a: b } }\nspec: {}\n");
         assert!(
             e.contains("metadata.labells") && e.contains("Service default/web"),

@@ -7,8 +7,12 @@ pub mod events;
 mod lease;
 pub mod node;
 pub mod pods;
+#[cfg(feature = "testing")]
+pub mod real_api;
 mod service;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod test_api;
 #[cfg(feature = "testing")]
 pub mod testing;
 

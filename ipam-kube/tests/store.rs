@@ -1,8 +1,9 @@
-//! The Kubernetes store against an in-process stand-in for the API server
-//! (`ipam_kube::testing`): no Kubernetes API server is packaged for the machines these tests
-//! run on. The stand-in keeps resourceVersions, answers 409 on conflicts, serves the status
-//! subresource and watches, and answers 410 Gone to a watch that resumes from a forgotten
-//! version. The same conformance tests run here as over the embedded store and real etcd.
+//! The Kubernetes store against an API server: a real kube-apiserver when `KUBEBUILDER_ASSETS`
+//! names one (the envtest convention), else the in-process stand-in (`ipam_kube::testing`),
+//! since no API server is packaged for the machines CI runs on. Both keep resourceVersions,
+//! answer 409 on conflicts, serve the status subresource and watches, and answer 410 Gone to a
+//! watch that resumes from a forgotten version. The same conformance tests run here as over the
+//! embedded store and real etcd.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,13 +11,42 @@ use ipam_core::{
     resources::{Condition, NodeIpam, NodeIpamStatus},
     store::{Store, TypedStore as _, WatchEvent, conformance},
 };
-use ipam_kube::{KubeStore, store::Layout, testing::StandIn};
+use ipam_kube::{KubeStore, store::Layout, test_api::TestApi};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
-async fn store() -> (StandIn, KubeStore) {
-    let api = StandIn::start()
-        .await
-        .expect("start the stand-in API server");
-    let store = KubeStore::new(api.client(), "ipam-system")
+/// The conformance suite's own kinds, as custom resources a real server serves.
+fn test_crd(kind: &str, plural: &str, singular: &str) -> CustomResourceDefinition {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": format!("{plural}.{}", ipam_kube::crd::GROUP) },
+        "spec": {
+            "group": ipam_kube::crd::GROUP,
+            "scope": "Cluster",
+            "names": { "kind": kind, "plural": plural, "singular": singular },
+            "versions": [{
+                "name": ipam_kube::crd::VERSION, "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": { "type": "object", "properties": {
+                    "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                } } },
+            }],
+        },
+    }))
+    .expect("a CRD")
+}
+
+async fn store(test: &str) -> (TestApi, KubeStore) {
+    let api = TestApi::start(test, &["ipam-system"]).await;
+    let mut crds = ipam_kube::crd::all();
+    crds.extend([
+        test_crd("Thing", "things", "thing"),
+        // Its plural shares a prefix with `things`; its singular may not be `things`, the other's
+        // plural, on a real server.
+        test_crd("Things", "thingses", "thingsone"),
+        test_crd("Other", "others", "other"),
+    ]);
+    api.install_crds(crds).await;
+    let store = KubeStore::new(api.client().await, "ipam-system")
         .with_kind("Thing", "things", Layout::WholeAsSpec)
         .with_kind("Things", "thingses", Layout::WholeAsSpec)
         .with_kind("Other", "others", Layout::WholeAsSpec);
@@ -25,26 +55,26 @@ async fn store() -> (StandIn, KubeStore) {
 
 #[tokio::test]
 async fn crud_with_optimistic_concurrency() {
-    let (_api, s) = store().await;
+    let (_api, s) = store("crud_with_optimistic_concurrency").await;
     conformance::crud_with_optimistic_concurrency(&s).await;
 }
 
 #[tokio::test]
 async fn watch_sees_the_snapshot_then_every_change_in_order() {
-    let (_api, s) = store().await;
+    let (_api, s) = store("watch_sees_the_snapshot_then_every_change_in_order").await;
     conformance::watch_sees_the_snapshot_then_every_change_in_order(&s).await;
 }
 
 #[tokio::test]
 async fn one_leader_and_takeover_after_the_duration() {
-    let (_api, s) = store().await;
+    let (_api, s) = store("one_leader_and_takeover_after_the_duration").await;
     conformance::one_leader_and_takeover_after_the_duration(&s).await;
 }
 
 /// A Kubernetes Lease keeps its duration in whole seconds: leases of one second here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_candidates_never_both_lead() {
-    let (_api, s) = store().await;
+    let (_api, s) = store("concurrent_candidates_never_both_lead").await;
     conformance::concurrent_candidates_never_both_lead_with(Arc::new(s), Duration::from_secs(1))
         .await;
 }
@@ -60,7 +90,7 @@ async fn a_watch_told_gone_lists_again_and_goes_on() {
     impl ipam_core::store::Resource for Thing {
         const KIND: &'static str = "Thing";
     }
-    let (api, s) = store().await;
+    let (mut api, s) = store("a_watch_told_gone_lists_again_and_goes_on").await;
     s.create_typed("a", &Thing { size: 1 }).await.unwrap();
     let mut w = s.watch("Thing").await.unwrap();
     s.create_typed("b", &Thing { size: 2 }).await.unwrap();
@@ -74,8 +104,7 @@ async fn a_watch_told_gone_lists_again_and_goes_on() {
     }
     s.delete("Thing", "a", None).await.unwrap();
     s.create_typed("c", &Thing { size: 3 }).await.unwrap();
-    api.compact();
-    api.end_watches();
+    api.compact_and_end_watches().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let event = tokio::time::timeout_at(deadline, w.next())
@@ -94,7 +123,7 @@ async fn a_watch_told_gone_lists_again_and_goes_on() {
 /// stays while they hold; a status written again unchanged leaves the resourceVersion alone.
 #[tokio::test]
 async fn status_goes_through_the_subresource_with_kubernetes_conditions() {
-    let (api, s) = store().await;
+    let (api, s) = store("status_goes_through_the_subresource_with_kubernetes_conditions").await;
     let created = s
         .create_typed("node-1", &NodeIpam::default())
         .await
@@ -126,6 +155,7 @@ async fn status_goes_through_the_subresource_with_kubernetes_conditions() {
     // What the API server holds is a Kubernetes condition.
     let raw: serde_json::Value = api
         .client()
+        .await
         .request(
             http::Request::get("/apis/ipam-ebpf.io/v1alpha1/nodeipams/node-1")
                 .body(Vec::new())

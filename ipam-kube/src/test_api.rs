@@ -1,0 +1,71 @@
+//! The API server a Kubernetes test runs against: a real one when `KUBEBUILDER_ASSETS` names
+//! one (`real_api`), the in-process stand-in otherwise (`testing`). Each test says which.
+
+use crate::{real_api::RealApiServer, testing::StandIn};
+
+pub enum TestApi {
+    StandIn(StandIn),
+    Real(RealApiServer),
+}
+
+impl TestApi {
+    /// Starts the API server for `test`, with `namespaces` created, and prints which one it is.
+    pub async fn start(test: &str, namespaces: &[&str]) -> Self {
+        match RealApiServer::assets() {
+            Some(assets) => {
+                let real = RealApiServer::start(&assets)
+                    .await
+                    .unwrap_or_else(|e| panic!("{test}: {e}"));
+                println!(
+                    "{test}: against a real kube-apiserver from KUBEBUILDER_ASSETS ({}) on {}",
+                    assets.display(),
+                    real.address
+                );
+                for namespace in namespaces {
+                    real.create_namespace(namespace).await;
+                }
+                Self::Real(real)
+            }
+            None => {
+                println!(
+                    "{test}: against the in-process stand-in API server (KUBEBUILDER_ASSETS \
+                     names no kube-apiserver)"
+                );
+                Self::StandIn(StandIn::start().await.expect("start the stand-in"))
+            }
+        }
+    }
+
+    /// A client with every right (the stand-in checks none; the real server's admin).
+    pub async fn client(&self) -> kube::Client {
+        match self {
+            Self::StandIn(api) => api.client(),
+            Self::Real(api) => api.client().await,
+        }
+    }
+
+    /// Installs `crds` where a server needs them (the stand-in serves any resource).
+    pub async fn install_crds(
+        &self,
+        crds: Vec<
+            k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >,
+    ) {
+        if let Self::Real(api) = self {
+            api.install_crds(crds).await;
+        }
+    }
+
+    /// Forgets the history watches resume from and ends every open watch: a watch that resumes
+    /// is told 410 Gone and lists again. The real server's etcd is compacted and the server
+    /// restarted.
+    pub async fn compact_and_end_watches(&mut self) {
+        match self {
+            Self::StandIn(api) => {
+                api.compact();
+                api.end_watches();
+            }
+            Self::Real(api) => api.compact_and_restart().await,
+        }
+    }
+}

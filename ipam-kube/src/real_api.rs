@@ -112,6 +112,13 @@ impl RealApiServer {
             "https://kubernetes.default.svc",
             "--service-cluster-ip-range",
             "10.96.0.0/16",
+            // Every request's verb, resource and user, for the tests' checks of rights.
+            "--audit-policy-file",
+            &d("audit-policy.yaml"),
+            "--audit-log-path",
+            &d("audit.log"),
+            "--audit-log-format",
+            "json",
         ]
         .iter()
         .map(|s| (*s).to_owned())
@@ -226,6 +233,32 @@ impl RealApiServer {
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
     }
 
+    /// Every kind of request the tests' clients made so far, from the server's audit log: the
+    /// server's own clients (users `system:...` other than service accounts) left out.
+    pub fn requests(&self) -> std::collections::BTreeSet<crate::testing::Served> {
+        let log = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter_map(|event| {
+                let user = event["user"]["username"].as_str()?.to_owned();
+                if user.starts_with("system:") && !user.starts_with("system:serviceaccount:") {
+                    return None;
+                }
+                let object = &event["objectRef"];
+                let resource = object["resource"].as_str()?;
+                Some(crate::testing::Served {
+                    user,
+                    verb: event["verb"].as_str()?.to_owned(),
+                    group: object["apiGroup"].as_str().unwrap_or("").to_owned(),
+                    resource: match object["subresource"].as_str() {
+                        Some(sub) => format!("{resource}/{sub}"),
+                        None => resource.to_owned(),
+                    },
+                })
+            })
+            .collect()
+    }
+
     /// Compacts etcd's history up to now and restarts kube-apiserver: every open watch ends, and
     /// one that resumes from a version before now is told 410 Gone, as after a real compaction
     /// and an API server restart.
@@ -328,6 +361,12 @@ fn write_pki(dir: &Path) -> Result<(), RealApiError> {
         let sa = KeyPair::generate().map_err(err)?;
         write("sa-key.pem", sa.serialize_pem())?;
         write("sa.pem", sa.public_key_pem())?;
+        write(
+            "audit-policy.yaml",
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+             rules:\n- level: Metadata\n"
+                .to_owned(),
+        )?;
         write(
             "tokens.csv",
             format!("{ADMIN_TOKEN},admin,admin,system:masters\n"),

@@ -56,6 +56,39 @@ impl TestApi {
         }
     }
 
+    /// Every kind of request the tests' clients made (by user, verb, group and resource).
+    pub fn requests(&self) -> std::collections::BTreeSet<crate::testing::Served> {
+        match self {
+            Self::StandIn(api) => api.requests(),
+            Self::Real(api) => api.requests(),
+        }
+    }
+
+    /// Creates namespace `name` with `annotations`, and on a real server its `default` service
+    /// account (no controller-manager runs to make it, and pods need it).
+    pub async fn create_namespace(&self, name: &str, annotations: serde_json::Value) {
+        use kube::{Api, api::PostParams};
+        let client = self.client().await;
+        let namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "annotations": annotations },
+        }))
+        .expect("a Namespace");
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        if let Self::Real(_) = self {
+            let account = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "default", "namespace": name },
+            }))
+            .expect("a ServiceAccount");
+            Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client, name)
+                .create(&PostParams::default(), &account)
+                .await
+                .unwrap_or_else(|e| panic!("create {name}/default: {e}"));
+        }
+    }
+
     /// Forgets the history watches resume from and ends every open watch: a watch that resumes
     /// is told 410 Gone and lists again. The real server's etcd is compacted and the server
     /// restarted.

@@ -172,7 +172,8 @@ impl Drop for StandIn {
 /// A kind of request, as RBAC sees it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Served {
-    /// The bearer token the client sent (tests give each client its own), or `anonymous`.
+    /// Who made it: the bearer token the client sent to the stand-in (tests give each client
+    /// its own), or `anonymous`; the user name on a real API server.
     pub user: String,
     /// The verb as RBAC names it: get, list, watch, create, update, patch, delete.
     pub verb: String,

@@ -1,36 +1,24 @@
-//! The agent's directory of its node's pods and the namespaces, over the in-process stand-in
-//! for the Kubernetes API (no API server is packaged for the machines the tests run on; the
-//! stand-in serves field selectors and metadata-only watches as the server does).
+//! The agent's directory of its node's pods and the namespaces, over a real kube-apiserver when
+//! `KUBEBUILDER_ASSETS` names one, else the in-process stand-in (no API server is packaged for
+//! the machines CI runs on; the stand-in serves field selectors and metadata-only watches as
+//! the server does).
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::PostParams};
 use serde_json::json;
 
-use ipam_kube::{KubeStore, pods::PodLookupError, testing::StandIn};
-
-async fn create_namespace(api: &StandIn, name: &str, annotations: serde_json::Value) {
-    let namespaces: Api<Namespace> = Api::all(api.client());
-    let ns: Namespace = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": { "name": name, "annotations": annotations },
-    }))
-    .unwrap();
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-}
+use ipam_kube::{KubeStore, pods::PodLookupError, test_api::TestApi};
 
 async fn create_pod(
-    api: &StandIn,
+    api: &TestApi,
     namespace: &str,
     name: &str,
     node: &str,
     annotations: serde_json::Value,
 ) {
-    let pods: Api<Pod> = Api::namespaced(api.client(), namespace);
+    let pods: Api<Pod> = Api::namespaced(api.client().await, namespace);
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": { "name": name, "namespace": namespace, "annotations": annotations },
@@ -42,14 +30,10 @@ async fn create_pod(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_of_the_node_and_their_namespaces_annotations() {
-    let api = StandIn::start().await.expect("start the stand-in");
-    create_namespace(
-        &api,
-        "tenant-a",
-        json!({ "ipam-ebpf.io/ip-pool": "tenant-a" }),
-    )
-    .await;
-    create_namespace(&api, "plain", json!({})).await;
+    let api = TestApi::start("pods_of_the_node_and_their_namespaces_annotations", &[]).await;
+    api.create_namespace("tenant-a", json!({ "ipam-ebpf.io/ip-pool": "tenant-a" }))
+        .await;
+    api.create_namespace("plain", json!({})).await;
     create_pod(&api, "tenant-a", "web", "n1", json!({})).await;
     create_pod(
         &api,
@@ -61,7 +45,7 @@ async fn pods_of_the_node_and_their_namespaces_annotations() {
     .await;
     create_pod(&api, "plain", "elsewhere", "n2", json!({})).await;
 
-    let store = KubeStore::new(api.client(), "ipam-system");
+    let store = KubeStore::new(api.client().await, "ipam-system");
     let directory = store.follow_pods("n1");
     let lookup_within = |ns: &str, pod: &str, wait: Duration| {
         let directory = directory.clone();
@@ -114,6 +98,12 @@ async fn pods_of_the_node_and_their_namespaces_annotations() {
         .filter(|r| r.verb != "create")
         .map(|r| (r.resource, r.verb))
         .collect();
+    for wanted in [("pods", "list"), ("pods", "watch"), ("namespaces", "watch")] {
+        assert!(
+            verbs.iter().any(|(r, v)| (r.as_str(), v.as_str()) == wanted),
+            "no {wanted:?} among the requests seen: {verbs:?}"
+        );
+    }
     for (resource, verb) in &verbs {
         assert!(
             ["pods", "namespaces"].contains(&resource.as_str())

@@ -149,6 +149,11 @@ impl RealApiServer {
         )
     }
 
+    /// The token of an admin (`system:masters`).
+    pub fn admin_token(&self) -> &'static str {
+        ADMIN_TOKEN
+    }
+
     /// A kube client with the admin's rights.
     pub async fn client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&self.kubeconfig(ADMIN_TOKEN))
@@ -231,6 +236,89 @@ impl RealApiServer {
         api.create(&PostParams::default(), &namespace)
             .await
             .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+    }
+
+    /// Applies manifests with the `kubectl` of the assets folder (or the `PATH`), as the admin,
+    /// as a user installs the project.
+    pub fn kubectl_apply(&self, files: &[&Path]) {
+        let kubeconfig = self.dir.join("admin.kubeconfig");
+        std::fs::write(&kubeconfig, self.kubeconfig(ADMIN_TOKEN)).expect("write a kubeconfig");
+        let kubectl = Some(self.apiserver_command.0.with_file_name("kubectl"))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("kubectl"));
+        let mut command = Command::new(&kubectl);
+        command.arg("--kubeconfig").arg(&kubeconfig).arg("apply");
+        for file in files {
+            command.arg("-f").arg(file);
+        }
+        let out = command
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", kubectl.display()));
+        assert!(
+            out.status.success(),
+            "kubectl apply {files:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A token of service account `namespace/account` (TokenRequest), bound to pod `pod` of the
+    /// same namespace when given: a token bound to a pod on a node names that node, which the
+    /// admission policy of deploy/admission.yaml reads.
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        account: &str,
+        pod: Option<&str>,
+    ) -> String {
+        let mut spec = serde_json::json!({
+            "audiences": ["https://kubernetes.default.svc"],
+            "expirationSeconds": 3600,
+        });
+        if let Some(pod) = pod {
+            spec["boundObjectRef"] =
+                serde_json::json!({ "kind": "Pod", "apiVersion": "v1", "name": pod });
+        }
+        let body = serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec,
+        }))
+        .expect("JSON");
+        let request = http::Request::post(format!(
+            "/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"
+        ))
+        .header("content-type", "application/json")
+        .body(body)
+        .expect("a TokenRequest");
+        let answer: serde_json::Value = self
+            .client()
+            .await
+            .request(request)
+            .await
+            .unwrap_or_else(|e| panic!("a token for {namespace}/{account}: {e}"));
+        answer["status"]["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token for {namespace}/{account}: {answer}"))
+            .to_owned()
+    }
+
+    /// Serves the API on `listener` too, by relaying its connections to the server: one bound in
+    /// another network namespace lets a daemon there reach the server on its own loopback (the
+    /// certificate names 127.0.0.1, so TLS holds).
+    pub fn listen_also(&self, listener: TcpListener) -> std::io::Result<SocketAddr> {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let address = listener.local_addr()?;
+        let server = self.address;
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(server).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Ok(address)
     }
 
     /// Every kind of request the tests' clients made so far, from the server's audit log: the

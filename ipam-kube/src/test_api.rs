@@ -56,6 +56,42 @@ impl TestApi {
         }
     }
 
+    /// A kubeconfig for a client that reaches the server at `server` (its own address, or one
+    /// from `listen_also`) and presents `token`. The stand-in takes any token as the user's name.
+    pub fn kubeconfig(&self, server: std::net::SocketAddr, token: &str) -> String {
+        match self {
+            Self::StandIn(_) => format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    \
+                 server: http://{server}\nusers:\n- name: u\n  user:\n    token: {token}\n\
+                 contexts:\n- name: stand-in\n  context:\n    cluster: stand-in\n    user: u\n\
+                 current-context: stand-in\n"
+            ),
+            Self::Real(api) => api.kubeconfig(token).replace(
+                &format!("https://{}", api.address),
+                &format!("https://{server}"),
+            ),
+        }
+    }
+
+    /// The server's own address.
+    pub fn address(&self) -> std::net::SocketAddr {
+        match self {
+            Self::StandIn(api) => api.address,
+            Self::Real(api) => api.address,
+        }
+    }
+
+    /// Serves the API on `listener` too (bound in another network namespace, say).
+    pub fn listen_also(
+        &self,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<std::net::SocketAddr> {
+        match self {
+            Self::StandIn(api) => api.listen_also(listener),
+            Self::Real(api) => api.listen_also(listener),
+        }
+    }
+
     /// Every kind of request the tests' clients made (by user, verb, group and resource).
     pub fn requests(&self) -> std::collections::BTreeSet<crate::testing::Served> {
         match self {

@@ -100,7 +100,9 @@ async fn pods_of_the_node_and_their_namespaces_annotations() {
         .collect();
     for wanted in [("pods", "list"), ("pods", "watch"), ("namespaces", "watch")] {
         assert!(
-            verbs.iter().any(|(r, v)| (r.as_str(), v.as_str()) == wanted),
+            verbs
+                .iter()
+                .any(|(r, v)| (r.as_str(), v.as_str()) == wanted),
             "no {wanted:?} among the requests seen: {verbs:?}"
         );
     }

@@ -1,7 +1,11 @@
 //! `ipamd --role operator` and `ipamctl` on the Kubernetes store, found through a kubeconfig
-//! as on a real cluster. No Kubernetes API server is packaged for the machines these tests run
-//! on: the API is the in-process stand-in of `ipam_kube::testing` (resourceVersions, 409s, the
-//! status subresource, watches, 410 Gone), listening on loopback.
+//! as on a real cluster. The API server is a real kube-apiserver when `KUBEBUILDER_ASSETS` names
+//! one (deploy/'s namespace, CRDs, RBAC and admission policy applied with kubectl; each client
+//! with its own identity, the agents with tokens bound to a pod on their node, so RBAC and the
+//! admission policy judge every request). No API server is packaged for the machines CI runs
+//! on: there the API is the in-process stand-in of `ipam_kube::testing` (resourceVersions, 409s,
+//! the status subresource, watches, 410 Gone), listening on loopback, which records each client's
+//! requests by its token. Each test prints which server it ran against.
 
 use std::{
     collections::BTreeSet,
@@ -13,24 +17,98 @@ use ipam_core::{
     resources::{NodeIpam, PodIpPool},
     store::{TypedStore as _, lease::Lease},
 };
-use ipam_kube::{KubeStore, testing::StandIn};
+use ipam_kube::{KubeStore, test_api::TestApi};
 use ipam_tests::{TempFile, daemon::Daemon, workspace_binary};
 
 const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
     ipv4 = { cidrs = [\"10.243.0.0/24\"], maskSize = 26 }\n";
 
-/// A kubeconfig for the stand-in whose user presents `token`: the stand-in records requests by
-/// token, which tells the operator's from ipamctl's.
-fn kubeconfig_for(api: &StandIn, token: &str) -> TempFile {
+/// The API server for `test`: on a real one, with what `kubectl apply -k deploy` installs
+/// (namespace, CRDs, RBAC, admission policy; the workloads would find no kubelet to run them).
+async fn start_api(test: &str) -> TestApi {
+    let api = TestApi::start(test, &[]).await;
+    if let TestApi::Real(real) = &api {
+        let deploy = ipam_tests::deploy::dir();
+        let files =
+            ["namespace.yaml", "crds.yaml", "rbac.yaml", "admission.yaml"].map(|f| deploy.join(f));
+        real.kubectl_apply(&files.iter().map(|f| f.as_path()).collect::<Vec<_>>());
+    }
+    api
+}
+
+/// Who a client is.
+#[derive(Clone, Copy)]
+enum Who {
+    Operator,
+    /// The agent on this node.
+    Agent(&'static str),
+    Ipamctl,
+}
+
+impl Who {
+    /// The name RBAC knows the client by: the stand-in records the token, which is the label.
+    fn user(self, api: &TestApi) -> String {
+        match (api, self) {
+            (TestApi::Real(_), Self::Operator) => {
+                "system:serviceaccount:ipam-system:ipam-operator".into()
+            }
+            (TestApi::Real(_), Self::Agent(_)) => {
+                "system:serviceaccount:ipam-system:ipam-agent".into()
+            }
+            (_, Self::Operator) => "operator".into(),
+            (_, Self::Agent(_)) => "agent".into(),
+            (_, Self::Ipamctl) => "ipamctl".into(),
+        }
+    }
+
+    /// The token the client presents. On a real server: the operator's service account; the
+    /// agent's, bound to a pod of its DaemonSet on its node (so the token names the node, as
+    /// the admission policy requires); an admin's for ipamctl.
+    async fn token(self, api: &TestApi) -> String {
+        let TestApi::Real(real) = api else {
+            return self.user(api);
+        };
+        match self {
+            Self::Operator => {
+                real.service_account_token("ipam-system", "ipam-operator", None)
+                    .await
+            }
+            Self::Ipamctl => real.admin_token().to_owned(),
+            Self::Agent(node) => {
+                let client = api.client().await;
+                let create = kube::api::PostParams::default();
+                // The Node, if the test did not make it, and the agent's pod on it.
+                let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+                if nodes.get_opt(node).await.ok().flatten().is_none() {
+                    let n =
+                        serde_json::from_value(serde_json::json!({ "metadata": { "name": node } }))
+                            .unwrap();
+                    nodes.create(&create, &n).await.expect("create the Node");
+                }
+                let pod = format!("ipam-agent-{node}");
+                let manifest = serde_json::from_value(serde_json::json!({
+                    "metadata": { "name": pod, "namespace": "ipam-system" },
+                    "spec": { "nodeName": node, "serviceAccountName": "ipam-agent",
+                        "containers": [{ "name": "agent", "image": "registry.invalid/ipam" }] },
+                }))
+                .unwrap();
+                kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, "ipam-system")
+                    .create(&create, &manifest)
+                    .await
+                    .expect("create the agent's pod");
+                real.service_account_token("ipam-system", "ipam-agent", Some(&pod))
+                    .await
+            }
+        }
+    }
+}
+
+/// A kubeconfig for `who` on the server's own address.
+async fn kubeconfig_for(api: &TestApi, who: Who) -> TempFile {
     let file = TempFile::new("kubeconfig", "yaml");
     std::fs::write(
         &file.0,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    server: \
-             http://{}\nusers:\n- name: test\n  user:\n    token: {token}\ncontexts:\n- name: \
-             stand-in\n  context:\n    cluster: stand-in\n    user: test\ncurrent-context: stand-in\n",
-            api.address
-        ),
+        api.kubeconfig(api.address(), &who.token(api).await),
     )
     .expect("write the kubeconfig");
     file
@@ -61,9 +139,10 @@ fn granted(role: &str) -> BTreeSet<(String, String, String)> {
     out
 }
 
-/// The requests `user` made of the stand-ins are exactly the rights `role` has in
-/// deploy/rbac.yaml: none missing, none unused.
-fn assert_rights_match(apis: &[&StandIn], user: &str, role: &str) {
+/// The requests `who` made of the API servers are exactly the rights `role` has in
+/// deploy/rbac.yaml: none missing, none unused. (A real server also refuses what is missing.)
+fn assert_rights_match(apis: &[&TestApi], who: Who, role: &str) {
+    let user = who.user(apis[0]);
     let used: BTreeSet<(String, String, String)> = apis
         .iter()
         .flat_map(|api| api.requests())
@@ -104,11 +183,9 @@ async fn wait_for<T>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
-    let api = StandIn::start()
-        .await
-        .expect("start the stand-in API server");
-    let kubeconfig = kubeconfig_for(&api, "operator");
-    let ipamctl_kubeconfig = kubeconfig_for(&api, "ipamctl");
+    let api = start_api("operator_and_ipamctl_work_on_the_kubernetes_api").await;
+    let kubeconfig = kubeconfig_for(&api, Who::Operator).await;
+    let ipamctl_kubeconfig = kubeconfig_for(&api, Who::Ipamctl).await;
     let config = TempFile::new("kube-operator", "toml");
     std::fs::write(
         &config.0,
@@ -124,7 +201,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         &["--role", "operator"],
         &[("KUBECONFIG", &kubeconfig.0)],
     );
-    let store = KubeStore::new(api.client(), "ipam-system");
+    let store = KubeStore::new(api.client().await, "ipam-system");
     let log = || operator.log_text();
 
     // The operator leads through a coordination.k8s.io Lease and writes the configured pool.
@@ -181,7 +258,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
             .unwrap();
     }
     let events: kube::Api<k8s_openapi::api::events::v1::Event> =
-        kube::Api::namespaced(api.client(), "default");
+        kube::Api::namespaced(api.client().await, "default");
     let exhausted = wait_for(
         "an event on the exhausted pool, seen twice",
         async || {
@@ -253,8 +330,9 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         "{}",
         String::from_utf8_lossy(&applied.stderr)
     );
+    api.create_namespace("shop", serde_json::json!({})).await;
     let services: kube::Api<k8s_openapi::api::core::v1::Service> =
-        kube::Api::namespaced(api.client(), "shop");
+        kube::Api::namespaced(api.client().await, "shop");
     let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": { "name": "web", "namespace": "shop" },
@@ -351,9 +429,10 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     wait_for(
         "a renewal of the operator's lease",
         async || {
+            let operator = Who::Operator.user(&api);
             api.requests()
                 .iter()
-                .any(|r| r.user == "operator" && r.resource == "leases" && r.verb == "patch")
+                .any(|r| r.user == operator && r.resource == "leases" && r.verb == "patch")
                 .then_some(())
         },
         log,
@@ -362,7 +441,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
 
     // Every request the operator made is one deploy/rbac.yaml grants it, and every right it
     // is granted was used.
-    assert_rights_match(&[&api], "operator", "ipam-operator");
+    assert_rights_match(&[&api], Who::Operator, "ipam-operator");
     operator.kill();
 }
 
@@ -373,39 +452,35 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
 async fn agents_on_the_kubernetes_api() {
     let node_mode = agent_takes_its_node_from_the_kubernetes_api().await;
     let multi_pool = pods_take_the_pool_their_annotations_name().await;
-    assert_rights_match(&[&node_mode, &multi_pool], "agent", "ipam-agent");
+    assert_rights_match(&[&node_mode, &multi_pool], Who::Agent("kn-1"), "ipam-agent");
 }
 
-/// An agent's node namespace, with the stand-in serving on its loopback, and a kubeconfig
-/// that reaches it there with the token `agent`.
+/// An agent's node namespace, with the API served on its loopback, and a kubeconfig that
+/// reaches it there as the agent of `node`.
 struct AgentNode {
     ns: ipam_tests::netns::Netns,
     kubeconfig: TempFile,
+    /// The token the agent presents.
+    token: String,
     dir: ipam_tests::TempDir,
     root: ipam_tests::BpffsRoot,
 }
 
 impl AgentNode {
-    fn new(api: &StandIn, tag: &str) -> Self {
+    async fn new(api: &TestApi, tag: &str, node: &'static str) -> Self {
         let ns = ipam_tests::netns::Netns::new(tag);
-        // The agent reaches the stand-in on its own namespace's loopback.
+        // The agent reaches the API server on its own namespace's loopback.
         let listener = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
         let inside = api
             .listen_also(listener)
             .expect("serve in the node's namespace");
         let kubeconfig = TempFile::new("kubeconfig-agent", "yaml");
-        std::fs::write(
-            &kubeconfig.0,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: s\n  cluster:\n    server: \
-                 http://{inside}\nusers:\n- name: a\n  user:\n    token: agent\ncontexts:\n- \
-                 name: s\n  context:\n    cluster: s\n    user: a\ncurrent-context: s\n"
-            ),
-        )
-        .unwrap();
+        let token = Who::Agent(node).token(api).await;
+        std::fs::write(&kubeconfig.0, api.kubeconfig(inside, &token)).unwrap();
         Self {
             ns,
             kubeconfig,
+            token,
             dir: ipam_tests::TempDir::new(&format!("{tag}-")),
             root: ipam_tests::BpffsRoot::new(),
         }
@@ -509,13 +584,10 @@ fn first_address(response: &Response) -> Option<String> {
 
 /// In the `kubernetes` IPAM mode the agent takes its labels, address and blocks from its Node,
 /// creates its NodeIPAM and its liveness Lease, and serves pods from the Node's podCIDRs.
-async fn agent_takes_its_node_from_the_kubernetes_api() -> StandIn {
-    let api = StandIn::start()
-        .await
-        .expect("start the stand-in API server");
-    let node = AgentNode::new(&api, "kag");
+async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
+    let api = start_api("agent_takes_its_node_from_the_kubernetes_api").await;
     // The Node as the control plane made it.
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client());
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
     let kube_node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": { "name": "kn-1", "labels": { "topology.kubernetes.io/zone": "z1" } },
@@ -527,10 +599,11 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> StandIn {
         .create(&kube::api::PostParams::default(), &kube_node)
         .await
         .expect("create the Node");
+    let node = AgentNode::new(&api, "kag", "kn-1").await;
     let config = node.config("mode = \"kubernetes\"\nnode_name = \"kn-1\"");
     let agent = node.start(&config);
     let log = || agent.log_text();
-    let store = KubeStore::new(api.client(), "ipam-system");
+    let store = KubeStore::new(api.client().await, "ipam-system");
 
     // Its record carries the Node's podCIDRs, labels and address.
     let record = wait_for(
@@ -548,13 +621,41 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> StandIn {
         "z1"
     );
     assert_eq!(record.value.spec.addresses[0].to_string(), "192.0.2.31");
+    // The admission policy keeps an agent to its own node's objects: kn-1's agent may not write
+    // another node's record. Only a real API server runs admission; the stand-in does none
+    // (tests/tests/admission.rs evaluates the policy's CEL offline for both).
+    match &api {
+        TestApi::Real(_) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::from_yaml(&api.kubeconfig(api.address(), &node.token))
+                    .unwrap();
+            let as_agent = kube::Client::try_from(
+                kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .unwrap(),
+            )
+            .unwrap();
+            let e = KubeStore::new(as_agent, "ipam-system")
+                .create_typed("kn-9", &NodeIpam::default())
+                .await
+                .expect_err("the agent of kn-1 wrote kn-9's record");
+            assert!(
+                e.to_string().contains("may write only kn-1"),
+                "refused, but not by the admission policy: {e}"
+            );
+        }
+        TestApi::StandIn(_) => {
+            println!("the admission policy is not exercised: the stand-in runs no admission");
+        }
+    }
     // Its liveness lease, renewed.
     wait_for(
         "kn-1's lease renewed",
         async || {
+            let agent = Who::Agent("kn-1").user(&api);
             api.requests()
                 .iter()
-                .any(|r| r.user == "agent" && r.resource == "leases" && r.verb == "patch")
+                .any(|r| r.user == agent && r.resource == "leases" && r.verb == "patch")
                 .then_some(())
         },
         log,
@@ -576,11 +677,9 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> StandIn {
 /// address from the pool its own or its namespace's `ipam-ebpf.io/ip-pool` annotation names,
 /// else from the node's pool. A wrong annotation, or a pod the API does not show on the node,
 /// gets an error that says so. A restarted agent restores every pool's allocations.
-async fn pods_take_the_pool_their_annotations_name() -> StandIn {
-    use k8s_openapi::api::core::v1::{Namespace, Pod};
-    let api = StandIn::start()
-        .await
-        .expect("start the stand-in API server");
+async fn pods_take_the_pool_their_annotations_name() -> TestApi {
+    use k8s_openapi::api::core::v1::Pod;
+    let api = start_api("pods_take_the_pool_their_annotations_name").await;
     // The operator serves the blocks of both pools.
     let operator_config = TempFile::new("kube-mp-operator", "toml");
     std::fs::write(
@@ -592,25 +691,19 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
          [[ipam.pool]]\nname = \"tenant-a\"\nipv4 = { cidrs = [\"10.247.0.0/24\"], maskSize = 28 }\n",
     )
     .unwrap();
-    let operator_kubeconfig = kubeconfig_for(&api, "operator");
+    let operator_kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let operator = Daemon::start_on_host(
         &operator_config.0,
         &["--role", "operator"],
         &[("KUBECONFIG", &operator_kubeconfig.0)],
     );
     // A namespace that names a pool, one that does not, and pods bound to the node.
-    let manifests = [
-        serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": "shop", "annotations": { "ipam-ebpf.io/ip-pool": "tenant-a" } } }),
-        serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": "plain" } }),
-    ];
-    for ns in manifests {
-        let ns: Namespace = serde_json::from_value(ns).unwrap();
-        kube::Api::<Namespace>::all(api.client())
-            .create(&kube::api::PostParams::default(), &ns)
-            .await
-            .expect("create a Namespace");
-    }
+    api.create_namespace(
+        "shop",
+        serde_json::json!({ "ipam-ebpf.io/ip-pool": "tenant-a" }),
+    )
+    .await;
+    api.create_namespace("plain", serde_json::json!({})).await;
     for (namespace, name, node, annotations) in [
         ("shop", "web", "kn-2", serde_json::json!({})),
         ("plain", "db", "kn-2", serde_json::json!({})),
@@ -628,13 +721,13 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
             "spec": { "nodeName": node, "containers": [{ "name": "c", "image": "registry.invalid/c" }] },
         }))
         .unwrap();
-        kube::Api::<Pod>::namespaced(api.client(), namespace)
+        kube::Api::<Pod>::namespaced(api.client().await, namespace)
             .create(&kube::api::PostParams::default(), &pod)
             .await
             .expect("create a Pod");
     }
 
-    let node = AgentNode::new(&api, "kmp");
+    let node = AgentNode::new(&api, "kmp", "kn-2").await;
     let config = node.config("mode = \"multi-pool\"\nnode_name = \"kn-2\"");
     let mut agent = node.start(&config);
     let log = || format!("{}\noperator:\n{}", agent.log_text(), operator.log_text());
@@ -708,7 +801,7 @@ async fn pods_take_the_pool_their_annotations_name() -> StandIn {
     assert!(message.contains("spec.nodeName=kn-2"), "{message}");
 
     // The node's record holds a block of each pool.
-    let store = KubeStore::new(api.client(), "ipam-system");
+    let store = KubeStore::new(api.client().await, "ipam-system");
     let record = store
         .get_typed::<NodeIpam>("kn-2")
         .await

@@ -124,7 +124,17 @@ impl RealApiServer {
         .map(|s| (*s).to_owned())
         .collect();
         let binary = assets.join("kube-apiserver");
-        let apiserver = spawn_apiserver(&binary, &args, &dir)?;
+        let apiserver = match spawn_apiserver(&binary, &args, &dir) {
+            Ok(child) => child,
+            Err(e) => {
+                // Not left running behind a failed start.
+                let mut etcd = etcd;
+                let _ = etcd.kill();
+                let _ = etcd.wait();
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
         let mut server = Self {
             address: SocketAddr::from(([127, 0, 0, 1], secure)),
             dir,

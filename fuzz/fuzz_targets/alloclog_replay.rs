@@ -2,7 +2,7 @@
 //! replay never panics, keeps a valid prefix, cuts the rest, and the log takes new records after.
 #![no_main]
 
-use ipam_core::alloclog::{AllocLog, Record};
+use ipam_core::pod::alloclog::{AllocLog, Record};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

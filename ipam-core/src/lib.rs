@@ -2,28 +2,25 @@
 //! own, with no eBPF and no daemon in it, so its tests (property tests of the allocators
 //! included) build and run with the stable toolchain alone.
 //!
-//! - `cidr`: CIDR arithmetic and the errors users see for bad ones;
-//! - `pool`: pod IP pools, their validation and the rules for changing them;
-//! - `blocks`: the operator side, cutting pools into per-node blocks;
-//! - `node`: the agent side, handing out addresses inside a node's blocks;
+//! The two kinds of address, each in its own folder, over shared foundations:
+//! - `pod`: pod IPAM, pools cut into per-node blocks and addresses inside them (operator and
+//!   node agent sides);
+//! - `lb`: Service IPs, LB-IPAM (which Service gets which IP) and which node announces each;
+//! - `resources`: the stored IPAM objects (pools, node records, the cluster configuration);
+//!   the LoadBalancer objects are in `lb::resources`;
 //! - `store`: the resource store every controller is written against, and its stores;
+//! - `cidr`: CIDR arithmetic and the errors users see for bad ones;
+//! - `count`: address counts beyond 64 bits, as JSON;
+//! - `spelling`: field names that changed, still read;
+//! - `atomic_file`: files replaced whole;
 //! - `backoff`: waiting for conditions that time fixes.
 
-pub mod agent;
-pub mod alloclog;
 pub mod atomic_file;
 pub mod backoff;
-pub mod blocks;
 pub mod cidr;
 pub mod count;
-pub mod durable;
-pub mod infra;
 pub mod lb;
-pub mod multipool;
-pub mod node;
-pub mod operator;
-pub mod owners;
-pub mod pool;
+pub mod pod;
 pub mod resources;
 pub mod spelling;
 pub mod store;

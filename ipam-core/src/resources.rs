@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Cidr, Family,
-    pool::{IpamMode, PodIpPoolSpec},
+    pod::pool::{IpamMode, PodIpPoolSpec},
 };
 use crate::store::Resource;
 
@@ -111,7 +111,7 @@ pub struct NodeIpamSpec {
     /// The node's interfaces that are up, with their addresses: where it could announce
     /// Service IPs, and which subnets those reach.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub interfaces: Vec<crate::lb::announce::NodeInterface>,
+    pub interfaces: Vec<NodeInterface>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,3 +168,26 @@ pub fn node_lease_name(node: &str) -> String {
 
 /// The name of the operators' leader-election lease.
 pub const OPERATOR_LEASE: &str = "ipam-operator";
+
+/// An interface of a node that is up, with its addresses (published in the node's record).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct NodeInterface {
+    pub name: String,
+    /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.
+    #[serde(default)]
+    pub addresses: Vec<String>,
+}
+
+impl NodeInterface {
+    /// The subnets the interface's addresses are in.
+    pub fn subnets(&self) -> impl Iterator<Item = Cidr> + '_ {
+        self.addresses.iter().filter_map(|a| {
+            let (ip, prefix) = a.split_once('/')?;
+            let ip: std::net::IpAddr = ip.parse().ok()?;
+            let prefix: u8 = prefix.parse().ok()?;
+            let net = ipnet::IpNet::new(ip, prefix).ok()?.trunc();
+            format!("{net}").parse().ok()
+        })
+    }
+}

@@ -22,7 +22,7 @@ use thiserror::Error;
 
 use ipam_core::{
     Cidr, Family,
-    pool::{IpamMode, PodIpPoolSpec},
+    pod::pool::{IpamMode, PodIpPoolSpec},
 };
 
 use crate::datapath::{AttachMode, EbpfLogLevel};

@@ -11,10 +11,10 @@ use std::{
 
 use ipam_core::{
     Cidr,
-    agent::NodeAgent,
-    multipool::Watermarks,
-    operator::Operator,
-    pool::{FamilySpec, IpamMode, PodIpPoolSpec},
+    pod::agent::NodeAgent,
+    pod::multipool::Watermarks,
+    pod::operator::Operator,
+    pod::pool::{FamilySpec, IpamMode, PodIpPoolSpec},
     resources::{NodeIpam, OPERATOR_LEASE, PodIpPool, PoolStatus},
     store::{TypedStore, lease::LeaderElection},
 };

@@ -12,7 +12,7 @@
 
 use ipam_core::{
     lb::resources::{L2PolicySpec, LbFamilyCount, LbIpPoolSpec},
-    pool::PodIpPoolSpec,
+    pod::pool::PodIpPoolSpec,
     resources::{AllocatedBlock, FamilyUsageStatus, NodeIpamSpec},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;

@@ -1,6 +1,6 @@
 //! The agent's view of the pods on its node and of every namespace, for multi-pool mode: a CNI
 //! ADD names the pod, and the pod's pool comes from the pool annotation on the pod or its
-//! namespace (`ipam_core::multipool::annotated_pool`).
+//! namespace (`ipam_core::pod::multipool::annotated_pool`).
 //!
 //! Both are metadata-only watches kept in reflector caches: annotations live in the metadata,
 //! and a node's pods are watched by `spec.nodeName`, so the agent never holds other nodes'

@@ -137,7 +137,7 @@ fn workloads_refer_to_what_exists() {
 fn every_project_name_in_the_docs_and_manifests_is_one_the_code_serves() {
     let served = [
         ipam_core::lb::resources::LB_CLASS.to_owned(),
-        ipam_core::multipool::POOL_ANNOTATION.to_owned(),
+        ipam_core::pod::multipool::POOL_ANNOTATION.to_owned(),
         ipam_kube::IPS_ANNOTATION.to_owned(),
         ipam_kube::SHARING_KEY_ANNOTATION.to_owned(),
         format!("{}/{}", ipam_kube::crd::GROUP, ipam_kube::crd::VERSION),

@@ -9,10 +9,8 @@ use std::{
     net::IpAddr,
 };
 
-use serde::{Deserialize, Serialize};
-
 use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus};
-use crate::Cidr;
+use crate::{Cidr, resources::NodeInterface};
 
 /// A node as the announcement decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,28 +18,6 @@ pub struct NodeView {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub interfaces: Vec<NodeInterface>,
-}
-
-/// An interface of a node that is up, with its addresses (published in the node's record).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct NodeInterface {
-    pub name: String,
-    /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.
-    #[serde(default)]
-    pub addresses: Vec<String>,
-}
-
-impl NodeInterface {
-    fn subnets(&self) -> impl Iterator<Item = Cidr> + '_ {
-        self.addresses.iter().filter_map(|a| {
-            let (ip, prefix) = a.split_once('/')?;
-            let ip: IpAddr = ip.parse().ok()?;
-            let prefix: u8 = prefix.parse().ok()?;
-            let net = ipnet::IpNet::new(ip, prefix).ok()?.trunc();
-            format!("{net}").parse().ok()
-        })
-    }
 }
 
 /// One IP to announce: who, for which service, on which of the owner's interfaces.

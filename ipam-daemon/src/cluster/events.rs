@@ -2,7 +2,7 @@
 //! metrics: on a Kubernetes store, Events on the objects (`kubectl describe podippool default`);
 //! on the other stores, the objects' conditions and the log say it already.
 
-use ipam_core::operator::PoolEvent;
+use ipam_core::pod::operator::PoolEvent;
 use ipam_kube::events::{EventPublisher, Severity};
 
 use super::store::ClusterStore;

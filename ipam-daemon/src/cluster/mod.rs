@@ -4,9 +4,7 @@
 pub mod cache;
 pub mod changes;
 pub mod events;
-pub mod objects;
 pub mod operator;
 pub mod store;
-pub mod who_has;
 
 pub use store::ClusterStore;

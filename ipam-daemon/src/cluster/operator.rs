@@ -13,8 +13,8 @@ use ipam_core::{
         controller as lb_ipam,
         resources::{L2AnnouncementPolicy, LbIpPool, Service},
     },
-    operator::{Operator, OperatorError, PoolEvent, Report, record_mode},
-    pool::IpamMode,
+    pod::operator::{Operator, OperatorError, PoolEvent, Report, record_mode},
+    pod::pool::IpamMode,
     resources::{NodeIpam, OPERATOR_LEASE, PodIpPool},
     store::{
         Resource as _, Store, TypedStore,
@@ -46,7 +46,7 @@ pub async fn run<S: Store + Clone + 'static>(
     settings: OperatorSettings,
     mut pools: watch::Receiver<Vec<PoolConfig>>,
     mut stop: watch::Receiver<bool>,
-    observed: crate::daemon::ipam::Observed,
+    observed: crate::metrics::Observed,
     events: super::events::Events,
 ) {
     let identity = settings.cluster.identity();

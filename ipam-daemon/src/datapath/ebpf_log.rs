@@ -78,3 +78,32 @@ impl std::os::fd::AsRawFd for EbpfLog {
         self.0.as_raw_fd()
     }
 }
+
+/// Moves the eBPF programs' log records into the daemon's log as they arrive. Runs for the life
+/// of the process, which keeps the ring buffer (and so the programs' reference to it) alive.
+pub async fn drain(log: EbpfLog) {
+    // SAFETY: the ring buffer's fd is owned by `log`, which the AsyncFd owns from here on; it
+    // stays open and the same for the AsyncFd's whole life.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(log, tokio::io::Interest::READABLE)
+    };
+    let mut ready = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("cannot watch the eBPF log ring buffer ({e}); eBPF log lines are lost");
+            return;
+        }
+    };
+    loop {
+        match ready.readable_mut().await {
+            Ok(mut guard) => {
+                guard.get_inner_mut().flush();
+                guard.clear_ready();
+            }
+            Err(e) => {
+                tracing::warn!("eBPF log ring buffer failed ({e}); eBPF log lines are lost");
+                return;
+            }
+        }
+    }
+}

@@ -10,7 +10,7 @@
 
 mod attach;
 mod bpffs;
-mod ebpf_log;
+pub mod ebpf_log;
 mod error;
 mod links;
 mod maps;

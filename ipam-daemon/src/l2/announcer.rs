@@ -1,29 +1,35 @@
 //! Reconciles the responder with the wanted announcements: attaches the responder where needed,
-//! writes new entries (and sends a gratuitous announcement for each), removes entries nobody
+//! writes new entries (reporting them, so the caller tells the link), removes entries nobody
 //! wants any more, and detaches from interfaces with nothing left to announce.
 //!
 //! It works by difference, never by clearing and refilling, so entries that stay are answered
 //! without a gap while the daemon restarts or reloads its configuration.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use thiserror::Error;
 
+use super::Announcements;
 use crate::{
-    config::Config,
     datapath::{Attachment, Datapath, DatapathError},
     net::iface,
 };
+
+/// An IP newly answered on an interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    pub ip: IpAddr,
+    pub interface: String,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+}
 
 /// What a reconciliation changed.
 #[derive(Debug, Default)]
 pub struct ReconcileReport {
     pub attachments: Vec<Attachment>,
-    /// (IP, interface) newly answered.
-    pub announced: Vec<(IpAddr, String)>,
+    /// Newly answered: the link has not been told yet.
+    pub announced: Vec<Answered>,
     /// (IP, interface) answered before and still answered, untouched.
     pub kept: Vec<(IpAddr, String)>,
     /// (IP, ifindex) no longer answered.
@@ -50,22 +56,17 @@ pub enum AnnounceError {
     Datapath(#[from] DatapathError),
 }
 
-/// Brings the datapath in line with `config.announcements`.
+/// Brings the datapath in line with `wanted`.
 pub fn reconcile(
     datapath: &mut Datapath,
-    config: &Config,
+    announcements: &Announcements,
 ) -> Result<ReconcileReport, AnnounceError> {
     let mut report = ReconcileReport::default();
-
-    // Group by interface: one attachment and one MAC lookup per interface.
-    let mut by_interface: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
-    for a in &config.announcements {
-        by_interface.entry(&a.interface).or_default().push(a.ip);
-    }
-
     let mut wanted: BTreeSet<(IpAddr, u32)> = BTreeSet::new();
     let mut plan = Vec::new();
-    for (&interface, ips) in &by_interface {
+    // One attachment and one MAC lookup per interface.
+    for (interface, on) in announcements.interfaces() {
+        let ips = &on.ips;
         let prepared = iface::mac(interface)
             .map_err(|source| AnnounceError::Interface {
                 ips: ips
@@ -77,8 +78,7 @@ pub fn reconcile(
                 source,
             })
             .and_then(|mac| {
-                let attachment =
-                    datapath.attach_responder(interface, config.attach_mode(interface))?;
+                let attachment = datapath.attach_responder(interface, on.attach)?;
                 Ok((mac, attachment))
             });
         let (mac, attachment) = match prepared {
@@ -97,11 +97,12 @@ pub fn reconcile(
 
     for (ip, interface, ifindex, mac) in plan {
         if datapath.responder().announce(ip, ifindex, mac)? {
-            if let Err(e) = super::gratuitous::announce(ifindex, mac, ip) {
-                // Not fatal: neighbours still learn the address from the first reply.
-                tracing::warn!(%ip, interface, "cannot send gratuitous announcement: {e}");
-            }
-            report.announced.push((ip, interface.to_owned()));
+            report.announced.push(Answered {
+                ip,
+                interface: interface.to_owned(),
+                ifindex,
+                mac,
+            });
         } else {
             report.kept.push((ip, interface.to_owned()));
         }

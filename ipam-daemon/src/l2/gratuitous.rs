@@ -1,13 +1,20 @@
 //! Gratuitous ARP and unsolicited neighbour advertisements, sent when an IP is first announced on
 //! an interface so that neighbours update their caches at once instead of after their entries
-//! expire (that is what makes a takeover take milliseconds, not minutes).
+//! expire (that is what makes a takeover take milliseconds, not minutes). One goes out when an
+//! IP starts being answered, and a few more over the next seconds so that a lost frame does not
+//! strand clients; `Repeats` keeps that schedule. Nothing else in the daemon sends them.
 
 use std::{
     cell::RefCell,
-    collections::{HashMap, hash_map::Entry},
+    collections::{BTreeSet, HashMap, hash_map::Entry},
     io,
     net::IpAddr,
+    time::Duration,
 };
+
+use tokio::time::Instant;
+
+use super::announcer::Answered;
 
 use crate::net::{
     frames::{ARP_REPLY, ARP_REQUEST, ArpFrame, NdpFrame},
@@ -52,4 +59,60 @@ fn with_sender(ifindex: u32, send: impl FnOnce(&PacketSocket) -> io::Result<()>)
         }
         sent
     })
+}
+
+/// Announcements after the first, counted from it.
+const REPEAT_AFTER: [Duration; 4] = [
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+/// The announcements still to repeat: (when, IP, ifindex, MAC).
+#[derive(Debug, Default)]
+pub struct Repeats {
+    pending: BTreeSet<(Instant, IpAddr, u32, [u8; 6])>,
+}
+
+impl Repeats {
+    /// Tells the link at once that `answered` is here, and schedules the repeats.
+    pub fn start(&mut self, answered: &Answered) {
+        send_logged(answered.ifindex, answered.mac, answered.ip);
+        let now = Instant::now();
+        for after in REPEAT_AFTER {
+            self.pending
+                .insert((now + after, answered.ip, answered.ifindex, answered.mac));
+        }
+    }
+
+    /// Drops the repeats of an IP no longer answered on `ifindex`.
+    pub fn stop(&mut self, ip: IpAddr, ifindex: u32) {
+        self.pending.retain(|&(_, p, i, _)| (p, i) != (ip, ifindex));
+    }
+
+    /// When the next repeat is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.pending.first().map(|&(at, ..)| at)
+    }
+
+    /// Sends the repeats that are due.
+    pub fn send_due(&mut self) {
+        let now = Instant::now();
+        while let Some(&(at, ip, ifindex, mac)) = self.pending.first() {
+            if at > now {
+                break;
+            }
+            self.pending.pop_first();
+            send_logged(ifindex, mac, ip);
+        }
+    }
+}
+
+/// Sends one announcement; a failure is not fatal (neighbours still learn the address from the
+/// first reply), so it is only logged.
+fn send_logged(ifindex: u32, mac: [u8; 6], ip: IpAddr) {
+    if let Err(e) = announce(ifindex, mac, ip) {
+        tracing::debug!(%ip, ifindex, "gratuitous announcement not sent: {e}");
+    }
 }

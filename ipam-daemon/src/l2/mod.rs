@@ -1,7 +1,16 @@
-//! L2 announcements: making announced IPs reachable on a link.
+//! L2 announcements on this node's links: the datapath side of answering ARP/NDP for IPs.
 //!
-//! `announcer` turns the wanted set of (IP, interface) into responder map entries and
-//! attachments; `gratuitous` tells the link when an IP starts being answered here.
+//! - `announcements`: the value every producer of announced IPs agrees on: which IPs to answer
+//!   on which interface, attached how;
+//! - `announcer`: brings the responder maps and attachments in line with it, by difference;
+//! - `responder`: the controller that runs the announcer whenever the value changes, retries
+//!   interfaces that are not there yet, and tells the link;
+//! - `gratuitous`: the frames that tell the link an IP is answered here now, the one place that
+//!   sends them.
 
+pub mod announcements;
 pub mod announcer;
 pub mod gratuitous;
+pub mod responder;
+
+pub use announcements::Announcements;

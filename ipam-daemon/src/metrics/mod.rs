@@ -14,7 +14,7 @@ use std::{
     sync::{Mutex, atomic::AtomicU64},
 };
 
-use ipam_core::{operator::PoolEvent, resources::FamilyUsageStatus};
+use ipam_core::{pod::operator::PoolEvent, resources::FamilyUsageStatus};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -316,6 +316,13 @@ fn to_classic_text(open_metrics: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The metrics and readiness checks every controller keeps current, shared by all of them.
+#[derive(Clone, Default)]
+pub struct Observed {
+    pub metrics: std::sync::Arc<Metrics>,
+    pub health: std::sync::Arc<Health>,
 }
 
 /// What `/readyz` reports: every check by name, ready or the reason why not.

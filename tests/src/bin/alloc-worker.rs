@@ -12,7 +12,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use ipam_core::{Family, durable::DurableAllocator};
+use ipam_core::{Family, pod::durable::DurableAllocator};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -23,10 +23,10 @@ use std::{
 
 use ipam_core::{
     Cidr, Family,
-    blocks::BlockAllocator,
-    durable::DurableAllocator,
-    node::NodeAllocator,
-    pool::{FamilySpec, PodIpPoolSpec, validate},
+    pod::blocks::BlockAllocator,
+    pod::durable::DurableAllocator,
+    pod::node::NodeAllocator,
+    pod::pool::{FamilySpec, PodIpPoolSpec, validate},
 };
 use ipam_tests::TempFile;
 

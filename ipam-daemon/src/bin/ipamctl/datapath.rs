@@ -7,8 +7,8 @@ use ipam_api::types::Mac;
 use ipam_common::{l2::ResponderStat, pod::PodStat};
 use ipam_daemon::{
     clock,
-    daemon::endpoints::read_table,
     datapath::{PodMaps, ResponderMaps, pinned_attachments},
+    endpoints::read_table,
     net::iface,
 };
 use serde::Serialize;

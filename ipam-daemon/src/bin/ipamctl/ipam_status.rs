@@ -11,7 +11,7 @@ use ipam_core::{
 use ipam_daemon::{
     cluster::ClusterStore,
     config::Config,
-    daemon::status::{PublishedStatus, read_status},
+    pod_ipam::status::{PublishedStatus, read_status},
 };
 use serde::Serialize;
 

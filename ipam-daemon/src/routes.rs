@@ -139,7 +139,7 @@ fn program(
 
 /// Every interface of the node that is up and has an address other than a link-local one, with
 /// those addresses (`ip/prefix`), sorted by name.
-pub fn interfaces_with_addresses() -> Vec<ipam_core::lb::announce::NodeInterface> {
+pub fn interfaces_with_addresses() -> Vec<ipam_core::resources::NodeInterface> {
     // From netlink, not /sys/class/net: a daemon entered into a namespace with `nsenter --net`
     // still sees the host's /sys.
     let Ok(netlink) = ipam_netlink::Netlink::open() else {
@@ -163,7 +163,7 @@ pub fn interfaces_with_addresses() -> Vec<ipam_core::lb::announce::NodeInterface
             .map(|(ip, prefix)| format!("{ip}/{prefix}"))
             .collect();
         if !addresses.is_empty() {
-            out.push(ipam_core::lb::announce::NodeInterface {
+            out.push(ipam_core::resources::NodeInterface {
                 name: link.name,
                 addresses,
             });

@@ -13,7 +13,7 @@ use ipam_core::{
 };
 use serde::Serialize;
 
-use crate::daemon::{endpoints::read_table, status::read_status};
+use ipam_daemon::{endpoints::read_table, pod_ipam::status::read_status};
 
 /// One thing that knows the address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -22,7 +22,7 @@ use crate::daemon::{endpoints::read_table, status::read_status};
     rename_all = "kebab-case",
     rename_all_fields = "camelCase"
 )]
-pub enum Finding {
+pub(crate) enum Finding {
     /// A pod on the local node holds it.
     Pod {
         node: String,
@@ -90,7 +90,7 @@ impl std::fmt::Display for Finding {
 }
 
 /// What this node knows of `ip` (its endpoint table and published status under `state_dir`).
-pub fn local(ip: IpAddr, state_dir: &Path) -> Vec<Finding> {
+pub(crate) fn local(ip: IpAddr, state_dir: &Path) -> Vec<Finding> {
     let mut out = Vec::new();
     let status = read_status(state_dir).ok();
     let node = status
@@ -120,10 +120,13 @@ pub fn local(ip: IpAddr, state_dir: &Path) -> Vec<Finding> {
 }
 
 /// What the cluster's store knows of `ip`.
-pub async fn cluster<S: TypedStore>(store: &S, ip: IpAddr) -> Result<Vec<Finding>, StoreError> {
+pub(crate) async fn cluster<S: TypedStore>(
+    store: &S,
+    ip: IpAddr,
+) -> Result<Vec<Finding>, StoreError> {
     let mut out = Vec::new();
     let services = store.list_typed::<Service>().await?;
-    let announcing = super::objects::announcing_nodes(store).await?;
+    let announcing = crate::objects::parse::announcing_nodes(store).await?;
     for s in &services {
         if s.value.status.ingress.contains(&ip) || s.value.spec.external_ips.contains(&ip) {
             out.push(Finding::Service {

@@ -11,18 +11,18 @@ use std::{
 
 use thiserror::Error;
 
-use super::{
+use crate::store::{
+    Revision, StoreError, TypedStore, Versioned,
+    lease::{Lease, LeaseObserver},
+};
+use crate::{
     Family,
-    blocks::{BlockAllocator, BlockError},
-    pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
+    pod::blocks::{BlockAllocator, BlockError},
+    pod::pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
     resources::{
         AllocatedBlock, CLUSTER, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
         NodeIpamStatus, PodIpPool, PoolStatus, node_lease_name,
     },
-};
-use crate::store::{
-    Revision, StoreError, TypedStore, Versioned,
-    lease::{Lease, LeaseObserver},
 };
 
 #[derive(Debug, Error)]
@@ -534,7 +534,7 @@ mod tests {
     use super::*;
     use crate::{
         Cidr,
-        pool::{FamilySpec, PodIpPoolSpec},
+        pod::pool::{FamilySpec, PodIpPoolSpec},
         resources::PoolRequest,
         store::embedded::EmbeddedStore,
     };

@@ -13,14 +13,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{
+use crate::store::{StoreError, TypedStore};
+use crate::{
     Cidr, Family,
-    durable::{DurableAllocator, DurableError, RestoreReport},
-    multipool::{Watermarks, needs_block, releasable_blocks},
-    pool::IpamMode,
+    pod::durable::{DurableAllocator, DurableError, RestoreReport},
+    pod::multipool::{Watermarks, needs_block, releasable_blocks},
+    pod::pool::IpamMode,
     resources::{AllocatedBlock, NodeIpam, NodeIpamSpec, PoolRequest},
 };
-use crate::store::{StoreError, TypedStore};
 
 /// The IPAM controller of one pool on a node. A node allocating from several pools (multi-pool
 /// mode) runs one per pool over the same NodeIPAM record: each keeps the other pools' requests
@@ -51,7 +51,7 @@ pub struct NodeAgent {
 pub struct NodeFacts {
     pub addresses: Vec<std::net::IpAddr>,
     pub labels: BTreeMap<String, String>,
-    pub interfaces: Vec<crate::lb::announce::NodeInterface>,
+    pub interfaces: Vec<crate::resources::NodeInterface>,
 }
 
 impl NodeFacts {
@@ -367,8 +367,8 @@ impl NodeAgent {
 mod tests {
     use super::*;
     use crate::{
-        operator::Operator,
-        pool::{FamilySpec, PodIpPoolSpec},
+        pod::operator::Operator,
+        pod::pool::{FamilySpec, PodIpPoolSpec},
         resources::{PodIpPool, PoolStatus},
         store::embedded::EmbeddedStore,
     };

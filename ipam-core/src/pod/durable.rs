@@ -13,10 +13,10 @@ use std::{
 
 use thiserror::Error;
 
-use super::{
+use crate::{
     Cidr, Family,
-    alloclog::{AllocLog, Record},
-    node::{AllocError, NodeAllocator},
+    pod::alloclog::{AllocLog, Record},
+    pod::node::{AllocError, NodeAllocator},
 };
 
 /// Log keys: blocks are `b <cidr>` (value: pool), allocations `4 <owner>` / `6 <owner>` (value:
@@ -464,7 +464,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::node::ROUTER_OWNER;
+    use crate::pod::node::ROUTER_OWNER;
 
     fn temp(name: &str) -> crate::test_util::TempPath {
         crate::test_util::TempPath::new(&format!("durable-{name}.log"))

@@ -9,16 +9,18 @@ use std::{
 use ipam_api::types::{AllocatedIp, AttachmentId, ErrorCode, Request, Response};
 use ipam_core::{
     Family,
-    durable::DurableError,
-    multipool::PoolSource,
-    node::{AllocError, ROUTER_OWNER},
+    pod::{
+        durable::DurableError,
+        multipool::PoolSource,
+        node::{AllocError, ROUTER_OWNER},
+    },
 };
 
 use super::{
-    endpoints::{EndpointError, Endpoints},
-    infra_state::InfraState,
-    pod_pools::{PodPools, PoolAllocator},
+    infra::InfraState,
+    pools::{PodPools, PoolAllocator},
 };
+use crate::endpoints::{EndpointError, Endpoints};
 
 /// Pod allocations served over the API.
 pub(super) struct PodAllocations {

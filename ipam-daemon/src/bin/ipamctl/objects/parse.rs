@@ -20,14 +20,14 @@ use ipam_core::{
         resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceSpec},
         rows,
     },
-    pool::PodIpPoolSpec,
+    pod::pool::PodIpPoolSpec,
     resources::{NodeIpam, PodIpPool, node_lease_name},
     store::{Resource, StoreError, TypedStore, lease::Lease},
 };
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ObjectError {
+pub(crate) enum ObjectError {
     #[error("{file}: document {index} is not valid YAML for an object: {source}")]
     Yaml {
         file: String,
@@ -97,7 +97,7 @@ struct Document {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Metadata {
+pub(crate) struct Metadata {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -125,7 +125,7 @@ const SERVER_METADATA: &[&str] = &[
 
 /// One object read from a file, ready to write.
 #[derive(Debug)]
-pub enum Object {
+pub(crate) enum Object {
     LbPool(String, LbIpPool),
     Service(String, Service),
     L2Policy(String, L2AnnouncementPolicy),
@@ -133,7 +133,7 @@ pub enum Object {
 }
 
 impl Object {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::LbPool(..) => LbIpPool::KIND,
             Self::Service(..) => Service::KIND,
@@ -142,7 +142,7 @@ impl Object {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         match self {
             Self::LbPool(n, _)
             | Self::Service(n, _)
@@ -150,23 +150,19 @@ impl Object {
             | Self::PodPool(n, _) => n,
         }
     }
-
-    pub fn describe(&self) -> String {
-        format!("{} {}", self.kind(), self.name())
-    }
 }
 
 /// The documents of a file: the objects to write, and notes for the user (old spellings that
 /// are still read).
 #[derive(Debug, Default)]
-pub struct Parsed {
+pub(crate) struct Parsed {
     pub objects: Vec<Object>,
     pub notes: Vec<String>,
 }
 
 /// Reads every document of `text` (from `file`, named in errors). Nothing is written unless all
 /// of them are valid; a field the resource does not have is an error, not ignored.
-pub fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
+pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
     let mut parsed = Parsed::default();
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let yaml = |source| ObjectError::Yaml {
@@ -340,7 +336,7 @@ impl Place<'_> {
 
 /// Writes `object`'s spec: creates it, or replaces the spec of the existing one (its status is
 /// the controllers' and stays). Returns whether it was created.
-pub async fn apply<S: TypedStore>(store: &S, object: &Object) -> Result<bool, StoreError> {
+pub(crate) async fn apply<S: TypedStore>(store: &S, object: &Object) -> Result<bool, StoreError> {
     match object {
         Object::LbPool(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::Service(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
@@ -377,7 +373,7 @@ async fn put<S: TypedStore, T: Resource + Clone>(
 /// The node announcing each service IP, as far as one look at the store can tell: nodes whose
 /// lease was renewed within its duration by their wall clock count as live (the agents
 /// themselves judge by lease changes they observe, which no clock skew affects).
-pub async fn announcing_nodes<S: TypedStore>(
+pub(crate) async fn announcing_nodes<S: TypedStore>(
     store: &S,
 ) -> Result<BTreeMap<std::net::IpAddr, String>, StoreError> {
     let services = store.list_typed::<Service>().await?;
@@ -420,7 +416,11 @@ mod tests {
                     kind: L2AnnouncementPolicy\nmetadata: { name: all }\nspec: { interfaces: [ \"eth.*\" ] }\n";
         let parsed = parse("lb.yaml", text).unwrap();
         assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
-        let names: Vec<String> = parsed.objects.iter().map(Object::describe).collect();
+        let names: Vec<String> = parsed
+            .objects
+            .iter()
+            .map(|o| format!("{} {}", o.kind(), o.name()))
+            .collect();
         assert_eq!(
             names,
             [

@@ -13,8 +13,8 @@ use std::{
 };
 
 use ipam_core::{
-    durable::DurableAllocator,
-    multipool::{PoolSource, annotated_pool, network_pool},
+    pod::durable::DurableAllocator,
+    pod::multipool::{PoolSource, annotated_pool, network_pool},
 };
 use ipam_kube::pods::PodDirectory;
 
@@ -30,7 +30,7 @@ pub(super) struct PoolAllocator {
 }
 
 impl PoolAllocator {
-    pub(super) fn of(agent: &ipam_core::agent::NodeAgent) -> Self {
+    pub(super) fn of(agent: &ipam_core::pod::agent::NodeAgent) -> Self {
         Self {
             alloc: agent.allocator(),
             demand: agent.demand(),

@@ -15,10 +15,10 @@ use std::net::IpAddr;
 
 use thiserror::Error;
 
-use super::{
+use crate::{
     Cidr, Family,
     cidr::ip_to_u128,
-    owners::{MAX_OWNER_LEN, OwnerIndex, Slot},
+    pod::owners::{MAX_OWNER_LEN, OwnerIndex, Slot},
 };
 
 /// Largest block the node allocator manages in full; larger blocks (an IPv6 /64 from

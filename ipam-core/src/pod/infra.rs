@@ -10,8 +10,8 @@
 
 use std::{net::IpAddr, time::Duration};
 
-use super::{Family, durable::DurableError, node::AllocError};
 use crate::backoff::Backoff;
+use crate::{Family, pod::durable::DurableError, pod::node::AllocError};
 
 /// Errors that can mean "the node has no block yet" (the one condition worth waiting for).
 pub trait NoBlockYet: std::fmt::Display {
@@ -89,9 +89,9 @@ mod tests {
     use super::*;
     use crate::{
         Cidr,
-        blocks::BlockAllocator,
-        node::{NodeAllocator, ROUTER_OWNER},
-        pool::{FamilySpec, PodIpPoolSpec, validate},
+        pod::blocks::BlockAllocator,
+        pod::node::{NodeAllocator, ROUTER_OWNER},
+        pod::pool::{FamilySpec, PodIpPoolSpec, validate},
     };
 
     /// A node with pre-allocation 0: no block at start; an operator that assigns one only when

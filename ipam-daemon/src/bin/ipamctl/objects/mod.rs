@@ -1,6 +1,8 @@
 //! The commands on the cluster's objects (`apply`, `get`, `delete`, `pools`), in the store of
 //! the daemon's configuration.
 
+pub(crate) mod parse;
+
 use std::{collections::BTreeMap, path::Path};
 
 use ipam_core::{
@@ -8,10 +10,7 @@ use ipam_core::{
     resources::{Condition, NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _},
 };
-use ipam_daemon::{
-    cluster::{ClusterStore, objects},
-    config::Config,
-};
+use ipam_daemon::{cluster::ClusterStore, config::Config};
 use serde::Serialize;
 
 use crate::output::{Output, emit, table, usage_bar};
@@ -78,13 +77,13 @@ pub(crate) async fn apply(store: &ClusterStore, file: &Path, output: Output) -> 
         (file.display().to_string(), text)
     };
     // Every document is checked before anything is written.
-    let parsed = objects::parse(&name, &text)?;
+    let parsed = parse::parse(&name, &text)?;
     for note in &parsed.notes {
         eprintln!("note: {note}");
     }
     let mut applied = Vec::with_capacity(parsed.objects.len());
     for object in &parsed.objects {
-        let created = objects::apply(store, object).await?;
+        let created = parse::apply(store, object).await?;
         applied.push(Applied {
             kind: object.kind(),
             name: object.name().to_owned(),
@@ -150,7 +149,7 @@ pub(crate) async fn get(
     match kind {
         ObjectKind::Services => {
             let items = named::<Service>(store).await?;
-            let announcing = objects::announcing_nodes(store).await?;
+            let announcing = parse::announcing_nodes(store).await?;
             emit(output, &items, |items| {
                 let mut rows = table(["SERVICE", "IPS", "ANNOUNCED BY", "CONDITION"]);
                 for (name, s) in items {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use super::{Cidr, Family, node::NodeAllocator};
+use crate::{Cidr, Family, pod::node::NodeAllocator};
 
 /// Pod or namespace annotation naming the pool to allocate from.
 pub const POOL_ANNOTATION: &str = "ipam-ebpf.io/ip-pool";
@@ -148,7 +148,7 @@ pub fn releasable_blocks(
 
 fn node_block_capacity(block: Cidr) -> u64 {
     // Mirrors the node allocator's address rules (docs in node.rs).
-    let size = block.size().min(super::node::MAX_BLOCK_ADDRESSES) as u64;
+    let size = block.size().min(crate::pod::node::MAX_BLOCK_ADDRESSES) as u64;
     match block.family() {
         Family::V4 if size >= 4 => size - 2,
         Family::V4 => size,
@@ -160,9 +160,9 @@ fn node_block_capacity(block: Cidr) -> u64 {
 mod tests {
     use super::*;
     use crate::{
-        blocks::BlockAllocator,
-        node::AllocError,
-        pool::{FamilySpec, PodIpPoolSpec, validate},
+        pod::blocks::BlockAllocator,
+        pod::node::AllocError,
+        pod::pool::{FamilySpec, PodIpPoolSpec, validate},
     };
 
     fn ann(pool: &str) -> BTreeMap<String, String> {

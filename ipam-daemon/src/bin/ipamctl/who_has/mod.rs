@@ -1,12 +1,11 @@
 //! `ipamctl who-has <IP>`: the local node's view, then the cluster store's when the
 //! configuration names one; it says what it read.
 
+mod find;
+
 use std::{net::IpAddr, path::PathBuf};
 
-use ipam_daemon::{
-    cluster::{ClusterStore, who_has},
-    config::Config,
-};
+use ipam_daemon::{cluster::ClusterStore, config::Config};
 use serde::Serialize;
 
 use crate::output::{Output, emit};
@@ -17,7 +16,7 @@ struct Answer {
     ip: IpAddr,
     /// Where the answer comes from: this node's state directory, the cluster store.
     read: Vec<String>,
-    findings: Vec<who_has::Finding>,
+    findings: Vec<find::Finding>,
 }
 
 pub(crate) fn run(
@@ -27,7 +26,7 @@ pub(crate) fn run(
     output: Output,
 ) -> anyhow::Result<()> {
     let mut read = vec![format!("this node's state under {}", state_dir.display())];
-    let mut findings = who_has::local(ip, &state_dir);
+    let mut findings = find::local(ip, &state_dir);
     if let Some(c) = config.filter(|c| c.store.kind.is_shared()) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -35,7 +34,7 @@ pub(crate) fn run(
         runtime.block_on(async {
             let s = ClusterStore::open(&c.store_settings()).await?;
             read.push(s.describe());
-            for f in who_has::cluster(&s, ip).await? {
+            for f in find::cluster(&s, ip).await? {
                 if !findings.contains(&f) {
                     findings.push(f);
                 }

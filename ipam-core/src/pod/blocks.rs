@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use thiserror::Error;
 
-use super::{
+use crate::{
     Cidr, Family,
-    pool::{Pool, PoolError, check_update},
+    pod::pool::{Pool, PoolError, check_update},
 };
 
 /// The blocks of one pool family, per CIDR.
@@ -364,7 +364,7 @@ impl BlockAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::{FamilySpec, PodIpPoolSpec, validate};
+    use crate::pod::pool::{FamilySpec, PodIpPoolSpec, validate};
 
     fn pool(name: &str, cidrs: &[&str], mask: u8) -> Pool {
         validate(

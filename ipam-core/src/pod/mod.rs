@@ -1,0 +1,24 @@
+//! Pod IPAM: pod IP pools cut into per-node blocks by the operator, and addresses handed out
+//! inside a node's blocks by its agent, durably.
+//!
+//! - `pool`: the pools users write, their validation, and the rules for changing one in use;
+//! - `blocks`: the operator side, cutting pools into per-node blocks;
+//! - `operator`: the operator's controller over pools and node records;
+//! - `node`: the agent side, handing out addresses inside a node's blocks;
+//! - `owners`: the node allocator's index from owner to address;
+//! - `alloclog`, `durable`: the node's allocation log, and allocations acknowledged only once
+//!   written;
+//! - `agent`: the node agent's controller over its record and its allocator;
+//! - `multipool`: which pool a pod's address comes from, and when a node asks for a block;
+//! - `infra`: the router, health and ingress addresses a node needs before any pod.
+
+pub mod agent;
+pub mod alloclog;
+pub mod blocks;
+pub mod durable;
+pub mod infra;
+pub mod multipool;
+pub mod node;
+pub mod operator;
+pub mod owners;
+pub mod pool;

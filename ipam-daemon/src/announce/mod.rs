@@ -1,0 +1,168 @@
+//! Service announcement: which IPs this node answers for, as one `Announcements` value.
+//!
+//! - `service_ips`: the cluster's Service IPs this node owns (rendezvous hashing over the live
+//!   nodes, the same answer on every node), and the address each needs on `lo`;
+//! - this module: the one producer of `Announcements`, from the IPs configured in the daemon's
+//!   file and the service IPs, for the responder controller (`l2::responder`) to apply.
+//!
+//! Announcing over another protocol (BGP) would be a sibling of `l2::responder` reading the
+//! service IPs; pod IPAM is not involved.
+
+pub mod local_address;
+pub mod service_ips;
+
+use std::collections::BTreeMap;
+
+use tokio::sync::watch;
+
+pub use service_ips::{OwnedIp, OwnedIps};
+
+use crate::{
+    config::{AnnouncementConfig, Config},
+    datapath::AttachMode,
+    l2::Announcements,
+};
+
+/// What the daemon's configuration says about announcing: the IPs it lists, and how the
+/// responder is attached on each interface.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Configured {
+    pub ips: Vec<AnnouncementConfig>,
+    attach: BTreeMap<String, AttachMode>,
+}
+
+impl Configured {
+    pub fn of(config: &Config) -> Self {
+        Self {
+            ips: config.announcements.clone(),
+            attach: config
+                .interfaces
+                .iter()
+                .map(|(name, i)| (name.clone(), i.attach))
+                .collect(),
+        }
+    }
+
+    fn attach_mode(&self, interface: &str) -> AttachMode {
+        self.attach.get(interface).copied().unwrap_or_default()
+    }
+
+    /// The announcements of these settings and `services`.
+    pub fn with(&self, services: &OwnedIps) -> Announcements {
+        let mut out = Announcements::default();
+        let configured = self.ips.iter().map(|a| (a.ip, a.interface.as_str()));
+        let owned = services
+            .iter()
+            .flat_map(|(ip, o)| o.interfaces.iter().map(|i| (*ip, i.as_str())));
+        for (ip, interface) in configured.chain(owned) {
+            out.add(ip, interface, self.attach_mode(interface));
+        }
+        out
+    }
+}
+
+/// Publishes the announcements whenever the configuration or the owned service IPs change, for
+/// as long as someone reads them.
+pub async fn run(
+    mut configured: watch::Receiver<Configured>,
+    mut services: Option<watch::Receiver<OwnedIps>>,
+    out: watch::Sender<Announcements>,
+) {
+    loop {
+        let owned = services
+            .as_mut()
+            .map(|s| s.borrow_and_update().clone())
+            .unwrap_or_default();
+        let wanted = configured.borrow_and_update().with(&owned);
+        out.send_if_modified(|current| {
+            let changed = *current != wanted;
+            *current = wanted;
+            changed
+        });
+        let event = tokio::select! {
+            c = configured.changed() => if c.is_ok() { Event::Changed } else { Event::Gone },
+            c = changed_or_never(services.as_mut()) => {
+                if c.is_ok() { Event::Changed } else { Event::ServicesGone }
+            }
+            () = out.closed() => Event::Gone,
+        };
+        match event {
+            Event::Changed => {}
+            // The service IP controller ended: no service IP is owned any more.
+            Event::ServicesGone => services = None,
+            Event::Gone => return,
+        }
+    }
+}
+
+enum Event {
+    Changed,
+    ServicesGone,
+    Gone,
+}
+
+async fn changed_or_never<T>(
+    rx: Option<&mut watch::Receiver<T>>,
+) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_and_owned_ips_merge_with_the_interfaces_attach_modes() {
+        let config = Config::parse(
+            std::path::Path::new("announce-test.toml"),
+            r#"
+            [[announcement]]
+            ip = "192.0.2.10"
+            interface = "eth0"
+
+            [interfaces.eth1]
+            attach = "tc"
+            "#,
+        )
+        .expect("config");
+        let configured = Configured::of(&config);
+        let owned: OwnedIps = [(
+            "192.0.2.20".parse().unwrap(),
+            OwnedIp {
+                service: "default/web".to_owned(),
+                interfaces: vec!["eth1".to_owned()],
+            },
+        )]
+        .into_iter()
+        .collect();
+        let wanted = configured.with(&owned);
+        let by: Vec<_> = wanted
+            .interfaces()
+            .map(|(i, on)| {
+                (
+                    i.to_owned(),
+                    on.attach,
+                    on.ips.iter().copied().collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            by,
+            [
+                (
+                    "eth0".to_owned(),
+                    AttachMode::Auto,
+                    vec!["192.0.2.10".parse().unwrap()]
+                ),
+                (
+                    "eth1".to_owned(),
+                    AttachMode::Tc,
+                    vec!["192.0.2.20".parse().unwrap()]
+                ),
+            ]
+        );
+    }
+}

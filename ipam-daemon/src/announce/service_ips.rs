@@ -1,0 +1,170 @@
+//! The cluster's Service IPs this node answers for.
+//!
+//! Every agent derives the owner of each IP from the same inputs (services, policies, node
+//! records, and the live nodes as `liveness::LivePeers` reports them) with rendezvous hashing
+//! (`ipam_core::lb::announce`), so a node's death moves its IPs with no per-service write. An IP
+//! this node takes over is put on `lo` (see `local_address`) and published in `OwnedIps`; the
+//! responder controller answers for it and tells the link.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use ipam_core::{
+    lb::{
+        announce::{NodeView, owners},
+        resources::{L2AnnouncementPolicy, Service},
+        rows,
+    },
+    resources::NodeIpam,
+};
+use tokio::sync::watch;
+
+use super::local_address::LocalAddresses;
+use crate::{
+    cluster::{
+        ClusterStore,
+        cache::{Cache, watch_until_it_works},
+    },
+    liveness::{Fence, LivePeers},
+    metrics::Metrics,
+};
+
+/// How often ownership is recomputed (lease lapses change nothing in the store to wake us).
+const TICK: Duration = Duration::from_millis(100);
+
+/// The service IPs this node owns.
+pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;
+
+/// A service IP this node owns: whose it is, and the interfaces to answer on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedIp {
+    pub service: String,
+    pub interfaces: Vec<String>,
+}
+
+/// What the controller reads.
+pub struct Inputs {
+    pub store: ClusterStore,
+    pub node: String,
+    pub fence: Arc<Fence>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The objects the decision is made from, kept current by their watches.
+struct Seen {
+    services: Cache<Service>,
+    policies: Cache<L2AnnouncementPolicy>,
+    nodes: Cache<NodeIpam>,
+}
+
+/// Runs the controller for the life of the daemon.
+pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
+    let Inputs {
+        store,
+        node,
+        fence,
+        metrics,
+    } = inputs;
+    let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
+    let mut policies_watch =
+        watch_until_it_works::<L2AnnouncementPolicy, _>(&store, "service IPs").await;
+    let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "service IPs").await;
+    let mut peers = LivePeers::follow(&store, node.clone(), fence).await;
+    let mut seen = Seen {
+        services: Cache::new(&services_watch.initial),
+        policies: Cache::new(&policies_watch.initial),
+        nodes: Cache::new(&nodes_watch.initial),
+    };
+    let mut owned = Owned {
+        addresses: LocalAddresses::start(),
+        ips: OwnedIps::new(),
+    };
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // Changes only update the copies; ownership is decided once per tick, whatever the
+        // number of changes (a burst of service writes would otherwise cost a decision each).
+        tokio::select! {
+            e = services_watch.next() => { seen.services.apply(e); continue; }
+            e = policies_watch.next() => { seen.policies.apply(e); continue; }
+            e = nodes_watch.next() => { seen.nodes.apply(e); continue; }
+            () = peers.changed() => continue,
+            _ = tick.tick() => {}
+        }
+        let started = Instant::now();
+        let mine = tracing::debug_span!("service_ip_pass", node = node.as_str())
+            .in_scope(|| decide(&seen, &mut peers, &node, started));
+        if mine != owned.ips {
+            let taken = owned.follow(mine);
+            metrics.service_ip_takeovers.inc_by(taken);
+            metrics.service_ips_announced.set(owned.ips.len() as i64);
+            out.send_replace(owned.ips.clone());
+        }
+        if started.elapsed() > Duration::from_millis(20) {
+            tracing::debug!(
+                took_ms = started.elapsed().as_millis() as u64,
+                "slow service IP pass"
+            );
+        }
+    }
+}
+
+/// The service IPs `node` owns now, with the service each belongs to.
+fn decide(seen: &Seen, peers: &mut LivePeers, node: &str, now: Instant) -> OwnedIps {
+    let live: Vec<NodeView> = seen
+        .nodes
+        .iter()
+        .filter(|r| peers.is_live(&r.name, now))
+        .map(rows::node)
+        .collect();
+    owners(
+        &rows::policies(seen.policies.iter()),
+        &rows::services(seen.services.iter()),
+        &live,
+    )
+    .into_iter()
+    .filter(|a| a.node == node)
+    .map(|a| {
+        let owned = OwnedIp {
+            service: a.service,
+            interfaces: a.interfaces,
+        };
+        (a.ip, owned)
+    })
+    .collect()
+}
+
+/// What this node owns now, and its addresses on `lo`.
+struct Owned {
+    ips: OwnedIps,
+    addresses: LocalAddresses,
+}
+
+impl Owned {
+    /// Follows what this node owns now; returns how many IPs it took over.
+    fn follow(&mut self, mine: OwnedIps) -> u64 {
+        let mut taken = 0;
+        for (ip, owned) in &mine {
+            if !self.ips.contains_key(ip) {
+                self.addresses.add(*ip, &owned.interfaces);
+                taken += 1;
+                tracing::info!(
+                    %ip,
+                    service = owned.service.as_str(),
+                    interfaces = ?owned.interfaces,
+                    "service IP taken over: answering for it"
+                );
+            }
+        }
+        for ip in self.ips.keys().filter(|ip| !mine.contains_key(ip)) {
+            self.addresses.remove(*ip);
+            tracing::info!(%ip, "service IP given up: another node answers for it now");
+        }
+        self.ips = mine;
+        taken
+    }
+}

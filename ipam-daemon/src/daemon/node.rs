@@ -1,0 +1,278 @@
+//! The node's controllers, wired together. What flows between them:
+//!
+//! ```text
+//!  config ──Configured──▶ announce ──Announcements──▶ l2::responder ──▶ responder maps, frames
+//!                            ▲
+//!  store ──▶ announce::service_ips ──OwnedIps──┘       (owners over liveness::LivePeers)
+//!  store ──▶ liveness::lease ──▶ Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat
+//!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json
+//!  store ──▶ routes ──▶ route map
+//! ```
+//!
+//! Each arrow is a typed value; no controller reaches into another's state.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use tokio::{sync::watch, task::JoinHandle};
+
+use super::{
+    DaemonError, OperatorTask, Role, check_mode,
+    signals::{SignalEvent, Signals},
+};
+use crate::{
+    announce::{self, Configured, OwnedIps},
+    cluster::ClusterStore,
+    config::{Config, IpamSettings},
+    datapath::{self, Datapath},
+    l2::{self, Announcements, announcer::AnnounceError},
+    liveness::{self, Fence, heartbeat::Timing},
+    metrics::Observed,
+    pod_ipam::PodIpam,
+};
+
+/// Runs the node until SIGTERM or SIGINT. Pins stay in place on exit: the responders keep
+/// answering until the liveness timeout passes, which is what lets a restart or upgrade go
+/// unnoticed.
+pub(super) async fn run(
+    config_path: PathBuf,
+    mut config: Config,
+    role: Role,
+    observed: Observed,
+) -> Result<(), DaemonError> {
+    config.check_fencing(&config_path)?;
+    let datapath = open_datapath(&config, role, &observed)?;
+    let mut node = NodeControllers::start(&config, role, datapath, observed).await?;
+    let mut signals = Signals::install()?;
+    loop {
+        tokio::select! {
+            ended = &mut node.responder => return Err(responder_ended(ended)),
+            event = signals.next() => match event {
+                SignalEvent::Stop => break,
+                SignalEvent::Reload => {
+                    if let Some(new) = reloaded(&config_path, &config) {
+                        node.reload(&new);
+                        config = new;
+                    }
+                }
+            },
+        }
+    }
+    if let Some(op) = node.operator {
+        op.stop().await;
+    }
+    tracing::info!(
+        "stopping; responders keep answering for up to {} ms, until the liveness timeout",
+        config.datapath.liveness_timeout_ms
+    );
+    Ok(())
+}
+
+/// Loads the datapath (adopting what a previous run pinned) and starts draining its log.
+fn open_datapath(
+    config: &Config,
+    role: Role,
+    observed: &Observed,
+) -> Result<Arc<Mutex<Datapath>>, DaemonError> {
+    let mut datapath =
+        Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
+    datapath.heartbeat(config.datapath.liveness_timeout())?;
+    tracing::info!(
+        role = role.name(),
+        root = %datapath.root().display(),
+        ebpf_log_level = ?config.datapath.ebpf_log_level,
+        "datapath loaded"
+    );
+    observed.health.set("datapath", Ok(()));
+    if let Some(log) = datapath.take_log() {
+        tokio::spawn(datapath::ebpf_log::drain(log));
+    }
+    // Shared with the API (pod endpoints); every use is a few syscalls under the lock.
+    Ok(Arc::new(Mutex::new(datapath)))
+}
+
+/// The configuration file anew, unless it cannot be read or changes what needs a restart.
+fn reloaded(path: &Path, running: &Config) -> Option<Config> {
+    match Config::load(path) {
+        Ok(new) if new.datapath.bpffs_root != running.datapath.bpffs_root => {
+            tracing::error!(
+                "not reloading {}: datapath.bpffs_root changed, which needs a restart",
+                path.display()
+            );
+            None
+        }
+        Ok(new) => {
+            tracing::info!(config = %path.display(), "configuration reloaded");
+            Some(new)
+        }
+        Err(e) => {
+            tracing::error!("keeping the running configuration: {e}");
+            None
+        }
+    }
+}
+
+fn responder_ended(
+    ended: Result<Result<(), AnnounceError>, tokio::task::JoinError>,
+) -> DaemonError {
+    match ended {
+        Ok(Err(e)) => e.into(),
+        Ok(Ok(())) => DaemonError::ControllerEnded("responder"),
+        Err(e) => {
+            tracing::error!("the responder controller failed: {e}");
+            DaemonError::ControllerEnded("responder")
+        }
+    }
+}
+
+fn timing(config: &Config) -> Timing {
+    Timing {
+        interval: config.datapath.heartbeat_interval(),
+        liveness_timeout: config.datapath.liveness_timeout(),
+    }
+}
+
+/// The node's running controllers, as the wiring reaches them: the inputs that follow a reload,
+/// the operator beside them (standalone role), and the responder whose failure ends the daemon.
+struct NodeControllers {
+    configured: watch::Sender<Configured>,
+    timing: watch::Sender<Timing>,
+    ipam: Option<watch::Sender<IpamSettings>>,
+    operator: Option<OperatorTask>,
+    responder: JoinHandle<Result<(), AnnounceError>>,
+}
+
+/// What the cluster side of a node gives the announcement and liveness controllers.
+struct ClusterSide {
+    fence: Option<Arc<Fence>>,
+    owned: Option<watch::Receiver<OwnedIps>>,
+}
+
+impl NodeControllers {
+    async fn start(
+        config: &Config,
+        role: Role,
+        datapath: Arc<Mutex<Datapath>>,
+        observed: Observed,
+    ) -> Result<Self, DaemonError> {
+        let (configured, configured_rx) = watch::channel(Configured::of(config));
+        let (announcements, announcements_rx) = watch::channel(Announcements::default());
+        // The responder first: configured announcements are answered before the store is.
+        let responder = tokio::spawn(l2::responder::run(datapath.clone(), announcements_rx));
+        let mut operator = None;
+        let (ipam, cluster) = match config.ipam.clone() {
+            Some(settings) => {
+                let store = ClusterStore::open(&config.store_settings()).await?;
+                check_mode(&store, settings.mode).await?;
+                if role == Role::Standalone {
+                    operator = OperatorTask::spawn(store.clone(), config, observed.clone());
+                }
+                let ipam = start_pod_ipam(config, &settings, &store, &datapath, &observed).await?;
+                (
+                    Some(ipam),
+                    start_cluster_side(config, &settings, store, &observed),
+                )
+            }
+            None => (None, ClusterSide::standalone()),
+        };
+        tokio::spawn(announce::run(configured_rx, cluster.owned, announcements));
+        let (timing, timing_rx) = watch::channel(timing(config));
+        tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
+        Ok(Self {
+            configured,
+            timing,
+            ipam,
+            operator,
+            responder,
+        })
+    }
+
+    fn reload(&self, new: &Config) {
+        if let (Some(ipam), Some(settings)) = (&self.ipam, &new.ipam) {
+            ipam.send_replace(settings.clone());
+        }
+        if let Some(op) = &self.operator {
+            op.reload(new);
+        }
+        self.configured.send_replace(Configured::of(new));
+        self.timing.send_replace(timing(new));
+    }
+}
+
+impl ClusterSide {
+    fn standalone() -> Self {
+        Self {
+            fence: None,
+            owned: None,
+        }
+    }
+}
+
+/// Restores pod IPAM, serves the local API from it, and starts its passes and the routes
+/// between nodes. Returns where its settings go on a reload.
+async fn start_pod_ipam(
+    config: &Config,
+    settings: &IpamSettings,
+    store: &ClusterStore,
+    datapath: &Arc<Mutex<Datapath>>,
+    observed: &Observed,
+) -> Result<watch::Sender<IpamSettings>, DaemonError> {
+    let pod_ipam = PodIpam::start(
+        settings.clone(),
+        store.clone(),
+        datapath.clone(),
+        observed.clone(),
+    )
+    .await?;
+    // State is restored by now: every answer of the API reflects it.
+    let listener = crate::api::server::bind(&settings.socket)?;
+    tokio::spawn(crate::api::server::serve(listener, pod_ipam.api_handler()));
+    tracing::info!(socket = %settings.socket.display(), "API listening");
+    let (tx, rx) = watch::channel(settings.clone());
+    tokio::spawn(pod_ipam.run(config.cluster.resync(), rx));
+    if let Some(uplink) = settings.uplinks.first() {
+        tokio::spawn(crate::routes::run(
+            store.clone(),
+            settings.node_name.clone(),
+            uplink.clone(),
+            datapath.clone(),
+        ));
+    }
+    Ok(tx)
+}
+
+/// On a shared store: the node's lease with its fence, and the service IPs it owns.
+fn start_cluster_side(
+    config: &Config,
+    settings: &IpamSettings,
+    store: ClusterStore,
+    observed: &Observed,
+) -> ClusterSide {
+    if !store.is_shared() {
+        return ClusterSide::standalone();
+    }
+    let fence = Arc::new(Fence::new(config.cluster.node_lease()));
+    liveness::lease::spawn(liveness::lease::Renewal {
+        store: store.clone(),
+        node: settings.node_name.clone(),
+        interval: config.cluster.node_renew_interval(),
+        fence: fence.clone(),
+        metrics: observed.metrics.clone(),
+    });
+    let (owned_tx, owned) = watch::channel(OwnedIps::new());
+    tokio::spawn(announce::service_ips::run(
+        announce::service_ips::Inputs {
+            store,
+            node: settings.node_name.clone(),
+            fence: fence.clone(),
+            metrics: observed.metrics.clone(),
+        },
+        owned_tx,
+    ));
+    ClusterSide {
+        fence: Some(fence),
+        owned: Some(owned),
+    }
+}

@@ -1,0 +1,63 @@
+//! The operator's controllers as a task beside the node's work (standalone role) or alone
+//! (operator role), and how to reload and stop them.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::{
+    cluster::{
+        ClusterStore,
+        events::Events,
+        operator::{self, OperatorSettings},
+    },
+    config::{Config, PoolConfig},
+    metrics::Observed,
+};
+
+pub(super) struct OperatorTask {
+    pools: watch::Sender<Vec<PoolConfig>>,
+    stop: watch::Sender<bool>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl OperatorTask {
+    /// Starts the operator when the configuration has an `[ipam]` section.
+    pub(super) fn spawn(store: ClusterStore, config: &Config, observed: Observed) -> Option<Self> {
+        let ipam = config.ipam.as_ref()?;
+        let (pools, pools_rx) = watch::channel(ipam.pools.clone());
+        let (stop, stop_rx) = watch::channel(false);
+        let settings = OperatorSettings {
+            mode: ipam.mode,
+            pools: ipam.pools.clone(),
+            cluster: config.cluster.clone(),
+            elect: store.is_shared(),
+        };
+        tracing::info!(
+            store = store.describe(),
+            elect = settings.elect,
+            "operator starting"
+        );
+        let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());
+        let handle = tokio::spawn(operator::run(
+            store, settings, pools_rx, stop_rx, observed, events,
+        ));
+        Some(Self {
+            pools,
+            stop,
+            handle,
+        })
+    }
+
+    pub(super) fn reload(&self, config: &Config) {
+        if let Some(ipam) = &config.ipam {
+            let _ = self.pools.send(ipam.pools.clone());
+        }
+    }
+
+    /// Stops the operator, giving it a moment to hand leadership over.
+    pub(super) async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.handle).await;
+    }
+}

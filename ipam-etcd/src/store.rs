@@ -15,7 +15,7 @@ use ipam_core::store::{RawObject, Revision, Store, StoreError, WATCH_BUFFER, Wat
 use crate::{
     config::{EtcdConfig, TlsFiles},
     error::EtcdError,
-    watch::feed_watch,
+    watch::{WatchedStore, feed_watch},
 };
 
 /// Reads and writes that fail for a reason time can fix (a member restarting, a leader
@@ -392,5 +392,31 @@ impl Store for EtcdStore {
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         tokio::spawn(feed_watch(self.clone(), kind.to_owned(), revision, tx));
         Ok(Watch::new(initial, revision.into(), rx))
+    }
+}
+
+impl WatchedStore for EtcdStore {
+    fn client(&self) -> Client {
+        EtcdStore::client(self)
+    }
+
+    fn kind_prefix(&self, kind: &str) -> String {
+        EtcdStore::kind_prefix(self, kind)
+    }
+
+    fn backend_error(&self, e: &etcd_client::Error) -> StoreError {
+        EtcdStore::backend_error(self, e)
+    }
+
+    fn object(&self, kind: &str, kv: &KeyValue) -> Option<RawObject> {
+        EtcdStore::object(self, kind, kv)
+    }
+
+    fn name_of(&self, kind: &str, key: &[u8]) -> Option<String> {
+        EtcdStore::name_of(self, kind, key)
+    }
+
+    async fn list_at(&self, kind: &str) -> Result<(Vec<RawObject>, u64), StoreError> {
+        EtcdStore::list_at(self, kind).await
     }
 }

@@ -4,14 +4,29 @@
 
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchOptions, WatchResponse};
+use etcd_client::{Client, EventType, KeyValue, WatchOptions, WatchResponse};
 use ipam_core::{
     backoff::Backoff,
-    store::{Revision, StoreError, WatchEvent},
+    store::{RawObject, Revision, StoreError, WatchEvent},
 };
 use tokio::sync::mpsc::Sender;
 
-use crate::store::EtcdStore;
+/// What a watch task needs of the store it follows (`EtcdStore` in `store.rs`). A trait here
+/// keeps the task free of the store's module, which starts it.
+pub(crate) trait WatchedStore: Send + Sync + 'static {
+    fn client(&self) -> Client;
+    /// The key prefix of `kind`'s objects.
+    fn kind_prefix(&self, kind: &str) -> String;
+    fn backend_error(&self, e: &etcd_client::Error) -> StoreError;
+    /// The object a key-value holds, if the key is one of `kind`'s.
+    fn object(&self, kind: &str, kv: &KeyValue) -> Option<RawObject>;
+    fn name_of(&self, kind: &str, key: &[u8]) -> Option<String>;
+    /// The objects of `kind` and the store revision they were read at.
+    fn list_at(
+        &self,
+        kind: &str,
+    ) -> impl Future<Output = Result<(Vec<RawObject>, u64), StoreError>> + Send;
+}
 
 /// Longest pause between two attempts to reopen a broken watch.
 const REOPEN_CAP: Duration = Duration::from_secs(5);
@@ -28,7 +43,12 @@ enum Ended {
     Compacted,
 }
 
-pub(crate) async fn feed_watch(store: EtcdStore, kind: String, mut since: u64, tx: Events) {
+pub(crate) async fn feed_watch<S: WatchedStore>(
+    store: S,
+    kind: String,
+    mut since: u64,
+    tx: Events,
+) {
     let mut backoff = Backoff::with(Duration::from_millis(100), 2.0, 0.2, REOPEN_CAP);
     // Trouble is reported once per outage, not once per attempt.
     let mut reported = false;
@@ -73,7 +93,7 @@ pub(crate) async fn feed_watch(store: EtcdStore, kind: String, mut since: u64, t
 
 /// Delivers the events of one etcd watch stream until it ends.
 async fn follow(
-    store: &EtcdStore,
+    store: &impl WatchedStore,
     kind: &str,
     since: &mut u64,
     tx: &Events,
@@ -124,7 +144,7 @@ async fn follow(
     }
 }
 
-fn events(store: &EtcdStore, kind: &str, response: &WatchResponse) -> Vec<WatchEvent> {
+fn events(store: &impl WatchedStore, kind: &str, response: &WatchResponse) -> Vec<WatchEvent> {
     response
         .events()
         .iter()
@@ -143,7 +163,7 @@ fn events(store: &EtcdStore, kind: &str, response: &WatchResponse) -> Vec<WatchE
 }
 
 async fn report(
-    store: &EtcdStore,
+    store: &impl WatchedStore,
     e: &etcd_client::Error,
     tx: &Events,
     reported: &mut bool,

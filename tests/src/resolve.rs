@@ -51,7 +51,11 @@ impl Resolver {
         self.socket_arp
             .send(&ArpFrame::request(self.mac, sender, target).to_bytes())
             .expect("send ARP request");
-        self.next_arp(timeout, |f| f.op == ARP_REPLY && f.sender_ip == target)
+        // A reply to this request, not a gratuitous announcement (those are addressed to the
+        // announced IP itself).
+        self.next_arp(timeout, |f| {
+            f.op == ARP_REPLY && f.sender_ip == target && f.target_ip == sender
+        })
     }
 
     /// Sends an ARP request for `target` and returns the MAC of every reply to it within
@@ -104,6 +108,8 @@ impl Resolver {
             if let Some(f) = NdpFrame::parse(&buf[..n])
                 && f.icmp_type == ICMPV6_NA
                 && f.target == target
+                // Addressed to this solicitation, not an unsolicited advertisement to all nodes.
+                && f.dst == src
             {
                 return Some(f);
             }

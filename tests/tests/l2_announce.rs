@@ -269,7 +269,11 @@ fn vlan_tagged_requests_are_not_answered_in_any_form() {
         let tagged_reply = lab.client.run(|| {
             let resolver = Resolver::new("c0");
             resolver.send_tagged_arp(CLIENT_IP, ANNOUNCED, 10);
-            resolver.next_arp(TIMEOUT, |f| f.op == ARP_REPLY && f.sender_ip == ANNOUNCED)
+            // An answer is addressed to the client; gratuitous announcements of a newly
+            // answered IP (repeated for two seconds) are not answers.
+            resolver.next_arp(TIMEOUT, |f| {
+                f.op == ARP_REPLY && f.sender_ip == ANNOUNCED && f.target_ip == CLIENT_IP
+            })
         });
         assert_eq!(
             tagged_reply, None,

@@ -242,9 +242,36 @@ pub fn assign(
     services: &[(String, ServiceSpec, ServiceStatus)],
 ) -> Assignment {
     let mut out = Assignment::default();
+    let usable = usable_pools(pools, &mut out);
+    for (name, _, status) in services.iter().filter(|(_, s, _)| !s.is_ours()) {
+        if let Some(cleared) = released(status) {
+            out.services.insert(name.clone(), cleared);
+        }
+    }
+    let mut ours: Vec<&(String, ServiceSpec, ServiceStatus)> =
+        services.iter().filter(|(_, s, _)| s.is_ours()).collect();
+    ours.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut holders = Holders::default();
+    // Kept IPs first, for every service, so a new assignment never takes an IP someone holds.
+    let Kept { mut ips, mut notes } = keep_held(&ours, &usable, &mut holders);
+    for (name, spec, _) in &ours {
+        let kept = ips.remove(name.as_str()).unwrap_or_default();
+        let notes = notes.remove(name.as_str()).unwrap_or_default();
+        let status = complete(&usable, &mut holders, name, spec, kept, notes);
+        out.services.insert(name.clone(), status);
+    }
+    count(&usable, &holders, &mut out);
+    out
+}
+
+/// The pools that may give IPs, pools in use first (so a newcomer never takes addresses from
+/// one), then by name; every pool's condition goes into `out`.
+fn usable_pools<'a>(
+    pools: &'a [(String, LbIpPoolSpec, LbIpPoolStatus)],
+    out: &mut Assignment,
+) -> Vec<UsablePool<'a>> {
     let mut usable: Vec<UsablePool> = Vec::new();
     let mut sorted: Vec<&(String, LbIpPoolSpec, LbIpPoolStatus)> = pools.iter().collect();
-    // Pools in use first, so a newcomer never takes addresses from one.
     sorted.sort_by(|a, b| accepted(&b.2).cmp(&accepted(&a.2)).then(a.0.cmp(&b.0)));
     for (name, spec, _) in sorted {
         let condition = match pool_ranges(name, spec) {
@@ -290,19 +317,26 @@ pub fn assign(
         );
     }
 
-    for (name, _, status) in services.iter().filter(|(_, s, _)| !s.is_ours()) {
-        if let Some(cleared) = released(status) {
-            out.services.insert(name.clone(), cleared);
-        }
-    }
-    let mut ours: Vec<&(String, ServiceSpec, ServiceStatus)> =
-        services.iter().filter(|(_, s, _)| s.is_ours()).collect();
-    ours.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut holders = Holders::default();
-    // Kept IPs first, for every service, so a new assignment never takes an IP someone holds.
+    usable
+}
+
+/// The IPs services keep from their stored status, and why the others were given up.
+#[derive(Default)]
+struct Kept<'a> {
+    ips: BTreeMap<&'a str, Vec<IpAddr>>,
+    notes: BTreeMap<&'a str, Vec<String>>,
+}
+
+/// Which of the IPs the services hold they keep (recorded in `holders`), and why not the
+/// others.
+fn keep_held<'a>(
+    ours: &[&'a (String, ServiceSpec, ServiceStatus)],
+    usable: &[UsablePool],
+    holders: &mut Holders<'a>,
+) -> Kept<'a> {
     let mut kept: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
     let mut notes: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (name, spec, status) in &ours {
+    for (name, spec, status) in ours.iter().copied() {
         let (families, _) = spec.wanted_families();
         for ip in &status.ingress {
             let selected = usable
@@ -334,54 +368,63 @@ pub fn assign(
         }
     }
 
-    for (name, spec, _) in &ours {
-        let (families, all_required) = spec.wanted_families();
-        let mut ips = kept.remove(name.as_str()).unwrap_or_default();
-        let mut problems = Vec::new();
-        for family in families {
-            if ips.iter().any(|ip| Family::of(*ip) == family) {
-                continue;
-            }
-            match new_ip(&usable, &holders, name, spec, family) {
-                Ok(ip) => {
-                    holders.hold(ip, name, spec);
-                    ips.push(ip);
-                }
-                Err(why) => problems.push(why),
-            }
-        }
-        ips.sort();
-        let assigned = if all_required {
-            problems.is_empty()
-        } else {
-            !ips.is_empty()
-        };
-        let mut message: Vec<String> = notes.remove(name.as_str()).unwrap_or_default();
-        if problems.is_empty() {
-            message.push(if ips.is_empty() {
-                "no IP".to_owned()
-            } else {
-                format!(
-                    "assigned {}",
-                    ips.iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            });
-        } else {
-            message.extend(problems);
-        }
-        out.services.insert(
-            name.clone(),
-            ServiceStatus {
-                ingress: ips,
-                conditions: vec![Condition::new(IP_ASSIGNED, assigned, message.join("; "))],
-            },
-        );
-    }
+    Kept { ips: kept, notes }
+}
 
-    for pool in &usable {
+/// A service's status: the IPs it kept, and a new one for every family it still lacks.
+fn complete<'a>(
+    usable: &[UsablePool],
+    holders: &mut Holders<'a>,
+    name: &'a str,
+    spec: &'a ServiceSpec,
+    mut ips: Vec<IpAddr>,
+    notes: Vec<String>,
+) -> ServiceStatus {
+    let (families, all_required) = spec.wanted_families();
+    let mut problems = Vec::new();
+    for family in families {
+        if ips.iter().any(|ip| Family::of(*ip) == family) {
+            continue;
+        }
+        match new_ip(usable, holders, name, spec, family) {
+            Ok(ip) => {
+                holders.hold(ip, name, spec);
+                ips.push(ip);
+            }
+            Err(why) => problems.push(why),
+        }
+    }
+    ips.sort();
+    let assigned = if all_required {
+        problems.is_empty()
+    } else {
+        !ips.is_empty()
+    };
+    let mut message = notes;
+    if problems.is_empty() {
+        message.push(if ips.is_empty() {
+            "no IP".to_owned()
+        } else {
+            format!(
+                "assigned {}",
+                ips.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        });
+    } else {
+        message.extend(problems);
+    }
+    ServiceStatus {
+        ingress: ips,
+        conditions: vec![Condition::new(IP_ASSIGNED, assigned, message.join("; "))],
+    }
+}
+
+/// Each usable pool's counts per family, from the IPs held.
+fn count(usable: &[UsablePool], holders: &Holders, out: &mut Assignment) {
+    for pool in usable {
         let mut counts = Vec::new();
         for family in [Family::V4, Family::V6] {
             let ranges: Vec<&Range> = pool.ranges.iter().filter(|r| r.family == family).collect();
@@ -405,7 +448,6 @@ pub fn assign(
             status.counts = counts;
         }
     }
-    out
 }
 
 /// The status of a Service that left LB-IPAM, if LB-IPAM's IPs and condition are still in it:

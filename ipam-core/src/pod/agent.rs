@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::store::{StoreError, TypedStore};
+use crate::store::{StoreError, TypedStore, Versioned};
 use crate::{
     Cidr, Family,
     pod::durable::{DurableAllocator, DurableError, RestoreReport},
@@ -143,38 +143,10 @@ impl NodeAgent {
 
     /// One pass: read the node's record, take new blocks, request or return blocks.
     pub async fn sync<S: TypedStore>(&mut self, store: &S) -> Result<(), AgentError> {
-        let record = match store.get_typed::<NodeIpam>(&self.node).await? {
-            Some(r) => r,
-            None => {
-                let fresh = NodeIpam {
-                    spec: NodeIpamSpec {
-                        pools: Vec::new(),
-                        pod_cidrs: self.pod_cidrs.clone(),
-                        reclaim: Vec::new(),
-                        addresses: self.facts.addresses.clone(),
-                        labels: self.facts.labels.clone(),
-                        interfaces: self.facts.interfaces.clone(),
-                    },
-                    ..NodeIpam::default()
-                };
-                match store.create_typed(&self.node, &fresh).await {
-                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                return Ok(());
-            }
+        let Some(record) = store.get_typed::<NodeIpam>(&self.node).await? else {
+            return self.create_record(store).await;
         };
-        let assigned: BTreeSet<Cidr> = match self.mode {
-            IpamMode::Kubernetes => record.value.spec.pod_cidrs.iter().copied().collect(),
-            _ => record
-                .value
-                .status
-                .allocated
-                .iter()
-                .filter(|b| b.pool == self.pool)
-                .map(|b| b.cidr)
-                .collect(),
-        };
+        let assigned = self.assigned(&record.value);
         // The operator has released what we gave back once it is gone from the status.
         self.releasing.retain(|c| assigned.contains(c));
         let reclaim = match self.mode {
@@ -188,7 +160,65 @@ impl NodeAgent {
                 all
             }
         };
-        for cidr in &assigned {
+        self.add_blocks(&assigned)?;
+        if self.mode != IpamMode::MultiPool {
+            return self.publish(store, &record, reclaim).await;
+        }
+        let mut requests = self.block_requests(&record.value)?;
+        // One order for every agent of the node, so that they never undo each other's write.
+        requests.sort_by(|a, b| (&a.pool, a.family).cmp(&(&b.pool, b.family)));
+        if requests != record.value.spec.pools
+            || reclaim != record.value.spec.reclaim
+            || !self.facts.published_in(&record.value)
+        {
+            let mut updated = record.value.clone();
+            updated.spec.pools = requests;
+            updated.spec.reclaim = reclaim;
+            self.facts.publish(&mut updated);
+            store
+                .update_unless_changed(&self.node, &updated, &record.revision)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The node's record, created with its facts (another agent of the node may have been first).
+    async fn create_record<S: TypedStore>(&self, store: &S) -> Result<(), AgentError> {
+        let fresh = NodeIpam {
+            spec: NodeIpamSpec {
+                pools: Vec::new(),
+                pod_cidrs: self.pod_cidrs.clone(),
+                reclaim: Vec::new(),
+                addresses: self.facts.addresses.clone(),
+                labels: self.facts.labels.clone(),
+                interfaces: self.facts.interfaces.clone(),
+            },
+            ..NodeIpam::default()
+        };
+        match store.create_typed(&self.node, &fresh).await {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// The blocks of this agent's pool the record gives the node.
+    fn assigned(&self, record: &NodeIpam) -> BTreeSet<Cidr> {
+        match self.mode {
+            IpamMode::Kubernetes => record.spec.pod_cidrs.iter().copied().collect(),
+            _ => record
+                .status
+                .allocated
+                .iter()
+                .filter(|b| b.pool == self.pool)
+                .map(|b| b.cidr)
+                .collect(),
+        }
+    }
+
+    /// Adds the assigned blocks the allocator does not have yet (not those on their way back).
+    fn add_blocks(&self, assigned: &BTreeSet<Cidr>) -> Result<(), AgentError> {
+        for cidr in assigned {
             if !self.releasing.contains(cidr)
                 && !self.alloc.with(|a| a.blocks(cidr.family()).contains(cidr))
             {
@@ -196,25 +226,40 @@ impl NodeAgent {
                 tracing::info!(node = self.node.as_str(), pool = self.pool.as_str(), %cidr, "block added");
             }
         }
-        if self.mode != IpamMode::MultiPool {
-            let cidrs_changed =
-                self.mode == IpamMode::Kubernetes && record.value.spec.pod_cidrs != self.pod_cidrs;
-            if reclaim != record.value.spec.reclaim
-                || !self.facts.published_in(&record.value)
-                || cidrs_changed
-            {
-                let mut updated = record.value.clone();
-                updated.spec.reclaim = reclaim;
-                if self.mode == IpamMode::Kubernetes {
-                    updated.spec.pod_cidrs = self.pod_cidrs.clone();
-                }
-                self.facts.publish(&mut updated);
-                store
-                    .update_unless_changed(&self.node, &updated, &record.revision)
-                    .await?;
+        Ok(())
+    }
+
+    /// Outside multi-pool mode: writes the reclaim list, the node's facts and, in the
+    /// kubernetes mode, its podCIDRs, when they differ from the record.
+    async fn publish<S: TypedStore>(
+        &self,
+        store: &S,
+        record: &Versioned<NodeIpam>,
+        reclaim: Vec<AllocatedBlock>,
+    ) -> Result<(), AgentError> {
+        let cidrs_changed =
+            self.mode == IpamMode::Kubernetes && record.value.spec.pod_cidrs != self.pod_cidrs;
+        if reclaim != record.value.spec.reclaim
+            || !self.facts.published_in(&record.value)
+            || cidrs_changed
+        {
+            let mut updated = record.value.clone();
+            updated.spec.reclaim = reclaim;
+            if self.mode == IpamMode::Kubernetes {
+                updated.spec.pod_cidrs = self.pod_cidrs.clone();
             }
-            return Ok(());
+            self.facts.publish(&mut updated);
+            store
+                .update_unless_changed(&self.node, &updated, &record.revision)
+                .await?;
         }
+        Ok(())
+    }
+
+    /// Multi-pool mode: this pool's block requests per family (more when addresses run short
+    /// or an allocation waits, fewer once empty blocks outlived the release grace), after the
+    /// other pools' requests.
+    fn block_requests(&mut self, record: &NodeIpam) -> Result<Vec<PoolRequest>, AgentError> {
         let demand = self.demand.load(Ordering::SeqCst);
         let now = Instant::now();
         let empty: BTreeSet<Cidr> = self.alloc.with(|a| {
@@ -226,7 +271,7 @@ impl NodeAgent {
         for c in &empty {
             self.empty_since.entry(*c).or_insert(now);
         }
-        let mut requests = self.of_other_pools(&record.value.spec.pools, |r| &r.pool);
+        let mut requests = self.of_other_pools(&record.spec.pools, |r| &r.pool);
         for family in [Family::V4, Family::V6] {
             let held = self.alloc.with(|a| a.blocks(family).len()) as u32;
             let mut release: Vec<Cidr> = Vec::new();
@@ -251,7 +296,6 @@ impl NodeAgent {
             release.extend(self.releasing.iter().filter(|c| c.family() == family));
             let needed = self.alloc.with(|a| a.blocks(family).len()) as u32 + u32::from(wants_more);
             let previously = record
-                .value
                 .spec
                 .pools
                 .iter()
@@ -265,21 +309,7 @@ impl NodeAgent {
                 });
             }
         }
-        // One order for every agent of the node, so that they never undo each other's write.
-        requests.sort_by(|a, b| (&a.pool, a.family).cmp(&(&b.pool, b.family)));
-        if requests != record.value.spec.pools
-            || reclaim != record.value.spec.reclaim
-            || !self.facts.published_in(&record.value)
-        {
-            let mut updated = record.value.clone();
-            updated.spec.pools = requests;
-            updated.spec.reclaim = reclaim;
-            self.facts.publish(&mut updated);
-            store
-                .update_unless_changed(&self.node, &updated, &record.revision)
-                .await?;
-        }
-        Ok(())
+        Ok(requests)
     }
 }
 

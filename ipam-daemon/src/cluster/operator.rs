@@ -22,6 +22,7 @@ use ipam_core::{
     },
 };
 use tokio::sync::{Notify, watch};
+use tracing::Instrument as _;
 
 use super::changes::{Interest, wake_on_changes};
 use crate::config::{ClusterSettings, PoolConfig};
@@ -50,32 +51,11 @@ pub async fn run<S: Store + Clone + 'static>(
     events: super::events::Events,
 ) {
     let identity = settings.cluster.identity();
-    let mut backoff = Backoff::new(RETRY_CAP);
     // Mode and pools first: every later decision depends on them.
-    loop {
-        let prepared = async {
-            record_mode(&store, settings.mode).await?;
-            apply_pools(&store, &settings.pools).await?;
-            Ok::<_, OperatorError>(())
-        };
-        match prepared.await {
-            Ok(()) => break,
-            // A changed mode is a configuration error; it will not fix itself, but the
-            // operator does not crash-loop over it either: it says so and waits.
-            Err(e) => {
-                let delay = backoff.next_delay();
-                tracing::error!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "operator waiting: {e}"
-                );
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    _ = stop.changed() => return,
-                }
-            }
-        }
+    if !prepare(&store, &settings, &mut stop).await {
+        return;
     }
-    backoff.reset();
+    let mut backoff = Backoff::new(RETRY_CAP);
     let wake: Arc<Notify> = wake_on_changes(
         store.clone(),
         vec![
@@ -124,10 +104,7 @@ pub async fn run<S: Store + Clone + 'static>(
             }
             _ = stop.changed() => {
                 if settings.elect && election.is_leading() {
-                    match election.release(&store).await {
-                        Ok(()) => tracing::info!(identity, "operator leadership handed over"),
-                        Err(e) => tracing::warn!("cannot release the operator lease, another replica takes over when it lapses: {e}"),
-                    }
+                    hand_over(&store, &mut election).await;
                 }
                 return;
             }
@@ -149,27 +126,21 @@ pub async fn run<S: Store + Clone + 'static>(
         } else {
             None
         });
-        let pass = async {
-            let report = op.reconcile(&store).await?;
-            let lb = lb_ipam::reconcile(&store).await?;
-            Ok::<_, OperatorError>((report, lb))
+        let reports = Reports {
+            observed: &observed,
+            events: &events,
+            last_lb_problems: &mut last_lb_problems,
         };
-        match pass.await {
-            Ok((report, lb)) => {
-                observed.health.set("store", Ok(()));
+        let passed = pass(&store, op, reports)
+            .instrument(tracing::info_span!(
+                "operator_pass",
+                identity = identity.as_str()
+            ))
+            .await;
+        match passed {
+            Ok(()) => {
                 dirty = false;
                 backoff.reset();
-                log_report(&report);
-                for (pool, usage) in &report.usage {
-                    observed.metrics.set_pool_usage(pool, usage);
-                }
-                for event in &report.events {
-                    observed.metrics.pool_event(event);
-                    events.pool_event(event).await;
-                }
-                for (object, problem) in log_lb_report(&lb, &mut last_lb_problems) {
-                    events.lb_problem(&object, &problem).await;
-                }
             }
             Err(OperatorError::NotLeading) => {
                 tracing::warn!("operator pass stopped: leadership could not be renewed in time");
@@ -184,6 +155,85 @@ pub async fn run<S: Store + Clone + 'static>(
                 retry_at = Some(tokio::time::Instant::now() + delay);
             }
         }
+    }
+}
+
+/// Records the IPAM mode and writes the configured pools, retrying with backoff until both
+/// are done; false when told to stop first. A changed mode is a configuration error; it will
+/// not fix itself, but the operator does not crash-loop over it either: it says so and waits.
+async fn prepare<S: Store>(
+    store: &S,
+    settings: &OperatorSettings,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let mut backoff = Backoff::new(RETRY_CAP);
+    loop {
+        let prepared = async {
+            record_mode(store, settings.mode).await?;
+            apply_pools(store, &settings.pools).await?;
+            Ok::<_, OperatorError>(())
+        };
+        let Err(e) = prepared.await else {
+            return true;
+        };
+        let delay = backoff.next_delay();
+        tracing::error!(
+            retry_in_ms = delay.as_millis() as u64,
+            "operator waiting: {e}"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.changed() => return false,
+        }
+    }
+}
+
+/// Where a pass reports what it found.
+struct Reports<'a> {
+    observed: &'a crate::metrics::Observed,
+    events: &'a super::events::Events,
+    /// The LB-IPAM problems last reported, so each is told once.
+    last_lb_problems: &'a mut Vec<(String, String)>,
+}
+
+/// One pass of the leading operator: pod IPAM, then LB-IPAM, and what they found reported.
+async fn pass<S: Store>(
+    store: &S,
+    op: &mut Operator,
+    reports: Reports<'_>,
+) -> Result<(), OperatorError> {
+    let report = op.reconcile(store).await?;
+    let lb = lb_ipam::reconcile(store).await?;
+    let Reports {
+        observed,
+        events,
+        last_lb_problems,
+    } = reports;
+    observed.health.set("store", Ok(()));
+    log_report(&report);
+    for (pool, usage) in &report.usage {
+        observed.metrics.set_pool_usage(pool, usage);
+    }
+    for event in &report.events {
+        observed.metrics.pool_event(event);
+        events.pool_event(event).await;
+    }
+    for (object, problem) in log_lb_report(&lb, last_lb_problems) {
+        events.lb_problem(&object, &problem).await;
+    }
+    Ok(())
+}
+
+/// Gives the operator lease up on a clean stop, so another replica leads at once.
+async fn hand_over<S: Store>(store: &S, election: &mut LeaderElection) {
+    match election.release(store).await {
+        Ok(()) => tracing::info!(
+            identity = election.identity(),
+            "operator leadership handed over"
+        ),
+        Err(e) => tracing::warn!(
+            "cannot release the operator lease, another replica takes over when it lapses: {e}"
+        ),
     }
 }
 

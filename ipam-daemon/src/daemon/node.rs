@@ -27,7 +27,7 @@ use crate::{
     cluster::ClusterStore,
     config::{Config, IpamSettings},
     datapath::{self, Datapath},
-    l2::{self, Announcements, announcer::AnnounceError},
+    l2::{self, announcer::AnnounceError},
     liveness::{self, Fence, heartbeat::Timing},
     metrics::Observed,
     pod_ipam::PodIpam,
@@ -158,7 +158,10 @@ impl NodeControllers {
         observed: Observed,
     ) -> Result<Self, DaemonError> {
         let (configured, configured_rx) = watch::channel(Configured::of(config));
-        let (announcements, announcements_rx) = watch::channel(Announcements::default());
+        // Seeded with the configured IPs: the responder's first pass must not withdraw what a
+        // previous run announced and this one still wants (answered without a gap).
+        let seed = Configured::of(config).with(&OwnedIps::new());
+        let (announcements, announcements_rx) = watch::channel(seed);
         // The responder first: configured announcements are answered before the store is.
         let responder = tokio::spawn(l2::responder::run(datapath.clone(), announcements_rx));
         let mut operator = None;

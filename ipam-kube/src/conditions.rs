@@ -2,42 +2,69 @@
 //! `metav1.Condition`s and back. A condition written again with the same status keeps its
 //! `lastTransitionTime`, so a controller that writes the same status every pass writes nothing.
 
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+    jiff::Timestamp,
+};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+/// A condition as the engine stores it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EngineCondition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: bool,
+    #[serde(default)]
+    pub message: String,
+}
 
 /// The status to write: the engine's, with Kubernetes conditions, times carried over from
 /// `current` (the status the object has) where a condition did not change, and empty lists
 /// left out.
 pub(crate) fn to_kubernetes(engine: &Value, current: &Value) -> Value {
     let mut status = engine.clone();
-    if let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) {
-        for c in conditions.iter_mut() {
-            *c = condition_to_kubernetes(c, current);
-        }
+    if let Some(conditions) = status.get_mut("conditions") {
+        let engine: Vec<EngineCondition> =
+            serde_json::from_value(conditions.take()).unwrap_or_default();
+        let current = current_conditions(current);
+        *conditions = json!(kubernetes_conditions(&engine, &current));
     }
     compact(status)
 }
 
-fn condition_to_kubernetes(c: &Value, current: &Value) -> Value {
-    let kind = c["type"].as_str().unwrap_or("Ready");
-    let status = if c["status"].as_bool().unwrap_or(false) {
-        "True"
-    } else {
-        "False"
-    };
-    let carried = current["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|old| old["type"] == kind && old["status"] == status)
-        .map(|old| old["lastTransitionTime"].clone())
-        .filter(|t| t.is_string());
-    json!({
-        "type": kind,
-        "status": status,
-        "reason": reason(kind, status == "True"),
-        "message": c["message"].as_str().unwrap_or(""),
-        "lastTransitionTime": carried.unwrap_or_else(|| json!(now())),
-    })
+/// The conditions of a status as Kubernetes has them (none where they do not parse).
+pub(crate) fn current_conditions(status: &Value) -> Vec<Condition> {
+    status
+        .get("conditions")
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// Kubernetes conditions for the engine's, times carried over from `current` where the same
+/// condition has the same status.
+pub(crate) fn kubernetes_conditions(
+    engine: &[EngineCondition],
+    current: &[Condition],
+) -> Vec<Condition> {
+    engine
+        .iter()
+        .map(|c| {
+            let status = if c.status { "True" } else { "False" };
+            let carried = current
+                .iter()
+                .find(|old| old.type_ == c.kind && old.status == status)
+                .map(|old| old.last_transition_time.clone());
+            Condition {
+                type_: c.kind.clone(),
+                status: status.to_owned(),
+                reason: reason(&c.kind, c.status),
+                message: c.message.clone(),
+                last_transition_time: carried.unwrap_or_else(now),
+                observed_generation: None,
+            }
+        })
+        .collect()
 }
 
 /// A CamelCase reason, as the API conventions want one: the condition's type when it holds,
@@ -52,24 +79,32 @@ fn reason(kind: &str, holds: bool) -> String {
     if holds { word } else { format!("Not{word}") }
 }
 
-/// RFC 3339 in UTC to the second, the form of `metav1.Time`.
-fn now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+/// Now, to the second: `metav1.Time` is written in whole seconds, so a time read back compares
+/// equal to the one written.
+fn now() -> Time {
+    let seconds = Timestamp::now().as_second();
+    Time(Timestamp::from_second(seconds).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// The engine's view of Kubernetes conditions.
+pub(crate) fn engine_conditions(conditions: &[Condition]) -> Vec<EngineCondition> {
+    conditions
+        .iter()
+        .map(|c| EngineCondition {
+            kind: c.type_.clone(),
+            status: c.status == "True",
+            message: c.message.clone(),
+        })
+        .collect()
 }
 
 /// The engine's view of an object's status.
 pub(crate) fn to_engine(status: &Value) -> Value {
     let mut status = status.clone();
-    if let Some(conditions) = status.get_mut("conditions").and_then(Value::as_array_mut) {
-        for c in conditions.iter_mut() {
-            *c = json!({
-                "type": c["type"],
-                "status": c["status"] == "True",
-                "message": c["message"].as_str().unwrap_or(""),
-            });
-        }
+    if let Some(conditions) = status.get_mut("conditions") {
+        let kubernetes: Vec<Condition> =
+            serde_json::from_value(conditions.take()).unwrap_or_default();
+        *conditions = json!(engine_conditions(&kubernetes));
     }
     status
 }

@@ -2,38 +2,37 @@
 //! the duration in whole seconds: it is rounded up, which only ever makes another candidate
 //! wait longer before it takes over.
 
-use k8s_openapi::jiff::Timestamp;
-use serde_json::{Value, json};
+use ipam_core::store::lease::Lease;
+use k8s_openapi::{
+    api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+};
 
-pub(crate) fn to_kubernetes(engine: &Value) -> Value {
-    let duration_ms = engine["durationMs"].as_u64().unwrap_or(0);
-    let renew_ms = engine["renewTimeMs"].as_i64().unwrap_or(0);
-    let mut spec = json!({
-        "leaseDurationSeconds": duration_ms.div_ceil(1000).max(1),
-        "leaseTransitions": engine["transitions"].as_u64().unwrap_or(0),
-    });
-    if let Some(holder) = engine["holder"].as_str().filter(|h| !h.is_empty()) {
-        spec["holderIdentity"] = json!(holder);
+pub(crate) fn to_kubernetes(engine: &Lease) -> LeaseSpec {
+    let seconds = engine.duration_ms.div_ceil(1000).max(1);
+    LeaseSpec {
+        holder_identity: Some(engine.holder.clone()).filter(|h| !h.is_empty()),
+        lease_duration_seconds: Some(i32::try_from(seconds).unwrap_or(i32::MAX)),
+        lease_transitions: Some(i32::try_from(engine.transitions).unwrap_or(i32::MAX)),
+        renew_time: i64::try_from(engine.renew_time_ms)
+            .ok()
+            .and_then(|ms| Timestamp::from_millisecond(ms).ok())
+            .map(MicroTime),
+        ..LeaseSpec::default()
     }
-    if let Ok(at) = Timestamp::from_millisecond(renew_ms) {
-        // metav1.MicroTime: RFC 3339 with microseconds.
-        spec["renewTime"] = json!(at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string());
-    }
-    spec
 }
 
-pub(crate) fn to_engine(spec: Option<&Value>) -> Value {
-    let spec = spec.cloned().unwrap_or(Value::Null);
-    let renew_ms = spec["renewTime"]
-        .as_str()
-        .and_then(|t| t.parse::<Timestamp>().ok())
-        .map_or(0, |t| t.as_millisecond().max(0));
-    json!({
-        "holder": spec["holderIdentity"].as_str().unwrap_or(""),
-        "durationMs": spec["leaseDurationSeconds"].as_u64().unwrap_or(0) * 1000,
-        "renewTimeMs": renew_ms,
-        "transitions": spec["leaseTransitions"].as_u64().unwrap_or(0),
-    })
+pub(crate) fn to_engine(spec: &LeaseSpec) -> Lease {
+    let non_negative = |n: Option<i32>| n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+    Lease {
+        holder: spec.holder_identity.clone().unwrap_or_default(),
+        duration_ms: non_negative(spec.lease_duration_seconds) * 1000,
+        renew_time_ms: spec
+            .renew_time
+            .as_ref()
+            .and_then(|t| u64::try_from(t.0.as_millisecond()).ok())
+            .unwrap_or(0),
+        transitions: non_negative(spec.lease_transitions),
+    }
 }
 
 #[cfg(test)]
@@ -42,14 +41,32 @@ mod tests {
 
     #[test]
     fn a_lease_round_trips_with_its_duration_rounded_up() {
-        let engine = json!({"holder": "op-1", "durationMs": 1500, "renewTimeMs": 1_764_500_000_123i64, "transitions": 2});
+        let engine = Lease {
+            holder: "op-1".into(),
+            duration_ms: 1500,
+            renew_time_ms: 1_764_500_000_123,
+            transitions: 2,
+        };
         let spec = to_kubernetes(&engine);
-        assert_eq!(spec["leaseDurationSeconds"], 2);
-        assert_eq!(spec["renewTime"], "2025-11-30T10:53:20.123000Z");
-        let back = to_engine(Some(&spec));
+        let json = serde_json::to_value(&spec).expect("serialises");
+        assert_eq!(json["leaseDurationSeconds"], 2);
+        assert_eq!(json["renewTime"], "2025-11-30T10:53:20.123000Z");
+        assert_eq!(json["holderIdentity"], "op-1");
+        let back = to_engine(&spec);
         assert_eq!(
             back,
-            json!({"holder": "op-1", "durationMs": 2000, "renewTimeMs": 1_764_500_000_123i64, "transitions": 2})
+            Lease {
+                duration_ms: 2000,
+                ..engine
+            }
+        );
+        let released = to_kubernetes(&Lease {
+            holder: String::new(),
+            ..back
+        });
+        assert_eq!(
+            released.holder_identity, None,
+            "a released lease has no holder"
         );
     }
 }

@@ -7,87 +7,94 @@
 //! `ipam-ebpf.io/sharing-key`. The deprecated `spec.loadBalancerIP` is honoured as one more IP
 //! asked for.
 
+use k8s_openapi::api::core::v1::{
+    LoadBalancerIngress, LoadBalancerStatus, Service, ServiceSpec, ServiceStatus,
+};
 use serde_json::{Value, json};
+
+use crate::conditions::{EngineCondition, engine_conditions, kubernetes_conditions};
 
 pub const IPS_ANNOTATION: &str = "ipam-ebpf.io/ips";
 pub const SHARING_KEY_ANNOTATION: &str = "ipam-ebpf.io/sharing-key";
 
-/// The engine's `{spec, status}` of a Service object.
-pub(crate) fn to_engine(object: &Value) -> Value {
-    let meta = &object["metadata"];
-    let spec = &object["spec"];
-    let annotations = &meta["annotations"];
-    let mut requested: Vec<Value> = annotations[IPS_ANNOTATION]
-        .as_str()
+/// The engine's `{spec, status}` of a Service. Values the engine cannot read (an IP that is not
+/// one) are passed on as written, so the engine's decoding names the Service and the field.
+pub(crate) fn to_engine(service: &Service) -> Value {
+    let meta = &service.metadata;
+    let empty = ServiceSpec::default();
+    let spec = service.spec.as_ref().unwrap_or(&empty);
+    let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key));
+    let mut requested: Vec<String> = annotation(IPS_ANNOTATION)
+        .map(String::as_str)
         .unwrap_or("")
         .split(',')
         .map(str::trim)
         .filter(|ip| !ip.is_empty())
-        .map(|ip| json!(ip))
+        .map(str::to_owned)
         .collect();
-    if let Some(ip) = spec["loadBalancerIP"].as_str().filter(|ip| !ip.is_empty()) {
-        requested.push(json!(ip));
+    if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
+        requested.push(ip.to_owned());
         note_deprecated_ip(meta, ip);
     }
-    let service_type = match spec["type"].as_str() {
+    let service_type = match spec.type_.as_deref() {
         Some("LoadBalancer") => "LoadBalancer",
         Some("NodePort") => "NodePort",
         _ => "ClusterIP",
     };
-    let families: Vec<Value> = spec["ipFamilies"]
-        .as_array()
-        .into_iter()
+    let families: Vec<&str> = spec
+        .ip_families
+        .iter()
         .flatten()
         .filter_map(|f| match f.as_str() {
-            Some("IPv4") => Some(json!("v4")),
-            Some("IPv6") => Some(json!("v6")),
+            "IPv4" => Some("v4"),
+            "IPv6" => Some("v6"),
             _ => None,
         })
         .collect();
-    let ports: Vec<Value> = spec["ports"]
-        .as_array()
-        .into_iter()
+    let ports: Vec<Value> = spec
+        .ports
+        .iter()
         .flatten()
-        .map(|p| json!({ "port": p["port"], "protocol": p["protocol"].as_str().unwrap_or("TCP") }))
+        .map(|p| json!({ "port": p.port, "protocol": p.protocol.as_deref().unwrap_or("TCP") }))
         .collect();
     let mut engine_spec = json!({
         "type": service_type,
-        "labels": meta["labels"].as_object().cloned().unwrap_or_default(),
+        "labels": meta.labels.clone().unwrap_or_default(),
         "ports": ports,
         "requestedIPs": requested,
         "ipFamilies": families,
-        "ipFamilyPolicy": spec["ipFamilyPolicy"].as_str().unwrap_or("SingleStack"),
-        "externalIPs": spec["externalIPs"].as_array().cloned().unwrap_or_default(),
+        "ipFamilyPolicy": spec.ip_family_policy.as_deref().unwrap_or("SingleStack"),
+        "externalIPs": spec.external_ips.clone().unwrap_or_default(),
     });
-    if let Some(class) = spec["loadBalancerClass"].as_str() {
+    if let Some(class) = &spec.load_balancer_class {
         engine_spec["loadBalancerClass"] = json!(class);
     }
-    if let Some(key) = annotations[SHARING_KEY_ANNOTATION].as_str() {
+    if let Some(key) = annotation(SHARING_KEY_ANNOTATION) {
         engine_spec["sharingKey"] = json!(key);
     }
-    let status = &object["status"];
-    let ingress: Vec<Value> = status["loadBalancer"]["ingress"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.get("ip").cloned())
+    let status = service.status.clone().unwrap_or_default();
+    let ingress: Vec<&str> = status
+        .load_balancer
+        .iter()
+        .flat_map(|lb| lb.ingress.iter().flatten())
+        .filter_map(|i| i.ip.as_deref())
         .collect();
-    let mut engine_status = crate::conditions::to_engine(&json!({
-        "conditions": status["conditions"].as_array().cloned().unwrap_or_default(),
-    }));
-    engine_status["ingress"] = json!(ingress);
-    json!({ "spec": engine_spec, "status": engine_status })
+    let conditions = engine_conditions(status.conditions.as_deref().unwrap_or_default());
+    json!({
+        "spec": engine_spec,
+        "status": { "conditions": conditions, "ingress": ingress },
+    })
 }
 
 /// Says once per Service and process that `spec.loadBalancerIP` is deprecated (Kubernetes
 /// deprecated it in 1.24): it is honoured, and the annotation is the way to ask for IPs.
-fn note_deprecated_ip(meta: &Value, ip: &str) {
+fn note_deprecated_ip(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, ip: &str) {
     static NOTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     let service = format!(
         "{}/{}",
-        meta["namespace"].as_str().unwrap_or("default"),
-        meta["name"].as_str().unwrap_or("")
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or("")
     );
     if NOTED
         .lock()
@@ -101,36 +108,39 @@ fn note_deprecated_ip(meta: &Value, ip: &str) {
     }
 }
 
+/// The engine's status of a Service.
+#[derive(serde::Deserialize)]
+struct EngineStatus {
+    #[serde(default)]
+    ingress: Vec<String>,
+    #[serde(default)]
+    conditions: Vec<EngineCondition>,
+}
+
 /// The Service status to write from the engine's: the ingress IPs and Kubernetes conditions
 /// (times carried over from `current`, the object's status), the rest of `current` kept.
 pub(crate) fn status_to_kubernetes(engine: &Value, current: &Value) -> Value {
-    let conditions =
-        crate::conditions::to_kubernetes(&json!({ "conditions": engine["conditions"] }), current);
-    let mut status = if current.is_object() {
-        current.clone()
-    } else {
-        json!({})
-    };
-    let ingress: Vec<Value> = engine["ingress"]
-        .as_array()
+    let engine: EngineStatus = serde_json::from_value(engine.clone()).unwrap_or(EngineStatus {
+        ingress: Vec::new(),
+        conditions: Vec::new(),
+    });
+    let mut status: ServiceStatus = serde_json::from_value(current.clone()).unwrap_or_default();
+    let ingress: Vec<LoadBalancerIngress> = engine
+        .ingress
         .into_iter()
-        .flatten()
-        .map(|ip| json!({ "ip": ip, "ipMode": "VIP" }))
+        .map(|ip| LoadBalancerIngress {
+            ip: Some(ip),
+            ip_mode: Some("VIP".to_owned()),
+            ..LoadBalancerIngress::default()
+        })
         .collect();
-    status["loadBalancer"] = if ingress.is_empty() {
-        json!({})
-    } else {
-        json!({ "ingress": ingress })
-    };
-    match conditions.get("conditions") {
-        Some(c) => status["conditions"] = c.clone(),
-        None => {
-            if let Some(map) = status.as_object_mut() {
-                map.remove("conditions");
-            }
-        }
-    }
-    status
+    status.load_balancer = Some(LoadBalancerStatus {
+        ingress: Some(ingress).filter(|i| !i.is_empty()),
+    });
+    let current_conditions = status.conditions.take().unwrap_or_default();
+    let conditions = kubernetes_conditions(&engine.conditions, &current_conditions);
+    status.conditions = Some(conditions).filter(|c| !c.is_empty());
+    serde_json::to_value(status).expect("a Service status serialises")
 }
 
 #[cfg(test)]
@@ -140,12 +150,13 @@ mod tests {
     #[test]
     fn a_kubernetes_service_reads_as_the_engine_s_and_its_status_writes_back() {
         let object = json!({
+            "apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"},
                 "annotations": {"ipam-ebpf.io/ips": "10.77.0.10, 10.77.0.11", "ipam-ebpf.io/sharing-key": "k"}},
             "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}],
                 "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "loadBalancerIP": "10.77.0.12"},
         });
-        let engine = to_engine(&object);
+        let engine = to_engine(&serde_json::from_value(object).expect("a Service"));
         let spec: ipam_core::lb::resources::ServiceSpec =
             serde_json::from_value(engine["spec"].clone()).expect("the engine reads it");
         assert_eq!(spec.requested_ips.len(), 3);

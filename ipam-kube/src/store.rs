@@ -20,7 +20,10 @@
 use std::{collections::HashMap, sync::Arc};
 
 use futures_util::StreamExt as _;
-use ipam_core::store::{RawObject, Revision, Store, StoreError, WATCH_BUFFER, Watch, WatchEvent};
+use ipam_core::store::{
+    RawObject, Revision, Store, StoreError, WATCH_BUFFER, Watch, WatchEvent, lease::Lease,
+};
+use k8s_openapi::api::coordination::v1::LeaseSpec;
 use kube::{
     Api, Client,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions},
@@ -296,9 +299,28 @@ impl KubeStore {
                     }
                 }
             }
-            Mapping::Lease => crate::lease::to_engine(object.data.get("spec")),
+            Mapping::Lease => {
+                let spec: LeaseSpec = match object.data.get("spec") {
+                    Some(spec) => serde_json::from_value(spec.clone()).ok()?,
+                    None => LeaseSpec::default(),
+                };
+                serde_json::to_value(crate::lease::to_engine(&spec)).ok()?
+            }
             Mapping::Config => json!({ "mode": object.data["data"]["mode"] }),
-            Mapping::Service => crate::service::to_engine(&serde_json::to_value(object).ok()?),
+            Mapping::Service => {
+                let service = k8s_openapi::api::core::v1::Service {
+                    metadata: object.metadata.clone(),
+                    spec: object
+                        .data
+                        .get("spec")
+                        .and_then(|s| serde_json::from_value(s.clone()).ok()),
+                    status: object
+                        .data
+                        .get("status")
+                        .and_then(|s| serde_json::from_value(s.clone()).ok()),
+                };
+                crate::service::to_engine(&service)
+            }
         };
         Some(RawObject {
             kind: kind.to_owned(),
@@ -321,7 +343,10 @@ impl KubeStore {
                     Some(value.get("status").cloned().unwrap_or(json!({}))),
                 ),
             },
-            Mapping::Lease => (json!({ "spec": crate::lease::to_kubernetes(&value) }), None),
+            Mapping::Lease => {
+                let lease: Lease = serde_json::from_value(value).map_err(|e| e.to_string())?;
+                (json!({ "spec": crate::lease::to_kubernetes(&lease) }), None)
+            }
             Mapping::Config => (json!({ "data": { "mode": value["mode"] } }), None),
             // The spec is the user's: only the status is written.
             Mapping::Service => (

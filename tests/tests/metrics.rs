@@ -32,8 +32,10 @@ fn get_from(ns: &Netns, port: u16, path: &str) -> (String, String) {
     ns.run(move || {
         let mut s =
             TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics endpoint");
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));

@@ -1,98 +1,136 @@
-//! A small HTTP/1.1 server for `/metrics`, `/healthz` and `/readyz`: GET only, one request per
-//! connection. Scrapers and probes need no more, and the daemon links no HTTP framework for it.
+//! The HTTP endpoints for monitoring: `/metrics`, `/healthz` and `/readyz`, served by axum (on
+//! hyper), so keep-alive, pipelining, methods and malformed requests are handled by a server
+//! many projects keep, not by code of ours.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
 };
+use tokio::net::TcpListener;
 
 use super::{Health, Metrics};
 
-/// Longest time a client may take to send its request.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+const TEXT: &str = "text/plain; charset=utf-8";
+
+#[derive(Clone)]
+struct Served {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+}
 
 /// Serves until the listener fails.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Health>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("metrics endpoint: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (metrics, health) = (metrics.clone(), health.clone());
-        tokio::spawn(async move {
-            if let Err(e) = answer(stream, &metrics, &health).await {
-                tracing::debug!("metrics endpoint: {e}");
-            }
-        });
+    if let Err(e) = axum::serve(listener, router(Served { metrics, health })).await {
+        tracing::error!("metrics endpoint stopped: {e}");
     }
 }
 
-async fn answer(mut stream: TcpStream, metrics: &Metrics, health: &Health) -> std::io::Result<()> {
-    let mut request = Vec::new();
-    let mut buf = [0u8; 1024];
-    // Up to the end of the headers; a request line is all that is used.
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
-        let n = tokio::time::timeout(READ_TIMEOUT, stream.read(&mut buf))
-            .await
-            .map_err(|_| std::io::Error::other("request timed out"))??;
-        if n == 0 {
-            break;
-        }
-        request.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&request);
-    let open_metrics = line.lines().any(|h| {
-        h.to_ascii_lowercase().starts_with("accept:") && h.contains("application/openmetrics-text")
-    });
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, content_type, body) = match (method, path.split('?').next().unwrap_or("")) {
-        // OpenMetrics for those who ask for it (Prometheus does), the classic text otherwise.
-        ("GET", "/metrics") if open_metrics => (
-            "200 OK",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
-        ),
-        ("GET", "/metrics") => (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.encode_text(),
-        ),
-        ("GET", "/healthz") => ("200 OK", "text/plain; charset=utf-8", "ok\n".to_owned()),
-        ("GET", "/readyz") => {
-            let (ready, body) = health.report();
+fn router(served: Served) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route(
+            "/healthz",
+            get(|| async { ([(header::CONTENT_TYPE, TEXT)], "ok\n") }),
+        )
+        .route("/readyz", get(readyz))
+        .fallback(|| async {
             (
-                if ready {
-                    "200 OK"
-                } else {
-                    "503 Service Unavailable"
-                },
-                "text/plain; charset=utf-8",
-                body,
+                StatusCode::NOT_FOUND,
+                [(header::CONTENT_TYPE, TEXT)],
+                "not found; try /metrics, /healthz or /readyz\n",
             )
-        }
-        ("GET", _) => (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "not found; try /metrics, /healthz or /readyz\n".to_owned(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "only GET\n".to_owned(),
-        ),
+        })
+        .with_state(served)
+}
+
+/// OpenMetrics for those who ask for it (Prometheus does), the classic text otherwise.
+async fn metrics(State(served): State<Served>, headers: HeaderMap) -> Response {
+    let open_metrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if open_metrics {
+        let kind = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+        ([(header::CONTENT_TYPE, kind)], served.metrics.encode()).into_response()
+    } else {
+        let kind = "text/plain; version=0.0.4; charset=utf-8";
+        ([(header::CONTENT_TYPE, kind)], served.metrics.encode_text()).into_response()
+    }
+}
+
+async fn readyz(State(served): State<Served>) -> Response {
+    let (ready, body) = served.health.report();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
     };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    (status, [(header::CONTENT_TYPE, TEXT)], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// Sends one request over loopback and returns the status line and the body.
+    async fn ask(address: std::net::SocketAddr, request: &str) -> (String, String) {
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.expect("read");
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        (
+            head.lines().next().unwrap_or("").to_owned(),
+            body.to_owned(),
+        )
+    }
+
+    #[tokio::test]
+    async fn answers_each_path_and_refuses_other_methods_and_paths() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let health = Arc::new(Health::default());
+        tokio::spawn(serve(listener, Arc::new(Metrics::new()), health.clone()));
+        let get =
+            |path: &str| format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+
+        let (status, body) = ask(address, &get("/healthz")).await;
+        assert_eq!(
+            (status.as_str(), body.as_str()),
+            ("HTTP/1.1 200 OK", "ok\n")
+        );
+
+        let (status, body) = ask(address, &get("/readyz")).await;
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable");
+        assert_eq!(body, "NOT READY: starting\n");
+        health.set("datapath", Ok(()));
+        let (status, body) = ask(address, &get("/readyz")).await;
+        assert_eq!(
+            (status.as_str(), body.as_str()),
+            ("HTTP/1.1 200 OK", "ok datapath\n")
+        );
+
+        let (status, body) = ask(address, &get("/metrics")).await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        assert!(body.contains("# TYPE ipam_"), "an exposition: {body}");
+
+        let (status, _) = ask(address, &get("/nothing")).await;
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
+        let post =
+            "POST /metrics HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        let (status, _) = ask(address, post).await;
+        assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+        let (status, _) = ask(address, "this is not HTTP\r\n\r\n").await;
+        assert_eq!(status, "HTTP/1.1 400 Bad Request");
+    }
 }

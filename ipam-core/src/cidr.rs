@@ -52,7 +52,7 @@ impl schemars::JsonSchema for Cidr {
 
 pub fn ip_to_u128(ip: IpAddr) -> u128 {
     match ip {
-        IpAddr::V4(v4) => u32::from(v4) as u128,
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
         IpAddr::V6(v6) => u128::from(v6),
     }
 }
@@ -113,7 +113,7 @@ impl Cidr {
     /// Number of addresses, saturating at `u128::MAX` for `::/0`.
     pub fn size(&self) -> u128 {
         1u128
-            .checked_shl(self.host_bits() as u32)
+            .checked_shl(u32::from(self.host_bits()))
             .unwrap_or(u128::MAX)
     }
 
@@ -144,7 +144,7 @@ impl Cidr {
     /// Number of `/mask` blocks in this CIDR (`mask >= prefix`), saturating.
     pub fn block_count(&self, mask: u8) -> u128 {
         1u128
-            .checked_shl((mask - self.prefix()) as u32)
+            .checked_shl(u32::from(mask - self.prefix()))
             .unwrap_or(u128::MAX)
     }
 

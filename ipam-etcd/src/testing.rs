@@ -130,7 +130,9 @@ impl EtcdCluster {
     /// test keeps to its own key prefix (`unique_prefix`).
     pub fn shared_config(name: &str) -> EtcdConfig {
         let shared = SHARED.get_or_init(|| Mutex::new(None));
-        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let cluster = guard.get_or_insert_with(|| {
             Self::start(3).expect("etcd cluster for the tests (is etcd-server installed?)")
         });
@@ -380,7 +382,7 @@ fn spawn_tied_to_process(command: Command) -> std::io::Result<Child> {
     let (reply_tx, reply_rx) = mpsc::channel();
     spawner
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .send((command, reply_tx))
         .map_err(|_| std::io::Error::other("etcd spawner thread is gone"))?;
     reply_rx

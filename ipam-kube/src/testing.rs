@@ -274,9 +274,8 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.contains("as=PartialObjectMetadata")),
     };
-    let body = match axum::body::to_bytes(body, 16 << 20).await {
-        Ok(b) => b,
-        Err(_) => return status(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body"),
+    let Ok(body) = axum::body::to_bytes(body, 16 << 20).await else {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", "unreadable body");
     };
     let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let verb = match (&parts.method, &target.name) {

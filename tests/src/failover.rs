@@ -283,7 +283,7 @@ impl FailoverRig {
         wait_until(
             Duration::from_secs(30),
             "every agent ready",
-            || c.nodes.iter().all(|n| n.ready()),
+            || c.nodes.iter().all(super::cluster::ClusterNode::ready),
             || format!("{:?}", c.blocks()),
         );
         c.put("lb", &segment_pool());

@@ -57,7 +57,7 @@ fn a_cluster_over_etcd_survives_its_faults() {
     wait_until(
         Duration::from_secs(20),
         "every agent to be ready for pods",
-        || c.nodes.iter().all(|n| n.ready()),
+        || c.nodes.iter().all(ipam_tests::cluster::ClusterNode::ready),
         || context(&c),
     );
     let leader = c.leader().expect("an operator leads");
@@ -206,7 +206,11 @@ fn a_cluster_over_etcd_survives_its_faults() {
     wait_until(
         Duration::from_millis(NODE_GRACE_MS * 4),
         "node-2's blocks to be freed",
-        || c.blocks().get("node-2").is_some_and(|b| b.is_empty()),
+        || {
+            c.blocks()
+                .get("node-2")
+                .is_some_and(std::vec::Vec::is_empty)
+        },
         || context(&c),
     );
     // The grace period runs from the last renewal the operator saw, up to one renewal

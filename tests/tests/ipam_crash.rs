@@ -87,7 +87,7 @@ fn every_acknowledged_allocation_survives_sigkill() {
                         .is_some_and(|i| i % 5 == 0);
                     match has.get(owner) {
                         Some(found) => {
-                            assert_eq!(found, ip, "round {round}: {owner} changed address")
+                            assert_eq!(found, ip, "round {round}: {owner} changed address");
                         }
                         None => assert!(
                             releasable,

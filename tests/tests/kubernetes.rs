@@ -31,7 +31,12 @@ async fn start_api(test: &str) -> TestApi {
         let deploy = ipam_tests::deploy::dir();
         let files =
             ["namespace.yaml", "crds.yaml", "rbac.yaml", "admission.yaml"].map(|f| deploy.join(f));
-        real.kubectl_apply(&files.iter().map(|f| f.as_path()).collect::<Vec<_>>());
+        real.kubectl_apply(
+            &files
+                .iter()
+                .map(std::path::PathBuf::as_path)
+                .collect::<Vec<_>>(),
+        );
     }
     api
 }

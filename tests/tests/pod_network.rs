@@ -66,7 +66,7 @@ fn assert_matrix(node: &PodNode, pods: &[&Pod]) {
         node.ipam.ns.ip(&["-br", "addr"]),
         node.daemon
             .as_ref()
-            .map(|d| d.log_text())
+            .map(ipam_tests::daemon::Daemon::log_text)
             .unwrap_or_default()
     );
 }

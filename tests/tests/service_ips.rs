@@ -82,7 +82,7 @@ fn owner_of(c: &Cluster, client: &Netns, macs: &BTreeMap<[u8; 6], String>, ip: I
         "{ip}: answers from {got:x?}\n{}",
         c.nodes
             .iter()
-            .map(|n| n.log())
+            .map(ipam_tests::cluster::ClusterNode::log)
             .collect::<Vec<_>>()
             .join("\n---\n")
     );
@@ -98,7 +98,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
     wait_until(
         Duration::from_secs(30),
         "every agent ready",
-        || c.nodes.iter().all(|n| n.ready()),
+        || c.nodes.iter().all(ipam_tests::cluster::ClusterNode::ready),
         || format!("{:?}", c.blocks()),
     );
     let macs: BTreeMap<[u8; 6], String> =

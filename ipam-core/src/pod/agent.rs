@@ -661,7 +661,7 @@ mod tests {
             async move {
                 renew(store, &node_lease_name(name), name, grace)
                     .await
-                    .unwrap()
+                    .unwrap();
             }
         };
         let mut op = Operator::new(IpamMode::ClusterPool).with_node_grace(grace);

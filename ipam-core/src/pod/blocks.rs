@@ -191,7 +191,7 @@ impl BlockAllocator {
                             *entry = Some(FamilyBlocks {
                                 mask: fp.mask,
                                 cidrs: fp.cidrs.iter().map(|c| CidrBlocks::new(*c)).collect(),
-                            })
+                            });
                         }
                         (Some(fb), Some(fp)) => {
                             fb.mask = fp.mask;
@@ -371,7 +371,7 @@ mod tests {
             name,
             &PodIpPoolSpec {
                 ipv4: Some(FamilySpec {
-                    cidrs: cidrs.iter().map(|s| s.to_string()).collect(),
+                    cidrs: cidrs.iter().map(std::string::ToString::to_string).collect(),
                     mask_size: mask,
                 }),
                 ipv6: None,

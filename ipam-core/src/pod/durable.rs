@@ -450,10 +450,10 @@ impl DurableAllocator {
         let before = log.len();
         match log.compact(&snapshot) {
             Ok(()) => {
-                tracing::debug!(path = %self.path.display(), before, after = log.len(), "allocation log compacted")
+                tracing::debug!(path = %self.path.display(), before, after = log.len(), "allocation log compacted");
             }
             Err(e) => {
-                tracing::warn!(path = %self.path.display(), "allocation log compaction failed (the log stays valid): {e}")
+                tracing::warn!(path = %self.path.display(), "allocation log compaction failed (the log stays valid): {e}");
             }
         }
     }
@@ -507,7 +507,7 @@ mod tests {
                     d.release(&format!("churn/p{i}"), Family::V4).unwrap();
                 }
             }
-            kept = d.with(|a| a.allocations());
+            kept = d.with(super::super::node::NodeAllocator::allocations);
             assert_eq!(kept.len(), 200);
             let size = std::fs::metadata(&*path).unwrap().len();
             // 3,800 records would take ~110 KB; compaction keeps the log within three times

@@ -172,7 +172,7 @@ impl Block {
             // Lowest clear bit of this word that lies in [first, last].
             let mut free = !word;
             while free != 0 {
-                let bit = free.trailing_zeros() as u64;
+                let bit = u64::from(free.trailing_zeros());
                 let off = wi as u64 * 64 + bit;
                 if off > self.last {
                     break;
@@ -310,7 +310,7 @@ impl NodeAllocator {
     fn ip_of(&self, slot: Slot) -> IpAddr {
         self.blocks[slot.block as usize]
             .cidr
-            .addr(slot.offset as u128)
+            .addr(u128::from(slot.offset))
     }
 
     /// The address `owner` holds in `family`, if any.
@@ -410,7 +410,7 @@ impl NodeAllocator {
         if block.is_set(off) {
             let holder = self.owners[fam_index(family)]
                 .iter()
-                .find(|(_, s)| s.block as usize == bi && s.offset as u64 == off)
+                .find(|(_, s)| s.block as usize == bi && u64::from(s.offset) == off)
                 .map(|(o, _)| o.to_owned())
                 .unwrap_or_default();
             return Err(AllocError::Taken {
@@ -434,7 +434,7 @@ impl NodeAllocator {
     pub fn release(&mut self, owner: &str, family: Family) -> Option<IpAddr> {
         let slot = self.owners[fam_index(family)].remove(owner)?;
         let ip = self.ip_of(slot);
-        self.blocks[slot.block as usize].clear(slot.offset as u64);
+        self.blocks[slot.block as usize].clear(u64::from(slot.offset));
         Some(ip)
     }
 

@@ -547,7 +547,7 @@ mod tests {
         PodIpPool {
             spec: PodIpPoolSpec {
                 ipv4: Some(FamilySpec {
-                    cidrs: cidrs.iter().map(|s| s.to_string()).collect(),
+                    cidrs: cidrs.iter().map(std::string::ToString::to_string).collect(),
                     mask_size: mask,
                 }),
                 ipv6: None,

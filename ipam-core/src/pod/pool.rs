@@ -371,7 +371,7 @@ mod tests {
     fn spec(v4: &[&str], mask4: u8, v6: &[&str], mask6: u8) -> PodIpPoolSpec {
         let f = |c: &[&str], m| {
             (!c.is_empty()).then(|| FamilySpec {
-                cidrs: c.iter().map(|s| s.to_string()).collect(),
+                cidrs: c.iter().map(std::string::ToString::to_string).collect(),
                 mask_size: m,
             })
         };

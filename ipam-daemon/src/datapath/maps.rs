@@ -132,7 +132,7 @@ impl ResponderMaps {
     /// Every announcement with its reply count, sorted by interface then IP.
     pub fn list(&self) -> Result<Vec<AnnouncementEntry>, DatapathError> {
         let mut out = Vec::new();
-        for item in self.announcements.iter() {
+        for item in &self.announcements {
             let (key, values) = item.map_err(|e| map_error(map_names::L2_RESPONDER, e))?;
             out.push(AnnouncementEntry {
                 ip: key_ip(&key),
@@ -234,13 +234,13 @@ pub(super) fn check_layout(
     path: &Path,
     map: &Map,
 ) -> Result<(), DatapathError> {
-    let data = match map {
-        Map::PerCpuHashMap(d)
-        | Map::HashMap(d)
-        | Map::Array(d)
-        | Map::PerCpuArray(d)
-        | Map::LpmTrie(d) => d,
-        _ => return Err(DatapathError::MissingMap { name }),
+    let (Map::PerCpuHashMap(data)
+    | Map::HashMap(data)
+    | Map::Array(data)
+    | Map::PerCpuArray(data)
+    | Map::LpmTrie(data)) = map
+    else {
+        return Err(DatapathError::MissingMap { name });
     };
     let info = data.info().map_err(|e| map_error(name, e))?;
     let want = map_layouts::of(name).ok_or(DatapathError::MissingMap { name })?;

@@ -90,7 +90,7 @@ impl PodMaps {
     /// Every entry, sorted by address.
     pub fn list(&self) -> Result<Vec<(IpAddr, PodEndpoint)>, DatapathError> {
         let mut out = Vec::new();
-        for item in self.endpoints.iter() {
+        for item in &self.endpoints {
             let (key, value) = item.map_err(|e| map_error(map_names::POD_ENDPOINTS, e))?;
             out.push((key_ip(&key), value));
         }

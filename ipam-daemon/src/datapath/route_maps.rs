@@ -104,7 +104,7 @@ impl RouteMaps {
     /// Every route in the map.
     pub fn list(&self) -> Result<BTreeMap<Cidr, RouteTarget>, DatapathError> {
         let mut out = BTreeMap::new();
-        for item in self.routes.iter() {
+        for item in &self.routes {
             let (key, value) = item.map_err(|e| map_error(map_names::POD_ROUTES, e))?;
             let Some(cidr) = key_cidr(&key) else {
                 continue;

@@ -108,7 +108,7 @@ pub fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
         0,
         0,
         1,
-        0xff00 | o[13] as u16,
+        0xff00 | u16::from(o[13]),
         u16::from_be_bytes([o[14], o[15]]),
     )
 }
@@ -254,8 +254,8 @@ pub fn icmpv6_checksum(src: Ipv6Addr, dst: Ipv6Addr, msg: &[u8]) -> u16 {
     let mut sum: u64 = 0;
     let mut add = |bytes: &[u8]| {
         for chunk in bytes.chunks(2) {
-            let hi = chunk[0] as u64;
-            let lo = chunk.get(1).copied().unwrap_or(0) as u64;
+            let hi = u64::from(chunk[0]);
+            let lo = u64::from(chunk.get(1).copied().unwrap_or(0));
             sum += (hi << 8) | lo;
         }
     };

@@ -1,6 +1,7 @@
-//! Interfaces of the current network namespace. Names and indexes through nix; the hardware
-//! address and the driver name need ioctls that nix has no safe wrapper for, hence the two
-//! `ifreq` calls below.
+//! Interfaces of the current network namespace. Names and indexes through nix, the hardware
+//! address through route netlink (`ipam-netlink`). The driver name needs the ethtool ioctl:
+//! ethtool's netlink interface has no driver information and no library we link wraps
+//! `ETHTOOL_GDRVINFO`, hence the one `ifreq` call below.
 
 use std::io;
 
@@ -21,19 +22,18 @@ pub fn name(ifindex: u32) -> String {
         .unwrap_or_else(|_| format!("if#{ifindex}"))
 }
 
-/// The hardware address of `name`, read with SIOCGIFHWADDR so it is right in any namespace
-/// (sysfs shows the namespace it was mounted in, not necessarily ours).
+/// The hardware address of `name`, from route netlink in the caller's network namespace (sysfs
+/// shows the namespace it was mounted in, not necessarily ours).
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
-    // SAFETY: ifreq is plain data; zeroed is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    ifreq_ioctl(name, libc::SIOCGIFHWADDR, &mut req)?;
-    // SAFETY: the kernel filled the hwaddr member of the union.
-    let sa = unsafe { req.ifr_ifru.ifru_hwaddr };
-    let mut mac = [0u8; 6];
-    for (dst, src) in mac.iter_mut().zip(sa.sa_data.iter()) {
-        *dst = *src as u8;
+    let netlink = ipam_netlink::Netlink::open().map_err(io::Error::other)?;
+    match netlink.link_by_name(name) {
+        Ok(Some(link)) => Ok(link.mac),
+        Ok(None) => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface named {name} in this network namespace"),
+        )),
+        Err(e) => Err(io::Error::other(e)),
     }
-    Ok(mac)
 }
 
 /// Runs an interface ioctl on `name` with `req` (its name field is filled in here).
@@ -55,8 +55,8 @@ fn ifreq_ioctl(name: &str, request: libc::c_ulong, req: &mut libc::ifreq) -> io:
     for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
         *dst = src as libc::c_char;
     }
-    // SAFETY: the caller passes a request that reads and writes only inside `req` (and, for
-    // SIOCETHTOOL, the buffer `req` points at).
+    // SAFETY: the caller passes a request that reads and writes only inside `req` and the
+    // buffer `req` points at.
     if unsafe { libc::ioctl(fd.as_raw_fd(), request, req as *mut libc::ifreq) } < 0 {
         let e = io::Error::last_os_error();
         return Err(io::Error::new(e.kind(), format!("interface {name}: {e}")));

@@ -142,7 +142,7 @@ impl PodAllocations {
             a.blocks(family)
                 .iter()
                 .find(|b| b.contains(ip))
-                .map_or(family.bits(), |b| b.prefix())
+                .map_or(family.bits(), ipam_core::Cidr::prefix)
         });
         AllocatedIp {
             family,

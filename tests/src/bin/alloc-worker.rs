@@ -21,7 +21,7 @@ fn main() {
     let (alloc, _) = DurableAllocator::open(&path, "crash-node", "default").expect("open state");
     match args.get(1).map(String::as_str) {
         Some("dump") => {
-            for (owner, ip) in alloc.with(|a| a.allocations()) {
+            for (owner, ip) in alloc.with(ipam_core::pod::node::NodeAllocator::allocations) {
                 println!("HAS {owner} {ip}");
             }
         }

@@ -74,7 +74,7 @@ fn main() {
     println!(
         "environment: {} CPUs",
         std::thread::available_parallelism()
-            .map(|n| n.get())
+            .map(std::num::NonZero::get)
             .unwrap_or(0)
     );
 

@@ -44,7 +44,7 @@ fn main() {
         "environment: kernel {}, {} CPUs",
         kernel(),
         std::thread::available_parallelism()
-            .map(|n| n.get())
+            .map(std::num::NonZero::get)
             .unwrap_or(0)
     );
     let PerRun {
@@ -184,7 +184,7 @@ fn ns_per_reply() -> PerRun {
             log.flush();
         }
     }
-    let per_run = |t: Duration| t.as_nanos() as f64 / RUNS as f64;
+    let per_run = |t: Duration| t.as_nanos() as f64 / f64::from(RUNS);
     PerRun {
         reply: per_run(totals[0]),
         miss: per_run(totals[1]),

@@ -49,7 +49,7 @@ fn main() {
     wait_until(
         Duration::from_secs(30),
         "both nodes ready",
-        || c.nodes.iter().all(|n| n.ready()),
+        || c.nodes.iter().all(ipam_tests::cluster::ClusterNode::ready),
         || format!("{:?}", c.blocks()),
     );
     let pod_a = c.nodes[a].add_pod("bca");

@@ -94,7 +94,7 @@ fn main() {
     println!(
         "environment: {} CPUs; ipam-cni durable (fsync per commit), host-local files; plugin {}",
         std::thread::available_parallelism()
-            .map(|n| n.get())
+            .map(std::num::NonZero::get)
             .unwrap_or(0),
         ours.binary.display()
     );

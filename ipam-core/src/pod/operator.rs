@@ -308,9 +308,44 @@ impl Operator {
     ) -> Option<Versioned<NodeIpam>> {
         let name = &node.name;
         let mut problems = Vec::new();
+        // A returning node's old blocks first, so it gets them back rather than new ones.
+        let (reclaimed, lost) = self.restore_reclaimed(node, report);
+        self.release_returned(node, report, &mut problems);
+        self.allocate_wanted(node, report, &mut problems);
+        let mut allocated = self.held_by(node);
+        allocated.extend(reclaimed);
+        let conditions = if problems.is_empty() {
+            vec![Condition::new(READY, true, "blocks assigned")]
+        } else {
+            for p in &problems {
+                report
+                    .problems
+                    .push((format!("NodeIPAM {name}"), p.clone()));
+            }
+            vec![Condition::new(READY, false, problems.join("; "))]
+        };
+        let status = NodeIpamStatus {
+            allocated: allocated.into_iter().collect(),
+            lost,
+            conditions,
+        };
+        (status != node.value.status).then(|| {
+            let mut updated = node.clone();
+            updated.value.status = status;
+            updated
+        })
+    }
+
+    /// Takes back the blocks a returning node still holds (its reclaim list): the ones restored,
+    /// and the ones that cannot be (given to another node meanwhile).
+    fn restore_reclaimed(
+        &mut self,
+        node: &Versioned<NodeIpam>,
+        report: &mut Report,
+    ) -> (Vec<AllocatedBlock>, Vec<AllocatedBlock>) {
+        let name = &node.name;
         let mut reclaimed = Vec::new();
         let mut lost = Vec::new();
-        // A returning node's old blocks first, so it gets them back rather than new ones.
         for b in &node.value.spec.reclaim {
             match self.blocks.restore(name, &b.pool, b.cidr) {
                 Ok(()) => {
@@ -328,6 +363,17 @@ impl Operator {
                 }
             }
         }
+        (reclaimed, lost)
+    }
+
+    /// Frees the blocks the node gives back.
+    fn release_returned(
+        &mut self,
+        node: &Versioned<NodeIpam>,
+        report: &mut Report,
+        problems: &mut Vec<String>,
+    ) {
+        let name = &node.name;
         for request in &node.value.spec.pools {
             for cidr in &request.release {
                 let held = self.blocks.blocks_of(name, &request.pool, cidr.family());
@@ -346,6 +392,17 @@ impl Operator {
                 }
             }
         }
+    }
+
+    /// Gives the node blocks until it holds as many as it asks for per pool and family; an
+    /// exhausted pool is a problem, told once as an event.
+    fn allocate_wanted(
+        &mut self,
+        node: &Versioned<NodeIpam>,
+        report: &mut Report,
+        problems: &mut Vec<String>,
+    ) {
+        let name = &node.name;
         for (pool, family, needed) in self.wanted(&node.value) {
             while self.blocks.blocks_of(name, &pool, family).len() < needed as usize {
                 match self.blocks.allocate(name, &pool, family) {
@@ -381,6 +438,12 @@ impl Operator {
                 }
             }
         }
+    }
+
+    /// The blocks the node holds: of the pools it asks for, and of pools it no longer asks for
+    /// until it releases them.
+    fn held_by(&self, node: &Versioned<NodeIpam>) -> BTreeSet<AllocatedBlock> {
+        let name = &node.name;
         let mut allocated: BTreeSet<AllocatedBlock> = BTreeSet::new();
         for (pool, family, _) in self.wanted(&node.value) {
             for cidr in self.blocks.blocks_of(name, &pool, family) {
@@ -390,7 +453,6 @@ impl Operator {
                 });
             }
         }
-        allocated.extend(reclaimed);
         // Blocks held in pools the node no longer asks for stay listed until released.
         for b in &node.value.status.allocated {
             if self
@@ -401,26 +463,7 @@ impl Operator {
                 allocated.insert(b.clone());
             }
         }
-        let conditions = if problems.is_empty() {
-            vec![Condition::new(READY, true, "blocks assigned")]
-        } else {
-            for p in &problems {
-                report
-                    .problems
-                    .push((format!("NodeIPAM {name}"), p.clone()));
-            }
-            vec![Condition::new(READY, false, problems.join("; "))]
-        };
-        let status = NodeIpamStatus {
-            allocated: allocated.into_iter().collect(),
-            lost,
-            conditions,
-        };
-        (status != node.value.status).then(|| {
-            let mut updated = node.clone();
-            updated.value.status = status;
-            updated
-        })
+        allocated
     }
 
     /// Writes the nodes' new statuses, many at once: the store orders them, and a store like

@@ -55,17 +55,7 @@ pub async fn run<S: Store + Clone + 'static>(
     if !prepare(&store, &settings, &mut stop).await {
         return;
     }
-    let mut backoff = Backoff::new(RETRY_CAP);
-    let wake: Arc<Notify> = wake_on_changes(
-        store.clone(),
-        vec![
-            Interest::All(PodIpPool::KIND),
-            Interest::All(NodeIpam::KIND),
-            Interest::All(LbIpPool::KIND),
-            Interest::All(Service::KIND),
-            Interest::All(L2AnnouncementPolicy::KIND),
-        ],
-    );
+    let wake = wake_on_inputs(&store);
     let mut election =
         LeaderElection::new(OPERATOR_LEASE, &identity, settings.cluster.operator_lease());
     let mut elect_tick = tokio::time::interval(election.renew_interval());
@@ -75,11 +65,10 @@ pub async fn run<S: Store + Clone + 'static>(
     let mut resync = tokio::time::interval(settings.cluster.resync());
     let mut operator: Option<Operator> = None;
     let mut last_lb_problems = Vec::new();
-    let mut dirty = true;
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut due = Due::default();
     loop {
         let retry = async {
-            match retry_at {
+            match due.retry_at {
                 Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
@@ -88,13 +77,13 @@ pub async fn run<S: Store + Clone + 'static>(
             _ = elect_tick.tick(), if settings.elect => {
                 let reached = step_election(&store, &mut election, &mut operator, &settings, &identity).await;
                 observed.health.set("store", reached);
-                dirty |= operator.is_some();
+                due.dirty |= operator.is_some();
                 observed.metrics.operator_leader.set(i64::from(election.is_leading()));
             }
-            () = wake.notified() => dirty = true,
-            _ = liveness_tick.tick() => dirty = true,
-            _ = resync.tick() => dirty = true,
-            () = retry => { retry_at = None; dirty = true; }
+            () = wake.notified() => due.dirty = true,
+            _ = liveness_tick.tick() => due.dirty = true,
+            _ = resync.tick() => due.dirty = true,
+            () = retry => { due.retry_at = None; due.dirty = true; }
             changed = pools.changed() => {
                 if changed.is_err() { return; }
                 let new = pools.borrow_and_update().clone();
@@ -112,7 +101,7 @@ pub async fn run<S: Store + Clone + 'static>(
         if !settings.elect && operator.is_none() {
             operator = Some(new_operator(&settings));
         }
-        if !dirty || retry_at.is_some() {
+        if !due.now() {
             continue;
         }
         let Some(op) = operator.as_mut() else {
@@ -137,22 +126,65 @@ pub async fn run<S: Store + Clone + 'static>(
                 identity = identity.as_str()
             ))
             .await;
+        due.settle(passed, &observed);
+    }
+}
+
+/// Signalled when anything the operator decides from changes.
+fn wake_on_inputs<S: Store + Clone + 'static>(store: &S) -> Arc<Notify> {
+    wake_on_changes(
+        store.clone(),
+        vec![
+            Interest::All(PodIpPool::KIND),
+            Interest::All(NodeIpam::KIND),
+            Interest::All(LbIpPool::KIND),
+            Interest::All(Service::KIND),
+            Interest::All(L2AnnouncementPolicy::KIND),
+        ],
+    )
+}
+
+/// Whether a pass is due: something changed since the last good one, and no failed one's
+/// backoff is running.
+struct Due {
+    dirty: bool,
+    retry_at: Option<tokio::time::Instant>,
+    backoff: Backoff,
+}
+
+impl Default for Due {
+    fn default() -> Self {
+        Self {
+            dirty: true,
+            retry_at: None,
+            backoff: Backoff::new(RETRY_CAP),
+        }
+    }
+}
+
+impl Due {
+    fn now(&self) -> bool {
+        self.dirty && self.retry_at.is_none()
+    }
+
+    /// Takes a pass's result: done, or retried after the backoff.
+    fn settle(&mut self, passed: Result<(), OperatorError>, observed: &crate::metrics::Observed) {
         match passed {
             Ok(()) => {
-                dirty = false;
-                backoff.reset();
+                self.dirty = false;
+                self.backoff.reset();
             }
             Err(OperatorError::NotLeading) => {
                 tracing::warn!("operator pass stopped: leadership could not be renewed in time");
             }
             Err(e) => {
                 observed.health.set("store", Err(e.to_string()));
-                let delay = backoff.next_delay();
+                let delay = self.backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
                     "operator pass failed, retrying: {e}"
                 );
-                retry_at = Some(tokio::time::Instant::now() + delay);
+                self.retry_at = Some(tokio::time::Instant::now() + delay);
             }
         }
     }

@@ -122,89 +122,99 @@ impl Metrics {
             seen_replies: Mutex::new(HashMap::new()),
             registry: Registry::default(),
         };
+        m.register_pod_ipam(&mut registry);
+        m.register_liveness_and_datapath(&mut registry);
+        Self { registry, ..m }
+    }
+
+    /// The pod IPAM metrics: allocations, node and pool addresses, block requests.
+    fn register_pod_ipam(&self, registry: &mut Registry) {
         registry.register(
             "pod_allocations",
             "Pod address requests (CNI ADD) by result: allocated, or the error code",
-            m.pod_allocations.clone(),
+            self.pod_allocations.clone(),
         );
         registry.register(
             "pod_releases",
             "Pod address releases (CNI DEL) by result",
-            m.pod_releases.clone(),
+            self.pod_releases.clone(),
         );
         registry.register(
             "node_addresses",
             "Addresses of this node's blocks by family and state (capacity, used)",
-            m.node_addresses.clone(),
+            self.node_addresses.clone(),
         );
         registry.register(
             "pool_blocks",
             "Blocks of each pod IP pool by family and state (total, used), as the operator last wrote them",
-            m.pool_blocks.clone(),
+            self.pool_blocks.clone(),
         );
         registry.register(
             "pool_addresses",
             "Addresses of each pod IP pool by family and state (capacity, used: in blocks held by nodes, available: in free blocks)",
-            m.pool_addresses.clone(),
+            self.pool_addresses.clone(),
         );
         registry.register(
             "pool_events",
             "Pod IP pool events by pool and reason (exhausted: a node got no block; refused: the pool's spec was refused), each counted once when it happens",
-            m.pool_events.clone(),
+            self.pool_events.clone(),
         );
         registry.register(
             "block_requests_pending",
             "1 while this node waits for a block it asked the operator for",
-            m.block_requests_pending.clone(),
+            self.block_requests_pending.clone(),
         );
         registry.register_with_unit(
             "block_request_wait",
             "How long this node waited for a block it asked for, from the request to the block",
             Unit::Seconds,
-            m.block_request_wait_seconds.clone(),
+            self.block_request_wait_seconds.clone(),
         );
+    }
+
+    /// Liveness, service IPs, the store, the operator's election and the datapath's counters.
+    fn register_liveness_and_datapath(&self, registry: &mut Registry) {
         registry.register(
             "node_lease_renewals",
             "Renewals of this node's liveness lease by result",
-            m.node_lease_renewals.clone(),
+            self.node_lease_renewals.clone(),
         );
         registry.register_with_unit(
             "node_lease_renew_duration",
             "How long a renewal of the node lease took",
             Unit::Seconds,
-            m.node_lease_renew_seconds.clone(),
+            self.node_lease_renew_seconds.clone(),
         );
         registry.register(
             "service_ips_announced",
             "Service IPs this node answers ARP/NDP for",
-            m.service_ips_announced.clone(),
+            self.service_ips_announced.clone(),
         );
         registry.register(
             "service_ip_takeovers",
             "Service IPs this node took over (started answering for)",
-            m.service_ip_takeovers.clone(),
+            self.service_ip_takeovers.clone(),
         );
         registry.register(
             "store_errors",
             "Failed store passes by kind of failure",
-            m.store_errors.clone(),
+            self.store_errors.clone(),
         );
         registry.register(
             "operator_leader",
             "1 while this operator replica leads",
-            m.operator_leader.clone(),
+            self.operator_leader.clone(),
         );
         registry.register(
             "pod_datapath_packets",
             "Packets of the pod datapath by counter (delivered, to_stack, spoof_dropped, ...)",
-            m.pod_datapath_packets.clone(),
+            self.pod_datapath_packets.clone(),
         );
         registry.register(
             "l2_replies",
             "ARP/NDP replies sent by the responder, by announced IP",
-            m.l2_replies.clone(),
+            self.l2_replies.clone(),
         );
-        Self { registry, ..m }
     }
 
     /// The text exposition of every metric.

@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, path::Path};
 use ipam_core::{
     lb::resources::{L2AnnouncementPolicy, LbIpPool, Service},
     resources::{Condition, NodeIpam, PodIpPool},
-    store::{Resource, Store as _, TypedStore as _},
+    store::{Resource, Store as _, TypedStore as _, Versioned},
 };
 use ipam_daemon::{cluster::ClusterStore, config::Config};
 use serde::Serialize;
@@ -253,83 +253,88 @@ struct Pools {
 }
 
 /// `pools`: usage, blocks per node, what is refused or waited for.
-pub(crate) async fn pools(store: &ClusterStore, output: Output) -> anyhow::Result<()> {
-    let pod_pools = store.list_typed::<PodIpPool>().await?;
-    let nodes = store.list_typed::<NodeIpam>().await?;
-    let lb_pools = store.list_typed::<LbIpPool>().await?;
-    let mut views = Vec::new();
-    for p in &pod_pools {
-        let mut blocks_by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for n in &nodes {
-            for b in n.value.status.allocated.iter().filter(|b| b.pool == p.name) {
-                blocks_by_node
-                    .entry(n.name.clone())
-                    .or_default()
-                    .push(b.cidr.to_string());
+/// A pod pool: its blocks' usage, which node holds which block, and what is refused.
+fn pod_pool_view(p: &Versioned<PodIpPool>, nodes: &[Versioned<NodeIpam>]) -> PoolView {
+    let mut blocks_by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for n in nodes {
+        for b in n.value.status.allocated.iter().filter(|b| b.pool == p.name) {
+            blocks_by_node
+                .entry(n.name.clone())
+                .or_default()
+                .push(b.cidr.to_string());
+        }
+    }
+    let mut problems: Vec<String> = p
+        .value
+        .status
+        .conditions
+        .iter()
+        .filter(|c| !c.status)
+        .map(|c| c.message.clone())
+        .collect();
+    for n in nodes {
+        for c in n.value.status.conditions.iter().filter(|c| !c.status) {
+            if c.message.contains(&p.name) {
+                problems.push(format!("node {}: {}", n.name, c.message));
             }
         }
-        let mut problems: Vec<String> = p
+    }
+    PoolView {
+        name: p.name.clone(),
+        kind: "pod",
+        usage: p
+            .value
+            .status
+            .usage
+            .iter()
+            .map(|u| FamilyCount {
+                family: u.family.name(),
+                used: u.used_blocks,
+                total: u.total_blocks,
+                unit: "blocks",
+            })
+            .collect(),
+        blocks_by_node,
+        problems,
+    }
+}
+
+/// A LoadBalancer pool: its IPs' usage and what is refused.
+fn lb_pool_view(p: &Versioned<LbIpPool>) -> PoolView {
+    PoolView {
+        name: p.name.clone(),
+        kind: "load-balancer",
+        usage: p
+            .value
+            .status
+            .counts
+            .iter()
+            .map(|c| FamilyCount {
+                family: c.family.name(),
+                used: c.used,
+                total: c.total,
+                unit: "IPs",
+            })
+            .collect(),
+        blocks_by_node: BTreeMap::new(),
+        // A Conflict condition is a problem when true; any other when false.
+        problems: p
             .value
             .status
             .conditions
             .iter()
-            .filter(|c| !c.status)
+            .filter(|c| (c.kind == "Conflict") == c.status)
             .map(|c| c.message.clone())
-            .collect();
-        for n in &nodes {
-            for c in n.value.status.conditions.iter().filter(|c| !c.status) {
-                if c.message.contains(&p.name) {
-                    problems.push(format!("node {}: {}", n.name, c.message));
-                }
-            }
-        }
-        views.push(PoolView {
-            name: p.name.clone(),
-            kind: "pod",
-            usage: p
-                .value
-                .status
-                .usage
-                .iter()
-                .map(|u| FamilyCount {
-                    family: u.family.name(),
-                    used: u.used_blocks,
-                    total: u.total_blocks,
-                    unit: "blocks",
-                })
-                .collect(),
-            blocks_by_node,
-            problems,
-        });
+            .collect(),
     }
-    for p in &lb_pools {
-        views.push(PoolView {
-            name: p.name.clone(),
-            kind: "load-balancer",
-            usage: p
-                .value
-                .status
-                .counts
-                .iter()
-                .map(|c| FamilyCount {
-                    family: c.family.name(),
-                    used: c.used,
-                    total: c.total,
-                    unit: "IPs",
-                })
-                .collect(),
-            blocks_by_node: BTreeMap::new(),
-            // A Conflict condition is a problem when true; any other when false.
-            problems: p
-                .value
-                .status
-                .conditions
-                .iter()
-                .filter(|c| (c.kind == "Conflict") == c.status)
-                .map(|c| c.message.clone())
-                .collect(),
-        });
-    }
+}
+
+pub(crate) async fn pools(store: &ClusterStore, output: Output) -> anyhow::Result<()> {
+    let pod_pools = store.list_typed::<PodIpPool>().await?;
+    let nodes = store.list_typed::<NodeIpam>().await?;
+    let lb_pools = store.list_typed::<LbIpPool>().await?;
+    let mut views: Vec<PoolView> = pod_pools.iter().map(|p| pod_pool_view(p, &nodes)).collect();
+    views.extend(lb_pools.iter().map(lb_pool_view));
     let answer = Pools {
         read: store.describe(),
         pools: views,

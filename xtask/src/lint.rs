@@ -1,6 +1,6 @@
 //! `cargo xtask lint`: the style gate CI runs before the tests. `cargo fmt --check`, clippy with
 //! warnings as errors on the host crates, and clippy on the eBPF crate for its own target (the
-//! host-side clippy leaves it out: it only builds for bpfel).
+//! host-side clippy leaves it out: it only builds for bpfel), and the modules' layers.
 
 use crate::cmd::{cargo, exec, workspace_root};
 
@@ -26,6 +26,7 @@ pub(crate) fn run() -> anyhow::Result<()> {
         .env_remove("RUSTC")
         .env_remove("RUSTC_WORKSPACE_WRAPPER");
     exec(&mut ebpf)?;
-    println!("lint: fmt, clippy (host crates) and clippy (eBPF) are clean");
+    crate::layers::run()?;
+    println!("lint: fmt, clippy (host crates), clippy (eBPF) and the layers are clean");
     Ok(())
 }

@@ -10,6 +10,7 @@ mod completions;
 mod fuzz;
 mod image;
 mod lab;
+mod layers;
 mod lint;
 mod setup;
 mod test;
@@ -43,8 +44,10 @@ enum Command {
     BuildEbpf,
     /// Build the CNI plugin as a static executable, the form to install on nodes.
     BuildCni,
-    /// fmt --check and clippy -D warnings on every crate, the eBPF one included.
+    /// fmt --check and clippy -D warnings on every crate, the eBPF one included, and `layers`.
     Lint,
+    /// Check that no two top-level modules of a crate need each other, and print the layers.
+    Layers,
     /// Set up, then lint (as `lint`) and run every unit and integration test.
     Test {
         /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
@@ -99,6 +102,7 @@ fn main() -> anyhow::Result<()> {
         Command::BuildEbpf => build_ebpf::run(),
         Command::BuildCni => build_cni::run().map(drop),
         Command::Lint => lint::run(),
+        Command::Layers => layers::run(),
         Command::Test { args } => {
             setup::run()?;
             // A filtered run is a developer's loop; the full run is CI's and must be clean.

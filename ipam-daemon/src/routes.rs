@@ -83,7 +83,8 @@ pub async fn run(
             .iter()
             .map(|r| (r.name.clone(), r.value.clone()))
             .collect();
-        program(&node, &uplink, &current, &mut programmed, &datapath);
+        tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len())
+            .in_scope(|| program(&node, &uplink, &current, &mut programmed, &datapath));
         tokio::select! {
             event = watch.next() => records.apply(event),
             _ = recheck.tick() => {}

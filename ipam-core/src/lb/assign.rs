@@ -255,6 +255,7 @@ pub fn assign(
     // Kept IPs first, for every service, so a new assignment never takes an IP someone holds.
     let Kept { mut ips, mut notes } = keep_held(&ours, &usable, &mut holders);
     for (name, spec, _) in &ours {
+        let _span = tracing::trace_span!("service", service = name.as_str()).entered();
         let kept = ips.remove(name.as_str()).unwrap_or_default();
         let notes = notes.remove(name.as_str()).unwrap_or_default();
         let status = complete(&usable, &mut holders, name, spec, kept, notes);

@@ -185,6 +185,7 @@ impl Operator {
         let expired = self.expired_nodes(store, &nodes).await?;
         let mut writes = Vec::new();
         for node in &nodes {
+            let _span = tracing::debug_span!("node", node = node.name.as_str()).entered();
             let write = if expired.contains(&node.name) {
                 self.release_node(node, &mut report)
             } else {
@@ -221,6 +222,7 @@ impl Operator {
         let mut accepted: Vec<Pool> = Vec::new();
         let mut statuses = Vec::with_capacity(pools.len());
         for p in pools {
+            let _span = tracing::debug_span!("pool", pool = p.name.as_str()).entered();
             let mut status = p.value.status.clone();
             let outcome = if self.mode == IpamMode::ClusterPool && p.name != "default" {
                 Err(

@@ -1,5 +1,5 @@
 //! The clocks the eBPF side reads: `bpf_ktime_get*_ns` is CLOCK_MONOTONIC, and `bpf_jiffies64`
-//! counts ticks of the coarse clocks' resolution.
+//! counts ticks of the coarse clocks' resolution. And the daemon's own periodic ticks.
 
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
@@ -20,4 +20,12 @@ pub fn jiffy_ns() -> u64 {
 
 fn nanoseconds(t: nix::sys::time::TimeSpec) -> u64 {
     t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+/// A tick every `period` for a controller's loop; a tick missed while a pass ran late is not
+/// made up in a burst, the next one comes a whole period later.
+pub fn ticker(period: std::time::Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }

@@ -83,8 +83,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         addresses: LocalAddresses::start(),
         ips: OwnedIps::new(),
     };
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::clock::ticker(TICK);
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).

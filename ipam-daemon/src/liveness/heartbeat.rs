@@ -27,7 +27,7 @@ pub async fn run(
     mut timing: watch::Receiver<Timing>,
 ) {
     let mut current = *timing.borrow_and_update();
-    let mut tick = interval(current.interval);
+    let mut tick = crate::clock::ticker(current.interval);
     let mut silenced = false;
     loop {
         tokio::select! {
@@ -37,7 +37,7 @@ pub async fn run(
                     return;
                 }
                 current = *timing.borrow_and_update();
-                tick = interval(current.interval);
+                tick = crate::clock::ticker(current.interval);
                 continue;
             }
         }
@@ -61,10 +61,4 @@ pub async fn run(
             tracing::error!("cannot write heartbeat, responders will go silent: {e}");
         }
     }
-}
-
-fn interval(period: Duration) -> tokio::time::Interval {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick
 }

@@ -82,8 +82,7 @@ async fn renew(renewal: Renewal) {
         metrics,
     } = renewal;
     let name = node_lease_name(&node);
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = crate::clock::ticker(interval);
     let mut failing_since: Option<std::time::Instant> = None;
     loop {
         tick.tick().await;

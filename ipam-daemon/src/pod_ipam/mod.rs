@@ -216,8 +216,8 @@ impl PodIpam {
                 Interest::All(PodIpPool::KIND),
             ],
         );
-        let mut local = interval(LOCAL_PASS);
-        let mut resync = interval(resync);
+        let mut local = crate::clock::ticker(LOCAL_PASS);
+        let mut resync = crate::clock::ticker(resync);
         let node = self.settings.node_name.clone();
         loop {
             tokio::select! {
@@ -250,12 +250,6 @@ impl PodIpam {
         );
         self.store_pass().instrument(span).await;
     }
-}
-
-fn interval(period: Duration) -> tokio::time::Interval {
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick
 }
 
 /// Reconciles the endpoint table with the datapath and logs what changed.

@@ -76,10 +76,9 @@ impl Cluster {
     /// tables after them such as `[metrics]`) and node grace period.
     pub fn start_with(tag: &str, operators: usize, pools: &str, node_grace_ms: u64) -> Self {
         let fabric = Netns::new(&format!("{tag}f"));
-        fabric.ip(&["link", "add", "br0", "type", "bridge"]);
-        fabric.ip(&["link", "set", "br0", "up"]);
-        fabric.ip(&["addr", "add", &format!("{FABRIC_V4}/24"), "dev", "br0"]);
-        fabric.ip(&["-6", "addr", "add", "fd77::fe/64", "dev", "br0", "nodad"]);
+        fabric.add_bridge("br0");
+        fabric.add_address("br0", &format!("{FABRIC_V4}/24"));
+        fabric.add_address("br0", "fd77::fe/64");
         let etcd = EtcdCluster::start_in_netns(3, &fabric.path(), FABRIC_V4)
             .expect("etcd members in the fabric namespace");
         let store = etcd.config(&ipam_etcd::testing::unique_prefix(tag));
@@ -128,19 +127,10 @@ impl Cluster {
         let name = format!("node-{index}");
         let ns = Netns::new(&format!("{tag}n{index}"));
         veth(&ns, UPLINK, &self.fabric, &format!("p{index}"));
-        self.fabric
-            .ip(&["link", "set", &format!("p{index}"), "master", "br0"]);
+        self.fabric.add_port(&format!("p{index}"), "br0");
         let (v4, v6) = node_addresses(index);
-        ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", UPLINK]);
-        ns.ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{v6}/64"),
-            "dev",
-            UPLINK,
-            "nodad",
-        ]);
+        ns.add_address(UPLINK, &format!("{v4}/24"));
+        ns.add_address(UPLINK, &format!("{v6}/64"));
         let dir = TempDir::new(&format!("{tag}-n{index}-"));
         let root = BpffsRoot::new();
         let config = TempFile::new(&format!("{tag}-n{index}"), "toml");
@@ -173,14 +163,13 @@ impl Cluster {
     /// etcd over the segment); returns its output, panicking with it when it fails.
     pub fn ipamctl(&self, node: usize, args: &[&str]) -> String {
         let n = &self.nodes[node];
-        let out = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", n.ns.path().display()))
-            .arg(crate::workspace_binary("ipamctl"))
-            .args(args)
-            .arg("--config")
-            .arg(n.config_path())
-            .output()
-            .expect("run ipamctl");
+        let out =
+            n.ns.command(crate::workspace_binary("ipamctl"))
+                .args(args)
+                .arg("--config")
+                .arg(n.config_path())
+                .output()
+                .expect("run ipamctl");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -267,9 +256,9 @@ impl Cluster {
             &format!("c{}", &client.name[client.name.len().saturating_sub(6)..]),
         );
         let port = format!("c{}", &client.name[client.name.len().saturating_sub(6)..]);
-        self.fabric.ip(&["link", "set", &port, "master", "br0"]);
-        client.ip(&["addr", "add", "10.77.0.100/24", "dev", "eth0"]);
-        client.ip(&["-6", "addr", "add", "fd77::100/64", "dev", "eth0", "nodad"]);
+        self.fabric.add_port(&port, "br0");
+        client.add_address("eth0", "10.77.0.100/24");
+        client.add_address("eth0", "fd77::100/64");
         client
     }
 
@@ -379,7 +368,7 @@ impl ClusterNode {
         if let Some(d) = self.daemon.take() {
             d.kill();
         }
-        self.ns.ip(&["link", "set", UPLINK, "down"]);
+        self.ns.down(UPLINK);
     }
 
     /// The MAC of the node's uplink.

@@ -53,11 +53,7 @@ pub fn run_cni_for(
 ) -> (bool, Value) {
     let mut cmd = match node_ns {
         // Main plugins act in the node's namespace, as a runtime on the node would run them.
-        Some(ns) => {
-            let mut c = Command::new("nsenter");
-            c.arg(format!("--net={}", ns.path().display())).arg(binary);
-            c
-        }
+        Some(ns) => ns.command(binary),
         None => Command::new(binary),
     };
     let plugin_dir = workspace_binary("ipam-cni").parent().unwrap().to_owned();

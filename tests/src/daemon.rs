@@ -17,8 +17,8 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `ipamd -c config` in `ns` (entered with nsenter, which keeps the host's bpffs
-    /// visible; `ip netns exec` would remount /sys and hide it).
+    /// Starts `ipamd -c config` in `ns` (only its network namespace is entered, which keeps the
+    /// host's bpffs visible; `ip netns exec` would remount /sys and hide it).
     pub fn start(ns: &Netns, config: &Path) -> Self {
         Self::start_with(ns, config, &[])
     }
@@ -30,10 +30,7 @@ impl Daemon {
 
     /// As `start_with`, with `env` added (a `KUBECONFIG`, say).
     pub fn start_in(ns: &Netns, config: &Path, args: &[&str], env: &[(&str, &Path)]) -> Self {
-        let mut command = Command::new("nsenter");
-        command
-            .arg(format!("--net={}", ns.path().display()))
-            .arg(workspace_binary("ipamd"));
+        let mut command = ns.command(workspace_binary("ipamd"));
         for (key, value) in env {
             command.env(key, value);
         }

@@ -377,7 +377,7 @@ impl FailoverRig {
         };
         // Power back on, agent restarted; wait until it answers for its IPs again.
         let node = &mut self.cluster.nodes[index];
-        node.ns.ip(&["link", "set", crate::cluster::UPLINK, "up"]);
+        node.ns.up(crate::cluster::UPLINK);
         node.start();
         std::thread::sleep(Duration::from_millis(crate::cluster::NODE_LEASE_MS * 2));
         run

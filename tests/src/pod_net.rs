@@ -51,22 +51,12 @@ impl PodNode {
         );
         let client = Netns::new(&format!("{tag}c"));
         veth(&ipam.ns, UPLINK, &client, "ext0");
-        ipam.ns
-            .ip(&["addr", "add", "192.168.250.1/24", "dev", UPLINK]);
-        ipam.ns
-            .ip(&["-6", "addr", "add", "fd01::1/64", "dev", UPLINK, "nodad"]);
-        client.ip(&["addr", "add", &format!("{CLIENT_V4}/24"), "dev", "ext0"]);
-        client.ip(&[
-            "-6",
-            "addr",
-            "add",
-            &format!("{CLIENT_V6}/64"),
-            "dev",
-            "ext0",
-            "nodad",
-        ]);
-        client.ip(&["route", "add", "10.250.0.0/16", "via", "192.168.250.1"]);
-        client.ip(&["-6", "route", "add", "fd00:250::/104", "via", "fd01::1"]);
+        ipam.ns.add_address(UPLINK, "192.168.250.1/24");
+        ipam.ns.add_address(UPLINK, "fd01::1/64");
+        client.add_address("ext0", &format!("{CLIENT_V4}/24"));
+        client.add_address("ext0", &format!("{CLIENT_V6}/64"));
+        client.route_via("10.250.0.0/16", "192.168.250.1");
+        client.route_via("fd00:250::/104", "fd01::1");
         let daemon = Some(ipam.start_daemon());
         Self {
             ipam,
@@ -174,10 +164,8 @@ pub fn result_address(result: &Value) -> Option<String> {
 
 /// `true` when `from` gets an echo reply from `to` within a few seconds.
 pub fn reaches(from: &Netns, to: &str) -> bool {
-    std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &from.name, "ping", "-c", "1", "-w", "3", "-q", to,
-        ])
+    from.command("ping")
+        .args(["-c", "1", "-w", "3", "-q", to])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
@@ -186,10 +174,8 @@ pub fn reaches(from: &Netns, to: &str) -> bool {
 
 /// `true` when `from` gets an echo reply from `to` when sending from `source`.
 pub fn reaches_from(from: &Netns, source: &str, to: &str) -> bool {
-    std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &from.name, "ping", "-c", "2", "-w", "2", "-q", "-I", source, to,
-        ])
+    from.command("ping")
+        .args(["-c", "2", "-w", "2", "-q", "-I", source, to])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()

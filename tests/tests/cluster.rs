@@ -100,16 +100,14 @@ fn a_cluster_over_etcd_survives_its_faults() {
             node.name
         );
         // Only its own pods (one /32 per pod on its veth) are in the node's routing table.
-        let kernel_routes = node.ns.ip(&["route", "show"]);
+        let pool: ipam_core::Cidr = "10.240.0.0/16".parse().unwrap();
+        let kernel_routes = node.ns.routes(false);
         assert!(
             kernel_routes
-                .lines()
-                .filter(|l| l.starts_with("10.240."))
-                .all(|l| l
-                    .split_whitespace()
-                    .next()
-                    .is_some_and(|d| !d.contains('/'))),
-            "{kernel_routes}"
+                .iter()
+                .filter(|r| pool.contains(r.destination))
+                .all(|r| r.prefix_len == 32),
+            "{kernel_routes:?}"
         );
     }
 

@@ -155,12 +155,11 @@ fn add_del_check_gc_status_and_daemon_down() {
 }
 
 fn pod_ip(ns: &Netns, dev: &str) -> String {
-    let out = ns.ip(&["-4", "-o", "addr", "show", "dev", dev]);
-    out.split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no address on {dev}: {out}"))
-        .to_owned()
+    ns.addresses(dev)
+        .iter()
+        .find(|(ip, _)| ip.is_ipv4())
+        .map(|(ip, len)| format!("{ip}/{len}"))
+        .unwrap_or_else(|| panic!("no IPv4 address on {dev} in namespace {}", ns.name))
 }
 
 fn ping(from: &Netns, to: &str) {

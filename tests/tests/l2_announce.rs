@@ -42,18 +42,11 @@ impl Lab {
         let other = Netns::new("oth");
         veth(&node, "n0", &client, "c0");
         veth(&node, "n1", &other, "o0");
-        node.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "n0"]);
-        node.ip(&["addr", "add", "10.78.0.1/24", "dev", "n1"]);
-        client.ip(&["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "c0"]);
-        client.ip(&[
-            "addr",
-            "add",
-            &format!("{CLIENT_V6}/64"),
-            "dev",
-            "c0",
-            "nodad",
-        ]);
-        other.ip(&["addr", "add", &format!("{OTHER_IP}/24"), "dev", "o0"]);
+        node.add_address("n0", &format!("{NODE_IP}/24"));
+        node.add_address("n1", "10.78.0.1/24");
+        client.add_address("c0", &format!("{CLIENT_IP}/24"));
+        client.add_address("c0", &format!("{CLIENT_V6}/64"));
+        other.add_address("o0", &format!("{OTHER_IP}/24"));
         let config = TempFile::new("ipamd", "toml");
         Self {
             node,
@@ -449,7 +442,7 @@ fn missing_interface_is_waited_for_not_fatal() {
     // The interface appears (a late NIC, a CNI creating it): the daemon picks it up by itself.
     let late_client = Netns::new("late");
     veth(&lab.node, "late0", &late_client, "l0");
-    late_client.ip(&["addr", "add", "10.77.0.3/24", "dev", "l0"]);
+    late_client.add_address("l0", "10.77.0.3/24");
     lab.wait_announced(1);
     let reply = late_client
         .run(|| Resolver::new("l0").arp(Ipv4Addr::new(10, 77, 0, 3), ANNOUNCED, TIMEOUT));

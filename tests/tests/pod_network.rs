@@ -63,7 +63,7 @@ fn assert_matrix(node: &PodNode, pods: &[&Pod]) {
     assert!(
         failures.is_empty(),
         "unreachable: {failures:?}\nnode addresses:\n{}\ndaemon log:\n{}",
-        node.ipam.ns.ip(&["-br", "addr"]),
+        node.ipam.ns.describe(),
         node.daemon
             .as_ref()
             .map(ipam_tests::daemon::Daemon::log_text)
@@ -93,10 +93,13 @@ fn connectivity_matrix_spoofing_del_and_gc() {
         r["ips"][0]["address"].as_str().unwrap().ends_with("/32"),
         "{r}"
     );
-    let default = a.ns.ip(&["route", "show", "default"]);
+    let routes = a.ns.routes(false);
+    let eth0 = a.ns.ifindex("eth0");
     assert!(
-        default.starts_with("default via 10.250.0.1 dev eth0"),
-        "{default}"
+        routes.iter().any(|r| r.prefix_len == 0
+            && r.gateway == Some("10.250.0.1".parse().unwrap())
+            && r.output == Some(eth0)),
+        "the pod's default route is via 10.250.0.1 on eth0: {routes:?}"
     );
     // ADD again (the runtime retries) gives the same answer and keeps the pod as it is.
     let (ok, again) = node.cni("ADD", &a.container, Some(&a.ns));
@@ -113,16 +116,8 @@ fn connectivity_matrix_spoofing_del_and_gc() {
 
     // A pod that sends from an address that is not its own is dropped and counted.
     let spoofed_before = node.stat("spoof_dropped");
-    a.ns.ip(&["addr", "add", "10.250.0.250/32", "dev", "eth0"]);
-    a.ns.ip(&[
-        "-6",
-        "addr",
-        "add",
-        "fd00:250::fa/128",
-        "dev",
-        "eth0",
-        "nodad",
-    ]);
+    a.ns.add_address("eth0", "10.250.0.250/32");
+    a.ns.add_address("eth0", "fd00:250::fa/128");
     assert!(!reaches_from(&a.ns, "10.250.0.250", &b.v4));
     assert!(!reaches_from(&a.ns, "fd00:250::fa", &b.v6));
     assert!(!reaches_from(&a.ns, "10.250.0.250", "10.250.0.1"));
@@ -139,7 +134,7 @@ fn connectivity_matrix_spoofing_del_and_gc() {
         Duration::from_secs(10),
     );
     // Another pod's address is as foreign as an unallocated one.
-    a.ns.ip(&["addr", "add", &format!("{}/32", c.v4), "dev", "eth0"]);
+    a.ns.add_address("eth0", &format!("{}/32", c.v4));
     assert!(!reaches_from(&a.ns, &c.v4, &b.v4));
     assert!(reaches(&a.ns, &b.v4), "the pod's own address still works");
     for extra in [
@@ -147,7 +142,7 @@ fn connectivity_matrix_spoofing_del_and_gc() {
         "fd00:250::fa/128",
         &format!("{}/32", c.v4),
     ] {
-        a.ns.ip(&["addr", "del", extra, "dev", "eth0"]);
+        a.ns.delete_address("eth0", extra);
     }
 
     // DEL frees the addresses and removes the map entries and the veth; DEL again succeeds.
@@ -157,15 +152,12 @@ fn connectivity_matrix_spoofing_del_and_gc() {
     let in_map = map_ips(&node);
     assert!(ips(&c).iter().all(|ip| !in_map.contains(ip)), "{in_map:?}");
     assert!(!node.cni("CHECK", &c.container, Some(&c.ns)).0);
+    let host_veth = ipam_cni::pod_network::host_veth_name(&AttachmentId {
+        container_id: c.container.clone(),
+        ifname: "eth0".into(),
+    });
     assert!(
-        !node
-            .ipam
-            .ns
-            .ip(&["-o", "link"])
-            .contains(&ipam_cni::pod_network::host_veth_name(&AttachmentId {
-                container_id: c.container.clone(),
-                ifname: "eth0".into()
-            })),
+        node.ipam.ns.links().iter().all(|l| l.name != host_veth),
         "the host side of the veth is gone"
     );
     assert!(node.cni("DEL", &c.container, Some(&c.ns)).0);
@@ -221,13 +213,12 @@ fn pods_stay_connected_through_daemon_sigkill_and_restart() {
     assert!(reaches(&a.ns, &b.v4));
 
     // 400 echo requests over ~4 s, while the daemon is killed and started again.
-    let pinger = std::process::Command::new("ip")
-        .args([
-            "netns", "exec", &a.ns.name, "ping", "-c", "400", "-i", "0.01", "-W", "1", "-q", &b.v4,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("ping");
+    let pinger =
+        a.ns.command("ping")
+            .args(["-c", "400", "-i", "0.01", "-W", "1", "-q", &b.v4])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("ping");
     std::thread::sleep(Duration::from_millis(500));
     node.daemon.take().unwrap().kill();
     std::thread::sleep(Duration::from_millis(500));

@@ -176,9 +176,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         .map(|(_, ip)| *ip)
         .collect();
     assert!(!cut_ips.is_empty(), "{cut_name} owns something to lose");
-    c.nodes[cut]
-        .ns
-        .ip(&["route", "add", "blackhole", "10.77.0.254/32"]);
+    c.nodes[cut].ns.blackhole("10.77.0.254/32");
     let started = Instant::now();
     let mut moved: BTreeSet<Ipv4Addr> = BTreeSet::new();
     while moved.len() < cut_ips.len() {
@@ -196,9 +194,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         );
     }
     assert!(c.nodes[cut].log().contains("responders go silent"));
-    c.nodes[cut]
-        .ns
-        .ip(&["route", "del", "blackhole", "10.77.0.254/32"]);
+    c.nodes[cut].ns.delete_route("10.77.0.254/32");
     wait_until(
         Duration::from_secs(15),
         "the returning node to answer for its IPs again",

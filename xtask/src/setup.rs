@@ -23,11 +23,15 @@ const BUILD_PACKAGES: &[(&str, &str)] = &[
 
 /// Debian packages the tests, the lab and the benchmarks use.
 const TEST_PACKAGES: &[(&str, &str)] = &[
-    ("iproute2", "ip: namespaces, veth pairs"),
+    (
+        "iproute2",
+        "ip: looking into the namespaces of a running test or the lab by hand (the tests \
+         make them over netlink)",
+    ),
     ("mount", "mount: setup mounts bpffs at /sys/fs/bpf"),
     (
         "util-linux",
-        "nsenter: runs the daemon in a namespace without hiding bpffs",
+        "nsenter: runs the daemon by hand in a namespace without hiding bpffs",
     ),
     ("ethtool", "NIC offload settings in tests"),
     ("procps", "sysctl: the lab sets arp_ignore"),

@@ -203,10 +203,10 @@ fn flood() -> (Vec<f64>, Vec<f64>) {
     let root = BpffsRoot::new();
     veth(&src, "sk0", &kernel_ns, "dk0");
     veth(&src, "so0", &ours_ns, "do0");
-    kernel_ns.ip(&["addr", "add", &format!("{SERVICE}/24"), "dev", "dk0"]);
-    ours_ns.ip(&["addr", "add", "10.90.0.1/24", "dev", "do0"]);
+    kernel_ns.add_address("dk0", &format!("{SERVICE}/24"));
+    ours_ns.add_address("do0", "10.90.0.1/24");
     for dev in ["sk0", "so0"] {
-        src.ip(&["addr", "add", &format!("{SENDER}/24"), "dev", dev]);
+        src.add_address(dev, &format!("{SENDER}/24"));
     }
     let pin_root = root.0.clone();
     ours_ns.run(move || {

@@ -245,7 +245,7 @@ fn cross_node(
                 }
             }
         }
-        static_routes(c, &blocks, "add");
+        static_routes(c, &blocks, true);
         std::thread::sleep(Duration::from_millis(500));
         let before = forwarded(c, a);
         let (r, t) = measure(pod_a, pod_b);
@@ -259,7 +259,7 @@ fn cross_node(
             t * 8.0 / 1e9
         );
         results.push((Setup::Kernel, r, t));
-        static_routes(c, &blocks, "del");
+        static_routes(c, &blocks, false);
     }
     let pick = |s: Setup, f: fn(&(Setup, f64, f64)) -> f64| {
         median(results.iter().filter(|x| x.0 == s).map(f).collect())
@@ -288,7 +288,8 @@ fn forwarded(c: &Cluster, n: usize) -> u64 {
 }
 
 /// The kernel's way: a static route on every node to every other node's blocks.
-fn static_routes(c: &Cluster, blocks: &BTreeMap<String, Vec<ipam_core::Cidr>>, verb: &str) {
+/// Adds them when `add`, else deletes them.
+fn static_routes(c: &Cluster, blocks: &BTreeMap<String, Vec<ipam_core::Cidr>>, add: bool) {
     for (i, node) in c.nodes.iter().enumerate() {
         for (j, other) in c.nodes.iter().enumerate() {
             if i == j {
@@ -300,13 +301,11 @@ fn static_routes(c: &Cluster, blocks: &BTreeMap<String, Vec<ipam_core::Cidr>>, v
                     ipam_core::Family::V4 => &v4,
                     ipam_core::Family::V6 => &v6,
                 };
-                let family = if cidr.family() == ipam_core::Family::V6 {
-                    "-6"
+                if add {
+                    node.ns.route_via(&cidr.to_string(), via);
                 } else {
-                    "-4"
-                };
-                node.ns
-                    .ip(&[family, "route", verb, &cidr.to_string(), "via", via]);
+                    node.ns.delete_route(&cidr.to_string());
+                }
             }
         }
     }

@@ -46,8 +46,8 @@ fn main() {
     let b = node.add_pod("bpodb");
     // The practical limit: the same two namespaces joined directly.
     ipam_tests::netns::veth(&a.ns, "direct0", &b.ns, "direct0");
-    a.ns.ip(&["addr", "add", "10.251.0.1/24", "dev", "direct0"]);
-    b.ns.ip(&["addr", "add", "10.251.0.2/24", "dev", "direct0"]);
+    a.ns.add_address("direct0", "10.251.0.1/24");
+    b.ns.add_address("direct0", "10.251.0.2/24");
     node.daemon.take().unwrap().kill();
 
     let mut rr: Vec<(Setup, f64)> = Vec::new();

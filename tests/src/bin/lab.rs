@@ -96,9 +96,7 @@ fn main() {
     // The service IP is local to node-0 (its kernel accepts traffic for it) but the kernel must
     // not answer ARP for it: the eBPF responder does, on the interfaces the daemon chooses.
     let node0 = &c.nodes[0];
-    node0
-        .ns
-        .ip(&["addr", "add", &format!("{SERVICE_V4}/32"), "dev", "lo"]);
+    node0.ns.add_address("lo", &format!("{SERVICE_V4}/32"));
     node0.ns.run(|| {
         run("sysctl", &["-qw", "net.ipv4.conf.all.arp_ignore=1"]);
     });
@@ -109,25 +107,17 @@ fn main() {
     );
     let client = Netns::new("labcli");
     veth(&client, "eth0", &c.fabric, "pcli");
-    c.fabric.ip(&["link", "set", "pcli", "master", "br0"]);
-    client.ip(&["addr", "add", &format!("{CLIENT_V4}/24"), "dev", "eth0"]);
-    client.ip(&[
-        "-6",
-        "addr",
-        "add",
-        &format!("{CLIENT_V6}/64"),
-        "dev",
-        "eth0",
-        "nodad",
-    ]);
+    c.fabric.add_port("pcli", "br0");
+    client.add_address("eth0", &format!("{CLIENT_V4}/24"));
+    client.add_address("eth0", &format!("{CLIENT_V6}/64"));
     for (i, node) in c.nodes.iter().enumerate() {
         let (v4, v6) = node_addresses(i);
         for cidr in c.blocks().get(&node.name).into_iter().flatten() {
-            let (family, via) = match cidr.family() {
-                ipam_core::Family::V4 => ("-4", &v4),
-                ipam_core::Family::V6 => ("-6", &v6),
+            let via = match cidr.family() {
+                ipam_core::Family::V4 => &v4,
+                ipam_core::Family::V6 => &v6,
             };
-            client.ip(&[family, "route", "add", &cidr.to_string(), "via", via]);
+            client.route_via(&cidr.to_string(), via);
         }
     }
     println!(
@@ -181,9 +171,7 @@ fn main() {
     }
     // A pod sending from an address that is not its own is dropped by the datapath.
     let spoof = "10.240.255.250";
-    pods[0]
-        .ns
-        .ip(&["addr", "add", &format!("{spoof}/32"), "dev", "eth0"]);
+    pods[0].ns.add_address("eth0", &format!("{spoof}/32"));
     if reaches_from(&pods[0].ns, spoof, &pods[1].v4) {
         fail(&c, "a spoofed source address got through");
     }
@@ -211,9 +199,9 @@ fn main() {
         7,
         "ipamctl ipam status on node-0: its own state, and the cluster's blocks read from etcd",
     );
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net={}", c.nodes[0].ns.path().display()))
-        .arg(workspace_binary("ipamctl"))
+    let out = c.nodes[0]
+        .ns
+        .command(workspace_binary("ipamctl"))
         .args(["ipam", "status", "--config"])
         .arg(c.nodes[0].config_path())
         .output()

@@ -25,8 +25,8 @@ const BUILD_PACKAGES: &[(&str, &str)] = &[
 const TEST_PACKAGES: &[(&str, &str)] = &[
     (
         "iproute2",
-        "ip: looking into the namespaces of a running test or the lab by hand (the tests \
-         make them over netlink)",
+        "ip: the netlink test checks that `ip netns` sees the namespaces the test kit makes \
+         over netlink; and for looking into a running test or the lab by hand",
     ),
     ("mount", "mount: setup mounts bpffs at /sys/fs/bpf"),
     (

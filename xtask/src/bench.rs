@@ -21,6 +21,9 @@ pub(crate) enum Name {
     /// Service IP failover after a power loss, failed requests, store writes with 1,000
     /// services.
     Failover,
+    /// Node liveness between peers, simulated: 5,000 members at 1 % loss, time until a killed
+    /// member is declared dead by all, false suspicions, gossip bytes per node.
+    Liveness,
 }
 
 pub(crate) fn run(name: Name) -> anyhow::Result<()> {
@@ -31,6 +34,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Datapath => "bench-datapath",
         Name::Cluster => "bench-cluster",
         Name::Failover => "bench-failover",
+        Name::Liveness => "bench-liveness",
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;

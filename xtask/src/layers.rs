@@ -23,6 +23,7 @@ const CRATES: &[&str] = &[
     "ipam-kube",
     "ipam-api",
     "ipam-netlink",
+    "ipam-gossip",
     "ipam-cni",
     "ipam-daemon",
 ];

@@ -1,0 +1,318 @@
+//! One member of the gossip, without a socket or a clock of its own: foca, its timers and the
+//! envelope. Every call says what time it is; what the member wants sent, when it wants to be
+//! woken and what it learned are left to be collected. The daemon drives it from a UDP socket
+//! and a timer; the simulator drives thousands of them over a modelled network, in one thread,
+//! deterministically.
+
+use std::{cmp::Reverse, collections::BinaryHeap, net::SocketAddr, time::Duration};
+
+use foca::{Foca, Member, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer};
+use rand::{SeedableRng, rngs::StdRng};
+
+use crate::{
+    PeerId,
+    envelope::{Dropped, Envelope, Keyring},
+};
+
+/// What time it is, twice: the monotonic clock for the protocol's timers, the wall clock for the
+/// envelope's sequence numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Since any fixed moment, the same for every call to one member.
+    pub monotonic: Duration,
+    pub unix_micros: u64,
+}
+
+/// What a member learned about the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A peer is alive (first heard of, or back).
+    Up(PeerId),
+    /// The cluster declared a peer dead.
+    Down(PeerId),
+    /// A peer restarted: its new identity replaces the old one at the same address.
+    Renamed { before: PeerId, after: PeerId },
+    /// This member probed `0` and got no answer, directly or through others: it now suspects it.
+    Suspected(PeerId),
+    /// This member was declared dead by the others and rejoined as a new generation.
+    Rejoined(PeerId),
+    /// Some peer knows this member: it is in the cluster.
+    Connected,
+    /// Every peer this member knew is gone.
+    Alone,
+}
+
+/// A packet to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub to: SocketAddr,
+    pub packet: Vec<u8>,
+}
+
+/// Counters since the member started.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub sent_packets: u64,
+    pub sent_bytes: u64,
+    pub received_packets: u64,
+    pub received_bytes: u64,
+    /// Packets dropped, by reason (indexed as [`Dropped::ALL`]).
+    pub dropped: [u64; Dropped::ALL.len()],
+    /// Probes that went unanswered, each making this member suspect the probed peer.
+    pub suspicions: u64,
+}
+
+impl Stats {
+    pub fn dropped(&self, reason: Dropped) -> u64 {
+        self.dropped[reason as usize]
+    }
+}
+
+/// How the member runs: foca's settings (see [`crate::Timing`]) and the seed of its random
+/// choices (a fixed one makes a simulation repeat exactly).
+pub struct Settings {
+    pub protocol: foca::Config,
+    pub seed: Option<u64>,
+}
+
+impl Settings {
+    pub fn new(timing: &crate::Timing, cluster_size: usize) -> Self {
+        Self {
+            protocol: timing.protocol(cluster_size),
+            seed: None,
+        }
+    }
+}
+
+type Protocol = Foca<PeerId, PostcardCodec, StdRng, NoCustomBroadcast>;
+
+pub struct Peer {
+    protocol: Protocol,
+    envelope: Envelope,
+    timers: BinaryHeap<Reverse<Scheduled>>,
+    scheduled: u64,
+    collected: Collected,
+    stats: Stats,
+}
+
+/// What calls left for the driver.
+#[derive(Default)]
+struct Collected {
+    outgoing: Vec<Outgoing>,
+    events: Vec<Event>,
+}
+
+impl Peer {
+    pub fn new(id: PeerId, settings: Settings, keyring: Keyring) -> Self {
+        let rng = match settings.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => rand::make_rng(),
+        };
+        Self {
+            protocol: Foca::new(id, settings.protocol, rng, PostcardCodec),
+            envelope: Envelope::new(keyring, id.addr),
+            timers: BinaryHeap::new(),
+            scheduled: 0,
+            collected: Collected::default(),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn id(&self) -> PeerId {
+        *self.protocol.identity()
+    }
+
+    /// Asks `seeds` (addresses of other agents, from the store's node records) to let this
+    /// member in; any one that answers is enough.
+    pub fn join(&mut self, now: Now, seeds: impl IntoIterator<Item = SocketAddr>) {
+        for addr in seeds {
+            if addr == self.id().addr {
+                continue;
+            }
+            // The seed's generation is not known yet: its answer carries its real identity.
+            let seed = PeerId::new(addr, 0);
+            let (protocol, mut sink) = self.split(now);
+            // Only an oversized message fails to be sent; an announce never is one.
+            let _ = protocol.announce(seed, &mut sink);
+        }
+    }
+
+    /// Learns `members` as alive without telling anyone: a warm start from known state.
+    pub fn assume_alive(&mut self, now: Now, members: impl IntoIterator<Item = PeerId>) {
+        let me = self.id();
+        let members = members.into_iter().filter(|m| *m != me).map(Member::alive);
+        let (protocol, mut sink) = self.split(now);
+        let _ = protocol.apply_many(members, false, &mut sink);
+    }
+
+    /// Hands a received packet to the member.
+    pub fn receive(&mut self, now: Now, packet: &[u8]) -> Result<(), Dropped> {
+        self.stats.received_packets += 1;
+        self.stats.received_bytes += packet.len() as u64;
+        let outcome = self.open_and_handle(now, packet);
+        if let Err(reason) = outcome {
+            self.stats.dropped[reason as usize] += 1;
+        }
+        outcome
+    }
+
+    fn open_and_handle(&mut self, now: Now, packet: &[u8]) -> Result<(), Dropped> {
+        let (_, message) = self.envelope.open(now.unix_micros, packet)?;
+        let (protocol, mut sink) = self.split(now);
+        protocol
+            .handle_data(message, &mut sink)
+            .map_err(|e| match e {
+                foca::Error::MalformedPacket | foca::Error::Decode(_) | foca::Error::DataTooBig => {
+                    Dropped::Malformed
+                }
+                _ => Dropped::Refused,
+            })
+    }
+
+    /// Runs every timer due by `now`.
+    pub fn advance(&mut self, now: Now) {
+        while let Some(Reverse(next)) = self.timers.peek() {
+            if next.due > now.monotonic {
+                break;
+            }
+            let Reverse(due) = self.timers.pop().expect("peeked");
+            let (protocol, mut sink) = self.split(now);
+            // Timer errors are about sending (oversized data), which foca's own messages are not.
+            let _ = protocol.handle_timer(due.timer, &mut sink);
+        }
+    }
+
+    /// When [`Peer::advance`] next has work.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        self.timers.peek().map(|Reverse(s)| s.due)
+    }
+
+    pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+        std::mem::take(&mut self.collected.outgoing)
+    }
+
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.collected.events)
+    }
+
+    /// Tells the cluster this member leaves (a clean stop): peers declare it down at once
+    /// instead of after the suspicion delay.
+    pub fn leave(&mut self, now: Now) {
+        let (protocol, mut sink) = self.split(now);
+        let _ = protocol.leave_cluster(&mut sink);
+    }
+
+    /// Every peer this member knows of, with what it believes of each.
+    pub fn members(&self) -> impl Iterator<Item = (PeerId, State)> + '_ {
+        self.protocol
+            .iter_membership_state()
+            .map(|m| (*m.id(), m.state()))
+    }
+
+    /// Peers this member holds alive (suspects included: SWIM counts them alive until they
+    /// are declared dead).
+    pub fn active(&self) -> impl Iterator<Item = PeerId> + '_ {
+        self.protocol.iter_members().map(|m| *m.id())
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub fn set_keyring(&mut self, keyring: Keyring) {
+        self.envelope.set_keyring(keyring);
+    }
+
+    fn split(&mut self, now: Now) -> (&mut Protocol, Sink<'_>) {
+        (
+            &mut self.protocol,
+            Sink {
+                now,
+                envelope: &mut self.envelope,
+                timers: &mut self.timers,
+                scheduled: &mut self.scheduled,
+                collected: &mut self.collected,
+                stats: &mut self.stats,
+            },
+        )
+    }
+}
+
+/// foca's side effects, turned into packets, timers and events.
+struct Sink<'a> {
+    now: Now,
+    envelope: &'a mut Envelope,
+    timers: &'a mut BinaryHeap<Reverse<Scheduled>>,
+    scheduled: &'a mut u64,
+    collected: &'a mut Collected,
+    stats: &'a mut Stats,
+}
+
+impl Runtime<PeerId> for Sink<'_> {
+    fn notify(&mut self, notification: Notification<'_, PeerId>) {
+        let event = match notification {
+            Notification::MemberUp(id) => Event::Up(*id),
+            Notification::MemberDown(id) => Event::Down(*id),
+            Notification::Rename(before, after) => Event::Renamed {
+                before: *before,
+                after: *after,
+            },
+            Notification::ProbeFailed(_, id) => {
+                self.stats.suspicions += 1;
+                Event::Suspected(*id)
+            }
+            Notification::Rejoin(id) => Event::Rejoined(*id),
+            Notification::Active => Event::Connected,
+            Notification::Idle | Notification::Defunct => Event::Alone,
+            Notification::DataReceived(_) | Notification::DataSent(_) => return,
+        };
+        self.collected.events.push(event);
+    }
+
+    fn send_to(&mut self, to: PeerId, data: &[u8]) {
+        let packet = self.envelope.seal(self.now.unix_micros, data);
+        self.stats.sent_packets += 1;
+        self.stats.sent_bytes += packet.len() as u64;
+        self.collected.outgoing.push(Outgoing {
+            to: to.addr,
+            packet,
+        });
+    }
+
+    fn submit_after(&mut self, timer: Timer<PeerId>, after: Duration) {
+        let due = self.now.monotonic + after;
+        *self.scheduled += 1;
+        self.timers.push(Reverse(Scheduled {
+            due,
+            order: *self.scheduled,
+            timer,
+        }));
+    }
+}
+
+/// A timer and when it is due; equal dues run in the order they were scheduled.
+struct Scheduled {
+    due: Duration,
+    order: u64,
+    timer: Timer<PeerId>,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.order) == (other.due, other.order)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.due, self.order).cmp(&(other.due, other.order))
+    }
+}

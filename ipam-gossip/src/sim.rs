@@ -1,0 +1,438 @@
+//! Thousands of members in one thread over a modelled network: latency, jitter, loss and
+//! partitions, on a virtual clock, deterministic for a seed. The protocol code is the one the
+//! daemon runs ([`Peer`]); only the sockets and the clock are modelled.
+
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap},
+    net::{Ipv4Addr, SocketAddr},
+    time::Duration,
+};
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+use crate::{Event, Keyring, Now, Peer, PeerId, Settings, Timing, envelope::Dropped};
+
+/// The network between the members.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkModel {
+    pub latency: Duration,
+    /// Added to the latency: uniform between zero and this.
+    pub jitter: Duration,
+    /// The chance that any one packet is lost.
+    pub loss: f64,
+}
+
+impl Default for NetworkModel {
+    /// A quiet LAN.
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_micros(200),
+            jitter: Duration::from_micros(100),
+            loss: 0.0,
+        }
+    }
+}
+
+/// Something a member learned, and when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub at: Duration,
+    pub member: usize,
+    pub event: Event,
+}
+
+/// Totals over the whole run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub packets: u64,
+    pub bytes: u64,
+    pub lost: u64,
+}
+
+/// Wall clock of the simulated world at virtual time zero.
+const EPOCH_MICROS: u64 = 1_800_000_000_000_000;
+const PORT: u16 = 7946;
+
+pub struct Simulation {
+    now: Duration,
+    timing: Timing,
+    keyring: Keyring,
+    seed: u64,
+    members: Vec<Member>,
+    by_addr: HashMap<SocketAddr, usize>,
+    network: NetworkModel,
+    rng: StdRng,
+    wakeups: BinaryHeap<Reverse<(Duration, usize)>>,
+    in_flight: BinaryHeap<Reverse<Delivery>>,
+    sent: u64,
+    reports: Vec<Report>,
+    traffic: Traffic,
+}
+
+struct Member {
+    peer: Option<Peer>,
+    /// This member's own link, when it is worse than the network's.
+    link: Option<NetworkModel>,
+    /// Packets only pass between members of the same group.
+    group: u32,
+    /// The earliest wake-up queued for this member.
+    armed: Option<Duration>,
+}
+
+impl Simulation {
+    /// `size` members that already know each other (a warm cluster, as after every agent read
+    /// the node records), all signing with `keyring`.
+    pub fn warm(
+        size: usize,
+        timing: Timing,
+        network: NetworkModel,
+        keyring: Keyring,
+        seed: u64,
+    ) -> Self {
+        let mut sim = Self {
+            now: Duration::ZERO,
+            timing,
+            keyring,
+            seed,
+            members: Vec::with_capacity(size),
+            by_addr: HashMap::with_capacity(size),
+            network,
+            rng: StdRng::seed_from_u64(seed),
+            wakeups: BinaryHeap::new(),
+            in_flight: BinaryHeap::new(),
+            sent: 0,
+            reports: Vec::new(),
+            traffic: Traffic::default(),
+        };
+        let ids: Vec<PeerId> = (0..size).map(|i| PeerId::new(address(i), 1)).collect();
+        for (index, id) in ids.iter().enumerate() {
+            let mut peer = sim.new_peer(*id, index);
+            peer.assume_alive(sim.clock(), ids.iter().copied());
+            // What a warm start learned is not news.
+            peer.take_events();
+            sim.by_addr.insert(id.addr, index);
+            sim.members.push(Member {
+                peer: Some(peer),
+                link: None,
+                group: 0,
+                armed: None,
+            });
+            sim.collect(index);
+        }
+        sim
+    }
+
+    fn new_peer(&self, id: PeerId, index: usize) -> Peer {
+        let settings = Settings {
+            protocol: self
+                .timing
+                .protocol(self.members.capacity().max(self.members.len())),
+            seed: Some(self.seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        };
+        Peer::new(id, settings, self.keyring.clone())
+    }
+
+    pub fn now(&self) -> Duration {
+        self.now
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn id(&self, member: usize) -> PeerId {
+        self.members[member]
+            .peer
+            .as_ref()
+            .map_or_else(|| PeerId::new(address(member), 0), Peer::id)
+    }
+
+    pub fn peer(&self, member: usize) -> Option<&Peer> {
+        self.members[member].peer.as_ref()
+    }
+
+    pub fn is_alive(&self, member: usize) -> bool {
+        self.members[member].peer.is_some()
+    }
+
+    pub fn set_network(&mut self, network: NetworkModel) {
+        self.network = network;
+    }
+
+    /// Gives `member` a link of its own (netem on its interface): packets to and from it see
+    /// `link` instead of the network's model.
+    pub fn impair(&mut self, member: usize, link: NetworkModel) {
+        self.members[member].link = Some(link);
+    }
+
+    /// Stops `member` dead: no goodbye, packets to it vanish.
+    pub fn kill(&mut self, member: usize) {
+        self.members[member].peer = None;
+        self.members[member].armed = None;
+    }
+
+    /// Stops `member` cleanly: it tells the cluster it leaves.
+    pub fn stop(&mut self, member: usize) {
+        let now = self.clock();
+        if let Some(peer) = self.members[member].peer.as_mut() {
+            peer.leave(now);
+        }
+        self.collect(member);
+        self.kill(member);
+    }
+
+    /// Starts `member` again as a new generation, joining through `seeds`.
+    pub fn restart(&mut self, member: usize, generation: u32, seeds: &[usize]) {
+        let id = PeerId::new(address(member), generation);
+        let mut peer = self.new_peer(id, member + generation as usize);
+        peer.join(self.clock(), seeds.iter().map(|s| address(*s)));
+        self.members[member].peer = Some(peer);
+        self.collect(member);
+    }
+
+    /// Splits the network: members in different groups no longer reach each other. Members
+    /// not listed form group 0.
+    pub fn partition(&mut self, groups: &[&[usize]]) {
+        for member in &mut self.members {
+            member.group = 0;
+        }
+        for (g, members) in groups.iter().enumerate() {
+            for m in *members {
+                self.members[*m].group = u32::try_from(g + 1).unwrap_or(u32::MAX);
+            }
+        }
+    }
+
+    pub fn heal(&mut self) {
+        self.partition(&[]);
+    }
+
+    /// Delivers `packet` to `member` now, as from a host on the segment.
+    pub fn inject(&mut self, member: usize, packet: &[u8]) -> Result<(), Dropped> {
+        let now = self.clock();
+        let outcome = match self.members[member].peer.as_mut() {
+            Some(peer) => peer.receive(now, packet),
+            None => return Ok(()),
+        };
+        self.collect(member);
+        outcome
+    }
+
+    /// Runs the world for `duration` of virtual time.
+    pub fn run_for(&mut self, duration: Duration) {
+        let end = self.now + duration;
+        loop {
+            let delivery = self.in_flight.peek().map(|Reverse(d)| d.at);
+            let wakeup = self.wakeups.peek().map(|Reverse((at, _))| *at);
+            let next = match (delivery, wakeup) {
+                (Some(d), Some(w)) => d.min(w),
+                (Some(t), None) | (None, Some(t)) => t,
+                (None, None) => break,
+            };
+            if next > end {
+                break;
+            }
+            self.now = next;
+            if delivery == Some(next) {
+                let Reverse(d) = self.in_flight.pop().expect("peeked");
+                self.deliver(d.to, &d.packet);
+            } else {
+                let Reverse((at, member)) = self.wakeups.pop().expect("peeked");
+                self.wake(member, at);
+            }
+        }
+        self.now = end;
+    }
+
+    /// Runs until `done` holds (checked every `step`) or `limit` passes; returns whether it held.
+    pub fn run_until(
+        &mut self,
+        limit: Duration,
+        step: Duration,
+        mut done: impl FnMut(&Self) -> bool,
+    ) -> bool {
+        let end = self.now + limit;
+        while self.now < end {
+            if done(self) {
+                return true;
+            }
+            self.run_for(step);
+        }
+        done(self)
+    }
+
+    pub fn reports(&self) -> &[Report] {
+        &self.reports
+    }
+
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
+    }
+
+    /// When every member alive now, but `victim`, had declared `victim` dead; `None` while
+    /// some have not.
+    pub fn declared_dead_by_all(&self, victim: PeerId, since: Duration) -> Option<Duration> {
+        let others = (0..self.members.len())
+            .filter(|m| self.members[*m].peer.is_some() && Some(*m) != self.index_of(victim));
+        self.declared_dead_by(victim, others, since)
+    }
+
+    /// When every one of `members` had declared `victim` dead; `None` while some have not.
+    pub fn declared_dead_by(
+        &self,
+        victim: PeerId,
+        members: impl IntoIterator<Item = usize>,
+        since: Duration,
+    ) -> Option<Duration> {
+        let mut when: HashMap<usize, Duration> = HashMap::new();
+        for r in self.reports.iter().filter(|r| r.at >= since) {
+            if r.event == Event::Down(victim) {
+                when.entry(r.member).or_insert(r.at);
+            }
+        }
+        let mut last = since;
+        for member in members {
+            last = last.max(*when.get(&member)?);
+        }
+        Some(last)
+    }
+
+    /// Suspicions raised (probes that failed) since `since`.
+    pub fn suspicions_since(&self, since: Duration) -> usize {
+        self.reports
+            .iter()
+            .filter(|r| r.at >= since && matches!(r.event, Event::Suspected(_)))
+            .count()
+    }
+
+    /// Members declared dead since `since`, as (who declared, whom).
+    pub fn deaths_since(&self, since: Duration) -> Vec<(usize, PeerId)> {
+        self.reports
+            .iter()
+            .filter(|r| r.at >= since)
+            .filter_map(|r| match r.event {
+                Event::Down(id) => Some((r.member, id)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn index_of(&self, id: PeerId) -> Option<usize> {
+        self.by_addr.get(&id.addr).copied()
+    }
+
+    fn clock(&self) -> Now {
+        Now {
+            monotonic: self.now,
+            unix_micros: EPOCH_MICROS + u64::try_from(self.now.as_micros()).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn wake(&mut self, member: usize, at: Duration) {
+        if self.members[member].armed != Some(at) {
+            return; // a stale wake-up: an earlier one already ran this member's timers
+        }
+        self.members[member].armed = None;
+        let now = self.clock();
+        if let Some(peer) = self.members[member].peer.as_mut() {
+            peer.advance(now);
+        }
+        self.collect(member);
+    }
+
+    fn deliver(&mut self, member: usize, packet: &[u8]) {
+        let now = self.clock();
+        if let Some(peer) = self.members[member].peer.as_mut() {
+            // Drops are counted by the member; the simulation has nothing to add.
+            let _ = peer.receive(now, packet);
+            self.collect(member);
+        }
+    }
+
+    /// Takes what `member` left behind: packets onto the network, events into the reports,
+    /// its next timer into the wake-up queue.
+    fn collect(&mut self, member: usize) {
+        let Some(peer) = self.members[member].peer.as_mut() else {
+            return;
+        };
+        let outgoing = peer.take_outgoing();
+        let events = peer.take_events();
+        let deadline = peer.next_deadline();
+        for event in events {
+            self.reports.push(Report {
+                at: self.now,
+                member,
+                event,
+            });
+        }
+        if let Some(due) = deadline
+            && self.members[member].armed.is_none_or(|armed| due < armed)
+        {
+            self.members[member].armed = Some(due);
+            self.wakeups.push(Reverse((due, member)));
+        }
+        let group = self.members[member].group;
+        for out in outgoing {
+            self.traffic.packets += 1;
+            self.traffic.bytes += out.packet.len() as u64;
+            let Some(&to) = self.by_addr.get(&out.to) else {
+                continue;
+            };
+            let link = self.members[member]
+                .link
+                .as_ref()
+                .or(self.members[to].link.as_ref())
+                .unwrap_or(&self.network);
+            if self.members[to].group != group || self.rng.random_bool(link.loss) {
+                self.traffic.lost += 1;
+                continue;
+            }
+            let delay = link.latency + link.jitter.mul_f64(self.rng.random::<f64>());
+            self.sent += 1;
+            self.in_flight.push(Reverse(Delivery {
+                at: self.now + delay,
+                order: self.sent,
+                to,
+                packet: out.packet,
+            }));
+        }
+    }
+}
+
+/// Member `i`'s gossip address: 10.0.0.0/8 in order, one port.
+pub fn address(i: usize) -> SocketAddr {
+    let host = u32::try_from(i + 1).expect("fewer than 2^32 members");
+    SocketAddr::new(Ipv4Addr::from(0x0a00_0000 | host).into(), PORT)
+}
+
+struct Delivery {
+    at: Duration,
+    order: u64,
+    to: usize,
+    packet: Vec<u8>,
+}
+
+impl PartialEq for Delivery {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+
+impl Eq for Delivery {}
+
+impl PartialOrd for Delivery {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Delivery {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.order).cmp(&(other.at, other.order))
+    }
+}

@@ -1,0 +1,193 @@
+//! The protocol under a simulated network, in one process, deterministic for a seed: what the
+//! daemon relies on (a dead member declared dead by all, no flapping on a lossy network, a
+//! partition's minority cut off, forged packets dropped), checked on virtual time.
+
+use std::time::Duration;
+
+use ipam_gossip::{
+    Dropped, Event, Keyring, PeerId, State, Timing,
+    envelope::Envelope,
+    sim::{NetworkModel, Simulation, address},
+};
+
+const KEY: [u8; 32] = [7; 32];
+
+fn keyring() -> Keyring {
+    Keyring::new(("cluster", &KEY), []).unwrap()
+}
+
+fn cluster(size: usize, network: NetworkModel, seed: u64) -> Simulation {
+    Simulation::warm(size, Timing::default(), network, keyring(), seed)
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+#[test]
+fn a_quiet_cluster_suspects_no_one_and_its_traffic_does_not_grow_with_its_size() {
+    let mut per_member = Vec::new();
+    for size in [20, 200] {
+        let mut sim = cluster(size, NetworkModel::default(), 1);
+        sim.run_for(secs(10.0));
+        assert_eq!(sim.suspicions_since(Duration::ZERO), 0);
+        assert!(sim.deaths_since(Duration::ZERO).is_empty());
+        per_member.push(sim.traffic().bytes as f64 / size as f64 / 10.0);
+    }
+    let (small, large) = (per_member[0], per_member[1]);
+    assert!(
+        large < small * 1.2,
+        "bytes per member per second: {small:.0} at 20 members, {large:.0} at 200"
+    );
+}
+
+#[test]
+fn a_killed_member_is_declared_dead_by_every_other_within_ten_periods_and_the_suspicion() {
+    let mut sim = cluster(100, NetworkModel::default(), 2);
+    sim.run_for(secs(2.0));
+    let victims = [sim.id(17), sim.id(63), sim.id(99)];
+    for (victim, id) in [17, 63, 99].into_iter().zip(victims) {
+        let killed_at = sim.now();
+        sim.kill(victim);
+        let all = sim.run_until(secs(10.0), secs(0.05), |s| {
+            s.declared_dead_by_all(id, killed_at).is_some()
+        });
+        assert!(all, "{id} was not declared dead by every member");
+        let took = sim.declared_dead_by_all(id, killed_at).unwrap() - killed_at;
+        // Until someone probes it (about once a period: the chance that no one does for ten
+        // periods is e^-10), the rest of that period, the suspicion countdown, the news
+        // spreading.
+        let bound = Timing::default().probe_period * 10 + Timing::default().suspect_to_down;
+        assert!(took < bound, "{id} took {took:?}");
+    }
+    // Nobody else was declared dead on the way.
+    assert!(
+        sim.deaths_since(Duration::ZERO)
+            .iter()
+            .all(|(_, id)| victims.contains(id))
+    );
+}
+
+#[test]
+fn a_clean_stop_is_known_at_once_and_a_restart_comes_back_as_a_new_generation() {
+    let mut sim = cluster(30, NetworkModel::default(), 3);
+    sim.run_for(secs(1.0));
+    let old = sim.id(5);
+    let stopped_at = sim.now();
+    sim.stop(5);
+    assert!(sim.run_until(secs(2.0), secs(0.01), |s| {
+        s.declared_dead_by_all(old, stopped_at).is_some()
+    }));
+    let took = sim.declared_dead_by_all(old, stopped_at).unwrap() - stopped_at;
+    assert!(took < secs(0.5), "a goodbye took {took:?} to spread");
+
+    sim.restart(5, old.generation + 1, &[0, 1]);
+    let new = sim.id(5);
+    assert!(sim.run_until(secs(5.0), secs(0.05), |s| {
+        (0..s.len()).filter(|m| *m != 5).all(|m| {
+            s.peer(m)
+                .unwrap()
+                .members()
+                .any(|(id, state)| id == new && state == State::Alive)
+        })
+    }));
+}
+
+#[test]
+fn a_member_on_a_lossy_jittery_link_is_suspected_but_never_declared_dead() {
+    let mut sim = cluster(50, NetworkModel::default(), 4);
+    // netem's "loss 20% delay 50ms 50ms" on one node's interface.
+    sim.impair(
+        7,
+        NetworkModel {
+            latency: Duration::from_millis(50),
+            jitter: Duration::from_millis(50),
+            loss: 0.2,
+        },
+    );
+    sim.run_for(secs(120.0));
+    let suspicions = sim.suspicions_since(Duration::ZERO);
+    assert!(suspicions > 0, "the loss was felt");
+    assert_eq!(
+        sim.deaths_since(Duration::ZERO),
+        [],
+        "{suspicions} suspicions, all refuted in time"
+    );
+}
+
+#[test]
+fn a_cut_off_minority_is_declared_dead_by_the_majority_and_sees_the_majority_dead() {
+    let mut sim = cluster(5, NetworkModel::default(), 5);
+    sim.run_for(secs(1.0));
+    let cut_at = sim.now();
+    sim.partition(&[&[3, 4]]);
+    let (three, four) = (sim.id(3), sim.id(4));
+    assert!(sim.run_until(secs(10.0), secs(0.05), |s| {
+        s.declared_dead_by(three, 0..3, cut_at).is_some()
+            && s.declared_dead_by(four, 0..3, cut_at).is_some()
+    }));
+    // Each side holds only itself alive.
+    let active = |s: &Simulation, m: usize| -> Vec<PeerId> {
+        let mut ids: Vec<PeerId> = s.peer(m).unwrap().active().collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(active(&sim, 3), [sim.id(4)]);
+    assert_eq!(active(&sim, 0), [sim.id(1), sim.id(2)]);
+
+    // Healed: everyone is back, as new generations where they were declared dead.
+    sim.heal();
+    assert!(sim.run_until(secs(120.0), secs(0.5), |s| {
+        (0..5).all(|m| s.peer(m).unwrap().active().count() == 4)
+    }));
+}
+
+#[test]
+fn forged_and_replayed_packets_are_dropped_counted_and_change_nothing() {
+    let mut sim = cluster(10, NetworkModel::default(), 6);
+    sim.run_for(secs(1.0));
+    // A host on the segment without the key, claiming to be member 1.
+    let mut stranger = Envelope::new(Keyring::new(("guess", &[8; 32]), []).unwrap(), address(1));
+    let forged = stranger.seal(1_800_000_001_000_000, b"member 2 is dead");
+    assert_eq!(sim.inject(0, &forged), Err(Dropped::UnknownKey));
+    assert_eq!(sim.inject(0, b"garbage"), Err(Dropped::Truncated));
+    // A member's key, but a message foca cannot read.
+    let mut insider = Envelope::new(keyring(), address(1));
+    let nonsense = insider.seal(1_800_000_001_000_000, &[0xff; 40]);
+    assert_eq!(sim.inject(0, &nonsense), Err(Dropped::Malformed));
+    assert_eq!(sim.inject(0, &nonsense), Err(Dropped::Replayed));
+    let stats = sim.peer(0).unwrap().stats().clone();
+    for (reason, count) in [
+        (Dropped::UnknownKey, 1),
+        (Dropped::Truncated, 1),
+        (Dropped::Malformed, 1),
+        (Dropped::Replayed, 1),
+    ] {
+        assert_eq!(stats.dropped(reason), count, "{reason:?}");
+    }
+    sim.run_for(secs(2.0));
+    assert!(sim.deaths_since(Duration::ZERO).is_empty());
+    assert!(
+        !sim.reports()
+            .iter()
+            .any(|r| matches!(r.event, Event::Down(_) | Event::Suspected(_)))
+    );
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let run = || {
+        let mut sim = cluster(
+            40,
+            NetworkModel {
+                loss: 0.05,
+                ..NetworkModel::default()
+            },
+            7,
+        );
+        sim.kill(3);
+        sim.run_for(secs(5.0));
+        (sim.reports().to_vec(), sim.traffic().clone())
+    };
+    assert_eq!(run(), run());
+}

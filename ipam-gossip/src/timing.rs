@@ -12,9 +12,9 @@
 //! The suspicion delay is what keeps a lossy link from flapping ownership: a suspected member
 //! that is alive hears of the suspicion and refutes it (a higher incarnation) before it runs
 //! out. The refutation has to reach everyone too, which is why changes are passed on more
-//! often than foca's own rule (below): with its rule, refutations that missed a few members
-//! declared 6 live members dead in 4 runs of 60 s on a lossy link (400 ms suspicion); with
-//! this one, 1 in 16 runs.
+//! often than foca's own rule (below). Measured on a lossy link with a 60 ms rtt, 4 indirect
+//! probes and a 400 ms suspicion: with foca's rule, 6 live members left declared dead in 4 runs
+//! of 60 s; with this one, 1 in 16 runs.
 //!
 //! At rest a member sends one probe and answers about one per period: the traffic per member
 //! does not grow with the cluster, and neither does the dissemination backlog, which holds only
@@ -28,16 +28,19 @@ use std::{
 /// The gossip's timings.
 ///
 /// With the defaults a dead member of a small cluster is declared dead by all in 0.8 s (median;
-/// 1.2 s at most), and a member on a link with 20 % loss and 50–100 ms of delay is suspected now
-/// and then but not declared dead (`tests/simulation.rs`). docs/liveness.md has the measured
-/// trade-off against longer suspicions (`examples/timing_sweep.rs`), and `cargo xtask bench
-/// liveness` the figures at 5,000 members.
+/// 1.2 s at most), and a member on a link with 20 % loss and 50–100 ms of delay is rarely even
+/// suspected (4 suspicions and 3 flaps in 16 minutes; `tests/simulation.rs` checks 2 minutes).
+/// The short `probe_rtt` and the many indirect probes are what make that: the indirect probes
+/// start early enough to come back through a slow link within the period. docs/liveness.md has
+/// the measured trade-offs (`examples/timing_sweep.rs`), and `cargo xtask bench liveness` the
+/// figures at 5,000 members.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timing {
     pub probe_period: Duration,
-    /// How long a direct probe waits before asking others to probe too: above the network's
-    /// round trip at its worst (a LAN's is well under a millisecond; jitter and a busy node
-    /// add more).
+    /// How long a direct probe waits before asking others to probe too. A late answer still
+    /// counts until the period ends, so this only needs to be above a healthy round trip (a
+    /// LAN's is well under a millisecond); the shorter it is, the more of the period the
+    /// indirect probes have to come back through a slow link.
     pub probe_rtt: Duration,
     pub indirect_probes: usize,
     pub suspect_to_down: Duration,
@@ -51,8 +54,8 @@ impl Default for Timing {
     fn default() -> Self {
         Self {
             probe_period: Duration::from_millis(200),
-            probe_rtt: Duration::from_millis(60),
-            indirect_probes: 4,
+            probe_rtt: Duration::from_millis(30),
+            indirect_probes: 8,
             suspect_to_down: Duration::from_millis(400),
             gossip_every: Duration::from_millis(50),
             gossip_fanout: 3,

@@ -107,12 +107,20 @@ fn a_member_on_a_lossy_jittery_link_is_suspected_but_never_declared_dead() {
     );
     sim.run_for(secs(120.0));
     let suspicions = sim.suspicions_since(Duration::ZERO);
-    assert!(suspicions > 0, "the loss was felt");
+    assert!(sim.traffic().lost > 100, "the link lost packets");
     assert_eq!(
         sim.deaths_since(Duration::ZERO),
         [],
         "{suspicions} suspicions, all refuted in time"
     );
+    // A member declared dead while alive comes back as its next generation: foca reports that
+    // as a rename, not a death, so a flap shows as a rejoin.
+    let rejoins = sim
+        .reports()
+        .iter()
+        .filter(|r| matches!(r.event, Event::Rejoined(_)))
+        .count();
+    assert_eq!(rejoins, 0, "{suspicions} suspicions");
 }
 
 #[test]

@@ -22,6 +22,7 @@
 pub mod envelope;
 pub mod identity;
 pub mod peer;
+mod queue;
 pub mod sim;
 pub mod timing;
 

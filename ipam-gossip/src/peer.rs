@@ -4,7 +4,7 @@
 //! and a timer; the simulator drives thousands of them over a modelled network, in one thread,
 //! deterministically.
 
-use std::{cmp::Reverse, collections::BinaryHeap, net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use foca::{Foca, Member, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer};
 use rand::{SeedableRng, rngs::StdRng};
@@ -12,6 +12,7 @@ use rand::{SeedableRng, rngs::StdRng};
 use crate::{
     PeerId,
     envelope::{Dropped, Envelope, Keyring},
+    queue::Queue,
 };
 
 /// What time it is, twice: the monotonic clock for the protocol's timers, the wall clock for the
@@ -89,8 +90,7 @@ type Protocol = Foca<PeerId, PostcardCodec, StdRng, NoCustomBroadcast>;
 pub struct Peer {
     protocol: Protocol,
     envelope: Envelope,
-    timers: BinaryHeap<Reverse<Scheduled>>,
-    scheduled: u64,
+    timers: Queue<Timer<PeerId>>,
     collected: Collected,
     stats: Stats,
 }
@@ -111,8 +111,7 @@ impl Peer {
         Self {
             protocol: Foca::new(id, settings.protocol, rng, PostcardCodec),
             envelope: Envelope::new(keyring, id.addr),
-            timers: BinaryHeap::new(),
-            scheduled: 0,
+            timers: Queue::new(),
             collected: Collected::default(),
             stats: Stats::default(),
         }
@@ -171,20 +170,16 @@ impl Peer {
 
     /// Runs every timer due by `now`.
     pub fn advance(&mut self, now: Now) {
-        while let Some(Reverse(next)) = self.timers.peek() {
-            if next.due > now.monotonic {
-                break;
-            }
-            let Reverse(due) = self.timers.pop().expect("peeked");
+        while let Some(timer) = self.timers.pop_due(now.monotonic) {
             let (protocol, mut sink) = self.split(now);
             // Timer errors are about sending (oversized data), which foca's own messages are not.
-            let _ = protocol.handle_timer(due.timer, &mut sink);
+            let _ = protocol.handle_timer(timer, &mut sink);
         }
     }
 
     /// When [`Peer::advance`] next has work.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.timers.peek().map(|Reverse(s)| s.due)
+        self.timers.next_at()
     }
 
     pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
@@ -230,7 +225,6 @@ impl Peer {
                 now,
                 envelope: &mut self.envelope,
                 timers: &mut self.timers,
-                scheduled: &mut self.scheduled,
                 collected: &mut self.collected,
                 stats: &mut self.stats,
             },
@@ -242,8 +236,7 @@ impl Peer {
 struct Sink<'a> {
     now: Now,
     envelope: &'a mut Envelope,
-    timers: &'a mut BinaryHeap<Reverse<Scheduled>>,
-    scheduled: &'a mut u64,
+    timers: &'a mut Queue<Timer<PeerId>>,
     collected: &'a mut Collected,
     stats: &'a mut Stats,
 }
@@ -280,39 +273,6 @@ impl Runtime<PeerId> for Sink<'_> {
     }
 
     fn submit_after(&mut self, timer: Timer<PeerId>, after: Duration) {
-        let due = self.now.monotonic + after;
-        *self.scheduled += 1;
-        self.timers.push(Reverse(Scheduled {
-            due,
-            order: *self.scheduled,
-            timer,
-        }));
-    }
-}
-
-/// A timer and when it is due; equal dues run in the order they were scheduled.
-struct Scheduled {
-    due: Duration,
-    order: u64,
-    timer: Timer<PeerId>,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.due, self.order) == (other.due, other.order)
-    }
-}
-
-impl Eq for Scheduled {}
-
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.due, self.order).cmp(&(other.due, other.order))
+        self.timers.push(self.now.monotonic + after, timer);
     }
 }

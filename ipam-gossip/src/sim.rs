@@ -11,7 +11,7 @@ use std::{
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
-use crate::{Event, Keyring, Now, Peer, PeerId, Settings, Timing, envelope::Dropped};
+use crate::{Event, Keyring, Now, Peer, PeerId, Settings, Timing, envelope::Dropped, queue::Queue};
 
 /// The network between the members.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,8 +64,7 @@ pub struct Simulation {
     network: NetworkModel,
     rng: StdRng,
     wakeups: BinaryHeap<Reverse<(Duration, usize)>>,
-    in_flight: BinaryHeap<Reverse<Delivery>>,
-    sent: u64,
+    in_flight: Queue<Delivery>,
     reports: Vec<Report>,
     traffic: Traffic,
 }
@@ -100,8 +99,7 @@ impl Simulation {
             network,
             rng: StdRng::seed_from_u64(seed),
             wakeups: BinaryHeap::new(),
-            in_flight: BinaryHeap::new(),
-            sent: 0,
+            in_flight: Queue::new(),
             reports: Vec::new(),
             traffic: Traffic::default(),
         };
@@ -227,7 +225,7 @@ impl Simulation {
     pub fn run_for(&mut self, duration: Duration) {
         let end = self.now + duration;
         loop {
-            let delivery = self.in_flight.peek().map(|Reverse(d)| d.at);
+            let delivery = self.in_flight.next_at();
             let wakeup = self.wakeups.peek().map(|Reverse((at, _))| *at);
             let next = match (delivery, wakeup) {
                 (Some(d), Some(w)) => d.min(w),
@@ -239,7 +237,7 @@ impl Simulation {
             }
             self.now = next;
             if delivery == Some(next) {
-                let Reverse(d) = self.in_flight.pop().expect("peeked");
+                let d = self.in_flight.pop_due(next).expect("due now");
                 self.deliver(d.to, &d.packet);
             } else {
                 let Reverse((at, member)) = self.wakeups.pop().expect("peeked");
@@ -393,13 +391,13 @@ impl Simulation {
                 continue;
             }
             let delay = link.latency + link.jitter.mul_f64(self.rng.random::<f64>());
-            self.sent += 1;
-            self.in_flight.push(Reverse(Delivery {
-                at: self.now + delay,
-                order: self.sent,
-                to,
-                packet: out.packet,
-            }));
+            self.in_flight.push(
+                self.now + delay,
+                Delivery {
+                    to,
+                    packet: out.packet,
+                },
+            );
         }
     }
 }
@@ -410,29 +408,8 @@ pub fn address(i: usize) -> SocketAddr {
     SocketAddr::new(Ipv4Addr::from(0x0a00_0000 | host).into(), PORT)
 }
 
+/// A packet on its way to a member.
 struct Delivery {
-    at: Duration,
-    order: u64,
     to: usize,
     packet: Vec<u8>,
-}
-
-impl PartialEq for Delivery {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.order) == (other.at, other.order)
-    }
-}
-
-impl Eq for Delivery {}
-
-impl PartialOrd for Delivery {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Delivery {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.order).cmp(&(other.at, other.order))
-    }
 }

@@ -10,6 +10,7 @@
 //! | [`identity`] | [`PeerId`]: gossip address and generation                          |
 //! | [`envelope`] | the authenticated, replay-proof envelope; [`Keyring`] and rotation |
 //! | [`timing`]   | [`Timing`]: probe, suspicion and gossip periods                    |
+//! | [`contact`]  | what a member heard lately, and the [`Fence`] judged from it       |
 //! | [`peer`]     | [`Peer`]: one member, sans-io (the caller brings packets and time)  |
 //! | [`sim`]      | [`sim::Simulation`]: thousands of members on a modelled network     |
 //!
@@ -19,6 +20,7 @@
 //! candidate: it owns its UDP transport and tokio tasks, and each digest it sends lists every
 //! node, so the bytes a node sends grow with the cluster.
 
+pub mod contact;
 pub mod envelope;
 pub mod identity;
 pub mod peer;
@@ -26,6 +28,7 @@ mod queue;
 pub mod sim;
 pub mod timing;
 
+pub use contact::{Contact, Fence, Silenced};
 pub use envelope::{Dropped, KeyError, Keyring};
 pub use foca::State;
 pub use identity::PeerId;

@@ -6,11 +6,14 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use foca::{Foca, Member, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer};
+use foca::{
+    Foca, Member, Message, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer,
+};
 use rand::{SeedableRng, rngs::StdRng};
 
 use crate::{
     PeerId,
+    contact::Contact,
     envelope::{Dropped, Envelope, Keyring},
     queue::Queue,
 };
@@ -93,6 +96,7 @@ pub struct Peer {
     timers: Queue<Timer<PeerId>>,
     collected: Collected,
     stats: Stats,
+    contact: Contact,
 }
 
 /// What calls left for the driver.
@@ -114,6 +118,7 @@ impl Peer {
             timers: Queue::new(),
             collected: Collected::default(),
             stats: Stats::default(),
+            contact: Contact::default(),
         }
     }
 
@@ -149,8 +154,9 @@ impl Peer {
         self.stats.received_packets += 1;
         self.stats.received_bytes += packet.len() as u64;
         let outcome = self.open_and_handle(now, packet);
-        if let Err(reason) = outcome {
-            self.stats.dropped[reason as usize] += 1;
+        match outcome {
+            Ok(()) => self.contact.heard(now.monotonic),
+            Err(reason) => self.stats.dropped[reason as usize] += 1,
         }
         outcome
     }
@@ -214,6 +220,11 @@ impl Peer {
         &self.stats
     }
 
+    /// What this member heard lately: the fence's input.
+    pub fn contact(&self) -> &Contact {
+        &self.contact
+    }
+
     pub fn set_keyring(&mut self, keyring: Keyring) {
         self.envelope.set_keyring(keyring);
     }
@@ -227,6 +238,7 @@ impl Peer {
                 timers: &mut self.timers,
                 collected: &mut self.collected,
                 stats: &mut self.stats,
+                contact: &mut self.contact,
             },
         )
     }
@@ -239,6 +251,7 @@ struct Sink<'a> {
     timers: &'a mut Queue<Timer<PeerId>>,
     collected: &'a mut Collected,
     stats: &'a mut Stats,
+    contact: &'a mut Contact,
 }
 
 impl Runtime<PeerId> for Sink<'_> {
@@ -252,12 +265,24 @@ impl Runtime<PeerId> for Sink<'_> {
             },
             Notification::ProbeFailed(_, id) => {
                 self.stats.suspicions += 1;
+                self.contact.failed(self.now.monotonic);
                 Event::Suspected(*id)
             }
             Notification::Rejoin(id) => Event::Rejoined(*id),
             Notification::Active => Event::Connected,
             Notification::Idle | Notification::Defunct => Event::Alone,
-            Notification::DataReceived(_) | Notification::DataSent(_) => return,
+            Notification::DataReceived(header) => {
+                if let Message::Ack(probe)
+                | Message::ForwardedAck {
+                    probe_number: probe,
+                    ..
+                } = header.message
+                {
+                    self.contact.answered(self.now.monotonic, probe);
+                }
+                return;
+            }
+            Notification::DataSent(_) => return,
         };
         self.collected.events.push(event);
     }

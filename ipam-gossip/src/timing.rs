@@ -48,6 +48,11 @@ pub struct Timing {
     /// probes that carry it anyway.
     pub gossip_every: Duration,
     pub gossip_fanout: usize,
+    /// The fence (see [`crate::contact`]): silent after hearing no member for this long. Must
+    /// stay below `suspect_to_down`; the difference is the fencing margin.
+    pub fence_quiet: Duration,
+    /// The fence: silent while most of this member's probes within this window failed.
+    pub fence_window: Duration,
 }
 
 impl Default for Timing {
@@ -59,11 +64,28 @@ impl Default for Timing {
             suspect_to_down: Duration::from_millis(400),
             gossip_every: Duration::from_millis(50),
             gossip_fanout: 3,
+            fence_quiet: Duration::from_millis(350),
+            fence_window: Duration::from_millis(450),
         }
     }
 }
 
 impl Timing {
+    /// The fence these timings give.
+    pub fn fence(&self) -> crate::Fence {
+        crate::Fence {
+            quiet: self.fence_quiet,
+            window: self.fence_window,
+        }
+    }
+
+    /// How long before anyone may take a silent member's IPs over, minus how long before that
+    /// member has gone silent: no one declares a member dead before its suspicion runs out,
+    /// and a member cut off is silent once it has heard nothing for `fence_quiet`.
+    pub fn fencing_margin(&self) -> Option<Duration> {
+        self.suspect_to_down.checked_sub(self.fence_quiet)
+    }
+
     /// foca's configuration for a cluster of about `cluster_size` members: these timings, and
     /// its own rule for how many times each change is passed on (it grows with the log of the
     /// size, so every member hears of it).

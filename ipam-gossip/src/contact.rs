@@ -1,0 +1,181 @@
+//! Whether this member still reaches the cluster: the input of the fence, which silences a node's
+//! responders before the others may take its service IPs over.
+//!
+//! Two signs, two rules:
+//! - **Nothing heard** for `Fence::quiet`: no authenticated packet from any other member. A
+//!   healthy member hears a few per probe period (answers to its own probes, others' probes,
+//!   gossip), so a silence this long means the node is cut off. `quiet` is shorter than the
+//!   suspicion delay, and nobody declares a member dead before its suspicion runs out, so a cut
+//!   off node is silent *before* anyone may take over: that difference is the fencing margin.
+//! - **Most probes unanswered** over `Fence::window`: the node still hears some members (a
+//!   minority cut off together) but more of its own probes fail than are answered. This one has
+//!   no hard margin against the majority's detection, which runs at the same pace (a probe per
+//!   period each way); with a window of two periods and a bit, the minority's first two failed
+//!   probes close it, and the simulator checks that this is never later than the majority
+//!   declares it dead (`tests/simulation.rs`).
+
+use std::{collections::VecDeque, time::Duration};
+
+use foca::ProbeNumber;
+
+/// What this member heard lately. Times are the member's monotonic clock.
+#[derive(Debug, Default)]
+pub struct Contact {
+    last_heard: Option<Duration>,
+    /// Outcomes of this member's own probes, oldest first: `true` when answered.
+    probes: VecDeque<(Duration, bool)>,
+    last_answered: Option<ProbeNumber>,
+}
+
+impl Contact {
+    /// An authenticated packet from another member was handled.
+    pub(crate) fn heard(&mut self, at: Duration) {
+        self.last_heard = Some(at);
+    }
+
+    /// An answer to this member's probe `probe`, direct or forwarded (the first one counts).
+    pub(crate) fn answered(&mut self, at: Duration, probe: ProbeNumber) {
+        if self.last_answered != Some(probe) {
+            self.last_answered = Some(probe);
+            self.record(at, true);
+        }
+    }
+
+    /// A probe of this member's went unanswered.
+    pub(crate) fn failed(&mut self, at: Duration) {
+        self.record(at, false);
+    }
+
+    fn record(&mut self, at: Duration, answered: bool) {
+        self.probes.push_back((at, answered));
+        // A generous bound: the window holds a few periods' probes.
+        while self.probes.len() > 64 {
+            self.probes.pop_front();
+        }
+    }
+
+    /// How long ago another member was last heard from (`None`: never).
+    pub fn heard_ago(&self, now: Duration) -> Option<Duration> {
+        self.last_heard.map(|at| now.saturating_sub(at))
+    }
+
+    /// This member's probes that ended within `window` before `now`: (answered, failed).
+    pub fn probes_within(&self, now: Duration, window: Duration) -> (usize, usize) {
+        let since = now.saturating_sub(window);
+        self.probes.iter().filter(|(at, _)| *at >= since).fold(
+            (0, 0),
+            |(yes, no), (_, answered)| {
+                if *answered {
+                    (yes + 1, no)
+                } else {
+                    (yes, no + 1)
+                }
+            },
+        )
+    }
+}
+
+/// The fence's two rules (see the module comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    /// Silent after hearing no other member for this long; below the suspicion delay.
+    pub quiet: Duration,
+    /// Silent while more probes failed than were answered within this window.
+    pub window: Duration,
+}
+
+/// Why a member must not answer for its service IPs now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Silenced {
+    #[error("no other member heard from yet")]
+    NeverHeard,
+    #[error("no other member heard from for {} ms", .0.as_millis())]
+    NothingHeard(Duration),
+    #[error("{failed} of this node's last {} probes went unanswered", .answered + .failed)]
+    ProbesUnanswered { answered: usize, failed: usize },
+}
+
+impl Fence {
+    /// Whether a member may answer now. `expects_peers`: other nodes are known to exist (their
+    /// records are in the store), so hearing none of them means being cut off, not being the
+    /// only node.
+    pub fn judge(
+        &self,
+        contact: &Contact,
+        now: Duration,
+        expects_peers: bool,
+    ) -> Result<(), Silenced> {
+        if !expects_peers {
+            return Ok(());
+        }
+        match contact.heard_ago(now) {
+            None => return Err(Silenced::NeverHeard),
+            Some(ago) if ago >= self.quiet => return Err(Silenced::NothingHeard(ago)),
+            Some(_) => {}
+        }
+        let (answered, failed) = contact.probes_within(now, self.window);
+        if failed > answered {
+            return Err(Silenced::ProbesUnanswered { answered, failed });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FENCE: Fence = Fence {
+        quiet: Duration::from_millis(250),
+        window: Duration::from_secs(1),
+    };
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_lone_node_answers_and_a_node_that_expects_peers_waits_to_hear_one() {
+        let contact = Contact::default();
+        assert_eq!(FENCE.judge(&contact, ms(5), false), Ok(()));
+        assert_eq!(
+            FENCE.judge(&contact, ms(5), true),
+            Err(Silenced::NeverHeard)
+        );
+    }
+
+    #[test]
+    fn silence_longer_than_quiet_fences() {
+        let mut contact = Contact::default();
+        contact.heard(ms(1000));
+        assert_eq!(FENCE.judge(&contact, ms(1249), true), Ok(()));
+        assert_eq!(
+            FENCE.judge(&contact, ms(1250), true),
+            Err(Silenced::NothingHeard(ms(250)))
+        );
+    }
+
+    #[test]
+    fn more_failed_than_answered_probes_fence_until_they_age_out() {
+        let mut contact = Contact::default();
+        contact.answered(ms(100), 1);
+        contact.answered(ms(110), 1); // the forwarded answer to the same probe
+        contact.failed(ms(300));
+        contact.failed(ms(500));
+        contact.heard(ms(550));
+        assert_eq!(
+            FENCE.judge(&contact, ms(600), true),
+            Err(Silenced::ProbesUnanswered {
+                answered: 1,
+                failed: 2
+            })
+        );
+        contact.answered(ms(700), 2);
+        contact.heard(ms(700));
+        assert_eq!(
+            FENCE.judge(&contact, ms(700), true),
+            Ok(()),
+            "as many answered as failed"
+        );
+    }
+}

@@ -34,6 +34,8 @@ pub enum Request {
     RemoveEndpoint(AttachmentId),
     /// The registered endpoints, with the datapath's counters (ipamctl).
     Endpoints,
+    /// The gossip members as this node sees them (ipamctl members).
+    Members,
 }
 
 /// A pod interface set up by the main plugin: its addresses and where it is attached.
@@ -177,6 +179,7 @@ pub enum Response {
         endpoints: Vec<Endpoint>,
         stats: Vec<(String, u64)>,
     },
+    Members(GossipMembers),
     Error {
         code: ErrorCode,
         message: String,
@@ -191,6 +194,36 @@ impl Response {
             message: message.into(),
         }
     }
+}
+
+/// The gossip as one node sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GossipMembers {
+    /// This node's gossip address, once it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    pub generation: u32,
+    /// Why this node may not answer for its service IPs now; `None` while it may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silenced: Option<String>,
+    pub members: Vec<GossipMember>,
+}
+
+/// One member as this node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GossipMember {
+    /// The node whose record lists the member's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub address: String,
+    pub generation: u32,
+    /// alive, suspect or down.
+    pub state: String,
+    /// How long ago a packet from it was last received here; `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heard_ms: Option<u64>,
 }
 
 /// Error kinds, mapped onto CNI error codes by the plugin.

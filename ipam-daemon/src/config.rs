@@ -53,6 +53,86 @@ pub struct Config {
     /// Prometheus metrics and health endpoints.
     #[serde(default)]
     pub metrics: MetricsSettings,
+    /// Node liveness between the agents (a shared store only); absent: from the store's leases.
+    #[serde(default)]
+    pub gossip: Option<GossipSettings>,
+}
+
+/// The `[gossip]` section: agents tell each other who is alive over UDP, authenticated with a
+/// cluster key, and the store keeps only a slow lease per node (docs/liveness.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GossipSettings {
+    /// The UDP port every agent listens on, on its address between nodes.
+    #[serde(default = "default_gossip_port")]
+    pub port: u16,
+    /// The address this agent gossips on; by default the first of its record's addresses
+    /// (`[ipam] node_addresses`, else its Node's or its first uplink's).
+    #[serde(default)]
+    pub address: Option<IpAddr>,
+    /// The cluster key this agent signs with (at least 32 bytes; a file mounted from a Secret).
+    pub key_file: PathBuf,
+    /// Keys accepted besides `key_file`'s, for a rotation (docs/liveness.md).
+    #[serde(default)]
+    pub also_accept_key_files: Vec<PathBuf>,
+    #[serde(default = "default_probe_period_ms")]
+    pub probe_period_ms: u64,
+    #[serde(default = "default_probe_rtt_ms")]
+    pub probe_rtt_ms: u64,
+    #[serde(default = "default_indirect_probes")]
+    pub indirect_probes: usize,
+    /// A probed member that did not answer is declared dead this long later, unless it refutes.
+    #[serde(default = "default_suspect_to_down_ms")]
+    pub suspect_to_down_ms: u64,
+    /// This agent's responders go silent after hearing no other member for this long; below
+    /// `suspect_to_down_ms`, so a node cut off is silent before anyone takes its IPs over.
+    #[serde(default = "default_fence_quiet_ms")]
+    pub fence_quiet_ms: u64,
+    /// ... or while most of its probes within this window went unanswered (a minority).
+    #[serde(default = "default_fence_window_ms")]
+    pub fence_window_ms: u64,
+}
+
+pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
+
+fn default_gossip_port() -> u16 {
+    DEFAULT_GOSSIP_PORT
+}
+fn default_probe_period_ms() -> u64 {
+    millis(ipam_gossip::Timing::default().probe_period)
+}
+fn default_probe_rtt_ms() -> u64 {
+    millis(ipam_gossip::Timing::default().probe_rtt)
+}
+fn default_indirect_probes() -> usize {
+    ipam_gossip::Timing::default().indirect_probes
+}
+fn default_suspect_to_down_ms() -> u64 {
+    millis(ipam_gossip::Timing::default().suspect_to_down)
+}
+fn default_fence_quiet_ms() -> u64 {
+    millis(ipam_gossip::Timing::default().fence_quiet)
+}
+fn default_fence_window_ms() -> u64 {
+    millis(ipam_gossip::Timing::default().fence_window)
+}
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl GossipSettings {
+    /// The protocol's timings as configured.
+    pub fn timing(&self) -> ipam_gossip::Timing {
+        ipam_gossip::Timing {
+            probe_period: Duration::from_millis(self.probe_period_ms),
+            probe_rtt: Duration::from_millis(self.probe_rtt_ms),
+            indirect_probes: self.indirect_probes,
+            suspect_to_down: Duration::from_millis(self.suspect_to_down_ms),
+            fence_quiet: Duration::from_millis(self.fence_quiet_ms),
+            fence_window: Duration::from_millis(self.fence_window_ms),
+            ..ipam_gossip::Timing::default()
+        }
+    }
 }
 
 /// The `[metrics]` section: off unless `listen` is set (loopback is the usual choice; a
@@ -122,8 +202,11 @@ impl StoreKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterSettings {
-    /// A node's liveness lease lasts this long; the agent renews it three times as often.
+    /// A node's liveness lease lasts this long; the agent renews it three times as often (once
+    /// every `node_renew_ms` with `[gossip]`).
     pub node_lease_ms: u64,
+    /// With `[gossip]`, the lease is a slow backstop (who holds blocks), renewed this often.
+    pub node_renew_ms: u64,
     /// A node whose lease stays unrenewed this long loses its blocks.
     pub node_grace_ms: u64,
     /// The leading operator's lease; another replica takes over this long after the leader
@@ -139,6 +222,7 @@ impl Default for ClusterSettings {
     fn default() -> Self {
         Self {
             node_lease_ms: 15_000,
+            node_renew_ms: 10_000,
             node_grace_ms: 60_000,
             operator_lease_ms: 15_000,
             resync_ms: 30_000,
@@ -152,8 +236,14 @@ impl ClusterSettings {
         Duration::from_millis(self.node_lease_ms)
     }
 
-    pub fn node_renew_interval(&self) -> Duration {
-        self.node_lease() / 3
+    /// How often the agent renews its lease: a third of it, or `node_renew_ms` when the lease
+    /// only backs the gossip up.
+    pub fn node_renew_interval(&self, gossip: bool) -> Duration {
+        if gossip {
+            Duration::from_millis(self.node_renew_ms)
+        } else {
+            self.node_lease() / 3
+        }
     }
 
     pub fn node_grace(&self) -> Duration {
@@ -355,6 +445,32 @@ pub enum ConfigError {
         lease: u64,
     },
     #[error(
+        "config file {path}: [datapath] liveness_timeout_ms ({timeout}) and [gossip] \
+         fence_quiet_ms ({quiet}) must both be under [gossip] suspect_to_down_ms ({suspicion}): \
+         a killed or cut-off agent must go silent before another node may take its service IPs \
+         over; for example liveness_timeout_ms = 300 with heartbeat_interval_ms = 100"
+    )]
+    GossipFencing {
+        path: PathBuf,
+        timeout: u64,
+        quiet: u64,
+        suspicion: u64,
+    },
+    #[error(
+        "config file {path}: [cluster] node_renew_ms ({renew}) must be at most a third of \
+         node_grace_ms ({grace}), or a node loses its blocks after one or two slow renewals"
+    )]
+    Renewal {
+        path: PathBuf,
+        renew: u64,
+        grace: u64,
+    },
+    #[error(
+        "config file {path}: [gossip] needs a shared store ([store] kind = \"etcd\" or \
+         \"kubernetes\"): on one host there is no one to gossip with; remove [gossip]"
+    )]
+    GossipAlone { path: PathBuf },
+    #[error(
         "config file {path}: [cluster] node_grace_ms ({grace}) must be at least node_lease_ms \
          ({lease}), or nodes lose their blocks while their lease still holds"
     )]
@@ -424,6 +540,11 @@ impl Config {
                 path: path.to_owned(),
             });
         }
+        if self.gossip.is_some() && !self.store.kind.is_shared() {
+            return Err(ConfigError::GossipAlone {
+                path: path.to_owned(),
+            });
+        }
         if self.cluster.node_grace_ms < self.cluster.node_lease_ms {
             return Err(ConfigError::Grace {
                 path: path.to_owned(),
@@ -456,13 +577,37 @@ impl Config {
     /// last heartbeat, which stops at half a lease without renewal) before another node may take
     /// its service IPs over (a whole lease without renewal).
     pub fn check_fencing(&self, path: &std::path::Path) -> Result<(), ConfigError> {
-        if self.store.kind.is_shared()
-            && self.datapath.liveness_timeout_ms * 2 >= self.cluster.node_lease_ms
-        {
-            return Err(ConfigError::Fencing {
+        if !self.store.kind.is_shared() {
+            return Ok(());
+        }
+        let timeout = self.datapath.liveness_timeout_ms;
+        let Some(gossip) = &self.gossip else {
+            if timeout * 2 >= self.cluster.node_lease_ms {
+                return Err(ConfigError::Fencing {
+                    path: path.to_owned(),
+                    timeout,
+                    lease: self.cluster.node_lease_ms,
+                });
+            }
+            return Ok(());
+        };
+        // No member is declared dead sooner than `suspect_to_down` after it stopped answering:
+        // a killed agent's responders (liveness timeout) and a cut-off one's fence (quiet) must
+        // both be silent by then.
+        let suspicion = gossip.suspect_to_down_ms;
+        if timeout >= suspicion || gossip.fence_quiet_ms >= suspicion {
+            return Err(ConfigError::GossipFencing {
                 path: path.to_owned(),
-                timeout: self.datapath.liveness_timeout_ms,
-                lease: self.cluster.node_lease_ms,
+                timeout,
+                quiet: gossip.fence_quiet_ms,
+                suspicion,
+            });
+        }
+        if self.cluster.node_renew_ms.saturating_mul(3) > self.cluster.node_grace_ms {
+            return Err(ConfigError::Renewal {
+                path: path.to_owned(),
+                renew: self.cluster.node_renew_ms,
+                grace: self.cluster.node_grace_ms,
             });
         }
         Ok(())
@@ -513,6 +658,7 @@ fn not_announceable(ip: IpAddr) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(std::path::Path::new("test.toml"), text)
@@ -611,6 +757,46 @@ mod tests {
     }
 
     #[test]
+    fn gossip_section_defaults_and_the_fencing_checks() {
+        let etcd =
+            "[store]\nkind = \"etcd\"\n[store.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+        let fast = "[datapath]\nliveness_timeout_ms = 300\nheartbeat_interval_ms = 100\n";
+        let c = parse(&format!(
+            "{fast}{etcd}[gossip]\nkey_file = \"/etc/ipam/gossip/key\"\n"
+        ))
+        .unwrap();
+        let g = c.gossip.as_ref().unwrap();
+        assert_eq!((g.port, g.address), (DEFAULT_GOSSIP_PORT, None));
+        assert_eq!(g.timing(), ipam_gossip::Timing::default());
+        assert_eq!(c.cluster.node_renew_interval(true), Duration::from_secs(10));
+        c.check_fencing(Path::new("test.toml")).unwrap();
+
+        // The responders' default timeout outlives the suspicion: a killed agent would still
+        // answer when another takes over.
+        let slow = parse(&format!("{etcd}[gossip]\nkey_file = \"/k\"\n")).unwrap();
+        let e = slow
+            .check_fencing(Path::new("test.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("liveness_timeout_ms (3000)") && e.contains("suspect_to_down_ms (400)"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "{fast}{etcd}[cluster]\nnode_renew_ms = 30000\n[gossip]\nkey_file = \"/k\"\n"
+        ))
+        .unwrap()
+        .check_fencing(Path::new("test.toml"))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("node_renew_ms (30000)"), "{e}");
+        let e = parse("[gossip]\nkey_file = \"/k\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[gossip] needs a shared store"), "{e}");
+    }
+
+    #[test]
     fn store_and_cluster_sections() {
         let c = parse(
             r#"
@@ -629,7 +815,7 @@ mod tests {
         let etcd = c.store.etcd.as_ref().unwrap();
         assert_eq!((c.store.kind, etcd.endpoints.len()), (StoreKind::Etcd, 2));
         assert_eq!(etcd.prefix, "/lab");
-        assert_eq!(c.cluster.node_renew_interval(), Duration::from_secs(1));
+        assert_eq!(c.cluster.node_renew_interval(false), Duration::from_secs(1));
         assert_eq!(c.cluster.operator_lease_ms, 15_000);
 
         let e = parse("[store]\nkind = \"etcd\"\n").unwrap_err().to_string();

@@ -14,7 +14,11 @@
 //!   probes close it, and the simulator checks that this is never later than the majority
 //!   declares it dead (`tests/simulation.rs`).
 
-use std::{collections::VecDeque, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    net::SocketAddr,
+    time::Duration,
+};
 
 use foca::ProbeNumber;
 
@@ -22,6 +26,9 @@ use foca::ProbeNumber;
 #[derive(Debug, Default)]
 pub struct Contact {
     last_heard: Option<Duration>,
+    /// When each sender was last heard from (for operators: "last contact"). Senders are
+    /// authenticated members, keyed by address: it holds one entry per node address.
+    heard_from: HashMap<SocketAddr, Duration>,
     /// Outcomes of this member's own probes, oldest first: `true` when answered.
     probes: VecDeque<(Duration, bool)>,
     last_answered: Option<ProbeNumber>,
@@ -29,8 +36,14 @@ pub struct Contact {
 
 impl Contact {
     /// An authenticated packet from another member was handled.
-    pub(crate) fn heard(&mut self, at: Duration) {
+    pub(crate) fn heard(&mut self, at: Duration, from: SocketAddr) {
         self.last_heard = Some(at);
+        self.heard_from.insert(from, at);
+    }
+
+    /// When the member at `addr` was last heard from (its packets, not news of it).
+    pub fn last_heard_from(&self, addr: SocketAddr) -> Option<Duration> {
+        self.heard_from.get(&addr).copied()
     }
 
     /// An answer to this member's probe `probe`, direct or forwarded (the first one counts).
@@ -130,6 +143,11 @@ mod tests {
         window: Duration::from_secs(1),
     };
 
+    const FROM: SocketAddr = SocketAddr::new(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
+        7946,
+    );
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -147,7 +165,7 @@ mod tests {
     #[test]
     fn silence_longer_than_quiet_fences() {
         let mut contact = Contact::default();
-        contact.heard(ms(1000));
+        contact.heard(ms(1000), FROM);
         assert_eq!(FENCE.judge(&contact, ms(1249), true), Ok(()));
         assert_eq!(
             FENCE.judge(&contact, ms(1250), true),
@@ -162,7 +180,7 @@ mod tests {
         contact.answered(ms(110), 1); // the forwarded answer to the same probe
         contact.failed(ms(300));
         contact.failed(ms(500));
-        contact.heard(ms(550));
+        contact.heard(ms(550), FROM);
         assert_eq!(
             FENCE.judge(&contact, ms(600), true),
             Err(Silenced::ProbesUnanswered {
@@ -171,7 +189,7 @@ mod tests {
             })
         );
         contact.answered(ms(700), 2);
-        contact.heard(ms(700));
+        contact.heard(ms(700), FROM);
         assert_eq!(
             FENCE.judge(&contact, ms(700), true),
             Ok(()),

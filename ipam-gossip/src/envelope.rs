@@ -88,6 +88,20 @@ pub struct Keyring {
     accept: Vec<Key>,
 }
 
+/// Shows the keys' ids (the first bytes of their SHA-256), never the keys.
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex = |id: &[u8; 4]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        f.debug_struct("Keyring")
+            .field("sign", &hex(&self.sign.id))
+            .field(
+                "accept",
+                &self.accept.iter().map(|k| hex(&k.id)).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
 impl Keyring {
     /// `sign` signs and is accepted; `also_accept` are accepted too. Names are for errors
     /// (a file or a Secret's key).

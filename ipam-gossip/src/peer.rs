@@ -155,14 +155,20 @@ impl Peer {
         self.stats.received_bytes += packet.len() as u64;
         let outcome = self.open_and_handle(now, packet);
         match outcome {
-            Ok(()) => self.contact.heard(now.monotonic),
-            Err(reason) => self.stats.dropped[reason as usize] += 1,
+            Ok(from) => {
+                self.contact.heard(now.monotonic, from);
+                Ok(())
+            }
+            Err(reason) => {
+                self.stats.dropped[reason as usize] += 1;
+                Err(reason)
+            }
         }
-        outcome
     }
 
-    fn open_and_handle(&mut self, now: Now, packet: &[u8]) -> Result<(), Dropped> {
-        let (_, message) = self.envelope.open(now.unix_micros, packet)?;
+    /// The sender of an authentic packet the protocol took.
+    fn open_and_handle(&mut self, now: Now, packet: &[u8]) -> Result<SocketAddr, Dropped> {
+        let (from, message) = self.envelope.open(now.unix_micros, packet)?;
         let (protocol, mut sink) = self.split(now);
         protocol
             .handle_data(message, &mut sink)
@@ -172,6 +178,7 @@ impl Peer {
                 }
                 _ => Dropped::Refused,
             })
+            .map(|()| from)
     }
 
     /// Runs every timer due by `now`.

@@ -232,23 +232,81 @@ pub async fn renew<S: TypedStore>(
     holder: &str,
     duration: Duration,
 ) -> Result<(), StoreError> {
-    let lease = |transitions| Lease {
-        holder: holder.to_owned(),
-        duration_ms: duration.as_millis() as u64,
-        renew_time_ms: now_ms(),
-        transitions,
-    };
-    loop {
-        let result = match store.get_typed::<Lease>(name).await? {
-            None => store.create_typed(name, &lease(0)).await.map(|_| ()),
-            Some(c) => store
-                .update_typed(name, &lease(c.value.transitions), &c.revision)
+    LeaseRenewal::new(name, holder, duration).renew(store).await
+}
+
+/// Renews one lease again and again with one write each time: an update conditioned on the
+/// revision its own last write produced. Only the first renewal, or one after someone else
+/// wrote the lease (or deleted it), reads it first.
+#[derive(Debug)]
+pub struct LeaseRenewal {
+    name: String,
+    holder: String,
+    duration: Duration,
+    /// The revision of our last write, and the lease's transitions then.
+    held: Option<(Revision, u64)>,
+}
+
+impl LeaseRenewal {
+    pub fn new(name: &str, holder: &str, duration: Duration) -> Self {
+        Self {
+            name: name.to_owned(),
+            holder: holder.to_owned(),
+            duration,
+            held: None,
+        }
+    }
+
+    fn lease(&self, transitions: u64) -> Lease {
+        Lease {
+            holder: self.holder.clone(),
+            duration_ms: self.duration.as_millis() as u64,
+            renew_time_ms: now_ms(),
+            transitions,
+        }
+    }
+
+    /// Renews the lease (creating it if there is none).
+    pub async fn renew<S: TypedStore>(&mut self, store: &S) -> Result<(), StoreError> {
+        if let Some((revision, transitions)) = self.held.take() {
+            match store
+                .update_typed(&self.name, &self.lease(transitions), &revision)
                 .await
-                .map(|_| ()),
-        };
-        match result {
-            Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
-            other => return other,
+            {
+                Ok(revision) => {
+                    self.held = Some((revision, transitions));
+                    return Ok(());
+                }
+                // Written or deleted by someone else: read what is there.
+                Err(StoreError::Conflict { .. } | StoreError::NotFound { .. }) => {}
+                Err(e) => {
+                    // The write may or may not have landed: if it did, the next one
+                    // conflicts and reads.
+                    self.held = Some((revision, transitions));
+                    return Err(e);
+                }
+            }
+        }
+        loop {
+            let (result, transitions) = match store.get_typed::<Lease>(&self.name).await? {
+                None => (store.create_typed(&self.name, &self.lease(0)).await, 0),
+                Some(c) => {
+                    let transitions = c.value.transitions;
+                    let lease = self.lease(transitions);
+                    (
+                        store.update_typed(&self.name, &lease, &c.revision).await,
+                        transitions,
+                    )
+                }
+            };
+            match result {
+                Ok(revision) => {
+                    self.held = Some((revision, transitions));
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(e),
+            }
         }
     }
 }
@@ -284,6 +342,41 @@ mod tests {
             &EmbeddedStore::open(&path).unwrap(),
         )
         .await;
+    }
+
+    #[tokio::test]
+    async fn a_renewal_survives_someone_else_writing_or_deleting_the_lease() {
+        let path = crate::test_util::TempPath::new("lease-renewal.redb");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let mut renewal = LeaseRenewal::new("node-a", "a", Duration::from_secs(15));
+        renewal.renew(&store).await.unwrap();
+        let first = store.get_typed::<Lease>("node-a").await.unwrap().unwrap();
+        renewal.renew(&store).await.unwrap();
+        let second = store.get_typed::<Lease>("node-a").await.unwrap().unwrap();
+        assert_ne!(first.revision, second.revision, "renewed");
+        assert_eq!(renewal.held.as_ref().map(|h| &h.0), Some(&second.revision));
+
+        // Someone else's write: the conditional update conflicts, the renewal reads and wins.
+        let mut other = second.value.clone();
+        other.transitions = 7;
+        store
+            .update_typed("node-a", &other, &second.revision)
+            .await
+            .unwrap();
+        renewal.renew(&store).await.unwrap();
+        let third = store.get_typed::<Lease>("node-a").await.unwrap().unwrap();
+        assert_eq!(
+            (third.value.holder.as_str(), third.value.transitions),
+            ("a", 7)
+        );
+
+        // Deleted: created again.
+        crate::store::Store::delete(&store, Lease::KIND, "node-a", None)
+            .await
+            .unwrap();
+        renewal.renew(&store).await.unwrap();
+        let fourth = store.get_typed::<Lease>("node-a").await.unwrap().unwrap();
+        assert_eq!(fourth.value.holder, "a");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,7 +1,8 @@
 //! The cluster's Service IPs this node answers for.
 //!
 //! Every agent derives the owner of each IP from the same inputs (services, policies, node
-//! records, and the live nodes as `liveness::LivePeers` reports them) with rendezvous hashing
+//! records, and the live nodes as `liveness::LivePeers` reports them: from the gossip, or from
+//! the nodes' leases) with rendezvous hashing
 //! (`ipam_core::lb::announce`), so a node's death moves its IPs with no per-service write. An IP
 //! this node takes over is put on `lo` (see `local_address`) and published in `OwnedIps`; the
 //! responder controller answers for it and tells the link.
@@ -29,11 +30,12 @@ use crate::{
         ClusterStore,
         cache::{Cache, watch_until_it_works},
     },
-    liveness::{Fence, LivePeers},
+    liveness::{LivePeers, peers::PeersSource},
     metrics::Metrics,
 };
 
-/// How often ownership is recomputed (lease lapses change nothing in the store to wake us).
+/// How often ownership is recomputed (lease lapses change nothing in the store to wake us; a
+/// change of the gossip's membership does, at once).
 const TICK: Duration = Duration::from_millis(100);
 
 /// The service IPs this node owns.
@@ -50,7 +52,7 @@ pub struct OwnedIp {
 pub struct Inputs {
     pub store: ClusterStore,
     pub node: String,
-    pub fence: Arc<Fence>,
+    pub peers: PeersSource,
     pub metrics: Arc<Metrics>,
 }
 
@@ -66,14 +68,14 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
     let Inputs {
         store,
         node,
-        fence,
+        peers,
         metrics,
     } = inputs;
     let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
     let mut policies_watch =
         watch_until_it_works::<L2AnnouncementPolicy, _>(&store, "service IPs").await;
     let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "service IPs").await;
-    let mut peers = LivePeers::follow(&store, node.clone(), fence).await;
+    let mut peers = LivePeers::start(peers, &store, node.clone()).await;
     let mut seen = Seen {
         services: Cache::new(&services_watch.initial),
         policies: Cache::new(&policies_watch.initial),
@@ -87,11 +89,12 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
+        // A death or a return in the gossip is decided at once: it is what failover waits on.
         tokio::select! {
             e = services_watch.next() => { seen.services.apply(e); continue; }
             e = policies_watch.next() => { seen.policies.apply(e); continue; }
             e = nodes_watch.next() => { seen.nodes.apply(e); continue; }
-            () = peers.changed() => continue,
+            decide_now = peers.changed() => if !decide_now { continue },
             _ = tick.tick() => {}
         }
         let started = Instant::now();

@@ -4,7 +4,10 @@
 //!  config ──Configured──▶ announce ──Announcements──▶ l2::responder ──▶ responder maps, frames
 //!                            ▲
 //!  store ──▶ announce::service_ips ──OwnedIps──┘       (owners over liveness::LivePeers)
-//!  store ──▶ liveness::lease ──▶ Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat
+//!  UDP ◀─▶ liveness::gossip ──Membership──▶ LivePeers     ([gossip]; else the nodes' leases)
+//!           liveness::gossip ──FenceState──▶ Fence       ([gossip]; else the node's lease)
+//!  Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat (silenced at once when it closes)
+//!  liveness::lease ──▶ store                              (the node's lease: who holds blocks)
 //!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json
 //!  store ──▶ routes ──▶ route map
 //! ```
@@ -28,7 +31,12 @@ use crate::{
     config::{Config, IpamSettings},
     datapath::{self, Datapath},
     l2::{self, announcer::AnnounceError},
-    liveness::{self, Fence, heartbeat::Timing},
+    liveness::{
+        self, Fence, LeaseFence,
+        gossip::{self, Gossip},
+        heartbeat::Timing,
+        peers::PeersSource,
+    },
     metrics::Observed,
     pod_ipam::PodIpam,
 };
@@ -62,6 +70,9 @@ pub(super) async fn run(
     }
     if let Some(op) = node.operator {
         op.stop().await;
+    }
+    if let Some(gossip) = node.gossip {
+        gossip.leave().await;
     }
     tracing::info!(
         "stopping; responders keep answering for up to {} ms, until the liveness timeout",
@@ -141,12 +152,13 @@ struct NodeControllers {
     timing: watch::Sender<Timing>,
     ipam: Option<watch::Sender<IpamSettings>>,
     operator: Option<OperatorTask>,
+    gossip: Option<Gossip>,
     responder: JoinHandle<Result<(), AnnounceError>>,
 }
 
 /// What the cluster side of a node gives the announcement and liveness controllers.
 struct ClusterSide {
-    fence: Option<Arc<Fence>>,
+    fence: Option<Fence>,
     owned: Option<watch::Receiver<OwnedIps>>,
 }
 
@@ -165,6 +177,7 @@ impl NodeControllers {
         // The responder first: configured announcements are answered before the store is.
         let responder = tokio::spawn(l2::responder::run(datapath.clone(), announcements_rx));
         let mut operator = None;
+        let mut gossip = None;
         let (ipam, cluster) = match config.ipam.clone() {
             Some(settings) => {
                 let store = ClusterStore::open(&config.store_settings()).await?;
@@ -172,11 +185,19 @@ impl NodeControllers {
                 if role == Role::Standalone {
                     operator = OperatorTask::spawn(store.clone(), config, observed.clone());
                 }
-                let ipam = start_pod_ipam(config, &settings, &store, &datapath, &observed).await?;
-                (
-                    Some(ipam),
-                    start_cluster_side(config, &settings, store, &observed),
+                gossip = start_gossip(config, &settings, &store, &observed);
+                let ipam = start_pod_ipam(
+                    config,
+                    &settings,
+                    &store,
+                    &datapath,
+                    &observed,
+                    gossip.as_ref(),
                 )
+                .await?;
+                let cluster =
+                    start_cluster_side(config, &settings, store, &observed, gossip.as_ref());
+                (Some(ipam), cluster)
             }
             None => (None, ClusterSide::standalone()),
         };
@@ -188,6 +209,7 @@ impl NodeControllers {
             timing,
             ipam,
             operator,
+            gossip,
             responder,
         })
     }
@@ -221,6 +243,7 @@ async fn start_pod_ipam(
     store: &ClusterStore,
     datapath: &Arc<Mutex<Datapath>>,
     observed: &Observed,
+    gossip: Option<&Gossip>,
 ) -> Result<watch::Sender<IpamSettings>, DaemonError> {
     let pod_ipam = PodIpam::start(
         settings.clone(),
@@ -231,7 +254,11 @@ async fn start_pod_ipam(
     .await?;
     // State is restored by now: every answer of the API reflects it.
     let listener = crate::api::server::bind(&settings.socket)?;
-    tokio::spawn(crate::api::server::serve(listener, pod_ipam.api_handler()));
+    let handler = match gossip {
+        Some(gossip) => gossip.api_handler(pod_ipam.api_handler()),
+        None => pod_ipam.api_handler(),
+    };
+    tokio::spawn(crate::api::server::serve(listener, handler));
     tracing::info!(socket = %settings.socket.display(), "API listening");
     let (tx, rx) = watch::channel(settings.clone());
     tokio::spawn(pod_ipam.run(config.cluster.resync(), rx));
@@ -246,30 +273,59 @@ async fn start_pod_ipam(
     Ok(tx)
 }
 
-/// On a shared store: the node's lease with its fence, and the service IPs it owns.
+/// On a shared store with `[gossip]`: the gossip, started before anything reads it.
+fn start_gossip(
+    config: &Config,
+    settings: &IpamSettings,
+    store: &ClusterStore,
+    observed: &Observed,
+) -> Option<Gossip> {
+    let gossip_settings = config.gossip.clone().filter(|_| store.is_shared())?;
+    Some(Gossip::spawn(gossip::Inputs {
+        settings: gossip_settings,
+        store: store.clone(),
+        node: settings.node_name.clone(),
+        metrics: observed.metrics.clone(),
+    }))
+}
+
+/// On a shared store: the node's lease, the fence (the gossip's, else the lease's) and the
+/// service IPs it owns.
 fn start_cluster_side(
     config: &Config,
     settings: &IpamSettings,
     store: ClusterStore,
     observed: &Observed,
+    gossip: Option<&Gossip>,
 ) -> ClusterSide {
     if !store.is_shared() {
         return ClusterSide::standalone();
     }
-    let fence = Arc::new(Fence::new(config.cluster.node_lease()));
+    let lease_fence = gossip
+        .is_none()
+        .then(|| Arc::new(LeaseFence::new(config.cluster.node_lease())));
     liveness::lease::spawn(liveness::lease::Renewal {
         store: store.clone(),
         node: settings.node_name.clone(),
-        interval: config.cluster.node_renew_interval(),
-        fence: fence.clone(),
+        interval: config.cluster.node_renew_interval(gossip.is_some()),
+        duration: config.cluster.node_lease(),
+        fence: lease_fence.clone(),
         metrics: observed.metrics.clone(),
     });
+    let (fence, peers) = match (gossip, lease_fence) {
+        (Some(gossip), _) => (
+            Fence::Gossip(gossip.fence.clone()),
+            PeersSource::Gossip(gossip.membership.clone()),
+        ),
+        (None, Some(lease)) => (Fence::Lease(lease.clone()), PeersSource::Leases(lease)),
+        (None, None) => unreachable!("a lease fence exists whenever there is no gossip"),
+    };
     let (owned_tx, owned) = watch::channel(OwnedIps::new());
     tokio::spawn(announce::service_ips::run(
         announce::service_ips::Inputs {
             store,
             node: settings.node_name.clone(),
-            fence: fence.clone(),
+            peers,
             metrics: observed.metrics.clone(),
         },
         owned_tx,

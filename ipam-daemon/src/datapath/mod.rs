@@ -169,6 +169,14 @@ impl Datapath {
             })
     }
 
+    /// Silences the responders now, as if the last heartbeat had run out: the fence closed.
+    /// The next heartbeat lets them answer again.
+    pub fn silence(&mut self) -> Result<(), DatapathError> {
+        let mut config = self.responder.config()?;
+        config.deadline_jiffies = 0;
+        self.responder.write_config(config)
+    }
+
     /// The responder in its TC form.
     pub fn responder_tc(&mut self) -> &mut SchedClassifier {
         program_mut(&mut self.ebpf, program_names::L2_RESPONDER_TC)

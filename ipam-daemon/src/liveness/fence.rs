@@ -1,20 +1,80 @@
-//! The fencing rule's one home: a node answers for service IPs only while its own lease was
-//! renewed within half the lease. Others take over only after a whole lease without a renewal,
-//! so the half between the two is the margin in which the old owner has gone silent.
+//! The fencing rule's one home: whether this node may answer for its service IPs now.
+//!
+//! Two sources, one per way of knowing who is alive:
+//! - **the store lease** (no `[gossip]`): answer only while the node's own lease was renewed
+//!   within half the lease. Others take over only after a whole lease without a renewal, so the
+//!   half between the two is the margin in which the old owner has gone silent.
+//! - **the gossip** (`[gossip]`): answer only while the gossip's fence is open (see
+//!   `ipam_gossip::contact`): the node hears other members and most of its probes are answered.
+//!   The gossip task closes it; the heartbeat reacts at once by silencing the responders.
 
 use std::{
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
+use tokio::sync::watch;
+
+/// Whether, and why not, this node may answer.
+#[derive(Debug, Clone)]
+pub enum Fence {
+    Lease(Arc<LeaseFence>),
+    Gossip(watch::Receiver<FenceState>),
+}
+
+/// The gossip fence's state as the gossip task last judged it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceState {
+    Open,
+    /// Closed, with why (for logs and `ipamctl members`).
+    Closed(String),
+}
+
+impl Fence {
+    /// Whether this node may answer for its service IPs now.
+    pub fn may_answer(&self) -> bool {
+        match self {
+            Self::Lease(lease) => lease.may_answer(),
+            Self::Gossip(state) => *state.borrow() == FenceState::Open,
+        }
+    }
+
+    /// Why this node may not answer, when it may not.
+    pub fn why_silent(&self) -> Option<String> {
+        match self {
+            Self::Lease(lease) if !lease.may_answer() => {
+                Some("node lease not renewed in time".to_owned())
+            }
+            Self::Lease(_) => None,
+            Self::Gossip(state) => match &*state.borrow() {
+                FenceState::Open => None,
+                FenceState::Closed(why) => Some(why.clone()),
+            },
+        }
+    }
+
+    /// Waits until the fence may have changed: the gossip's at once; the lease's is polled.
+    pub async fn changed(&mut self) {
+        match self {
+            Self::Lease(_) => std::future::pending().await,
+            Self::Gossip(state) => {
+                if state.changed().await.is_err() {
+                    // The gossip task is gone (the daemon is stopping): nothing changes now.
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+}
+
 /// When this node last renewed its lease, and how long a lease lasts.
 #[derive(Debug)]
-pub struct Fence {
+pub struct LeaseFence {
     renewed: Mutex<Option<Instant>>,
     lease: Duration,
 }
 
-impl Fence {
+impl LeaseFence {
     pub fn new(lease: Duration) -> Self {
         Self {
             renewed: Mutex::new(None),
@@ -48,7 +108,7 @@ mod tests {
 
     #[test]
     fn answers_only_within_half_a_lease_of_a_renewal() {
-        let fence = Fence::new(Duration::from_secs(2));
+        let fence = LeaseFence::new(Duration::from_secs(2));
         assert!(!fence.may_answer(), "never renewed");
         fence.renewed(Instant::now());
         assert!(fence.may_answer());
@@ -56,5 +116,19 @@ mod tests {
         assert!(fence.may_answer());
         fence.renewed(Instant::now() - Duration::from_secs(1));
         assert!(!fence.may_answer(), "half a lease old");
+    }
+
+    #[test]
+    fn the_gossip_fence_is_what_the_gossip_task_last_said() {
+        let (tx, rx) = watch::channel(FenceState::Closed("no other member heard from yet".into()));
+        let fence = Fence::Gossip(rx);
+        assert!(!fence.may_answer());
+        assert_eq!(
+            fence.why_silent().as_deref(),
+            Some("no other member heard from yet")
+        );
+        tx.send_replace(FenceState::Open);
+        assert!(fence.may_answer());
+        assert_eq!(fence.why_silent(), None);
     }
 }

@@ -1,7 +1,8 @@
 //! The responders' heartbeat: the XDP responders answer only while the heartbeat they read is
 //! younger than `liveness_timeout`. The daemon writes it every `heartbeat_interval`, and on a
-//! shared store only while the fence allows, so a node cut off from the store goes silent
-//! before any other node may take its IPs over.
+//! shared store only while the fence allows; when the fence closes it silences the responders
+//! at once rather than let the last beat run out, so a node cut off goes silent before any
+//! other node may take its IPs over.
 
 use std::{
     sync::{Arc, Mutex},
@@ -13,6 +14,14 @@ use tokio::sync::watch;
 use super::Fence;
 use crate::datapath::Datapath;
 
+/// Waits for the fence to change, or forever without one.
+async fn fence_changed(fence: Option<&mut Fence>) {
+    match fence {
+        Some(fence) => fence.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// How often to beat, and for how long each beat keeps the responders answering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -23,7 +32,7 @@ pub struct Timing {
 /// Beats for the life of the daemon. `timing` follows configuration reloads.
 pub async fn run(
     datapath: Arc<Mutex<Datapath>>,
-    fence: Option<Arc<Fence>>,
+    mut fence: Option<Fence>,
     mut timing: watch::Receiver<Timing>,
 ) {
     let mut current = *timing.borrow_and_update();
@@ -32,6 +41,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            () = fence_changed(fence.as_mut()) => {}
             changed = timing.changed() => {
                 if changed.is_err() {
                     return;
@@ -41,17 +51,22 @@ pub async fn run(
                 continue;
             }
         }
-        if let Some(fence) = &fence
-            && !fence.may_answer()
-        {
+        if let Some(why) = fence.as_ref().and_then(Fence::why_silent) {
             if !silenced {
-                tracing::warn!("node lease not renewed in time: responders go silent until it is");
                 silenced = true;
+                let silence = datapath.lock().expect("datapath lock").silence();
+                match silence {
+                    Ok(()) => tracing::warn!("responders silent until this node may answer: {why}"),
+                    Err(e) => tracing::error!(
+                        "cannot silence the responders ({why}); they fall silent when the last \
+                         heartbeat runs out: {e}"
+                    ),
+                }
             }
             continue;
         }
         if std::mem::take(&mut silenced) {
-            tracing::info!("node lease renewed: responders answer again");
+            tracing::info!("this node may answer again: responders answer");
         }
         let beat = datapath
             .lock()

@@ -1,4 +1,7 @@
-//! Renewing this node's liveness lease in the store, for as long as the daemon runs.
+//! Renewing this node's liveness lease in the store, for as long as the daemon runs: one
+//! conditional write per renewal. Without `[gossip]` the lease is how others know the node is
+//! alive (renewed every third of it, and it feeds the fence); with it, the lease only says who
+//! holds blocks (renewed every `node_renew_ms`, 10 s by default, like the kubelet's).
 //!
 //! The renewal runs on a thread of its own, with its own runtime and its own store connection:
 //! nothing the rest of the daemon does (a slow netlink call, a program swap waiting for the
@@ -6,11 +9,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ipam_core::{backoff::Backoff, resources::node_lease_name, store::lease};
+use ipam_core::{backoff::Backoff, resources::node_lease_name, store::lease::LeaseRenewal};
 
 use tracing::Instrument as _;
 
-use super::Fence;
+use super::fence::LeaseFence;
 use crate::{cluster::ClusterStore, metrics::Metrics};
 
 /// Longest wait between two attempts to connect while the store is unreachable.
@@ -21,7 +24,10 @@ pub struct Renewal {
     pub store: ClusterStore,
     pub node: String,
     pub interval: Duration,
-    pub fence: Arc<Fence>,
+    /// How long the lease lasts, as written in it.
+    pub duration: Duration,
+    /// The fence the renewals feed (without `[gossip]`).
+    pub fence: Option<Arc<LeaseFence>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -78,16 +84,19 @@ async fn renew(renewal: Renewal) {
         store,
         node,
         interval,
+        duration,
         fence,
         metrics,
     } = renewal;
     let name = node_lease_name(&node);
+    let mut lease = LeaseRenewal::new(&name, &node, duration);
     let mut tick = crate::clock::ticker(interval);
     let mut failing_since: Option<std::time::Instant> = None;
     loop {
         tick.tick().await;
         let asked = std::time::Instant::now();
-        let renewed = lease::renew(&store, &name, &node, fence.lease())
+        let renewed = lease
+            .renew(&store)
             .instrument(tracing::debug_span!("node_lease", node = node.as_str()))
             .await;
         metrics
@@ -99,7 +108,9 @@ async fn renew(renewal: Renewal) {
         );
         match renewed {
             Ok(()) => {
-                fence.renewed(asked);
+                if let Some(fence) = &fence {
+                    fence.renewed(asked);
+                }
                 tracing::debug!(
                     lease = name.as_str(),
                     took_ms = asked.elapsed().as_millis() as u64,

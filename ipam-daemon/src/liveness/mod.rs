@@ -1,21 +1,28 @@
 //! Node liveness and fencing: who is alive, and the one rule that keeps two nodes from answering
 //! one IP, "answer only while you may".
 //!
-//! - `fence`: whether this node may answer: its own lease was renewed within half the lease;
+//! - `fence`: whether this node may answer (from its lease, or from the gossip);
 //! - `lease`: renewing this node's lease, on a thread of its own;
-//! - `heartbeat`: the responders' heartbeat, written only while the fence allows: without it
-//!   the responders go silent after `liveness_timeout`;
-//! - `peers`: which other nodes are alive, from their leases as this node observes them.
+//! - `gossip`: liveness between the agents over UDP (`[gossip]`), with no store in the way;
+//! - `heartbeat`: the responders' heartbeat, written only while the fence allows, and the
+//!   responders silenced at once when it closes;
+//! - `peers`: which other nodes are alive, from their leases or from the gossip.
 //!
-//! The two delays: this node stops answering once its lease is half a lease old (plus the
-//! responders' `liveness_timeout`, kept below half a lease by the configuration check), and the
-//! others take its IPs over only once they have seen its lease unrenewed for a whole lease. So
-//! the old owner is silent before a new one starts answering.
+//! The two delays, with leases: this node stops answering once its lease is half a lease old
+//! (plus the responders' `liveness_timeout`, kept below half a lease by the configuration
+//! check), and the others take its IPs over only once they have seen its lease unrenewed for a
+//! whole lease.
+//!
+//! With gossip: a node that hears no other member for `fence_quiet` (350 ms) is silenced at
+//! once, and a killed agent's responders stop after `liveness_timeout`; no member is declared
+//! dead before `suspect_to_down` (400 ms) after it stopped answering, and the configuration
+//! check keeps both delays below that one. docs/liveness.md has the reasoning and the figures.
 
 pub mod fence;
+pub mod gossip;
 pub mod heartbeat;
 pub mod lease;
 pub mod peers;
 
-pub use fence::Fence;
+pub use fence::{Fence, FenceState, LeaseFence};
 pub use peers::LivePeers;

@@ -1,6 +1,11 @@
-//! Which nodes are alive, as this node sees them: itself while its fence allows, another node
-//! while its lease was renewed within a whole lease, as observed here (by the lease's revision
-//! changing, so clocks between nodes do not matter).
+//! Which nodes are alive, as this node sees them, from one of two sources:
+//! - **leases** (no `[gossip]`): another node while its lease was renewed within a whole lease,
+//!   as observed here (by the lease's revision changing, so clocks between nodes do not
+//!   matter); this node itself while its fence allows. Every agent watches every Lease.
+//! - **gossip**: the members the gossip holds alive (suspects included: a suspicion that is
+//!   refuted in time moves nothing), mapped to nodes by their records' addresses. This node
+//!   counts itself alive: whether it may *answer* is the fence's business, and a brief closing
+//!   of it must not move IPs away and back. No Lease is watched.
 
 use std::{sync::Arc, time::Instant};
 
@@ -11,25 +16,79 @@ use ipam_core::{
         lease::{Lease, LeaseObserver},
     },
 };
+use tokio::sync::watch;
 
-use super::Fence;
+use super::{fence::LeaseFence, gossip::Membership};
 use crate::cluster::{
     ClusterStore,
     cache::{Cache, watch_until_it_works},
 };
 
+/// Who is alive, by node name.
+pub enum LivePeers {
+    Leases(LeasePeers),
+    Gossip {
+        me: String,
+        membership: watch::Receiver<Membership>,
+    },
+}
+
+/// Where `LivePeers` learns who is alive.
+pub enum PeersSource {
+    Leases(Arc<LeaseFence>),
+    Gossip(watch::Receiver<Membership>),
+}
+
+impl LivePeers {
+    /// Starts following `source` (for leases, waiting with backoff until the store answers).
+    pub async fn start(source: PeersSource, store: &ClusterStore, me: String) -> Self {
+        match source {
+            PeersSource::Leases(fence) => Self::Leases(LeasePeers::follow(store, me, fence).await),
+            PeersSource::Gossip(membership) => Self::Gossip { me, membership },
+        }
+    }
+
+    /// Waits for the next change of who is alive; `true` when it is worth deciding at once (a
+    /// death or a return in the gossip), `false` for a lease renewal, which only updates the
+    /// copy (renewals come by the thousand, and a lapse is noticed on the controller's tick).
+    pub async fn changed(&mut self) -> bool {
+        match self {
+            Self::Leases(leases) => {
+                leases.changed().await;
+                false
+            }
+            Self::Gossip { membership, .. } => {
+                if membership.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether `node` counts as alive at `now`.
+    pub fn is_live(&mut self, node: &str, now: Instant) -> bool {
+        match self {
+            Self::Leases(leases) => leases.is_live(node, now),
+            Self::Gossip { me, membership } => {
+                node == me.as_str() || membership.borrow().live.contains(node)
+            }
+        }
+    }
+}
+
 /// The nodes' leases as this node follows them.
-pub struct LivePeers {
+pub struct LeasePeers {
     me: String,
-    fence: Arc<Fence>,
+    fence: Arc<LeaseFence>,
     watch: Watch,
     leases: Cache<Lease>,
     observer: LeaseObserver,
 }
 
-impl LivePeers {
+impl LeasePeers {
     /// Starts following the leases (waiting, with backoff, until the store answers).
-    pub async fn follow(store: &ClusterStore, me: String, fence: Arc<Fence>) -> Self {
+    async fn follow(store: &ClusterStore, me: String, fence: Arc<LeaseFence>) -> Self {
         let watch = watch_until_it_works::<Lease, _>(store, "node liveness").await;
         let leases = Cache::new(&watch.initial);
         Self {
@@ -42,13 +101,12 @@ impl LivePeers {
     }
 
     /// Waits for the next change of a lease and takes it in.
-    pub async fn changed(&mut self) {
+    async fn changed(&mut self) {
         let event = self.watch.next().await;
         self.leases.apply(event);
     }
 
-    /// Whether `node` counts as alive at `now`.
-    pub fn is_live(&mut self, node: &str, now: Instant) -> bool {
+    fn is_live(&mut self, node: &str, now: Instant) -> bool {
         if node == self.me {
             return self.fence.may_answer();
         }

@@ -6,6 +6,7 @@
 //! Names follow Prometheus' rules: an `ipam_` prefix, base units, `_total` on counters, and
 //! labels of bounded cardinality (pool, family, result, counter name, announced IP).
 
+pub mod gossip;
 mod http;
 
 use std::{
@@ -83,6 +84,7 @@ pub struct Metrics {
     pub operator_leader: Gauge,
     pub pod_datapath_packets: Family<CounterLabel, Counter>,
     pub l2_replies: Family<IpLabel, Counter>,
+    pub gossip: gossip::GossipMetrics,
     /// Datapath counters as last read, to add only what they grew by.
     seen_pod: Mutex<BTreeMap<String, u64>>,
     seen_replies: Mutex<HashMap<IpAddr, u64>>,
@@ -118,12 +120,14 @@ impl Metrics {
             operator_leader: Gauge::default(),
             pod_datapath_packets: Family::default(),
             l2_replies: Family::default(),
+            gossip: gossip::GossipMetrics::new(),
             seen_pod: Mutex::new(BTreeMap::new()),
             seen_replies: Mutex::new(HashMap::new()),
             registry: Registry::default(),
         };
         m.register_pod_ipam(&mut registry);
         m.register_liveness_and_datapath(&mut registry);
+        m.gossip.register(&mut registry);
         Self { registry, ..m }
     }
 

@@ -98,6 +98,12 @@ impl PodAllocations {
                 },
                 Err(e) => Response::error(ErrorCode::Failed, e.to_string()),
             },
+            // Answered by the gossip when it runs (see `liveness::gossip::api_handler`).
+            Request::Members => Response::error(
+                ErrorCode::BadRequest,
+                "this node does not gossip ([gossip] is not in its configuration): it learns \
+                 who is alive from the nodes' leases in the store",
+            ),
         }
     }
 

@@ -2,6 +2,7 @@
 
 mod datapath;
 mod ipam_status;
+mod members;
 mod objects;
 mod output;
 mod who_has;
@@ -90,6 +91,15 @@ enum Command {
     /// Pod IP pools with a usage bar, the blocks each node holds, what is refused or waited
     /// for; and the load-balancer pools' counts.
     Pools {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// The gossip as this node's agent sees it: every member with its node, state and when it
+    /// was last heard from, and whether this node may answer for its service IPs.
+    Members {
+        /// The agent's API socket (default: [ipam] socket of --config).
+        #[arg(long)]
+        socket: Option<PathBuf>,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -191,6 +201,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Pools { store } => {
             with_store(&store.config, async |s| objects::pools(&s, output).await)
+        }
+        Command::Members { socket, store } => {
+            members::run(&store.config, socket.as_deref(), output)
         }
         Command::Delete { kind, name, store } => with_store(&store.config, async |s| {
             objects::delete(&s, kind, &name, output).await

@@ -46,6 +46,8 @@ pub struct Cluster {
     pub nodes: Vec<ClusterNode>,
     pub operators: Vec<Option<Daemon>>,
     operator_config: TempFile,
+    /// The cluster key of the agents' gossip, once `enable_gossip` was called.
+    gossip_key: Option<TempFile>,
     _dir: TempDir,
 }
 
@@ -98,6 +100,7 @@ impl Cluster {
             nodes: Vec::new(),
             operators: Vec::new(),
             operator_config,
+            gossip_key: None,
             _dir: dir,
         };
         for _ in 0..operators {
@@ -114,6 +117,20 @@ impl Cluster {
             &self.operator_config.0,
             &["--role", "operator"],
         )
+    }
+
+    /// Nodes added from now on tell each other who is alive over UDP (`[gossip]`, with a key of
+    /// the cluster's own and the responders' timings below the suspicion delay) instead of
+    /// through their leases.
+    pub fn enable_gossip(&mut self) {
+        let key = TempFile::new("gossip-key", "key");
+        std::fs::write(&key.0, random_key_hex() + "\n").expect("write the gossip key");
+        self.gossip_key = Some(key);
+    }
+
+    /// The gossip key file, when the cluster gossips.
+    pub fn gossip_key(&self) -> Option<&std::path::Path> {
+        self.gossip_key.as_ref().map(|k| k.0.as_path())
     }
 
     /// Adds node `index` (a namespace on the bridge) and starts its agent.
@@ -134,12 +151,21 @@ impl Cluster {
         let dir = TempDir::new(&format!("{tag}-n{index}-"));
         let root = BpffsRoot::new();
         let config = TempFile::new(&format!("{tag}-n{index}"), "toml");
+        // With gossip a killed agent's responders must be silent before the suspicion delay
+        // (400 ms) runs out.
+        let (timeout, gossip) = match &self.gossip_key {
+            Some(key) => (
+                300,
+                format!("[gossip]\nkey_file = \"{}\"\n", key.0.display()),
+            ),
+            None => (500, String::new()),
+        };
         std::fs::write(
             &config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 500\nheartbeat_interval_ms = 100\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
+                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = {timeout}\nheartbeat_interval_ms = 100\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
                  node_name = \"{name}\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
-                 families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n\n{extra_config}",
+                 families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n\n{gossip}{extra_config}",
                 root.0.display(),
                 self.store_section,
                 d = dir.0.display()
@@ -265,6 +291,11 @@ impl Cluster {
     /// Every write to the cluster's keys while `during` runs, counted by kind from a watch on
     /// the whole prefix (by key instead with `IPAM_WRITES_BY_KEY` set, to find who writes).
     pub fn count_writes(&self, during: impl FnOnce()) -> BTreeMap<String, u64> {
+        self.count_writes_by(std::env::var_os("IPAM_WRITES_BY_KEY").is_some(), during)
+    }
+
+    /// As `count_writes`, by key (`Kind/name`) when `by_key`.
+    pub fn count_writes_by(&self, by_key: bool, during: impl FnOnce()) -> BTreeMap<String, u64> {
         let config = self.store.clone();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
@@ -296,7 +327,7 @@ impl Cluster {
                                         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
                                         .unwrap_or_default();
                                     let rest = key.trim_start_matches(&config.prefix);
-                                    let kind = if std::env::var_os("IPAM_WRITES_BY_KEY").is_some() {
+                                    let kind = if by_key {
                                         rest.to_owned()
                                     } else {
                                         rest.split('/').nth(1).unwrap_or("?").to_owned()
@@ -316,6 +347,32 @@ impl Cluster {
         during();
         stop_tx.send(()).expect("stop");
         counter.join().expect("counter")
+    }
+
+    /// Cuts the nodes in `group` off from the other nodes (blackhole routes both ways, both
+    /// families): a partition between nodes that the store (on the fabric) and clients on the
+    /// segment do not share.
+    pub fn partition(&self, group: &[usize]) {
+        self.partition_routes(group, |ns, cidr| ns.blackhole(cidr));
+    }
+
+    /// Undoes `partition(group)`.
+    pub fn heal(&self, group: &[usize]) {
+        self.partition_routes(group, |ns, cidr| ns.delete_route(cidr));
+    }
+
+    fn partition_routes(&self, group: &[usize], route: impl Fn(&Netns, &str)) {
+        let outside: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| !group.contains(i))
+            .collect();
+        for (from, to) in group
+            .iter()
+            .flat_map(|g| outside.iter().flat_map(move |o| [(*g, *o), (*o, *g)]))
+        {
+            let (v4, v6) = node_addresses(to);
+            route(&self.nodes[from].ns, &format!("{v4}/32"));
+            route(&self.nodes[from].ns, &format!("{v6}/128"));
+        }
     }
 
     /// The log of operator replica `i` (empty when it was stopped).
@@ -474,9 +531,24 @@ fn store_section(store: &EtcdConfig, node_grace_ms: u64) -> String {
         "[store]\nkind = \"etcd\"\n[store.etcd]\nendpoints = {:?}\nprefix = \"{}\"\n\
          request_timeout_ms = 1000\ndial_timeout_ms = 500\n\n[cluster]\n\
          node_lease_ms = {NODE_LEASE_MS}\nnode_grace_ms = {node_grace_ms}\n\
-         operator_lease_ms = {OPERATOR_LEASE_MS}\nresync_ms = 5000\n",
-        store.endpoints, store.prefix
+         node_renew_ms = {renew}\noperator_lease_ms = {OPERATOR_LEASE_MS}\nresync_ms = 5000\n",
+        store.endpoints,
+        store.prefix,
+        // With gossip the lease is renewed this often: as the default (10 s) allows for the
+        // grace period.
+        renew = (node_grace_ms / 3).min(10_000),
     )
+}
+
+/// 32 random bytes from the kernel, in hex: a gossip key.
+pub fn random_key_hex() -> String {
+    let mut key = [0; 32];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").expect("/dev/urandom"),
+        &mut key,
+    )
+    .expect("read /dev/urandom");
+    key.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Waits until `done` holds, or panics after `timeout` with `what` and `context()`.

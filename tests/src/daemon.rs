@@ -79,6 +79,12 @@ impl Daemon {
         let _ = self.child.wait();
     }
 
+    /// SIGTERM (a clean stop), and wait until the process is gone.
+    pub fn terminate(mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let _ = self.child.wait();
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -24,6 +24,7 @@ use ipam_core::lb::resources::{
 use ipam_daemon::net::frames::ARP_REPLY;
 
 use crate::{
+    arp_watch::{ArpSample, ArpWatch},
     cluster::{Cluster, wait_until},
     netns::Netns,
     resolve::Resolver,
@@ -98,14 +99,42 @@ pub struct Sample {
     pub node: Option<String>,
 }
 
-/// One power loss, as the client lived it.
+/// What befalls the node answering for the service IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A power loss: the agent SIGKILLed and the node's link cut.
+    PowerOff,
+    /// The agent SIGKILLed; the link stays up, and the responders answer until their liveness
+    /// timeout runs out.
+    Kill,
+    /// The agent stopped cleanly (SIGTERM).
+    Stop,
+    /// The node cut off from the other nodes; the client and the store still reach it.
+    CutOff,
+}
+
+impl Fault {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::PowerOff => "loses power (agent SIGKILLed, link cut)",
+            Self::Kill => "agent SIGKILLed (link up)",
+            Self::Stop => "agent stopped (SIGTERM)",
+            Self::CutOff => "cut off from the other nodes (client and store still reach it)",
+        }
+    }
+}
+
+/// One fault, as the client lived it.
 #[derive(Debug, Clone)]
 pub struct KillRun {
+    pub fault: Fault,
     pub victim: String,
     pub killed_at: Duration,
     pub samples: Vec<Sample>,
     /// (when, node) of every gratuitous ARP for the service IP the client saw.
     pub gratuitous: Vec<(Duration, String)>,
+    /// Every ARP request the client sent for the service IP in the meantime, with its answers.
+    pub arp: Vec<ArpSample>,
 }
 
 impl KillRun {
@@ -168,9 +197,10 @@ impl KillRun {
             ));
         }
         out.push(format!(
-            "{}  {} loses power (agent SIGKILLed, link cut)",
+            "{}  {}: {}",
             rel(self.killed_at),
-            self.victim
+            self.victim,
+            self.fault.describe()
         ));
         if let Some(s) = self.first_failure() {
             out.push(format!("{}  first failed request", rel(s.at)));
@@ -275,8 +305,19 @@ pub struct FailoverRig {
 }
 
 impl FailoverRig {
+    /// Three agents that know who is alive from their leases.
     pub fn start(tag: &str) -> Self {
-        let mut c = Cluster::start(tag, 1);
+        Self::start_with(Cluster::start(tag, 1), tag)
+    }
+
+    /// Three agents that know who is alive from the gossip.
+    pub fn start_gossip(tag: &str, node_grace_ms: u64) -> Self {
+        let mut c = Cluster::start_with(tag, 1, crate::cluster::POOLS, node_grace_ms);
+        c.enable_gossip();
+        Self::start_with(c, tag)
+    }
+
+    fn start_with(mut c: Cluster, tag: &str) -> Self {
         for _ in 0..3 {
             c.add_node(tag);
         }
@@ -340,6 +381,12 @@ impl FailoverRig {
 
     /// Requests for `before`, then the owner loses power, then requests for `after`.
     pub fn kill_owner(&mut self, before: Duration, after: Duration) -> KillRun {
+        self.fault_owner(Fault::PowerOff, before, after)
+    }
+
+    /// Requests (and ARP requests) for `before`, then `fault` befalls the owner, then requests
+    /// for `after`; then the node is brought back and given time to answer again.
+    pub fn fault_owner(&mut self, fault: Fault, before: Duration, after: Duration) -> KillRun {
         let start = Instant::now();
         let done = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
@@ -363,24 +410,48 @@ impl FailoverRig {
             .iter()
             .position(|n| n.name == victim)
             .expect("the owner is a node");
-        self.cluster.nodes[index].power_off();
+        let arp = ArpWatch::start(&self.client, CLIENT, self.ip, start);
+        self.inflict(fault, index);
         let killed_at = start.elapsed();
         std::thread::sleep(after);
+        let arp = arp.stop();
         done.store(true, Ordering::SeqCst);
         requester.join().expect("requester");
         listener.join().expect("listener");
         let run = KillRun {
+            fault,
             victim,
             killed_at,
             samples: std::mem::take(&mut samples.lock().unwrap()),
             gratuitous: std::mem::take(&mut gratuitous.lock().unwrap()),
+            arp,
         };
-        // Power back on, agent restarted; wait until it answers for its IPs again.
-        let node = &mut self.cluster.nodes[index];
-        node.ns.up(crate::cluster::UPLINK);
-        node.start();
+        self.repair(fault, index);
         std::thread::sleep(Duration::from_millis(crate::cluster::NODE_LEASE_MS * 2));
         run
+    }
+
+    fn inflict(&mut self, fault: Fault, index: usize) {
+        let node = &mut self.cluster.nodes[index];
+        match fault {
+            Fault::PowerOff => node.power_off(),
+            Fault::Kill => node.daemon.take().expect("the agent runs").kill(),
+            Fault::Stop => node.daemon.take().expect("the agent runs").terminate(),
+            Fault::CutOff => self.cluster.partition(&[index]),
+        }
+    }
+
+    /// Power back on, agent restarted, partition healed.
+    fn repair(&mut self, fault: Fault, index: usize) {
+        match fault {
+            Fault::CutOff => self.cluster.heal(&[index]),
+            Fault::PowerOff => {
+                let node = &mut self.cluster.nodes[index];
+                node.ns.up(crate::cluster::UPLINK);
+                node.start();
+            }
+            Fault::Kill | Fault::Stop => self.cluster.nodes[index].start(),
+        }
     }
 }
 

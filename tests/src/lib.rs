@@ -4,6 +4,7 @@
 //! Every name carries the process id and a counter, so tests run in parallel and again after a
 //! crash without colliding; traffic only flows between namespaces a test made itself.
 
+pub mod arp_watch;
 pub mod cluster;
 pub mod cni;
 pub mod daemon;

@@ -52,7 +52,7 @@ pub(super) async fn run(
 ) -> Result<(), DaemonError> {
     config.check_fencing(&config_path)?;
     let datapath = open_datapath(&config, role, &observed)?;
-    let mut node = NodeControllers::start(&config, role, datapath, observed).await?;
+    let mut node = NodeControllers::start(&config, role, datapath.clone(), observed).await?;
     let mut signals = Signals::install()?;
     loop {
         tokio::select! {
@@ -71,13 +71,24 @@ pub(super) async fn run(
     if let Some(op) = node.operator {
         op.stop().await;
     }
-    if let Some(gossip) = node.gossip {
-        gossip.leave().await;
+    match node.gossip {
+        // Leaving makes the others take the IPs over at once: this node must be silent first.
+        Some(gossip) => {
+            if let Err(e) = datapath.lock().expect("datapath lock").silence() {
+                tracing::error!(
+                    "cannot silence the responders before leaving the gossip; they answer for up \
+                     to {} ms more: {e}",
+                    config.datapath.liveness_timeout_ms
+                );
+            }
+            gossip.leave().await;
+            tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
+        }
+        None => tracing::info!(
+            "stopping; responders keep answering for up to {} ms, until the liveness timeout",
+            config.datapath.liveness_timeout_ms
+        ),
     }
-    tracing::info!(
-        "stopping; responders keep answering for up to {} ms, until the liveness timeout",
-        config.datapath.liveness_timeout_ms
-    );
     Ok(())
 }
 

@@ -63,6 +63,10 @@ struct Member {
     /// logged (so a flood of bad packets is one line a minute).
     next_seed: usize,
     logged: HashMap<&'static str, Instant>,
+    /// The fence stays closed until it has been judged open for `reopen_after` without a break
+    /// (since when, so far): a node coming back first learns who the others are.
+    open_since: Option<Duration>,
+    reopen_after: Duration,
 }
 
 impl Member {
@@ -98,6 +102,8 @@ impl Member {
             counted: Stats::default(),
             next_seed: 0,
             logged: HashMap::new(),
+            open_since: None,
+            reopen_after: timing.probe_period,
         }
     }
 
@@ -139,17 +145,22 @@ impl Member {
         }
     }
 
-    /// The protocol's next timer, or the moment the fence would close if nothing is heard
-    /// before, whichever comes first.
+    /// The protocol's next timer, the moment the fence would close if nothing is heard
+    /// before, or the moment it may reopen, whichever comes first.
     fn next_wakeup(&self) -> Instant {
         let now = self.origin.elapsed();
         let mut next = self.peer.next_deadline().unwrap_or(now + HOUSEKEEPING);
-        if *self.outputs.fence.borrow() == FenceState::Open
-            && let Some(ago) = self.peer.contact().heard_ago(now)
+        if let Some(ago) = self.peer.contact().heard_ago(now)
+            && ago < self.fence.quiet
         {
-            next = next.min(now + self.fence.quiet.saturating_sub(ago) + Duration::from_millis(1));
+            next = next.min(now + (self.fence.quiet - ago) + Duration::from_millis(1));
         }
-        self.origin + next
+        if let Some(since) = self.open_since
+            && *self.outputs.fence.borrow() != FenceState::Open
+        {
+            next = next.min(since + self.reopen_after);
+        }
+        self.origin + next.max(now)
     }
 
     /// Asks the next few seeds to let this member in.
@@ -272,14 +283,24 @@ impl Member {
     }
 
     fn judge_fence(&mut self) {
-        let verdict = self.fence.judge(
-            self.peer.contact(),
-            self.origin.elapsed(),
-            self.directory.expects_peers(),
-        );
+        let now = self.origin.elapsed();
+        let verdict = self
+            .fence
+            .judge(self.peer.contact(), now, self.directory.expects_peers());
         let state = match &verdict {
-            Ok(()) => FenceState::Open,
-            Err(why) => FenceState::Closed(why.to_string()),
+            Ok(()) => {
+                let since = *self.open_since.get_or_insert(now);
+                let closed = *self.outputs.fence.borrow() != FenceState::Open;
+                if closed && now.saturating_sub(since) < self.reopen_after {
+                    // Not yet: stays as it is, and the wakeup comes back for it.
+                    return;
+                }
+                FenceState::Open
+            }
+            Err(why) => {
+                self.open_since = None;
+                FenceState::Closed(why.to_string())
+            }
         };
         let metrics = &self.metrics.gossip;
         self.outputs.fence.send_if_modified(|current| {

@@ -82,6 +82,21 @@ pub struct NodeIpam {
     pub status: NodeIpamStatus,
 }
 
+/// The condition the operator sets on a node whose lease lapsed for the grace period (its
+/// blocks went back to the pools). Liveness between the agents no longer counts such a node
+/// among the members a majority is reckoned from.
+pub const LEASE_LAPSED: &str = "LeaseLapsed";
+
+impl NodeIpam {
+    /// Whether the operator released this node for a lapsed lease (and it has not come back).
+    pub fn lease_lapsed(&self) -> bool {
+        self.status
+            .conditions
+            .iter()
+            .any(|c| c.kind == LEASE_LAPSED && c.status)
+    }
+}
+
 impl Resource for NodeIpam {
     const KIND: &'static str = "NodeIPAM";
 }

@@ -1,7 +1,7 @@
 //! Whether this member still reaches the cluster: the input of the fence, which silences a node's
 //! responders before the others may take its service IPs over.
 //!
-//! Two signs, two rules:
+//! Three signs, three rules:
 //! - **Nothing heard** for `Fence::quiet`: no authenticated packet from any other member. A
 //!   healthy member hears a few per probe period (answers to its own probes, others' probes,
 //!   gossip), so a silence this long means the node is cut off. `quiet` is shorter than the
@@ -13,6 +13,10 @@
 //!   period each way); with a window of two periods and a bit, the minority's first two failed
 //!   probes close it, and the simulator checks that this is never later than the majority
 //!   declares it dead (`tests/simulation.rs`).
+//! - **No majority in view**: the members this one holds alive and unsuspected (itself
+//!   included) are not more than half of the cluster's members (from the store's node
+//!   records). This is what keeps a minority silent for as long as the partition lasts, once
+//!   its probes only go to each other and all succeed.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -97,6 +101,14 @@ pub struct Fence {
     pub window: Duration,
 }
 
+/// The cluster as one member sees it, itself included: how many members there are (from the
+/// node records in the store), and how many of them it holds alive and unsuspected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub members: usize,
+    pub alive: usize,
+}
+
 /// Why a member must not answer for its service IPs now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Silenced {
@@ -106,19 +118,18 @@ pub enum Silenced {
     NothingHeard(Duration),
     #[error("{failed} of this node's last {} probes went unanswered", .answered + .failed)]
     ProbesUnanswered { answered: usize, failed: usize },
+    #[error(
+        "only {alive} of the cluster's {members} members are alive as this node sees them: not \
+         a majority"
+    )]
+    Minority { alive: usize, members: usize },
 }
 
 impl Fence {
-    /// Whether a member may answer now. `expects_peers`: other nodes are known to exist (their
-    /// records are in the store), so hearing none of them means being cut off, not being the
-    /// only node.
-    pub fn judge(
-        &self,
-        contact: &Contact,
-        now: Duration,
-        expects_peers: bool,
-    ) -> Result<(), Silenced> {
-        if !expects_peers {
+    /// Whether a member may answer now. With no other member in `view` (a cluster of one) it
+    /// may; otherwise hearing none of them means being cut off.
+    pub fn judge(&self, contact: &Contact, now: Duration, view: View) -> Result<(), Silenced> {
+        if view.members <= 1 {
             return Ok(());
         }
         match contact.heard_ago(now) {
@@ -129,6 +140,12 @@ impl Fence {
         let (answered, failed) = contact.probes_within(now, self.window);
         if failed > answered {
             return Err(Silenced::ProbesUnanswered { answered, failed });
+        }
+        if view.alive * 2 <= view.members {
+            return Err(Silenced::Minority {
+                alive: view.alive,
+                members: view.members,
+            });
         }
         Ok(())
     }
@@ -148,6 +165,15 @@ mod tests {
         7946,
     );
 
+    const ALONE: View = View {
+        members: 1,
+        alive: 1,
+    };
+    const THREE: View = View {
+        members: 3,
+        alive: 3,
+    };
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -155,9 +181,9 @@ mod tests {
     #[test]
     fn a_lone_node_answers_and_a_node_that_expects_peers_waits_to_hear_one() {
         let contact = Contact::default();
-        assert_eq!(FENCE.judge(&contact, ms(5), false), Ok(()));
+        assert_eq!(FENCE.judge(&contact, ms(5), ALONE), Ok(()));
         assert_eq!(
-            FENCE.judge(&contact, ms(5), true),
+            FENCE.judge(&contact, ms(5), THREE),
             Err(Silenced::NeverHeard)
         );
     }
@@ -166,9 +192,9 @@ mod tests {
     fn silence_longer_than_quiet_fences() {
         let mut contact = Contact::default();
         contact.heard(ms(1000), FROM);
-        assert_eq!(FENCE.judge(&contact, ms(1249), true), Ok(()));
+        assert_eq!(FENCE.judge(&contact, ms(1249), THREE), Ok(()));
         assert_eq!(
-            FENCE.judge(&contact, ms(1250), true),
+            FENCE.judge(&contact, ms(1250), THREE),
             Err(Silenced::NothingHeard(ms(250)))
         );
     }
@@ -182,7 +208,7 @@ mod tests {
         contact.failed(ms(500));
         contact.heard(ms(550), FROM);
         assert_eq!(
-            FENCE.judge(&contact, ms(600), true),
+            FENCE.judge(&contact, ms(600), THREE),
             Err(Silenced::ProbesUnanswered {
                 answered: 1,
                 failed: 2
@@ -191,9 +217,28 @@ mod tests {
         contact.answered(ms(700), 2);
         contact.heard(ms(700), FROM);
         assert_eq!(
-            FENCE.judge(&contact, ms(700), true),
+            FENCE.judge(&contact, ms(700), THREE),
             Ok(()),
             "as many answered as failed"
+        );
+    }
+
+    #[test]
+    fn a_member_answers_only_while_it_holds_a_majority_alive() {
+        let mut contact = Contact::default();
+        contact.heard(ms(100), FROM);
+        let view = |alive, members| View { alive, members };
+        assert_eq!(FENCE.judge(&contact, ms(100), view(2, 3)), Ok(()));
+        assert_eq!(
+            FENCE.judge(&contact, ms(100), view(2, 5)),
+            Err(Silenced::Minority {
+                alive: 2,
+                members: 5
+            })
+        );
+        assert!(
+            FENCE.judge(&contact, ms(100), view(1, 2)).is_err(),
+            "half is not a majority"
         );
     }
 }

@@ -227,6 +227,14 @@ impl Peer {
         &self.stats
     }
 
+    /// The peers this member holds alive and does not suspect.
+    pub fn alive(&self) -> usize {
+        self.protocol
+            .iter_membership_state()
+            .filter(|m| m.state() == State::Alive)
+            .count()
+    }
+
     /// What this member heard lately: the fence's input.
     pub fn contact(&self) -> &Contact {
         &self.contact

@@ -48,6 +48,10 @@ pub struct Timing {
     /// probes that carry it anyway.
     pub gossip_every: Duration,
     pub gossip_fanout: usize,
+    /// How often a member says hello to a couple of the members it holds dead, so that the two
+    /// sides of a healed partition find each other again (and a wrongly buried member comes
+    /// back as its next generation).
+    pub reannounce_every: Duration,
     /// The fence (see [`crate::contact`]): silent after hearing no member for this long. Must
     /// stay below `suspect_to_down`; the difference is the fencing margin.
     pub fence_quiet: Duration,
@@ -64,6 +68,7 @@ impl Default for Timing {
             suspect_to_down: Duration::from_millis(400),
             gossip_every: Duration::from_millis(50),
             gossip_fanout: 3,
+            reannounce_every: Duration::from_secs(2),
             fence_quiet: Duration::from_millis(350),
             fence_window: Duration::from_millis(450),
         }
@@ -106,6 +111,10 @@ impl Timing {
             .ceil()
             .clamp(4.0, 255.0);
         config.max_transmissions = NonZeroU8::new(transmissions as u8).expect("at least 4");
+        config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+            frequency: self.reannounce_every,
+            num_members: NonZeroUsize::new(2).expect("two"),
+        });
         config.periodic_gossip = Some(foca::PeriodicParams {
             frequency: self.gossip_every,
             num_members: NonZeroUsize::new(self.gossip_fanout.max(1)).expect("at least one"),

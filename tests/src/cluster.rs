@@ -353,12 +353,12 @@ impl Cluster {
     /// families): a partition between nodes that the store (on the fabric) and clients on the
     /// segment do not share.
     pub fn partition(&self, group: &[usize]) {
-        self.partition_routes(group, |ns, cidr| ns.blackhole(cidr));
+        self.partition_routes(group, Netns::blackhole);
     }
 
     /// Undoes `partition(group)`.
     pub fn heal(&self, group: &[usize]) {
-        self.partition_routes(group, |ns, cidr| ns.delete_route(cidr));
+        self.partition_routes(group, Netns::delete_route);
     }
 
     fn partition_routes(&self, group: &[usize], route: impl Fn(&Netns, &str)) {

@@ -46,7 +46,7 @@ fn assert_one_answer_at_a_time(run: &KillRun, macs: &BTreeMap<[u8; 6], String>) 
 }
 
 #[test]
-fn the_service_ip_moves_on_every_fault_and_never_has_two_answers() {
+fn faults_move_the_service_ip_with_never_two_answers_and_forged_packets_move_nothing() {
     let mut rig = FailoverRig::start_gossip("gsp", NODE_GRACE_MS);
     // Every agent sees the two others alive, by node name.
     for i in 0..3 {
@@ -98,12 +98,83 @@ fn the_service_ip_moves_on_every_fault_and_never_has_two_answers() {
         .cluster
         .nodes
         .iter()
-        .map(|n| n.log())
+        .map(ipam_tests::cluster::ClusterNode::log)
         .collect::<String>();
     assert!(
         cut_off_log.contains("gossip fence closed, responders silent"),
         "no agent logged its fence closing"
     );
+
+    forged_packets_move_nothing(&rig);
+}
+
+/// A host on the segment (the client) sends the owner's gossip port what it can make without
+/// the cluster key, and replays an authentic packet: each is dropped for its reason, and the
+/// IP stays where it is with every member alive.
+fn forged_packets_move_nothing(rig: &FailoverRig) {
+    let owner = rig.owner().expect("one node answers");
+    let index = rig
+        .cluster
+        .nodes
+        .iter()
+        .position(|n| n.name == owner)
+        .unwrap();
+    let target: std::net::SocketAddr = format!("{}:7946", node_addresses(index).0).parse().unwrap();
+    let key = std::fs::read_to_string(rig.cluster.gossip_key().unwrap()).unwrap();
+    let from: std::net::SocketAddr = format!("{CLIENT}:7946").parse().unwrap();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let mut stranger = Envelope::new(Keyring::new(("stranger", &[9; 32]), []).unwrap(), from);
+    let mut member = Envelope::new(
+        Keyring::new(("cluster", key.trim().as_bytes()), []).unwrap(),
+        from,
+    );
+    let foreign = stranger.seal(now(), b"node-0 is dead");
+    // The key id travels in clear: a forger can copy it, not the tag.
+    let mut tampered = member.seal(now(), b"node-0 is dead");
+    let last = tampered.len() - 40;
+    tampered[last] ^= 0xff;
+    let authentic = member.seal(now(), b"not a protocol message");
+    let packets: Vec<Vec<u8>> = vec![
+        b"hello".to_vec(),
+        foreign,
+        tampered,
+        authentic.clone(),
+        authentic,
+    ];
+    rig.client.run(move || {
+        let socket = std::net::UdpSocket::bind((CLIENT, 0)).unwrap();
+        for p in packets {
+            socket.send_to(&p, target).unwrap();
+        }
+    });
+    let log = || rig.cluster.nodes[index].log();
+    for reason in [
+        "shorter than an envelope",
+        "signed with a key this node does not hold",
+        "the tag does not match",
+        "authentic, but not a message the protocol can read",
+        "already received",
+    ] {
+        wait_until(
+            Duration::from_secs(5),
+            &format!("the owner dropping a packet: {reason}"),
+            || log().contains(reason),
+            log,
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        rig.owner().as_deref(),
+        Some(owner.as_str()),
+        "the IP stayed"
+    );
+    let members = rig.cluster.ipamctl(index, &["members"]);
+    assert_eq!(members.matches(" alive ").count(), 2, "{members}");
 }
 
 #[test]
@@ -141,4 +212,109 @@ fn at_rest_the_store_sees_one_lease_renewal_per_node_and_period() {
         .filter(|k| !k.starts_with("/Lease/node-") && *k != "/Lease/ipam-operator")
         .collect();
     assert!(others.is_empty(), "writes at rest: {writes:?}");
+}
+
+#[test]
+fn a_minority_of_two_falls_silent_and_the_majority_answers_for_its_ips() {
+    let mut c = Cluster::start("gmn", 1);
+    c.enable_gossip();
+    for _ in 0..5 {
+        c.add_node("gmn");
+    }
+    let client = c.add_client("gmnc");
+    c.put("lb", &segment_pool());
+    c.put("uplinks", &uplink_policy());
+    for i in 0..12 {
+        c.put(&format!("default/s{i}"), &lb_service(80));
+    }
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    // Who answers each service IP, as the client sees it.
+    let owners = || -> BTreeMap<Ipv4Addr, Vec<String>> {
+        service_ips(&c)
+            .into_iter()
+            .map(|ip| {
+                let answers = client.run(move || {
+                    ipam_tests::resolve::Resolver::new("eth0").arp_all(
+                        CLIENT,
+                        ip,
+                        Duration::from_millis(150),
+                    )
+                });
+                let nodes = answers
+                    .iter()
+                    .map(|m| macs.get(m).cloned().unwrap_or_default());
+                (ip, nodes.collect())
+            })
+            .collect()
+    };
+    // Waits until each of the 12 IPs has one answer, from a node `want` accepts.
+    let settled = |want: &dyn Fn(&str) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let seen = owners();
+            if seen.len() == 12 && seen.values().all(|o| o.len() == 1 && want(&o[0])) {
+                return seen;
+            }
+            assert!(std::time::Instant::now() < deadline, "answers: {seen:?}");
+        }
+    };
+    let minority = ["node-3", "node-4"];
+    let before = settled(&|_| true);
+    let watched: Vec<Ipv4Addr> = before
+        .iter()
+        .filter(|(_, o)| minority.contains(&o[0].as_str()))
+        .map(|(ip, _)| *ip)
+        .collect();
+    assert!(
+        !watched.is_empty(),
+        "the minority answers for some IPs: {before:?}"
+    );
+
+    let start = std::time::Instant::now();
+    let watches: Vec<ArpWatch> = watched
+        .iter()
+        .map(|ip| ArpWatch::start(&client, CLIENT, *ip, start))
+        .collect();
+    c.partition(&[3, 4]);
+    std::thread::sleep(Duration::from_secs(3));
+    for (ip, watch) in watched.iter().zip(watches) {
+        let samples = watch.stop();
+        let doubles = double_answers(&samples);
+        assert!(
+            doubles.is_empty(),
+            "{ip}: two answers during the partition: {doubles:?}"
+        );
+    }
+    // Every IP is answered by the majority; the minority knows it is silent.
+    let cut = settled(&|o| !minority.contains(&o));
+    println!("before: {before:?}\nduring: {cut:?}");
+    for i in [3, 4] {
+        let members = c.ipamctl(i, &["members"]);
+        assert!(members.contains("responders SILENT"), "{members}");
+    }
+
+    // Healed: all five alive again everywhere, one answer per IP, and the minority's IPs back
+    // on it (ownership is a function of who is alive).
+    c.heal(&[3, 4]);
+    for i in 0..5 {
+        wait_until(
+            Duration::from_secs(20),
+            "every agent seeing the four others alive",
+            || c.ipamctl(i, &["members"]).matches(" alive ").count() == 4,
+            || c.ipamctl(i, &["members"]),
+        );
+    }
+    let after = settled(&|_| true);
+    assert_eq!(after, before, "the same owners as before the partition");
+}
+
+fn service_ips(c: &Cluster) -> Vec<Ipv4Addr> {
+    c.list::<Service>()
+        .into_iter()
+        .filter_map(|s| match s.value.status.ingress.first() {
+            Some(std::net::IpAddr::V4(v4)) => Some(*v4),
+            _ => None,
+        })
+        .collect()
 }

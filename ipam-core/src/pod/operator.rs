@@ -538,15 +538,23 @@ impl Operator {
         let status = NodeIpamStatus {
             allocated: Vec::new(),
             lost: Vec::new(),
-            conditions: vec![Condition::new(
-                READY,
-                false,
-                format!(
-                    "node lease {} not renewed for {} s (the grace period): its blocks went back                      to the pools; the node's agent asks for them again when it returns",
-                    node_lease_name(name),
-                    grace.as_secs()
+            conditions: vec![
+                Condition::new(
+                    READY,
+                    false,
+                    format!(
+                        "node lease {} not renewed for {} s (the grace period): its blocks went \
+                         back to the pools; the node's agent asks for them again when it returns",
+                        node_lease_name(name),
+                        grace.as_secs()
+                    ),
                 ),
-            )],
+                Condition::new(
+                    crate::resources::LEASE_LAPSED,
+                    true,
+                    "released by the operator",
+                ),
+            ],
         };
         if status == node.value.status {
             return None;

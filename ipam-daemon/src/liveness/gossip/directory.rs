@@ -6,7 +6,8 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
-use ipam_core::resources::NodeIpam;
+use ipam_core::{resources::NodeIpam, store::Versioned};
+use ipam_gossip::View;
 
 use crate::cluster::cache::Cache;
 
@@ -81,11 +82,29 @@ impl Directory {
             .collect()
     }
 
-    /// Whether other nodes are known: hearing none of them then means being cut off.
-    pub(super) fn expects_peers(&self) -> bool {
-        self.records
+    /// The cluster as the fence reckons a majority from it: every node with a record that lists
+    /// an address (less those the operator released for a lapsed lease), this one included;
+    /// and of those, the ones among `alive` (members held alive and unsuspected), plus this one.
+    pub(super) fn view(&self, alive: impl IntoIterator<Item = SocketAddr>) -> View {
+        let counted = |r: &&Versioned<NodeIpam>| {
+            r.name != self.me && !r.value.spec.addresses.is_empty() && !r.value.lease_lapsed()
+        };
+        let others: BTreeSet<&str> = self
+            .records
             .iter()
-            .any(|r| r.name != self.me && !r.value.spec.addresses.is_empty())
+            .filter(counted)
+            .map(|r| r.name.as_str())
+            .collect();
+        let alive = alive
+            .into_iter()
+            .filter_map(|a| self.node_at(a))
+            .filter(|n| others.contains(n))
+            .collect::<BTreeSet<_>>()
+            .len();
+        View {
+            members: others.len() + 1,
+            alive: alive + 1,
+        }
     }
 
     /// How many nodes there are (at least this one), to size the protocol's dissemination.

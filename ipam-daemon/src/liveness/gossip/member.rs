@@ -271,6 +271,15 @@ impl Member {
         true
     }
 
+    /// The members held alive and unsuspected.
+    fn alive_members(&self) -> Vec<SocketAddr> {
+        self.peer
+            .members()
+            .filter(|(_, state)| *state == State::Alive)
+            .map(|(id, _)| id.addr)
+            .collect()
+    }
+
     fn publish_membership(&mut self) {
         let live = self.directory.nodes_of(self.peer.active().map(|p| p.addr));
         self.outputs.membership.send_if_modified(|m| {
@@ -284,9 +293,8 @@ impl Member {
 
     fn judge_fence(&mut self) {
         let now = self.origin.elapsed();
-        let verdict = self
-            .fence
-            .judge(self.peer.contact(), now, self.directory.expects_peers());
+        let view = self.directory.view(self.alive_members());
+        let verdict = self.fence.judge(self.peer.contact(), now, view);
         let state = match &verdict {
             Ok(()) => {
                 let since = *self.open_since.get_or_insert(now);
@@ -337,7 +345,7 @@ impl Member {
             Ok(None) => {}
             Err(e) => self.log_trouble("keys", || format!("keeping the gossip keys in use: {e}")),
         }
-        if self.peer.active().next().is_none() && self.directory.expects_peers() {
+        if self.peer.active().next().is_none() && self.directory.view([]).members > 1 {
             self.join();
         }
         self.publish_membership();
@@ -450,5 +458,6 @@ fn silenced_label(why: &Silenced) -> &'static str {
         Silenced::NeverHeard => "never_heard",
         Silenced::NothingHeard(_) => "nothing_heard",
         Silenced::ProbesUnanswered { .. } => "probes_unanswered",
+        Silenced::Minority { .. } => "minority",
     }
 }

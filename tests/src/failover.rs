@@ -455,6 +455,66 @@ impl FailoverRig {
     }
 }
 
+/// What `kills` power losses cost the client: the median time until a request is answered
+/// again, and the share of requests that failed from `before` each kill to `after` it.
+#[derive(Debug, Clone, Copy)]
+pub struct KillFigures {
+    pub failover_s: f64,
+    pub failed_requests_pct: f64,
+}
+
+impl FailoverRig {
+    /// `kills` power losses of the owner, one after another (the node comes back between),
+    /// each printed as it happens.
+    pub fn measure_kills(
+        &mut self,
+        kills: usize,
+        before: Duration,
+        after: Duration,
+    ) -> KillFigures {
+        let mut failovers = Vec::new();
+        let (mut failed, mut total) = (0, 0);
+        for k in 1..=kills {
+            let run = self.kill_owner(before, after);
+            let (f, t) = run.failed_in(before, after);
+            failed += f;
+            total += t;
+            let s = run
+                .failover_s()
+                .expect("requests answered again after the kill");
+            println!(
+                "kill {k}: {} lost power; answered again after {s:.2} s; {f} of {t} requests failed",
+                run.victim
+            );
+            failovers.push(s);
+        }
+        KillFigures {
+            failover_s: crate::tcp_bench::median(failovers),
+            failed_requests_pct: 100.0 * failed as f64 / total.max(1) as f64,
+        }
+    }
+
+    /// Store writes per second at rest over `window`, counted by the store (a watch on every
+    /// key): (by the nodes, per node; by the operator).
+    pub fn writes_at_rest(&self, window: Duration) -> (f64, f64) {
+        let writes = self
+            .cluster
+            .count_writes_by(true, || std::thread::sleep(window));
+        let operator: u64 = writes
+            .iter()
+            .filter(|(key, _)| *key == "/Lease/ipam-operator")
+            .map(|(_, n)| n)
+            .sum();
+        let nodes: u64 = writes.values().sum::<u64>() - operator;
+        println!("writes at rest in {window:?}, by key: {writes:?}");
+        let s = window.as_secs_f64();
+        (
+            nodes as f64 / self.cluster.nodes.len() as f64 / s,
+            operator as f64 / s,
+        )
+    }
+}
+
 impl Drop for FailoverRig {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);

@@ -15,7 +15,6 @@ use ipam_core::lb::resources::{LbIpBlock, LbIpPool};
 use ipam_tests::{
     cluster::{NODE_LEASE_MS, wait_until},
     failover::{FailoverRig, lb_service, segment_pool},
-    tcp_bench::median,
 };
 
 const KILLS: usize = 5;
@@ -31,24 +30,8 @@ fn main() {
         NODE_LEASE_MS / 3,
         rig.ip
     );
-    let mut failovers = Vec::new();
-    let (mut failed, mut total) = (0, 0);
-    for k in 1..=KILLS {
-        let run = rig.kill_owner(BEFORE, AFTER);
-        let (f, t) = run.failed_in(BEFORE, AFTER);
-        failed += f;
-        total += t;
-        let s = run
-            .failover_s()
-            .expect("requests answered again after the kill");
-        println!(
-            "kill {k}: {} lost power; answered again after {s:.2} s; {f} of {t} requests failed",
-            run.victim
-        );
-        failovers.push(s);
-    }
-    let failover = median(failovers);
-    let failed_pct = 100.0 * failed as f64 / total as f64;
+    let figures = rig.measure_kills(KILLS, BEFORE, AFTER);
+    let (failover, failed_pct) = (figures.failover_s, figures.failed_requests_pct);
 
     // 1,000 services over the 3 nodes (a second pool holds them; the segment's has 230).
     let bulk = LbIpPool {
@@ -86,7 +69,7 @@ fn main() {
     let per_s = writes as f64 / window.as_secs_f64();
     println!("steady state with {SERVICES} services, writes in {window:?} by kind: {by_kind:?}");
     println!(
-        "median failover {failover:.2} s over {KILLS} kills; {failed} of {total} requests failed"
+        "median failover {failover:.2} s over {KILLS} kills; {failed_pct:.2} % of requests failed"
     );
     println!(
         "failover_s={failover:.2} failed_requests_pct={failed_pct:.2} \

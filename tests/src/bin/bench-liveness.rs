@@ -1,6 +1,7 @@
-//! `cargo xtask bench liveness`: node liveness between peers (ipam-gossip), simulated.
+//! `cargo xtask bench liveness`: node liveness between peers (ipam-gossip), simulated at scale
+//! and real in the failover lab.
 //!
-//! A warm cluster of `IPAM_BENCH_LIVENESS_MEMBERS` members (default 5,000) runs foca with the
+//! **Simulated.** A warm cluster of `IPAM_BENCH_LIVENESS_MEMBERS` members (default 5,000) runs foca with the
 //! default timings over a modelled LAN with 1 % loss on every packet, on a virtual clock, in
 //! one thread, with a fixed seed (the run repeats exactly):
 //!
@@ -11,14 +12,25 @@
 //! - **kills**: 10 members killed one after another (no goodbye); for each, the time until
 //!   every other member declared it dead. `detect_p50_s` and `detect_p99_s` over the kills.
 //!
-//! The reference printed next to it is the store-lease scheme the project ran before: what the
-//! same cluster would cost the store, computed from its timings (no store can be run at this
-//! size here). The real part of the benchmark (the failover lab with the gossip in the agents)
-//! comes with the agents' gossip transport; until then `cargo xtask bench failover` measures
-//! failover through the store.
+//! The reference printed next to it is the store-lease scheme: what the same cluster would cost
+//! the store, computed from its timings (no store can be run at this size here).
 //!
-//! Last line: `detect_p50_s=<f> detect_p99_s=<f> false_suspicions=<n>
-//! gossip_bytes_per_node_per_s=<n> members=<n>`.
+//! **Real.** The failover lab (`cargo xtask lab failover`: real etcd, an operator, three agents
+//! and a client on one segment, the client requesting every 50 ms), its agents gossiping with
+//! the default timings and the lease renewed every 10 s (the default):
+//! - `failover_s`: median over 5 power losses of the node answering for the service IP (agent
+//!   SIGKILLed, link cut) of the time until the client's requests are answered again;
+//! - `failed_requests_pct`: failed requests from 5 s before to 30 s after each loss;
+//! - `store_writes_per_node_per_s`: every write the nodes make at rest over 60 s, counted by a
+//!   watch on every key of the store, per node and second (the operator's own lease renewal is
+//!   one writer whatever the cluster's size, and printed apart).
+//!
+//! The same lab with store leases (the scheme without `[gossip]`) runs next to it as the
+//! reference: 3 power losses and 20 s of writes at rest.
+//!
+//! `IPAM_BENCH_LIVENESS_PARTS=sim` or `=real` runs one part. Last line: `detect_p50_s=<f>
+//! detect_p99_s=<f> false_suspicions=<n> gossip_bytes_per_node_per_s=<n> members=<n>
+//! failover_s=<f> failed_requests_pct=<f> store_writes_per_node_per_s=<f>`.
 
 use std::time::{Duration, Instant};
 
@@ -26,12 +38,70 @@ use ipam_gossip::{
     Keyring, Timing,
     sim::{NetworkModel, Simulation},
 };
+use ipam_tests::failover::{FailoverRig, KillFigures};
 
 const QUIET: Duration = Duration::from_secs(30);
 const KILLS: usize = 10;
 const SEED: u64 = 19;
+const LAB_KILLS: usize = 5;
+const REFERENCE_KILLS: usize = 3;
+const BEFORE: Duration = Duration::from_secs(5);
+const AFTER: Duration = Duration::from_secs(30);
+/// The lab's grace period: a third of it is the default renewal, 10 s.
+const LAB_GRACE_MS: u64 = 30_000;
 
 fn main() {
+    let parts = std::env::var("IPAM_BENCH_LIVENESS_PARTS").unwrap_or_else(|_| "sim,real".into());
+    let sim = parts.contains("sim").then(simulated);
+    let real = parts.contains("real").then(real);
+    let mut last = Vec::new();
+    if let Some(s) = sim {
+        last.push(s);
+    }
+    if let Some(r) = real {
+        last.push(r);
+    }
+    println!("{}", last.join(" "));
+}
+
+/// The failover lab with gossip, then with store leases; the headline figures.
+fn real() -> String {
+    println!("\nthe failover lab, agents gossiping (lease renewed every 10 s)");
+    let mut rig = FailoverRig::start_gossip("blg", LAB_GRACE_MS);
+    std::thread::sleep(Duration::from_secs(3));
+    let (per_node, operator) = rig.writes_at_rest(Duration::from_secs(60));
+    let gossip = rig.measure_kills(LAB_KILLS, BEFORE, AFTER);
+    drop(rig);
+
+    println!("\nreference: the same lab with store leases (node_lease_ms = 1500)");
+    let mut reference = FailoverRig::start("bll");
+    std::thread::sleep(Duration::from_secs(3));
+    let (reference_per_node, _) = reference.writes_at_rest(Duration::from_secs(20));
+    let leases: KillFigures = reference.measure_kills(REFERENCE_KILLS, BEFORE, AFTER);
+    drop(reference);
+
+    println!(
+        "\n{:<14} {:>11} {:>16} {:>28}",
+        "liveness", "failover_s", "failed_requests", "store writes/node/s at rest"
+    );
+    for (name, f, w) in [
+        ("gossip", gossip, per_node),
+        ("store leases", leases, reference_per_node),
+    ] {
+        println!(
+            "{name:<14} {:>11.2} {:>15.2}% {w:>28.3}",
+            f.failover_s, f.failed_requests_pct
+        );
+    }
+    println!("the operator's lease (one writer per cluster): {operator:.2} writes/s");
+    format!(
+        "failover_s={:.2} failed_requests_pct={:.2} store_writes_per_node_per_s={per_node:.3}",
+        gossip.failover_s, gossip.failed_requests_pct
+    )
+}
+
+/// The simulated cluster; the headline figures.
+fn simulated() -> String {
     let members: usize = std::env::var("IPAM_BENCH_LIVENESS_MEMBERS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -116,9 +186,9 @@ fn main() {
     println!(
         "detect over {KILLS} kills: p50 {p50:.2} s, p99 {p99:.2} s (the p99 of {KILLS} is their maximum)"
     );
-    println!(
+    format!(
         "detect_p50_s={p50:.2} detect_p99_s={p99:.2} false_suspicions={false_suspicions} gossip_bytes_per_node_per_s={bytes_per_node_per_s:.0} members={members}"
-    );
+    )
 }
 
 /// The nearest-rank percentile of sorted `values`.

@@ -8,7 +8,8 @@
 //!   suspicion delay, and nobody declares a member dead before its suspicion runs out, so a cut
 //!   off node is silent *before* anyone may take over: that difference is the fencing margin.
 //! - **Most probes unanswered** over `Fence::window`: the node still hears some members (a
-//!   minority cut off together) but more of its own probes fail than are answered. This one has
+//!   minority cut off together) but more of its own probes fail than are answered, and of at
+//!   least two members (one dead member failing every probe of it is a death, not a cut). This one has
 //!   no hard margin against the majority's detection, which runs at the same pace (a probe per
 //!   period each way); with a window of two periods and a bit, the minority's first two failed
 //!   probes close it, and the simulator checks that this is never later than the majority
@@ -33,8 +34,9 @@ pub struct Contact {
     /// When each sender was last heard from (for operators: "last contact"). Senders are
     /// authenticated members, keyed by address: it holds one entry per node address.
     heard_from: HashMap<SocketAddr, Duration>,
-    /// Outcomes of this member's own probes, oldest first: `true` when answered.
-    probes: VecDeque<(Duration, bool)>,
+    /// Outcomes of this member's own probes, oldest first: `None` when answered, else the
+    /// member that did not answer.
+    probes: VecDeque<(Duration, Option<SocketAddr>)>,
     last_answered: Option<ProbeNumber>,
 }
 
@@ -54,17 +56,17 @@ impl Contact {
     pub(crate) fn answered(&mut self, at: Duration, probe: ProbeNumber) {
         if self.last_answered != Some(probe) {
             self.last_answered = Some(probe);
-            self.record(at, true);
+            self.record(at, None);
         }
     }
 
-    /// A probe of this member's went unanswered.
-    pub(crate) fn failed(&mut self, at: Duration) {
-        self.record(at, false);
+    /// A probe of this member's, of `target`, went unanswered.
+    pub(crate) fn failed(&mut self, at: Duration, target: SocketAddr) {
+        self.record(at, Some(target));
     }
 
-    fn record(&mut self, at: Duration, answered: bool) {
-        self.probes.push_back((at, answered));
+    fn record(&mut self, at: Duration, outcome: Option<SocketAddr>) {
+        self.probes.push_back((at, outcome));
         // A generous bound: the window holds a few periods' probes.
         while self.probes.len() > 64 {
             self.probes.pop_front();
@@ -76,28 +78,43 @@ impl Contact {
         self.last_heard.map(|at| now.saturating_sub(at))
     }
 
-    /// This member's probes that ended within `window` before `now`: (answered, failed).
-    pub fn probes_within(&self, now: Duration, window: Duration) -> (usize, usize) {
+    /// This member's probes that ended within `window` before `now`.
+    pub fn probes_within(&self, now: Duration, window: Duration) -> Probes {
         let since = now.saturating_sub(window);
-        self.probes.iter().filter(|(at, _)| *at >= since).fold(
-            (0, 0),
-            |(yes, no), (_, answered)| {
-                if *answered {
-                    (yes + 1, no)
-                } else {
-                    (yes, no + 1)
+        let mut probes = Probes::default();
+        let mut unanswering = Vec::new();
+        for (_, outcome) in self.probes.iter().filter(|(at, _)| *at >= since) {
+            match outcome {
+                None => probes.answered += 1,
+                Some(target) => {
+                    probes.failed += 1;
+                    if !unanswering.contains(target) {
+                        unanswering.push(*target);
+                    }
                 }
-            },
-        )
+            }
+        }
+        probes.unanswering = unanswering.len();
+        probes
     }
 }
 
-/// The fence's two rules (see the module comment).
+/// A member's recent probes: how many were answered, how many failed, and of how many
+/// different members.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Probes {
+    pub answered: usize,
+    pub failed: usize,
+    pub unanswering: usize,
+}
+
+/// The fence's rules (see the module comment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     /// Silent after hearing no other member for this long; below the suspicion delay.
     pub quiet: Duration,
-    /// Silent while more probes failed than were answered within this window.
+    /// Silent while more probes failed than were answered within this window, of at least two
+    /// different members.
     pub window: Duration,
 }
 
@@ -137,8 +154,15 @@ impl Fence {
             Some(ago) if ago >= self.quiet => return Err(Silenced::NothingHeard(ago)),
             Some(_) => {}
         }
-        let (answered, failed) = contact.probes_within(now, self.window);
-        if failed > answered {
+        // One dead member fails every probe of it until it is declared dead: that is a death,
+        // not this member being cut off. Two members that do not answer, and more failures than
+        // answers, is.
+        let Probes {
+            answered,
+            failed,
+            unanswering,
+        } = contact.probes_within(now, self.window);
+        if unanswering >= 2 && failed > answered {
             return Err(Silenced::ProbesUnanswered { answered, failed });
         }
         if view.alive * 2 <= view.members {
@@ -162,6 +186,11 @@ mod tests {
 
     const FROM: SocketAddr = SocketAddr::new(
         std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1)),
+        7946,
+    );
+
+    const OTHER: SocketAddr = SocketAddr::new(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 2)),
         7946,
     );
 
@@ -204,8 +233,8 @@ mod tests {
         let mut contact = Contact::default();
         contact.answered(ms(100), 1);
         contact.answered(ms(110), 1); // the forwarded answer to the same probe
-        contact.failed(ms(300));
-        contact.failed(ms(500));
+        contact.failed(ms(300), FROM);
+        contact.failed(ms(500), OTHER);
         contact.heard(ms(550), FROM);
         assert_eq!(
             FENCE.judge(&contact, ms(600), THREE),
@@ -221,6 +250,17 @@ mod tests {
             Ok(()),
             "as many answered as failed"
         );
+    }
+
+    #[test]
+    fn one_dead_member_failing_every_probe_fences_nothing() {
+        let mut contact = Contact::default();
+        contact.failed(ms(100), OTHER);
+        contact.answered(ms(300), 1);
+        contact.failed(ms(500), OTHER);
+        contact.failed(ms(540), OTHER);
+        contact.heard(ms(550), FROM);
+        assert_eq!(FENCE.judge(&contact, ms(560), THREE), Ok(()));
     }
 
     #[test]

@@ -280,7 +280,7 @@ impl Runtime<PeerId> for Sink<'_> {
             },
             Notification::ProbeFailed(_, id) => {
                 self.stats.suspicions += 1;
-                self.contact.failed(self.now.monotonic);
+                self.contact.failed(self.now.monotonic, id.addr);
                 Event::Suspected(*id)
             }
             Notification::Rejoin(id) => Event::Rejoined(*id),

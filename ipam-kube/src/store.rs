@@ -387,6 +387,38 @@ impl KubeStore {
         }
     }
 
+    /// Writes `body`'s spec under `expected`, with no read first: the API server refuses it
+    /// (409) if the object moved on, and the caller reads then.
+    async fn patch_under(
+        &self,
+        api: &Api<DynamicObject>,
+        kind: &str,
+        name: &str,
+        object_name: &str,
+        expected: &Revision,
+        body: Value,
+    ) -> Result<Revision, StoreError> {
+        let spec = body.get("spec").cloned().unwrap_or_else(|| json!({}));
+        let patch = precondition_and_set(expected, "spec", spec);
+        match api
+            .patch(
+                object_name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(written) => Ok(revision_of(&written)),
+            Err(kube::Error::Api(status)) if status.code == 404 => Err(StoreError::NotFound {
+                kind: kind.to_owned(),
+                name: name.to_owned(),
+            }),
+            Err(e) => Err(self
+                .refused(api, kind, name, object_name, expected, e)
+                .await),
+        }
+    }
+
     /// The error for a write the API server refused: a conflict names the version the object
     /// is at now (read again, as the server's answer does not say).
     async fn refused(
@@ -496,6 +528,12 @@ impl Store for KubeStore {
         let api = self.api_for(mapping, Some(name));
         let (body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
         let object_name = Self::object_name(mapping, name);
+        if let Mapping::Lease = mapping {
+            // A lease renewal is one write: its spec, under the revision the renewer holds.
+            return self
+                .patch_under(&api, kind, name, &object_name, expected, body)
+                .await;
+        }
         let current = api
             .get_opt(&object_name)
             .await

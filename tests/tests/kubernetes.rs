@@ -491,20 +491,30 @@ impl AgentNode {
         }
     }
 
-    /// The agent's configuration: the Kubernetes store, short leases, and `ipam` (the mode and
-    /// the node's name) in the `[ipam]` section.
+    /// The agent's configuration as deploy/ has it: the Kubernetes store, liveness between the
+    /// agents (`[gossip]`, on the namespace's loopback and a key of its own: the test runs one
+    /// agent), and `ipam` (the mode and the node's name) in the `[ipam]` section.
     fn config(&self, ipam: &str) -> TempFile {
+        let key = self.dir.0.join("gossip.key");
+        std::fs::write(&key, ipam_tests::cluster::random_key_hex()).unwrap();
+        self.config_gossiping(ipam, "127.0.0.1", &key)
+    }
+
+    /// As `config`, gossiping on `address` with the cluster key in `key`.
+    fn config_gossiping(&self, ipam: &str, address: &str, key: &std::path::Path) -> TempFile {
         let config = TempFile::new("kube-agent", "toml");
         std::fs::write(
             &config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 500\n\
+                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 300\n\
                  heartbeat_interval_ms = 100\n\n\
                  [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-                 [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\n\n\
+                 [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\nnode_renew_ms = 1000\n\n\
+                 [gossip]\naddress = \"{address}\"\nkey_file = \"{}\"\n\n\
                  [ipam]\n{ipam}\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
                  families = [\"v4\"]\n",
                 self.root.0.display(),
+                key.display(),
                 d = self.dir.0.display()
             ),
         )
@@ -653,7 +663,7 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
             println!("the admission policy is not exercised: the stand-in runs no admission");
         }
     }
-    // Its liveness lease, renewed.
+    // Its liveness lease, renewed (with one write: the agent holds the version it wrote).
     wait_for(
         "kn-1's lease renewed",
         async || {
@@ -850,4 +860,154 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     agent.kill();
     operator.kill();
     api
+}
+
+/// Service IPs move between agents that gossip, on the Kubernetes API: three agents in
+/// namespaces on one bridge (each reaching the API on its own loopback), the operator on the
+/// host, a client on the bridge. The node answering for a Service's IP loses power: another
+/// answers, and the client never gets two answers to one request. No agent lists or watches a
+/// Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() {
+    use ipam_tests::{
+        arp_watch::{ArpWatch, double_answers},
+        failover::{CLIENT, segment_pool, uplink_policy},
+        netns::{Netns, veth},
+        resolve::Resolver,
+    };
+    let api = start_api("service_ips_move_between_gossiping_agents_on_the_kubernetes_api").await;
+    let kubeconfig = kubeconfig_for(&api, Who::Operator).await;
+    let config = TempFile::new("kube-operator", "toml");
+    std::fs::write(
+        &config.0,
+        format!(
+            "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
+             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
+             [ipam]\nmode = \"cluster-pool\"\n{POOLS}"
+        ),
+    )
+    .unwrap();
+    let operator = Daemon::start_on_host(
+        &config.0,
+        &["--role", "operator"],
+        &[("KUBECONFIG", &kubeconfig.0)],
+    );
+
+    let fabric = Netns::new("kgf");
+    fabric.add_bridge("br0");
+    let key = TempFile::new("kube-gossip", "key");
+    std::fs::write(&key.0, ipam_tests::cluster::random_key_hex()).unwrap();
+    let names = ["kg-0", "kg-1", "kg-2"];
+    let mut nodes = Vec::new();
+    // Behind a lock: the failure messages read their logs while the test kills one.
+    let agents = std::sync::Mutex::new(Vec::new());
+    for (i, name) in names.into_iter().enumerate() {
+        let node = AgentNode::new(&api, &format!("kg{i}"), name).await;
+        veth(&node.ns, "up0", &fabric, &format!("kgp{i}"));
+        fabric.add_port(&format!("kgp{i}"), "br0");
+        let address = format!("10.77.0.{}", i + 1);
+        node.ns.add_address("up0", &format!("{address}/24"));
+        let ipam = format!("mode = \"cluster-pool\"\nnode_name = \"{name}\"\nuplinks = [\"up0\"]");
+        let config = node.config_gossiping(&ipam, &address, &key.0);
+        agents.lock().unwrap().push(Some(node.start(&config)));
+        nodes.push((node, config));
+    }
+    let client = Netns::new("kgc");
+    veth(&client, "eth0", &fabric, "kgpc");
+    fabric.add_port("kgpc", "br0");
+    client.add_address("eth0", &format!("{CLIENT}/24"));
+    let logs = || {
+        let mut all = operator.log_text();
+        for a in agents.lock().unwrap().iter().flatten() {
+            all += &a.log_text();
+        }
+        all
+    };
+
+    let store = KubeStore::new(api.client().await, "ipam-system");
+    store.create_typed("lb", &segment_pool()).await.unwrap();
+    store
+        .create_typed("uplinks", &uplink_policy())
+        .await
+        .unwrap();
+    api.create_namespace("shop", serde_json::json!({})).await;
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(api.client().await, "shop");
+    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "web", "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
+    }))
+    .unwrap();
+    services
+        .create(&kube::api::PostParams::default(), &web)
+        .await
+        .expect("create the Service");
+    let ip: std::net::Ipv4Addr = wait_for(
+        "the Service's ingress IP",
+        async || {
+            let s = services.get("web").await.ok()?;
+            s.status?
+                .load_balancer?
+                .ingress?
+                .first()?
+                .ip
+                .clone()?
+                .parse()
+                .ok()
+        },
+        &logs,
+    )
+    .await;
+    let macs: Vec<[u8; 6]> = nodes.iter().map(|(n, _)| n.ns.mac("up0")).collect();
+    // The MACs that answer a request (the watch's requests are answered too, hence the dedup).
+    let answers = || {
+        let mut macs = client
+            .run(move || Resolver::new("eth0").arp_all(CLIENT, ip, Duration::from_millis(150)));
+        macs.sort_unstable();
+        macs.dedup();
+        macs
+    };
+    let owner = wait_for(
+        "one node answering for the Service's IP",
+        async || match answers().as_slice() {
+            [one] => macs.iter().position(|m| m == one),
+            _ => None,
+        },
+        &logs,
+    )
+    .await;
+
+    let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
+    let killed = agents.lock().unwrap()[owner].take();
+    killed.expect("the owner's agent").kill();
+    nodes[owner].0.ns.down("up0");
+    let next = wait_for(
+        "another node answering for the Service's IP",
+        async || match answers().as_slice() {
+            [one] => macs.iter().position(|m| m == one).filter(|n| *n != owner),
+            _ => None,
+        },
+        &logs,
+    )
+    .await;
+    let samples = watch.stop();
+    assert!(
+        double_answers(&samples).is_empty(),
+        "two answers for {ip}: {:?}",
+        double_answers(&samples)
+    );
+    println!("{ip} moved from {} to {}", names[owner], names[next]);
+
+    let agent = Who::Agent("kg-0").user(&api);
+    let lease_verbs: BTreeSet<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user == agent && r.resource == "leases")
+        .map(|r| r.verb)
+        .collect();
+    assert!(
+        !lease_verbs.contains("list") && !lease_verbs.contains("watch"),
+        "the agents read the others' leases: {lease_verbs:?}"
+    );
 }

@@ -130,6 +130,59 @@ fn workloads_refer_to_what_exists() {
     );
 }
 
+/// The agents gossip as deploy/ configures them: the key file is where the DaemonSet mounts
+/// the Secret's key, the port is the one it declares, and the responders' timeout is below
+/// the suspicion delay (the configuration check a node runs at start).
+#[test]
+fn the_agents_gossip_with_the_mounted_key_on_the_declared_port() {
+    let objects = all_objects();
+    let text = find(&objects, "ConfigMap", "ipam-config")["data"]["agent.toml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let file = ipam_tests::TempFile::new("deploy-agent", "toml");
+    std::fs::write(&file.0, &text).unwrap();
+    let config = ipam_daemon::config::Config::load(&file.0).unwrap();
+    config.check_fencing(&file.0).unwrap();
+    let gossip = config.gossip.expect("the agents gossip");
+    let agent = &find(&objects, "DaemonSet", "ipam-agent")["spec"]["template"]["spec"];
+    let container = &agent["containers"][0];
+    let port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "gossip")
+        .expect("the gossip port declared");
+    assert_eq!(
+        (port["containerPort"].as_u64(), port["protocol"].as_str()),
+        (Some(u64::from(gossip.port)), Some("UDP"))
+    );
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| {
+            gossip
+                .key_file
+                .starts_with(m["mountPath"].as_str().unwrap())
+                && m["mountPath"] != "/etc/ipam"
+        })
+        .expect("the key file's directory is mounted");
+    let volume = agent["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "ipam-gossip");
+    let item = &volume["secret"]["items"][0];
+    assert_eq!(
+        std::path::Path::new(mount["mountPath"].as_str().unwrap())
+            .join(item["path"].as_str().unwrap()),
+        gossip.key_file
+    );
+}
+
 /// Every `ipam-ebpf.io/...` name a user reads in the README, docs/ or deploy/ is one the code
 /// serves: the load-balancer class, an annotation, or the API group. A name that drifted (the
 /// docs once named the class `ipam-ebpf.io/lb`) is a Service no one serves.

@@ -44,6 +44,10 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
         "Debian's CNI plugins (bridge, ptp, host-local) in the CNI tests and benchmark",
     ),
     (
+        "iptables",
+        "iptables: the gossip test drops a fifth of a node's gossip packets (statistic match)",
+    ),
+    (
         "etcd-server",
         "etcd: the cluster store; tests and the lab start members on loopback",
     ),

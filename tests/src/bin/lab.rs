@@ -38,6 +38,8 @@ fn main() {
     );
     step(1, "The segment and the store: a bridge, three etcd members");
     let mut c = Cluster::start("lab", 0);
+    // The agents tell each other who is alive over UDP (docs/liveness.md).
+    c.enable_gossip();
     println!(
         "    fabric namespace {}: br0 10.77.0.254/24, fd77::fe/64",
         c.fabric.name
@@ -66,7 +68,8 @@ fn main() {
 
     step(
         3,
-        "Three nodes join (ipamd --role agent); node-0 also announces a service IP",
+        "Three nodes join (ipamd --role agent, gossiping on UDP 7946); node-0 also announces a \
+         service IP",
     );
     let announce = format!(
         "[[announcement]]\nip = \"{SERVICE_V4}\"\ninterface = \"{UPLINK}\"\n\n\
@@ -197,7 +200,8 @@ fn main() {
 
     step(
         7,
-        "ipamctl ipam status on node-0: its own state, and the cluster's blocks read from etcd",
+        "ipamctl on node-0: its own state, the cluster's blocks read from etcd, and the gossip \
+         as node-0 sees it",
     );
     let out = c.nodes[0]
         .ns
@@ -218,6 +222,12 @@ fn main() {
                 String::from_utf8_lossy(&out.stderr).trim()
             ),
         );
+    }
+
+    let members = c.ipamctl(0, &["members"]);
+    println!("    $ ipamctl members --config <node-0's ipamd.toml>");
+    for line in members.lines() {
+        println!("    {line}");
     }
 
     step(

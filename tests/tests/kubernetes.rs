@@ -41,6 +41,25 @@ async fn start_api(test: &str) -> TestApi {
     api
 }
 
+/// Namespace `shop` with a Service `web` of type LoadBalancer (port 80), made with the
+/// Kubernetes API as a user makes it; the Services of `shop`.
+async fn create_web_service(api: &TestApi) -> kube::Api<k8s_openapi::api::core::v1::Service> {
+    api.create_namespace("shop", serde_json::json!({})).await;
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(api.client().await, "shop");
+    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "web", "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
+    }))
+    .unwrap();
+    services
+        .create(&kube::api::PostParams::default(), &web)
+        .await
+        .expect("create the Service");
+    services
+}
+
 /// Who a client is.
 #[derive(Clone, Copy)]
 enum Who {
@@ -335,19 +354,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         "{}",
         String::from_utf8_lossy(&applied.stderr)
     );
-    api.create_namespace("shop", serde_json::json!({})).await;
-    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
-        kube::Api::namespaced(api.client().await, "shop");
-    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": "web", "namespace": "shop" },
-        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
-    }))
-    .unwrap();
-    services
-        .create(&kube::api::PostParams::default(), &web)
-        .await
-        .expect("create the Service");
+    let services = create_web_service(&api).await;
     let ingress = wait_for(
         "the Service's ingress IP",
         async || {
@@ -930,19 +937,7 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() {
         .create_typed("uplinks", &uplink_policy())
         .await
         .unwrap();
-    api.create_namespace("shop", serde_json::json!({})).await;
-    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
-        kube::Api::namespaced(api.client().await, "shop");
-    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": "web", "namespace": "shop" },
-        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
-    }))
-    .unwrap();
-    services
-        .create(&kube::api::PostParams::default(), &web)
-        .await
-        .expect("create the Service");
+    let services = create_web_service(&api).await;
     let ip: std::net::Ipv4Addr = wait_for(
         "the Service's ingress IP",
         async || {

@@ -1,31 +1,31 @@
 //! The running member: it drives the sans-io `ipam_gossip::Peer` from a UDP socket and a timer,
-//! turns what it learns into `Membership`, judges the fence after every step, and keeps the
-//! metrics and the `ipamctl members` snapshot current.
+//! turns what it learns into `Membership`, has the fence judged after every step (`fencing`),
+//! and keeps the metrics and the `ipamctl members` snapshot current (`report`).
 
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
-use ipam_api::types::{GossipMember, GossipMembers};
+use ipam_api::types::GossipMembers;
+
 use ipam_core::store::Watch;
-use ipam_gossip::{Dropped, Event, Now, Peer, PeerId, Settings, Silenced, State, Stats};
-use tokio::{net::UdpSocket, sync::oneshot};
+use ipam_gossip::{Now, Peer, PeerId, Settings, State};
+use tokio::{
+    net::UdpSocket,
+    sync::{oneshot, watch},
+};
 
 use super::{
     Inputs, Membership, Outputs,
     directory::Directory,
+    events::log_event,
+    fencing::FenceKeeper,
     keys::KeyFiles,
+    report::{Report, snapshot},
     start::{Started, start},
-};
-use crate::{
-    liveness::fence::FenceState,
-    metrics::{
-        Metrics,
-        gossip::{DirectionLabel, ReasonLabel, StateLabel},
-    },
 };
 
 /// How often keys are re-read, a lone member asks to join again, and the snapshot and gauges
@@ -54,19 +54,14 @@ struct Member {
     directory: Directory,
     records: Watch,
     keys: KeyFiles,
-    fence: ipam_gossip::Fence,
-    outputs: Outputs,
-    metrics: Arc<Metrics>,
-    /// The peer's counters as last added to the metrics.
-    counted: Stats,
+    fence: FenceKeeper,
+    membership: watch::Sender<Membership>,
+    members: Arc<Mutex<GossipMembers>>,
+    report: Report,
     /// Where the next join starts in the list of seeds, and when each kind of trouble was last
     /// logged (so a flood of bad packets is one line a minute).
     next_seed: usize,
     logged: HashMap<&'static str, Instant>,
-    /// The fence stays closed until it has been judged open for `reopen_after` without a break
-    /// (since when, so far): a node coming back first learns who the others are.
-    open_since: Option<Duration>,
-    reopen_after: Duration,
 }
 
 impl Member {
@@ -89,6 +84,11 @@ impl Member {
             Settings::new(&timing, directory.size()),
             keyring,
         );
+        let Outputs {
+            membership,
+            fence,
+            members,
+        } = outputs;
         Self {
             peer,
             socket,
@@ -96,14 +96,12 @@ impl Member {
             directory,
             records,
             keys,
-            fence: timing.fence(),
-            outputs,
-            metrics: inputs.metrics.clone(),
-            counted: Stats::default(),
+            fence: FenceKeeper::new(timing.fence(), timing.probe_period, fence),
+            membership,
+            members,
+            report: Report::new(inputs.metrics.clone()),
             next_seed: 0,
             logged: HashMap::new(),
-            open_since: None,
-            reopen_after: timing.probe_period,
         }
     }
 
@@ -145,22 +143,12 @@ impl Member {
         }
     }
 
-    /// The protocol's next timer, the moment the fence would close if nothing is heard
-    /// before, or the moment it may reopen, whichever comes first.
+    /// The protocol's next timer, or the fence's next judgement, whichever comes first.
     fn next_wakeup(&self) -> Instant {
         let now = self.origin.elapsed();
-        let mut next = self.peer.next_deadline().unwrap_or(now + HOUSEKEEPING);
-        if let Some(ago) = self.peer.contact().heard_ago(now)
-            && ago < self.fence.quiet
-        {
-            next = next.min(now + (self.fence.quiet - ago) + Duration::from_millis(1));
-        }
-        if let Some(since) = self.open_since
-            && *self.outputs.fence.borrow() != FenceState::Open
-        {
-            next = next.min(since + self.reopen_after);
-        }
-        self.origin + next.max(now)
+        let timer = self.peer.next_deadline().unwrap_or(now + HOUSEKEEPING);
+        let fence = self.fence.next_judgement(self.peer.contact(), now);
+        self.origin + fence.map_or(timer, |f| f.min(timer)).max(now)
     }
 
     /// Asks the next few seeds to let this member in.
@@ -214,61 +202,20 @@ impl Member {
     }
 
     fn absorb_events(&mut self) {
+        let now = self.origin.elapsed();
         let mut changed = false;
         for event in self.peer.take_events() {
-            changed |= self.log_event(&event);
+            changed |= log_event(
+                &event,
+                &self.peer,
+                &self.directory,
+                now,
+                self.report.metrics(),
+            );
         }
         if changed {
             self.publish_membership();
         }
-    }
-
-    /// Logs what the member learned; `true` when who is alive may have changed.
-    fn log_event(&mut self, event: &Event) -> bool {
-        let node = |id: &PeerId| {
-            self.directory
-                .node_at(id.addr)
-                .unwrap_or("(no node record)")
-                .to_owned()
-        };
-        match event {
-            Event::Up(id) => tracing::info!(node = node(id), member = %id.addr, "member alive"),
-            Event::Down(id) => {
-                let now = self.origin.elapsed();
-                let silent_for = self
-                    .peer
-                    .contact()
-                    .last_heard_from(id.addr)
-                    .map(|at| now.saturating_sub(at));
-                if let Some(d) = silent_for {
-                    self.metrics.gossip.detect_seconds.observe(d.as_secs_f64());
-                }
-                tracing::warn!(
-                    node = node(id),
-                    member = %id.addr,
-                    silent_ms = silent_for.map(|d| d.as_millis() as u64),
-                    "member declared dead: its service IPs move to the others"
-                );
-            }
-            Event::Renamed { before, after } => tracing::info!(
-                node = node(after),
-                member = %after.addr,
-                before = before.generation,
-                after = after.generation,
-                "member restarted"
-            ),
-            Event::Rejoined(id) => tracing::warn!(
-                generation = id.generation,
-                "this node was declared dead by the others while alive; rejoined"
-            ),
-            Event::Suspected(id) => {
-                tracing::debug!(node = node(id), member = %id.addr, "probe unanswered: suspect");
-                return false;
-            }
-            Event::Connected => tracing::info!("joined the gossip"),
-            Event::Alone => tracing::warn!("no other gossip member is alive"),
-        }
-        true
     }
 
     /// The members held alive and unsuspected.
@@ -282,7 +229,7 @@ impl Member {
 
     fn publish_membership(&mut self) {
         let live = self.directory.nodes_of(self.peer.active().map(|p| p.addr));
-        self.outputs.membership.send_if_modified(|m| {
+        self.membership.send_if_modified(|m| {
             let changed = m.live != live;
             if changed {
                 *m = Membership { live };
@@ -292,48 +239,13 @@ impl Member {
     }
 
     fn judge_fence(&mut self) {
-        let now = self.origin.elapsed();
         let view = self.directory.view(self.alive_members());
-        let verdict = self.fence.judge(self.peer.contact(), now, view);
-        let state = match &verdict {
-            Ok(()) => {
-                let since = *self.open_since.get_or_insert(now);
-                let closed = *self.outputs.fence.borrow() != FenceState::Open;
-                if closed && now.saturating_sub(since) < self.reopen_after {
-                    // Not yet: stays as it is, and the wakeup comes back for it.
-                    return;
-                }
-                FenceState::Open
-            }
-            Err(why) => {
-                self.open_since = None;
-                FenceState::Closed(why.to_string())
-            }
-        };
-        let metrics = &self.metrics.gossip;
-        self.outputs.fence.send_if_modified(|current| {
-            if *current == state {
-                return false;
-            }
-            match &verdict {
-                Ok(()) => {
-                    tracing::info!("gossip fence open: this node may answer for its service IPs");
-                    metrics.fence_open.set(1);
-                }
-                Err(why) => {
-                    tracing::warn!("gossip fence closed, responders silent: {why}");
-                    metrics.fence_open.set(0);
-                    metrics
-                        .fence_closings
-                        .get_or_create(&ReasonLabel {
-                            reason: silenced_label(why).to_owned(),
-                        })
-                        .inc();
-                }
-            }
-            *current = state;
-            true
-        });
+        self.fence.judge(
+            self.peer.contact(),
+            self.origin.elapsed(),
+            view,
+            self.report.metrics(),
+        );
     }
 
     fn housekeeping(&mut self) {
@@ -349,91 +261,14 @@ impl Member {
             self.join();
         }
         self.publish_membership();
-        self.count();
-        self.snapshot();
-    }
-
-    /// Brings the metrics up to the peer's counters.
-    fn count(&mut self) {
-        let stats = self.peer.stats().clone();
-        let gossip = &self.metrics.gossip;
-        let direction = |d: &str| DirectionLabel {
-            direction: d.to_owned(),
-        };
-        let grew = |now: u64, then: u64| now.saturating_sub(then);
-        gossip
-            .packets
-            .get_or_create(&direction("sent"))
-            .inc_by(grew(stats.sent_packets, self.counted.sent_packets));
-        gossip
-            .packets
-            .get_or_create(&direction("received"))
-            .inc_by(grew(stats.received_packets, self.counted.received_packets));
-        gossip
-            .bytes
-            .get_or_create(&direction("sent"))
-            .inc_by(grew(stats.sent_bytes, self.counted.sent_bytes));
-        gossip
-            .bytes
-            .get_or_create(&direction("received"))
-            .inc_by(grew(stats.received_bytes, self.counted.received_bytes));
-        gossip
-            .suspicions
-            .inc_by(grew(stats.suspicions, self.counted.suspicions));
-        for reason in Dropped::ALL {
-            let added = grew(stats.dropped(reason), self.counted.dropped(reason));
-            if added > 0 {
-                gossip
-                    .dropped
-                    .get_or_create(&ReasonLabel {
-                        reason: reason.label().to_owned(),
-                    })
-                    .inc_by(added);
-            }
-        }
-        let mut by_state: HashMap<&str, i64> = [("alive", 0), ("suspect", 0), ("down", 0)].into();
-        for (_, state) in self.peer.members() {
-            *by_state.entry(state_label(state)).or_default() += 1;
-        }
-        for (state, count) in by_state {
-            gossip
-                .members
-                .get_or_create(&StateLabel {
-                    state: state.to_owned(),
-                })
-                .set(count);
-        }
-        self.counted = stats;
-    }
-
-    /// The view `ipamctl members` shows.
-    fn snapshot(&self) {
-        let now = self.origin.elapsed();
-        let contact = self.peer.contact();
-        let mut members: Vec<GossipMember> = self
-            .peer
-            .members()
-            .map(|(id, state)| GossipMember {
-                node: self.directory.node_at(id.addr).map(str::to_owned),
-                address: id.addr.to_string(),
-                generation: id.generation,
-                state: state_label(state).to_owned(),
-                last_heard_ms: contact
-                    .last_heard_from(id.addr)
-                    .map(|at| now.saturating_sub(at).as_millis() as u64),
-            })
-            .collect();
-        members.sort_by(|a, b| (&a.node, &a.address).cmp(&(&b.node, &b.address)));
-        let me = self.peer.id();
-        *self.outputs.members.lock().expect("members lock") = GossipMembers {
-            address: Some(me.addr.to_string()),
-            generation: me.generation,
-            silenced: match &*self.outputs.fence.borrow() {
-                FenceState::Open => None,
-                FenceState::Closed(why) => Some(why.clone()),
-            },
-            members,
-        };
+        self.report.count(&self.peer);
+        let view = snapshot(
+            &self.peer,
+            &self.directory,
+            self.origin.elapsed(),
+            self.fence.why_silent(),
+        );
+        *self.members.lock().expect("members lock") = view;
     }
 
     /// A clean stop: the others declare this member dead at once.
@@ -442,22 +277,5 @@ impl Member {
         self.peer.leave(now);
         self.send().await;
         tracing::info!("left the gossip");
-    }
-}
-
-fn state_label(state: State) -> &'static str {
-    match state {
-        State::Alive => "alive",
-        State::Suspect => "suspect",
-        State::Down => "down",
-    }
-}
-
-fn silenced_label(why: &Silenced) -> &'static str {
-    match why {
-        Silenced::NeverHeard => "never_heard",
-        Silenced::NothingHeard(_) => "nothing_heard",
-        Silenced::ProbesUnanswered { .. } => "probes_unanswered",
-        Silenced::Minority { .. } => "minority",
     }
 }

@@ -9,12 +9,17 @@
 //!
 //! - `keys`: the cluster key files, re-read so a rotation needs no restart;
 //! - `directory`: the node records as gossip addresses (seeds, and the node behind a member);
-//! - `member`: the running member: socket, timers, events, fence;
+//! - `member`: the running member: socket, timers, joining, the loop;
+//! - `fencing`: the fence judged after every step, with its reopening held back;
+//! - `events` and `report`: what the member learned, in the log, the metrics and the snapshot;
 //! - `start`: what the member waits for before it can run (key, own address, socket).
 
 mod directory;
+mod events;
+mod fencing;
 mod keys;
 mod member;
+mod report;
 mod start;
 
 use std::{

@@ -1,0 +1,117 @@
+//! The fence as the running member keeps it: `ipam_gossip::Fence` judged after every step, a
+//! closing published (and logged, and counted) at once, and a reopening only once the fence has
+//! been judged open for a whole probe period: a node coming back first learns who is alive.
+
+use std::time::Duration;
+
+use ipam_gossip::{Contact, Fence, Silenced, View};
+use tokio::sync::watch;
+
+use crate::{
+    liveness::fence::FenceState,
+    metrics::gossip::{GossipMetrics, ReasonLabel},
+};
+
+pub(super) struct FenceKeeper {
+    fence: Fence,
+    reopen_after: Duration,
+    /// Since when the fence has been judged open without a break.
+    open_since: Option<Duration>,
+    state: watch::Sender<FenceState>,
+}
+
+impl FenceKeeper {
+    pub(super) fn new(
+        fence: Fence,
+        reopen_after: Duration,
+        state: watch::Sender<FenceState>,
+    ) -> Self {
+        Self {
+            fence,
+            reopen_after,
+            open_since: None,
+            state,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        *self.state.borrow() == FenceState::Open
+    }
+
+    /// Judges the fence at `now` and publishes a change.
+    pub(super) fn judge(
+        &mut self,
+        contact: &Contact,
+        now: Duration,
+        view: View,
+        metrics: &GossipMetrics,
+    ) {
+        let verdict = self.fence.judge(contact, now, view);
+        let state = match &verdict {
+            Ok(()) => {
+                let since = *self.open_since.get_or_insert(now);
+                if !self.is_open() && now.saturating_sub(since) < self.reopen_after {
+                    // Not yet: the wakeup comes back for it.
+                    return;
+                }
+                FenceState::Open
+            }
+            Err(why) => {
+                self.open_since = None;
+                FenceState::Closed(why.to_string())
+            }
+        };
+        self.state.send_if_modified(|current| {
+            if *current == state {
+                return false;
+            }
+            match &verdict {
+                Ok(()) => {
+                    tracing::info!("gossip fence open: this node may answer for its service IPs");
+                    metrics.fence_open.set(1);
+                }
+                Err(why) => {
+                    tracing::warn!("gossip fence closed, responders silent: {why}");
+                    metrics.fence_open.set(0);
+                    let reason = ReasonLabel {
+                        reason: silenced_label(why).to_owned(),
+                    };
+                    metrics.fence_closings.get_or_create(&reason).inc();
+                }
+            }
+            *current = state;
+            true
+        });
+    }
+
+    /// When the fence must be judged again with nothing else happening: when it would close if
+    /// nothing is heard, or when it may reopen.
+    pub(super) fn next_judgement(&self, contact: &Contact, now: Duration) -> Option<Duration> {
+        let closes = contact
+            .heard_ago(now)
+            .filter(|ago| *ago < self.fence.quiet)
+            .map(|ago| now + (self.fence.quiet - ago) + Duration::from_millis(1));
+        let reopens = self
+            .open_since
+            .filter(|_| !self.is_open())
+            .map(|since| since + self.reopen_after);
+        closes.into_iter().chain(reopens).min()
+    }
+
+    /// Why this node may not answer now, if it may not.
+    pub(super) fn why_silent(&self) -> Option<String> {
+        match &*self.state.borrow() {
+            FenceState::Open => None,
+            FenceState::Closed(why) => Some(why.clone()),
+        }
+    }
+}
+
+fn silenced_label(why: &Silenced) -> &'static str {
+    match why {
+        Silenced::NeverHeard => "never_heard",
+        Silenced::NothingHeard(_) => "nothing_heard",
+        Silenced::ProbesUnanswered { .. } => "probes_unanswered",
+        Silenced::Minority { .. } => "minority",
+    }
+}

@@ -464,7 +464,12 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
 async fn agents_on_the_kubernetes_api() {
     let node_mode = agent_takes_its_node_from_the_kubernetes_api().await;
     let multi_pool = pods_take_the_pool_their_annotations_name().await;
-    assert_rights_match(&[&node_mode, &multi_pool], Who::Agent("kn-1"), "ipam-agent");
+    let failover = service_ips_move_between_gossiping_agents_on_the_kubernetes_api().await;
+    assert_rights_match(
+        &[&node_mode, &multi_pool, &failover],
+        Who::Agent("kn-1"),
+        "ipam-agent",
+    );
 }
 
 /// An agent's node namespace, with the API served on its loopback, and a kubeconfig that
@@ -872,10 +877,9 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
 /// Service IPs move between agents that gossip, on the Kubernetes API: three agents in
 /// namespaces on one bridge (each reaching the API on its own loopback), the operator on the
 /// host, a client on the bridge. The node answering for a Service's IP loses power: another
-/// answers, and the client never gets two answers to one request. No agent lists or watches a
-/// Lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() {
+/// answers, the client never gets two answers to one request, and the Service's events say
+/// which node answers now. No agent lists or watches a Lease.
+async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> TestApi {
     use ipam_tests::{
         arp_watch::{ArpWatch, double_answers},
         failover::{CLIENT, segment_pool, uplink_policy},
@@ -1005,4 +1009,25 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() {
         !lease_verbs.contains("list") && !lease_verbs.contains("watch"),
         "the agents read the others' leases: {lease_verbs:?}"
     );
+
+    // `kubectl describe service web` says which node answers now.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(api.client().await, "shop");
+    let new_owner = names[next];
+    wait_for(
+        "an event on the Service naming the node that answers now",
+        async || {
+            let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("IPAnnounced")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                    && e.note.as_deref().is_some_and(|n| n.contains(new_owner))
+            })
+        },
+        &logs,
+    )
+    .await;
+    drop(agents);
+    drop(operator);
+    api
 }

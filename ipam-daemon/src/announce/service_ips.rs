@@ -29,6 +29,7 @@ use crate::{
     cluster::{
         ClusterStore,
         cache::{Cache, watch_until_it_works},
+        events::Events,
     },
     liveness::{LivePeers, peers::PeersSource},
     metrics::Metrics,
@@ -54,6 +55,8 @@ pub struct Inputs {
     pub node: String,
     pub peers: PeersSource,
     pub metrics: Arc<Metrics>,
+    /// Where users are told which node answers (Events on a Kubernetes store).
+    pub events: Arc<Events>,
 }
 
 /// The objects the decision is made from, kept current by their watches.
@@ -70,6 +73,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         node,
         peers,
         metrics,
+        events,
     } = inputs;
     let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
     let mut policies_watch =
@@ -102,7 +106,8 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
             .in_scope(|| decide(&seen, &mut peers, &node, started));
         if mine != owned.ips {
             let taken = owned.follow(mine);
-            metrics.service_ip_takeovers.inc_by(taken);
+            metrics.service_ip_takeovers.inc_by(taken.len() as u64);
+            tell_users(&events, &node, taken);
             metrics.service_ips_announced.set(owned.ips.len() as i64);
             out.send_replace(owned.ips.clone());
         }
@@ -140,6 +145,22 @@ fn decide(seen: &Seen, peers: &mut LivePeers, node: &str, now: Instant) -> Owned
     .collect()
 }
 
+/// Tells users, on each Service, that this node answers for its IP now; off the controller's
+/// path (an API call must not delay the next decision).
+fn tell_users(events: &Arc<Events>, node: &str, taken: Vec<(IpAddr, OwnedIp)>) {
+    if taken.is_empty() || !events.publishes() {
+        return;
+    }
+    let (events, node) = (events.clone(), node.to_owned());
+    tokio::spawn(async move {
+        for (ip, owned) in taken {
+            events
+                .service_ip_answered(&owned.service, ip, &node, &owned.interfaces)
+                .await;
+        }
+    });
+}
+
 /// What this node owns now, and its addresses on `lo`.
 struct Owned {
     ips: OwnedIps,
@@ -147,13 +168,13 @@ struct Owned {
 }
 
 impl Owned {
-    /// Follows what this node owns now; returns how many IPs it took over.
-    fn follow(&mut self, mine: OwnedIps) -> u64 {
-        let mut taken = 0;
+    /// Follows what this node owns now; returns the IPs it took over.
+    fn follow(&mut self, mine: OwnedIps) -> Vec<(IpAddr, OwnedIp)> {
+        let mut taken = Vec::new();
         for (ip, owned) in &mine {
             if !self.ips.contains_key(ip) {
                 self.addresses.add(*ip, &owned.interfaces);
-                taken += 1;
+                taken.push((*ip, owned.clone()));
                 tracing::info!(
                     %ip,
                     service = owned.service.as_str(),

@@ -2,6 +2,8 @@
 //! metrics: on a Kubernetes store, Events on the objects (`kubectl describe podippool default`);
 //! on the other stores, the objects' conditions and the log say it already.
 
+use std::net::IpAddr;
+
 use ipam_core::pod::operator::PoolEvent;
 use ipam_kube::events::{EventPublisher, Severity};
 
@@ -23,6 +25,11 @@ impl Events {
             }
             _ => Self::None,
         }
+    }
+
+    /// Whether events go anywhere (a Kubernetes store).
+    pub fn publishes(&self) -> bool {
+        matches!(self, Self::Kubernetes(_))
     }
 
     /// An event the operator reported once, when it happened.
@@ -65,12 +72,49 @@ impl Events {
             .await;
     }
 
+    /// A service IP this node started answering for (first owner, or taking over from a node
+    /// that is no longer alive): users see on the Service which node answers since when.
+    pub async fn service_ip_answered(
+        &self,
+        service: &str,
+        ip: IpAddr,
+        node: &str,
+        interfaces: &[String],
+    ) {
+        let note = format!(
+            "node {node} answers ARP/NDP for {ip} on {}: it owns the IP among the live nodes",
+            interfaces.join(", ")
+        );
+        self.publish(
+            Severity::Normal,
+            "Service",
+            service,
+            "IPAnnounced",
+            "AnnounceIP",
+            &note,
+        )
+        .await;
+    }
+
     async fn warn(&self, kind: &str, name: &str, reason: &str, action: &str, note: &str) {
+        self.publish(Severity::Warning, kind, name, reason, action, note)
+            .await;
+    }
+
+    async fn publish(
+        &self,
+        severity: Severity,
+        kind: &str,
+        name: &str,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) {
         let Self::Kubernetes(publisher) = self else {
             return;
         };
         if let Err(e) = publisher
-            .publish(Severity::Warning, kind, name, reason, action, note)
+            .publish(severity, kind, name, reason, action, note)
             .await
         {
             // The condition and the log still say it.

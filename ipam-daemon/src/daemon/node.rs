@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     announce::{self, Configured, OwnedIps},
-    cluster::ClusterStore,
+    cluster::{ClusterStore, events::Events},
     config::{Config, IpamSettings},
     datapath::{self, Datapath},
     l2::{self, announcer::AnnounceError},
@@ -332,12 +332,14 @@ fn start_cluster_side(
         (None, None) => unreachable!("a lease fence exists whenever there is no gossip"),
     };
     let (owned_tx, owned) = watch::channel(OwnedIps::new());
+    let events = Events::for_store(&store, "ipam-agent", &settings.node_name);
     tokio::spawn(announce::service_ips::run(
         announce::service_ips::Inputs {
             store,
             node: settings.node_name.clone(),
             peers,
             metrics: observed.metrics.clone(),
+            events: Arc::new(events),
         },
         owned_tx,
     ));

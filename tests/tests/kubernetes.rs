@@ -877,8 +877,9 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
 /// Service IPs move between agents that gossip, on the Kubernetes API: three agents in
 /// namespaces on one bridge (each reaching the API on its own loopback), the operator on the
 /// host, a client on the bridge. The node answering for a Service's IP loses power: another
-/// answers, the client never gets two answers to one request, and the Service's events say
-/// which node answers now. No agent lists or watches a Lease.
+/// answers, and the client never gets two answers to one request. The node comes back, takes
+/// its IP back and loses power again: the Service's events say which node answers, and how
+/// often it started to. No agent lists or watches a Lease.
 async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> TestApi {
     use ipam_tests::{
         arp_watch::{ArpWatch, double_answers},
@@ -1010,18 +1011,40 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         "the agents read the others' leases: {lease_verbs:?}"
     );
 
-    // `kubectl describe service web` says which node answers now.
+    // The owner comes back and takes its IP back (ownership is a function of who is alive);
+    // it loses power again and the same node takes over again.
+    nodes[owner].0.ns.up("up0");
+    let restarted = nodes[owner].0.start(&nodes[owner].1);
+    agents.lock().unwrap()[owner] = Some(restarted);
+    wait_for(
+        "the returning node answering for the Service's IP again",
+        async || (answers() == [macs[owner]]).then_some(()),
+        &logs,
+    )
+    .await;
+    let killed = agents.lock().unwrap()[owner].take();
+    killed.expect("the owner's agent").kill();
+    nodes[owner].0.ns.down("up0");
+    wait_for(
+        "the same node taking the Service's IP over again",
+        async || (answers() == [macs[next]]).then_some(()),
+        &logs,
+    )
+    .await;
+
+    // `kubectl describe service web` says which node answers now, and how often it started to.
     let events: kube::Api<k8s_openapi::api::events::v1::Event> =
         kube::Api::namespaced(api.client().await, "shop");
     let new_owner = names[next];
     wait_for(
-        "an event on the Service naming the node that answers now",
+        "an event on the Service naming the node that answers now, seen twice",
         async || {
             let list = events.list(&kube::api::ListParams::default()).await.ok()?;
             list.items.into_iter().find(|e| {
                 e.reason.as_deref() == Some("IPAnnounced")
                     && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
                     && e.note.as_deref().is_some_and(|n| n.contains(new_owner))
+                    && e.series.as_ref().is_some_and(|s| s.count >= 2)
             })
         },
         &logs,

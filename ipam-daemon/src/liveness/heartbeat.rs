@@ -56,7 +56,9 @@ pub async fn run(
                 silenced = true;
                 let silence = datapath.lock().expect("datapath lock").silence();
                 match silence {
-                    Ok(()) => tracing::warn!("responders silent until this node may answer: {why}"),
+                    Ok(()) => {
+                        tracing::warn!("responders go silent until this node may answer: {why}")
+                    }
                     Err(e) => tracing::error!(
                         "cannot silence the responders ({why}); they fall silent when the last \
                          heartbeat runs out: {e}"

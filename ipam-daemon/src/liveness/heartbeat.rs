@@ -57,7 +57,7 @@ pub async fn run(
                 let silence = datapath.lock().expect("datapath lock").silence();
                 match silence {
                     Ok(()) => {
-                        tracing::warn!("responders go silent until this node may answer: {why}")
+                        tracing::warn!("responders go silent until this node may answer: {why}");
                     }
                     Err(e) => tracing::error!(
                         "cannot silence the responders ({why}); they fall silent when the last \

@@ -41,6 +41,22 @@ async fn start_api(test: &str) -> TestApi {
     api
 }
 
+/// The operator's configuration: the Kubernetes store, short leases, and `ipam` (the mode and
+/// the pools) as its `[ipam]` section.
+fn operator_config(ipam: &str) -> TempFile {
+    let config = TempFile::new("kube-operator", "toml");
+    std::fs::write(
+        &config.0,
+        format!(
+            "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
+             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
+             [ipam]\n{ipam}"
+        ),
+    )
+    .expect("write the operator configuration");
+    config
+}
+
 /// Namespace `shop` with a Service `web` of type LoadBalancer (port 80), made with the
 /// Kubernetes API as a user makes it; the Services of `shop`.
 async fn create_web_service(api: &TestApi) -> kube::Api<k8s_openapi::api::core::v1::Service> {
@@ -210,16 +226,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     let api = start_api("operator_and_ipamctl_work_on_the_kubernetes_api").await;
     let kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let ipamctl_kubeconfig = kubeconfig_for(&api, Who::Ipamctl).await;
-    let config = TempFile::new("kube-operator", "toml");
-    std::fs::write(
-        &config.0,
-        format!(
-            "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
-             [ipam]\nmode = \"cluster-pool\"\n{POOLS}"
-        ),
-    )
-    .expect("write the operator configuration");
+    let config = operator_config(&format!("mode = \"cluster-pool\"\n{POOLS}"));
     let operator = Daemon::start_on_host(
         &config.0,
         &["--role", "operator"],
@@ -708,16 +715,11 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     use k8s_openapi::api::core::v1::Pod;
     let api = start_api("pods_take_the_pool_their_annotations_name").await;
     // The operator serves the blocks of both pools.
-    let operator_config = TempFile::new("kube-mp-operator", "toml");
-    std::fs::write(
-        &operator_config.0,
-        "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-         [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
-         [ipam]\nmode = \"multi-pool\"\n\
+    let operator_config = operator_config(
+        "mode = \"multi-pool\"\n\
          [[ipam.pool]]\nname = \"default\"\nipv4 = { cidrs = [\"10.246.0.0/24\"], maskSize = 28 }\n\
          [[ipam.pool]]\nname = \"tenant-a\"\nipv4 = { cidrs = [\"10.247.0.0/24\"], maskSize = 28 }\n",
-    )
-    .unwrap();
+    );
     let operator_kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let operator = Daemon::start_on_host(
         &operator_config.0,
@@ -889,16 +891,7 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     };
     let api = start_api("service_ips_move_between_gossiping_agents_on_the_kubernetes_api").await;
     let kubeconfig = kubeconfig_for(&api, Who::Operator).await;
-    let config = TempFile::new("kube-operator", "toml");
-    std::fs::write(
-        &config.0,
-        format!(
-            "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
-             [ipam]\nmode = \"cluster-pool\"\n{POOLS}"
-        ),
-    )
-    .unwrap();
+    let config = operator_config(&format!("mode = \"cluster-pool\"\n{POOLS}"));
     let operator = Daemon::start_on_host(
         &config.0,
         &["--role", "operator"],

@@ -6,7 +6,7 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
-use ipam_core::{resources::NodeIpam, store::Versioned};
+use ipam_core::resources::NodeIpam;
 use ipam_gossip::View;
 
 use crate::cluster::cache::Cache;
@@ -17,6 +17,9 @@ pub(super) struct Directory {
     port: u16,
     records: Cache<NodeIpam>,
     by_ip: HashMap<IpAddr, String>,
+    /// The other nodes a majority is reckoned from (kept with the records: the fence asks
+    /// after every packet, the records change rarely).
+    counted: BTreeSet<String>,
 }
 
 impl Directory {
@@ -26,6 +29,7 @@ impl Directory {
             port,
             records,
             by_ip: HashMap::new(),
+            counted: BTreeSet::new(),
         };
         directory.index();
         directory
@@ -51,6 +55,14 @@ impl Directory {
                     .iter()
                     .map(move |ip| (*ip, r.name.clone()))
             })
+            .collect();
+        self.counted = self
+            .records
+            .iter()
+            .filter(|r| {
+                r.name != self.me && !r.value.spec.addresses.is_empty() && !r.value.lease_lapsed()
+            })
+            .map(|r| r.name.clone())
             .collect();
     }
 
@@ -86,23 +98,14 @@ impl Directory {
     /// an address (less those the operator released for a lapsed lease), this one included;
     /// and of those, the ones among `alive` (members held alive and unsuspected), plus this one.
     pub(super) fn view(&self, alive: impl IntoIterator<Item = SocketAddr>) -> View {
-        let counted = |r: &&Versioned<NodeIpam>| {
-            r.name != self.me && !r.value.spec.addresses.is_empty() && !r.value.lease_lapsed()
-        };
-        let others: BTreeSet<&str> = self
-            .records
-            .iter()
-            .filter(counted)
-            .map(|r| r.name.as_str())
-            .collect();
         let alive = alive
             .into_iter()
             .filter_map(|a| self.node_at(a))
-            .filter(|n| others.contains(n))
+            .filter(|n| self.counted.contains(*n))
             .collect::<BTreeSet<_>>()
             .len();
         View {
-            members: others.len() + 1,
+            members: self.counted.len() + 1,
             alive: alive + 1,
         }
     }

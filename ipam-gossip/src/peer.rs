@@ -88,6 +88,9 @@ impl Settings {
     }
 }
 
+/// Members a rejoined member announces itself to; any one answering is enough.
+const GREETINGS_AFTER_REJOIN: usize = 8;
+
 type Protocol = Foca<PeerId, PostcardCodec, StdRng, NoCustomBroadcast>;
 
 pub struct Peer {
@@ -153,10 +156,17 @@ impl Peer {
     pub fn receive(&mut self, now: Now, packet: &[u8]) -> Result<(), Dropped> {
         self.stats.received_packets += 1;
         self.stats.received_bytes += packet.len() as u64;
+        let events_before = self.collected.events.len();
         let outcome = self.open_and_handle(now, packet);
         match outcome {
             Ok(from) => {
                 self.contact.heard(now.monotonic, from);
+                if self.collected.events[events_before..]
+                    .iter()
+                    .any(|e| matches!(e, Event::Rejoined(_)))
+                {
+                    self.greet_after_rejoin(now);
+                }
                 Ok(())
             }
             Err(reason) => {
@@ -164,6 +174,22 @@ impl Peer {
                 Err(reason)
             }
         }
+    }
+
+    /// A rejoined member starts disconnected, with its timers reset, and takes only messages
+    /// addressed to its new name; foca announces that name by gossiping to the members it
+    /// holds alive, under their old names. When those members rejoined too (both sides of a
+    /// healed partition, each told by the other that it was declared dead), every such message
+    /// is ignored and all of them wait, silent, for ever. An announce is taken by whatever
+    /// identity now lives at the address, and its answer is addressed to the new name.
+    fn greet_after_rejoin(&mut self, now: Now) {
+        let addrs: Vec<SocketAddr> = self
+            .protocol
+            .iter_members()
+            .map(|m| m.id().addr)
+            .take(GREETINGS_AFTER_REJOIN)
+            .collect();
+        self.join(now, addrs);
     }
 
     /// The sender of an authentic packet the protocol took.
@@ -184,10 +210,34 @@ impl Peer {
     /// Runs every timer due by `now`.
     pub fn advance(&mut self, now: Now) {
         while let Some(timer) = self.timers.pop_due(now.monotonic) {
+            if self.refuted(&timer) {
+                continue;
+            }
             let (protocol, mut sink) = self.split(now);
             // Timer errors are about sending (oversized data), which foca's own messages are not.
             let _ = protocol.handle_timer(timer, &mut sink);
         }
+    }
+
+    /// Whether `timer` would declare down a member that refuted its suspicion in the meantime.
+    ///
+    /// foca 2.0 then leaves the member alive, as it should, but still sends it the courtesy
+    /// "you were declared down" (`TurnUndead`): the member believes it and rejoins as its next
+    /// generation. Every refuted suspicion became a rejoin, so on a lossy link the identities
+    /// churned and real deaths followed (a member suspected under its old name). Skipping the
+    /// timer is otherwise what foca does with it: nothing.
+    fn refuted(&self, timer: &Timer<PeerId>) -> bool {
+        let Timer::ChangeSuspectToDown {
+            member_id,
+            incarnation,
+            ..
+        } = timer
+        else {
+            return false;
+        };
+        !self.protocol.iter_membership_state().any(|m| {
+            m.id() == member_id && m.incarnation() == *incarnation && m.state() == State::Suspect
+        })
     }
 
     /// When [`Peer::advance`] next has work.

@@ -8,6 +8,7 @@ pub mod arp_watch;
 pub mod cluster;
 pub mod cni;
 pub mod daemon;
+pub mod delay;
 pub mod deploy;
 pub mod failover;
 pub mod ipam_node;

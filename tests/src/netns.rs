@@ -147,18 +147,7 @@ impl Netns {
 
     /// `program` as a command that runs in this namespace.
     pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
-        let netns =
-            File::open(self.path()).unwrap_or_else(|e| panic!("namespace {}: {e}", self.name));
-        let mut command = Command::new(program);
-        // SAFETY: between fork and exec the child only calls setns(2), which is async-signal-safe,
-        // and touches no lock or allocation; the file it reads was opened before the fork.
-        unsafe {
-            command.pre_exec(move || {
-                nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(std::io::Error::from)
-            });
-        }
-        command
+        command_in(&self.path(), program)
     }
 
     /// Runs `f` on a thread that has entered this namespace, and returns its result.
@@ -193,6 +182,22 @@ impl Netns {
     pub fn ifindex(&self, dev: &str) -> u32 {
         self.link(dev).index
     }
+}
+
+/// `program` as a command that runs in the namespace at `path` (a namespace's
+/// [`Netns::path`]), for callers that outlive no `Netns` borrow.
+pub fn command_in(path: &std::path::Path, program: impl AsRef<OsStr>) -> Command {
+    let netns = File::open(path).unwrap_or_else(|e| panic!("namespace {}: {e}", path.display()));
+    let mut command = Command::new(program);
+    // SAFETY: between fork and exec the child only calls setns(2), which is async-signal-safe,
+    // and touches no lock or allocation; the file it reads was opened before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)
+        });
+    }
+    command
 }
 
 impl Drop for Netns {

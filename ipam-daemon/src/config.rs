@@ -91,6 +91,10 @@ pub struct GossipSettings {
     /// ... or while most of its probes within this window went unanswered (a minority).
     #[serde(default = "default_fence_window_ms")]
     pub fence_window_ms: u64,
+    /// The others wait this long after declaring a member dead before answering its IPs: a
+    /// member cut off with a minority has gone silent by then.
+    #[serde(default = "default_takeover_hold_ms")]
+    pub takeover_hold_ms: u64,
 }
 
 pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
@@ -116,6 +120,9 @@ fn default_fence_quiet_ms() -> u64 {
 fn default_fence_window_ms() -> u64 {
     millis(ipam_gossip::Timing::default().fence_window)
 }
+fn default_takeover_hold_ms() -> u64 {
+    millis(ipam_gossip::Timing::default().takeover_hold)
+}
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -130,6 +137,7 @@ impl GossipSettings {
             suspect_to_down: Duration::from_millis(self.suspect_to_down_ms),
             fence_quiet: Duration::from_millis(self.fence_quiet_ms),
             fence_window: Duration::from_millis(self.fence_window_ms),
+            takeover_hold: Duration::from_millis(self.takeover_hold_ms),
             ..ipam_gossip::Timing::default()
         }
     }

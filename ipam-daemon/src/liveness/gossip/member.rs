@@ -12,7 +12,7 @@ use std::{
 use ipam_api::types::GossipMembers;
 
 use ipam_core::store::Watch;
-use ipam_gossip::{Now, Peer, PeerId, Settings, State};
+use ipam_gossip::{Event, Now, Peer, PeerId, Settings, State};
 use tokio::{
     net::UdpSocket,
     sync::{oneshot, watch},
@@ -26,6 +26,7 @@ use super::{
     keys::KeyFiles,
     report::{Report, snapshot},
     start::{Started, start},
+    takeover::TakeoverHold,
 };
 
 /// How often keys are re-read, a lone member asks to join again, and the snapshot and gauges
@@ -55,6 +56,7 @@ struct Member {
     records: Watch,
     keys: KeyFiles,
     fence: FenceKeeper,
+    takeover: TakeoverHold,
     membership: watch::Sender<Membership>,
     members: Arc<Mutex<GossipMembers>>,
     report: Report,
@@ -97,6 +99,7 @@ impl Member {
             records,
             keys,
             fence: FenceKeeper::new(timing.fence(), timing.probe_period, fence),
+            takeover: TakeoverHold::new(timing.takeover_hold),
             membership,
             members,
             report: Report::new(inputs.metrics.clone()),
@@ -129,6 +132,9 @@ impl Member {
             }
             self.send().await;
             self.absorb_events();
+            if self.takeover.release(self.origin.elapsed()) {
+                self.publish_membership();
+            }
             self.judge_fence();
         }
     }
@@ -143,12 +149,20 @@ impl Member {
         }
     }
 
-    /// The protocol's next timer, or the fence's next judgement, whichever comes first.
+    /// The protocol's next timer, the fence's next judgement, or the end of a takeover hold,
+    /// whichever comes first.
     fn next_wakeup(&self) -> Instant {
         let now = self.origin.elapsed();
-        let timer = self.peer.next_deadline().unwrap_or(now + HOUSEKEEPING);
-        let fence = self.fence.next_judgement(self.peer.contact(), now);
-        self.origin + fence.map_or(timer, |f| f.min(timer)).max(now)
+        let next = [
+            self.peer.next_deadline(),
+            self.fence.next_judgement(self.peer.contact(), now),
+            self.takeover.next_release(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now + HOUSEKEEPING);
+        self.origin + next.max(now)
     }
 
     /// Asks the next few seeds to let this member in.
@@ -205,6 +219,11 @@ impl Member {
         let now = self.origin.elapsed();
         let mut changed = false;
         for event in self.peer.take_events() {
+            match &event {
+                Event::Down(id) => self.takeover.declared_dead(id.addr, now),
+                Event::Up(id) | Event::Renamed { after: id, .. } => self.takeover.back(id.addr),
+                _ => {}
+            }
             changed |= log_event(
                 &event,
                 &self.peer,
@@ -227,8 +246,15 @@ impl Member {
             .collect()
     }
 
+    /// Who is alive for ownership: the members held alive, and those declared dead within the
+    /// takeover hold.
     fn publish_membership(&mut self) {
-        let live = self.directory.nodes_of(self.peer.active().map(|p| p.addr));
+        let live = self.directory.nodes_of(
+            self.peer
+                .active()
+                .map(|p| p.addr)
+                .chain(self.takeover.held()),
+        );
         self.membership.send_if_modified(|m| {
             let changed = m.live != live;
             if changed {

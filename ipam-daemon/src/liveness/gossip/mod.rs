@@ -21,6 +21,7 @@ mod keys;
 mod member;
 mod report;
 mod start;
+mod takeover;
 
 use std::{
     collections::BTreeSet,

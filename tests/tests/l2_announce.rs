@@ -452,3 +452,62 @@ fn missing_interface_is_waited_for_not_fatal() {
         daemon.log_text()
     );
 }
+
+/// The lines of the node namespace's `/proc/net/igmp6` for `interface`: the IPv6 multicast
+/// groups joined there, as 32 hex digits.
+fn ipv6_groups(ns: &Netns, interface: &str) -> Vec<String> {
+    let out = ns
+        .command("cat")
+        .arg("/proc/net/igmp6")
+        .output()
+        .expect("read /proc/net/igmp6");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            (fields.get(1) == Some(&interface)).then(|| fields[2].to_owned())
+        })
+        .collect()
+}
+
+/// A NIC that filters multicast passes a neighbour solicitation only for a group joined on
+/// it, and the kernel joins nothing for an address that lives on `lo`: the daemon holds the
+/// solicited-node group of each IPv6 address it answers, on the interface it answers it on,
+/// and leaves it when the address goes.
+#[test]
+fn ipv6_answered_ips_hold_their_solicited_node_group_on_their_interface() {
+    let lab = Lab::new();
+    lab.standard_config();
+    let group = format!(
+        "{:032x}",
+        u128::from(ipam_daemon::l2::multicast::solicited_node(ANNOUNCED_V6))
+    );
+    assert_eq!(group, "ff0200000000000000000001ff000100");
+    assert!(
+        !ipv6_groups(&lab.node, "n0").contains(&group),
+        "joined before the daemon ran"
+    );
+    let daemon = lab.start();
+    lab.wait_announced(2);
+    let joined = || ipv6_groups(&lab.node, "n0").contains(&group);
+    ipam_tests::cluster::wait_until(
+        Duration::from_secs(5),
+        "the solicited-node group joined on n0",
+        joined,
+        || format!("{:?}", ipv6_groups(&lab.node, "n0")),
+    );
+    assert!(
+        !ipv6_groups(&lab.node, "n1").contains(&group),
+        "joined on an interface the IP is not answered on"
+    );
+
+    lab.write_config(3000, "auto", &[(IpAddr::V4(ANNOUNCED), "n0")]);
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    lab.wait_announced(1);
+    ipam_tests::cluster::wait_until(
+        Duration::from_secs(5),
+        "the group left once the IPv6 address is no longer answered",
+        || !joined(),
+        || format!("{:?}", ipv6_groups(&lab.node, "n0")),
+    );
+}

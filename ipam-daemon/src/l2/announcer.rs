@@ -36,6 +36,8 @@ pub struct ReconcileReport {
     pub withdrawn: Vec<(IpAddr, u32)>,
     /// Interfaces the responder was detached from.
     pub detached: Vec<String>,
+    /// Every (IP, ifindex) answered after this pass, new or kept.
+    pub answering: BTreeSet<(IpAddr, u32)>,
     /// Interfaces that could not be served this time (missing, no MAC, attach refused), with
     /// the reason; the daemon retries them with backoff.
     pub failed: Vec<(String, AnnounceError)>,
@@ -115,5 +117,6 @@ pub fn reconcile(
         }
     }
     report.detached = datapath.detach_responders_except(&report.attachments)?;
+    report.answering = wanted;
     Ok(report)
 }

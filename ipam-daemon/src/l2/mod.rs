@@ -6,11 +6,14 @@
 //! - `responder`: the controller that runs the announcer whenever the value changes, retries
 //!   interfaces that are not there yet, and tells the link;
 //! - `gratuitous`: the frames that tell the link an IP is answered here now, the one place that
-//!   sends them.
+//!   sends them;
+//! - `multicast`: the solicited-node groups the answered IPv6 addresses need on their
+//!   interfaces, so a NIC that filters multicast lets their neighbour solicitations through.
 
 pub mod announcements;
 pub mod announcer;
 pub mod gratuitous;
+pub mod multicast;
 pub mod responder;
 
 pub use announcements::Announcements;

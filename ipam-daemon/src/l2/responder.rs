@@ -1,6 +1,7 @@
 //! The responder controller: keeps the datapath answering exactly the wanted announcements. It
 //! reconciles whenever the wanted value changes, retries interfaces that are not there yet with
-//! backoff, and tells the link about every IP it starts answering.
+//! backoff, tells the link about every IP it starts answering, and holds the multicast groups
+//! the IPv6 ones need.
 
 use std::{
     sync::{Arc, Mutex},
@@ -14,6 +15,7 @@ use super::{
     Announcements,
     announcer::{self, AnnounceError, ReconcileReport},
     gratuitous::Repeats,
+    multicast::SolicitedNodeGroups,
 };
 use crate::{datapath::Datapath, net::iface};
 
@@ -27,6 +29,7 @@ pub async fn run(
 ) -> Result<(), AnnounceError> {
     let mut retry = Backoff::new(RETRY_CAP);
     let mut repeats = Repeats::default();
+    let mut groups = SolicitedNodeGroups::default();
     loop {
         let current = wanted.borrow_and_update().clone();
         let span = tracing::debug_span!("responder_pass", pairs = current.len());
@@ -40,7 +43,11 @@ pub async fn run(
             repeats.stop(ip, ifindex);
         }
         log_report(&report);
-        let retry_at = next_retry(&report, &mut retry);
+        let membership_errors = groups.apply(report.answering.iter().copied());
+        for e in &membership_errors {
+            tracing::warn!("{e}");
+        }
+        let retry_at = next_retry(&report, !membership_errors.is_empty(), &mut retry);
         loop {
             tokio::select! {
                 changed = wanted.changed() => {
@@ -63,9 +70,14 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// When to try again if some interface could not be served, saying what it waits for.
-fn next_retry(report: &ReconcileReport, retry: &mut Backoff) -> Option<Instant> {
-    if report.failed.is_empty() {
+/// When to try again if some interface could not be served (or a multicast group not
+/// joined), saying what it waits for.
+fn next_retry(
+    report: &ReconcileReport,
+    memberships_failed: bool,
+    retry: &mut Backoff,
+) -> Option<Instant> {
+    if report.failed.is_empty() && !memberships_failed {
         retry.reset();
         return None;
     }

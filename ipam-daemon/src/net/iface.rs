@@ -22,6 +22,11 @@ pub fn name(ifindex: u32) -> String {
         .unwrap_or_else(|_| format!("if#{ifindex}"))
 }
 
+/// Whether interface `ifindex` exists in this network namespace.
+pub fn exists(ifindex: u32) -> bool {
+    nix::net::if_::if_indextoname(ifindex).is_ok()
+}
+
 /// The hardware address of `name`, from route netlink in the caller's network namespace (sysfs
 /// shows the namespace it was mounted in, not necessarily ours).
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {

@@ -26,7 +26,8 @@ use rand::Rng;
 
 use crate::netns::{Netns, command_in};
 
-/// The packets a [`Delay`] matches: UDP to or from this port, both ways.
+/// Where a [`Delay`] catches packets: UDP to its port, entering and leaving the namespace (the
+/// gossip sends from and to the same port, so this is both directions of it).
 const CHAINS: [(&str, &str); 2] = [("INPUT", "--dport"), ("OUTPUT", "--dport")];
 
 pub struct Delay {

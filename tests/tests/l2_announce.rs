@@ -480,7 +480,7 @@ fn ipv6_answered_ips_hold_their_solicited_node_group_on_their_interface() {
     lab.standard_config();
     let group = format!(
         "{:032x}",
-        u128::from(ipam_daemon::l2::multicast::solicited_node(ANNOUNCED_V6))
+        u128::from(ipam_daemon::net::frames::solicited_node(ANNOUNCED_V6))
     );
     assert_eq!(group, "ff0200000000000000000001ff000100");
     assert!(

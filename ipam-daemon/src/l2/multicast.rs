@@ -16,22 +16,7 @@ use std::{
 
 use thiserror::Error;
 
-use crate::net::iface;
-
-/// The solicited-node multicast group of `ip` (RFC 4291, 2.7.1).
-pub fn solicited_node(ip: Ipv6Addr) -> Ipv6Addr {
-    let o = ip.octets();
-    Ipv6Addr::new(
-        0xff02,
-        0,
-        0,
-        0,
-        0,
-        1,
-        0xff00 | u16::from(o[13]),
-        u16::from_be_bytes([o[14], o[15]]),
-    )
-}
+use crate::net::{frames::solicited_node, iface};
 
 #[derive(Debug, Error)]
 pub enum MembershipError {
@@ -140,22 +125,6 @@ fn group_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_solicited_node_group_keeps_the_last_24_bits() {
-        let cases = [
-            ("2001:db8::1", "ff02::1:ff00:1"),
-            ("fd00:10:96::abcd:ef12", "ff02::1:ffcd:ef12"),
-            ("fe80::1234:5678:9abc:def0", "ff02::1:ffbc:def0"),
-        ];
-        for (ip, group) in cases {
-            assert_eq!(
-                solicited_node(ip.parse().unwrap()),
-                group.parse::<Ipv6Addr>().unwrap(),
-                "{ip}"
-            );
-        }
-    }
 
     #[test]
     fn ipv4_needs_no_group_and_nothing_is_opened_for_it() {

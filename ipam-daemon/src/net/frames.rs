@@ -275,6 +275,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_solicited_node_group_keeps_the_last_24_bits() {
+        let cases = [
+            ("2001:db8::1", "ff02::1:ff00:1"),
+            ("fd00:10:96::abcd:ef12", "ff02::1:ffcd:ef12"),
+            ("fe80::1234:5678:9abc:def0", "ff02::1:ffbc:def0"),
+        ];
+        for (ip, group) in cases {
+            assert_eq!(
+                solicited_node(ip.parse().unwrap()),
+                group.parse::<Ipv6Addr>().unwrap(),
+                "{ip}"
+            );
+        }
+    }
+
+    #[test]
     fn arp_round_trips() {
         let req = ArpFrame::request(
             [2, 0, 0, 0, 0, 1],

@@ -81,18 +81,21 @@ impl Delay {
 
     /// Takes the rules away and stops the thread; how many packets it held.
     pub fn stop(mut self) -> u64 {
-        self.finish()
-    }
-
-    fn finish(&mut self) -> u64 {
-        self.rules("-D");
-        self.stop.store(true, Ordering::SeqCst);
-        match self.thread.take().map(JoinHandle::join) {
+        match self.release() {
             Some(Ok(Ok(held))) => held,
             Some(Ok(Err(e))) => panic!("NFQUEUE {} in {}: {e}", self.queue, self.ns_name),
             Some(Err(panic)) => std::panic::resume_unwind(panic),
             None => 0,
         }
+    }
+
+    /// Removes the rules, then has the thread let go of what it holds and waits for it; `None`
+    /// once done.
+    fn release(&mut self) -> Option<std::thread::Result<io::Result<u64>>> {
+        let thread = self.thread.take()?;
+        self.rules("-D");
+        self.stop.store(true, Ordering::SeqCst);
+        Some(thread.join())
     }
 
     fn rules(&self, action: &str) {
@@ -113,16 +116,10 @@ impl Delay {
 }
 
 impl Drop for Delay {
+    /// On a failed test, the rules go (bypass would pass packets anyway) and the thread lets
+    /// go of what it holds.
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            // On a failed test: the rules go (bypass would pass packets anyway) and the
-            // thread lets go of what it holds.
-            self.rules("-D");
-            self.stop.store(true, Ordering::SeqCst);
-            if let Some(thread) = self.thread.take() {
-                let _ = thread.join();
-            }
-        }
+        let _ = self.release();
     }
 }
 

@@ -41,7 +41,12 @@ pub struct Config {
     /// IPs to answer ARP/NDP for, each on one interface.
     #[serde(default, rename = "announcement")]
     pub announcements: Vec<AnnouncementConfig>,
-    /// IP address management; absent means the daemon only announces.
+    /// Who this node is in the cluster: its name, labels and addresses between nodes.
+    #[serde(default)]
+    pub node: NodeSettings,
+    /// Pod IP address management; absent means the daemon only announces: the configured
+    /// IPs, and on a shared store the cluster's Service IPs (the add-on mode, beside another
+    /// CNI).
     #[serde(default)]
     pub ipam: Option<IpamSettings>,
     /// Where the cluster state lives.
@@ -273,13 +278,37 @@ impl ClusterSettings {
     }
 }
 
+/// The `[node]` section: who this node is, for the Service IPs it may answer for and for the
+/// gossip. With `[ipam]` the same three may be given there as `node_name`, `node_labels` and
+/// `node_addresses` (the older spelling); each in one place only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSettings {
+    /// The node's name in the cluster state; defaults to `NODE_NAME`, else the host name.
+    #[serde(default)]
+    pub name: String,
+    /// The node's labels: L2 announcement policies select the nodes that may announce by them
+    /// (on a Kubernetes store, added over its Node's labels).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The node's addresses on the network between nodes (one per family): where the others
+    /// gossip with it. By default its Kubernetes Node's InternalIPs (or, with `[ipam]`, its
+    /// first uplink's addresses).
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+    /// The local API socket (`ipamctl`, and with `[ipam]` `ipam-cni`); its directory must be
+    /// root-only. Defaults to /run/ipam/ipamd.sock.
+    #[serde(default)]
+    pub socket: PathBuf,
+}
+
 /// The `[ipam]` section (standalone role: operator and agent in this process, embedded store).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IpamSettings {
     pub mode: IpamMode,
-    /// This node's name in the cluster state; defaults to `NODE_NAME`, else the host name.
-    #[serde(default = "default_node_name")]
+    /// This node's name in the cluster state (`[node] name`, which see; resolved on load).
+    #[serde(default)]
     pub node_name: String,
     /// The embedded store (cluster state: pools, node records, mode).
     #[serde(default = "default_store")]
@@ -287,8 +316,8 @@ pub struct IpamSettings {
     /// Node-local allocation state and the published status (`status.json`).
     #[serde(default = "default_state_dir")]
     pub state_dir: PathBuf,
-    /// The local API socket (ipam-cni, ipamctl); its directory must be root-only.
-    #[serde(default = "default_socket")]
+    /// The local API socket (`[node] socket`, which see; resolved on load).
+    #[serde(default)]
     pub socket: PathBuf,
     /// Pool the router and health addresses come from (and, for now, pod addresses).
     #[serde(default = "default_infra_pool")]
@@ -314,10 +343,11 @@ pub struct IpamSettings {
     #[serde(default)]
     pub uplinks: Vec<String>,
     /// The node's addresses on the network between nodes (one per family), where the other
-    /// nodes route this node's pod CIDRs; by default the first uplink's addresses.
+    /// nodes route this node's pod CIDRs; by default the first uplink's addresses. Resolved
+    /// with `[node] addresses` on load.
     #[serde(default)]
     pub node_addresses: Vec<IpAddr>,
-    /// The node's labels: L2 announcement policies select the nodes that may announce by them.
+    /// The node's labels (`[node] labels`, which see; resolved on load).
     #[serde(default)]
     pub node_labels: BTreeMap<String, String>,
     /// Pools written to the store on start and on reload.
@@ -488,6 +518,15 @@ pub enum ConfigError {
         lease: u64,
     },
     #[error(
+        "config file {path}: [node] {field} and [ipam] {older} (its older spelling) are both \
+         set; keep [node] {field} only"
+    )]
+    NodeSetTwice {
+        path: PathBuf,
+        field: &'static str,
+        older: &'static str,
+    },
+    #[error(
         "config file {path}: IP {ip} is announced twice on interface {interface}; remove one of \
          the [[announcement]] entries"
     )]
@@ -520,12 +559,61 @@ impl Config {
 
     /// Parses and validates config text; `path` only names the source in errors.
     pub fn parse(path: &std::path::Path, text: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+        let mut config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
             path: path.to_owned(),
             source: Box::new(source),
         })?;
+        config.resolve_node(path)?;
         config.validate(path)?;
         Ok(config)
+    }
+
+    /// One identity for the node, whichever section gave it: `[node]` and `[ipam]` end up
+    /// with the same name, labels and addresses (the default name filled in).
+    fn resolve_node(&mut self, path: &std::path::Path) -> Result<(), ConfigError> {
+        let node = &mut self.node;
+        if let Some(ipam) = self.ipam.as_mut() {
+            let twice = |field, older| ConfigError::NodeSetTwice {
+                path: path.to_owned(),
+                field,
+                older,
+            };
+            if !node.name.is_empty() && !ipam.node_name.is_empty() {
+                return Err(twice("name", "node_name"));
+            }
+            if !node.labels.is_empty() && !ipam.node_labels.is_empty() {
+                return Err(twice("labels", "node_labels"));
+            }
+            if !node.addresses.is_empty() && !ipam.node_addresses.is_empty() {
+                return Err(twice("addresses", "node_addresses"));
+            }
+            if !node.socket.as_os_str().is_empty() && !ipam.socket.as_os_str().is_empty() {
+                return Err(twice("socket", "socket"));
+            }
+            node.socket.push(&ipam.socket);
+            node.name.push_str(&ipam.node_name);
+            node.labels.append(&mut ipam.node_labels.clone());
+            node.addresses.extend(ipam.node_addresses.iter().copied());
+        }
+        if node.name.is_empty() {
+            node.name = default_node_name();
+        }
+        if node.socket.as_os_str().is_empty() {
+            node.socket = default_socket();
+        }
+        if let Some(ipam) = self.ipam.as_mut() {
+            ipam.socket = node.socket.clone();
+            ipam.node_name = node.name.clone();
+            ipam.node_labels = node.labels.clone();
+            ipam.node_addresses = node.addresses.clone();
+        }
+        Ok(())
+    }
+
+    /// Without `[ipam]` on a shared store: the node answers for the cluster's Service IPs and
+    /// does nothing else (no pod IPAM, no CNI, no pod datapath, no change to its routes).
+    pub fn is_add_on(&self) -> bool {
+        self.ipam.is_none() && self.store.kind.is_shared()
     }
 
     fn validate(&self, path: &std::path::Path) -> Result<(), ConfigError> {
@@ -849,6 +937,66 @@ mod tests {
         // Older files name the embedded store's file in [ipam].
         let c = parse("[ipam]\nmode = \"cluster-pool\"\nstore = \"/x/s.redb\"\n").unwrap();
         assert_eq!(c.store_settings().path.unwrap(), PathBuf::from("/x/s.redb"));
+    }
+
+    #[test]
+    fn the_node_is_one_identity_whichever_section_names_it() {
+        let c = parse(
+            "[node]\nname = \"n1\"\nlabels = { zone = \"a\" }\naddresses = [\"10.0.0.1\"]\n\
+             [ipam]\nmode = \"cluster-pool\"\n",
+        )
+        .unwrap();
+        let ipam = c.ipam.as_ref().unwrap();
+        assert_eq!(
+            (c.node.name.as_str(), ipam.node_name.as_str()),
+            ("n1", "n1")
+        );
+        assert_eq!(ipam.node_labels.get("zone").map(String::as_str), Some("a"));
+        assert_eq!(ipam.node_addresses, c.node.addresses);
+        // The older spelling in [ipam] reaches [node].
+        let c = parse(
+            "[ipam]\nmode = \"cluster-pool\"\nnode_name = \"n2\"\nnode_labels = { r = \"1\" }\n",
+        )
+        .unwrap();
+        assert_eq!(c.node.name, "n2");
+        assert_eq!(c.node.labels.get("r").map(String::as_str), Some("1"));
+        // Unnamed: the default name, the same in both.
+        let c = parse("[ipam]\nmode = \"cluster-pool\"\n").unwrap();
+        assert!(!c.node.name.is_empty());
+        assert_eq!(c.node.name, c.ipam.unwrap().node_name);
+        for (field, older) in [
+            ("name = \"x\"", "node_name"),
+            ("labels = { a = \"b\" }", "node_labels"),
+            ("addresses = [\"10.0.0.1\"]", "node_addresses"),
+            ("socket = \"/run/x.sock\"", "socket"),
+        ] {
+            let value = field.split_once(' ').unwrap().1;
+            let text =
+                format!("[node]\n{field}\n[ipam]\nmode = \"cluster-pool\"\n{older} {value}\n");
+            let e = parse(&text).unwrap_err().to_string();
+            let name = field.split(' ').next().unwrap();
+            assert!(
+                e.contains(&format!("[node] {name}")) && e.contains(&format!("[ipam] {older}")),
+                "{e}"
+            );
+        }
+        let c =
+            parse("[node]\nsocket = \"/run/x.sock\"\n[ipam]\nmode = \"cluster-pool\"\n").unwrap();
+        assert_eq!(c.ipam.unwrap().socket, PathBuf::from("/run/x.sock"));
+    }
+
+    #[test]
+    fn without_ipam_on_a_shared_store_the_node_is_an_add_on() {
+        let etcd =
+            "[store]\nkind = \"etcd\"\n[store.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+        assert!(parse(etcd).unwrap().is_add_on());
+        assert!(
+            !parse(&format!("{etcd}[ipam]\nmode = \"cluster-pool\"\n"))
+                .unwrap()
+                .is_add_on()
+        );
+        // One host without a store: the configured announcements only.
+        assert!(!parse("").unwrap().is_add_on());
     }
 
     /// The configuration the README shows must stay valid.

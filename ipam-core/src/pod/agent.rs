@@ -66,6 +66,33 @@ impl NodeFacts {
         record.spec.labels = self.labels.clone();
         record.spec.interfaces = self.interfaces.clone();
     }
+
+    /// Writes the facts into `node`'s record, creating it (with no blocks) when there is none;
+    /// `Ok(true)` once the record says so, `Ok(false)` when it changed under us (try again). This is the whole record of a node without pod IPAM (the add-on mode): the
+    /// others find its labels, interfaces and gossip address there.
+    pub async fn sync_record<S: TypedStore>(
+        &self,
+        store: &S,
+        node: &str,
+    ) -> Result<bool, StoreError> {
+        let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
+            let mut fresh = NodeIpam::default();
+            self.publish(&mut fresh);
+            return match store.create_typed(node, &fresh).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::AlreadyExists { .. }) => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+        if self.published_in(&record.value) {
+            return Ok(true);
+        }
+        let mut updated = record.value;
+        self.publish(&mut updated);
+        store
+            .update_unless_changed(node, &updated, &record.revision)
+            .await
+    }
 }
 
 /// How long a block must stay empty before it goes back: a fresh block is empty until the
@@ -436,6 +463,51 @@ mod tests {
             .await
             .unwrap();
         (dir, store)
+    }
+
+    /// The add-on mode's record: created with the facts alone, rewritten only when they change,
+    /// and what the operator wrote in its status kept.
+    #[tokio::test]
+    async fn a_node_without_pod_ipam_keeps_its_facts_in_its_record() {
+        let dir = crate::test_util::TempPath::new("facts");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let mut facts = NodeFacts {
+            addresses: vec!["10.0.0.1".parse().unwrap()],
+            labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
+            interfaces: Vec::new(),
+        };
+        assert!(facts.sync_record(&store, "n1").await.unwrap());
+        let record = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();
+        assert!(facts.sync_record(&store, "n1").await.unwrap());
+        let again = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();
+        assert_eq!(
+            again.revision, record.revision,
+            "nothing new, nothing written"
+        );
+        assert!(facts.published_in(&record.value));
+        assert!(record.value.spec.pools.is_empty() && record.value.status.allocated.is_empty());
+        let mut lapsed = record.value.clone();
+        lapsed
+            .status
+            .conditions
+            .push(crate::resources::Condition::new(
+                "Checked",
+                true,
+                "by the operator",
+            ));
+        store
+            .update_typed("n1", &lapsed, &record.revision)
+            .await
+            .unwrap();
+        facts.labels.insert("rack".to_owned(), "r1".to_owned());
+        assert!(facts.sync_record(&store, "n1").await.unwrap());
+        let record = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();
+        assert_eq!(record.value.spec.labels.len(), 2);
+        assert_eq!(
+            record.value.status, lapsed.status,
+            "the status is the operator's"
+        );
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@
 //! service IPs; pod IPAM is not involved.
 
 pub mod local_address;
+pub mod node_record;
 pub mod service_ips;
 
 use std::collections::BTreeMap;

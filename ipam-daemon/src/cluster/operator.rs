@@ -1,5 +1,6 @@
-//! The operator role: the cluster-wide IPAM controller (pools, blocks, node liveness), run by
-//! any number of replicas of which exactly one leads, through a lease in the store.
+//! The operator role: the cluster-wide IPAM controllers (pod IP pools, blocks and node liveness
+//! when the cluster runs pod IPAM; LB-IPAM always), run by any number of replicas of which
+//! exactly one leads, through a lease in the store.
 //!
 //! A replica that becomes leader starts from an empty cache: its first pass restores the pools
 //! and every block held from the store before it decides anything, and it frees no node's
@@ -33,12 +34,19 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 /// What an operator replica needs to know.
 #[derive(Debug, Clone)]
 pub struct OperatorSettings {
-    pub mode: IpamMode,
-    /// Pools from the configuration, written to the store on start and on reload.
-    pub pools: Vec<PoolConfig>,
+    /// Pod IPAM, or none in the add-on mode (LB-IPAM only).
+    pub pod_ipam: Option<PodIpamSettings>,
     pub cluster: ClusterSettings,
     /// Whether other replicas may run: then it leads only while it holds the lease.
     pub elect: bool,
+}
+
+/// The cluster's pod IPAM, as the operator runs it.
+#[derive(Debug, Clone)]
+pub struct PodIpamSettings {
+    pub mode: IpamMode,
+    /// Pools from the configuration, written to the store on start and on reload.
+    pub pools: Vec<PoolConfig>,
 }
 
 /// Runs the operator until `stop` turns true; on a clean stop it hands leadership over.
@@ -63,7 +71,7 @@ pub async fn run<S: Store + Clone + 'static>(
     // Node leases lapse without any change to wake us: look at them this often.
     let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
     let mut resync = tokio::time::interval(settings.cluster.resync());
-    let mut operator: Option<Operator> = None;
+    let mut operator: Option<Term> = None;
     let mut last_lb_problems = Vec::new();
     let mut due = Due::default();
     loop {
@@ -87,6 +95,12 @@ pub async fn run<S: Store + Clone + 'static>(
             changed = pools.changed() => {
                 if changed.is_err() { return; }
                 let new = pools.borrow_and_update().clone();
+                if settings.pod_ipam.is_none() {
+                    if !new.is_empty() {
+                        tracing::error!("not writing the reloaded pod IP pools: this operator started without [ipam] (the add-on mode); restart it to run pod IPAM");
+                    }
+                    continue;
+                }
                 if let Err(e) = apply_pools(&store, &new).await {
                     tracing::error!("cannot write the reloaded pools, keeping the old ones: {e}");
                 }
@@ -99,28 +113,30 @@ pub async fn run<S: Store + Clone + 'static>(
             }
         }
         if !settings.elect && operator.is_none() {
-            operator = Some(new_operator(&settings));
+            operator = Some(new_term(&settings));
         }
         if !due.now() {
             continue;
         }
-        let Some(op) = operator.as_mut() else {
+        let Some(term) = operator.as_mut() else {
             continue;
         };
         if settings.elect && !election.is_leading() {
             continue;
         }
-        op.set_deadline(if settings.elect {
-            election.leading_until()
-        } else {
-            None
-        });
+        if let Some(op) = term.pod_ipam.as_mut() {
+            op.set_deadline(if settings.elect {
+                election.leading_until()
+            } else {
+                None
+            });
+        }
         let reports = Reports {
             observed: &observed,
             events: &events,
             last_lb_problems: &mut last_lb_problems,
         };
-        let passed = pass(&store, op, reports)
+        let passed = pass(&store, term, reports)
             .instrument(tracing::info_span!(
                 "operator_pass",
                 identity = identity.as_str()
@@ -190,7 +206,7 @@ impl Due {
     }
 }
 
-/// Records the IPAM mode and writes the configured pools, retrying with backoff until both
+/// With pod IPAM: records the IPAM mode and writes the configured pools, retrying with backoff until both
 /// are done; false when told to stop first. A changed mode is a configuration error; it will
 /// not fix itself, but the operator does not crash-loop over it either: it says so and waits.
 async fn prepare<S: Store>(
@@ -200,9 +216,12 @@ async fn prepare<S: Store>(
 ) -> bool {
     let mut backoff = Backoff::new(RETRY_CAP);
     loop {
+        let Some(pod_ipam) = &settings.pod_ipam else {
+            return true;
+        };
         let prepared = async {
-            record_mode(store, settings.mode).await?;
-            apply_pools(store, &settings.pools).await?;
+            record_mode(store, pod_ipam.mode).await?;
+            apply_pools(store, &pod_ipam.pools).await?;
             Ok::<_, OperatorError>(())
         };
         let Err(e) = prepared.await else {
@@ -228,13 +247,23 @@ struct Reports<'a> {
     last_lb_problems: &'a mut Vec<(String, String)>,
 }
 
+/// The controllers of one term of leadership, fresh at each: pod IPAM (which restores pools
+/// and blocks from the store on its first pass) when the cluster runs it. LB-IPAM keeps no
+/// state between passes.
+struct Term {
+    pod_ipam: Option<Operator>,
+}
+
 /// One pass of the leading operator: pod IPAM, then LB-IPAM, and what they found reported.
 async fn pass<S: Store>(
     store: &S,
-    op: &mut Operator,
+    term: &mut Term,
     reports: Reports<'_>,
 ) -> Result<(), OperatorError> {
-    let report = op.reconcile(store).await?;
+    let report = match term.pod_ipam.as_mut() {
+        Some(op) => Some(op.reconcile(store).await?),
+        None => None,
+    };
     let lb = lb_ipam::reconcile(store).await?;
     let Reports {
         observed,
@@ -242,13 +271,15 @@ async fn pass<S: Store>(
         last_lb_problems,
     } = reports;
     observed.health.set("store", Ok(()));
-    log_report(&report);
-    for (pool, usage) in &report.usage {
-        observed.metrics.set_pool_usage(pool, usage);
-    }
-    for event in &report.events {
-        observed.metrics.pool_event(event);
-        events.pool_event(event).await;
+    if let Some(report) = report {
+        log_report(&report);
+        for (pool, usage) in &report.usage {
+            observed.metrics.set_pool_usage(pool, usage);
+        }
+        for event in &report.events {
+            observed.metrics.pool_event(event);
+            events.pool_event(event).await;
+        }
     }
     for (object, problem) in log_lb_report(&lb, last_lb_problems) {
         events.lb_problem(&object, &problem).await;
@@ -269,19 +300,22 @@ async fn hand_over<S: Store>(store: &S, election: &mut LeaderElection) {
     }
 }
 
-fn new_operator(settings: &OperatorSettings) -> Operator {
-    let op = Operator::new(settings.mode);
-    if settings.elect {
-        op.with_node_grace(settings.cluster.node_grace())
-    } else {
-        op
-    }
+fn new_term(settings: &OperatorSettings) -> Term {
+    let pod_ipam = settings.pod_ipam.as_ref().map(|pod| {
+        let op = Operator::new(pod.mode);
+        if settings.elect {
+            op.with_node_grace(settings.cluster.node_grace())
+        } else {
+            op
+        }
+    });
+    Term { pod_ipam }
 }
 
 async fn step_election<S: Store>(
     store: &S,
     election: &mut LeaderElection,
-    operator: &mut Option<Operator>,
+    operator: &mut Option<Term>,
     settings: &OperatorSettings,
     identity: &str,
 ) -> Result<(), String> {
@@ -293,7 +327,7 @@ async fn step_election<S: Store>(
             );
             // A fresh controller: it restores pools and blocks from the store on its first
             // pass, whatever a previous term of ours left in memory.
-            *operator = Some(new_operator(settings));
+            *operator = Some(new_term(settings));
         }
         Ok(Leadership::Leading { acquired: false }) => {}
         Ok(Leadership::Following { holder }) => {

@@ -49,8 +49,14 @@ pub enum DaemonError {
          kind = \"etcd\" with the members in [store.etcd] endpoints, or kind = \"kubernetes\""
     )]
     NeedsSharedStore { role: &'static str },
-    #[error("the operator role needs an [ipam] section (mode and pools)")]
-    OperatorWithoutIpam,
+    #[error(
+        "the cluster's store records the pod IPAM mode {mode}, and this configuration has no \
+         [ipam] section (the add-on mode: Service IPs only): its operator would leave pods \
+         without blocks and its nodes would take blocks they never use; add the [ipam] section \
+         the cluster's other nodes and operators have, or use a store of its own (another \
+         [store.etcd] prefix or [store.kubernetes] namespace)"
+    )]
+    AddOnOverPodIpam { mode: &'static str },
     #[error(transparent)]
     Mode(#[from] ipam_core::pod::pool::ModeMismatch),
     #[error("the {0} controller ended; restarting the daemon restores it")]
@@ -82,6 +88,28 @@ pub(crate) async fn check_mode(
             tracing::warn!(
                 store = store.describe(),
                 "cannot read the cluster's IPAM mode yet; checking it once the store answers: {e}"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Refuses the add-on mode (no `[ipam]`) in a cluster whose store records a pod IPAM mode: the
+/// two cannot share a store. As `check_mode`, an unreachable store does not stop the start.
+pub(crate) async fn check_add_on(store: &ClusterStore) -> Result<(), DaemonError> {
+    use ipam_core::{
+        resources::{CLUSTER, IpamConfig},
+        store::TypedStore as _,
+    };
+    match store.get_typed::<IpamConfig>(CLUSTER).await {
+        Ok(Some(recorded)) => Err(DaemonError::AddOnOverPodIpam {
+            mode: recorded.value.mode.name(),
+        }),
+        Ok(None) => Ok(()),
+        Err(e) => {
+            tracing::warn!(
+                store = store.describe(),
+                "cannot read whether the cluster runs pod IPAM yet; going on in the add-on mode: {e}"
             );
             Ok(())
         }
@@ -140,12 +168,15 @@ async fn run_operator(
     mut config: Config,
     observed: Observed,
 ) -> Result<(), DaemonError> {
-    if config.ipam.is_none() {
-        return Err(DaemonError::OperatorWithoutIpam);
-    }
     let store = ClusterStore::open(&config.store_settings()).await?;
-    check_mode(&store, config.ipam.as_ref().expect("checked above").mode).await?;
-    let task = OperatorTask::spawn(store, &config, observed).expect("checked above");
+    match &config.ipam {
+        Some(ipam) => check_mode(&store, ipam.mode).await?,
+        None => {
+            check_add_on(&store).await?;
+            tracing::info!("add-on mode (no [ipam]): LB-IPAM only, no pod IPAM");
+        }
+    }
+    let task = OperatorTask::spawn(store, &config, observed);
     let mut signals = Signals::install()?;
     loop {
         match signals.next().await {
@@ -161,7 +192,7 @@ async fn run_operator(
         }
     }
     tracing::info!(
-        pools = config.ipam.map_or(0, |i| i.pools.len()),
+        pod_ip_pools = config.ipam.map_or(0, |i| i.pools.len()),
         "operator stopping"
     );
     task.stop().await;

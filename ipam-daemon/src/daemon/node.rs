@@ -8,8 +8,9 @@
 //!           liveness::gossip ──FenceState──▶ Fence       ([gossip]; else the node's lease)
 //!  Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat (silenced at once when it closes)
 //!  liveness::lease ──▶ store                              (the node's lease: who holds blocks)
-//!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json
+//!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json, node record
 //!  store ──▶ routes ──▶ route map
+//!  announce::node_record ──▶ node record                  (add-on mode: no [ipam], no pod_ipam)
 //! ```
 //!
 //! Each arrow is a typed value; no controller reaches into another's state.
@@ -22,7 +23,7 @@ use std::{
 use tokio::{sync::watch, task::JoinHandle};
 
 use super::{
-    DaemonError, OperatorTask, Role, check_mode,
+    DaemonError, OperatorTask, Role, check_add_on, check_mode,
     signals::{SignalEvent, Signals},
 };
 use crate::{
@@ -189,28 +190,50 @@ impl NodeControllers {
         let responder = tokio::spawn(l2::responder::run(datapath.clone(), announcements_rx));
         let mut operator = None;
         let mut gossip = None;
-        let (ipam, cluster) = match config.ipam.clone() {
+        let mut ipam = None;
+        let cluster = match config.ipam.clone() {
             Some(settings) => {
                 let store = ClusterStore::open(&config.store_settings()).await?;
                 check_mode(&store, settings.mode).await?;
                 if role == Role::Standalone {
-                    operator = OperatorTask::spawn(store.clone(), config, observed.clone());
+                    operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
                 }
-                gossip = start_gossip(config, &settings, &store, &observed);
-                let ipam = start_pod_ipam(
-                    config,
-                    &settings,
-                    &store,
-                    &datapath,
-                    &observed,
-                    gossip.as_ref(),
-                )
-                .await?;
-                let cluster =
-                    start_cluster_side(config, &settings, store, &observed, gossip.as_ref());
-                (Some(ipam), cluster)
+                gossip = start_gossip(config, &store, &observed);
+                ipam = Some(
+                    start_pod_ipam(
+                        config,
+                        &settings,
+                        &store,
+                        &datapath,
+                        &observed,
+                        gossip.as_ref(),
+                    )
+                    .await?,
+                );
+                start_cluster_side(config, store, &observed, gossip.as_ref())
             }
-            None => (None, ClusterSide::standalone()),
+            // The add-on mode: Service IPs beside another CNI; the node's record is all it
+            // writes for itself.
+            None if config.is_add_on() => {
+                let store = ClusterStore::open(&config.store_settings()).await?;
+                check_add_on(&store).await?;
+                tracing::info!(
+                    node = config.node.name.as_str(),
+                    "add-on mode (no [ipam]): answering for the cluster's Service IPs only; no \
+                     pod IPAM, no CNI, no pod datapath"
+                );
+                if role == Role::Standalone {
+                    operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
+                }
+                gossip = start_gossip(config, &store, &observed);
+                tokio::spawn(announce::node_record::run(
+                    store.clone(),
+                    config.node.clone(),
+                ));
+                serve_add_on_api(config, gossip.as_ref())?;
+                start_cluster_side(config, store, &observed, gossip.as_ref())
+            }
+            None => ClusterSide::standalone(),
         };
         tokio::spawn(announce::run(configured_rx, cluster.owned, announcements));
         let (timing, timing_rx) = watch::channel(timing(config));
@@ -284,18 +307,33 @@ async fn start_pod_ipam(
     Ok(tx)
 }
 
+/// The add-on mode's local API: `ipamctl members` from the gossip; pod requests get an answer
+/// saying why there is nothing to serve.
+fn serve_add_on_api(config: &Config, gossip: Option<&Gossip>) -> Result<(), DaemonError> {
+    let no_pod_ipam: crate::api::server::Handler = Arc::new(|_| {
+        ipam_api::types::Response::error(
+            ipam_api::types::ErrorCode::BadRequest,
+            "this node runs in the add-on mode (no [ipam] section): it answers for Service IPs \
+             only and serves no pod addresses; the node's CNI does",
+        )
+    });
+    let handler = match gossip {
+        Some(gossip) => gossip.api_handler(no_pod_ipam),
+        None => no_pod_ipam,
+    };
+    let listener = crate::api::server::bind(&config.node.socket)?;
+    tokio::spawn(crate::api::server::serve(listener, handler));
+    tracing::info!(socket = %config.node.socket.display(), "API listening");
+    Ok(())
+}
+
 /// On a shared store with `[gossip]`: the gossip, started before anything reads it.
-fn start_gossip(
-    config: &Config,
-    settings: &IpamSettings,
-    store: &ClusterStore,
-    observed: &Observed,
-) -> Option<Gossip> {
+fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> Option<Gossip> {
     let gossip_settings = config.gossip.clone().filter(|_| store.is_shared())?;
     Some(Gossip::spawn(gossip::Inputs {
         settings: gossip_settings,
         store: store.clone(),
-        node: settings.node_name.clone(),
+        node: config.node.name.clone(),
         metrics: observed.metrics.clone(),
     }))
 }
@@ -304,7 +342,6 @@ fn start_gossip(
 /// service IPs it owns.
 fn start_cluster_side(
     config: &Config,
-    settings: &IpamSettings,
     store: ClusterStore,
     observed: &Observed,
     gossip: Option<&Gossip>,
@@ -317,7 +354,7 @@ fn start_cluster_side(
         .then(|| Arc::new(LeaseFence::new(config.cluster.node_lease())));
     liveness::lease::spawn(liveness::lease::Renewal {
         store: store.clone(),
-        node: settings.node_name.clone(),
+        node: config.node.name.clone(),
         interval: config.cluster.node_renew_interval(gossip.is_some()),
         duration: config.cluster.node_lease(),
         fence: lease_fence.clone(),
@@ -332,11 +369,11 @@ fn start_cluster_side(
         (None, None) => unreachable!("a lease fence exists whenever there is no gossip"),
     };
     let (owned_tx, owned) = watch::channel(OwnedIps::new());
-    let events = Events::for_store(&store, "ipam-agent", &settings.node_name);
+    let events = Events::for_store(&store, "ipam-agent", &config.node.name);
     tokio::spawn(announce::service_ips::run(
         announce::service_ips::Inputs {
             store,
-            node: settings.node_name.clone(),
+            node: config.node.name.clone(),
             peers,
             metrics: observed.metrics.clone(),
             events: Arc::new(events),

@@ -9,7 +9,7 @@ use crate::{
     cluster::{
         ClusterStore,
         events::Events,
-        operator::{self, OperatorSettings},
+        operator::{self, OperatorSettings, PodIpamSettings},
     },
     config::{Config, PoolConfig},
     metrics::Observed,
@@ -22,31 +22,35 @@ pub(super) struct OperatorTask {
 }
 
 impl OperatorTask {
-    /// Starts the operator when the configuration has an `[ipam]` section.
-    pub(super) fn spawn(store: ClusterStore, config: &Config, observed: Observed) -> Option<Self> {
-        let ipam = config.ipam.as_ref()?;
-        let (pools, pools_rx) = watch::channel(ipam.pools.clone());
+    /// Starts the operator: pod IPAM and LB-IPAM with an `[ipam]` section, LB-IPAM alone
+    /// without (the add-on mode).
+    pub(super) fn spawn(store: ClusterStore, config: &Config, observed: Observed) -> Self {
+        let pod_ip_pools = config.ipam.as_ref().map(|i| i.pools.clone());
+        let (pools, pools_rx) = watch::channel(pod_ip_pools.unwrap_or_default());
         let (stop, stop_rx) = watch::channel(false);
         let settings = OperatorSettings {
-            mode: ipam.mode,
-            pools: ipam.pools.clone(),
+            pod_ipam: config.ipam.as_ref().map(|ipam| PodIpamSettings {
+                mode: ipam.mode,
+                pools: ipam.pools.clone(),
+            }),
             cluster: config.cluster.clone(),
             elect: store.is_shared(),
         };
         tracing::info!(
             store = store.describe(),
             elect = settings.elect,
+            pod_ipam = settings.pod_ipam.is_some(),
             "operator starting"
         );
         let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());
         let handle = tokio::spawn(operator::run(
             store, settings, pools_rx, stop_rx, observed, events,
         ));
-        Some(Self {
+        Self {
             pools,
             stop,
             handle,
-        })
+        }
     }
 
     pub(super) fn reload(&self, config: &Config) {

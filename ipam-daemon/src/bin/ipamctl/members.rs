@@ -13,10 +13,7 @@ pub(crate) fn run(config: &Path, socket: Option<&Path>, output: Output) -> anyho
         Some(s) => s.to_owned(),
         None => {
             let config = Config::load(config)?;
-            config
-                .ipam
-                .map(|i| i.socket)
-                .with_context(|| "the configuration has no [ipam] section: pass --socket")?
+            config.node.socket
         }
     };
     let answer = ipam_api::client::call(&socket, &Request::Members, Duration::from_secs(3))

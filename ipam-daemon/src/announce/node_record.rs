@@ -1,0 +1,139 @@
+//! The add-on mode's node record: with no pod IPAM to keep it, this controller writes what the
+//! other nodes decide Service IP ownership and the gossip from (the node's labels, its
+//! interfaces with their subnets, its address between nodes) and keeps it current.
+//!
+//! With `[ipam]` the pod IPAM controller writes the same facts beside the node's blocks
+//! (`pod_ipam::node_facts`); exactly one of the two runs on a node.
+
+use std::{net::IpAddr, time::Duration};
+
+use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
+
+use crate::{cluster::ClusterStore, config::NodeSettings};
+
+/// How often the interfaces are looked at again (an address added by hand wakes nothing).
+const RECHECK: Duration = Duration::from_secs(10);
+/// Longest wait between two attempts while the store refuses the write.
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// Keeps the node's record for the life of the daemon.
+pub async fn run(store: ClusterStore, node: NodeSettings) {
+    let mut kube_node = match &store {
+        ClusterStore::Kubernetes(s) => Some(s.follow_node(&node.name)),
+        _ => None,
+    };
+    let mut published: Option<NodeFacts> = None;
+    let mut backoff = Backoff::new(RETRY_CAP);
+    let mut said_no_address = false;
+    loop {
+        let from_kube = kube_node
+            .as_mut()
+            .and_then(|n| n.borrow_and_update().clone());
+        let facts = facts(&node, from_kube);
+        if facts.addresses.is_empty() && !said_no_address {
+            tracing::warn!(
+                node = node.name.as_str(),
+                "the node has no address between nodes: the gossip waits for one; set [node] \
+                 addresses (on Kubernetes its Node's InternalIP is used)"
+            );
+        }
+        said_no_address = facts.addresses.is_empty();
+        let mut wait = RECHECK;
+        if published.as_ref() != Some(&facts) {
+            match facts.sync_record(&store, &node.name).await {
+                Ok(false) => wait = backoff.next_delay(),
+                Ok(true) => {
+                    tracing::info!(
+                        node = node.name.as_str(),
+                        addresses = ?facts.addresses,
+                        interfaces = ?facts.interfaces.iter().map(|i| &i.name).collect::<Vec<_>>(),
+                        "node record published (add-on mode: Service IPs only)"
+                    );
+                    published = Some(facts);
+                    backoff.reset();
+                }
+                Err(e) => {
+                    wait = backoff.next_delay();
+                    tracing::warn!(
+                        node = node.name.as_str(),
+                        retry_in_ms = wait.as_millis() as u64,
+                        "cannot write the node's record to {}, retrying: {e}",
+                        store.describe()
+                    );
+                }
+            }
+        }
+        let node_changed = async {
+            match kube_node.as_mut() {
+                Some(n) => n.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            alive = node_changed => if !alive { kube_node = None },
+        }
+    }
+}
+
+/// The node's facts: the configured addresses, else its Kubernetes Node's InternalIPs; its
+/// Node's labels with the configured ones over them; every interface with an address but `lo`
+/// (where the Service IPs it answers for are put).
+fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> NodeFacts {
+    let (kube_addresses, mut labels) = from_kube
+        .map(|n| (n.internal_addresses, n.labels))
+        .unwrap_or_default();
+    let addresses: Vec<IpAddr> = if node.addresses.is_empty() {
+        kube_addresses
+    } else {
+        node.addresses.clone()
+    };
+    labels.extend(node.labels.clone());
+    let interfaces = crate::routes::interfaces_with_addresses()
+        .into_iter()
+        .filter(|i| i.name != "lo")
+        .collect();
+    NodeFacts {
+        addresses,
+        labels,
+        interfaces,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn configured_facts_win_over_the_kubernetes_node() {
+        let kube = ipam_kube::node::NodeInfo {
+            labels: BTreeMap::from([
+                ("zone".to_owned(), "a".to_owned()),
+                ("rack".to_owned(), "1".to_owned()),
+            ]),
+            internal_addresses: vec!["10.1.0.5".parse().unwrap()],
+            pod_cidrs: Vec::new(),
+        };
+        let mut node = NodeSettings {
+            name: "n1".to_owned(),
+            labels: BTreeMap::from([("zone".to_owned(), "b".to_owned())]),
+            addresses: Vec::new(),
+            socket: Default::default(),
+        };
+        let f = facts(&node, Some(kube.clone()));
+        assert_eq!(
+            f.addresses, kube.internal_addresses,
+            "the Node's InternalIP"
+        );
+        assert_eq!(
+            f.labels["zone"], "b",
+            "the configured label over the Node's"
+        );
+        assert_eq!(f.labels["rack"], "1");
+        assert!(f.interfaces.iter().all(|i| i.name != "lo"));
+        node.addresses = vec!["192.0.2.7".parse().unwrap()];
+        assert_eq!(facts(&node, Some(kube)).addresses, node.addresses);
+        assert!(facts(&node, None).labels.len() == 1);
+    }
+}

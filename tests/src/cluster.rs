@@ -48,6 +48,9 @@ pub struct Cluster {
     operator_config: TempFile,
     /// The cluster key of the agents' gossip, once `enable_gossip` was called.
     gossip_key: Option<TempFile>,
+    /// Whether the agents and operators run pod IPAM (`[ipam]`), or only Service IPs (the
+    /// add-on mode, beside another CNI).
+    pod_ipam: bool,
     _dir: TempDir,
 }
 
@@ -77,6 +80,17 @@ impl Cluster {
     /// As `start`, with other operator configuration appended (`[[ipam.pool]]` entries, and
     /// tables after them such as `[metrics]`) and node grace period.
     pub fn start_with(tag: &str, operators: usize, pools: &str, node_grace_ms: u64) -> Self {
+        let ipam = format!("[ipam]\nmode = \"cluster-pool\"\n{pools}");
+        Self::start_as(tag, operators, Some(&ipam), node_grace_ms)
+    }
+
+    /// The fabric, etcd and `operators` operator replicas of the add-on mode (no `[ipam]`:
+    /// LB-IPAM and L2 announcements only, pods wired by another CNI); no node yet.
+    pub fn start_add_on(tag: &str, operators: usize) -> Self {
+        Self::start_as(tag, operators, None, NODE_GRACE_MS)
+    }
+
+    fn start_as(tag: &str, operators: usize, ipam: Option<&str>, node_grace_ms: u64) -> Self {
         let fabric = Netns::new(&format!("{tag}f"));
         fabric.add_bridge("br0");
         fabric.add_address("br0", &format!("{FABRIC_V4}/24"));
@@ -89,7 +103,7 @@ impl Cluster {
         let operator_config = TempFile::new(&format!("{tag}-op"), "toml");
         std::fs::write(
             &operator_config.0,
-            format!("{store_section}\n[ipam]\nmode = \"cluster-pool\"\n{pools}"),
+            format!("{store_section}\n{}", ipam.unwrap_or_default()),
         )
         .expect("write operator config");
         let mut cluster = Self {
@@ -101,6 +115,7 @@ impl Cluster {
             operators: Vec::new(),
             operator_config,
             gossip_key: None,
+            pod_ipam: ipam.is_some(),
             _dir: dir,
         };
         for _ in 0..operators {
@@ -160,15 +175,25 @@ impl Cluster {
             ),
             None => (500, String::new()),
         };
+        let d = dir.0.display();
+        let who = if self.pod_ipam {
+            format!(
+                "[ipam]\nmode = \"cluster-pool\"\nnode_name = \"{name}\"\nstate_dir = \"{d}/node\"\n\
+                 socket = \"{d}/api/ipamd.sock\"\nfamilies = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n"
+            )
+        } else {
+            format!(
+                "[node]\nname = \"{name}\"\naddresses = [\"{v4}\", \"{v6}\"]\n\
+                 socket = \"{d}/api/ipamd.sock\"\n"
+            )
+        };
         std::fs::write(
             &config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = {timeout}\nheartbeat_interval_ms = 100\n\n{}\n[ipam]\nmode = \"cluster-pool\"\n\
-                 node_name = \"{name}\"\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
-                 families = [\"v4\", \"v6\"]\nuplinks = [\"{UPLINK}\"]\n\n{gossip}{extra_config}",
+                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = {timeout}\nheartbeat_interval_ms = 100\n\n{}\n\
+                 {who}\n{gossip}{extra_config}",
                 root.0.display(),
                 self.store_section,
-                d = dir.0.display()
             ),
         )
         .expect("write agent config");

@@ -8,6 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -16,7 +17,8 @@ use ipam_core::lb::resources::{
 };
 use ipam_tests::{
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
-    failover::lb_service,
+    cni::{DEBIAN_CNI, run_cni},
+    failover::{lb_service, uplink_policy},
     netns::Netns,
     resolve::Resolver,
 };
@@ -417,4 +419,198 @@ fn a_new_pool_renumbers_nothing_and_a_service_leaving_releases_its_ip() {
         || format!("{:?}\n{}", held(), c.operator_log(0)),
     );
     assert_eq!(held()["default/api"], before["default/api"]);
+}
+
+/// A pod on `node` wired as a cluster with another CNI wires it: Debian's bridge plugin with
+/// host-local addresses from the node's own subnet (10.88.i.0/24); neither ipam-cni nor the
+/// agent takes part. Returns the pod's namespace and address.
+fn bridge_pod(c: &Cluster, node: usize, tag: &str) -> (Netns, Ipv4Addr) {
+    let n = &c.nodes[node];
+    let pod = Netns::new(tag);
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "other-cni",
+        "type": "bridge",
+        "bridge": "cni0",
+        "isGateway": true,
+        "isDefaultGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{ "subnet": format!("10.88.{node}.0/24") }]],
+            "dataDir": n.dir.0.join("host-local"),
+        },
+    });
+    let (ok, result) = run_cni(
+        &Path::new(DEBIAN_CNI).join("bridge"),
+        Some(&n.ns),
+        "ADD",
+        &format!("ctr-{}", pod.name),
+        "eth0",
+        Some(&pod),
+        &conf,
+    );
+    assert!(ok, "bridge ADD on {}: {result}", n.name);
+    let address = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no IPv4 in the bridge plugin's result: {result}"));
+    (pod, address)
+}
+
+/// Serves one line naming `who` to every connection on port 8080, from inside `pod`.
+fn serve_name(pod: &Netns, who: String) {
+    let listener =
+        pod.run(|| std::net::TcpListener::bind("0.0.0.0:8080").expect("bind in the pod"));
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = std::io::Write::write_all(&mut stream, format!("{who}\n").as_bytes());
+        }
+    });
+}
+
+/// What the backend behind `ip:80` says to the client, or the error.
+fn ask(client: &Netns, ip: Ipv4Addr) -> Result<String, String> {
+    client.run(move || {
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&(ip, 80).into(), Duration::from_secs(2))
+                .map_err(|e| e.to_string())?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut line).map_err(|e| e.to_string())?;
+        Ok(line.trim().to_owned())
+    })
+}
+
+/// The add-on mode over real etcd, beside another CNI: no `[ipam]` anywhere, pods wired by
+/// Debian's bridge and host-local plugins. The operator assigns the Service's IP, exactly one
+/// node answers ARP for it and a client reaches the pod behind it; the agents leave the node's
+/// routes, links and TC hooks alone and record no pod IPAM; the IP moves when its node dies.
+///
+/// kube-proxy cannot run here (no API server): each node gets the DNAT rule kube-proxy's
+/// iptables mode would write for the Service (LB IP:80 to the node's pod), which is the part of
+/// it the announced IP relies on.
+#[test]
+fn the_add_on_mode_announces_service_ips_for_pods_another_cni_wired() {
+    let mut c = Cluster::start_add_on("ao", 1);
+    c.enable_gossip();
+    let mut pods = Vec::new();
+    for i in 0..3 {
+        c.add_node("ao");
+        let (pod, address) = bridge_pod(&c, i, &format!("aop{i}"));
+        serve_name(&pod, format!("pod on node-{i}"));
+        pods.push((pod, address));
+    }
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    c.put("lb", &pool(vec![range("10.77.0.10", "10.77.0.20")]));
+    c.put("uplinks", &uplink_policy());
+    c.put("default/web", &lb_service(80));
+    wait_until(
+        Duration::from_secs(20),
+        "the service's IP",
+        || service_ips(&c).contains_key("default/web"),
+        || c.operator_log(0),
+    );
+    let ip = service_ips(&c)["default/web"];
+    for (i, (_, pod_ip)) in pods.iter().enumerate() {
+        let rule = [
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            &ip.to_string(),
+            "-p",
+            "tcp",
+            "--dport",
+            "80",
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &format!("{pod_ip}:8080"),
+        ];
+        let status = c.nodes[i]
+            .ns
+            .command("iptables")
+            .args(rule)
+            .status()
+            .unwrap();
+        assert!(status.success(), "iptables DNAT on node-{i}");
+    }
+    let client = c.add_client("aocl");
+    let owner = owner_of(&c, &client, &macs, ip);
+    let reply = ask(&client, ip);
+    assert_eq!(reply.as_deref(), Ok(format!("pod on {owner}").as_str()));
+
+    // Nothing of pod IPAM: no mode recorded, no blocks, no host device, no pod datapath on the
+    // uplink, and the node's routes are the kernel's own (segment and the bridge's subnet).
+    assert!(
+        c.list::<ipam_core::resources::IpamConfig>().is_empty(),
+        "an add-on cluster records no pod IPAM mode"
+    );
+    for (name, record) in c.records() {
+        assert!(
+            record.value.status.allocated.is_empty() && !record.value.spec.addresses.is_empty(),
+            "{name}: {:?}",
+            record.value
+        );
+    }
+    for (i, n) in c.nodes.iter().enumerate() {
+        assert!(
+            n.ns.links()
+                .iter()
+                .all(|l| !l.name.starts_with("ipam_host")),
+            "{}",
+            n.ns.describe()
+        );
+        let hooks =
+            n.ns.command("tc")
+                .args(["filter", "show", "dev", "up0", "ingress"])
+                .output()
+                .unwrap();
+        let hooks = String::from_utf8_lossy(&hooks.stdout);
+        assert!(!hooks.contains("pod_from_uplink"), "{}: {hooks}", n.name);
+        let routes: BTreeSet<String> =
+            n.ns.routes(false)
+                .iter()
+                .map(|r| format!("{}/{}", r.destination, r.prefix_len))
+                .collect();
+        let expected = BTreeSet::from(["10.77.0.0/24".to_owned(), format!("10.88.{i}.0/24")]);
+        assert_eq!(routes, expected, "{}: only the kernel's routes", n.name);
+    }
+    // The local API answers `ipamctl members` from the gossip.
+    wait_until(
+        Duration::from_secs(10),
+        "node-0's gossip to know the two others",
+        || {
+            let members = c.ipamctl(0, &["members"]);
+            members.contains("node-1") && members.contains("node-2")
+        },
+        || c.ipamctl(0, &["members"]),
+    );
+
+    // The owner loses power: another node answers and its pod serves.
+    let dead = c.nodes.iter().position(|n| n.name == owner).unwrap();
+    c.nodes[dead].power_off();
+    let mut moved = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while moved.is_none() && Instant::now() < deadline {
+        moved = answers(&client, ip).first().map(|mac| node_of(&macs, *mac));
+        if moved.as_deref() == Some(owner.as_str()) {
+            moved = None;
+        }
+    }
+    let survivor = moved.unwrap_or_else(|| panic!("{ip} never moved off {owner}"));
+    // The client's ARP cache still names the dead node; a fresh answer replaces it.
+    client
+        .command("ip")
+        .args(["neigh", "flush", "dev", "eth0"])
+        .status()
+        .unwrap();
+    let reply = ask(&client, ip);
+    assert_eq!(reply.as_deref(), Ok(format!("pod on {survivor}").as_str()));
 }

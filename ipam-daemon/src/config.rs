@@ -200,7 +200,7 @@ pub enum StoreKind {
     Embedded,
     /// etcd v3: several nodes and operator replicas share the state.
     Etcd,
-    /// The Kubernetes API: custom resources (deploy/crds.yaml) and Leases.
+    /// The Kubernetes API: custom resources (deploy/base/crds.yaml) and Leases.
     Kubernetes,
 }
 

@@ -1,5 +1,5 @@
 //! The project's resources as Kubernetes custom resources, their CRDs generated from these
-//! types (`deploy/crds.yaml` is generated from them; a test fails when it drifts).
+//! types (`deploy/base/crds.yaml` is generated from them; a test fails when it drifts).
 //!
 //! Group `ipam-ebpf.io`, version `v1alpha1`, every kind cluster-scoped. The specs are the
 //! engine's own types (the same documents `ipamctl apply` takes); the statuses are the engine's
@@ -277,7 +277,7 @@ fn with_old_spellings(crd: Crd) -> Crd {
     serde_json::from_value(value).expect("the CRD with its old spellings deserialises")
 }
 
-/// The CRDs as one multi-document YAML file: what `deploy/crds.yaml` holds.
+/// The CRDs as one multi-document YAML file: what `deploy/base/crds.yaml` holds.
 pub fn yaml() -> String {
     let mut out = String::from(
         "# Generated from the Rust types in ipam-kube/src/crd.rs; do not edit by hand.\n\

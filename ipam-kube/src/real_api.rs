@@ -274,7 +274,7 @@ impl RealApiServer {
 
     /// A token of service account `namespace/account` (TokenRequest), bound to pod `pod` of the
     /// same namespace when given: a token bound to a pod on a node names that node, which the
-    /// admission policy of deploy/admission.yaml reads.
+    /// admission policy of deploy/base/admission.yaml reads.
     pub async fn service_account_token(
         &self,
         namespace: &str,

@@ -1,23 +1,23 @@
-//! The checked-in CRDs (`deploy/crds.yaml`) are the ones the Rust types generate, and they keep
+//! The checked-in CRDs (`deploy/base/crds.yaml`) are the ones the Rust types generate, and they keep
 //! to what the API server requires of them: structural schemas, the status subresource, cluster
 //! scope, the validation rules. `IPAM_WRITE_CRDS=1` rewrites the file from the types.
 
 use std::path::PathBuf;
 
 fn checked_in() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds.yaml")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/crds.yaml")
 }
 
 #[test]
 fn checked_in_crds_match_the_types() {
     let generated = ipam_kube::crd::yaml();
     if std::env::var_os("IPAM_WRITE_CRDS").is_some() {
-        std::fs::write(checked_in(), &generated).expect("write deploy/crds.yaml");
+        std::fs::write(checked_in(), &generated).expect("write deploy/base/crds.yaml");
     }
-    let on_disk = std::fs::read_to_string(checked_in()).expect("read deploy/crds.yaml");
+    let on_disk = std::fs::read_to_string(checked_in()).expect("read deploy/base/crds.yaml");
     assert!(
         on_disk == generated,
-        "deploy/crds.yaml differs from the CRDs the types in ipam-kube/src/crd.rs generate; \
+        "deploy/base/crds.yaml differs from the CRDs the types in ipam-kube/src/crd.rs generate; \
          regenerate it with `IPAM_WRITE_CRDS=1 cargo test -p ipam-kube --test crds` and commit it"
     );
 }

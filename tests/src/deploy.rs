@@ -5,9 +5,19 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize as _;
 use serde_json::Value;
 
-/// The deploy/ directory.
+/// The base manifests (deploy/base), which `kubectl apply -k deploy` installs.
 pub fn dir() -> PathBuf {
+    root().join("base")
+}
+
+/// The deploy/ directory.
+pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The overlay `name` (deploy/overlays/NAME).
+pub fn overlay(name: &str) -> PathBuf {
+    root().join("overlays").join(name)
 }
 
 /// Every YAML document of `file`, as JSON.

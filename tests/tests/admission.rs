@@ -1,4 +1,4 @@
-//! deploy/admission.yaml's ValidatingAdmissionPolicy, evaluated offline: no Kubernetes API
+//! deploy/base/admission.yaml's ValidatingAdmissionPolicy, evaluated offline: no Kubernetes API
 //! server runs on the machines the tests run on, so its CEL is evaluated here with the `cel`
 //! crate over admission requests shaped as the API server builds them (`request.userInfo` with
 //! the node-name claim that service account tokens carry since Kubernetes 1.30). This checks the
@@ -43,7 +43,7 @@ impl Policy {
         let policy = documents(&ipam_tests::deploy::dir().join("admission.yaml"))
             .into_iter()
             .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-            .expect("a ValidatingAdmissionPolicy in deploy/admission.yaml");
+            .expect("a ValidatingAdmissionPolicy in deploy/base/admission.yaml");
         Self {
             spec: policy["spec"].clone(),
         }

@@ -1,6 +1,6 @@
 //! The container image, checked with podman: its binaries start, and the agent DaemonSet's init
-//! step, run from the image exactly as deploy/agent.yaml writes it with the ConfigMap of
-//! deploy/config.yaml mounted, installs a working `ipam-cni` and the network configuration.
+//! step, run from the image exactly as deploy/base/agent.yaml writes it with the ConfigMap of
+//! deploy/base/config.yaml mounted, installs a working `ipam-cni` and the network configuration.
 //!
 //! Ignored by default: it needs an image, which `cargo xtask image` builds before it runs this
 //! (with `IPAM_IMAGE` naming the image).
@@ -55,7 +55,7 @@ fn binaries_start_and_the_init_step_installs_the_cni_plugin() {
     let config = documents(&ipam_tests::deploy::dir().join("config.yaml"))
         .into_iter()
         .find(|d| d["kind"] == "ConfigMap")
-        .expect("a ConfigMap in deploy/config.yaml");
+        .expect("a ConfigMap in deploy/base/config.yaml");
     let dir = TempDir::new("image-");
     let (etc, bin, net) = (dir.0.join("etc"), dir.0.join("bin"), dir.0.join("net.d"));
     for d in [&etc, &bin, &net] {
@@ -65,7 +65,7 @@ fn binaries_start_and_the_init_step_installs_the_cni_plugin() {
         std::fs::write(etc.join(name), content.as_str().expect("text")).unwrap();
     }
 
-    // The init container, as deploy/agent.yaml writes it.
+    // The init container, as deploy/base/agent.yaml writes it.
     let daemonset = documents(&ipam_tests::deploy::dir().join("agent.yaml"))
         .into_iter()
         .find(|d| d["kind"] == "DaemonSet")

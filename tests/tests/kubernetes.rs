@@ -154,7 +154,7 @@ async fn kubeconfig_for(api: &TestApi, who: Who) -> TempFile {
     file
 }
 
-/// The (API group, resource, verb) a role of deploy/rbac.yaml grants.
+/// The (API group, resource, verb) a role of deploy/base/rbac.yaml grants.
 fn granted(role: &str) -> BTreeSet<(String, String, String)> {
     let mut out = BTreeSet::new();
     for doc in ipam_tests::deploy::documents(&ipam_tests::deploy::dir().join("rbac.yaml")) {
@@ -180,7 +180,7 @@ fn granted(role: &str) -> BTreeSet<(String, String, String)> {
 }
 
 /// The requests `who` made of the API servers are exactly the rights `role` has in
-/// deploy/rbac.yaml: none missing, none unused. (A real server also refuses what is missing.)
+/// deploy/base/rbac.yaml: none missing, none unused. (A real server also refuses what is missing.)
 fn assert_rights_match(apis: &[&TestApi], who: Who, role: &str) {
     let user = who.user(apis[0]);
     let used: BTreeSet<(String, String, String)> = apis
@@ -458,7 +458,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     )
     .await;
 
-    // Every request the operator made is one deploy/rbac.yaml grants it, and every right it
+    // Every request the operator made is one deploy/base/rbac.yaml grants it, and every right it
     // is granted was used.
     assert_rights_match(&[&api], Who::Operator, "ipam-operator");
     operator.kill();
@@ -466,7 +466,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
 
 /// `ipamd --role agent` in a node's namespace on the Kubernetes store, in the `kubernetes` and
 /// the `multi-pool` IPAM modes (each against a stand-in of its own: a cluster has one mode).
-/// Together the agents' requests match the rights deploy/rbac.yaml gives agents.
+/// Together the agents' requests match the rights deploy/base/rbac.yaml gives agents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_on_the_kubernetes_api() {
     let node_mode = agent_takes_its_node_from_the_kubernetes_api().await;

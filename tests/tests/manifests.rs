@@ -5,7 +5,7 @@
 //! needs is checked against the requests it makes (tests/tests/kubernetes.rs); the CRDs against
 //! the Rust types (ipam-kube/tests/crds.rs).
 
-use ipam_tests::deploy::{dir as deploy, documents};
+use ipam_tests::deploy::{dir as deploy, documents, overlay};
 use serde_json::Value;
 
 fn all_objects() -> Vec<Value> {
@@ -37,16 +37,72 @@ fn every_document_parses_and_names_itself() {
             "{o}"
         );
     }
-    // The overlay's patch is a document of the same ConfigMap.
-    let overlay = deploy().join("overlays/example");
-    let k = &documents(&overlay.join("kustomization.yaml"))[0];
-    assert_eq!(k["resources"][0], "../..");
-    for patch in k["patches"].as_array().unwrap() {
-        let doc = &documents(&overlay.join(patch["path"].as_str().unwrap()))[0];
-        find(
-            &objects,
-            doc["kind"].as_str().unwrap(),
-            doc["metadata"]["name"].as_str().unwrap(),
+    // `kubectl apply -k deploy` installs the base.
+    let top = &documents(&ipam_tests::deploy::root().join("kustomization.yaml"))[0];
+    assert_eq!(top["resources"], serde_json::json!(["base"]));
+    // Each overlay builds on the base (not on deploy/, which contains it: kustomize refuses
+    // that cycle) and patches objects that exist.
+    for name in ["example", "add-on"] {
+        let dir = overlay(name);
+        let k = &documents(&dir.join("kustomization.yaml"))[0];
+        assert_eq!(k["resources"], serde_json::json!(["../../base"]), "{name}");
+        for patch in k["patches"].as_array().unwrap() {
+            let doc = &documents(&dir.join(patch["path"].as_str().unwrap()))[0];
+            find(
+                &objects,
+                doc["kind"].as_str().unwrap(),
+                doc["metadata"]["name"].as_str().unwrap(),
+            );
+        }
+    }
+}
+
+/// The add-on overlay: both roles without `[ipam]` (LB-IPAM and L2 announcements only, on the
+/// shared store), and an agent that installs no CNI plugin: its patch deletes the init
+/// container and the CNI directories by name and mounts the agent's configuration alone. (What
+/// kustomize makes of the patch was checked with `kubectl kustomize deploy/overlays/add-on`;
+/// kubectl does not run here.)
+#[test]
+fn the_add_on_overlay_runs_no_pod_ipam_and_installs_no_cni() {
+    let dir = overlay("add-on");
+    let config = &documents(&dir.join("config.yaml"))[0];
+    for key in ["operator.toml", "agent.toml"] {
+        let file = ipam_tests::TempFile::new("deploy-add-on", "toml");
+        std::fs::write(&file.0, config["data"][key].as_str().unwrap()).unwrap();
+        let config =
+            ipam_daemon::config::Config::load(&file.0).unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(config.is_add_on(), "{key}: no [ipam] on a shared store");
+    }
+    assert!(
+        config["data"]["10-ipam.conflist"].is_null(),
+        "the conflist is removed"
+    );
+    let agent = &documents(&dir.join("agent.yaml"))[0]["spec"]["template"]["spec"];
+    assert_eq!(agent["initContainers"][0]["name"], "install-cni");
+    assert_eq!(agent["initContainers"][0]["$patch"], "delete");
+    let volumes = agent["volumes"].as_array().unwrap();
+    for name in ["cni-bin", "cni-conf"] {
+        assert!(
+            volumes
+                .iter()
+                .any(|v| v["name"] == name && v["$patch"] == "delete"),
+            "{name} deleted"
+        );
+    }
+    let config_volume = volumes.iter().find(|v| v["name"] == "config").unwrap();
+    assert_eq!(
+        config_volume["configMap"]["items"],
+        serde_json::json!([{ "key": "agent.toml", "path": "agent.toml" }])
+    );
+    // The base's agent container mounts no CNI directory itself: deleting the volumes leaves
+    // no mount without its volume.
+    let base = all_objects();
+    let container =
+        &find(&base, "DaemonSet", "ipam-agent")["spec"]["template"]["spec"]["containers"][0];
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        assert!(
+            !mount["name"].as_str().unwrap().starts_with("cni-"),
+            "{mount}"
         );
     }
 }
@@ -54,7 +110,7 @@ fn every_document_parses_and_names_itself() {
 #[test]
 fn configurations_are_valid_for_ipamd() {
     let base = all_objects();
-    let overlay = documents(&deploy().join("overlays/example/config.yaml"));
+    let overlay = documents(&overlay("example").join("config.yaml"));
     for config_map in [find(&base, "ConfigMap", "ipam-config"), &overlay[0]] {
         for key in ["operator.toml", "agent.toml"] {
             let text = config_map["data"][key]
@@ -195,9 +251,15 @@ fn every_project_name_in_the_docs_and_manifests_is_one_the_code_serves() {
         ipam_kube::SHARING_KEY_ANNOTATION.to_owned(),
         format!("{}/{}", ipam_kube::crd::GROUP, ipam_kube::crd::VERSION),
     ];
-    let root = deploy().join("..");
+    let root = ipam_tests::deploy::root().join("..");
     let mut files = vec![root.join("README.md")];
-    for dir in ["docs", "deploy", "deploy/overlays/example"] {
+    for dir in [
+        "docs",
+        "deploy",
+        "deploy/base",
+        "deploy/overlays/example",
+        "deploy/overlays/add-on",
+    ] {
         for entry in std::fs::read_dir(root.join(dir))
             .into_iter()
             .flatten()

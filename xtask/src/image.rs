@@ -1,6 +1,6 @@
 //! `cargo xtask image`: the container image of deploy/Containerfile, from binaries built here,
 //! then checked: the binaries start in it, and the agent DaemonSet's init step installs the CNI
-//! plugin and network configuration as deploy/agent.yaml and deploy/config.yaml say
+//! plugin and network configuration as deploy/base/agent.yaml and deploy/base/config.yaml say
 //! (`tests/tests/image.rs`).
 //!
 //! Building the binaries inside the image (the Containerfile's default) needs the Rust images

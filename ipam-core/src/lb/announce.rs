@@ -89,6 +89,10 @@ pub fn weight(ip: IpAddr, node: &str) -> u64 {
 }
 
 /// Who announces each IP among the `live` nodes. IPs no live node may announce are absent.
+///
+/// The LoadBalancer IPs are those of the Services LB-IPAM serves; `externalIPs` are a user's
+/// own addresses, announced for a Service of any type or class (a policy opts in with
+/// `externalIPs: true`), as kube-proxy serves them on every type.
 pub fn owners(
     policies: &[(String, L2PolicySpec)],
     services: &[(String, ServiceSpec, ServiceStatus)],
@@ -96,10 +100,9 @@ pub fn owners(
 ) -> Vec<Announcement> {
     let (policies, _) = compile(policies);
     let mut out = Vec::new();
-    for (name, spec, status) in services.iter().filter(|(_, s, _)| s.is_ours()) {
-        let ips = status
-            .ingress
-            .iter()
+    for (name, spec, status) in services {
+        let load_balancer_ips = status.ingress.iter().filter(|_| spec.is_ours());
+        let ips = load_balancer_ips
             .map(|ip| (*ip, false))
             .chain(spec.external_ips.iter().map(|ip| (*ip, true)));
         let mut seen = BTreeSet::new();
@@ -319,6 +322,44 @@ mod tests {
         assert!(owners.iter().all(|a| a.node == "a"), "{owners:?}");
         let none = super::owners(&[policy(Some("north"), &[])], &svcs, &nodes);
         assert!(none.is_empty());
+    }
+
+    /// externalIPs are announced for a Service of every type and class once a policy opts in;
+    /// the LoadBalancer IPs only for the Services LB-IPAM serves. In v4 and v6.
+    #[test]
+    fn external_ips_are_announced_on_every_service_type_load_balancer_ips_only_on_ours() {
+        for (family, external, foreign) in [
+            (Family::V4, "192.0.2.7", "10.77.0.250"),
+            (Family::V6, "2001:db8::7", "fd77::250"),
+        ] {
+            let nodes = [node("a", "east", &[("eth0", "10.77.0.1/24")])];
+            let mut with_external = policy(None, &[]);
+            with_external.1.external_ips = true;
+            let mut svcs = services(4, family);
+            let ip: IpAddr = external.parse().unwrap();
+            svcs[0].1.service_type = ServiceType::ClusterIP;
+            svcs[1].1.service_type = ServiceType::NodePort;
+            svcs[2].1.load_balancer_class = Some("other.example/lb".into());
+            for s in &mut svcs[..3] {
+                s.1.external_ips = vec![ip];
+                // A status this project did not write: not announced.
+                s.2.ingress = vec![foreign.parse().unwrap()];
+            }
+            let got = owners(&[with_external.clone()], &svcs, &nodes);
+            let announced: BTreeSet<(IpAddr, &str)> =
+                got.iter().map(|a| (a.ip, a.service.as_str())).collect();
+            let expected = BTreeSet::from([
+                (ip, "ns/s0"),
+                (ip, "ns/s1"),
+                (ip, "ns/s2"),
+                (svcs[3].2.ingress[0], "ns/s3"),
+            ]);
+            assert_eq!(announced, expected, "{family:?}");
+            // Without the policy's opt-in, only the LoadBalancer IP.
+            let got = owners(&[policy(None, &[])], &svcs, &nodes);
+            assert_eq!(got.len(), 1, "{got:?}");
+            assert_eq!(got[0].service, "ns/s3");
+        }
     }
 
     #[test]

@@ -127,6 +127,33 @@ pub struct NodeIpamSpec {
     /// Service IPs, and which subnets those reach.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<NodeInterface>,
+    /// Whether the node may announce Service IPs, as its own agent judged it.
+    #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
+    pub announcing: NodeAnnouncing,
+}
+
+/// What a node's agent found about announcing from it: whether it is excluded (and why), and
+/// what on the node gets in the way of announcing cleanly. Each agent judges its own node by
+/// its own configuration and publishes the verdict, so that every agent decides ownership from
+/// the same facts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAnnouncing {
+    /// Why the node announces no Service IP (its exclusion label, NotReady, cordoned, network
+    /// unavailable); none: it may.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub excluded: Option<String>,
+    /// Problems that let clients see the wrong answer, with what to do (kube-proxy's IPVS mode
+    /// without strictARP).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl NodeAnnouncing {
+    pub fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -300,6 +300,37 @@ pub struct NodeSettings {
     /// root-only. Defaults to /run/ipam/ipamd.sock.
     #[serde(default)]
     pub socket: PathBuf,
+    /// When the node stops announcing Service IPs (`[node.announce]`).
+    #[serde(default)]
+    pub announce: AnnounceSettings,
+}
+
+/// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.
+/// The defaults are MetalLB's, so a cluster moving over behaves the same.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnnounceSettings {
+    /// Honour the label `node.kubernetes.io/exclude-from-external-load-balancers` (MetalLB
+    /// does, unless started with `--ignore-exclude-lb`).
+    pub exclusion_label: bool,
+    /// Stop while the Kubernetes Node's `NetworkUnavailable` condition is True (MetalLB does).
+    pub exclude_network_unavailable: bool,
+    /// Stop while the Kubernetes Node is NotReady (MetalLB does not: its speakers' liveness
+    /// decides, as the gossip does here).
+    pub exclude_not_ready: bool,
+    /// Stop while the Kubernetes Node is cordoned, as when it is drained (MetalLB does not).
+    pub exclude_cordoned: bool,
+}
+
+impl Default for AnnounceSettings {
+    fn default() -> Self {
+        Self {
+            exclusion_label: true,
+            exclude_network_unavailable: true,
+            exclude_not_ready: false,
+            exclude_cordoned: false,
+        }
+    }
 }
 
 /// The `[ipam]` section (standalone role: operator and agent in this process, embedded store).
@@ -350,6 +381,9 @@ pub struct IpamSettings {
     /// The node's labels (`[node] labels`, which see; resolved on load).
     #[serde(default)]
     pub node_labels: BTreeMap<String, String>,
+    /// `[node.announce]`, for the node's record (resolved on load; not read from `[ipam]`).
+    #[serde(skip)]
+    pub announce: AnnounceSettings,
     /// Pools written to the store on start and on reload.
     #[serde(default, rename = "pool")]
     pub pools: Vec<PoolConfig>,
@@ -602,6 +636,7 @@ impl Config {
             node.socket = default_socket();
         }
         if let Some(ipam) = self.ipam.as_mut() {
+            ipam.announce = node.announce.clone();
             ipam.socket = node.socket.clone();
             ipam.node_name = node.name.clone();
             ipam.node_labels = node.labels.clone();

@@ -22,6 +22,13 @@ pub struct NodeInfo {
     pub internal_addresses: Vec<IpAddr>,
     /// `spec.podCIDRs`, as written (the engine parses them).
     pub pod_cidrs: Vec<String>,
+    /// The `Ready` condition: `Some(false)` when False or Unknown (the kubelet stopped
+    /// reporting), `None` before the kubelet first reported.
+    pub ready: Option<bool>,
+    /// `spec.unschedulable`: cordoned (`kubectl cordon`, `kubectl drain`).
+    pub unschedulable: bool,
+    /// The `NetworkUnavailable` condition is True (the node's network is not set up).
+    pub network_unavailable: bool,
 }
 
 impl NodeInfo {
@@ -42,8 +49,26 @@ impl NodeInfo {
                 .as_ref()
                 .and_then(|s| s.pod_cidrs.clone())
                 .unwrap_or_default(),
+            ready: condition(node, "Ready").map(|status| status == "True"),
+            unschedulable: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            network_unavailable: condition(node, "NetworkUnavailable") == Some("True"),
         }
     }
+}
+
+/// The status ("True", "False", "Unknown") of the Node's condition `kind`, if it has one.
+fn condition<'a>(node: &'a Node, kind: &str) -> Option<&'a str> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind)
+        .map(|c| c.status.as_str())
 }
 
 impl KubeStore {
@@ -97,5 +122,40 @@ impl KubeStore {
             }
         });
         rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_s_readiness_cordon_and_network_as_the_agent_reads_them() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "n1", "labels": { "zone": "a" } },
+            "spec": { "unschedulable": true, "podCIDRs": ["10.0.1.0/24"] },
+            "status": {
+                "addresses": [{ "type": "InternalIP", "address": "10.1.0.5" }],
+                "conditions": [
+                    { "type": "NetworkUnavailable", "status": "True" },
+                    { "type": "Ready", "status": "Unknown" }
+                ]
+            }
+        }))
+        .unwrap();
+        let info = NodeInfo::of(&node);
+        assert_eq!(info.ready, Some(false), "Unknown is not ready");
+        assert!(info.unschedulable && info.network_unavailable);
+        assert_eq!(
+            info.internal_addresses,
+            ["10.1.0.5".parse::<IpAddr>().unwrap()]
+        );
+        let fresh: Node = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "n2" }
+        }))
+        .unwrap();
+        let info = NodeInfo::of(&fresh);
+        assert_eq!(info.ready, None, "not reported yet");
+        assert!(!info.unschedulable && !info.network_unavailable);
     }
 }

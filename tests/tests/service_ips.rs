@@ -614,3 +614,117 @@ fn the_add_on_mode_announces_service_ips_for_pods_another_cni_wired() {
     let reply = ask(&client, ip);
     assert_eq!(reply.as_deref(), Ok(format!("pod on {survivor}").as_str()));
 }
+
+/// The condition the operator writes on `service` about its announcement.
+fn announced_condition(c: &Cluster, service: &str) -> Option<(bool, String)> {
+    c.list::<Service>()
+        .into_iter()
+        .find(|s| s.name == service)?
+        .value
+        .status
+        .conditions
+        .into_iter()
+        .find(|c| c.kind == "Announced")
+        .map(|c| (c.status, c.message))
+}
+
+/// Nodes that may not announce, judged by their own agents: a node labelled
+/// `node.kubernetes.io/exclude-from-external-load-balancers` never answers, not even when it
+/// is the last live node, and the Service's condition says so by name; a node where
+/// kube-proxy's IPVS mode runs without strictARP (a `kube-ipvs0` device made by hand, with
+/// `arp_ignore` left at 0) turns the Service's condition false with what to do, and back once
+/// strictARP's sysctl is set. NotReady and cordoned Nodes need a Kubernetes store: their
+/// reading is tested on Node objects (ipam-kube) and their rule in `announce::eligibility`.
+#[test]
+fn excluded_nodes_never_answer_and_a_node_s_ipvs_without_strict_arp_is_reported() {
+    let mut c = Cluster::start_add_on("ex", 1);
+    c.enable_gossip();
+    c.add_node("ex");
+    c.add_node("ex");
+    c.add_node_with(
+        "ex",
+        "[node.labels]\n\"node.kubernetes.io/exclude-from-external-load-balancers\" = \"true\"\n",
+    );
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    c.put("lb", &pool(vec![range("10.77.0.10", "10.77.0.20")]));
+    c.put("uplinks", &uplink_policy());
+    for i in 0..6 {
+        c.put(&format!("default/web-{i}"), &lb_service(80));
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "the services' IPs, announced",
+        || {
+            (0..6).all(|i| {
+                announced_condition(&c, &format!("default/web-{i}")).is_some_and(|(ok, _)| ok)
+            })
+        },
+        || {
+            format!(
+                "{:?}\n{}",
+                announced_condition(&c, "default/web-0"),
+                c.operator_log(0)
+            )
+        },
+    );
+    let excluded = c.records()["node-2"].value.spec.announcing.excluded.clone();
+    assert!(
+        excluded
+            .as_deref()
+            .is_some_and(|why| why.contains("exclude-from-external-load-balancers")),
+        "{excluded:?}"
+    );
+    let client = c.add_client("excl");
+    let ips = service_ips(&c);
+    for ip in ips.values() {
+        assert_ne!(owner_of(&c, &client, &macs, *ip), "node-2");
+    }
+
+    // kube-proxy's IPVS mode without strictARP on node-1: reported on every Service, and in
+    // node-1's log, within the agent's 10 s look at the host.
+    let n1 = &c.nodes[1].ns;
+    // kube-proxy makes a dummy device; this kernel has no dummy driver, and the agent goes by
+    // the name, so a bridge stands in for it.
+    n1.add_bridge("kube-ipvs0");
+    wait_until(
+        Duration::from_secs(15),
+        "the IPVS warning on the service",
+        || {
+            announced_condition(&c, "default/web-0")
+                .is_some_and(|(ok, m)| !ok && m.contains("strictARP"))
+        },
+        || {
+            format!(
+                "{:?}\n{}",
+                announced_condition(&c, "default/web-0"),
+                c.nodes[1].log()
+            )
+        },
+    );
+    assert!(c.nodes[1].log().contains("strictARP"));
+    let status = n1
+        .command("sysctl")
+        .args(["-qw", "net.ipv4.conf.all.arp_ignore=1"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_until(
+        Duration::from_secs(15),
+        "the warning gone once strictARP's sysctl is set",
+        || announced_condition(&c, "default/web-0").is_some_and(|(ok, _)| ok),
+        || format!("{:?}", announced_condition(&c, "default/web-0")),
+    );
+
+    // node-0 and node-1 lose power: node-2, the last live node, still never answers.
+    c.nodes[0].power_off();
+    c.nodes[1].power_off();
+    std::thread::sleep(Duration::from_secs(2));
+    for ip in ips.values() {
+        let got = answers(&client, *ip);
+        assert!(
+            got.is_empty(),
+            "{ip} answered by {got:x?} with only the excluded node alive"
+        );
+    }
+}

@@ -18,6 +18,10 @@ pub struct NodeView {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub interfaces: Vec<NodeInterface>,
+    /// Why the node announces nothing (its agent's verdict), if it does not.
+    pub excluded: Option<String>,
+    /// What on the node makes clients see other answers than the owner's.
+    pub warnings: Vec<String>,
 }
 
 /// One IP to announce: who, for which service, on which of the owner's interfaces.
@@ -112,6 +116,7 @@ pub fn owners(
             }
             let best = live
                 .iter()
+                .filter(|node| node.excluded.is_none())
                 .filter_map(|node| {
                     let mut interfaces: BTreeSet<String> = BTreeSet::new();
                     for p in policies.iter().filter(|p| {
@@ -139,6 +144,58 @@ pub fn owners(
         }
     }
     out.sort();
+    out
+}
+
+/// For each service with a LoadBalancer IP: why the L2 announcement of its IPs fails or may
+/// mislead clients, judged over all `nodes` alive or not; absent when it is fine. No node may
+/// answer (every candidate excluded, or none selected by a policy with a matching interface:
+/// MetalLB's silent failure when every node carries the exclusion label), or a node reports a
+/// problem that makes its kernel answer too (kube-proxy's IPVS mode without strictARP).
+pub fn announce_problems(
+    policies: &[(String, L2PolicySpec)],
+    services: &[(String, ServiceSpec, ServiceStatus)],
+    nodes: &[NodeView],
+) -> BTreeMap<String, String> {
+    let announced: BTreeSet<(IpAddr, String)> = owners(policies, services, nodes)
+        .into_iter()
+        .map(|a| (a.ip, a.service))
+        .collect();
+    let excluded: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.excluded.as_ref().map(|why| format!("{} ({why})", n.name)))
+        .collect();
+    let warnings: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| {
+            n.warnings
+                .iter()
+                .map(move |w| format!("node {}: {w}", n.name))
+        })
+        .collect();
+    let mut out = BTreeMap::new();
+    for (name, _, status) in services.iter().filter(|(_, s, _)| s.is_ours()) {
+        let unanswered = status
+            .ingress
+            .iter()
+            .find(|ip| !announced.contains(&(**ip, name.clone())));
+        let problem = match unanswered {
+            Some(ip) if excluded.is_empty() => format!(
+                "no node may answer for {ip}: none of the {} node(s) is selected by an \
+                 L2AnnouncementPolicy that matches the service and one of the node's interfaces",
+                nodes.len()
+            ),
+            Some(ip) => format!(
+                "no node may answer for {ip}: {} excluded ({}); the others are not selected by \
+                 an L2AnnouncementPolicy that matches the service and one of their interfaces",
+                excluded.len(),
+                excluded.join(", ")
+            ),
+            None if !warnings.is_empty() && !status.ingress.is_empty() => warnings.join("; "),
+            None => continue,
+        };
+        out.insert(name.clone(), problem);
+    }
     out
 }
 
@@ -232,6 +289,8 @@ mod tests {
                     addresses: vec![(*a).into()],
                 })
                 .collect(),
+            excluded: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -359,6 +418,63 @@ mod tests {
             let got = owners(&[policy(None, &[])], &svcs, &nodes);
             assert_eq!(got.len(), 1, "{got:?}");
             assert_eq!(got[0].service, "ns/s3");
+        }
+    }
+
+    /// An excluded node owns nothing, whatever its weight; its IPs go to the next node, and
+    /// the others keep theirs. In v4 and v6.
+    #[test]
+    fn an_excluded_node_owns_nothing_and_only_its_ips_move() {
+        for family in [Family::V4, Family::V6] {
+            let mut nodes: Vec<NodeView> = (0..3)
+                .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
+                .collect();
+            let svcs = services(60, family);
+            let policies = [policy(None, &[])];
+            let before = owners(&policies, &svcs, &nodes);
+            nodes[1].excluded = Some("cordoned".into());
+            let after = owners(&policies, &svcs, &nodes);
+            assert_eq!(after.len(), 60);
+            for (b, a) in before.iter().zip(&after) {
+                assert_ne!(a.node, "n1");
+                if b.node != "n1" {
+                    assert_eq!(a.node, b.node, "{} moved needlessly", a.ip);
+                }
+            }
+        }
+    }
+
+    /// The silent failure made loud: a service no node may answer for says why, naming the
+    /// excluded nodes; a node's warning reaches every service; a service that is fine has none.
+    #[test]
+    fn a_service_no_node_may_announce_says_why() {
+        for family in [Family::V4, Family::V6] {
+            let mut nodes = vec![
+                node("a", "east", &[("eth0", "10.77.0.1/24")]),
+                node("b", "west", &[("eth0", "10.77.0.2/24")]),
+            ];
+            let svcs = services(2, family);
+            let policies = [policy(Some("east"), &[])];
+            assert!(announce_problems(&policies, &svcs, &nodes).is_empty());
+            nodes[0].excluded =
+                Some("label node.kubernetes.io/exclude-from-external-load-balancers".into());
+            let problems = announce_problems(&policies, &svcs, &nodes);
+            assert_eq!(problems.len(), 2);
+            let p = &problems["ns/s0"];
+            assert!(
+                p.contains("no node may answer")
+                    && p.contains("a (label node.kubernetes.io/exclude"),
+                "{p}"
+            );
+            nodes[0].excluded = None;
+            nodes[1].warnings = vec!["kube-proxy IPVS without strictARP".into()];
+            let problems = announce_problems(&policies, &svcs, &nodes);
+            assert!(
+                problems["ns/s1"].starts_with("node b: kube-proxy IPVS"),
+                "{problems:?}"
+            );
+            let none = announce_problems(&[policy(Some("north"), &[])], &svcs, &nodes);
+            assert!(none["ns/s0"].contains("none of the 2 node(s)"), "{none:?}");
         }
     }
 

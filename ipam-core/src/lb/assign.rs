@@ -41,6 +41,9 @@ pub const IP_ASSIGNED: &str = "IPAssigned";
 /// The condition a pool (and its services) get when no announced interface reaches it; the
 /// operator's controller writes it beside LB-IPAM's.
 pub const REACHABLE: &str = "Reachable";
+/// The condition a service gets saying whether a node may answer for its IPs, and whether
+/// something on the nodes gets in the way (the operator's controller writes it).
+pub const ANNOUNCED: &str = "Announced";
 
 /// An inclusive range of usable addresses of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -463,7 +466,7 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
         conditions: status
             .conditions
             .iter()
-            .filter(|c| c.kind != IP_ASSIGNED && c.kind != REACHABLE)
+            .filter(|c| ![IP_ASSIGNED, REACHABLE, ANNOUNCED].contains(&c.kind.as_str()))
             .cloned()
             .collect(),
     })

@@ -3,7 +3,7 @@
 //! pool's counts and conditions, and the warning for pools no announced interface reaches.
 
 use super::{
-    announce::unreachable_pools,
+    announce::{announce_problems, unreachable_pools},
     assign::assign,
     resources::{L2AnnouncementPolicy, LbIpPool, Service},
     rows,
@@ -13,7 +13,7 @@ use crate::{
     store::{StoreError, TypedStore},
 };
 
-pub use super::assign::REACHABLE;
+pub use super::assign::{ANNOUNCED, REACHABLE};
 
 /// What a pass changed, for the log.
 #[derive(Debug, Default)]
@@ -35,6 +35,15 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
     let mut decided = assign(&rows::pools_with_status(&pools), &rows::services(&services));
     let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
     let (unreachable, bad_policies) = unreachable_pools(&pool_specs, &policy_specs, &node_views);
+    // Judged on the statuses this pass decides, so a new IP is judged as it is written.
+    let decided_rows: Vec<_> = rows::services(&services)
+        .into_iter()
+        .map(|(name, spec, status)| {
+            let status = decided.services.get(&name).cloned().unwrap_or(status);
+            (name, spec, status)
+        })
+        .collect();
+    let unannounced = announce_problems(&policy_specs, &decided_rows, &node_views);
     let mut report = LbReport::default();
     for (policy, message) in bad_policies {
         report
@@ -89,6 +98,12 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
                         p.name, unreachable[&p.name]
                     ),
                 ));
+            }
+            if !status.ingress.is_empty() {
+                status.conditions.push(match unannounced.get(&s.name) {
+                    Some(problem) => Condition::new(ANNOUNCED, false, problem.clone()),
+                    None => Condition::new(ANNOUNCED, true, "a node may answer for its IPs"),
+                });
             }
         }
         for c in status.conditions.iter().filter(|c| !c.status) {

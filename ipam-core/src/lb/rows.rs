@@ -54,5 +54,7 @@ pub fn node(record: &Versioned<NodeIpam>) -> NodeView {
         name: record.name.clone(),
         labels: record.value.spec.labels.clone(),
         interfaces: record.value.spec.interfaces.clone(),
+        excluded: record.value.spec.announcing.excluded.clone(),
+        warnings: record.value.spec.announcing.warnings.clone(),
     }
 }

@@ -52,6 +52,8 @@ pub struct NodeFacts {
     pub addresses: Vec<std::net::IpAddr>,
     pub labels: BTreeMap<String, String>,
     pub interfaces: Vec<crate::resources::NodeInterface>,
+    /// Whether it may announce Service IPs, and what gets in the way.
+    pub announcing: crate::resources::NodeAnnouncing,
 }
 
 impl NodeFacts {
@@ -59,12 +61,14 @@ impl NodeFacts {
         self.addresses == record.spec.addresses
             && self.labels == record.spec.labels
             && self.interfaces == record.spec.interfaces
+            && self.announcing == record.spec.announcing
     }
 
     fn publish(&self, record: &mut NodeIpam) {
         record.spec.addresses = self.addresses.clone();
         record.spec.labels = self.labels.clone();
         record.spec.interfaces = self.interfaces.clone();
+        record.spec.announcing = self.announcing.clone();
     }
 
     /// Writes the facts into `node`'s record, creating it (with no blocks) when there is none;
@@ -219,6 +223,7 @@ impl NodeAgent {
                 addresses: self.facts.addresses.clone(),
                 labels: self.facts.labels.clone(),
                 interfaces: self.facts.interfaces.clone(),
+                announcing: self.facts.announcing.clone(),
             },
             ..NodeIpam::default()
         };
@@ -476,6 +481,7 @@ mod tests {
             addresses: vec!["10.0.0.1".parse().unwrap()],
             labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
             interfaces: Vec::new(),
+            announcing: Default::default(),
         };
         assert!(facts.sync_record(&store, "n1").await.unwrap());
         let record = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();

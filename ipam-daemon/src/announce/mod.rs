@@ -8,6 +8,7 @@
 //! Announcing over another protocol (BGP) would be a sibling of `l2::responder` reading the
 //! service IPs; pod IPAM is not involved.
 
+pub mod eligibility;
 pub mod local_address;
 pub mod node_record;
 pub mod service_ips;

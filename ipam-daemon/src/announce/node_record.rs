@@ -9,7 +9,8 @@ use std::{net::IpAddr, time::Duration};
 
 use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
 
-use crate::{cluster::ClusterStore, config::NodeSettings};
+use super::eligibility;
+use crate::{cluster::ClusterStore, config::NodeSettings, metrics::Health};
 
 /// How often the interfaces are looked at again (an address added by hand wakes nothing).
 const RECHECK: Duration = Duration::from_secs(10);
@@ -17,7 +18,7 @@ const RECHECK: Duration = Duration::from_secs(10);
 const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// Keeps the node's record for the life of the daemon.
-pub async fn run(store: ClusterStore, node: NodeSettings) {
+pub async fn run(store: ClusterStore, node: NodeSettings, health: std::sync::Arc<Health>) {
     let mut kube_node = match &store {
         ClusterStore::Kubernetes(s) => Some(s.follow_node(&node.name)),
         _ => None,
@@ -25,11 +26,14 @@ pub async fn run(store: ClusterStore, node: NodeSettings) {
     let mut published: Option<NodeFacts> = None;
     let mut backoff = Backoff::new(RETRY_CAP);
     let mut said_no_address = false;
+    let mut verdict = Default::default();
     loop {
         let from_kube = kube_node
             .as_mut()
             .and_then(|n| n.borrow_and_update().clone());
         let facts = facts(&node, from_kube);
+        eligibility::report(&node.name, &verdict, &facts.announcing, &health);
+        verdict = facts.announcing.clone();
         if facts.addresses.is_empty() && !said_no_address {
             tracing::warn!(
                 node = node.name.as_str(),
@@ -78,10 +82,11 @@ pub async fn run(store: ClusterStore, node: NodeSettings) {
 
 /// The node's facts: the configured addresses, else its Kubernetes Node's InternalIPs; its
 /// Node's labels with the configured ones over them; every interface with an address but `lo`
-/// (where the Service IPs it answers for are put).
+/// (where the Service IPs it answers for are put); whether it may announce.
 fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> NodeFacts {
     let (kube_addresses, mut labels) = from_kube
-        .map(|n| (n.internal_addresses, n.labels))
+        .as_ref()
+        .map(|n| (n.internal_addresses.clone(), n.labels.clone()))
         .unwrap_or_default();
     let addresses: Vec<IpAddr> = if node.addresses.is_empty() {
         kube_addresses
@@ -89,6 +94,7 @@ fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> N
         node.addresses.clone()
     };
     labels.extend(node.labels.clone());
+    let announcing = eligibility::judge(&node.announce, &labels, from_kube.as_ref());
     let interfaces = crate::routes::interfaces_with_addresses()
         .into_iter()
         .filter(|i| i.name != "lo")
@@ -97,6 +103,7 @@ fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> N
         addresses,
         labels,
         interfaces,
+        announcing,
     }
 }
 
@@ -113,13 +120,14 @@ mod tests {
                 ("rack".to_owned(), "1".to_owned()),
             ]),
             internal_addresses: vec!["10.1.0.5".parse().unwrap()],
-            pod_cidrs: Vec::new(),
+            ..Default::default()
         };
         let mut node = NodeSettings {
             name: "n1".to_owned(),
             labels: BTreeMap::from([("zone".to_owned(), "b".to_owned())]),
             addresses: Vec::new(),
             socket: Default::default(),
+            announce: Default::default(),
         };
         let f = facts(&node, Some(kube.clone()));
         assert_eq!(

@@ -229,6 +229,7 @@ impl NodeControllers {
                 tokio::spawn(announce::node_record::run(
                     store.clone(),
                     config.node.clone(),
+                    observed.health.clone(),
                 ));
                 serve_add_on_api(config, gossip.as_ref())?;
                 start_cluster_side(config, store, &observed, gossip.as_ref())

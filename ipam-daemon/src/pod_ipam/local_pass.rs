@@ -46,6 +46,12 @@ impl PodIpam {
         }
         if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 {
             let facts = self.node_facts();
+            crate::announce::eligibility::report(
+                &self.settings.node_name,
+                &self.agents.facts.announcing,
+                &facts.announcing,
+                &self.observed.health,
+            );
             if facts != self.agents.facts {
                 tracing::info!(
                     addresses = ?facts.addresses,

@@ -79,8 +79,10 @@ impl PodIpam {
                 .map(|u| crate::routes::uplink_addresses(u))
                 .unwrap_or_default()
         };
-        let mut labels = node.map(|n| n.labels).unwrap_or_default();
+        let mut labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
         labels.extend(self.settings.node_labels.clone());
+        let announcing =
+            crate::announce::eligibility::judge(&self.settings.announce, &labels, node.as_ref());
         let host = &self.settings.host_device;
         let interfaces = crate::routes::interfaces_with_addresses()
             .into_iter()
@@ -90,6 +92,7 @@ impl PodIpam {
             addresses,
             labels,
             interfaces,
+            announcing,
         }
     }
 }

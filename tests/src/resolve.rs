@@ -97,9 +97,38 @@ impl Resolver {
 
     /// Sends a multicast neighbour solicitation for `target` and returns the advertisement.
     pub fn ndp(&self, src: Ipv6Addr, target: Ipv6Addr, timeout: Duration) -> Option<NdpFrame> {
+        self.solicit(src, target);
+        self.next_advertisement(src, target, timeout)
+    }
+
+    /// Sends a neighbour solicitation for `target` and returns the link-layer address of every
+    /// advertisement answering it within `window` (a second would be a second node claiming
+    /// the IP).
+    pub fn ndp_all(&self, src: Ipv6Addr, target: Ipv6Addr, window: Duration) -> Vec<[u8; 6]> {
+        self.solicit(src, target);
+        let deadline = Instant::now() + window;
+        let mut macs = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if let Some(f) = self.next_advertisement(src, target, left) {
+                macs.push(f.lladdr_option.map_or(f.eth_src, |(_, mac)| mac));
+            }
+        }
+        macs
+    }
+
+    fn solicit(&self, src: Ipv6Addr, target: Ipv6Addr) {
         self.socket_nd
             .send(&NdpFrame::solicitation(self.mac, src, target).to_bytes())
             .expect("send NS");
+    }
+
+    /// Waits for the advertisement of `target` answering a solicitation from `src`.
+    fn next_advertisement(
+        &self,
+        src: Ipv6Addr,
+        target: Ipv6Addr,
+        timeout: Duration,
+    ) -> Option<NdpFrame> {
         let deadline = Instant::now() + timeout;
         let mut buf = [0u8; 2048];
         loop {

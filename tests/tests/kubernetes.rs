@@ -1025,7 +1025,8 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     )
     .await;
 
-    // `kubectl describe service web` says which node answers now, and how often it started to.
+    // `kubectl describe service web` says which node answers now, why (its previous owner
+    // died), and how often it started to.
     let events: kube::Api<k8s_openapi::api::events::v1::Event> =
         kube::Api::namespaced(api.client().await, "shop");
     let new_owner = names[next];
@@ -1036,7 +1037,11 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
             list.items.into_iter().find(|e| {
                 e.reason.as_deref() == Some("IPAnnounced")
                     && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
-                    && e.note.as_deref().is_some_and(|n| n.contains(new_owner))
+                    && e.note.as_deref().is_some_and(|n| {
+                        n.contains(new_owner)
+                            && n.contains(&format!("took it over from {}", names[owner]))
+                            && n.contains("no longer alive")
+                    })
                     && e.series.as_ref().is_some_and(|s| s.count >= 2)
             })
         },

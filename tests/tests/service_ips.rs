@@ -728,3 +728,69 @@ fn excluded_nodes_never_answer_and_a_node_s_ipvs_without_strict_arp_is_reported(
         );
     }
 }
+
+/// The MACs that answer one neighbour solicitation for `ip`, as the client sees them.
+fn answers_v6(client: &Netns, ip: std::net::Ipv6Addr) -> Vec<[u8; 6]> {
+    let src: std::net::Ipv6Addr = "fd77::100".parse().unwrap();
+    client.run(move || Resolver::new("eth0").ndp_all(src, ip, Duration::from_millis(250)))
+}
+
+/// The failover of an IPv6 Service IP across namespaces with real processes: LB-IPAM assigns
+/// from an IPv6 range, exactly one node answers the client's neighbour solicitations, and when
+/// it loses power another one does, within the gossip's bound.
+#[test]
+fn an_ipv6_service_ip_is_answered_by_one_node_and_moves_when_it_dies() {
+    let mut c = Cluster::start_add_on("v6", 1);
+    c.enable_gossip();
+    for _ in 0..3 {
+        c.add_node("v6");
+    }
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    c.put("lb6", &pool(vec![range("fd77::10", "fd77::20")]));
+    c.put("uplinks", &uplink_policy());
+    let mut web = lb_service(80);
+    web.spec.ip_families = vec![ipam_core::Family::V6];
+    c.put("default/web6", &web);
+    let ip = || {
+        c.list::<Service>()
+            .into_iter()
+            .find_map(|s| match s.value.status.ingress.first() {
+                Some(IpAddr::V6(v6)) if s.name == "default/web6" => Some(*v6),
+                _ => None,
+            })
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the service's IPv6 address",
+        || ip().is_some(),
+        || c.operator_log(0),
+    );
+    let ip = ip().unwrap();
+    let client = c.add_client("v6cl");
+    let one_owner = |deadline: Duration| {
+        let until = Instant::now() + deadline;
+        let mut got = Vec::new();
+        while Instant::now() < until {
+            got = answers_v6(&client, ip);
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(got.len(), 1, "{ip}: answers from {got:x?}");
+        node_of(&macs, got[0])
+    };
+    let owner = one_owner(Duration::from_secs(10));
+    let dead = c.nodes.iter().position(|n| n.name == owner).unwrap();
+    c.nodes[dead].power_off();
+    let lost = Instant::now();
+    let mut next = owner.clone();
+    while next == owner {
+        assert!(
+            lost.elapsed() < Duration::from_secs(10),
+            "{ip} still answered by {owner} (or by nobody) 10 s after it lost power"
+        );
+        next = one_owner(Duration::from_secs(10));
+    }
+    println!("{ip} moved from {owner} to {next} in {:?}", lost.elapsed());
+}

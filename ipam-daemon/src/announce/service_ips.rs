@@ -16,7 +16,7 @@ use std::{
 
 use ipam_core::{
     lb::{
-        announce::{NodeView, owners},
+        announce::{Announcement, NodeView, owners},
         resources::{L2AnnouncementPolicy, Service},
         rows,
     },
@@ -38,6 +38,9 @@ use crate::{
 /// How often ownership is recomputed (lease lapses change nothing in the store to wake us; a
 /// change of the gossip's membership does, at once).
 const TICK: Duration = Duration::from_millis(100);
+/// IPs taken with no previous owner this soon after the start are told as taken because the
+/// agent started (its view of the cluster is still filling in).
+const STARTING: Duration = Duration::from_secs(30);
 
 /// The service IPs this node owns.
 pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;
@@ -90,6 +93,10 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         ips: OwnedIps::new(),
     };
     let mut tick = crate::clock::ticker(TICK);
+    // Every IP's owner at the previous decision: why an IP is taken over is told on its
+    // Service.
+    let mut before: BTreeMap<IpAddr, String> = BTreeMap::new();
+    let since = Instant::now();
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -102,15 +109,25 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
             _ = tick.tick() => {}
         }
         let started = Instant::now();
-        let mine = tracing::debug_span!("service_ip_pass", node = node.as_str())
-            .in_scope(|| decide(&seen, &mut peers, &node, started));
+        let all = tracing::debug_span!("service_ip_pass", node = node.as_str())
+            .in_scope(|| decide(&seen, &mut peers, started));
+        let mine = mine(&all, &node);
         if mine != owned.ips {
-            let taken = owned.follow(mine);
+            let taken: Vec<_> = owned
+                .follow(mine)
+                .into_iter()
+                .map(|(ip, ip_owned)| {
+                    let starting = started.duration_since(since) < STARTING;
+                    let why = why_taken(ip, &before, starting, &mut peers, started);
+                    (ip, ip_owned, why)
+                })
+                .collect();
             metrics.service_ip_takeovers.inc_by(taken.len() as u64);
             tell_users(&events, &node, taken);
             metrics.service_ips_announced.set(owned.ips.len() as i64);
             out.send_replace(owned.ips.clone());
         }
+        before = all.into_iter().map(|a| (a.ip, a.node)).collect();
         if started.elapsed() > Duration::from_millis(20) {
             tracing::debug!(
                 took_ms = started.elapsed().as_millis() as u64,
@@ -120,8 +137,8 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
     }
 }
 
-/// The service IPs `node` owns now, with the service each belongs to.
-fn decide(seen: &Seen, peers: &mut LivePeers, node: &str, now: Instant) -> OwnedIps {
+/// Every Service IP's owner among the live nodes now.
+fn decide(seen: &Seen, peers: &mut LivePeers, now: Instant) -> Vec<Announcement> {
     let live: Vec<NodeView> = seen
         .nodes
         .iter()
@@ -133,29 +150,57 @@ fn decide(seen: &Seen, peers: &mut LivePeers, node: &str, now: Instant) -> Owned
         &rows::services(seen.services.iter()),
         &live,
     )
-    .into_iter()
-    .filter(|a| a.node == node)
-    .map(|a| {
-        let owned = OwnedIp {
-            service: a.service,
-            interfaces: a.interfaces,
-        };
-        (a.ip, owned)
-    })
-    .collect()
+}
+
+/// The IPs of `all` that `node` owns, with the service each belongs to.
+fn mine(all: &[Announcement], node: &str) -> OwnedIps {
+    all.iter()
+        .filter(|a| a.node == node)
+        .map(|a| {
+            let owned = OwnedIp {
+                service: a.service.clone(),
+                interfaces: a.interfaces.clone(),
+            };
+            (a.ip, owned)
+        })
+        .collect()
+}
+
+/// Why this node took `ip` over, for the Service's Event: from who owned it on the previous
+/// decision, if anyone, and whether that node is still alive.
+fn why_taken(
+    ip: IpAddr,
+    before: &BTreeMap<IpAddr, String>,
+    starting: bool,
+    peers: &mut LivePeers,
+    now: Instant,
+) -> String {
+    match before.get(&ip) {
+        None if starting => {
+            "this node's agent started; it owns the IP among the live nodes".to_owned()
+        }
+        Some(previous) if !peers.is_live(previous, now) => {
+            format!("took it over from {previous}, which is no longer alive")
+        }
+        Some(previous) => format!(
+            "took it over from {previous}, which may no longer announce it (excluded, or no \
+             longer selected by an L2AnnouncementPolicy)"
+        ),
+        None => "a new IP; this node owns it among the live nodes".to_owned(),
+    }
 }
 
 /// Tells users, on each Service, that this node answers for its IP now; off the controller's
 /// path (an API call must not delay the next decision).
-fn tell_users(events: &Arc<Events>, node: &str, taken: Vec<(IpAddr, OwnedIp)>) {
+fn tell_users(events: &Arc<Events>, node: &str, taken: Vec<(IpAddr, OwnedIp, String)>) {
     if taken.is_empty() || !events.publishes() {
         return;
     }
     let (events, node) = (events.clone(), node.to_owned());
     tokio::spawn(async move {
-        for (ip, owned) in taken {
+        for (ip, owned, why) in taken {
             events
-                .service_ip_answered(&owned.service, ip, &node, &owned.interfaces)
+                .service_ip_answered(&owned.service, ip, &node, &owned.interfaces, &why)
                 .await;
         }
     });

@@ -72,17 +72,19 @@ impl Events {
             .await;
     }
 
-    /// A service IP this node started answering for (first owner, or taking over from a node
-    /// that is no longer alive): users see on the Service which node answers since when.
+    /// A service IP this node started answering for, and why (its agent started, a new IP,
+    /// taken over from a dead or excluded node): users see on the Service which node answers
+    /// since when (`kubectl describe service`).
     pub async fn service_ip_answered(
         &self,
         service: &str,
         ip: IpAddr,
         node: &str,
         interfaces: &[String],
+        why: &str,
     ) {
         let note = format!(
-            "node {node} answers ARP/NDP for {ip} on {}: it owns the IP among the live nodes",
+            "node {node} answers ARP/NDP for {ip} on {}: {why}",
             interfaces.join(", ")
         );
         self.publish(

@@ -65,6 +65,11 @@ pub(crate) fn to_engine(service: &Service) -> Value {
         "ipFamilies": families,
         "ipFamilyPolicy": spec.ip_family_policy.as_deref().unwrap_or("SingleStack"),
         "externalIPs": spec.external_ips.clone().unwrap_or_default(),
+        "externalTrafficPolicy": match spec.external_traffic_policy.as_deref() {
+            Some("Local") => "Local",
+            _ => "Cluster",
+        },
+        "selector": spec.selector.clone().unwrap_or_default(),
     });
     if let Some(class) = &spec.load_balancer_class {
         engine_spec["loadBalancerClass"] = json!(class);
@@ -154,7 +159,8 @@ mod tests {
             "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"},
                 "annotations": {"ipam-ebpf.io/ips": "10.77.0.10, 10.77.0.11", "ipam-ebpf.io/sharing-key": "k"}},
             "spec": {"type": "LoadBalancer", "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}],
-                "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "loadBalancerIP": "10.77.0.12"},
+                "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "loadBalancerIP": "10.77.0.12",
+                "externalTrafficPolicy": "Local", "selector": {"app": "web"}},
         });
         let engine = to_engine(&serde_json::from_value(object).expect("a Service"));
         let spec: ipam_core::lb::resources::ServiceSpec =
@@ -162,6 +168,11 @@ mod tests {
         assert_eq!(spec.requested_ips.len(), 3);
         assert_eq!(spec.sharing_key.as_deref(), Some("k"));
         assert!(spec.is_ours());
+        assert_eq!(
+            spec.external_traffic_policy,
+            ipam_core::lb::resources::TrafficPolicy::Local
+        );
+        assert_eq!(spec.selector.get("app").map(String::as_str), Some("web"));
         let status = status_to_kubernetes(
             &json!({"ingress": ["10.77.0.10"], "conditions": [{"type": "Ready", "status": true, "message": "assigned"}]}),
             &Value::Null,

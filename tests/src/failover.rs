@@ -85,6 +85,8 @@ pub fn lb_service(port: u16) -> Service {
             ip_families: vec![],
             ip_family_policy: IpFamilyPolicy::SingleStack,
             external_ips: vec![],
+            external_traffic_policy: Default::default(),
+            selector: Default::default(),
         },
         status: ServiceStatus::default(),
     }

@@ -330,6 +330,8 @@ mod tests {
                         ip_families: vec![family],
                         ip_family_policy: IpFamilyPolicy::SingleStack,
                         external_ips: vec![],
+                        external_traffic_policy: Default::default(),
+                        selector: Default::default(),
                     },
                     ServiceStatus {
                         ingress: vec![ip],

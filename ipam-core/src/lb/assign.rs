@@ -15,7 +15,8 @@
 //!   that left every such pool is replaced, and the service's condition says so (never a
 //!   silently dead address);
 //! - requested IPs must lie in an enabled pool that selects the service and be free (or shared);
-//! - services with the same sharing key share an IP when their ports do not clash;
+//! - services with the same sharing key share an IP when their ports do not clash and their
+//!   traffic policies (and, with `Local`, their selectors) agree;
 //! - new IPs are the lowest free address of the first enabled pool (by name) that selects the
 //!   service and has the family; first and last address of each CIDR only with
 //!   `allowFirstLastIPs`;
@@ -196,6 +197,24 @@ pub struct Assignment {
     pub pools: BTreeMap<String, LbIpPoolStatus>,
 }
 
+/// Why two services may not share an IP although their sharing keys agree: one IP is answered
+/// by one node, so their traffic policies must agree, and with `Local` (only that node's
+/// endpoints) they must select the same pods (Cilium and MetalLB refuse the same).
+fn policies_disagree(a: &ServiceSpec, b: &ServiceSpec) -> Option<String> {
+    use super::resources::TrafficPolicy;
+    if a.external_traffic_policy != b.external_traffic_policy {
+        return Some(format!(
+            "their externalTrafficPolicy differ ({:?} and {:?}); give both the same policy",
+            a.external_traffic_policy, b.external_traffic_policy
+        ));
+    }
+    (a.external_traffic_policy == TrafficPolicy::Local && a.selector != b.selector).then(|| {
+        "with externalTrafficPolicy Local they must select the same pods, and their selectors \
+         differ; give both the same selector, or use the Cluster policy"
+            .to_owned()
+    })
+}
+
 /// Who holds which IP so far in this pass.
 #[derive(Default)]
 struct Holders<'a> {
@@ -209,6 +228,11 @@ impl<'a> Holders<'a> {
         for (other, other_spec) in holders.iter().filter(|(n, _)| *n != name) {
             match (&spec.sharing_key, &other_spec.sharing_key) {
                 (Some(a), Some(b)) if a == b => {
+                    if let Some(why) = policies_disagree(spec, other_spec) {
+                        return Some(format!(
+                            "{ip} is shared with service {other} (sharing key {a}), but {why}"
+                        ));
+                    }
                     let clash = spec.ports.iter().find(|p| other_spec.ports.contains(p));
                     if let Some(p) = clash {
                         return Some(format!(

@@ -51,6 +51,8 @@ fn svc(family: Family) -> ServiceSpec {
         ip_families: vec![family],
         ip_family_policy: IpFamilyPolicy::SingleStack,
         external_ips: vec![],
+        external_traffic_policy: Default::default(),
+        selector: Default::default(),
     }
 }
 
@@ -309,6 +311,55 @@ fn sharing_key_shares_without_port_clash_and_refuses_with_one() {
         );
         assert!(
             !rows[1].2 && rows[1].3.contains("both use port 80"),
+            "{rows:?}"
+        );
+    }
+}
+
+/// Services with one sharing key share only when their traffic policies agree, and with the
+/// Local policy only when they select the same pods; a requested shared IP says why not.
+#[test]
+fn sharing_needs_the_same_traffic_policy_and_with_local_the_same_pods() {
+    use crate::lb::resources::TrafficPolicy;
+    for (family, cidr, first, second, _) in FAMILIES {
+        let shared = |port, policy, app: &str| {
+            let mut s = svc(family);
+            s.sharing_key = Some("web".into());
+            s.ports = vec![ServicePort {
+                port,
+                protocol: Protocol::TCP,
+            }];
+            s.external_traffic_policy = policy;
+            s.selector.insert("app".into(), app.into());
+            s
+        };
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/a", shared(80, TrafficPolicy::Cluster, "x"), vec![]),
+                ("ns/b", shared(443, TrafficPolicy::Cluster, "y"), vec![]),
+                ("ns/c", shared(444, TrafficPolicy::Local, "x"), vec![]),
+                ("ns/d", shared(445, TrafficPolicy::Local, "x"), vec![]),
+                ("ns/e", shared(446, TrafficPolicy::Local, "z"), vec![]),
+            ],
+        );
+        let of = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().1.clone();
+        assert_eq!(of("ns/a"), [first], "{family:?}");
+        assert_eq!(of("ns/b"), [first], "Cluster: selectors may differ");
+        assert_eq!(of("ns/c"), [second], "another policy: its own address");
+        assert_eq!(of("ns/d"), [second], "Local with the same pods: shared");
+        assert_ne!(of("ns/e"), [second], "Local with other pods: not shared");
+        let mut asks = shared(81, TrafficPolicy::Local, "x");
+        asks.requested_ips = vec![ip(first)];
+        let (rows, _) = run(
+            &[("a", cidr_pool(&[cidr]))],
+            &[
+                ("ns/a", shared(80, TrafficPolicy::Cluster, "x"), vec![first]),
+                ("ns/x", asks, vec![]),
+            ],
+        );
+        assert!(
+            !rows[1].2 && rows[1].3.contains("externalTrafficPolicy differ"),
             "{rows:?}"
         );
     }

@@ -190,6 +190,30 @@ pub struct ServiceSpec {
         alias = "externalIps"
     )]
     pub external_ips: Vec<IpAddr>,
+    /// `externalTrafficPolicy`: whether outside traffic may go to endpoints on any node.
+    #[serde(default, skip_serializing_if = "TrafficPolicy::is_cluster")]
+    pub external_traffic_policy: TrafficPolicy,
+    /// The pods it sends to (`spec.selector`): services sharing an IP with the `Local` policy
+    /// must select the same ones.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub selector: BTreeMap<String, String>,
+}
+
+/// A Service's `externalTrafficPolicy`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum TrafficPolicy {
+    /// To endpoints on any node (Kubernetes' default).
+    #[default]
+    Cluster,
+    /// Only to endpoints on the node the traffic arrives at.
+    Local,
+}
+
+impl TrafficPolicy {
+    pub fn is_cluster(&self) -> bool {
+        *self == Self::Cluster
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,5 +16,5 @@ pub mod test_api;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use service::{IPS_ANNOTATION, SHARING_KEY_ANNOTATION};
+pub use service::{IPS_ANNOTATION, IPS_ANNOTATIONS, SHARING_ANNOTATIONS, SHARING_KEY_ANNOTATION};
 pub use store::KubeStore;

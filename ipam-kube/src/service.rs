@@ -4,8 +4,10 @@
 //! Kubernetes tools, never through this store.
 //!
 //! Annotations: `ipam-ebpf.io/ips` (comma-separated IPs asked for) and
-//! `ipam-ebpf.io/sharing-key`. The deprecated `spec.loadBalancerIP` is honoured as one more IP
-//! asked for.
+//! `ipam-ebpf.io/sharing-key`, and for users coming from Cilium or MetalLB the ones their
+//! Services already carry (`IPS_ANNOTATIONS`, `SHARING_ANNOTATIONS`, in order of precedence).
+//! Two that disagree are reported on the Service (`spec.conflict`). The deprecated
+//! `spec.loadBalancerIP` is honoured as one more IP asked for.
 
 use k8s_openapi::api::core::v1::{
     LoadBalancerIngress, LoadBalancerStatus, Service, ServiceSpec, ServiceStatus,
@@ -17,19 +19,76 @@ use crate::conditions::{EngineCondition, engine_conditions, kubernetes_condition
 pub const IPS_ANNOTATION: &str = "ipam-ebpf.io/ips";
 pub const SHARING_KEY_ANNOTATION: &str = "ipam-ebpf.io/sharing-key";
 
+/// The annotations read for the IPs a Service asks for (comma-separated), first wins: this
+/// project's, Cilium LB-IPAM's, MetalLB's and MetalLB's older one.
+pub const IPS_ANNOTATIONS: [&str; 4] = [
+    IPS_ANNOTATION,
+    "lbipam.cilium.io/ips",
+    "metallb.io/loadBalancerIPs",
+    "metallb.universe.tf/loadBalancerIPs",
+];
+/// The annotations read for a Service's sharing key, first wins, in the same order.
+pub const SHARING_ANNOTATIONS: [&str; 4] = [
+    SHARING_KEY_ANNOTATION,
+    "lbipam.cilium.io/sharing-key",
+    "metallb.io/allow-shared-ip",
+    "metallb.universe.tf/allow-shared-ip",
+];
+
+/// The value of the first of `family` the Service carries, and a sentence naming two of them
+/// that say different things, if any (`same` compares two values).
+fn first_of<'a>(
+    annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+    family: &[&'a str],
+    same: impl Fn(&str, &str) -> bool,
+) -> (Option<&'a str>, Option<String>) {
+    let present: Vec<(&str, &str)> = family
+        .iter()
+        .filter_map(|key| {
+            annotations
+                .and_then(|a| a.get(*key))
+                .map(|v| (*key, v.as_str()))
+        })
+        .collect();
+    let Some(&(first_key, first)) = present.first() else {
+        return (None, None);
+    };
+    let conflict = present
+        .iter()
+        .find(|(_, v)| !same(first, v))
+        .map(|(key, v)| {
+            format!(
+                "annotations {first_key} ({first}) and {key} ({v}) disagree; {first_key} is used: \
+                 remove one, or make them say the same"
+            )
+        });
+    (Some(first), conflict)
+}
+
+/// The IPs of a comma-separated list, trimmed, without empty entries.
+fn ip_list(text: &str) -> Vec<&str> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|ip| !ip.is_empty())
+        .collect()
+}
+
 /// The engine's `{spec, status}` of a Service. Values the engine cannot read (an IP that is not
 /// one) are passed on as written, so the engine's decoding names the Service and the field.
 pub(crate) fn to_engine(service: &Service) -> Value {
     let meta = &service.metadata;
     let empty = ServiceSpec::default();
     let spec = service.spec.as_ref().unwrap_or(&empty);
-    let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key));
-    let mut requested: Vec<String> = annotation(IPS_ANNOTATION)
-        .map(String::as_str)
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|ip| !ip.is_empty())
+    let annotations = meta.annotations.as_ref();
+    let (ips, ips_conflict) = first_of(annotations, &IPS_ANNOTATIONS, |a, b| {
+        let (mut a, mut b) = (ip_list(a), ip_list(b));
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
+    });
+    let (sharing_key, key_conflict) = first_of(annotations, &SHARING_ANNOTATIONS, |a, b| a == b);
+    let mut requested: Vec<String> = ip_list(ips.unwrap_or(""))
+        .into_iter()
         .map(str::to_owned)
         .collect();
     if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
@@ -74,8 +133,12 @@ pub(crate) fn to_engine(service: &Service) -> Value {
     if let Some(class) = &spec.load_balancer_class {
         engine_spec["loadBalancerClass"] = json!(class);
     }
-    if let Some(key) = annotation(SHARING_KEY_ANNOTATION) {
+    if let Some(key) = sharing_key {
         engine_spec["sharingKey"] = json!(key);
+    }
+    let conflicts: Vec<String> = [ips_conflict, key_conflict].into_iter().flatten().collect();
+    if !conflicts.is_empty() {
+        engine_spec["conflict"] = json!(conflicts.join("; "));
     }
     let status = service.status.clone().unwrap_or_default();
     let ingress: Vec<&str> = status
@@ -151,6 +214,69 @@ pub(crate) fn status_to_kubernetes(engine: &Value, current: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn spec_of(annotations: Value) -> ipam_core::lb::resources::ServiceSpec {
+        let object = json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "shop", "annotations": annotations},
+            "spec": {"type": "LoadBalancer"},
+        });
+        let engine = to_engine(&serde_json::from_value(object).expect("a Service"));
+        serde_json::from_value(engine["spec"].clone()).expect("the engine reads it")
+    }
+
+    /// Services moved from Cilium LB-IPAM or MetalLB keep asking for their IPs and sharing
+    /// keys with the annotations they carry; two that disagree are reported, the first in
+    /// precedence used.
+    #[test]
+    fn cilium_and_metallb_annotations_are_read_and_disagreements_reported() {
+        let cilium = spec_of(json!({
+            "lbipam.cilium.io/ips": "10.0.0.5,fd00::5",
+            "lbipam.cilium.io/sharing-key": "k",
+        }));
+        assert_eq!(cilium.requested_ips.len(), 2);
+        assert_eq!(cilium.sharing_key.as_deref(), Some("k"));
+        assert_eq!(cilium.conflict, None);
+        for (ips, shared) in [
+            ("metallb.io/loadBalancerIPs", "metallb.io/allow-shared-ip"),
+            (
+                "metallb.universe.tf/loadBalancerIPs",
+                "metallb.universe.tf/allow-shared-ip",
+            ),
+        ] {
+            let metallb = spec_of(json!({ ips: "10.0.0.6", shared: "s" }));
+            assert_eq!(
+                metallb.requested_ips,
+                ["10.0.0.6".parse::<std::net::IpAddr>().unwrap()]
+            );
+            assert_eq!(metallb.sharing_key.as_deref(), Some("s"));
+        }
+        // The same IPs in another order agree.
+        let same = spec_of(json!({
+            "ipam-ebpf.io/ips": "10.0.0.5, 10.0.0.7",
+            "metallb.io/loadBalancerIPs": "10.0.0.7,10.0.0.5",
+        }));
+        assert_eq!(same.conflict, None);
+        let disagree = spec_of(json!({
+            "ipam-ebpf.io/ips": "10.0.0.5",
+            "lbipam.cilium.io/ips": "10.0.0.9",
+            "lbipam.cilium.io/sharing-key": "a",
+            "metallb.io/allow-shared-ip": "b",
+        }));
+        assert_eq!(
+            disagree.requested_ips,
+            ["10.0.0.5".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(disagree.sharing_key.as_deref(), Some("a"));
+        let conflict = disagree.conflict.unwrap();
+        assert!(
+            conflict.contains("ipam-ebpf.io/ips (10.0.0.5) and lbipam.cilium.io/ips (10.0.0.9)")
+                && conflict.contains(
+                    "lbipam.cilium.io/sharing-key (a) and metallb.io/allow-shared-ip (b)"
+                ),
+            "{conflict}"
+        );
+    }
 
     #[test]
     fn a_kubernetes_service_reads_as_the_engine_s_and_its_status_writes_back() {

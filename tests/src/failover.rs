@@ -87,6 +87,7 @@ pub fn lb_service(port: u16) -> Service {
             external_ips: vec![],
             external_traffic_policy: Default::default(),
             selector: Default::default(),
+            conflict: None,
         },
         status: ServiceStatus::default(),
     }

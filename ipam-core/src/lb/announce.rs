@@ -332,6 +332,7 @@ mod tests {
                         external_ips: vec![],
                         external_traffic_policy: Default::default(),
                         selector: Default::default(),
+                        conflict: None,
                     },
                     ServiceStatus {
                         ingress: vec![ip],

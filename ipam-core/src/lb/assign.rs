@@ -45,6 +45,9 @@ pub const REACHABLE: &str = "Reachable";
 /// The condition a service gets saying whether a node may answer for its IPs, and whether
 /// something on the nodes gets in the way (the operator's controller writes it).
 pub const ANNOUNCED: &str = "Announced";
+/// The condition a service gets while two of its annotations disagree (the operator's
+/// controller writes it).
+pub const ANNOTATIONS_AGREE: &str = "AnnotationsAgree";
 
 /// An inclusive range of usable addresses of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -490,7 +493,9 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
         conditions: status
             .conditions
             .iter()
-            .filter(|c| ![IP_ASSIGNED, REACHABLE, ANNOUNCED].contains(&c.kind.as_str()))
+            .filter(|c| {
+                ![IP_ASSIGNED, REACHABLE, ANNOUNCED, ANNOTATIONS_AGREE].contains(&c.kind.as_str())
+            })
             .cloned()
             .collect(),
     })

@@ -53,6 +53,7 @@ fn svc(family: Family) -> ServiceSpec {
         external_ips: vec![],
         external_traffic_policy: Default::default(),
         selector: Default::default(),
+        conflict: None,
     }
 }
 

@@ -13,7 +13,7 @@ use crate::{
     store::{StoreError, TypedStore},
 };
 
-pub use super::assign::{ANNOUNCED, REACHABLE};
+pub use super::assign::{ANNOTATIONS_AGREE, ANNOUNCED, REACHABLE};
 
 /// What a pass changed, for the log.
 #[derive(Debug, Default)]
@@ -106,6 +106,11 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
                 });
             }
         }
+        if let Some(conflict) = &s.value.spec.conflict {
+            status
+                .conditions
+                .push(Condition::new(ANNOTATIONS_AGREE, false, conflict.clone()));
+        }
         for c in status.conditions.iter().filter(|c| !c.status) {
             report
                 .problems
@@ -125,4 +130,79 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        lb::resources::{LbIpBlock, LbIpPoolSpec, LbIpPoolStatus, ServiceSpec, ServiceStatus},
+        store::embedded::EmbeddedStore,
+    };
+
+    /// A Service whose annotations disagree keeps getting its IP (the first annotation in
+    /// precedence decides) and carries a false `AnnotationsAgree` condition naming both; the
+    /// condition goes once they agree.
+    #[tokio::test]
+    async fn a_service_whose_annotations_disagree_is_told_and_still_served() {
+        let dir = crate::test_util::TempPath::new("lb-controller");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let pool = LbIpPool {
+            spec: LbIpPoolSpec {
+                blocks: vec![LbIpBlock {
+                    cidr: Some("10.9.0.0/28".into()),
+                    ..LbIpBlock::default()
+                }],
+                service_selector: Default::default(),
+                allow_first_last_ips: false,
+                disabled: false,
+            },
+            status: LbIpPoolStatus::default(),
+        };
+        store.create_typed("lb", &pool).await.unwrap();
+        let mut spec: ServiceSpec = serde_json::from_value(serde_json::json!({
+            "type": "LoadBalancer",
+            "conflict": "annotations a (1) and b (2) disagree",
+        }))
+        .unwrap();
+        let service = Service {
+            spec: spec.clone(),
+            status: ServiceStatus::default(),
+        };
+        store.create_typed("ns/web", &service).await.unwrap();
+        let report = reconcile(&store).await.unwrap();
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|(o, p)| o == "Service ns/web" && p.contains("disagree")),
+            "{:?}",
+            report.problems
+        );
+        let stored = store.get_typed::<Service>("ns/web").await.unwrap().unwrap();
+        assert_eq!(stored.value.status.ingress.len(), 1, "served all the same");
+        let agree = |s: &Service| {
+            s.status
+                .conditions
+                .iter()
+                .find(|c| c.kind == ANNOTATIONS_AGREE)
+                .map(|c| c.status)
+        };
+        assert_eq!(agree(&stored.value), Some(false));
+        spec.conflict = None;
+        let mut fixed = stored.value.clone();
+        fixed.spec = spec;
+        store
+            .update_typed("ns/web", &fixed, &stored.revision)
+            .await
+            .unwrap();
+        reconcile(&store).await.unwrap();
+        let stored = store.get_typed::<Service>("ns/web").await.unwrap().unwrap();
+        assert_eq!(agree(&stored.value), None);
+        assert_eq!(
+            stored.value.status.ingress, fixed.status.ingress,
+            "the IP kept"
+        );
+    }
 }

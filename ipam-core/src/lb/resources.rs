@@ -197,6 +197,11 @@ pub struct ServiceSpec {
     /// must select the same ones.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub selector: BTreeMap<String, String>,
+    /// Where the Service's own settings contradict each other (two annotations that ask for
+    /// different IPs or sharing keys), as its store read them; the first in precedence is used,
+    /// and the Service's condition says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflict: Option<String>,
 }
 
 /// A Service's `externalTrafficPolicy`.

@@ -334,4 +334,30 @@ fn exhausted_pool_is_told_once_and_appending_a_cidr_fixes_it() {
         listed.contains("Ready=false") && listed.contains("/24 to /25"),
         "{listed}"
     );
+
+    // A LoadBalancer pool of ten addresses, one of them held by a Service: its counts.
+    let lb = ipam_tests::TempFile::new("mx-lb", "yaml");
+    std::fs::write(
+        &lb.0,
+        "kind: LoadBalancerIPPool\nmetadata: { name: lb }\n\
+         spec: { blocks: [ { start: 10.77.0.10, stop: 10.77.0.19 } ] }\n---\n\
+         kind: Service\nmetadata: { name: web }\nspec: { type: LoadBalancer }\n",
+    )
+    .unwrap();
+    c.ipamctl(1, &["apply", "-f", &lb.0.display().to_string()]);
+    let lb_sample = |text: &str, state: &str| {
+        sample(
+            text,
+            &format!("ipam_lb_pool_addresses{{pool=\"lb\",family=\"IPv4\",state=\"{state}\"}}"),
+        )
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the LoadBalancer pool's counts",
+        || lb_sample(&operator_metrics(&c), "used") == Some(1.0),
+        || operator_metrics(&c),
+    );
+    let text = operator_metrics(&c);
+    assert_eq!(lb_sample(&text, "capacity"), Some(10.0), "{text}");
+    assert_eq!(lb_sample(&text, "available"), Some(9.0), "{text}");
 }

@@ -22,6 +22,8 @@ pub struct LbReport {
     pub assigned: Vec<(String, Vec<std::net::IpAddr>)>,
     /// (object, message) for every service or pool that is not as asked.
     pub problems: Vec<(String, String)>,
+    /// Every pool's addresses per family, as this pass counted them.
+    pub pool_counts: Vec<(String, Vec<super::resources::LbFamilyCount>)>,
 }
 
 /// One LB-IPAM pass. Safe to run at any time and as often as wanted.
@@ -71,6 +73,9 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
                 .problems
                 .push((format!("LoadBalancerIPPool {}", p.name), c.message.clone()));
         }
+        report
+            .pool_counts
+            .push((p.name.clone(), status.counts.clone()));
         if status != p.value.status {
             let mut updated = p.value.clone();
             updated.status = status;

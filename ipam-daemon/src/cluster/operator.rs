@@ -281,6 +281,7 @@ async fn pass<S: Store>(
             events.pool_event(event).await;
         }
     }
+    observed.metrics.set_lb_pool_counts(&lb.pool_counts);
     for (object, problem) in log_lb_report(&lb, last_lb_problems) {
         events.lb_problem(&object, &problem).await;
     }

@@ -73,6 +73,7 @@ pub struct Metrics {
     pub pool_blocks: Family<PoolFamilyState, Gauge>,
     /// Addresses can exceed an i64 in an IPv6 pool: a float gauge.
     pub pool_addresses: Family<PoolFamilyState, Gauge<f64, AtomicU64>>,
+    pub lb_pool_addresses: Family<PoolFamilyState, Gauge<f64, AtomicU64>>,
     pub pool_events: Family<PoolReason, Counter>,
     pub block_requests_pending: Gauge,
     pub block_request_wait_seconds: Histogram,
@@ -105,6 +106,7 @@ impl Metrics {
             node_addresses: Family::default(),
             pool_blocks: Family::default(),
             pool_addresses: Family::default(),
+            lb_pool_addresses: Family::default(),
             pool_events: Family::default(),
             block_requests_pending: Gauge::default(),
             block_request_wait_seconds: Histogram::new(
@@ -178,6 +180,11 @@ impl Metrics {
 
     /// Liveness, service IPs, the store, the operator's election and the datapath's counters.
     fn register_liveness_and_datapath(&self, registry: &mut Registry) {
+        registry.register(
+            "lb_pool_addresses",
+            "Addresses of each LoadBalancer IP pool by family and state (capacity, used, available), as the operator last counted them",
+            self.lb_pool_addresses.clone(),
+        );
         registry.register(
             "node_lease_renewals",
             "Renewals of this node's liveness lease by result",
@@ -285,6 +292,31 @@ impl Metrics {
                 ("available", total - used),
             ] {
                 self.pool_addresses.get_or_create(&label(state)).set(n);
+            }
+        }
+    }
+
+    /// The LoadBalancer IP pools' counts, as the operator's last pass wrote them: the pools
+    /// that no longer exist drop out.
+    pub fn set_lb_pool_counts(
+        &self,
+        pools: &[(String, Vec<ipam_core::lb::resources::LbFamilyCount>)],
+    ) {
+        self.lb_pool_addresses.clear();
+        for (pool, counts) in pools {
+            for c in counts {
+                for (state, n) in [
+                    ("capacity", c.total),
+                    ("used", c.used),
+                    ("available", c.available),
+                ] {
+                    let label = PoolFamilyState {
+                        pool: pool.clone(),
+                        family: c.family.name().to_owned(),
+                        state: state.to_owned(),
+                    };
+                    self.lb_pool_addresses.get_or_create(&label).set(n as f64);
+                }
             }
         }
     }

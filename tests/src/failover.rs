@@ -50,6 +50,8 @@ pub fn segment_pool() -> LbIpPool {
             ],
             service_selector: Selector::default(),
             allow_first_last_ips: false,
+            auto_assign: true,
+            avoid_buggy_ips: false,
             disabled: false,
         },
         status: LbIpPoolStatus::default(),

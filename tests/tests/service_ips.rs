@@ -39,6 +39,8 @@ fn pool(blocks: Vec<LbIpBlock>) -> LbIpPool {
             blocks,
             service_selector: Selector::default(),
             allow_first_last_ips: false,
+            auto_assign: true,
+            avoid_buggy_ips: false,
             disabled: false,
         },
         status: LbIpPoolStatus::default(),

@@ -491,6 +491,8 @@ mod tests {
             }],
             service_selector: Selector::default(),
             allow_first_last_ips: false,
+            auto_assign: true,
+            avoid_buggy_ips: false,
             disabled: false,
         };
         let pools = [

@@ -453,6 +453,29 @@ fn complete<'a>(
     }
 }
 
+/// An IPv4 address ending in .0 or .255, which some clients and middleboxes drop.
+fn buggy(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V4(v4) if matches!(v4.octets()[3], 0 | 255))
+}
+
+/// How many addresses of `range` `buggy` would name (IPv4 only).
+fn buggy_in(range: &Range) -> u128 {
+    if range.family != Family::V4 {
+        return 0;
+    }
+    // Numbers n in [first, last] with n % 256 == r, for r = 0 and 255.
+    let upto = |n: u128, r: u128| if n < r { 0 } else { (n - r) / 256 + 1 };
+    let between = |r| {
+        upto(range.last, r)
+            - if range.first == 0 {
+                0
+            } else {
+                upto(range.first - 1, r)
+            }
+    };
+    between(0) + between(255)
+}
+
 /// Each usable pool's counts per family, from the IPs held.
 fn count(usable: &[UsablePool], holders: &Holders, out: &mut Assignment) {
     for pool in usable {
@@ -463,16 +486,26 @@ fn count(usable: &[UsablePool], holders: &Holders, out: &mut Assignment) {
                 continue;
             }
             let total: u128 = ranges.iter().map(|r| r.size()).sum();
-            let used = holders
+            let held: Vec<&IpAddr> = holders
                 .by_ip
                 .keys()
                 .filter(|ip| ranges.iter().any(|r| r.contains(**ip)))
-                .count() as u128;
+                .collect();
+            let used = held.len() as u128;
+            // With avoidBuggyIPs the .0 and .255 addresses are never handed out unasked:
+            // they are not available, and count as used only when a service asked for one.
+            let available = if pool.spec.avoid_buggy_ips {
+                let avoided: u128 = ranges.iter().map(|r| buggy_in(r)).sum();
+                let held_avoided = held.iter().filter(|ip| buggy(***ip)).count() as u128;
+                total - avoided - (used - held_avoided)
+            } else {
+                total - used
+            };
             counts.push(LbFamilyCount {
                 family,
                 total,
                 used,
-                available: total - used,
+                available,
             });
         }
         if let Some(status) = out.pools.get_mut(pool.name) {
@@ -545,8 +578,25 @@ fn new_ip(
             return Ok(ip);
         }
     }
-    let candidates: Vec<&&UsablePool> = enabled.iter().filter(|p| p.has(family)).collect();
+    let candidates: Vec<&&UsablePool> = enabled
+        .iter()
+        .filter(|p| p.has(family) && p.spec.auto_assign)
+        .collect();
     if candidates.is_empty() {
+        let asked_only: Vec<&str> = enabled
+            .iter()
+            .filter(|p| p.has(family) && !p.spec.auto_assign)
+            .map(|p| p.name)
+            .collect();
+        if !asked_only.is_empty() {
+            return Err(format!(
+                "pool {} selects this service but hands out only the {} addresses a service \
+                 asks for (autoAssign: false); ask for one of its IPs, or use a pool that \
+                 assigns automatically",
+                asked_only.join(", "),
+                family.name()
+            ));
+        }
         return Err(format!(
             "no enabled pool with {} addresses selects this service; add one, or labels the \
              service a pool selects",
@@ -558,7 +608,8 @@ fn new_ip(
             let mut n = range.first;
             loop {
                 let ip = u128_to_ip(family, n);
-                if !holders.by_ip.contains_key(&ip) {
+                let avoided = pool.spec.avoid_buggy_ips && buggy(ip);
+                if !avoided && !holders.by_ip.contains_key(&ip) {
                     return Ok(ip);
                 }
                 if n == range.last {

@@ -22,6 +22,8 @@ fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
             .collect(),
         service_selector: Selector::default(),
         allow_first_last_ips: false,
+        auto_assign: true,
+        avoid_buggy_ips: false,
         disabled: false,
     }
 }
@@ -684,4 +686,74 @@ fn a_pool_whose_own_blocks_overlap_is_flagged_and_unused() {
         let out = assign(&[("t".into(), touching, LbIpPoolStatus::default())], &[]);
         assert_eq!(out.pools["t"].conditions[0].kind, READY, "{family:?}");
     }
+}
+
+/// A pool with autoAssign false serves only the IPs a service asks for: a service asking for
+/// nothing gets the automatic pool's address, or, when that pool is the only one, a condition
+/// naming it and saying what to do. In v4 and v6.
+#[test]
+fn a_pool_without_auto_assign_serves_only_requested_ips() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let mut public = cidr_pool(&[cidr]);
+        public.auto_assign = false;
+        let private_cidr = match family {
+            Family::V4 => "192.168.7.0/30",
+            Family::V6 => "fd99::/126",
+        };
+        let mut asks = svc(family);
+        asks.requested_ips = vec![ip(first)];
+        let (rows, _) = run(
+            &[
+                ("a-public", public.clone()),
+                ("b-private", cidr_pool(&[private_cidr])),
+            ],
+            &[("ns/asks", asks, vec![]), ("ns/plain", svc(family), vec![])],
+        );
+        let of = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+        assert_eq!(of("ns/asks").1, [first], "{family:?}");
+        let plain = of("ns/plain").1;
+        assert!(
+            cidr_pool(&[private_cidr]).contains(ip(&plain[0])),
+            "{family:?}: {plain:?} is not from the automatic pool"
+        );
+        let (rows, _) = run(
+            &[("a-public", public)],
+            &[("ns/plain", svc(family), vec![])],
+        );
+        assert!(
+            !rows[0].2 && rows[0].3.contains("a-public") && rows[0].3.contains("autoAssign: false"),
+            "{rows:?}"
+        );
+    }
+}
+
+/// avoidBuggyIPs: no .0 or .255 address is handed out unasked, one asked for is, and the pool's
+/// counts leave them out of what is available.
+#[test]
+fn avoid_buggy_ips_skips_dot_zero_and_dot_255_unless_asked() {
+    let mut pool = range_pool("10.0.0.254", "10.0.1.1");
+    pool.avoid_buggy_ips = true;
+    let (rows, out) = run(
+        &[("p", pool.clone())],
+        &[
+            ("ns/a", svc(Family::V4), vec![]),
+            ("ns/b", svc(Family::V4), vec![]),
+            ("ns/c", svc(Family::V4), vec![]),
+        ],
+    );
+    let of = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+    assert_eq!(of("ns/a").1, ["10.0.0.254"]);
+    assert_eq!(of("ns/b").1, ["10.0.1.1"], ".255 and .0 skipped");
+    assert!(
+        !of("ns/c").2 && of("ns/c").3.contains("exhausted"),
+        "{rows:?}"
+    );
+    let counts = &out.pools["p"].counts[0];
+    assert_eq!((counts.total, counts.used, counts.available), (4, 2, 0));
+    let mut asks = svc(Family::V4);
+    asks.requested_ips = vec![ip("10.0.0.255")];
+    let (rows, out) = run(&[("p", pool)], &[("ns/asks", asks, vec![])]);
+    assert_eq!(rows[0].1, ["10.0.0.255"], "asked for: given");
+    let counts = &out.pools["p"].counts[0];
+    assert_eq!((counts.total, counts.used, counts.available), (4, 1, 2));
 }

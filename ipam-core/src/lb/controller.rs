@@ -161,6 +161,8 @@ mod tests {
                 }],
                 service_selector: Default::default(),
                 allow_first_last_ips: false,
+                auto_assign: true,
+                avoid_buggy_ips: false,
                 disabled: false,
             },
             status: LbIpPoolStatus::default(),

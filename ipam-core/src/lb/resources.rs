@@ -85,6 +85,23 @@ pub struct LbIpPoolSpec {
     /// Keeps its assignments, gives no new ones.
     #[serde(default)]
     pub disabled: bool,
+    /// Hands out addresses to Services that do not ask for them (MetalLB's `autoAssign`);
+    /// false: only IPs a Service asks for (expensive public addresses).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub auto_assign: bool,
+    /// Never hands out an IPv4 address ending in .0 or .255 unless asked for (MetalLB's
+    /// `avoidBuggyIPs`: some clients and middleboxes drop them).
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        rename = "avoidBuggyIPs",
+        alias = "avoidBuggyIps"
+    )]
+    pub avoid_buggy_ips: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl LbIpPoolSpec {

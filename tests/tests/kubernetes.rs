@@ -1035,7 +1035,7 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         async || {
             let list = events.list(&kube::api::ListParams::default()).await.ok()?;
             list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some("IPAnnounced")
+                e.reason.as_deref() == Some("IPTakenOver")
                     && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
                     && e.note.as_deref().is_some_and(|n| {
                         n.contains(new_owner)

@@ -166,41 +166,54 @@ fn mine(all: &[Announcement], node: &str) -> OwnedIps {
         .collect()
 }
 
-/// Why this node took `ip` over, for the Service's Event: from who owned it on the previous
-/// decision, if anyone, and whether that node is still alive.
+/// Why this node took `ip` over, for the Service's Event: its reason (Kubernetes keeps one
+/// event per reason and counts its repeats, showing the first one's note) and the note's why,
+/// from who owned it on the previous decision, if anyone, and whether that node is alive.
 fn why_taken(
     ip: IpAddr,
     before: &BTreeMap<IpAddr, String>,
     starting: bool,
     peers: &mut LivePeers,
     now: Instant,
-) -> String {
+) -> (&'static str, String) {
     match before.get(&ip) {
-        None if starting => {
-            "this node's agent started; it owns the IP among the live nodes".to_owned()
-        }
-        Some(previous) if !peers.is_live(previous, now) => {
-            format!("took it over from {previous}, which is no longer alive")
-        }
-        Some(previous) => format!(
-            "took it over from {previous}, which may no longer announce it (excluded, or no \
-             longer selected by an L2AnnouncementPolicy)"
+        Some(previous) if !peers.is_live(previous, now) => (
+            "IPTakenOver",
+            format!("took it over from {previous}, which is no longer alive"),
         ),
-        None => "a new IP; this node owns it among the live nodes".to_owned(),
+        Some(previous) => (
+            "IPMoved",
+            format!(
+                "took it over from {previous}, which may no longer announce it (excluded, or \
+                 no longer selected by an L2AnnouncementPolicy)"
+            ),
+        ),
+        None if starting => (
+            "IPAnnounced",
+            "this node's agent started; it owns the IP among the live nodes".to_owned(),
+        ),
+        None => (
+            "IPAnnounced",
+            "a new IP; this node owns it among the live nodes".to_owned(),
+        ),
     }
 }
 
 /// Tells users, on each Service, that this node answers for its IP now; off the controller's
 /// path (an API call must not delay the next decision).
-fn tell_users(events: &Arc<Events>, node: &str, taken: Vec<(IpAddr, OwnedIp, String)>) {
+fn tell_users(
+    events: &Arc<Events>,
+    node: &str,
+    taken: Vec<(IpAddr, OwnedIp, (&'static str, String))>,
+) {
     if taken.is_empty() || !events.publishes() {
         return;
     }
     let (events, node) = (events.clone(), node.to_owned());
     tokio::spawn(async move {
-        for (ip, owned, why) in taken {
+        for (ip, owned, (reason, why)) in taken {
             events
-                .service_ip_answered(&owned.service, ip, &node, &owned.interfaces, &why)
+                .service_ip_answered(&owned.service, ip, &node, &owned.interfaces, reason, &why)
                 .await;
         }
     });

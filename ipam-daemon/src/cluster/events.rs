@@ -72,15 +72,17 @@ impl Events {
             .await;
     }
 
-    /// A service IP this node started answering for, and why (its agent started, a new IP,
-    /// taken over from a dead or excluded node): users see on the Service which node answers
-    /// since when (`kubectl describe service`).
+    /// A service IP this node started answering for, and why: `reason` `IPAnnounced` (its
+    /// agent started, a new IP), `IPTakenOver` (from a dead node) or `IPMoved` (from a node
+    /// that may no longer announce it). Users see on the Service which node answers since
+    /// when (`kubectl describe service`).
     pub async fn service_ip_answered(
         &self,
         service: &str,
         ip: IpAddr,
         node: &str,
         interfaces: &[String],
+        reason: &str,
         why: &str,
     ) {
         let note = format!(
@@ -91,7 +93,7 @@ impl Events {
             Severity::Normal,
             "Service",
             service,
-            "IPAnnounced",
+            reason,
             "AnnounceIP",
             &note,
         )

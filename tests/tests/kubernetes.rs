@@ -961,11 +961,23 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         macs.dedup();
         macs
     };
+    // The owner once the gossip has settled: the same single node in five answers in a row. A
+    // node that has not yet seen the others' records counts itself alone and answers for a
+    // moment at start; taking it for the owner would make the return check below wait for
+    // a node that never owned the IP.
     let owner = wait_for(
-        "one node answering for the Service's IP",
-        async || match answers().as_slice() {
-            [one] => macs.iter().position(|m| m == one),
-            _ => None,
+        "one node answering for the Service's IP, the same five times in a row",
+        async || {
+            let first = match answers().as_slice() {
+                [one] => *one,
+                _ => return None,
+            };
+            for _ in 0..4 {
+                if answers() != [first] {
+                    return None;
+                }
+            }
+            macs.iter().position(|m| *m == first)
         },
         &logs,
     )

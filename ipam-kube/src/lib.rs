@@ -3,6 +3,7 @@
 
 mod conditions;
 pub mod crd;
+mod endpoint_slices;
 pub mod events;
 mod lease;
 pub mod node;
@@ -16,5 +17,6 @@ pub mod test_api;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use endpoint_slices::SERVICE_NAME_LABEL;
 pub use service::{IPS_ANNOTATION, IPS_ANNOTATIONS, SHARING_ANNOTATIONS, SHARING_KEY_ANNOTATION};
 pub use store::KubeStore;

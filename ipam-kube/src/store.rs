@@ -7,6 +7,8 @@
 //! - `IpamConfig`: the ConfigMap `ipam-<name>` in the store's namespace.
 //! - `Service`: core/v1 Services, named `<namespace>/<name>` (see `crate::service`): read,
 //!   and their status written; never created, changed or deleted through the store.
+//! - `ServiceEndpoints`: discovery.k8s.io/v1 EndpointSlices, named `<namespace>/<slice>` (see
+//!   `crate::endpoint_slices`): read only.
 //!
 //! The revision is the object's resourceVersion, kept opaque. Every write is conditioned on
 //! it: an update reads the object (a moved object is a conflict at once), then writes the
@@ -54,9 +56,15 @@ enum Mapping {
     Lease,
     Config,
     Service,
+    EndpointSlice,
 }
 
 impl Mapping {
+    /// Objects in users' namespaces (named `<namespace>/<name>`), written by others.
+    fn namespaced_elsewhere(&self) -> bool {
+        matches!(self, Self::Service | Self::EndpointSlice)
+    }
+
     /// The API resource the kind's objects are.
     fn resource(&self) -> ApiResource {
         match self {
@@ -64,7 +72,18 @@ impl Mapping {
             Self::Lease => lease_resource(),
             Self::Config => config_map_resource(),
             Self::Service => service_resource(),
+            Self::EndpointSlice => endpoint_slice_resource(),
         }
+    }
+}
+
+fn endpoint_slice_resource() -> ApiResource {
+    ApiResource {
+        group: "discovery.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "discovery.k8s.io/v1".into(),
+        kind: "EndpointSlice".into(),
+        plural: "endpointslices".into(),
     }
 }
 
@@ -145,6 +164,7 @@ impl KubeStore {
         kinds.insert("Lease".to_owned(), Mapping::Lease);
         kinds.insert("IpamConfig".to_owned(), Mapping::Config);
         kinds.insert("Service".to_owned(), Mapping::Service);
+        kinds.insert("ServiceEndpoints".to_owned(), Mapping::EndpointSlice);
         Self {
             client,
             namespace: namespace.to_owned(),
@@ -206,12 +226,12 @@ impl KubeStore {
         })
     }
 
-    /// The API of `mapping`'s objects; for a Service, of the namespace in `name`
-    /// (`namespace/name`), or of every namespace without one.
+    /// The API of `mapping`'s objects; for a Service or an EndpointSlice, of the namespace in
+    /// `name` (`namespace/name`), or of every namespace without one.
     fn api_for(&self, mapping: &Mapping, name: Option<&str>) -> Api<DynamicObject> {
-        match (mapping, name.and_then(|n| n.split_once('/'))) {
-            (Mapping::Service, Some((namespace, _))) => {
-                Api::namespaced_with(self.client.clone(), namespace, &service_resource())
+        match name.and_then(|n| n.split_once('/')) {
+            Some((namespace, _)) if mapping.namespaced_elsewhere() => {
+                Api::namespaced_with(self.client.clone(), namespace, &mapping.resource())
             }
             _ => self.api(mapping),
         }
@@ -221,7 +241,7 @@ impl KubeStore {
     fn api(&self, mapping: &Mapping) -> Api<DynamicObject> {
         let resource = mapping.resource();
         match mapping {
-            Mapping::Custom { .. } | Mapping::Service => {
+            Mapping::Custom { .. } | Mapping::Service | Mapping::EndpointSlice => {
                 Api::all_with(self.client.clone(), &resource)
             }
             Mapping::Lease | Mapping::Config => {
@@ -233,7 +253,9 @@ impl KubeStore {
     fn object_name(mapping: &Mapping, name: &str) -> String {
         match mapping {
             Mapping::Config => format!("ipam-{name}"),
-            Mapping::Service => name.split_once('/').map_or(name, |(_, n)| n).to_owned(),
+            Mapping::Service | Mapping::EndpointSlice => {
+                name.split_once('/').map_or(name, |(_, n)| n).to_owned()
+            }
             _ => name.to_owned(),
         }
     }
@@ -242,7 +264,7 @@ impl KubeStore {
         let name = object.metadata.name.as_deref()?;
         match mapping {
             Mapping::Config => name.strip_prefix("ipam-").map(str::to_owned),
-            Mapping::Service => Some(format!(
+            Mapping::Service | Mapping::EndpointSlice => Some(format!(
                 "{}/{name}",
                 object.metadata.namespace.as_deref().unwrap_or("default")
             )),
@@ -250,15 +272,22 @@ impl KubeStore {
         }
     }
 
-    /// The error for a write of a Service, which this store does not make.
+    /// The error for a write of a Service or an EndpointSlice, which this store does not make.
     fn read_only(&self, kind: &str, name: &str, what: &str) -> StoreError {
-        StoreError::Backend {
-            location: self.describe(),
-            source: format!(
+        let source = if kind == "ServiceEndpoints" {
+            format!(
+                "{kind} {name}: the EndpointSlice controller keeps EndpointSlices from the \
+                 Service's selector and its pods; this store only reads them"
+            )
+        } else {
+            format!(
                 "{kind} {name}: {what} Services with kubectl (or your deployment tool); this \
                  store only reads them and writes their status"
             )
-            .into(),
+        };
+        StoreError::Backend {
+            location: self.describe(),
+            source: source.into(),
         }
     }
 
@@ -321,6 +350,12 @@ impl KubeStore {
                 };
                 crate::service::to_engine(&service)
             }
+            Mapping::EndpointSlice => {
+                let mut data = object.data.clone();
+                data["metadata"] = serde_json::to_value(&object.metadata).ok()?;
+                let slice = serde_json::from_value(data).ok()?;
+                crate::endpoint_slices::to_engine(&slice)
+            }
         };
         Some(RawObject {
             kind: kind.to_owned(),
@@ -353,6 +388,7 @@ impl KubeStore {
                 json!({}),
                 Some(value.get("status").cloned().unwrap_or(json!({}))),
             ),
+            Mapping::EndpointSlice => (json!({}), None),
         })
     }
 
@@ -492,7 +528,7 @@ impl Store for KubeStore {
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        if let Mapping::Service = mapping {
+        if mapping.namespaced_elsewhere() {
             return Err(self.read_only(kind, name, "create"));
         }
         let resource = mapping.resource();
@@ -525,6 +561,9 @@ impl Store for KubeStore {
         expected: &Revision,
     ) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
+        if let Mapping::EndpointSlice = mapping {
+            return Err(self.read_only(kind, name, "change"));
+        }
         let api = self.api_for(mapping, Some(name));
         let (body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
         let object_name = Self::object_name(mapping, name);
@@ -602,7 +641,7 @@ impl Store for KubeStore {
         expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
         let mapping = self.mapping(kind)?;
-        if let Mapping::Service = mapping {
+        if mapping.namespaced_elsewhere() {
             return Err(self.read_only(kind, name, "delete"));
         }
         let params = DeleteParams {

@@ -577,9 +577,18 @@ fn write(
     {
         map.remove("status");
     }
-    // Metadata the server owns stays as it was, except the version of a real change.
-    for key in ["uid", "creationTimestamp", "generation", "name"] {
-        new["metadata"][key] = current["metadata"][key].clone();
+    // Metadata the server owns stays as it was, except the version of a real change (the
+    // namespace too: a replace that leaves it out gets the path's, as from the server).
+    for key in [
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "name",
+        "namespace",
+    ] {
+        if let Some(value) = current["metadata"].get(key) {
+            new["metadata"][key] = value.clone();
+        }
     }
     new["metadata"]["resourceVersion"] = current_version;
     if new == current {

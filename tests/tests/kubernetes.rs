@@ -530,6 +530,7 @@ impl AgentNode {
                  [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
                  [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\nnode_renew_ms = 1000\n\n\
                  [gossip]\naddress = \"{address}\"\nkey_file = \"{}\"\n\n\
+                 [node.announce]\nexclude_cordoned = true\nexclude_not_ready = true\n\n\
                  [ipam]\n{ipam}\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
                  families = [\"v4\"]\n",
                 self.root.0.display(),
@@ -881,7 +882,9 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
 /// host, a client on the bridge. The node answering for a Service's IP loses power: another
 /// answers, and the client never gets two answers to one request. The node comes back, takes
 /// its IP back and loses power again: the Service's events say which node answers, and how
-/// often it started to. No agent lists or watches a Lease.
+/// often it started to. No agent lists or watches a Lease. With `externalTrafficPolicy: Local`
+/// only the node with the ready endpoint in the Service's EndpointSlice answers, and with
+/// none ready nobody does and the Service's condition says so.
 async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> TestApi {
     use ipam_tests::{
         arp_watch::{ArpWatch, double_answers},
@@ -1057,6 +1060,144 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
                     && e.series.as_ref().is_some_and(|s| s.count >= 2)
             })
         },
+        &logs,
+    )
+    .await;
+
+    // A Node being drained (cordoned), then one the kubelet reports NotReady, stops answering
+    // (both configured here; MetalLB's defaults leave them on): the other live node answers
+    // alone, and the first answers again once it is back.
+    let other = 3 - owner - next;
+    let kube_nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(api.client().await);
+    if kube_nodes.get_opt(names[next]).await.unwrap().is_none() {
+        let node =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": names[next] } }))
+                .unwrap();
+        kube_nodes.create(&Default::default(), &node).await.unwrap();
+    }
+    let merge = |patch: serde_json::Value| kube::api::Patch::Merge(patch);
+    let params = kube::api::PatchParams::default();
+    for (what, patch, back, status) in [
+        (
+            "cordoned",
+            serde_json::json!({ "spec": { "unschedulable": true } }),
+            serde_json::json!({ "spec": { "unschedulable": false } }),
+            false,
+        ),
+        (
+            "NotReady",
+            serde_json::json!({ "status": { "conditions": [
+                { "type": "Ready", "status": "False", "reason": "KubeletNotReady" } ] } }),
+            serde_json::json!({ "status": { "conditions": [
+                { "type": "Ready", "status": "True", "reason": "KubeletReady" } ] } }),
+            true,
+        ),
+    ] {
+        let write = async |patch| {
+            let written = if status {
+                kube_nodes
+                    .patch_status(names[next], &params, &merge(patch))
+                    .await
+            } else {
+                kube_nodes.patch(names[next], &params, &merge(patch)).await
+            };
+            written.unwrap_or_else(|e| panic!("mark {} {what}: {e}", names[next]));
+        };
+        write(patch).await;
+        wait_for(
+            &format!(
+                "the other node answering alone while {} is {what}",
+                names[next]
+            ),
+            async || (answers() == [macs[other]]).then_some(()),
+            &logs,
+        )
+        .await;
+        write(back).await;
+        wait_for(
+            &format!(
+                "{} answering again once it is no longer {what}",
+                names[next]
+            ),
+            async || (answers() == [macs[next]]).then_some(()),
+            &logs,
+        )
+        .await;
+    }
+
+    // externalTrafficPolicy Local: only a node with a ready endpoint in the Service's
+    // EndpointSlices answers. The slices are written here as the EndpointSlice controller
+    // would (no controller manager runs beside either API server); a real cluster's must
+    // confirm that its controller keeps `nodeName` and `conditions.ready` as read here.
+    services
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "spec": { "externalTrafficPolicy": "Local" }
+            })),
+        )
+        .await
+        .expect("make the Service's traffic policy Local");
+    let slices: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        kube::Api::namespaced(api.client().await, "shop");
+    let slice = |node: &str, ready: bool| {
+        serde_json::from_value::<k8s_openapi::api::discovery::v1::EndpointSlice>(
+            serde_json::json!({
+                "metadata": {
+                    "name": "web-abcde",
+                    "labels": { ipam_kube::SERVICE_NAME_LABEL: "web" }
+                },
+                "addressType": "IPv4",
+                "endpoints": [{
+                    "addresses": ["10.1.0.5"],
+                    "nodeName": node,
+                    "conditions": { "ready": ready }
+                }],
+                "ports": [{ "port": 80, "protocol": "TCP" }]
+            }),
+        )
+        .expect("an EndpointSlice")
+    };
+    slices
+        .create(&Default::default(), &slice(names[other], true))
+        .await
+        .expect("create the Service's EndpointSlice");
+    wait_for(
+        "the node with the Service's ready endpoint answering alone",
+        async || (answers() == [macs[other]]).then_some(()),
+        &logs,
+    )
+    .await;
+    // Not ready anywhere: nobody answers, and the Service's condition says why.
+    let mut unready = slice(names[other], false);
+    unready.metadata.resource_version = slices
+        .get("web-abcde")
+        .await
+        .expect("read the EndpointSlice")
+        .metadata
+        .resource_version;
+    slices
+        .replace("web-abcde", &Default::default(), &unready)
+        .await
+        .expect("mark the endpoint not ready");
+    wait_for(
+        "the Service's Announced condition saying no endpoint is ready",
+        async || {
+            let status = services.get("web").await.ok()?.status?;
+            status.conditions?.into_iter().find(|c| {
+                c.type_ == "Announced"
+                    && c.status == "False"
+                    && c.message.contains("no ready endpoint on any node")
+            })
+        },
+        &logs,
+    )
+    .await;
+    wait_for(
+        "nobody answering for the Service with no ready endpoint",
+        async || answers().is_empty().then_some(()),
         &logs,
     )
     .await;

@@ -2,8 +2,9 @@
 //! assigns from a pool, exactly one node answers ARP for each IP (the client sees no second
 //! answer), the IP moves within seconds when its node loses power, a node cut off from the store
 //! goes silent before another takes over and takes its IPs back when it returns, 200 services
-//! spread over the nodes without per-service store writes, and a pool outside every announced
-//! subnet is flagged.
+//! spread over the nodes without per-service store writes, a pool outside every announced
+//! subnet is flagged, and a Service with `externalTrafficPolicy: Local` is answered for only
+//! where a ready endpoint of it runs.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,7 +14,8 @@ use std::{
 };
 
 use ipam_core::lb::resources::{
-    LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Selector, Service,
+    LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Selector, Service, ServiceEndpoint,
+    ServiceEndpoints, ServiceEndpointsSpec, TrafficPolicy,
 };
 use ipam_tests::{
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
@@ -795,4 +797,133 @@ fn an_ipv6_service_ip_is_answered_by_one_node_and_moves_when_it_dies() {
         next = one_owner(Duration::from_secs(10));
     }
     println!("{ip} moved from {owner} to {next} in {:?}", lost.elapsed());
+}
+
+/// Where a Service's endpoints run, as the etcd store keeps it (an EndpointSlice's part that
+/// matters here): `ready` endpoints on `nodes`.
+fn endpoints_on(service: &str, nodes: &[&str], ready: bool) -> ServiceEndpoints {
+    ServiceEndpoints {
+        spec: ServiceEndpointsSpec {
+            service: service.to_owned(),
+            endpoints: nodes
+                .iter()
+                .map(|n| ServiceEndpoint {
+                    node_name: (*n).to_owned(),
+                    ready,
+                })
+                .collect(),
+        },
+    }
+}
+
+/// `externalTrafficPolicy: Local` across namespaces with real processes: only the node with
+/// the Service's ready endpoint answers (the client sees its MAC alone), whatever the IP's
+/// weight; the endpoint moving to another node moves the IP there; with no ready endpoint
+/// anywhere nobody answers and the Service's condition says why; an endpoint again brings the
+/// IP back. A Service with the default policy beside it keeps its owner throughout.
+#[test]
+fn external_traffic_policy_local_is_announced_only_where_a_ready_endpoint_runs() {
+    let mut c = Cluster::start_add_on("etp", 1);
+    c.enable_gossip();
+    for _ in 0..3 {
+        c.add_node("etp");
+    }
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    c.put("lb", &pool(vec![range("10.77.0.10", "10.77.0.20")]));
+    c.put("uplinks", &uplink_policy());
+    let mut local = lb_service(80);
+    local.spec.external_traffic_policy = TrafficPolicy::Local;
+    c.put("default/local", &local);
+    c.put("default/cluster", &lb_service(81));
+    // Two objects for one Service, as Kubernetes splits a Service's endpoints into slices: the
+    // endpoint on node-1 is ready, the one on node-2 is not.
+    c.put(
+        "default/local-a",
+        &endpoints_on("default/local", &["node-1"], true),
+    );
+    c.put(
+        "default/local-b",
+        &endpoints_on("default/local", &["node-2"], false),
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "both services' IPs",
+        || service_ips(&c).len() == 2,
+        || c.operator_log(0),
+    );
+    let ips = service_ips(&c);
+    let (local_ip, cluster_ip) = (ips["default/local"], ips["default/cluster"]);
+    let client = c.add_client("etpc");
+    let cluster_owner = owner_of(&c, &client, &macs, cluster_ip);
+    wait_until(
+        Duration::from_secs(10),
+        "node-1, the node with the ready endpoint, answering alone",
+        || answers(&client, local_ip) == [c.nodes[1].mac()],
+        || format!("{:x?}\n{}", answers(&client, local_ip), c.nodes[1].log()),
+    );
+    for _ in 0..5 {
+        assert_eq!(owner_of(&c, &client, &macs, local_ip), "node-1");
+    }
+
+    // The endpoint moves to node-2 (a pod rescheduled): the IP follows it.
+    c.put(
+        "default/local-a",
+        &endpoints_on("default/local", &["node-1"], false),
+    );
+    c.put(
+        "default/local-b",
+        &endpoints_on("default/local", &["node-2"], true),
+    );
+    let moved = Instant::now();
+    wait_until(
+        Duration::from_secs(10),
+        "node-2 answering alone once the endpoint moved there",
+        || answers(&client, local_ip) == [c.nodes[2].mac()],
+        || format!("{:x?}\n{}", answers(&client, local_ip), c.nodes[2].log()),
+    );
+    println!(
+        "{local_ip} followed its endpoint to node-2 in {:?}",
+        moved.elapsed()
+    );
+
+    // No ready endpoint anywhere: nobody answers, and the Service says why.
+    c.put(
+        "default/local-b",
+        &endpoints_on("default/local", &["node-2"], false),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the condition saying no endpoint is ready",
+        || {
+            announced_condition(&c, "default/local")
+                .is_some_and(|(ok, m)| !ok && m.contains("no ready endpoint on any node"))
+        },
+        || format!("{:?}", announced_condition(&c, "default/local")),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "nobody answering for the Service with no ready endpoint",
+        || answers(&client, local_ip).is_empty(),
+        || format!("{:x?}", answers(&client, local_ip)),
+    );
+
+    // A ready endpoint on node-0 again: it answers, and the condition turns true.
+    c.put(
+        "default/local-a",
+        &endpoints_on("default/local", &["node-0"], true),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "node-0 answering once it has a ready endpoint",
+        || answers(&client, local_ip) == [c.nodes[0].mac()],
+        || format!("{:x?}", answers(&client, local_ip)),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the Service's condition true again",
+        || announced_condition(&c, "default/local").is_some_and(|(ok, _)| ok),
+        || format!("{:?}", announced_condition(&c, "default/local")),
+    );
+    assert_eq!(owner_of(&c, &client, &macs, cluster_ip), cluster_owner);
 }

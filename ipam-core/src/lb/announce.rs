@@ -9,8 +9,13 @@ use std::{
     net::IpAddr,
 };
 
-use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus};
+use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus, TrafficPolicy};
 use crate::{Cidr, resources::NodeInterface};
+
+/// The nodes with a ready endpoint of each Service (`<namespace>/<name>`): a Service with
+/// `externalTrafficPolicy: Local` is announced only from one of them, since kube-proxy sends
+/// its traffic only to endpoints on the node it arrives at and drops it where there is none.
+pub type ReadyNodes = BTreeMap<String, BTreeSet<String>>;
 
 /// A node as the announcement decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,14 +102,23 @@ pub fn weight(ip: IpAddr, node: &str) -> u64 {
 /// The LoadBalancer IPs are those of the Services LB-IPAM serves; `externalIPs` are a user's
 /// own addresses, announced for a Service of any type or class (a policy opts in with
 /// `externalIPs: true`), as kube-proxy serves them on every type.
+///
+/// A Service with `externalTrafficPolicy: Local` is announced only by a node in `ready` for
+/// it; its IPs go unannounced while it has no ready endpoint on a live node.
 pub fn owners(
     policies: &[(String, L2PolicySpec)],
     services: &[(String, ServiceSpec, ServiceStatus)],
+    ready: &ReadyNodes,
     live: &[NodeView],
 ) -> Vec<Announcement> {
     let (policies, _) = compile(policies);
     let mut out = Vec::new();
     for (name, spec, status) in services {
+        let local = spec.external_traffic_policy == TrafficPolicy::Local;
+        let may_answer = |node: &NodeView| {
+            node.excluded.is_none()
+                && (!local || ready.get(name).is_some_and(|r| r.contains(&node.name)))
+        };
         let load_balancer_ips = status.ingress.iter().filter(|_| spec.is_ours());
         let ips = load_balancer_ips
             .map(|ip| (*ip, false))
@@ -116,7 +130,7 @@ pub fn owners(
             }
             let best = live
                 .iter()
-                .filter(|node| node.excluded.is_none())
+                .filter(|node| may_answer(node))
                 .filter_map(|node| {
                     let mut interfaces: BTreeSet<String> = BTreeSet::new();
                     for p in policies.iter().filter(|p| {
@@ -151,13 +165,16 @@ pub fn owners(
 /// mislead clients, judged over all `nodes` alive or not; absent when it is fine. No node may
 /// answer (every candidate excluded, or none selected by a policy with a matching interface:
 /// MetalLB's silent failure when every node carries the exclusion label), or a node reports a
-/// problem that makes its kernel answer too (kube-proxy's IPVS mode without strictARP).
+/// problem that makes its kernel answer too (kube-proxy's IPVS mode without strictARP). A
+/// Service with `externalTrafficPolicy: Local` and no ready endpoint on a node that may answer
+/// is told so (Cilium and MetalLB stay silent then).
 pub fn announce_problems(
     policies: &[(String, L2PolicySpec)],
     services: &[(String, ServiceSpec, ServiceStatus)],
+    ready: &ReadyNodes,
     nodes: &[NodeView],
 ) -> BTreeMap<String, String> {
-    let announced: BTreeSet<(IpAddr, String)> = owners(policies, services, nodes)
+    let announced: BTreeSet<(IpAddr, String)> = owners(policies, services, ready, nodes)
         .into_iter()
         .map(|a| (a.ip, a.service))
         .collect();
@@ -174,12 +191,36 @@ pub fn announce_problems(
         })
         .collect();
     let mut out = BTreeMap::new();
-    for (name, _, status) in services.iter().filter(|(_, s, _)| s.is_ours()) {
+    for (name, spec, status) in services.iter().filter(|(_, s, _)| s.is_ours()) {
         let unanswered = status
             .ingress
             .iter()
             .find(|ip| !announced.contains(&(**ip, name.clone())));
+        let local = spec.external_traffic_policy == TrafficPolicy::Local;
+        let ready_on: Vec<&str> = ready
+            .get(name)
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
         let problem = match unanswered {
+            Some(ip) if local && ready_on.is_empty() => format!(
+                "no node may answer for {ip}: the service has externalTrafficPolicy Local and no \
+                 ready endpoint on any node (kube-proxy would drop its traffic everywhere); it \
+                 is announced as soon as one of its pods is ready"
+            ),
+            Some(ip) if local => format!(
+                "no node may answer for {ip}: the service has externalTrafficPolicy Local, so \
+                 only the nodes with a ready endpoint ({}) may, and none of them is both \
+                 allowed to announce and selected by an L2AnnouncementPolicy that matches the \
+                 service and one of its interfaces{}",
+                ready_on.join(", "),
+                if excluded.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (excluded: {})", excluded.join(", "))
+                }
+            ),
             Some(ip) if excluded.is_empty() => format!(
                 "no node may answer for {ip}: none of the {} node(s) is selected by an \
                  L2AnnouncementPolicy that matches the service and one of the node's interfaces",
@@ -294,6 +335,10 @@ mod tests {
         }
     }
 
+    fn none() -> ReadyNodes {
+        ReadyNodes::new()
+    }
+
     fn policy(zone: Option<&str>, interfaces: &[&str]) -> (String, L2PolicySpec) {
         let mut node_selector = Selector::default();
         if let Some(z) = zone {
@@ -350,7 +395,7 @@ mod tests {
                 .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
                 .collect();
             let svcs = services(150, family);
-            let all = owners(&[policy(None, &["eth.*"])], &svcs, &nodes);
+            let all = owners(&[policy(None, &["eth.*"])], &svcs, &none(), &nodes);
             assert_eq!(all.len(), 150);
             let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
             for a in &all {
@@ -360,7 +405,7 @@ mod tests {
             assert!(per_node.values().all(|n| *n > 30), "{per_node:?}");
             // n1 dies: exactly its IPs move, each to a survivor.
             let survivors = [nodes[0].clone(), nodes[2].clone()];
-            let after = owners(&[policy(None, &["eth.*"])], &svcs, &survivors);
+            let after = owners(&[policy(None, &["eth.*"])], &svcs, &none(), &survivors);
             for (before, now) in all.iter().zip(&after) {
                 assert_eq!(before.ip, now.ip);
                 if before.node == "n1" {
@@ -380,10 +425,15 @@ mod tests {
             node("c", "east", &[("bond0", "10.77.0.3/24")]),
         ];
         let svcs = services(20, Family::V4);
-        let owners = owners(&[policy(Some("east"), &["eth[0-9]+"])], &svcs, &nodes);
+        let owners = owners(
+            &[policy(Some("east"), &["eth[0-9]+"])],
+            &svcs,
+            &none(),
+            &nodes,
+        );
         assert!(owners.iter().all(|a| a.node == "a"), "{owners:?}");
-        let none = super::owners(&[policy(Some("north"), &[])], &svcs, &nodes);
-        assert!(none.is_empty());
+        let nobody = super::owners(&[policy(Some("north"), &[])], &svcs, &none(), &nodes);
+        assert!(nobody.is_empty());
     }
 
     /// externalIPs are announced for a Service of every type and class once a policy opts in;
@@ -407,7 +457,7 @@ mod tests {
                 // A status this project did not write: not announced.
                 s.2.ingress = vec![foreign.parse().unwrap()];
             }
-            let got = owners(&[with_external.clone()], &svcs, &nodes);
+            let got = owners(&[with_external.clone()], &svcs, &none(), &nodes);
             let announced: BTreeSet<(IpAddr, &str)> =
                 got.iter().map(|a| (a.ip, a.service.as_str())).collect();
             let expected = BTreeSet::from([
@@ -418,7 +468,7 @@ mod tests {
             ]);
             assert_eq!(announced, expected, "{family:?}");
             // Without the policy's opt-in, only the LoadBalancer IP.
-            let got = owners(&[policy(None, &[])], &svcs, &nodes);
+            let got = owners(&[policy(None, &[])], &svcs, &none(), &nodes);
             assert_eq!(got.len(), 1, "{got:?}");
             assert_eq!(got[0].service, "ns/s3");
         }
@@ -434,9 +484,9 @@ mod tests {
                 .collect();
             let svcs = services(60, family);
             let policies = [policy(None, &[])];
-            let before = owners(&policies, &svcs, &nodes);
+            let before = owners(&policies, &svcs, &none(), &nodes);
             nodes[1].excluded = Some("cordoned".into());
-            let after = owners(&policies, &svcs, &nodes);
+            let after = owners(&policies, &svcs, &none(), &nodes);
             assert_eq!(after.len(), 60);
             for (b, a) in before.iter().zip(&after) {
                 assert_ne!(a.node, "n1");
@@ -458,10 +508,10 @@ mod tests {
             ];
             let svcs = services(2, family);
             let policies = [policy(Some("east"), &[])];
-            assert!(announce_problems(&policies, &svcs, &nodes).is_empty());
+            assert!(announce_problems(&policies, &svcs, &none(), &nodes).is_empty());
             nodes[0].excluded =
                 Some("label node.kubernetes.io/exclude-from-external-load-balancers".into());
-            let problems = announce_problems(&policies, &svcs, &nodes);
+            let problems = announce_problems(&policies, &svcs, &none(), &nodes);
             assert_eq!(problems.len(), 2);
             let p = &problems["ns/s0"];
             assert!(
@@ -471,13 +521,96 @@ mod tests {
             );
             nodes[0].excluded = None;
             nodes[1].warnings = vec!["kube-proxy IPVS without strictARP".into()];
-            let problems = announce_problems(&policies, &svcs, &nodes);
+            let problems = announce_problems(&policies, &svcs, &none(), &nodes);
             assert!(
                 problems["ns/s1"].starts_with("node b: kube-proxy IPVS"),
                 "{problems:?}"
             );
-            let none = announce_problems(&[policy(Some("north"), &[])], &svcs, &nodes);
-            assert!(none["ns/s0"].contains("none of the 2 node(s)"), "{none:?}");
+            let nobody = announce_problems(&[policy(Some("north"), &[])], &svcs, &none(), &nodes);
+            assert!(
+                nobody["ns/s0"].contains("none of the 2 node(s)"),
+                "{nobody:?}"
+            );
+        }
+    }
+
+    /// externalTrafficPolicy Local: only a node with a ready endpoint answers, the best of
+    /// them by weight; the endpoint moving moves the IP; none anywhere leaves it unannounced,
+    /// and the problem says which case it is. Cluster services ignore endpoints. In v4 and v6.
+    #[test]
+    fn local_traffic_policy_announces_only_from_nodes_with_a_ready_endpoint() {
+        for family in [Family::V4, Family::V6] {
+            let mut nodes: Vec<NodeView> = (0..3)
+                .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
+                .collect();
+            let mut svcs = services(40, family);
+            for s in &mut svcs[..20] {
+                s.1.external_traffic_policy = TrafficPolicy::Local;
+            }
+            let policies = [policy(None, &[])];
+            let on = |names: &[&str]| -> ReadyNodes {
+                svcs.iter()
+                    .map(|s| {
+                        let nodes = names.iter().map(|n| (*n).to_owned()).collect();
+                        (s.0.clone(), nodes)
+                    })
+                    .collect()
+            };
+            let cluster_owners = |got: &[Announcement]| -> Vec<(IpAddr, String)> {
+                got.iter()
+                    .filter(|a| svcs[20..].iter().any(|s| s.0 == a.service))
+                    .map(|a| (a.ip, a.node.clone()))
+                    .collect()
+            };
+            let unconstrained = owners(&policies, &svcs, &none(), &nodes);
+            let is_local = |a: &&Announcement| svcs[..20].iter().any(|s| s.0 == a.service);
+
+            let got = owners(&policies, &svcs, &on(&["n1"]), &nodes);
+            assert!(
+                got.iter().filter(is_local).all(|a| a.node == "n1"),
+                "{got:?}"
+            );
+            assert_eq!(got.iter().filter(is_local).count(), 20);
+            assert_eq!(cluster_owners(&got), cluster_owners(&unconstrained));
+
+            // Endpoints on two nodes: each IP goes to the heavier of the two.
+            let got = owners(&policies, &svcs, &on(&["n0", "n2"]), &nodes);
+            for a in got.iter().filter(is_local) {
+                let best = ["n0", "n2"]
+                    .into_iter()
+                    .max_by_key(|n| (weight(a.ip, n), *n))
+                    .unwrap();
+                assert_eq!(a.node, best, "{}", a.ip);
+            }
+
+            // The endpoint moves to n2: every Local IP follows it.
+            let got = owners(&policies, &svcs, &on(&["n2"]), &nodes);
+            assert!(got.iter().filter(is_local).all(|a| a.node == "n2"));
+
+            // An endpoint on an excluded node does not make it announce.
+            nodes[2].excluded = Some("cordoned".into());
+            let got = owners(&policies, &svcs, &on(&["n2"]), &nodes);
+            assert_eq!(got.iter().filter(is_local).count(), 0, "{got:?}");
+            let problems = announce_problems(&policies, &svcs, &on(&["n2"]), &nodes);
+            let p = &problems["ns/s0"];
+            assert!(
+                p.contains("externalTrafficPolicy Local")
+                    && p.contains("(n2)")
+                    && p.contains("excluded: n2 (cordoned)"),
+                "{p}"
+            );
+            nodes[2].excluded = None;
+
+            // No ready endpoint anywhere: unannounced, and the Service is told why.
+            let got = owners(&policies, &svcs, &none(), &nodes);
+            assert_eq!(got.iter().filter(is_local).count(), 0);
+            let problems = announce_problems(&policies, &svcs, &none(), &nodes);
+            assert_eq!(problems.len(), 20, "{problems:?}");
+            assert!(
+                problems["ns/s3"].contains("no ready endpoint on any node"),
+                "{problems:?}"
+            );
+            assert!(!problems.contains_key("ns/s25"));
         }
     }
 

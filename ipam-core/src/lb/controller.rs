@@ -5,7 +5,7 @@
 use super::{
     announce::{announce_problems, unreachable_pools},
     assign::assign,
-    resources::{L2AnnouncementPolicy, LbIpPool, Service},
+    resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
     rows,
 };
 use crate::{
@@ -32,6 +32,7 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
     let services = store.list_typed::<Service>().await?;
     let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
+    let endpoints = store.list_typed::<ServiceEndpoints>().await?;
     let pool_specs = rows::pools(&pools);
     let policy_specs = rows::policies(&policies);
     let mut decided = assign(&rows::pools_with_status(&pools), &rows::services(&services));
@@ -45,7 +46,12 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
             (name, spec, status)
         })
         .collect();
-    let unannounced = announce_problems(&policy_specs, &decided_rows, &node_views);
+    let unannounced = announce_problems(
+        &policy_specs,
+        &decided_rows,
+        &rows::ready_nodes(&endpoints),
+        &node_views,
+    );
     let mut report = LbReport::default();
     for (policy, message) in bad_policies {
         report

@@ -308,6 +308,43 @@ impl ServiceSpec {
     }
 }
 
+/// Where some of a Service's endpoints run: what the announcement of a Service with
+/// `externalTrafficPolicy: Local` reads, since only a node with a ready endpoint of it may
+/// answer (kube-proxy drops the traffic on the others). Named `<namespace>/<name>`; a Service
+/// may have several (a Kubernetes store gives one per EndpointSlice), whose endpoints add up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct ServiceEndpoints {
+    pub spec: ServiceEndpointsSpec,
+}
+
+impl Resource for ServiceEndpoints {
+    const KIND: &'static str = "ServiceEndpoints";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEndpointsSpec {
+    /// The Service, `<namespace>/<name>` (`ipamctl apply` fills it in from the object's
+    /// namespace and name when it is left out).
+    #[serde(default)]
+    pub service: String,
+    #[serde(default)]
+    pub endpoints: Vec<ServiceEndpoint>,
+}
+
+/// One endpoint: the node it runs on, and whether it takes traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEndpoint {
+    pub node_name: String,
+    /// Kubernetes' `conditions.ready` (absent there means ready, as kube-proxy reads it).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub ready: bool,
+}
+
 /// Which nodes announce which services' IPs, on which interfaces (like
 /// CiliumL2AnnouncementPolicy).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,10 +2,10 @@
 //! the operator, every agent and `ipamctl` build them the same way.
 
 use super::{
-    announce::NodeView,
+    announce::{NodeView, ReadyNodes},
     resources::{
         L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Service,
-        ServiceSpec, ServiceStatus,
+        ServiceEndpoints, ServiceSpec, ServiceStatus,
     },
 };
 use crate::{resources::NodeIpam, store::Versioned};
@@ -57,4 +57,19 @@ pub fn node(record: &Versioned<NodeIpam>) -> NodeView {
         excluded: record.value.spec.announcing.excluded.clone(),
         warnings: record.value.spec.announcing.warnings.clone(),
     }
+}
+
+/// The nodes with a ready endpoint of each Service, over all its endpoint objects.
+pub fn ready_nodes<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<ServiceEndpoints>>,
+) -> ReadyNodes {
+    let mut out = ReadyNodes::new();
+    for o in objects {
+        let ready = o.value.spec.endpoints.iter().filter(|e| e.ready);
+        out.entry(o.value.spec.service.clone())
+            .or_default()
+            .extend(ready.map(|e| e.node_name.clone()));
+    }
+    out.retain(|_, nodes| !nodes.is_empty());
+    out
 }

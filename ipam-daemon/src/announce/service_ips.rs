@@ -16,8 +16,8 @@ use std::{
 
 use ipam_core::{
     lb::{
-        announce::{Announcement, NodeView, owners},
-        resources::{L2AnnouncementPolicy, Service},
+        announce::{Announcement, NodeView, ReadyNodes, owners},
+        resources::{L2AnnouncementPolicy, Service, ServiceEndpoints, TrafficPolicy},
         rows,
     },
     resources::NodeIpam,
@@ -65,8 +65,30 @@ pub struct Inputs {
 /// The objects the decision is made from, kept current by their watches.
 struct Seen {
     services: Cache<Service>,
+    endpoints: Cache<ServiceEndpoints>,
+    /// The nodes with a ready endpoint of each Service, from `endpoints`; rebuilt when they
+    /// change, not on every decision (endpoints are the most numerous objects read).
+    ready: ReadyNodes,
     policies: Cache<L2AnnouncementPolicy>,
     nodes: Cache<NodeIpam>,
+}
+
+impl Seen {
+    fn endpoints_changed(&mut self) {
+        self.ready = rows::ready_nodes(self.endpoints.iter());
+    }
+
+    /// Whether `service` is announced only from nodes where its endpoints run.
+    fn is_local(&self, service: &str) -> bool {
+        self.services
+            .get(service)
+            .is_some_and(|s| s.value.spec.external_traffic_policy == TrafficPolicy::Local)
+    }
+
+    /// Whether `service` is announced only where its endpoints run, and `node` has none.
+    fn endpoints_left(&self, service: &str, node: &str) -> bool {
+        self.is_local(service) && !self.ready.get(service).is_some_and(|r| r.contains(node))
+    }
 }
 
 /// Runs the controller for the life of the daemon.
@@ -79,15 +101,20 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         events,
     } = inputs;
     let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
+    let mut endpoints_watch =
+        watch_until_it_works::<ServiceEndpoints, _>(&store, "service IPs").await;
     let mut policies_watch =
         watch_until_it_works::<L2AnnouncementPolicy, _>(&store, "service IPs").await;
     let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "service IPs").await;
     let mut peers = LivePeers::start(peers, &store, node.clone()).await;
     let mut seen = Seen {
         services: Cache::new(&services_watch.initial),
+        endpoints: Cache::new(&endpoints_watch.initial),
+        ready: ReadyNodes::new(),
         policies: Cache::new(&policies_watch.initial),
         nodes: Cache::new(&nodes_watch.initial),
     };
+    seen.endpoints_changed();
     let mut owned = Owned {
         addresses: LocalAddresses::start(),
         ips: OwnedIps::new(),
@@ -103,6 +130,11 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         // A death or a return in the gossip is decided at once: it is what failover waits on.
         tokio::select! {
             e = services_watch.next() => { seen.services.apply(e); continue; }
+            e = endpoints_watch.next() => {
+                seen.endpoints.apply(e);
+                seen.endpoints_changed();
+                continue;
+            }
             e = policies_watch.next() => { seen.policies.apply(e); continue; }
             e = nodes_watch.next() => { seen.nodes.apply(e); continue; }
             decide_now = peers.changed() => if !decide_now { continue },
@@ -118,7 +150,8 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
                 .into_iter()
                 .map(|(ip, ip_owned)| {
                     let starting = started.duration_since(since) < STARTING;
-                    let why = why_taken(ip, &before, starting, &mut peers, started);
+                    let why =
+                        why_taken(ip, &ip_owned, &before, &seen, starting, &mut peers, started);
                     (ip, ip_owned, why)
                 })
                 .collect();
@@ -127,7 +160,9 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
             metrics.service_ips_announced.set(owned.ips.len() as i64);
             out.send_replace(owned.ips.clone());
         }
-        before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+        if all_changed(&before, &all) {
+            before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+        }
         if started.elapsed() > Duration::from_millis(20) {
             tracing::debug!(
                 took_ms = started.elapsed().as_millis() as u64,
@@ -148,8 +183,17 @@ fn decide(seen: &Seen, peers: &mut LivePeers, now: Instant) -> Vec<Announcement>
     owners(
         &rows::policies(seen.policies.iter()),
         &rows::services(seen.services.iter()),
+        &seen.ready,
         &live,
     )
+}
+
+/// Whether the owners decided now differ from `before` (most decisions change nothing).
+fn all_changed(before: &BTreeMap<IpAddr, String>, all: &[Announcement]) -> bool {
+    before.len() != all.len()
+        || all
+            .iter()
+            .any(|a| before.get(&a.ip).is_none_or(|owner| *owner != a.node))
 }
 
 /// The IPs of `all` that `node` owns, with the service each belongs to.
@@ -171,7 +215,9 @@ fn mine(all: &[Announcement], node: &str) -> OwnedIps {
 /// from who owned it on the previous decision, if anyone, and whether that node is alive.
 fn why_taken(
     ip: IpAddr,
+    owned: &OwnedIp,
     before: &BTreeMap<IpAddr, String>,
+    seen: &Seen,
     starting: bool,
     peers: &mut LivePeers,
     now: Instant,
@@ -181,12 +227,25 @@ fn why_taken(
             "IPTakenOver",
             format!("took it over from {previous}, which is no longer alive"),
         ),
+        Some(previous) if seen.endpoints_left(&owned.service, previous) => (
+            "IPMoved",
+            format!(
+                "took it over from {previous}, where the service no longer has a ready \
+                 endpoint (externalTrafficPolicy Local); this node has one"
+            ),
+        ),
         Some(previous) => (
             "IPMoved",
             format!(
                 "took it over from {previous}, which may no longer announce it (excluded, or \
                  no longer selected by an L2AnnouncementPolicy)"
             ),
+        ),
+        None if seen.is_local(&owned.service) => (
+            "IPAnnounced",
+            "the service has a ready endpoint on this node (externalTrafficPolicy Local), \
+             which owns the IP among the live nodes with one"
+                .to_owned(),
         ),
         None if starting => (
             "IPAnnounced",

@@ -12,7 +12,7 @@ use ipam_core::{
     backoff::Backoff,
     lb::{
         controller as lb_ipam,
-        resources::{L2AnnouncementPolicy, LbIpPool, Service},
+        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
     },
     pod::operator::{Operator, OperatorError, PoolEvent, Report, record_mode},
     pod::pool::IpamMode,
@@ -155,6 +155,7 @@ fn wake_on_inputs<S: Store + Clone + 'static>(store: &S) -> Arc<Notify> {
             Interest::All(NodeIpam::KIND),
             Interest::All(LbIpPool::KIND),
             Interest::All(Service::KIND),
+            Interest::All(ServiceEndpoints::KIND),
             Interest::All(L2AnnouncementPolicy::KIND),
         ],
     )

@@ -61,8 +61,9 @@ enum Command {
         #[command(subcommand)]
         command: IpamCommand,
     },
-    /// Create or update objects (LoadBalancerIPPool, Service, L2AnnouncementPolicy, PodIPPool)
-    /// from YAML documents, in the store of the daemon's configuration.
+    /// Create or update objects (LoadBalancerIPPool, Service, ServiceEndpoints,
+    /// L2AnnouncementPolicy, PodIPPool) from YAML documents, in the store of the daemon's
+    /// configuration.
     Apply {
         /// The file with one or more YAML documents (`-` for standard input).
         #[arg(short, long)]
@@ -71,7 +72,8 @@ enum Command {
         store: StoreArgs,
     },
     /// List objects of a kind: services (with their IPs and the node announcing each),
-    /// lbpools, l2policies, podpools.
+    /// service-endpoints (the nodes each Service's endpoints run on), lbpools, l2policies,
+    /// podpools.
     Get {
         #[arg(value_enum)]
         kind: ObjectKind,

@@ -6,7 +6,7 @@ pub(crate) mod parse;
 use std::{collections::BTreeMap, path::Path};
 
 use ipam_core::{
-    lb::resources::{L2AnnouncementPolicy, LbIpPool, Service},
+    lb::resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
     resources::{Condition, NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _, Versioned},
 };
@@ -18,6 +18,8 @@ use crate::output::{Output, emit, table, usage_bar};
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub(crate) enum ObjectKind {
     Services,
+    /// Where each Service's endpoints run (`ServiceEndpoints`).
+    ServiceEndpoints,
     Lbpools,
     L2policies,
     Podpools,
@@ -27,6 +29,7 @@ impl ObjectKind {
     fn store_kind(self) -> &'static str {
         match self {
             Self::Services => Service::KIND,
+            Self::ServiceEndpoints => ServiceEndpoints::KIND,
             Self::Lbpools => LbIpPool::KIND,
             Self::L2policies => L2AnnouncementPolicy::KIND,
             Self::Podpools => PodIpPool::KIND,
@@ -177,6 +180,25 @@ pub(crate) async fn get(
                     "(read from {}; the announcing node is derived from the node leases' renew times)",
                     store.describe()
                 );
+            })
+        }
+        ObjectKind::ServiceEndpoints => {
+            emit(output, &named::<ServiceEndpoints>(store).await?, |items| {
+                let mut rows = table(["ENDPOINTS", "SERVICE", "READY ON", "NOT READY ON"]);
+                for (name, e) in items {
+                    let on = |ready: bool| {
+                        let nodes: Vec<&str> = e
+                            .spec
+                            .endpoints
+                            .iter()
+                            .filter(|p| p.ready == ready)
+                            .map(|p| p.node_name.as_str())
+                            .collect();
+                        nodes.join(",")
+                    };
+                    rows.add_row([name.clone(), e.spec.service.clone(), on(true), on(false)]);
+                }
+                println!("{rows}");
             })
         }
         ObjectKind::Lbpools => emit(output, &named::<LbIpPool>(store).await?, |items| {

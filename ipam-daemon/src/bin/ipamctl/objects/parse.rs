@@ -17,7 +17,10 @@ use std::collections::BTreeMap;
 use ipam_core::{
     lb::{
         announce::{NodeView, owners},
-        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceSpec},
+        resources::{
+            L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints, ServiceEndpointsSpec,
+            ServiceSpec,
+        },
         rows,
     },
     pod::pool::PodIpPoolSpec,
@@ -36,7 +39,7 @@ pub(crate) enum ObjectError {
     },
     #[error(
         "{file}: document {index} has kind {kind:?}; use LoadBalancerIPPool, Service, \
-         L2AnnouncementPolicy or PodIPPool"
+         ServiceEndpoints, L2AnnouncementPolicy or PodIPPool"
     )]
     Kind {
         file: String,
@@ -128,6 +131,7 @@ const SERVER_METADATA: &[&str] = &[
 pub(crate) enum Object {
     LbPool(String, LbIpPool),
     Service(String, Service),
+    Endpoints(String, ServiceEndpoints),
     L2Policy(String, L2AnnouncementPolicy),
     PodPool(String, PodIpPool),
 }
@@ -137,6 +141,7 @@ impl Object {
         match self {
             Self::LbPool(..) => LbIpPool::KIND,
             Self::Service(..) => Service::KIND,
+            Self::Endpoints(..) => ServiceEndpoints::KIND,
             Self::L2Policy(..) => L2AnnouncementPolicy::KIND,
             Self::PodPool(..) => PodIpPool::KIND,
         }
@@ -146,6 +151,7 @@ impl Object {
         match self {
             Self::LbPool(n, _)
             | Self::Service(n, _)
+            | Self::Endpoints(n, _)
             | Self::L2Policy(n, _)
             | Self::PodPool(n, _) => n,
         }
@@ -186,8 +192,10 @@ pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
         })
         .map_err(yaml)?;
         let kind = doc.kind.clone();
-        // Services are namespaced (`namespace/name`); the project's own kinds are cluster-wide.
-        let name = if kind == Service::KIND {
+        // Services and their endpoints are namespaced (`namespace/name`); the project's own
+        // kinds are cluster-wide.
+        let namespaced = kind == Service::KIND || kind == ServiceEndpoints::KIND;
+        let name = if namespaced {
             let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
             format!("{namespace}/{}", doc.metadata.name)
         } else {
@@ -236,6 +244,16 @@ pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
                         status: Default::default(),
                     },
                 )
+            }
+            "ServiceEndpoints" => {
+                let mut spec: ServiceEndpointsSpec = at.spec(doc.spec)?;
+                let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
+                spec.service = match spec.service.as_str() {
+                    "" => name.clone(),
+                    qualified if qualified.contains('/') => qualified.to_owned(),
+                    bare => format!("{namespace}/{bare}"),
+                };
+                Object::Endpoints(name.clone(), ServiceEndpoints { spec })
             }
             "L2AnnouncementPolicy" => Object::L2Policy(
                 name.clone(),
@@ -340,6 +358,7 @@ pub(crate) async fn apply<S: TypedStore>(store: &S, object: &Object) -> Result<b
     match object {
         Object::LbPool(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::Service(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
+        Object::Endpoints(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::L2Policy(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::PodPool(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
     }
@@ -379,6 +398,7 @@ pub(crate) async fn announcing_nodes<S: TypedStore>(
     let services = store.list_typed::<Service>().await?;
     let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
+    let endpoints = store.list_typed::<ServiceEndpoints>().await?;
     let leases: BTreeMap<String, Lease> = store
         .list_typed::<Lease>()
         .await?
@@ -398,6 +418,7 @@ pub(crate) async fn announcing_nodes<S: TypedStore>(
     Ok(owners(
         &rows::policies(&policies),
         &rows::services(&services),
+        &rows::ready_nodes(&endpoints),
         &live,
     )
     .into_iter()
@@ -413,9 +434,31 @@ mod tests {
     fn documents_of_every_kind_and_errors_that_name_the_file_and_object() {
         let text = "kind: LoadBalancerIPPool\nmetadata: { name: lb }\nspec: { blocks: [ { cidr: 10.77.0.192/27 } ] }\n---\n\
                     kind: Service\nmetadata: { name: web }\nspec: { type: LoadBalancer, ports: [ { port: 80 } ], sharingKey: web }\n---\n\
-                    kind: L2AnnouncementPolicy\nmetadata: { name: all }\nspec: { interfaces: [ \"eth.*\" ] }\n";
+                    kind: L2AnnouncementPolicy\nmetadata: { name: all }\nspec: { interfaces: [ \"eth.*\" ] }\n---\n\
+                    kind: ServiceEndpoints\nmetadata: { name: web }\nspec: { endpoints: [ { nodeName: n2 }, { nodeName: n3, ready: false } ] }\n---\n\
+                    kind: ServiceEndpoints\nmetadata: { name: web-b, namespace: shop }\nspec: { service: web }\n";
         let parsed = parse("lb.yaml", text).unwrap();
         assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
+        let services: Vec<(&str, &str, usize)> = parsed
+            .objects
+            .iter()
+            .filter_map(|o| match o {
+                Object::Endpoints(name, e) => Some((
+                    name.as_str(),
+                    e.spec.service.as_str(),
+                    e.spec.endpoints.len(),
+                )),
+                _ => None,
+            })
+            .collect();
+        // Named after the Service unless it says which; its namespace is the object's.
+        assert_eq!(
+            services,
+            [
+                ("default/web", "default/web", 2),
+                ("shop/web-b", "shop/web", 0)
+            ]
+        );
         let names: Vec<String> = parsed
             .objects
             .iter()
@@ -426,7 +469,9 @@ mod tests {
             [
                 "LoadBalancerIPPool lb",
                 "Service default/web",
-                "L2AnnouncementPolicy all"
+                "L2AnnouncementPolicy all",
+                "ServiceEndpoints default/web",
+                "ServiceEndpoints shop/web-b",
             ]
         );
         let e = parse("x.yaml", "kind: Gateway\nmetadata: { name: g }\nspec: {}\n")

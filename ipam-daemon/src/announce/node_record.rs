@@ -10,7 +10,11 @@ use std::{net::IpAddr, time::Duration};
 use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
 
 use super::eligibility;
-use crate::{cluster::ClusterStore, config::NodeSettings, metrics::Health};
+use crate::{
+    cluster::ClusterStore,
+    config::{AnnounceSettings, NodeSettings},
+    metrics::Health,
+};
 
 /// How often the interfaces are looked at again (an address added by hand wakes nothing).
 const RECHECK: Duration = Duration::from_secs(10);
@@ -84,20 +88,40 @@ pub async fn run(store: ClusterStore, node: NodeSettings, health: std::sync::Arc
 /// Node's labels with the configured ones over them; every interface with an address but `lo`
 /// (where the Service IPs it answers for are put); whether it may announce.
 fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> NodeFacts {
-    let (kube_addresses, mut labels) = from_kube
-        .as_ref()
-        .map(|n| (n.internal_addresses.clone(), n.labels.clone()))
-        .unwrap_or_default();
     let addresses: Vec<IpAddr> = if node.addresses.is_empty() {
-        kube_addresses
+        from_kube
+            .as_ref()
+            .map(|n| n.internal_addresses.clone())
+            .unwrap_or_default()
     } else {
         node.addresses.clone()
     };
-    labels.extend(node.labels.clone());
-    let announcing = eligibility::judge(&node.announce, &labels, from_kube.as_ref());
+    facts_of(
+        addresses,
+        &node.labels,
+        &node.announce,
+        from_kube.as_ref(),
+        &[],
+    )
+}
+
+/// What a node publishes about itself, whichever controller keeps its record: `addresses`
+/// between nodes, its Node's labels with the `configured` ones over them, whether it may
+/// announce (its agent's verdict, `eligibility`), and its interfaces with addresses but the
+/// loopback and those named in `skip` (pod IPAM's own devices).
+pub(crate) fn facts_of(
+    addresses: Vec<IpAddr>,
+    configured: &std::collections::BTreeMap<String, String>,
+    announce: &AnnounceSettings,
+    from_kube: Option<&ipam_kube::node::NodeInfo>,
+    skip: &[&str],
+) -> NodeFacts {
+    let mut labels = from_kube.map(|n| n.labels.clone()).unwrap_or_default();
+    labels.extend(configured.clone());
+    let announcing = eligibility::judge(announce, &labels, from_kube);
     let interfaces = crate::routes::interfaces_with_addresses()
         .into_iter()
-        .filter(|i| i.name != "lo")
+        .filter(|i| i.name != "lo" && !skip.contains(&i.name.as_str()))
         .collect();
     NodeFacts {
         addresses,

@@ -79,20 +79,13 @@ impl PodIpam {
                 .map(|u| crate::routes::uplink_addresses(u))
                 .unwrap_or_default()
         };
-        let mut labels = node.as_ref().map(|n| n.labels.clone()).unwrap_or_default();
-        labels.extend(self.settings.node_labels.clone());
-        let announcing =
-            crate::announce::eligibility::judge(&self.settings.announce, &labels, node.as_ref());
         let host = &self.settings.host_device;
-        let interfaces = crate::routes::interfaces_with_addresses()
-            .into_iter()
-            .filter(|i| i.name != "lo" && &i.name != host && i.name != format!("{host}_peer"))
-            .collect();
-        NodeFacts {
+        crate::announce::node_record::facts_of(
             addresses,
-            labels,
-            interfaces,
-            announcing,
-        }
+            &self.settings.node_labels,
+            &self.settings.announce,
+            node.as_ref(),
+            &[host.as_str(), &format!("{host}_peer")],
+        )
     }
 }

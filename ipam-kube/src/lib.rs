@@ -18,5 +18,8 @@ pub mod test_api;
 pub mod testing;
 
 pub use endpoint_slices::SERVICE_NAME_LABEL;
-pub use service::{IPS_ANNOTATION, IPS_ANNOTATIONS, SHARING_ANNOTATIONS, SHARING_KEY_ANNOTATION};
+pub use service::{
+    IPS_ANNOTATION, IPS_ANNOTATIONS, SHARING_ANNOTATIONS, SHARING_CROSS_NAMESPACE_ANNOTATIONS,
+    SHARING_KEY_ANNOTATION,
+};
 pub use store::KubeStore;

@@ -35,6 +35,13 @@ pub const SHARING_ANNOTATIONS: [&str; 4] = [
     "metallb.universe.tf/allow-shared-ip",
 ];
 
+/// The annotations read for the namespaces whose Services may share this one's IP
+/// (comma-separated, `*` for any), first wins: this project's and Cilium LB-IPAM's.
+pub const SHARING_CROSS_NAMESPACE_ANNOTATIONS: [&str; 2] = [
+    "ipam-ebpf.io/sharing-cross-namespace",
+    "lbipam.cilium.io/sharing-cross-namespace",
+];
+
 /// The value of the first of `family` the Service carries, and a sentence naming two of them
 /// that say different things, if any (`same` compares two values).
 fn first_of<'a>(
@@ -65,7 +72,7 @@ fn first_of<'a>(
     (Some(first), conflict)
 }
 
-/// The IPs of a comma-separated list, trimmed, without empty entries.
+/// The entries of a comma-separated list (IPs, namespaces), trimmed, without empty ones.
 fn ip_list(text: &str) -> Vec<&str> {
     text.split(',')
         .map(str::trim)
@@ -87,6 +94,14 @@ pub(crate) fn to_engine(service: &Service) -> Value {
         a == b
     });
     let (sharing_key, key_conflict) = first_of(annotations, &SHARING_ANNOTATIONS, |a, b| a == b);
+    let same_list = |a: &str, b: &str| {
+        let (mut a, mut b) = (ip_list(a), ip_list(b));
+        a.sort_unstable();
+        b.sort_unstable();
+        a == b
+    };
+    let (cross_namespace, cross_conflict) =
+        first_of(annotations, &SHARING_CROSS_NAMESPACE_ANNOTATIONS, same_list);
     let mut requested: Vec<String> = ip_list(ips.unwrap_or(""))
         .into_iter()
         .map(str::to_owned)
@@ -129,6 +144,7 @@ pub(crate) fn to_engine(service: &Service) -> Value {
             _ => "Cluster",
         },
         "selector": spec.selector.clone().unwrap_or_default(),
+        "sharingCrossNamespace": ip_list(cross_namespace.unwrap_or("")),
     });
     if let Some(class) = &spec.load_balancer_class {
         engine_spec["loadBalancerClass"] = json!(class);
@@ -136,7 +152,10 @@ pub(crate) fn to_engine(service: &Service) -> Value {
     if let Some(key) = sharing_key {
         engine_spec["sharingKey"] = json!(key);
     }
-    let conflicts: Vec<String> = [ips_conflict, key_conflict].into_iter().flatten().collect();
+    let conflicts: Vec<String> = [ips_conflict, key_conflict, cross_conflict]
+        .into_iter()
+        .flatten()
+        .collect();
     if !conflicts.is_empty() {
         engine_spec["conflict"] = json!(conflicts.join("; "));
     }
@@ -233,10 +252,22 @@ mod tests {
         let cilium = spec_of(json!({
             "lbipam.cilium.io/ips": "10.0.0.5,fd00::5",
             "lbipam.cilium.io/sharing-key": "k",
+            "lbipam.cilium.io/sharing-cross-namespace": "shop, tools",
         }));
         assert_eq!(cilium.requested_ips.len(), 2);
         assert_eq!(cilium.sharing_key.as_deref(), Some("k"));
+        assert_eq!(cilium.sharing_cross_namespace, ["shop", "tools"]);
         assert_eq!(cilium.conflict, None);
+        let cross = spec_of(json!({
+            "ipam-ebpf.io/sharing-cross-namespace": "*",
+            "lbipam.cilium.io/sharing-cross-namespace": "shop",
+        }));
+        assert_eq!(cross.sharing_cross_namespace, ["*"]);
+        assert!(
+            cross
+                .conflict
+                .is_some_and(|c| c.contains("ipam-ebpf.io/sharing-cross-namespace (*)")),
+        );
         for (ips, shared) in [
             ("metallb.io/loadBalancerIPs", "metallb.io/allow-shared-ip"),
             (

@@ -52,6 +52,8 @@ pub fn segment_pool() -> LbIpPool {
             allow_first_last_ips: false,
             auto_assign: true,
             avoid_buggy_ips: false,
+            namespaces: Vec::new(),
+            priority: None,
             disabled: false,
         },
         status: LbIpPoolStatus::default(),
@@ -90,6 +92,7 @@ pub fn lb_service(port: u16) -> Service {
             external_traffic_policy: Default::default(),
             selector: Default::default(),
             conflict: None,
+            sharing_cross_namespace: Vec::new(),
         },
         status: ServiceStatus::default(),
     }

@@ -43,6 +43,8 @@ fn pool(blocks: Vec<LbIpBlock>) -> LbIpPool {
             allow_first_last_ips: false,
             auto_assign: true,
             avoid_buggy_ips: false,
+            namespaces: Vec::new(),
+            priority: None,
             disabled: false,
         },
         status: LbIpPoolStatus::default(),

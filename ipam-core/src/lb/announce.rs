@@ -9,7 +9,9 @@ use std::{
     net::IpAddr,
 };
 
-use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus, TrafficPolicy};
+use super::resources::{
+    L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus, TrafficPolicy, selector_labels,
+};
 use crate::{Cidr, resources::NodeInterface};
 
 /// The nodes with a ready endpoint of each Service (`<namespace>/<name>`): a Service with
@@ -115,6 +117,7 @@ pub fn owners(
     let mut out = Vec::new();
     for (name, spec, status) in services {
         let local = spec.external_traffic_policy == TrafficPolicy::Local;
+        let service_labels = selector_labels(name, &spec.labels);
         let may_answer = |node: &NodeView| {
             node.excluded.is_none()
                 && (!local || ready.get(name).is_some_and(|r| r.contains(&node.name)))
@@ -135,7 +138,7 @@ pub fn owners(
                     let mut interfaces: BTreeSet<String> = BTreeSet::new();
                     for p in policies.iter().filter(|p| {
                         p.spec.node_selector.matches(&node.labels)
-                            && p.spec.service_selector.matches(&spec.labels)
+                            && p.spec.service_selector.matches(&service_labels)
                             && if external {
                                 p.spec.external_ips
                             } else {
@@ -378,6 +381,7 @@ mod tests {
                         external_traffic_policy: Default::default(),
                         selector: Default::default(),
                         conflict: None,
+                        sharing_cross_namespace: Vec::new(),
                     },
                     ServiceStatus {
                         ingress: vec![ip],
@@ -626,6 +630,8 @@ mod tests {
             allow_first_last_ips: false,
             auto_assign: true,
             avoid_buggy_ips: false,
+            namespaces: Vec::new(),
+            priority: None,
             disabled: false,
         };
         let pools = [

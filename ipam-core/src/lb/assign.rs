@@ -17,9 +17,13 @@
 //! - requested IPs must lie in an enabled pool that selects the service and be free (or shared);
 //! - services with the same sharing key share an IP when their ports do not clash and their
 //!   traffic policies (and, with `Local`, their selectors) agree;
-//! - new IPs are the lowest free address of the first enabled pool (by name) that selects the
-//!   service and has the family; first and last address of each CIDR only with
-//!   `allowFirstLastIPs`;
+//! - services of different namespaces share only when both allow the other's namespace
+//!   (`sharingCrossNamespace`);
+//! - a pool serves the Services its `serviceSelector` selects (over their labels and Cilium's
+//!   `io.kubernetes.service.namespace`/`.name`) in its `namespaces` (all when empty);
+//! - new IPs are the lowest free address of the first enabled pool that serves the service and
+//!   has the family, by `priority` (lower first, pools without one after) then name; first and
+//!   last address of each CIDR only with `allowFirstLastIPs`;
 //! - a Service that leaves LB-IPAM (another type or class) gives its IPs back at once: its
 //!   status loses the IPs and the condition LB-IPAM wrote, so no two Services claim one IP.
 
@@ -218,6 +222,31 @@ fn policies_disagree(a: &ServiceSpec, b: &ServiceSpec) -> Option<String> {
     })
 }
 
+/// Why two services of different namespaces may not share an IP although their sharing keys
+/// agree: each must allow the other's namespace (a key is easy to guess, and an IP shared with a
+/// stranger's Service sends it traffic meant for ours).
+fn namespaces_disagree(
+    a: &str,
+    a_spec: &ServiceSpec,
+    b: &str,
+    b_spec: &ServiceSpec,
+) -> Option<String> {
+    use super::resources::namespace_of;
+    let (a_ns, b_ns) = (namespace_of(a), namespace_of(b));
+    let allows = |spec: &ServiceSpec, ns: &str| {
+        spec.sharing_cross_namespace
+            .iter()
+            .any(|n| n == "*" || n == ns)
+    };
+    (a_ns != b_ns && !(allows(a_spec, b_ns) && allows(b_spec, a_ns))).then(|| {
+        format!(
+            "the two are in namespaces {a_ns} and {b_ns}, and Services of different namespaces \
+             share only when each allows the other's: list the other's namespace (or *) in the \
+             annotation ipam-ebpf.io/sharing-cross-namespace of both"
+        )
+    })
+}
+
 /// Who holds which IP so far in this pass.
 #[derive(Default)]
 struct Holders<'a> {
@@ -231,6 +260,11 @@ impl<'a> Holders<'a> {
         for (other, other_spec) in holders.iter().filter(|(n, _)| *n != name) {
             match (&spec.sharing_key, &other_spec.sharing_key) {
                 (Some(a), Some(b)) if a == b => {
+                    if let Some(why) = namespaces_disagree(name, spec, other, other_spec) {
+                        return Some(format!(
+                            "{ip} is shared with service {other} (sharing key {a}), but {why}"
+                        ));
+                    }
                     if let Some(why) = policies_disagree(spec, other_spec) {
                         return Some(format!(
                             "{ip} is shared with service {other} (sharing key {a}), but {why}"
@@ -372,7 +406,7 @@ fn keep_held<'a>(
         for ip in &status.ingress {
             let selected = usable
                 .iter()
-                .any(|p| p.contains(*ip) && p.spec.service_selector.matches(&spec.labels));
+                .any(|p| p.contains(*ip) && p.spec.serves(name, spec));
             let reason = if !families.contains(&Family::of(*ip)) {
                 Some(format!(
                     "{ip} is of a family the service no longer asks for"
@@ -534,6 +568,28 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
     })
 }
 
+/// Why the pools do not give `service` the IP it asked for: which pool holds it and what keeps
+/// that pool from serving the service, or that none does.
+fn not_served(usable: &[UsablePool], service: &str, ip: IpAddr) -> String {
+    let Some(pool) = usable.iter().find(|p| p.contains(ip)) else {
+        return format!("requested IP {ip} is outside every pool");
+    };
+    let namespace = super::resources::namespace_of(service);
+    let why = if pool.spec.disabled {
+        "is disabled (it gives no new IPs)".to_owned()
+    } else if !pool.spec.namespaces.is_empty()
+        && !pool.spec.namespaces.iter().any(|n| n == namespace)
+    {
+        format!(
+            "serves only the namespaces {}, not {namespace}",
+            pool.spec.namespaces.join(", ")
+        )
+    } else {
+        "does not select this service (its serviceSelector)".to_owned()
+    };
+    format!("requested IP {ip} is in pool {}, which {why}", pool.name)
+}
+
 /// A new IP of `family` for the service: a requested one, a shared one, or the lowest free.
 fn new_ip(
     usable: &[UsablePool],
@@ -544,7 +600,7 @@ fn new_ip(
 ) -> Result<IpAddr, String> {
     let enabled: Vec<&UsablePool> = usable
         .iter()
-        .filter(|p| !p.spec.disabled && p.spec.service_selector.matches(&spec.labels))
+        .filter(|p| !p.spec.disabled && p.spec.serves(name, spec))
         .collect();
     let requested: Vec<IpAddr> = spec
         .requested_ips
@@ -557,9 +613,7 @@ fn new_ip(
             return Err(format!("no requested IP is an {} address", family.name()));
         };
         if !enabled.iter().any(|p| p.contains(*ip)) {
-            return Err(format!(
-                "requested IP {ip} is outside every enabled pool that selects this service"
-            ));
+            return Err(not_served(usable, name, *ip));
         }
         return match holders.refuses(*ip, name, spec) {
             None => Ok(*ip),
@@ -578,10 +632,12 @@ fn new_ip(
             return Ok(ip);
         }
     }
-    let candidates: Vec<&&UsablePool> = enabled
+    let mut candidates: Vec<&&UsablePool> = enabled
         .iter()
         .filter(|p| p.has(family) && p.spec.auto_assign)
         .collect();
+    // Lower priority first, pools without one after, then by name.
+    candidates.sort_by_key(|p| (p.spec.priority.is_none(), p.spec.priority, p.name));
     if candidates.is_empty() {
         let asked_only: Vec<&str> = enabled
             .iter()

@@ -24,6 +24,8 @@ fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
         allow_first_last_ips: false,
         auto_assign: true,
         avoid_buggy_ips: false,
+        namespaces: Vec::new(),
+        priority: None,
         disabled: false,
     }
 }
@@ -56,6 +58,7 @@ fn svc(family: Family) -> ServiceSpec {
         external_traffic_policy: Default::default(),
         selector: Default::default(),
         conflict: None,
+        sharing_cross_namespace: Vec::new(),
     }
 }
 
@@ -266,7 +269,7 @@ fn requested_ips_inside_and_outside_pools_and_taken() {
         );
         assert_eq!(rows[0].1, [second], "{family:?}");
         assert!(
-            !rows[1].2 && rows[1].3.contains("outside every enabled pool"),
+            !rows[1].2 && rows[1].3.contains("outside every pool"),
             "{rows:?}"
         );
         assert_eq!(rows[2].1, [first]);
@@ -756,4 +759,167 @@ fn avoid_buggy_ips_skips_dot_zero_and_dot_255_unless_asked() {
     assert_eq!(rows[0].1, ["10.0.0.255"], "asked for: given");
     let counts = &out.pools["p"].counts[0];
     assert_eq!((counts.total, counts.used, counts.available), (4, 1, 2));
+}
+
+/// A pool limited to namespaces serves only their Services, by its `namespaces` or by Cilium's
+/// `io.kubernetes.service.namespace` in its selector; a Service of another namespace asking for
+/// one of its IPs is told which namespaces it serves. In v4 and v6.
+#[test]
+fn a_pool_limited_to_namespaces_serves_only_their_services() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let other_cidr = match family {
+            Family::V4 => "198.51.100.0/30",
+            Family::V6 => "2001:db8:1::/126",
+        };
+        let other_first = match family {
+            Family::V4 => "198.51.100.1",
+            Family::V6 => "2001:db8:1::1",
+        };
+        let mut shop_only = cidr_pool(&[cidr]);
+        shop_only.namespaces = vec!["shop".into()];
+        let mut by_cilium_label = cidr_pool(&[other_cidr]);
+        by_cilium_label
+            .service_selector
+            .match_labels
+            .insert("io.kubernetes.service.namespace".into(), "tools".into());
+        let mut asks = svc(family);
+        asks.requested_ips = vec![ip(second)];
+        let (rows, _) = run(
+            &[("a-shop", shop_only), ("b-tools", by_cilium_label)],
+            &[
+                ("shop/web", svc(family), vec![]),
+                ("tools/ci", svc(family), vec![]),
+                ("other/x", svc(family), vec![]),
+                ("other/asks", asks, vec![]),
+            ],
+        );
+        let row = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+        assert_eq!(row("shop/web").1, [first], "{family:?}");
+        assert_eq!(row("tools/ci").1, [other_first]);
+        let x = row("other/x");
+        assert!(
+            x.1.is_empty() && !x.2 && x.3.contains("no enabled pool"),
+            "{x:?}"
+        );
+        let asks = row("other/asks");
+        assert!(
+            asks.1.is_empty()
+                && asks.3.contains(
+                    "is in pool a-shop, which serves only the namespaces shop, not other"
+                ),
+            "{asks:?}"
+        );
+    }
+}
+
+/// New IPs come from the pool of lowest priority that serves the Service, pools without one
+/// after, then by name; an IP a Service holds stays where it is when a pool of higher priority
+/// appears. In v4 and v6.
+#[test]
+fn pools_are_chosen_by_priority_then_name_and_held_ips_stay() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let (second_cidr, second_first, third_cidr, third_first) = match family {
+            Family::V4 => (
+                "198.51.100.0/30",
+                "198.51.100.1",
+                "203.0.113.0/30",
+                "203.0.113.1",
+            ),
+            Family::V6 => (
+                "2001:db8:1::/126",
+                "2001:db8:1::1",
+                "2001:db8:2::/126",
+                "2001:db8:2::1",
+            ),
+        };
+        let with_priority = |cidr: &str, priority: Option<u32>| {
+            let mut p = cidr_pool(&[cidr]);
+            p.priority = priority;
+            p
+        };
+        let pools = [
+            ("a-none", with_priority(cidr, None)),
+            ("b-ten", with_priority(second_cidr, Some(10))),
+            ("c-five", with_priority(third_cidr, Some(5))),
+        ];
+        let (rows, _) = run(&pools, &[("ns/new", svc(family), vec![])]);
+        assert_eq!(rows[0].1, [third_first], "{family:?}: {rows:?}");
+        // c-five has two usable addresses: the third Service gets b-ten's, the fifth a-none's.
+        let five: Vec<(String, ServiceSpec, Vec<&str>)> = (0..5)
+            .map(|i| (format!("ns/s{i}"), svc(family), vec![]))
+            .collect();
+        let five: Vec<(&str, ServiceSpec, Vec<&str>)> = five
+            .iter()
+            .map(|(n, s, h)| (n.as_str(), s.clone(), h.clone()))
+            .collect();
+        let (rows, _) = run(&pools, &five);
+        let pool_of = |row: &Row| {
+            let got = ip(&row.1[0]);
+            pools
+                .iter()
+                .find(|(_, p)| p.contains(got))
+                .map(|(n, _)| *n)
+                .unwrap()
+        };
+        let order: Vec<&str> = rows.iter().map(pool_of).collect();
+        assert_eq!(
+            order,
+            ["c-five", "c-five", "b-ten", "b-ten", "a-none"],
+            "{rows:?}"
+        );
+        let _ = second_first;
+        // A Service holding a-none's address keeps it beside pools of higher priority.
+        let (rows, _) = run(&pools, &[("ns/held", svc(family), vec![first])]);
+        assert_eq!(rows[0].1, [first]);
+    }
+}
+
+/// Services of different namespaces share an IP only when each allows the other's namespace
+/// (by name or `*`); one side's permission is not enough; the same namespace needs none.
+#[test]
+fn sharing_across_namespaces_needs_both_to_allow_it() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let keyed = |port, allow: &[&str]| {
+            let mut s = svc(family);
+            s.sharing_key = Some("k".into());
+            s.ports = vec![ServicePort {
+                port,
+                protocol: Protocol::TCP,
+            }];
+            s.sharing_cross_namespace = allow.iter().map(|n| (*n).to_owned()).collect();
+            s
+        };
+        let case = |a_allow: &[&str], b_name: &str, b_allow: &[&str]| {
+            let (rows, _) = run(
+                &[("p", cidr_pool(&[cidr]))],
+                &[
+                    ("shop/a", keyed(80, a_allow), vec![first]),
+                    (b_name, keyed(443, b_allow), vec![]),
+                ],
+            );
+            rows.into_iter().find(|r| r.0 == b_name).unwrap()
+        };
+        assert_eq!(case(&[], "shop/b", &[]).1, [first], "{family:?}");
+        assert_eq!(case(&["tools"], "tools/b", &["shop"]).1, [first]);
+        assert_eq!(case(&["*"], "tools/b", &["*"]).1, [first]);
+        // Only one side allows it: tools/b gets an address of its own.
+        assert_eq!(case(&["tools"], "tools/b", &[]).1, [second]);
+        assert_eq!(case(&[], "tools/b", &["shop"]).1, [second]);
+        // Asking for the other namespace's shared IP says why not.
+        let mut asks = keyed(443, &[]);
+        asks.requested_ips = vec![ip(first)];
+        let (rows, _) = run(
+            &[("p", cidr_pool(&[cidr]))],
+            &[
+                ("shop/a", keyed(80, &[]), vec![first]),
+                ("tools/b", asks, vec![]),
+            ],
+        );
+        let b = rows.iter().find(|r| r.0 == "tools/b").unwrap();
+        assert!(
+            !b.2 && b.3.contains("namespaces tools and shop")
+                && b.3.contains("sharing-cross-namespace"),
+            "{b:?}"
+        );
+    }
 }

@@ -169,6 +169,8 @@ mod tests {
                 allow_first_last_ips: false,
                 auto_assign: true,
                 avoid_buggy_ips: false,
+                namespaces: Vec::new(),
+                priority: None,
                 disabled: false,
             },
             status: LbIpPoolStatus::default(),

@@ -98,6 +98,43 @@ pub struct LbIpPoolSpec {
         alias = "avoidBuggyIps"
     )]
     pub avoid_buggy_ips: bool,
+    /// Only Services of these namespaces get its addresses (MetalLB's
+    /// `serviceAllocation.namespaces`); empty: every namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// Among the pools that may give a Service a new IP, lower first (MetalLB's
+    /// `serviceAllocation.priority`); pools without one come after those with, each in name
+    /// order. IPs a Service holds never move to a pool of higher priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u32>,
+}
+
+/// The labels Cilium adds to every Service for selectors: its namespace and its name. Pool and
+/// policy `serviceSelector`s match them beside the Service's own labels, so a Cilium user's
+/// selector on `io.kubernetes.service.namespace` keeps its meaning.
+pub const SERVICE_NAMESPACE_LABEL: &str = "io.kubernetes.service.namespace";
+pub const SERVICE_NAME_LABEL: &str = "io.kubernetes.service.name";
+
+/// The labels a `serviceSelector` matches for `service` (`namespace/name`): its own, and the
+/// two of Cilium above (a Service's own label of that name wins).
+pub fn selector_labels(
+    service: &str,
+    labels: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let (namespace, name) = service.split_once('/').unwrap_or(("default", service));
+    let mut out = BTreeMap::from([
+        (SERVICE_NAMESPACE_LABEL.to_owned(), namespace.to_owned()),
+        (SERVICE_NAME_LABEL.to_owned(), name.to_owned()),
+    ]);
+    out.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    out
+}
+
+/// A Service's namespace, from its name (`namespace/name`).
+pub fn namespace_of(service: &str) -> &str {
+    service
+        .split_once('/')
+        .map_or("default", |(namespace, _)| namespace)
 }
 
 fn is_true(b: &bool) -> bool {
@@ -105,6 +142,15 @@ fn is_true(b: &bool) -> bool {
 }
 
 impl LbIpPoolSpec {
+    /// Whether the pool may give `service` (`namespace/name`) its addresses: its namespace is
+    /// allowed, and the selector matches its labels (`selector_labels`).
+    pub fn serves(&self, service: &str, spec: &ServiceSpec) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace_of(service)))
+            && self
+                .service_selector
+                .matches(&selector_labels(service, &spec.labels))
+    }
+
     /// Whether `ip` lies in one of the blocks as written (validity is judged by LB-IPAM).
     pub fn contains(&self, ip: IpAddr) -> bool {
         use crate::cidr::ip_to_u128;
@@ -196,6 +242,11 @@ pub struct ServiceSpec {
     /// Services with the same key share an IP when their ports do not clash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing_key: Option<String>,
+    /// The other namespaces whose Services may share its IP (Cilium's
+    /// `lbipam.cilium.io/sharing-cross-namespace`; `*`: any). Two Services of different
+    /// namespaces share only when each allows the other's: a sharing key alone is guessable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sharing_cross_namespace: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_families: Vec<Family>,
     #[serde(default)]

@@ -35,6 +35,14 @@ pub const SHARING_ANNOTATIONS: [&str; 4] = [
     "metallb.universe.tf/allow-shared-ip",
 ];
 
+/// The annotations read for the pool a Service asks for by name, first wins: this project's,
+/// MetalLB's and MetalLB's older one.
+pub const POOL_ANNOTATIONS: [&str; 3] = [
+    "ipam-ebpf.io/address-pool",
+    "metallb.io/address-pool",
+    "metallb.universe.tf/address-pool",
+];
+
 /// The annotations read for the namespaces whose Services may share this one's IP
 /// (comma-separated, `*` for any), first wins: this project's and Cilium LB-IPAM's.
 pub const SHARING_CROSS_NAMESPACE_ANNOTATIONS: [&str; 2] = [
@@ -102,6 +110,8 @@ pub(crate) fn to_engine(service: &Service) -> Value {
     };
     let (cross_namespace, cross_conflict) =
         first_of(annotations, &SHARING_CROSS_NAMESPACE_ANNOTATIONS, same_list);
+    let (pool, pool_conflict) =
+        first_of(annotations, &POOL_ANNOTATIONS, |a, b| a.trim() == b.trim());
     let mut requested: Vec<String> = ip_list(ips.unwrap_or(""))
         .into_iter()
         .map(str::to_owned)
@@ -152,7 +162,10 @@ pub(crate) fn to_engine(service: &Service) -> Value {
     if let Some(key) = sharing_key {
         engine_spec["sharingKey"] = json!(key);
     }
-    let conflicts: Vec<String> = [ips_conflict, key_conflict, cross_conflict]
+    if let Some(pool) = pool.map(str::trim).filter(|p| !p.is_empty()) {
+        engine_spec["pool"] = json!(pool);
+    }
+    let conflicts: Vec<String> = [ips_conflict, key_conflict, cross_conflict, pool_conflict]
         .into_iter()
         .flatten()
         .collect();
@@ -263,6 +276,22 @@ mod tests {
             "lbipam.cilium.io/sharing-cross-namespace": "shop",
         }));
         assert_eq!(cross.sharing_cross_namespace, ["*"]);
+        for annotation in POOL_ANNOTATIONS {
+            assert_eq!(
+                spec_of(json!({ annotation: " public " })).pool.as_deref(),
+                Some("public")
+            );
+        }
+        let pools = spec_of(json!({
+            "metallb.io/address-pool": "a",
+            "metallb.universe.tf/address-pool": "b",
+        }));
+        assert_eq!(pools.pool.as_deref(), Some("a"));
+        assert!(
+            pools
+                .conflict
+                .is_some_and(|c| c.contains("metallb.universe.tf/address-pool (b)"))
+        );
         assert!(
             cross
                 .conflict

@@ -93,6 +93,7 @@ pub fn lb_service(port: u16) -> Service {
             selector: Default::default(),
             conflict: None,
             sharing_cross_namespace: Vec::new(),
+            pool: None,
         },
         status: ServiceStatus::default(),
     }

@@ -250,6 +250,7 @@ fn every_project_name_in_the_docs_and_manifests_is_one_the_code_serves() {
         ipam_kube::IPS_ANNOTATION.to_owned(),
         ipam_kube::SHARING_KEY_ANNOTATION.to_owned(),
         ipam_kube::SHARING_CROSS_NAMESPACE_ANNOTATIONS[0].to_owned(),
+        ipam_kube::POOL_ANNOTATIONS[0].to_owned(),
         format!("{}/{}", ipam_kube::crd::GROUP, ipam_kube::crd::VERSION),
     ];
     let root = ipam_tests::deploy::root().join("..");

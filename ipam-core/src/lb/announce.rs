@@ -382,6 +382,7 @@ mod tests {
                         selector: Default::default(),
                         conflict: None,
                         sharing_cross_namespace: Vec::new(),
+                        pool: None,
                     },
                     ServiceStatus {
                         ingress: vec![ip],

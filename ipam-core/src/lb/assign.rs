@@ -15,6 +15,8 @@
 //!   that left every such pool is replaced, and the service's condition says so (never a
 //!   silently dead address);
 //! - requested IPs must lie in an enabled pool that selects the service and be free (or shared);
+//! - a service asking for a pool by name (`pool`) gets new IPs from it only, also when it does
+//!   not assign automatically, and gives up an IP it holds elsewhere;
 //! - services with the same sharing key share an IP when their ports do not clash and their
 //!   traffic policies (and, with `Local`, their selectors) agree;
 //! - services of different namespaces share only when both allow the other's namespace
@@ -417,6 +419,14 @@ fn keep_held<'a>(
                 ))
             } else if !spec.requested_ips.is_empty() && !spec.requested_ips.contains(ip) {
                 Some(format!("{ip} is not among the requested IPs"))
+            } else if let Some(asked) = spec
+                .pool
+                .as_deref()
+                .filter(|asked| !usable.iter().any(|p| p.name == *asked && p.contains(*ip)))
+            {
+                Some(format!(
+                    "{ip} is not in pool {asked}, which the service asks for"
+                ))
             } else {
                 holders.refuses(*ip, name, spec)
             };
@@ -568,6 +578,24 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
     })
 }
 
+/// Why the pool `asked` (by name) gives `service` nothing at all.
+fn pool_refused(usable: &[UsablePool], service: &str, spec: &ServiceSpec, asked: &str) -> String {
+    match usable.iter().find(|p| p.name == asked) {
+        None => format!(
+            "the service asks for pool {asked}, which does not exist or is not usable (its \
+             conditions say why); fix the pool, or the annotation"
+        ),
+        Some(p) if p.spec.disabled => {
+            format!("the service asks for pool {asked}, which is disabled (it gives no new IPs)")
+        }
+        Some(p) if !p.spec.serves(service, spec) => format!(
+            "the service asks for pool {asked}, which does not serve it (its namespaces or \
+             serviceSelector leave the service out)"
+        ),
+        Some(_) => format!("the service asks for pool {asked}"),
+    }
+}
+
 /// Why the pools do not give `service` the IP it asked for: which pool holds it and what keeps
 /// that pool from serving the service, or that none does.
 fn not_served(usable: &[UsablePool], service: &str, ip: IpAddr) -> String {
@@ -601,7 +629,13 @@ fn new_ip(
     let enabled: Vec<&UsablePool> = usable
         .iter()
         .filter(|p| !p.spec.disabled && p.spec.serves(name, spec))
+        .filter(|p| spec.pool.as_deref().is_none_or(|asked| p.name == asked))
         .collect();
+    if let Some(asked) = spec.pool.as_deref()
+        && enabled.is_empty()
+    {
+        return Err(pool_refused(usable, name, spec, asked));
+    }
     let requested: Vec<IpAddr> = spec
         .requested_ips
         .iter()
@@ -632,9 +666,10 @@ fn new_ip(
             return Ok(ip);
         }
     }
+    // A pool the service asks for by name serves it even without autoAssign.
     let mut candidates: Vec<&&UsablePool> = enabled
         .iter()
-        .filter(|p| p.has(family) && p.spec.auto_assign)
+        .filter(|p| p.has(family) && (p.spec.auto_assign || spec.pool.is_some()))
         .collect();
     // Lower priority first, pools without one after, then by name.
     candidates.sort_by_key(|p| (p.spec.priority.is_none(), p.spec.priority, p.name));

@@ -59,6 +59,7 @@ fn svc(family: Family) -> ServiceSpec {
         selector: Default::default(),
         conflict: None,
         sharing_cross_namespace: Vec::new(),
+        pool: None,
     }
 }
 
@@ -921,5 +922,59 @@ fn sharing_across_namespaces_needs_both_to_allow_it() {
                 && b.3.contains("sharing-cross-namespace"),
             "{b:?}"
         );
+    }
+}
+
+/// A Service asking for a pool by name gets its new IP from that pool only, also from a pool
+/// that does not assign automatically; an IP it holds in another pool is given up for one of
+/// the asked pool; a pool that is missing, disabled or does not serve it is named. In v4 and v6.
+#[test]
+fn a_service_asking_for_a_pool_gets_its_ip_from_that_pool_only() {
+    for (family, cidr, first, _, _) in FAMILIES {
+        let (public_cidr, public_first) = match family {
+            Family::V4 => ("198.51.100.0/30", "198.51.100.1"),
+            Family::V6 => ("2001:db8:1::/126", "2001:db8:1::1"),
+        };
+        let mut public = cidr_pool(&[public_cidr]);
+        public.auto_assign = false;
+        let pools = [("a-private", cidr_pool(&[cidr])), ("public", public)];
+        let asking = |pool: &str| {
+            let mut s = svc(family);
+            s.pool = Some(pool.into());
+            s
+        };
+        let (rows, _) = run(
+            &pools,
+            &[
+                ("ns/plain", svc(family), vec![]),
+                ("ns/public", asking("public"), vec![]),
+                ("ns/moved", asking("public"), vec![first]),
+                ("ns/missing", asking("gone"), vec![]),
+            ],
+        );
+        let row = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+        assert_eq!(row("ns/plain").1.len(), 1, "{family:?}");
+        assert_ne!(row("ns/plain").1, [public_first]);
+        let in_public = |row: &Row| row.1.len() == 1 && pools[1].1.contains(ip(&row.1[0]));
+        // ns/moved comes first by name and takes the first public address.
+        let moved = row("ns/moved");
+        assert!(
+            moved.1 == [public_first]
+                && moved.3.contains(&format!("{first} is not in pool public")),
+            "{moved:?}"
+        );
+        assert!(in_public(&row("ns/public")), "{rows:?}");
+        let missing = row("ns/missing");
+        assert!(
+            missing.1.is_empty() && !missing.2 && missing.3.contains("asks for pool gone"),
+            "{missing:?}"
+        );
+        let mut shop_only = cidr_pool(&[public_cidr]);
+        shop_only.namespaces = vec!["shop".into()];
+        let (rows, _) = run(
+            &[("public", shop_only)],
+            &[("ns/x", asking("public"), vec![])],
+        );
+        assert!(rows[0].3.contains("which does not serve it"), "{rows:?}");
     }
 }

@@ -242,6 +242,11 @@ pub struct ServiceSpec {
     /// Services with the same key share an IP when their ports do not clash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing_key: Option<String>,
+    /// The pool it asks for by name (MetalLB's `metallb.io/address-pool`): its new IPs come
+    /// from that pool only, also when the pool does not assign automatically, and an IP held
+    /// outside it is given up for one of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The other namespaces whose Services may share its IP (Cilium's
     /// `lbipam.cilium.io/sharing-cross-namespace`; `*`: any). Two Services of different
     /// namespaces share only when each allows the other's: a sharing key alone is guessable.

@@ -14,7 +14,8 @@
 //! - a service keeps each IP it holds while the IP is in a usable pool that selects it; an IP
 //!   that left every such pool is replaced, and the service's condition says so (never a
 //!   silently dead address);
-//! - requested IPs must lie in an enabled pool that selects the service and be free (or shared);
+//! - every requested IP must lie in an enabled pool that selects the service and be free (or
+//!   shared); each one the service cannot have is named in its condition;
 //! - a service asking for a pool by name (`pool`) gets new IPs from it only, also when it does
 //!   not assign automatically, and gives up an IP it holds elsewhere;
 //! - services with the same sharing key share an IP when their ports do not clash and their
@@ -457,7 +458,34 @@ fn complete<'a>(
 ) -> ServiceStatus {
     let (families, all_required) = spec.wanted_families();
     let mut problems = Vec::new();
+    // Every requested IP of a wanted family, each taken or named in the condition.
+    let mut requested: Vec<IpAddr> = spec
+        .requested_ips
+        .iter()
+        .copied()
+        .filter(|ip| families.contains(&Family::of(*ip)) && !ips.contains(ip))
+        .collect();
+    let mut seen = BTreeSet::new();
+    requested.retain(|ip| seen.insert(*ip));
+    for ip in requested {
+        match take_requested(usable, holders, name, spec, ip) {
+            Ok(()) => {
+                holders.hold(ip, name, spec);
+                ips.push(ip);
+            }
+            Err(why) => problems.push(why),
+        }
+    }
     for family in families {
+        if !spec.requested_ips.is_empty()
+            && spec
+                .requested_ips
+                .iter()
+                .any(|ip| Family::of(*ip) == family)
+        {
+            // Asked for by IP: taken above, or named in `problems`.
+            continue;
+        }
         if ips.iter().any(|ip| Family::of(*ip) == family) {
             continue;
         }
@@ -578,6 +606,43 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
     })
 }
 
+/// The pools that may give `name` new IPs: enabled, serving it, and the one it asks for if it
+/// asks for one (an error naming that pool when it cannot).
+fn enabled_for<'p, 'u>(
+    usable: &'u [UsablePool<'p>],
+    name: &str,
+    spec: &ServiceSpec,
+) -> Result<Vec<&'u UsablePool<'p>>, String> {
+    let enabled: Vec<&UsablePool> = usable
+        .iter()
+        .filter(|p| !p.spec.disabled && p.spec.serves(name, spec))
+        .filter(|p| spec.pool.as_deref().is_none_or(|asked| p.name == asked))
+        .collect();
+    match spec.pool.as_deref() {
+        Some(asked) if enabled.is_empty() => Err(pool_refused(usable, name, spec, asked)),
+        _ => Ok(enabled),
+    }
+}
+
+/// Takes the requested `ip` for the service if an enabled pool serving it has it and it is
+/// free (or shared); else says why not, naming the IP.
+fn take_requested(
+    usable: &[UsablePool],
+    holders: &Holders,
+    name: &str,
+    spec: &ServiceSpec,
+    ip: IpAddr,
+) -> Result<(), String> {
+    let enabled = enabled_for(usable, name, spec)?;
+    if !enabled.iter().any(|p| p.contains(ip)) {
+        return Err(not_served(usable, name, spec, ip));
+    }
+    match holders.refuses(ip, name, spec) {
+        None => Ok(()),
+        Some(why) => Err(format!("requested IP {why}")),
+    }
+}
+
 /// Why the pool `asked` (by name) gives `service` nothing at all.
 fn pool_refused(usable: &[UsablePool], service: &str, spec: &ServiceSpec, asked: &str) -> String {
     match usable.iter().find(|p| p.name == asked) {
@@ -598,12 +663,14 @@ fn pool_refused(usable: &[UsablePool], service: &str, spec: &ServiceSpec, asked:
 
 /// Why the pools do not give `service` the IP it asked for: which pool holds it and what keeps
 /// that pool from serving the service, or that none does.
-fn not_served(usable: &[UsablePool], service: &str, ip: IpAddr) -> String {
+fn not_served(usable: &[UsablePool], service: &str, spec: &ServiceSpec, ip: IpAddr) -> String {
     let Some(pool) = usable.iter().find(|p| p.contains(ip)) else {
         return format!("requested IP {ip} is outside every pool");
     };
     let namespace = super::resources::namespace_of(service);
-    let why = if pool.spec.disabled {
+    let why = if let Some(asked) = spec.pool.as_deref().filter(|asked| *asked != pool.name) {
+        format!("is not pool {asked}, the one the service asks for")
+    } else if pool.spec.disabled {
         "is disabled (it gives no new IPs)".to_owned()
     } else if !pool.spec.namespaces.is_empty()
         && !pool.spec.namespaces.iter().any(|n| n == namespace)
@@ -626,33 +693,10 @@ fn new_ip(
     spec: &ServiceSpec,
     family: Family,
 ) -> Result<IpAddr, String> {
-    let enabled: Vec<&UsablePool> = usable
-        .iter()
-        .filter(|p| !p.spec.disabled && p.spec.serves(name, spec))
-        .filter(|p| spec.pool.as_deref().is_none_or(|asked| p.name == asked))
-        .collect();
-    if let Some(asked) = spec.pool.as_deref()
-        && enabled.is_empty()
-    {
-        return Err(pool_refused(usable, name, spec, asked));
-    }
-    let requested: Vec<IpAddr> = spec
-        .requested_ips
-        .iter()
-        .copied()
-        .filter(|ip| Family::of(*ip) == family)
-        .collect();
+    let enabled = enabled_for(usable, name, spec)?;
     if !spec.requested_ips.is_empty() {
-        let Some(ip) = requested.first() else {
-            return Err(format!("no requested IP is an {} address", family.name()));
-        };
-        if !enabled.iter().any(|p| p.contains(*ip)) {
-            return Err(not_served(usable, name, *ip));
-        }
-        return match holders.refuses(*ip, name, spec) {
-            None => Ok(*ip),
-            Some(why) => Err(format!("requested IP {why}")),
-        };
+        // Each requested IP was tried on its own (`take_requested`); a family with none asked.
+        return Err(format!("no requested IP is an {} address", family.name()));
     }
     if spec.sharing_key.is_some() {
         let shared = holders.by_ip.iter().find_map(|(ip, list)| {

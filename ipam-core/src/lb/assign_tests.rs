@@ -978,3 +978,47 @@ fn a_service_asking_for_a_pool_gets_its_ip_from_that_pool_only() {
         assert!(rows[0].3.contains("which does not serve it"), "{rows:?}");
     }
 }
+
+/// Every requested IP is honoured, not only the first of its family: a Service asking for two
+/// gets both; when one is taken it keeps the other and its condition names the one it could
+/// not get; the next pass keeps what it got. In v4 and v6.
+#[test]
+fn every_requested_ip_is_taken_or_named() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let mut both = svc(family);
+        both.requested_ips = vec![ip(first), ip(second), ip(first)];
+        let (rows, _) = run(
+            &[("p", cidr_pool(&[cidr]))],
+            &[("ns/both", both.clone(), vec![])],
+        );
+        assert_eq!(rows[0].1, [first, second], "{family:?}: {rows:?}");
+        assert!(rows[0].2, "{rows:?}");
+        let (rows, _) = run(
+            &[("p", cidr_pool(&[cidr]))],
+            &[
+                ("ns/a-holder", svc(family), vec![second]),
+                ("ns/both", both.clone(), vec![]),
+            ],
+        );
+        let got = rows.iter().find(|r| r.0 == "ns/both").unwrap();
+        assert_eq!(got.1, [first], "{got:?}");
+        assert!(
+            !got.2
+                && got.3.contains(&format!(
+                    "requested IP {second} is taken by service ns/a-holder"
+                )),
+            "{got:?}"
+        );
+        // Held IPs stay held on the next pass, and the missing one is still named.
+        let (rows, _) = run(
+            &[("p", cidr_pool(&[cidr]))],
+            &[
+                ("ns/a-holder", svc(family), vec![second]),
+                ("ns/both", both, vec![first]),
+            ],
+        );
+        let got = rows.iter().find(|r| r.0 == "ns/both").unwrap();
+        assert_eq!(got.1, [first]);
+        assert!(!got.2 && got.3.contains(&second.to_string()), "{got:?}");
+    }
+}

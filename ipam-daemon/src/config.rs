@@ -362,6 +362,11 @@ pub struct IpamSettings {
     /// Multi-pool: free addresses kept ready per family (0: blocks only on demand).
     #[serde(default)]
     pub pre_allocate: u64,
+    /// Multi-pool: `pre_allocate` for the pools named here (Cilium's
+    /// `ipam-multi-pool-pre-allocation`), the others keep `pre_allocate`: a busy tenant's pool
+    /// keeps more addresses ready, a rarely used one none.
+    #[serde(default)]
+    pub pre_allocate_by_pool: BTreeMap<String, u64>,
     /// Kubernetes mode: the node's blocks (Node.spec.podCIDRs).
     #[serde(default)]
     pub pod_cidrs: Vec<Cidr>,
@@ -418,6 +423,16 @@ fn default_socket() -> PathBuf {
 
 pub(crate) fn default_store() -> PathBuf {
     PathBuf::from("/var/lib/ipam/store.redb")
+}
+
+impl IpamSettings {
+    /// The free addresses the node keeps ready in `pool`, per family.
+    pub fn pre_allocate_for(&self, pool: &str) -> u64 {
+        self.pre_allocate_by_pool
+            .get(pool)
+            .copied()
+            .unwrap_or(self.pre_allocate)
+    }
 }
 
 fn default_state_dir() -> PathBuf {
@@ -801,6 +816,19 @@ mod tests {
         assert!(c.announcements.is_empty());
         assert_eq!(c.datapath.bpffs_root, PathBuf::from(DEFAULT_BPFFS_ROOT));
         assert_eq!(c.attach_mode("eth0"), AttachMode::Auto);
+    }
+
+    #[test]
+    fn pre_allocation_is_per_pool_where_named() {
+        let c = parse(
+            "[ipam]\nmode = \"multi-pool\"\npre_allocate = 4\n\
+             [ipam.pre_allocate_by_pool]\ntenant-a = 16\nrare = 0\n",
+        )
+        .unwrap();
+        let ipam = c.ipam.unwrap();
+        assert_eq!(ipam.pre_allocate_for("tenant-a"), 16);
+        assert_eq!(ipam.pre_allocate_for("rare"), 0);
+        assert_eq!(ipam.pre_allocate_for("default"), 4);
     }
 
     #[test]

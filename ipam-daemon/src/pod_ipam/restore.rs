@@ -51,7 +51,7 @@ pub(super) fn open_agent(
         pool,
         settings.mode,
         Watermarks {
-            pre_allocate: settings.pre_allocate,
+            pre_allocate: settings.pre_allocate_for(pool),
         },
         settings.pod_cidrs.clone(),
     )?;

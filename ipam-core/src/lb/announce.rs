@@ -9,9 +9,7 @@ use std::{
     net::IpAddr,
 };
 
-use super::resources::{
-    L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus, TrafficPolicy, selector_labels,
-};
+use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus, TrafficPolicy};
 use crate::{Cidr, resources::NodeInterface};
 
 /// The nodes with a ready endpoint of each Service (`<namespace>/<name>`): a Service with
@@ -117,7 +115,6 @@ pub fn owners(
     let mut out = Vec::new();
     for (name, spec, status) in services {
         let local = spec.external_traffic_policy == TrafficPolicy::Local;
-        let service_labels = selector_labels(name, &spec.labels);
         let may_answer = |node: &NodeView| {
             node.excluded.is_none()
                 && (!local || ready.get(name).is_some_and(|r| r.contains(&node.name)))
@@ -138,7 +135,7 @@ pub fn owners(
                     let mut interfaces: BTreeSet<String> = BTreeSet::new();
                     for p in policies.iter().filter(|p| {
                         p.spec.node_selector.matches(&node.labels)
-                            && p.spec.service_selector.matches(&service_labels)
+                            && p.spec.service_selector.matches_service(name, &spec.labels)
                             && if external {
                                 p.spec.external_ips
                             } else {

@@ -467,8 +467,9 @@ fn complete<'a>(
         .collect();
     let mut seen = BTreeSet::new();
     requested.retain(|ip| seen.insert(*ip));
+    let enabled = enabled_for(usable, name, spec);
     for ip in requested {
-        match take_requested(usable, holders, name, spec, ip) {
+        match take_requested(&enabled, usable, holders, name, spec, ip) {
             Ok(()) => {
                 holders.hold(ip, name, spec);
                 ips.push(ip);
@@ -477,11 +478,10 @@ fn complete<'a>(
         }
     }
     for family in families {
-        if !spec.requested_ips.is_empty()
-            && spec
-                .requested_ips
-                .iter()
-                .any(|ip| Family::of(*ip) == family)
+        if spec
+            .requested_ips
+            .iter()
+            .any(|ip| Family::of(*ip) == family)
         {
             // Asked for by IP: taken above, or named in `problems`.
             continue;
@@ -489,7 +489,7 @@ fn complete<'a>(
         if ips.iter().any(|ip| Family::of(*ip) == family) {
             continue;
         }
-        match new_ip(usable, holders, name, spec, family) {
+        match new_ip(&enabled, holders, name, spec, family) {
             Ok(ip) => {
                 holders.hold(ip, name, spec);
                 ips.push(ip);
@@ -606,13 +606,16 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
     })
 }
 
+/// The pools that may give a service new IPs, or why none may (the pool it asks for cannot).
+type Enabled<'u, 'p> = Result<Vec<&'u UsablePool<'p>>, String>;
+
 /// The pools that may give `name` new IPs: enabled, serving it, and the one it asks for if it
-/// asks for one (an error naming that pool when it cannot).
+/// asks for one (an error naming that pool when it cannot). Decided once per service and pass.
 fn enabled_for<'p, 'u>(
     usable: &'u [UsablePool<'p>],
     name: &str,
     spec: &ServiceSpec,
-) -> Result<Vec<&'u UsablePool<'p>>, String> {
+) -> Enabled<'u, 'p> {
     let enabled: Vec<&UsablePool> = usable
         .iter()
         .filter(|p| !p.spec.disabled && p.spec.serves(name, spec))
@@ -627,13 +630,14 @@ fn enabled_for<'p, 'u>(
 /// Takes the requested `ip` for the service if an enabled pool serving it has it and it is
 /// free (or shared); else says why not, naming the IP.
 fn take_requested(
+    enabled: &Enabled,
     usable: &[UsablePool],
     holders: &Holders,
     name: &str,
     spec: &ServiceSpec,
     ip: IpAddr,
 ) -> Result<(), String> {
-    let enabled = enabled_for(usable, name, spec)?;
+    let enabled = enabled.as_ref().map_err(Clone::clone)?;
     if !enabled.iter().any(|p| p.contains(ip)) {
         return Err(not_served(usable, name, spec, ip));
     }
@@ -672,9 +676,7 @@ fn not_served(usable: &[UsablePool], service: &str, spec: &ServiceSpec, ip: IpAd
         format!("is not pool {asked}, the one the service asks for")
     } else if pool.spec.disabled {
         "is disabled (it gives no new IPs)".to_owned()
-    } else if !pool.spec.namespaces.is_empty()
-        && !pool.spec.namespaces.iter().any(|n| n == namespace)
-    {
+    } else if !pool.spec.admits(namespace) {
         format!(
             "serves only the namespaces {}, not {namespace}",
             pool.spec.namespaces.join(", ")
@@ -685,15 +687,16 @@ fn not_served(usable: &[UsablePool], service: &str, spec: &ServiceSpec, ip: IpAd
     format!("requested IP {ip} is in pool {}, which {why}", pool.name)
 }
 
-/// A new IP of `family` for the service: a requested one, a shared one, or the lowest free.
+/// A new IP of `family` for a service that asks for no IP (`take_requested` takes those): a
+/// shared one, or the lowest free.
 fn new_ip(
-    usable: &[UsablePool],
+    enabled: &Enabled,
     holders: &Holders,
     name: &str,
     spec: &ServiceSpec,
     family: Family,
 ) -> Result<IpAddr, String> {
-    let enabled = enabled_for(usable, name, spec)?;
+    let enabled = enabled.as_ref().map_err(Clone::clone)?;
     if !spec.requested_ips.is_empty() {
         // Each requested IP was tried on its own (`take_requested`); a family with none asked.
         return Err(format!("no requested IP is an {} address", family.name()));

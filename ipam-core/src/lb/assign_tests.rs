@@ -819,19 +819,9 @@ fn a_pool_limited_to_namespaces_serves_only_their_services() {
 #[test]
 fn pools_are_chosen_by_priority_then_name_and_held_ips_stay() {
     for (family, cidr, first, _, _) in FAMILIES {
-        let (second_cidr, second_first, third_cidr, third_first) = match family {
-            Family::V4 => (
-                "198.51.100.0/30",
-                "198.51.100.1",
-                "203.0.113.0/30",
-                "203.0.113.1",
-            ),
-            Family::V6 => (
-                "2001:db8:1::/126",
-                "2001:db8:1::1",
-                "2001:db8:2::/126",
-                "2001:db8:2::1",
-            ),
+        let (second_cidr, third_cidr, third_first) = match family {
+            Family::V4 => ("198.51.100.0/30", "203.0.113.0/30", "203.0.113.1"),
+            Family::V6 => ("2001:db8:1::/126", "2001:db8:2::/126", "2001:db8:2::1"),
         };
         let with_priority = |cidr: &str, priority: Option<u32>| {
             let mut p = cidr_pool(&[cidr]);
@@ -868,7 +858,6 @@ fn pools_are_chosen_by_priority_then_name_and_held_ips_stay() {
             ["c-five", "c-five", "b-ten", "b-ten", "a-none"],
             "{rows:?}"
         );
-        let _ = second_first;
         // A Service holding a-none's address keeps it beside pools of higher priority.
         let (rows, _) = run(&pools, &[("ns/held", svc(family), vec![first])]);
         assert_eq!(rows[0].1, [first]);

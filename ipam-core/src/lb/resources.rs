@@ -42,14 +42,34 @@ pub enum SelectorOperator {
 
 impl Selector {
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.matches_by(|key| labels.get(key).map(String::as_str))
+    }
+
+    /// Whether it selects `service` (`namespace/name`) with `labels`: over its labels and the
+    /// two Cilium adds to every Service (`SERVICE_NAMESPACE_LABEL`, `SERVICE_NAME_LABEL`; a
+    /// Service's own label of that name wins), so a Cilium user's selector keeps its meaning.
+    /// Nothing is copied: the owner decision asks this for every Service on every pass.
+    pub fn matches_service(&self, service: &str, labels: &BTreeMap<String, String>) -> bool {
+        let (namespace, name) = service.split_once('/').unwrap_or(("default", service));
+        self.matches_by(|key| match labels.get(key) {
+            Some(value) => Some(value.as_str()),
+            None if key == SERVICE_NAMESPACE_LABEL => Some(namespace),
+            None if key == SERVICE_NAME_LABEL => Some(name),
+            None => None,
+        })
+    }
+
+    /// Whether it matches the labels `label` looks up by key.
+    fn matches_by<'v>(&self, label: impl Fn(&str) -> Option<&'v str>) -> bool {
         self.match_labels
             .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
+            .all(|(k, v)| label(k) == Some(v.as_str()))
             && self.match_expressions.iter().all(|r| {
-                let value = labels.get(&r.key);
+                let value = label(&r.key);
+                let listed = |v: &str| r.values.iter().any(|listed| listed == v);
                 match r.operator {
-                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
-                    SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
+                    SelectorOperator::In => value.is_some_and(listed),
+                    SelectorOperator::NotIn => value.is_none_or(|v| !listed(v)),
                     SelectorOperator::Exists => value.is_some(),
                     SelectorOperator::DoesNotExist => value.is_none(),
                 }
@@ -110,25 +130,10 @@ pub struct LbIpPoolSpec {
 }
 
 /// The labels Cilium adds to every Service for selectors: its namespace and its name. Pool and
-/// policy `serviceSelector`s match them beside the Service's own labels, so a Cilium user's
-/// selector on `io.kubernetes.service.namespace` keeps its meaning.
+/// policy `serviceSelector`s match them beside the Service's own labels
+/// (`Selector::matches_service`).
 pub const SERVICE_NAMESPACE_LABEL: &str = "io.kubernetes.service.namespace";
 pub const SERVICE_NAME_LABEL: &str = "io.kubernetes.service.name";
-
-/// The labels a `serviceSelector` matches for `service` (`namespace/name`): its own, and the
-/// two of Cilium above (a Service's own label of that name wins).
-pub fn selector_labels(
-    service: &str,
-    labels: &BTreeMap<String, String>,
-) -> BTreeMap<String, String> {
-    let (namespace, name) = service.split_once('/').unwrap_or(("default", service));
-    let mut out = BTreeMap::from([
-        (SERVICE_NAMESPACE_LABEL.to_owned(), namespace.to_owned()),
-        (SERVICE_NAME_LABEL.to_owned(), name.to_owned()),
-    ]);
-    out.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-    out
-}
 
 /// A Service's namespace, from its name (`namespace/name`).
 pub fn namespace_of(service: &str) -> &str {
@@ -143,12 +148,15 @@ fn is_true(b: &bool) -> bool {
 
 impl LbIpPoolSpec {
     /// Whether the pool may give `service` (`namespace/name`) its addresses: its namespace is
-    /// allowed, and the selector matches its labels (`selector_labels`).
+    /// admitted, and the selector selects it (`Selector::matches_service`).
     pub fn serves(&self, service: &str, spec: &ServiceSpec) -> bool {
-        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace_of(service)))
-            && self
-                .service_selector
-                .matches(&selector_labels(service, &spec.labels))
+        self.admits(namespace_of(service))
+            && self.service_selector.matches_service(service, &spec.labels)
+    }
+
+    /// Whether Services of `namespace` may have its addresses (`namespaces`; empty: all).
+    pub fn admits(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
     }
 
     /// Whether `ip` lies in one of the blocks as written (validity is judged by LB-IPAM).

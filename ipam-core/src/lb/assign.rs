@@ -308,6 +308,18 @@ pub fn assign(
     pools: &[(String, LbIpPoolSpec, LbIpPoolStatus)],
     services: &[(String, ServiceSpec, ServiceStatus)],
 ) -> Assignment {
+    assign_settling(pools, services, false)
+}
+
+/// As `assign`; with `settling` (the set of pools changed a moment ago) an IP a Service holds
+/// that lies in no pool at all is kept for now instead of given up: pools applied together
+/// reach the store one by one, and a pass between two of them must not renumber the Services
+/// of the later ones (a migration applies every pool of the old controller at once).
+pub fn assign_settling(
+    pools: &[(String, LbIpPoolSpec, LbIpPoolStatus)],
+    services: &[(String, ServiceSpec, ServiceStatus)],
+    settling: bool,
+) -> Assignment {
     let mut out = Assignment::default();
     let usable = usable_pools(pools, &mut out);
     for (name, _, status) in services.iter().filter(|(_, s, _)| !s.is_ours()) {
@@ -320,7 +332,7 @@ pub fn assign(
     ours.sort_by(|a, b| a.0.cmp(&b.0));
     let mut holders = Holders::default();
     // Kept IPs first, for every service, so a new assignment never takes an IP someone holds.
-    let Kept { mut ips, mut notes } = keep_held(&ours, &usable, &mut holders);
+    let Kept { mut ips, mut notes } = keep_held(&ours, &usable, &mut holders, settling);
     for (name, spec, _) in &ours {
         let _span = tracing::trace_span!("service", service = name.as_str()).entered();
         let kept = ips.remove(name.as_str()).unwrap_or_default();
@@ -401,6 +413,7 @@ fn keep_held<'a>(
     ours: &[&'a (String, ServiceSpec, ServiceStatus)],
     usable: &[UsablePool],
     holders: &mut Holders<'a>,
+    settling: bool,
 ) -> Kept<'a> {
     let mut kept: BTreeMap<&str, Vec<IpAddr>> = BTreeMap::new();
     let mut notes: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -410,10 +423,14 @@ fn keep_held<'a>(
             let selected = usable
                 .iter()
                 .any(|p| p.contains(*ip) && p.spec.serves(name, spec));
+            let in_no_pool = || !usable.iter().any(|p| p.contains(*ip));
             let reason = if !families.contains(&Family::of(*ip)) {
                 Some(format!(
                     "{ip} is of a family the service no longer asks for"
                 ))
+            } else if !selected && settling && in_no_pool() {
+                // Kept while the pools settle (`assign_settling`); judged again after.
+                holders.refuses(*ip, name, spec)
             } else if !selected {
                 Some(format!(
                     "{ip} is no longer in a pool that selects this service"

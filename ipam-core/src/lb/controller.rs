@@ -4,10 +4,12 @@
 
 use super::{
     announce::{announce_problems, unreachable_pools},
-    assign::assign,
-    resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
+    assign::assign_settling,
+    resources::{L2AnnouncementPolicy, LbIpPool, LbIpPoolSpec, Service, ServiceEndpoints},
     rows,
 };
+use std::time::{Duration, Instant};
+
 use crate::{
     resources::{Condition, NodeIpam},
     store::{StoreError, TypedStore},
@@ -24,18 +26,82 @@ pub struct LbReport {
     pub problems: Vec<(String, String)>,
     /// Every pool's addresses per family, as this pass counted them.
     pub pool_counts: Vec<(String, Vec<super::resources::LbFamilyCount>)>,
+    /// No pool exists, and nothing was written (`reconcile`).
+    pub dormant: bool,
+    /// The pools changed a moment ago: IPs in no pool are kept until then, when a pass must
+    /// run again (`PoolSettling`).
+    pub settling_until: Option<Instant>,
+}
+
+/// How long after the set of pools last changed an IP a Service holds in no pool at all is still
+/// kept: pools applied together (`kubectl apply -f` of several) reach the store one by one, a
+/// few milliseconds apart; a pass in between must not renumber the Services of the later ones.
+pub const POOL_SETTLE: Duration = Duration::from_secs(3);
+
+/// What LB-IPAM remembers between passes: the pools' specs as last seen and when they changed.
+#[derive(Debug, Default)]
+pub struct PoolSettling {
+    seen: Vec<(String, LbIpPoolSpec)>,
+    changed_at: Option<Instant>,
+    /// The last pass kept IPs in no pool: another is due when the pools have settled.
+    settling: bool,
+}
+
+impl PoolSettling {
+    /// Notes the pools of this pass; until when they settle, if they changed under
+    /// `POOL_SETTLE` ago (the first pass counts as a change).
+    fn observe(&mut self, pools: Vec<(String, LbIpPoolSpec)>, now: Instant) -> Option<Instant> {
+        if self.changed_at.is_none() || pools != self.seen {
+            self.seen = pools;
+            self.changed_at = Some(now);
+        }
+        let until = self.changed_at? + POOL_SETTLE;
+        self.settling = now < until;
+        self.settling.then_some(until)
+    }
+
+    /// When a pass is due again because the last one ran while the pools settled.
+    pub fn awaiting(&self) -> Option<Instant> {
+        self.settling
+            .then(|| self.changed_at.map(|at| at + POOL_SETTLE))
+            .flatten()
+    }
 }
 
 /// One LB-IPAM pass. Safe to run at any time and as often as wanted.
-pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError> {
+///
+/// Without any pool it writes nothing (`dormant`), as Cilium's LB-IPAM sleeps until its first
+/// pool: installed beside another controller, before the migrated pools are applied, it must
+/// not take from Services the IPs that controller gave them (docs/migration.md).
+pub async fn reconcile<S: TypedStore>(
+    store: &S,
+    settling: &mut PoolSettling,
+) -> Result<LbReport, StoreError> {
     let pools = store.list_typed::<LbIpPool>().await?;
+    if pools.is_empty() {
+        return Ok(LbReport {
+            dormant: true,
+            ..LbReport::default()
+        });
+    }
     let services = store.list_typed::<Service>().await?;
     let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
     let endpoints = store.list_typed::<ServiceEndpoints>().await?;
     let pool_specs = rows::pools(&pools);
     let policy_specs = rows::policies(&policies);
-    let mut decided = assign(&rows::pools_with_status(&pools), &rows::services(&services));
+    let settling_until = settling.observe(
+        pools
+            .iter()
+            .map(|p| (p.name.clone(), p.value.spec.clone()))
+            .collect(),
+        Instant::now(),
+    );
+    let mut decided = assign_settling(
+        &rows::pools_with_status(&pools),
+        &rows::services(&services),
+        settling_until.is_some(),
+    );
     let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
     let (unreachable, bad_policies) = unreachable_pools(&pool_specs, &policy_specs, &node_views);
     // Judged on the statuses this pass decides, so a new IP is judged as it is written.
@@ -52,7 +118,10 @@ pub async fn reconcile<S: TypedStore>(store: &S) -> Result<LbReport, StoreError>
         &rows::ready_nodes(&endpoints),
         &node_views,
     );
-    let mut report = LbReport::default();
+    let mut report = LbReport {
+        settling_until,
+        ..LbReport::default()
+    };
     for (policy, message) in bad_policies {
         report
             .problems
@@ -159,6 +228,7 @@ mod tests {
         let dir = crate::test_util::TempPath::new("lb-controller");
         std::fs::create_dir_all(&*dir).unwrap();
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let mut settling = PoolSettling::default();
         let pool = LbIpPool {
             spec: LbIpPoolSpec {
                 blocks: vec![LbIpBlock {
@@ -186,7 +256,7 @@ mod tests {
             status: ServiceStatus::default(),
         };
         store.create_typed("ns/web", &service).await.unwrap();
-        let report = reconcile(&store).await.unwrap();
+        let report = reconcile(&store, &mut settling).await.unwrap();
         assert!(
             report
                 .problems
@@ -212,12 +282,142 @@ mod tests {
             .update_typed("ns/web", &fixed, &stored.revision)
             .await
             .unwrap();
-        reconcile(&store).await.unwrap();
+        reconcile(&store, &mut settling).await.unwrap();
         let stored = store.get_typed::<Service>("ns/web").await.unwrap().unwrap();
         assert_eq!(agree(&stored.value), None);
         assert_eq!(
             stored.value.status.ingress, fixed.status.ingress,
             "the IP kept"
+        );
+    }
+
+    /// Without any pool nothing is written: a Service keeps the IP another controller gave it
+    /// (a migration installs this project before applying the converted pools); the first
+    /// pool that holds the IP wakes LB-IPAM, and the Service keeps it.
+    #[tokio::test]
+    async fn without_a_pool_nothing_is_written_and_the_first_pool_keeps_held_ips() {
+        let dir = crate::test_util::TempPath::new("lb-dormant");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let mut settling = PoolSettling::default();
+        let held: Vec<std::net::IpAddr> =
+            vec!["10.9.0.0".parse().unwrap(), "fd09::7".parse().unwrap()];
+        let spec: ServiceSpec = serde_json::from_value(serde_json::json!({
+            "type": "LoadBalancer",
+            "ipFamilyPolicy": "RequireDualStack",
+        }))
+        .unwrap();
+        let service = Service {
+            spec,
+            status: ServiceStatus {
+                ingress: held.clone(),
+                conditions: Vec::new(),
+            },
+        };
+        let created = store.create_typed("ns/web", &service).await.unwrap();
+        let report = reconcile(&store, &mut settling).await.unwrap();
+        assert!(report.dormant);
+        let stored = store.get_typed::<Service>("ns/web").await.unwrap().unwrap();
+        assert_eq!(stored.revision, created, "nothing written without a pool");
+
+        let pool = LbIpPool {
+            spec: LbIpPoolSpec {
+                blocks: vec![
+                    LbIpBlock {
+                        cidr: Some("10.9.0.0/28".into()),
+                        ..LbIpBlock::default()
+                    },
+                    LbIpBlock {
+                        cidr: Some("fd09::/124".into()),
+                        ..LbIpBlock::default()
+                    },
+                ],
+                service_selector: Default::default(),
+                allow_first_last_ips: true,
+                auto_assign: true,
+                avoid_buggy_ips: false,
+                namespaces: Vec::new(),
+                priority: None,
+                disabled: false,
+            },
+            status: LbIpPoolStatus::default(),
+        };
+        store.create_typed("migrated", &pool).await.unwrap();
+        let report = reconcile(&store, &mut settling).await.unwrap();
+        assert!(!report.dormant);
+        let stored = store.get_typed::<Service>("ns/web").await.unwrap().unwrap();
+        assert_eq!(
+            stored.value.status.ingress, held,
+            "{:?}",
+            stored.value.status
+        );
+    }
+
+    /// While the pools settle, an IP in no pool at all is kept (its pool may be the next one
+    /// applied); after, it is given up with the reason. An IP of a pool that no longer selects
+    /// the Service is given up at once.
+    #[test]
+    fn an_ip_in_no_pool_is_kept_while_the_pools_settle() {
+        use crate::lb::assign::{assign, assign_settling};
+        let pool = |cidr: &str| LbIpPoolSpec {
+            blocks: vec![LbIpBlock {
+                cidr: Some(cidr.into()),
+                ..LbIpBlock::default()
+            }],
+            service_selector: Default::default(),
+            allow_first_last_ips: true,
+            auto_assign: true,
+            avoid_buggy_ips: false,
+            namespaces: Vec::new(),
+            priority: None,
+            disabled: false,
+        };
+        for (first, later) in [("10.9.0.0/28", "10.9.1.0"), ("fd09::/124", "fd09:1::")] {
+            let pools = vec![("first".to_owned(), pool(first), LbIpPoolStatus::default())];
+            let spec: ServiceSpec =
+                serde_json::from_value(serde_json::json!({"type": "LoadBalancer"})).unwrap();
+            let held: std::net::IpAddr = later.parse().unwrap();
+            let mut spec_v6 = spec.clone();
+            if held.is_ipv6() {
+                spec_v6.ip_families = vec![crate::Family::V6];
+            }
+            let services = vec![(
+                "ns/late".to_owned(),
+                spec_v6,
+                ServiceStatus {
+                    ingress: vec![held],
+                    conditions: Vec::new(),
+                },
+            )];
+            let kept = assign_settling(&pools, &services, true);
+            assert_eq!(kept.services["ns/late"].ingress, vec![held]);
+            let after = assign(&pools, &services);
+            assert_ne!(after.services["ns/late"].ingress, vec![held]);
+            assert!(
+                after.services["ns/late"].conditions[0]
+                    .message
+                    .contains(&format!("gave up {held}")),
+                "{:?}",
+                after.services["ns/late"]
+            );
+        }
+
+        let mut settling = PoolSettling::default();
+        let t0 = Instant::now();
+        let a = vec![("a".to_owned(), pool("10.9.0.0/28"))];
+        assert_eq!(
+            settling.observe(a.clone(), t0),
+            Some(t0 + POOL_SETTLE),
+            "the first pass"
+        );
+        let later = t0 + POOL_SETTLE;
+        assert_eq!(settling.observe(a.clone(), later), None, "settled");
+        let mut b = a.clone();
+        b.push(("b".to_owned(), pool("10.9.1.0/28")));
+        assert_eq!(
+            settling.observe(b, later),
+            Some(later + POOL_SETTLE),
+            "a pool added"
         );
     }
 }

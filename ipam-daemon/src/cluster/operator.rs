@@ -72,7 +72,7 @@ pub async fn run<S: Store + Clone + 'static>(
     let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
     let mut resync = tokio::time::interval(settings.cluster.resync());
     let mut operator: Option<Term> = None;
-    let mut last_lb_problems = Vec::new();
+    let mut last_lb = LastLb::default();
     let mut due = Due::default();
     loop {
         let retry = async {
@@ -81,7 +81,16 @@ pub async fn run<S: Store + Clone + 'static>(
                 None => std::future::pending().await,
             }
         };
+        // A pass that kept IPs while the pools settled is followed by one after.
+        let settle_at = operator.as_ref().and_then(|t| t.lb_settling.awaiting());
+        let settled = async {
+            match settle_at {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            () = settled => due.dirty = true,
             _ = elect_tick.tick(), if settings.elect => {
                 let reached = step_election(&store, &mut election, &mut operator, &settings, &identity).await;
                 observed.health.set("store", reached);
@@ -134,7 +143,7 @@ pub async fn run<S: Store + Clone + 'static>(
         let reports = Reports {
             observed: &observed,
             events: &events,
-            last_lb_problems: &mut last_lb_problems,
+            last_lb: &mut last_lb,
         };
         let passed = pass(&store, term, reports)
             .instrument(tracing::info_span!(
@@ -245,14 +254,23 @@ struct Reports<'a> {
     observed: &'a crate::metrics::Observed,
     events: &'a super::events::Events,
     /// The LB-IPAM problems last reported, so each is told once.
-    last_lb_problems: &'a mut Vec<(String, String)>,
+    last_lb: &'a mut LastLb,
+}
+
+/// What the previous LB-IPAM pass reported, so that the log says what changed, not the same
+/// every pass.
+#[derive(Default)]
+struct LastLb {
+    problems: Vec<(String, String)>,
+    dormant: bool,
 }
 
 /// The controllers of one term of leadership, fresh at each: pod IPAM (which restores pools
-/// and blocks from the store on its first pass) when the cluster runs it. LB-IPAM keeps no
-/// state between passes.
+/// and blocks from the store on its first pass) when the cluster runs it. LB-IPAM keeps only
+/// when the pools last changed (`PoolSettling`).
 struct Term {
     pod_ipam: Option<Operator>,
+    lb_settling: lb_ipam::PoolSettling,
 }
 
 /// One pass of the leading operator: pod IPAM, then LB-IPAM, and what they found reported.
@@ -265,11 +283,11 @@ async fn pass<S: Store>(
         Some(op) => Some(op.reconcile(store).await?),
         None => None,
     };
-    let lb = lb_ipam::reconcile(store).await?;
+    let lb = lb_ipam::reconcile(store, &mut term.lb_settling).await?;
     let Reports {
         observed,
         events,
-        last_lb_problems,
+        last_lb,
     } = reports;
     observed.health.set("store", Ok(()));
     if let Some(report) = report {
@@ -283,7 +301,7 @@ async fn pass<S: Store>(
         }
     }
     observed.metrics.set_lb_pool_counts(&lb.pool_counts);
-    for (object, problem) in log_lb_report(&lb, last_lb_problems) {
+    for (object, problem) in log_lb_report(&lb, last_lb) {
         events.lb_problem(&object, &problem).await;
     }
     Ok(())
@@ -311,7 +329,10 @@ fn new_term(settings: &OperatorSettings) -> Term {
             op
         }
     });
-    Term { pod_ipam }
+    Term {
+        pod_ipam,
+        lb_settling: lb_ipam::PoolSettling::default(),
+    }
 }
 
 async fn step_election<S: Store>(
@@ -392,16 +413,24 @@ fn log_report(report: &Report) {
     }
 }
 
-/// Logs new Service IPs, and problems when they change (not on every pass); returns the
-/// problems that were not there on the previous pass.
-fn log_lb_report(
-    report: &lb_ipam::LbReport,
-    last_problems: &mut Vec<(String, String)>,
-) -> Vec<(String, String)> {
+/// Logs new Service IPs, problems when they change (not on every pass), and when LB-IPAM
+/// falls dormant or wakes; returns the problems that were not there on the previous pass.
+fn log_lb_report(report: &lb_ipam::LbReport, last: &mut LastLb) -> Vec<(String, String)> {
+    if report.dormant != last.dormant {
+        if report.dormant {
+            tracing::info!(
+                "LB-IPAM waits for a LoadBalancerIPPool: until one exists it changes no Service \
+                 (the IPs another controller gave them stay)"
+            );
+        } else {
+            tracing::info!("LB-IPAM serves Services: a LoadBalancerIPPool exists");
+        }
+        last.dormant = report.dormant;
+    }
     for (service, ips) in &report.assigned {
         tracing::info!(service = service.as_str(), ?ips, "service IPs assigned");
     }
-    if &report.problems == last_problems {
+    if report.problems == last.problems {
         return Vec::new();
     }
     for (object, problem) in &report.problems {
@@ -410,10 +439,10 @@ fn log_lb_report(
     let new = report
         .problems
         .iter()
-        .filter(|p| !last_problems.contains(p))
+        .filter(|p| !last.problems.contains(p))
         .cloned()
         .collect();
-    *last_problems = report.problems.clone();
+    last.problems = report.problems.clone();
     new
 }
 

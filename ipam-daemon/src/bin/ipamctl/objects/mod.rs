@@ -68,17 +68,22 @@ struct Applied {
     result: &'static str,
 }
 
-pub(crate) async fn apply(store: &ClusterStore, file: &Path, output: Output) -> anyhow::Result<()> {
+/// The text of `file` (`-`: standard input) and the name to give it in messages.
+pub(crate) fn read_input(file: &Path) -> anyhow::Result<(String, String)> {
     use std::io::Read as _;
-    let (name, text) = if file == Path::new("-") {
+    if file == Path::new("-") {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text)?;
-        ("standard input".to_owned(), text)
+        Ok(("standard input".to_owned(), text))
     } else {
         let text = std::fs::read_to_string(file)
             .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
-        (file.display().to_string(), text)
-    };
+        Ok((file.display().to_string(), text))
+    }
+}
+
+pub(crate) async fn apply(store: &ClusterStore, file: &Path, output: Output) -> anyhow::Result<()> {
+    let (name, text) = read_input(file)?;
     // Every document is checked before anything is written.
     let parsed = parse::parse(&name, &text)?;
     for note in &parsed.notes {

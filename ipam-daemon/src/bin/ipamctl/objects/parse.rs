@@ -171,6 +171,8 @@ pub(crate) struct Parsed {
 pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
     let mut parsed = Parsed::default();
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        // Counted from 1, as editors count lines (and `ipamctl migrate` its documents).
+        let index = index + 1;
         let yaml = |source| ObjectError::Yaml {
             file: file.to_owned(),
             index,
@@ -506,7 +508,7 @@ mod tests {
         );
         assert!(
             e.contains("x.yaml")
-                && e.contains("document 1")
+                && e.contains("document 2")
                 && e.contains("LoadBalancerIPPool lb")
                 && e.contains("spec.allowFirstLast "),
             "{e}"
@@ -519,7 +521,7 @@ mod tests {
         // Beside the spec, and in the metadata.
         let e = error("kind: Service\nmetadata: { name: web }\nspce: {}\n");
         assert!(
-            e.contains("spce is not a field") && e.contains("document 0 (Service default/web)"),
+            e.contains("spce is not a field") && e.contains("document 1 (Service default/web)"),
             "{e}"
         );
         let e = error("kind: Service\nmetadata: { name: web, labells: { a: b } }\nspec: {}\n");

@@ -230,6 +230,18 @@ impl Cluster {
         text
     }
 
+    /// Runs `ipamctl ARGS --config <the operators' config>` in the fabric namespace (where etcd
+    /// listens), with no node needed; returns its output whatever its exit code.
+    pub fn ipamctl_beside_store(&self, args: &[&str]) -> std::process::Output {
+        self.fabric
+            .command(crate::workspace_binary("ipamctl"))
+            .args(args)
+            .arg("--config")
+            .arg(&self.operator_config.0)
+            .output()
+            .expect("run ipamctl")
+    }
+
     /// Runs `f` against the cluster's store, from the fabric namespace (where etcd listens).
     pub fn with_store<T: Send + 'static>(
         &self,

@@ -3,6 +3,7 @@
 mod datapath;
 mod ipam_status;
 mod members;
+mod migrate;
 mod objects;
 mod output;
 mod who_has;
@@ -102,6 +103,22 @@ enum Command {
         /// The agent's API socket (default: [ipam] socket of --config).
         #[arg(long)]
         socket: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Convert Cilium's (CiliumLoadBalancerIPPool, CiliumL2AnnouncementPolicy, CiliumPodIPPool)
+    /// and MetalLB's (IPAddressPool, L2Advertisement) resources into this project's, printed as
+    /// YAML for `kubectl apply` or `ipamctl apply`. What has no counterpart is listed on stderr
+    /// and the exit code is 2. With `--check`, print instead each LoadBalancer Service of the
+    /// store with its IPs now and under the converted pools (exit code 3 when one would change).
+    Migrate {
+        /// The file with the resources (`-` for standard input; `kubectl get -o yaml` lists too).
+        #[arg(short, long)]
+        file: PathBuf,
+        /// Do not print the resources: check them against the Services of the store of
+        /// `--config` (the converted pools alone, as after the switch), writing nothing.
+        #[arg(long)]
+        check: bool,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -210,6 +227,21 @@ fn main() -> anyhow::Result<()> {
         Command::Delete { kind, name, store } => with_store(&store.config, async |s| {
             objects::delete(&s, kind, &name, output).await
         }),
+        Command::Migrate { file, check, store } => {
+            let code = if check {
+                let migration = migrate::load(&file)?;
+                let mut code = 0;
+                with_store(&store.config, async |s| {
+                    code = migrate::check(&s, &migration, output).await?;
+                    Ok(())
+                })?;
+                code
+            } else {
+                migrate::run(&file)?
+            };
+            std::io::Write::flush(&mut std::io::stdout())?;
+            std::process::exit(code)
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(

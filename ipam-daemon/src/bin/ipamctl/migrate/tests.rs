@@ -1,0 +1,505 @@
+//! Conversions of Cilium's and MetalLB's resources in the shapes of their documentation, in
+//! IPv4 and IPv6; what is dropped and why; malformed input; the output read back by
+//! `ipamctl apply`'s parser; and `--check`'s verdicts.
+
+use std::net::IpAddr;
+
+use ipam_core::lb::resources::{
+    LbIpBlock, Selector, SelectorOperator, Service, ServiceSpec, ServiceStatus,
+};
+
+use super::*;
+
+fn migrate(yaml: &str) -> Migration {
+    convert(&read("in.yaml", yaml).unwrap()).unwrap()
+}
+
+fn error(yaml: &str) -> String {
+    read("in.yaml", yaml)
+        .and_then(|s| convert(&s))
+        .map(|m| format!("converted: {:?}", m.converted))
+        .unwrap_or_else(|e| e.to_string())
+}
+
+fn lb_pool(m: &Migration, name: &str) -> LbIpPoolSpec {
+    m.converted
+        .iter()
+        .find_map(|c| match &c.target {
+            Target::LbPool(s) if c.name == name => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no pool {name} in {:?}", m.converted))
+}
+
+fn l2_policy(m: &Migration, name: &str) -> L2PolicySpec {
+    m.converted
+        .iter()
+        .find_map(|c| match &c.target {
+            Target::L2Policy(s) if c.name == name => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no policy {name} in {:?}", m.converted))
+}
+
+fn cidr(c: &str) -> LbIpBlock {
+    LbIpBlock {
+        cidr: Some(c.into()),
+        ..LbIpBlock::default()
+    }
+}
+
+fn range(a: &str, z: &str) -> LbIpBlock {
+    LbIpBlock {
+        cidr: None,
+        start: Some(a.into()),
+        stop: Some(z.into()),
+    }
+}
+
+const CILIUM: &str = r#"
+apiVersion: "cilium.io/v2alpha1"
+kind: CiliumLoadBalancerIPPool
+metadata:
+  name: "blue-pool"
+spec:
+  blocks:
+  - cidr: "10.0.10.0/24"
+  - cidr: "2004::0/64"
+  - start: "20.0.20.100"
+    stop: "20.0.20.200"
+  - start: "1.2.3.4"
+---
+apiVersion: "cilium.io/v2alpha1"
+kind: CiliumLoadBalancerIPPool
+metadata:
+  name: "red-pool"
+spec:
+  allowFirstLastIPs: "No"
+  disabled: true
+  cidrs:
+  - cidr: "fd00:20::/120"
+  serviceSelector:
+    matchExpressions:
+      - {key: color, operator: In, values: [red]}
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumL2AnnouncementPolicy
+metadata:
+  name: policy1
+spec:
+  serviceSelector:
+    matchLabels:
+      color: blue
+  nodeSelector:
+    matchExpressions:
+      - key: node-role.kubernetes.io/control-plane
+        operator: DoesNotExist
+  interfaces:
+  - ^eth[0-9]+
+  externalIPs: true
+  loadBalancerIPs: true
+---
+apiVersion: cilium.io/v2alpha1
+kind: CiliumPodIPPool
+metadata:
+  name: green-pool
+spec:
+  ipv4:
+    cidrs: [10.20.0.0/16]
+    maskSize: 27
+  ipv6:
+    cidrs: ["fd00:20::/104"]
+    maskSize: 120
+"#;
+
+#[test]
+fn cilium_resources_convert_with_their_defaults_written_out() {
+    let m = migrate(CILIUM);
+    assert!(m.dropped.is_empty(), "{:?}", m.dropped);
+    let blue = lb_pool(&m, "blue-pool");
+    assert_eq!(
+        blue.blocks,
+        vec![
+            cidr("10.0.10.0/24"),
+            cidr("2004::0/64"),
+            range("20.0.20.100", "20.0.20.200"),
+            range("1.2.3.4", "1.2.3.4"),
+        ]
+    );
+    assert!(
+        blue.allow_first_last_ips,
+        "Cilium hands them out unless told No"
+    );
+    assert!(blue.auto_assign && !blue.disabled);
+    let red = lb_pool(&m, "red-pool");
+    assert_eq!(
+        red.blocks,
+        vec![cidr("fd00:20::/120")],
+        "the old name cidrs"
+    );
+    assert!(!red.allow_first_last_ips && red.disabled);
+    assert_eq!(red.service_selector.match_expressions[0].key, "color");
+
+    let policy = l2_policy(&m, "policy1");
+    assert_eq!(policy.service_selector.match_labels["color"], "blue");
+    assert_eq!(
+        policy.node_selector.match_expressions[0].operator,
+        SelectorOperator::DoesNotExist
+    );
+    assert_eq!(policy.interfaces, vec!["(?:^eth[0-9]+).*".to_owned()]);
+    assert!(policy.external_ips && policy.load_balancer_ips);
+    assert!(
+        m.notes
+            .iter()
+            .any(|n| n.contains("spec.interfaces[0]") && n.contains("whole names")),
+        "{:?}",
+        m.notes
+    );
+
+    let green = m
+        .converted
+        .iter()
+        .find_map(|c| match &c.target {
+            Target::PodPool(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(green.ipv4.as_ref().unwrap().mask_size, 27);
+    assert_eq!(
+        green.ipv6.as_ref().unwrap().cidrs,
+        vec!["fd00:20::/104".to_owned()]
+    );
+}
+
+#[test]
+fn a_cilium_policy_announces_only_what_it_says() {
+    let m = migrate(
+        "kind: CiliumL2AnnouncementPolicy\nmetadata: {name: quiet}\nspec: {externalIPs: true}\n",
+    );
+    let p = l2_policy(&m, "quiet");
+    assert!(
+        p.external_ips && !p.load_balancer_ips,
+        "Cilium's defaults are false"
+    );
+}
+
+const METALLB: &str = r#"
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata:
+  name: first-pool
+  namespace: metallb-system
+  labels: {zone: east}
+spec:
+  addresses:
+  - 192.168.10.0/24
+  - 192.168.9.1-192.168.9.5
+  - fc00:f853:0ccd:e799::/124
+  - fc00:f853:0ccd:e800::10 - fc00:f853:0ccd:e800::20
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata:
+  name: expensive
+  namespace: metallb-system
+spec:
+  addresses: [203.0.113.0/28]
+  autoAssign: false
+  avoidBuggyIPs: true
+  serviceAllocation:
+    priority: 50
+    namespaces: [shop, pay]
+    namespaceSelectors:
+      - matchLabels: {tier: gold}
+    serviceSelectors:
+      - matchExpressions:
+          - {key: app, operator: In, values: [web]}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata:
+  name: east
+  namespace: metallb-system
+spec:
+  ipAddressPoolSelectors:
+    - matchLabels: {zone: east}
+  nodeSelectors:
+    - matchLabels: {kubernetes.io/hostname: node-a}
+    - matchLabels: {kubernetes.io/hostname: node-b}
+  interfaces: [eth0, bond0.100]
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata:
+  name: everywhere
+  namespace: metallb-system
+---
+apiVersion: metallb.io/v1beta2
+kind: BGPPeer
+metadata:
+  name: router
+  namespace: metallb-system
+spec: {myASN: 64500, peerASN: 64501, peerAddress: 10.0.0.1}
+"#;
+
+#[test]
+fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
+    let m = migrate(METALLB);
+    let first = lb_pool(&m, "first-pool");
+    assert_eq!(
+        first.blocks,
+        vec![
+            cidr("192.168.10.0/24"),
+            range("192.168.9.1", "192.168.9.5"),
+            cidr("fc00:f853:0ccd:e799::/124"),
+            range("fc00:f853:0ccd:e800::10", "fc00:f853:0ccd:e800::20"),
+        ]
+    );
+    assert!(
+        first.allow_first_last_ips,
+        "MetalLB hands out a CIDR's every address"
+    );
+    assert!(first.auto_assign && !first.avoid_buggy_ips && first.namespaces.is_empty());
+
+    let expensive = lb_pool(&m, "expensive");
+    assert!(!expensive.auto_assign && expensive.avoid_buggy_ips);
+    assert_eq!(expensive.priority, Some(50));
+    assert_eq!(
+        expensive.namespaces,
+        vec!["shop".to_owned(), "pay".to_owned()]
+    );
+    assert_eq!(
+        expensive.service_selector.match_expressions[0].values,
+        vec!["web".to_owned()]
+    );
+
+    // Two node selectors: two policies, which add up as MetalLB's list does.
+    let a = l2_policy(&m, "east-1");
+    let b = l2_policy(&m, "east-2");
+    assert_eq!(
+        a.node_selector.match_labels["kubernetes.io/hostname"],
+        "node-a"
+    );
+    assert_eq!(
+        b.node_selector.match_labels["kubernetes.io/hostname"],
+        "node-b"
+    );
+    assert_eq!(
+        a.interfaces,
+        vec!["eth0".to_owned(), "bond0\\.100".to_owned()]
+    );
+    assert!(a.load_balancer_ips && !a.external_ips);
+    let everywhere = l2_policy(&m, "everywhere");
+    assert_eq!(everywhere.node_selector, Selector::default());
+
+    let dropped: Vec<(&str, &str)> = m
+        .dropped
+        .iter()
+        .map(|d| (d.from.as_str(), d.field.as_str()))
+        .collect();
+    assert_eq!(
+        dropped,
+        vec![
+            (
+                "in.yaml: document 2 (IPAddressPool expensive)",
+                "spec.serviceAllocation.namespaceSelectors"
+            ),
+            (
+                "in.yaml: document 3 (L2Advertisement east)",
+                "spec.ipAddressPools"
+            ),
+            ("in.yaml: document 5 (BGPPeer router)", "(the whole object)"),
+        ],
+        "{:#?}",
+        m.dropped
+    );
+    // The advertisement selects first-pool by label, not expensive: the policy would also
+    // announce expensive's IPs, and says so.
+    assert!(
+        m.dropped[1].why.contains("expensive"),
+        "{}",
+        m.dropped[1].why
+    );
+    assert!(m.dropped[2].why.contains("BGP"), "{}", m.dropped[2].why);
+}
+
+#[test]
+fn an_advertisement_of_every_pool_drops_nothing() {
+    let m = migrate(
+        "kind: IPAddressPool\napiVersion: metallb.io/v1beta1\nmetadata: {name: only}\n\
+         spec: {addresses: [10.1.0.0/24]}\n---\nkind: L2Advertisement\n\
+         apiVersion: metallb.io/v1beta1\nmetadata: {name: l2}\nspec: {ipAddressPools: [only]}\n",
+    );
+    assert!(m.dropped.is_empty(), "{:?}", m.dropped);
+}
+
+#[test]
+fn unknown_fields_and_kinds_are_reported_not_lost() {
+    let m = migrate(
+        "kind: CiliumLoadBalancerIPPool\napiVersion: cilium.io/v2\nmetadata: {name: p}\n\
+         spec: {blocks: [{cidr: 10.2.0.0/24, mystery: 1}], futureField: x}\n---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n",
+    );
+    let fields: Vec<&str> = m.dropped.iter().map(|d| d.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        vec![
+            "spec.blocks[0].mystery",
+            "spec.futureField",
+            "(the whole object)"
+        ]
+    );
+    assert!(m.dropped[2].why.contains("ConfigMap is not a kind"));
+    assert_eq!(report(&m), EXIT_DROPPED);
+    assert_eq!(report(&migrate(CILIUM)), 0);
+}
+
+#[test]
+fn a_list_from_kubectl_get_is_read_item_by_item() {
+    let m = migrate(
+        "apiVersion: v1\nkind: List\nitems:\n\
+         - {apiVersion: metallb.io/v1beta1, kind: IPAddressPool, metadata: {name: a, resourceVersion: \"9\"}, spec: {addresses: [10.3.0.0/24]}, status: {}}\n\
+         - {apiVersion: metallb.io/v1beta1, kind: IPAddressPool, metadata: {name: b}, spec: {addresses: [\"fd03::/120\"]}}\n",
+    );
+    assert_eq!(m.converted.len(), 2);
+    assert_eq!(
+        m.converted[1].from,
+        "in.yaml: document 1 item 2 (IPAddressPool b)"
+    );
+    assert!(m.dropped.is_empty(), "{:?}", m.dropped);
+}
+
+#[test]
+fn malformed_input_names_the_document_and_field() {
+    for (yaml, expected) in [
+        (
+            "kind: CiliumLoadBalancerIPPool\nmetadata: {name: p}\nspec: {blocks: [{stop: 10.0.0.9}]}\n",
+            "in.yaml: document 1 (CiliumLoadBalancerIPPool p): spec.blocks[0]: a block has either",
+        ),
+        (
+            "kind: CiliumLoadBalancerIPPool\nmetadata: {name: p}\nspec: {allowFirstLastIPs: maybe, blocks: [{cidr: 10.0.0.0/24}]}\n",
+            "spec.allowFirstLastIPs: expected \"Yes\" or \"No\"",
+        ),
+        (
+            "---\nkind: IPAddressPool\nmetadata: {name: q}\nspec: {addresses: [10.0.0.1-nine]}\n",
+            "in.yaml: document 1 (IPAddressPool q): spec.addresses[0]: \"nine\" in \"10.0.0.1-nine\" is not an IP address",
+        ),
+        (
+            "kind: IPAddressPool\nmetadata: {name: q}\nspec: {addresses: [10.0.0.300/24]}\n",
+            "neither a CIDR nor a range",
+        ),
+        (
+            "kind: IPAddressPool\nmetadata: {name: q}\nspec: {autoAssign: \"no\", addresses: [10.0.0.0/24]}\n",
+            "spec.autoAssign: expected true or false, found the string \"no\"",
+        ),
+        (
+            "kind: CiliumPodIPPool\nmetadata: {name: r}\nspec: {ipv4: {cidrs: [10.0.0.0/8]}}\n",
+            "spec.ipv4.maskSize: missing",
+        ),
+        (
+            "kind: L2Advertisement\nmetadata: {name: s}\nspec: {nodeSelectors: {a: b}}\n",
+            "spec.nodeSelectors: expected a list",
+        ),
+        (
+            "kind: IPAddressPool\nspec: {}\n",
+            "in.yaml: document 1: metadata: missing",
+        ),
+        ("a: [\n", "in.yaml: document 1 is not valid YAML"),
+        (
+            "kind: IPAddressPool\nmetadata: {name: x}\nspec: {addresses: [10.0.0.0/24]}\n---\n\
+             kind: CiliumLoadBalancerIPPool\nmetadata: {name: x}\nspec: {blocks: [{cidr: 10.1.0.0/24}]}\n",
+            "document 1 (IPAddressPool x) and in.yaml: document 2 (CiliumLoadBalancerIPPool x) would both become the LoadBalancerIPPool x",
+        ),
+    ] {
+        let e = error(yaml);
+        assert!(e.contains(expected), "{yaml}\n=> {e}");
+    }
+}
+
+/// What `ipamctl migrate` prints, `ipamctl apply` reads: every object, same spec, no unknown
+/// field.
+#[test]
+fn the_output_is_what_ipamctl_apply_reads() {
+    use crate::objects::parse::{Object, parse};
+    let mut all = CILIUM.to_owned();
+    all.push_str("---\n");
+    all.push_str(METALLB);
+    let m = migrate(&all);
+    let text = render(&m).unwrap();
+    assert!(text.contains("apiVersion: ipam-ebpf.io/v1alpha1"), "{text}");
+    assert!(
+        text.contains("# from in.yaml: document 1 (CiliumLoadBalancerIPPool blue-pool)"),
+        "{text}"
+    );
+    let parsed = parse("migrated.yaml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
+    assert_eq!(parsed.objects.len(), m.converted.len());
+    for (object, converted) in parsed.objects.iter().zip(&m.converted) {
+        assert_eq!(object.name(), converted.name);
+        match (object, &converted.target) {
+            (Object::LbPool(_, p), Target::LbPool(spec)) => assert_eq!(&p.spec, spec),
+            (Object::L2Policy(_, p), Target::L2Policy(spec)) => assert_eq!(&p.spec, spec),
+            (Object::PodPool(_, p), Target::PodPool(spec)) => assert_eq!(&p.spec, spec),
+            (object, target) => panic!("{object:?} read back from {target:?}"),
+        }
+    }
+}
+
+fn holding(ips: &[&str]) -> Service {
+    let spec: ServiceSpec = serde_json::from_value(serde_json::json!({
+        "type": "LoadBalancer",
+        "ipFamilyPolicy": "PreferDualStack",
+    }))
+    .unwrap();
+    Service {
+        spec,
+        status: ServiceStatus {
+            ingress: ips.iter().map(|ip| ip.parse::<IpAddr>().unwrap()).collect(),
+            conditions: Vec::new(),
+        },
+    }
+}
+
+/// `--check`: Services holding any address of the converted pools keep it, the first of a
+/// CIDR too (written out for Cilium's pools), in both families; one outside every pool is
+/// named, and one of another controller's class is judged as served here with a note.
+#[test]
+fn check_says_which_services_keep_their_ips() {
+    let m = migrate(CILIUM);
+    let mut classed = holding(&["20.0.20.150"]);
+    classed.spec.load_balancer_class = Some("io.cilium/l2-announcer".into());
+    let verdicts = check::verdicts(
+        &m,
+        vec![
+            ("default/first".into(), holding(&["10.0.10.0", "2004::1"])),
+            ("default/single".into(), holding(&["1.2.3.4"])),
+            ("default/gone".into(), holding(&["10.99.0.1"])),
+            ("default/classed".into(), classed),
+        ],
+    );
+    let by_name = |n: &str| verdicts.iter().find(|v| v.service == n).unwrap();
+    assert!(
+        by_name("default/first").keeps,
+        "{:?}",
+        by_name("default/first")
+    );
+    assert!(by_name("default/single").keeps);
+    let gone = by_name("default/gone");
+    assert!(!gone.keeps);
+    assert!(
+        gone.note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("10.99.0.1"),
+        "{gone:?}"
+    );
+    let classed = by_name("default/classed");
+    assert!(classed.keeps, "{classed:?}");
+    assert!(
+        classed
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("io.cilium/l2-announcer")
+    );
+}

@@ -173,6 +173,10 @@ pub struct StoreSettings {
     /// For `kind = "kubernetes"` (optional: the defaults suit the manifests in deploy/).
     #[serde(default)]
     pub kubernetes: KubernetesStoreSettings,
+    /// Whose annotations on a Service are read, by prefix (default: this project's, Cilium
+    /// LB-IPAM's and MetalLB's); the precedence is fixed (docs/migration.md).
+    #[serde(default)]
+    pub service_annotations: ipam_core::lb::annotations::AnnotationSources,
 }
 
 /// `[store.kubernetes]`: the API server is found by the usual rules (in a pod, its service
@@ -816,6 +820,27 @@ mod tests {
         assert!(c.announcements.is_empty());
         assert_eq!(c.datapath.bpffs_root, PathBuf::from(DEFAULT_BPFFS_ROOT));
         assert_eq!(c.attach_mode("eth0"), AttachMode::Auto);
+    }
+
+    #[test]
+    fn service_annotations_are_chosen_by_prefix() {
+        let c = parse("").unwrap();
+        assert!(
+            c.store
+                .service_annotations
+                .reads("metallb.io/loadBalancerIPs")
+        );
+        let c = parse("[store]\nservice_annotations = [\"ipam-ebpf.io\", \"lbipam.cilium.io\"]\n")
+            .unwrap();
+        let sources = &c.store.service_annotations;
+        assert!(sources.reads("lbipam.cilium.io/ips") && !sources.reads("metallb.io/address-pool"));
+        let e = parse("[store]\nservice_annotations = [\"metallb\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"metallb\"") && e.contains("metallb.universe.tf"),
+            "{e}"
+        );
     }
 
     #[test]

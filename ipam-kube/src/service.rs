@@ -3,10 +3,10 @@
 //! `status.loadBalancer.ingress`, and conditions); Services are created and changed with the
 //! Kubernetes tools, never through this store.
 //!
-//! Annotations: `ipam-ebpf.io/ips` (comma-separated IPs asked for) and
-//! `ipam-ebpf.io/sharing-key`, and for users coming from Cilium or MetalLB the ones their
-//! Services already carry (`IPS_ANNOTATIONS`, `SHARING_ANNOTATIONS`, in order of precedence).
-//! Two that disagree are reported on the Service (`spec.conflict`). The deprecated
+//! Annotations (`ipam_core::lb::annotations`): this project's, and for users coming from Cilium
+//! or MetalLB the ones their Services already carry, those of the store's setting
+//! (`KubeStore::with_service_annotations`). Two that disagree are reported on the Service
+//! (`spec.conflict`). The deprecated
 //! `spec.loadBalancerIP` is honoured as one more IP asked for.
 
 use k8s_openapi::api::core::v1::{
@@ -16,106 +16,20 @@ use serde_json::{Value, json};
 
 use crate::conditions::{EngineCondition, engine_conditions, kubernetes_conditions};
 
-pub const IPS_ANNOTATION: &str = "ipam-ebpf.io/ips";
-pub const SHARING_KEY_ANNOTATION: &str = "ipam-ebpf.io/sharing-key";
-
-/// The annotations read for the IPs a Service asks for (comma-separated), first wins: this
-/// project's, Cilium LB-IPAM's, MetalLB's and MetalLB's older one.
-pub const IPS_ANNOTATIONS: [&str; 4] = [
-    IPS_ANNOTATION,
-    "lbipam.cilium.io/ips",
-    "metallb.io/loadBalancerIPs",
-    "metallb.universe.tf/loadBalancerIPs",
-];
-/// The annotations read for a Service's sharing key, first wins, in the same order.
-pub const SHARING_ANNOTATIONS: [&str; 4] = [
-    SHARING_KEY_ANNOTATION,
-    "lbipam.cilium.io/sharing-key",
-    "metallb.io/allow-shared-ip",
-    "metallb.universe.tf/allow-shared-ip",
-];
-
-/// The annotations read for the pool a Service asks for by name, first wins: this project's,
-/// MetalLB's and MetalLB's older one.
-pub const POOL_ANNOTATIONS: [&str; 3] = [
-    "ipam-ebpf.io/address-pool",
-    "metallb.io/address-pool",
-    "metallb.universe.tf/address-pool",
-];
-
-/// The annotations read for the namespaces whose Services may share this one's IP
-/// (comma-separated, `*` for any), first wins: this project's and Cilium LB-IPAM's.
-pub const SHARING_CROSS_NAMESPACE_ANNOTATIONS: [&str; 2] = [
-    "ipam-ebpf.io/sharing-cross-namespace",
-    "lbipam.cilium.io/sharing-cross-namespace",
-];
-
-/// The value of the first of `family` the Service carries, and a sentence naming two of them
-/// that say different things, if any (`same` compares two values).
-fn first_of<'a>(
-    annotations: Option<&'a std::collections::BTreeMap<String, String>>,
-    family: &[&'a str],
-    same: impl Fn(&str, &str) -> bool,
-) -> (Option<&'a str>, Option<String>) {
-    let present: Vec<(&str, &str)> = family
-        .iter()
-        .filter_map(|key| {
-            annotations
-                .and_then(|a| a.get(*key))
-                .map(|v| (*key, v.as_str()))
-        })
-        .collect();
-    let Some(&(first_key, first)) = present.first() else {
-        return (None, None);
-    };
-    let conflict = present
-        .iter()
-        .find(|(_, v)| !same(first, v))
-        .map(|(key, v)| {
-            format!(
-                "annotations {first_key} ({first}) and {key} ({v}) disagree; {first_key} is used: \
-                 remove one, or make them say the same"
-            )
-        });
-    (Some(first), conflict)
-}
-
-/// The entries of a comma-separated list (IPs, namespaces), trimmed, without empty ones.
-fn ip_list(text: &str) -> Vec<&str> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|ip| !ip.is_empty())
-        .collect()
-}
+use ipam_core::lb::annotations::{self, AnnotationSources};
+pub use ipam_core::lb::annotations::{
+    IPS_ANNOTATION, IPS_ANNOTATIONS, POOL_ANNOTATIONS, SHARING_ANNOTATIONS,
+    SHARING_CROSS_NAMESPACE_ANNOTATIONS, SHARING_KEY_ANNOTATION,
+};
 
 /// The engine's `{spec, status}` of a Service. Values the engine cannot read (an IP that is not
 /// one) are passed on as written, so the engine's decoding names the Service and the field.
-pub(crate) fn to_engine(service: &Service) -> Value {
+pub(crate) fn to_engine(service: &Service, sources: &AnnotationSources) -> Value {
     let meta = &service.metadata;
     let empty = ServiceSpec::default();
     let spec = service.spec.as_ref().unwrap_or(&empty);
-    let annotations = meta.annotations.as_ref();
-    let (ips, ips_conflict) = first_of(annotations, &IPS_ANNOTATIONS, |a, b| {
-        let (mut a, mut b) = (ip_list(a), ip_list(b));
-        a.sort_unstable();
-        b.sort_unstable();
-        a == b
-    });
-    let (sharing_key, key_conflict) = first_of(annotations, &SHARING_ANNOTATIONS, |a, b| a == b);
-    let same_list = |a: &str, b: &str| {
-        let (mut a, mut b) = (ip_list(a), ip_list(b));
-        a.sort_unstable();
-        b.sort_unstable();
-        a == b
-    };
-    let (cross_namespace, cross_conflict) =
-        first_of(annotations, &SHARING_CROSS_NAMESPACE_ANNOTATIONS, same_list);
-    let (pool, pool_conflict) =
-        first_of(annotations, &POOL_ANNOTATIONS, |a, b| a.trim() == b.trim());
-    let mut requested: Vec<String> = ip_list(ips.unwrap_or(""))
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+    let asked = annotations::read(&meta.annotations.clone().unwrap_or_default(), sources);
+    let mut requested = asked.requested_ips;
     if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
         requested.push(ip.to_owned());
         note_deprecated_ip(meta, ip);
@@ -154,23 +68,19 @@ pub(crate) fn to_engine(service: &Service) -> Value {
             _ => "Cluster",
         },
         "selector": spec.selector.clone().unwrap_or_default(),
-        "sharingCrossNamespace": ip_list(cross_namespace.unwrap_or("")),
+        "sharingCrossNamespace": asked.sharing_cross_namespace,
     });
     if let Some(class) = &spec.load_balancer_class {
         engine_spec["loadBalancerClass"] = json!(class);
     }
-    if let Some(key) = sharing_key {
+    if let Some(key) = asked.sharing_key {
         engine_spec["sharingKey"] = json!(key);
     }
-    if let Some(pool) = pool.map(str::trim).filter(|p| !p.is_empty()) {
+    if let Some(pool) = asked.pool {
         engine_spec["pool"] = json!(pool);
     }
-    let conflicts: Vec<String> = [ips_conflict, key_conflict, cross_conflict, pool_conflict]
-        .into_iter()
-        .flatten()
-        .collect();
-    if !conflicts.is_empty() {
-        engine_spec["conflict"] = json!(conflicts.join("; "));
+    if !asked.conflicts.is_empty() {
+        engine_spec["conflict"] = json!(asked.conflicts.join("; "));
     }
     let status = service.status.clone().unwrap_or_default();
     let ingress: Vec<&str> = status
@@ -253,7 +163,10 @@ mod tests {
             "metadata": {"name": "web", "namespace": "shop", "annotations": annotations},
             "spec": {"type": "LoadBalancer"},
         });
-        let engine = to_engine(&serde_json::from_value(object).expect("a Service"));
+        let engine = to_engine(
+            &serde_json::from_value(object).expect("a Service"),
+            &AnnotationSources::default(),
+        );
         serde_json::from_value(engine["spec"].clone()).expect("the engine reads it")
     }
 
@@ -348,7 +261,10 @@ mod tests {
                 "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "loadBalancerIP": "10.77.0.12",
                 "externalTrafficPolicy": "Local", "selector": {"app": "web"}},
         });
-        let engine = to_engine(&serde_json::from_value(object).expect("a Service"));
+        let engine = to_engine(
+            &serde_json::from_value(object).expect("a Service"),
+            &AnnotationSources::default(),
+        );
         let spec: ipam_core::lb::resources::ServiceSpec =
             serde_json::from_value(engine["spec"].clone()).expect("the engine reads it");
         assert_eq!(spec.requested_ips.len(), 3);

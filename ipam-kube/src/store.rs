@@ -19,6 +19,7 @@
 //! are kube-runtime's watcher, which lists again (a `Resync`) after `410 Gone` and backs off
 //! while the API server is unreachable.
 
+use ipam_core::lb::annotations::AnnotationSources;
 use std::{collections::HashMap, sync::Arc};
 
 use futures_util::StreamExt as _;
@@ -103,6 +104,8 @@ pub struct KubeStore {
     /// Where the Leases and the ConfigMap live (the namespace the project is deployed in).
     namespace: String,
     kinds: Arc<HashMap<String, Mapping>>,
+    /// Whose annotations on a Service are read (all unless `with_service_annotations`).
+    service_annotations: AnnotationSources,
 }
 
 fn custom(kind: &str, plural: &str) -> ApiResource {
@@ -169,6 +172,7 @@ impl KubeStore {
             client,
             namespace: namespace.to_owned(),
             kinds: Arc::new(kinds),
+            service_annotations: AnnotationSources::default(),
         }
     }
 
@@ -187,6 +191,16 @@ impl KubeStore {
 
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// Reads only these projects' annotations on Services (`[store] service_annotations`).
+    pub fn with_service_annotations(mut self, sources: AnnotationSources) -> Self {
+        self.service_annotations = sources;
+        self
+    }
+
+    pub fn service_annotations(&self) -> &AnnotationSources {
+        &self.service_annotations
     }
 
     pub(crate) fn client(&self) -> Client {
@@ -348,7 +362,7 @@ impl KubeStore {
                         .get("status")
                         .and_then(|s| serde_json::from_value(s.clone()).ok()),
                 };
-                crate::service::to_engine(&service)
+                crate::service::to_engine(&service, &self.service_annotations)
             }
             Mapping::EndpointSlice => {
                 let mut data = object.data.clone();

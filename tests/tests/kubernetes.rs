@@ -373,6 +373,62 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     .await;
     assert!(ingress.starts_with("10.77.5."), "{ingress}");
 
+    // Services moved from MetalLB and Cilium keep asking with the annotations they carry: the
+    // IP a MetalLB annotation names is given; two that disagree give the first in precedence,
+    // and the Service's AnnotationsAgree condition names both.
+    for (name, port, annotations) in [
+        (
+            "cart",
+            81,
+            serde_json::json!({ "metallb.io/loadBalancerIPs": "10.77.5.5" }),
+        ),
+        (
+            "moved",
+            82,
+            serde_json::json!({
+                "lbipam.cilium.io/ips": "10.77.5.4",
+                "metallb.universe.tf/loadBalancerIPs": "10.77.5.3",
+            }),
+        ),
+    ] {
+        let service: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": { "name": name, "namespace": "shop", "annotations": annotations },
+                "spec": { "type": "LoadBalancer", "ports": [{ "port": port, "protocol": "TCP" }] },
+            }))
+            .unwrap();
+        services
+            .create(&kube::api::PostParams::default(), &service)
+            .await
+            .expect("create the Service");
+    }
+    let served = |name: &'static str| {
+        let services = services.clone();
+        async move || {
+            let s = services.get(name).await.ok()?;
+            let status = s.status?;
+            let ip = status.load_balancer?.ingress?.first()?.ip.clone()?;
+            Some((ip, status.conditions.unwrap_or_default()))
+        }
+    };
+    let (cart, _) = wait_for("cart's ingress IP", served("cart"), log).await;
+    assert_eq!(cart, "10.77.5.5");
+    let (moved, conditions) = wait_for("moved's ingress IP", served("moved"), log).await;
+    assert_eq!(moved, "10.77.5.4");
+    let agree = conditions
+        .iter()
+        .find(|c| c.type_ == "AnnotationsAgree")
+        .expect("an AnnotationsAgree condition");
+    assert_eq!(agree.status, "False");
+    assert!(
+        agree.message.contains("lbipam.cilium.io/ips (10.77.5.4)")
+            && agree
+                .message
+                .contains("metallb.universe.tf/loadBalancerIPs (10.77.5.3)"),
+        "{agree:?}"
+    );
+
     // The Service turned NodePort leaves LB-IPAM: its IP is given back and what LB-IPAM wrote
     // in its status (the ingress, the IPAssigned condition) is cleared in the same pass.
     services

@@ -2,7 +2,8 @@
 //! or MetalLB) gave them; the operator, installed before any pool exists, leaves them alone; the
 //! converted resources pass `--check`, are applied with `ipamctl apply`, and every Service keeps
 //! its IPs under the operator. A pool that misses an address in use fails the check, naming the
-//! Service. (On etcd no old controller runs: the test writes the Services' status as it would
+//! Service. New Services ask with Cilium's and MetalLB's annotations, as on Kubernetes. (On etcd
+//! no old controller runs: the test writes the Services' status as it would
 //! have; on Kubernetes the status is the Service's `status.loadBalancer.ingress`.)
 
 use std::{collections::BTreeMap, net::IpAddr, time::Duration};
@@ -162,4 +163,48 @@ fn migrated_pools_keep_every_service_ip() {
     }
     let pools: Vec<String> = c.list::<LbIpPool>().into_iter().map(|p| p.name).collect();
     assert_eq!(pools, vec!["blue".to_owned(), "shop-pool".to_owned()]);
+
+    // New Services ask with the annotations they brought along, as on Kubernetes: MetalLB's IP
+    // and pool; two IP annotations that disagree give the first, and the condition names both.
+    let services = dir.0.join("services.yaml");
+    std::fs::write(
+        &services,
+        "kind: Service\nmetadata:\n  name: till\n  namespace: shop\n  annotations:\n    \
+         metallb.io/loadBalancerIPs: 10.77.0.70\n    metallb.io/address-pool: shop-pool\n\
+         spec: { type: LoadBalancer, ports: [ { port: 80 } ] }\n---\n\
+         kind: Service\nmetadata:\n  name: moved\n  annotations:\n    \
+         ipam-ebpf.io/ips: 10.77.0.40\n    lbipam.cilium.io/ips: 10.77.0.41\n\
+         spec: { type: LoadBalancer, ports: [ { port: 81 } ] }\n",
+    )
+    .unwrap();
+    let out = c.ipamctl_beside_store(&["apply", "-f", services.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let status = |name: &str| {
+        c.list::<Service>()
+            .into_iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value.status)
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "the annotated Services served",
+        || !status("shop/till").ingress.is_empty() && !status("default/moved").ingress.is_empty(),
+        || c.operator_log(0),
+    );
+    assert_eq!(
+        status("shop/till").ingress,
+        ["10.77.0.70".parse::<IpAddr>().unwrap()]
+    );
+    let moved = status("default/moved");
+    assert_eq!(moved.ingress, ["10.77.0.40".parse::<IpAddr>().unwrap()]);
+    let agree = moved
+        .conditions
+        .iter()
+        .find(|c| c.kind == "AnnotationsAgree")
+        .unwrap_or_else(|| panic!("{moved:?}"));
+    assert!(
+        !agree.status && agree.message.contains("lbipam.cilium.io/ips (10.77.0.41)"),
+        "{agree:?}"
+    );
 }

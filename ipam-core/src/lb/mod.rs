@@ -1,6 +1,7 @@
 //! Service IPs: the load-balancer resources, LB-IPAM (which Service gets which IP), and which
 //! node announces each IP.
 
+pub mod annotations;
 pub mod announce;
 pub mod assign;
 #[cfg(test)]

@@ -60,10 +60,10 @@ impl ClusterStore {
                 let client = kube::Client::try_default()
                     .await
                     .map_err(OpenStoreError::Kubernetes)?;
-                Ok(Self::Kubernetes(KubeStore::new(
-                    client,
-                    &settings.kubernetes.namespace,
-                )))
+                Ok(Self::Kubernetes(
+                    KubeStore::new(client, &settings.kubernetes.namespace)
+                        .with_service_annotations(settings.service_annotations.clone()),
+                ))
             }
         }
     }
@@ -82,7 +82,10 @@ impl ClusterStore {
                 let client = kube::Client::try_default()
                     .await
                     .map_err(OpenStoreError::Kubernetes)?;
-                Ok(Self::Kubernetes(KubeStore::new(client, s.namespace())))
+                Ok(Self::Kubernetes(
+                    KubeStore::new(client, s.namespace())
+                        .with_service_annotations(s.service_annotations().clone()),
+                ))
             }
         }
     }

@@ -202,9 +202,13 @@ fn main() -> anyhow::Result<()> {
             let dir = self::state_dir(state_dir, config.as_ref());
             ipam_status::run(&dir, config.as_ref(), output)
         }
-        Command::Apply { file, store } => with_store(&store.config, async |s| {
-            objects::apply(&s, &file, output).await
-        }),
+        Command::Apply { file, store } => {
+            // Service annotations are read as the store's setting says, as on Kubernetes.
+            let sources = Config::load(&store.config)?.store.service_annotations;
+            with_store(&store.config, async |s| {
+                objects::apply(&s, &file, &sources, output).await
+            })
+        }
         Command::Get { kind, store } => with_store(&store.config, async |s| {
             objects::get(&s, kind, output).await
         }),

@@ -431,7 +431,12 @@ fn the_output_is_what_ipamctl_apply_reads() {
         text.contains("# from in.yaml: document 1 (CiliumLoadBalancerIPPool blue-pool)"),
         "{text}"
     );
-    let parsed = parse("migrated.yaml", &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let parsed = parse(
+        "migrated.yaml",
+        &text,
+        &ipam_core::lb::annotations::AnnotationSources::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
     assert_eq!(parsed.objects.len(), m.converted.len());
     for (object, converted) in parsed.objects.iter().zip(&m.converted) {

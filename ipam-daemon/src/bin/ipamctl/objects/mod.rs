@@ -6,6 +6,7 @@ pub(crate) mod parse;
 use std::{collections::BTreeMap, path::Path};
 
 use ipam_core::{
+    lb::annotations::AnnotationSources,
     lb::resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
     resources::{Condition, NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _, Versioned},
@@ -82,10 +83,15 @@ pub(crate) fn read_input(file: &Path) -> anyhow::Result<(String, String)> {
     }
 }
 
-pub(crate) async fn apply(store: &ClusterStore, file: &Path, output: Output) -> anyhow::Result<()> {
+pub(crate) async fn apply(
+    store: &ClusterStore,
+    file: &Path,
+    sources: &AnnotationSources,
+    output: Output,
+) -> anyhow::Result<()> {
     let (name, text) = read_input(file)?;
     // Every document is checked before anything is written.
-    let parsed = parse::parse(&name, &text)?;
+    let parsed = parse::parse(&name, &text, sources)?;
     for note in &parsed.notes {
         eprintln!("note: {note}");
     }

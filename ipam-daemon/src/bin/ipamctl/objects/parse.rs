@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use ipam_core::lb::annotations::{self, AnnotationSources, Asked};
 use ipam_core::{
     lb::{
         announce::{NodeView, owners},
@@ -73,6 +74,13 @@ pub(crate) enum ObjectError {
         file: String,
         index: usize,
         name: String,
+    },
+    #[error("{file}: document {index} (Service {name}): {why}. Nothing was applied")]
+    Annotation {
+        file: String,
+        index: usize,
+        name: String,
+        why: String,
     },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -168,7 +176,15 @@ pub(crate) struct Parsed {
 
 /// Reads every document of `text` (from `file`, named in errors). Nothing is written unless all
 /// of them are valid; a field the resource does not have is an error, not ignored.
-pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
+///
+/// A Service's annotations are read as on Kubernetes, through `sources`
+/// (`[store] service_annotations`): they fill the spec's fields the document leaves empty, and
+/// disagreements (between annotations, or with the spec) become the Service's `conflict`.
+pub(crate) fn parse(
+    file: &str,
+    text: &str,
+    sources: &AnnotationSources,
+) -> Result<Parsed, ObjectError> {
     let mut parsed = Parsed::default();
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         // Counted from 1, as editors count lines (and `ipamctl migrate` its documents).
@@ -223,6 +239,13 @@ pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
             ),
             "Service" => {
                 let mut spec: ServiceSpec = at.spec(doc.spec)?;
+                let asked = annotations::read(&doc.metadata.annotations, sources);
+                annotated(&mut spec, asked).map_err(|why| ObjectError::Annotation {
+                    file: file.to_owned(),
+                    index,
+                    name: name.clone(),
+                    why,
+                })?;
                 if !spec.labels.is_empty() {
                     if !doc.metadata.labels.is_empty() && doc.metadata.labels != spec.labels {
                         return Err(ObjectError::LabelsDisagree {
@@ -281,6 +304,51 @@ pub(crate) fn parse(file: &str, text: &str) -> Result<Parsed, ObjectError> {
         parsed.objects.push(object);
     }
     Ok(parsed)
+}
+
+/// Fills the fields of `spec` that the document leaves empty from what its annotations ask;
+/// where both say something different the spec is used, and the difference joins the
+/// annotations' own disagreements in `spec.conflict` (the Service's `AnnotationsAgree`
+/// condition). An IP that is not one is an error naming it.
+fn annotated(spec: &mut ServiceSpec, asked: Asked) -> Result<(), String> {
+    let mut conflicts = asked.conflicts;
+    let requested = asked
+        .requested_ips
+        .iter()
+        .map(|ip| {
+            ip.parse::<std::net::IpAddr>()
+                .map_err(|_| format!("its annotations ask for {ip:?}, which is not an IP address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let sorted = |ips: &[std::net::IpAddr]| {
+        let mut ips = ips.to_vec();
+        ips.sort_unstable();
+        ips
+    };
+    if spec.requested_ips.is_empty() {
+        spec.requested_ips = requested;
+    } else if !requested.is_empty() && sorted(&spec.requested_ips) != sorted(&requested) {
+        conflicts.push("spec.requestedIPs and the annotations disagree; spec is used".to_owned());
+    }
+    for (field, in_spec, annotated) in [
+        ("sharingKey", &mut spec.sharing_key, asked.sharing_key),
+        ("pool", &mut spec.pool, asked.pool),
+    ] {
+        match (&in_spec, annotated) {
+            (None, annotated) => *in_spec = annotated,
+            (Some(a), Some(b)) if *a != b => conflicts.push(format!(
+                "spec.{field} ({a}) and the annotations ({b}) disagree; spec is used"
+            )),
+            _ => {}
+        }
+    }
+    if spec.sharing_cross_namespace.is_empty() {
+        spec.sharing_cross_namespace = asked.sharing_cross_namespace;
+    }
+    if !conflicts.is_empty() {
+        spec.conflict = Some(conflicts.join("; "));
+    }
+    Ok(())
 }
 
 /// A field's path as Kubernetes writes it in its errors: `spec.blocks[0].cidr`.
@@ -439,7 +507,7 @@ mod tests {
                     kind: L2AnnouncementPolicy\nmetadata: { name: all }\nspec: { interfaces: [ \"eth.*\" ] }\n---\n\
                     kind: ServiceEndpoints\nmetadata: { name: web }\nspec: { endpoints: [ { nodeName: n2 }, { nodeName: n3, ready: false } ] }\n---\n\
                     kind: ServiceEndpoints\nmetadata: { name: web-b, namespace: shop }\nspec: { service: web }\n";
-        let parsed = parse("lb.yaml", text).unwrap();
+        let parsed = parse("lb.yaml", text, &AnnotationSources::default()).unwrap();
         assert!(parsed.notes.is_empty(), "{:?}", parsed.notes);
         let services: Vec<(&str, &str, usize)> = parsed
             .objects
@@ -476,13 +544,18 @@ mod tests {
                 "ServiceEndpoints shop/web-b",
             ]
         );
-        let e = parse("x.yaml", "kind: Gateway\nmetadata: { name: g }\nspec: {}\n")
-            .unwrap_err()
-            .to_string();
+        let e = parse(
+            "x.yaml",
+            "kind: Gateway\nmetadata: { name: g }\nspec: {}\n",
+            &AnnotationSources::default(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("x.yaml") && e.contains("Gateway"), "{e}");
         let e = parse(
             "x.yaml",
             "kind: Service\nmetadata: { name: web, namespace: shop }\nspec: { type: Balancer }\n",
+            &AnnotationSources::default(),
         )
         .unwrap_err()
         .to_string();
@@ -493,7 +566,9 @@ mod tests {
     }
 
     fn error(text: &str) -> String {
-        parse("x.yaml", text).unwrap_err().to_string()
+        parse("x.yaml", text, &AnnotationSources::default())
+            .unwrap_err()
+            .to_string()
     }
 
     /// A field the resource does not have is refused with the file, the document, the object
@@ -535,6 +610,7 @@ mod tests {
             "apiVersion: ipam-ebpf.io/v1alpha1\nkind: LoadBalancerIPPool\n\
              metadata: { name: lb, uid: 1f, resourceVersion: \"7\", creationTimestamp: x }\n\
              spec: { blocks: [ { start: 10.77.0.10, stop: 10.77.0.20 } ] }\nstatus: { conditions: [] }\n",
+            &AnnotationSources::default(),
         )
         .unwrap();
         assert_eq!(parsed.objects.len(), 1);
@@ -547,6 +623,7 @@ mod tests {
             "x.yaml",
             "kind: LoadBalancerIPPool\nmetadata: { name: lb }\n\
              spec: { blocks: [ { cidr: fd77::/64 } ], allowFirstLastIPs: true }\n",
+            &AnnotationSources::default(),
         )
         .unwrap();
         let Object::LbPool(_, pool) = &parsed.objects[0] else {
@@ -558,6 +635,7 @@ mod tests {
         let parsed = parse(
             "x.yaml",
             "kind: L2AnnouncementPolicy\nmetadata: { name: p }\nspec: { loadBalancerIps: false }\n",
+            &AnnotationSources::default(),
         )
         .unwrap();
         let Object::L2Policy(_, policy) = &parsed.objects[0] else {
@@ -580,6 +658,7 @@ mod tests {
         let parsed = parse(
             "x.yaml",
             "kind: Service\nmetadata: { name: web, namespace: shop, labels: { tier: edge } }\nspec: {}\n",
+            &AnnotationSources::default(),
         )
         .unwrap();
         let Object::Service(name, service) = &parsed.objects[0] else {
@@ -595,6 +674,7 @@ mod tests {
         let parsed = parse(
             "x.yaml",
             "kind: Service\nmetadata: { name: web }\nspec: { labels: { tier: edge } }\n",
+            &AnnotationSources::default(),
         )
         .unwrap();
         let Object::Service(_, service) = &parsed.objects[0] else {
@@ -612,6 +692,67 @@ mod tests {
         );
         assert!(
             e.contains("disagree") && e.contains("Service default/web"),
+            "{e}"
+        );
+    }
+
+    fn service(text: &str, sources: &AnnotationSources) -> ServiceSpec {
+        match parse("svc.yaml", text, sources).unwrap().objects.remove(0) {
+            Object::Service(_, s) => s.spec,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// On etcd and the embedded store a Service's annotations ask as on Kubernetes: the
+    /// setting says whose are read; they fill what the spec leaves empty; disagreements become
+    /// the Service's conflict; an IP that is not one is refused naming the Service.
+    #[test]
+    fn a_service_s_annotations_are_read_as_on_kubernetes() {
+        let all = AnnotationSources::default();
+        let text = "kind: Service\nmetadata:\n  name: cart\n  namespace: shop\n  annotations:\n    \
+                    metallb.io/loadBalancerIPs: 10.0.0.7, fd00::7\n    metallb.io/address-pool: public\n    \
+                    lbipam.cilium.io/sharing-key: k\n    lbipam.cilium.io/sharing-cross-namespace: web\n\
+                    spec: { type: LoadBalancer }\n";
+        let spec = service(text, &all);
+        assert_eq!(
+            spec.requested_ips,
+            [
+                "10.0.0.7".parse::<std::net::IpAddr>().unwrap(),
+                "fd00::7".parse().unwrap()
+            ]
+        );
+        assert_eq!(spec.pool.as_deref(), Some("public"));
+        assert_eq!(spec.sharing_key.as_deref(), Some("k"));
+        assert_eq!(spec.sharing_cross_namespace, ["web"]);
+        assert_eq!(spec.conflict, None);
+
+        let own = AnnotationSources::try_from(vec!["ipam-ebpf.io".to_owned()]).unwrap();
+        let spec = service(text, &own);
+        assert!(spec.requested_ips.is_empty() && spec.pool.is_none() && spec.sharing_key.is_none());
+
+        let disagree = "kind: Service\nmetadata:\n  name: web\n  annotations:\n    \
+                        ipam-ebpf.io/ips: 10.0.0.5\n    lbipam.cilium.io/ips: 10.0.0.9\n    \
+                        metallb.io/address-pool: b\n\
+                        spec: { type: LoadBalancer, pool: a }\n";
+        let spec = service(disagree, &all);
+        assert_eq!(
+            spec.requested_ips,
+            ["10.0.0.5".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(spec.pool.as_deref(), Some("a"), "the spec is used");
+        let conflict = spec.conflict.unwrap();
+        assert!(
+            conflict.contains("ipam-ebpf.io/ips (10.0.0.5) and lbipam.cilium.io/ips (10.0.0.9)")
+                && conflict.contains("spec.pool (a) and the annotations (b) disagree"),
+            "{conflict}"
+        );
+
+        let e = error(
+            "kind: Service\nmetadata: { name: web, annotations: { ipam-ebpf.io/ips: ten } }\n\
+             spec: { type: LoadBalancer }\n",
+        );
+        assert!(
+            e.contains("document 1 (Service default/web)") && e.contains("\"ten\""),
             "{e}"
         );
     }

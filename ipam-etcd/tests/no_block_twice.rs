@@ -42,6 +42,7 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
                         mask_size: 26,
                     }),
                     ipv6: None,
+                    namespaces: Vec::new(),
                 },
                 status: PoolStatus::default(),
             },

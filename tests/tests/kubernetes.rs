@@ -766,8 +766,8 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
 
 /// Multi-pool mode: the agent reads its node's Pods and the Namespaces, and a pod takes its
 /// address from the pool its own or its namespace's `ipam-ebpf.io/ip-pool` annotation names,
-/// else from the node's pool. A wrong annotation, or a pod the API does not show on the node,
-/// gets an error that says so. A restarted agent restores every pool's allocations.
+/// else from the node's pool. A wrong annotation, a pool of another tenant's namespace, or a pod
+/// the API does not show on the node, gets an error that says so. A restarted agent restores every pool's allocations.
 async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     use k8s_openapi::api::core::v1::Pod;
     let api = start_api("pods_take_the_pool_their_annotations_name").await;
@@ -775,7 +775,8 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     let operator_config = operator_config(
         "mode = \"multi-pool\"\n\
          [[ipam.pool]]\nname = \"default\"\nipv4 = { cidrs = [\"10.246.0.0/24\"], maskSize = 28 }\n\
-         [[ipam.pool]]\nname = \"tenant-a\"\nipv4 = { cidrs = [\"10.247.0.0/24\"], maskSize = 28 }\n",
+         [[ipam.pool]]\nname = \"tenant-a\"\nipv4 = { cidrs = [\"10.247.0.0/24\"], maskSize = 28 }\n\
+         namespaces = [\"shop\"]\n",
     );
     let operator_kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let operator = Daemon::start_on_host(
@@ -800,6 +801,12 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
             serde_json::json!({ "ipam-ebpf.io/ip-pool": "tenant-b" }),
         ),
         ("plain", "elsewhere", "kn-3", serde_json::json!({})),
+        (
+            "plain",
+            "intruder",
+            "kn-2",
+            serde_json::json!({ "ipam-ebpf.io/ip-pool": "tenant-a" }),
+        ),
     ] {
         let pod: Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -878,6 +885,17 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
         message.contains("plain/typo")
             && message.contains("ipam-ebpf.io/ip-pool=tenant-b")
             && message.contains("default, tenant-a"),
+        "{message}"
+    );
+    // A pod of another namespace naming tenant-a's pool, which serves only shop.
+    let Response::Error { message, .. } = node.add("c-intruder", Some("plain/intruder")) else {
+        panic!("a pod naming another tenant's pool gets no address");
+    };
+    assert!(
+        message.contains("plain/intruder")
+            && message.contains(
+                "pool tenant-a, which serves only pods of the namespaces shop, not plain"
+            ),
         "{message}"
     );
     // A pod bound to another node.

@@ -456,6 +456,7 @@ mod tests {
                 mask_size: mask,
             }),
             ipv6: None,
+            namespaces: Vec::new(),
         };
         store
             .create_typed(
@@ -655,6 +656,7 @@ mod tests {
                 mask_size: 27,
             }),
             ipv6: None,
+            namespaces: Vec::new(),
         };
         store
             .create_typed(

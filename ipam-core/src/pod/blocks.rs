@@ -375,6 +375,7 @@ mod tests {
                     mask_size: mask,
                 }),
                 ipv6: None,
+                namespaces: Vec::new(),
             },
         )
         .unwrap()

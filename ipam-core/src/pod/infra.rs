@@ -112,6 +112,7 @@ mod tests {
                     mask_size: 26,
                 }),
                 ipv6: None,
+                namespaces: Vec::new(),
             },
         )
         .unwrap();

@@ -58,6 +58,50 @@ pub enum PoolChoiceError {
         pool: String,
         known: String,
     },
+    #[error(
+        "{who}: its {source_name} names pool {pool}, which serves only pods of the namespaces \
+         {namespaces}{namespace}; name a pool of its own namespace, or add the namespace to the \
+         pool's namespaces"
+    )]
+    NotAdmitted {
+        who: String,
+        source_name: &'static str,
+        pool: String,
+        namespaces: String,
+        /// `, not NAME`, or `; it is not a pod` for a container outside Kubernetes.
+        namespace: String,
+    },
+}
+
+/// Checks that pods of `namespace` (`None`: a container that is not a pod) may take addresses of
+/// `pool`, chosen from `source`, given its `namespaces` (empty: every namespace). The node's own
+/// pool, taken when nothing names one, is not restricted.
+pub fn admit(
+    who: &str,
+    namespace: Option<&str>,
+    (pool, source): (String, PoolSource),
+    namespaces: &[String],
+) -> Result<(String, PoolSource), PoolChoiceError> {
+    let admitted = namespaces.is_empty()
+        || source == PoolSource::Fallback
+        || namespace.is_some_and(|ns| namespaces.iter().any(|n| n == ns));
+    if admitted {
+        return Ok((pool, source));
+    }
+    Err(PoolChoiceError::NotAdmitted {
+        who: who.to_owned(),
+        source_name: match source {
+            PoolSource::PodAnnotation => "pod annotation",
+            PoolSource::NamespaceAnnotation => "namespace annotation",
+            _ => "network configuration",
+        },
+        pool,
+        namespaces: namespaces.join(", "),
+        namespace: match namespace {
+            Some(ns) => format!(", not {ns}"),
+            None => "; it is not a pod".to_owned(),
+        },
+    })
 }
 
 /// The pool a network configuration names, checked against the pools.
@@ -227,6 +271,7 @@ mod tests {
                     mask_size: 26,
                 }),
                 ipv6: None,
+                namespaces: Vec::new(),
             };
             operator
                 .upsert_pool(validate(name, &spec).unwrap())
@@ -297,5 +342,42 @@ mod tests {
                 .unwrap(),
         );
         assert!(releasable_blocks(&node, Family::V4, keep, true).is_empty());
+    }
+
+    /// A pool restricted to namespaces serves only their pods, whichever way they name it; the
+    /// node's own pool (named by nothing) is not restricted; a container that is not a pod may
+    /// not name a restricted pool.
+    #[test]
+    fn a_restricted_pool_serves_only_its_namespaces() {
+        let tenants = vec!["shop".to_owned(), "pay".to_owned()];
+        for source in [
+            PoolSource::PodAnnotation,
+            PoolSource::NamespaceAnnotation,
+            PoolSource::NetworkConfig,
+        ] {
+            let chosen = ("tenant".to_owned(), source.clone());
+            assert!(admit("p", Some("pay"), chosen.clone(), &tenants).is_ok());
+            assert!(
+                admit("p", Some("other"), chosen.clone(), &[]).is_ok(),
+                "unrestricted"
+            );
+            let e = admit("pod other/web", Some("other"), chosen.clone(), &tenants)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("pod other/web")
+                    && e.contains(
+                        "names pool tenant, which serves only pods of the namespaces \
+                                   shop, pay, not other"
+                    ),
+                "{e}"
+            );
+            let e = admit("container c1", None, chosen, &tenants)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("it is not a pod"), "{e}");
+        }
+        let own = ("default".to_owned(), PoolSource::Fallback);
+        assert!(admit("p", Some("other"), own, &tenants).is_ok());
     }
 }

@@ -604,6 +604,7 @@ mod tests {
                     mask_size: mask,
                 }),
                 ipv6: None,
+                namespaces: Vec::new(),
             },
             status: PoolStatus::default(),
         }
@@ -827,6 +828,7 @@ mod tests {
                     cidrs: vec!["fd00::/104".into()],
                     mask_size: 120,
                 }),
+                namespaces: Vec::new(),
             },
             status: PoolStatus::default(),
         };

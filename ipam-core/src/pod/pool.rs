@@ -63,6 +63,10 @@ pub struct PodIpPoolSpec {
     pub ipv4: Option<FamilySpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<FamilySpec>,
+    /// Only pods of these namespaces may name it (by annotation or network configuration), so
+    /// that a tenant's pods cannot take another tenant's addresses; empty: every namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
 }
 
 /// One family of a pool: its CIDRs, cut into blocks of `maskSize`. CIDRs may be appended; the
@@ -378,6 +382,7 @@ mod tests {
         PodIpPoolSpec {
             ipv4: f(v4, mask4),
             ipv6: f(v6, mask6),
+            namespaces: Vec::new(),
         }
     }
 

@@ -14,7 +14,7 @@ use std::{
 
 use ipam_core::{
     pod::durable::DurableAllocator,
-    pod::multipool::{PoolSource, annotated_pool, network_pool},
+    pod::multipool::{PoolSource, admit, annotated_pool, network_pool},
 };
 use ipam_kube::pods::PodDirectory;
 
@@ -53,7 +53,8 @@ pub(super) struct PodPools {
     /// Pools pods asked for that are not open yet; the runtime opens them.
     wanted: Mutex<BTreeSet<String>>,
     /// The pools in the store, as last read.
-    known: RwLock<Vec<String>>,
+    /// Every pool of the store, with the namespaces it serves (empty: all).
+    known: RwLock<Vec<(String, Vec<String>)>>,
 }
 
 impl PodPools {
@@ -80,7 +81,7 @@ impl PodPools {
             .insert(pool.to_owned(), allocator);
     }
 
-    pub(super) fn set_known(&self, pools: Vec<String>) {
+    pub(super) fn set_known(&self, pools: Vec<(String, Vec<String>)>) {
         *self.known.write().expect("pools lock") = pools;
     }
 
@@ -148,24 +149,33 @@ impl PodPools {
                 "{who}: the agent has not read the pools from the store yet; try again"
             )));
         }
-        let known = known.iter().map(String::as_str);
-        if let Some((annotations, namespace, name)) = annotated {
-            let annotations = annotations.map_err(|e| NoPoolYet(e.to_string()))?;
-            let chosen = annotated_pool(
-                namespace,
-                name,
-                &annotations.pod,
-                &annotations.namespace,
-                known.clone(),
-            )
-            .map_err(|e| NoPoolYet(e.to_string()))?;
-            if let Some(chosen) = chosen {
-                return Ok(chosen);
+        let names = known.iter().map(|(name, _)| name.as_str());
+        let namespace = pod.and_then(|p| p.split_once('/')).map(|(ns, _)| ns);
+        let chosen = match annotated {
+            Some((annotations, namespace, name)) => {
+                let annotations = annotations.map_err(|e| NoPoolYet(e.to_string()))?;
+                annotated_pool(
+                    namespace,
+                    name,
+                    &annotations.pod,
+                    &annotations.namespace,
+                    names.clone(),
+                )
+                .map_err(|e| NoPoolYet(e.to_string()))?
             }
-        }
-        match network {
-            Some(pool) => network_pool(who, pool, known).map_err(|e| NoPoolYet(e.to_string())),
-            None => Ok((self.own.clone(), PoolSource::Fallback)),
-        }
+            None => None,
+        };
+        let chosen = match (chosen, network) {
+            (Some(chosen), _) => chosen,
+            (None, Some(pool)) => {
+                network_pool(who, pool, names).map_err(|e| NoPoolYet(e.to_string()))?
+            }
+            (None, None) => (self.own.clone(), PoolSource::Fallback),
+        };
+        let serves = known
+            .iter()
+            .find(|(name, _)| *name == chosen.0)
+            .map_or(&[][..], |(_, namespaces)| namespaces.as_slice());
+        admit(who, namespace, chosen, serves).map_err(|e| NoPoolYet(e.to_string()))
     }
 }

@@ -86,10 +86,14 @@ impl PodIpam {
 
     /// Reads what the status shows of the store (pools, the node's conditions).
     async fn refresh_from_store(&mut self) -> Result<(), IpamRuntimeError> {
-        self.status.pools = self
-            .store
-            .list_typed::<PodIpPool>()
-            .await?
+        let pools = self.store.list_typed::<PodIpPool>().await?;
+        self.agents.pod_pools.set_known(
+            pools
+                .iter()
+                .map(|p| (p.name.clone(), p.value.spec.namespaces.clone()))
+                .collect(),
+        );
+        self.status.pools = pools
             .into_iter()
             .map(|p| {
                 let PoolStatus {
@@ -102,9 +106,6 @@ impl PodIpam {
                 }
             })
             .collect();
-        self.agents
-            .pod_pools
-            .set_known(self.status.pools.iter().map(|p| p.name.clone()).collect());
         self.status.node_conditions = self
             .store
             .get_typed::<NodeIpam>(&self.settings.node_name)

@@ -190,6 +190,7 @@ fn main() {
                 cidrs: vec!["fd00::/96".into()],
                 mask_size: 120,
             }),
+            namespaces: Vec::new(),
         },
     )
     .unwrap();

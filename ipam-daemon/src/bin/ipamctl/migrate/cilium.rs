@@ -165,7 +165,11 @@ pub(super) fn pod_pool(mut spec: Fields, report: &mut Report) -> Result<PodIpPoo
         return Err(Bad::new(spec.path_of("ipv4"), "a pool needs ipv4 or ipv6"));
     }
     report.rest(spec);
-    Ok(PodIpPoolSpec { ipv4, ipv6 })
+    Ok(PodIpPoolSpec {
+        ipv4,
+        ipv6,
+        namespaces: Vec::new(),
+    })
 }
 
 #[cfg(test)]

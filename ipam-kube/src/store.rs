@@ -58,12 +58,19 @@ enum Mapping {
     Config,
     Service,
     EndpointSlice,
+    /// core/v1 Namespaces, read only: their labels, for pools' `namespaceSelector`.
+    Namespace,
 }
 
 impl Mapping {
     /// Objects in users' namespaces (named `<namespace>/<name>`), written by others.
     fn namespaced_elsewhere(&self) -> bool {
         matches!(self, Self::Service | Self::EndpointSlice)
+    }
+
+    /// Objects others write, which this store only reads (a Service's status excepted).
+    fn written_by_others(&self) -> bool {
+        matches!(self, Self::Service | Self::EndpointSlice | Self::Namespace)
     }
 
     /// The API resource the kind's objects are.
@@ -74,7 +81,18 @@ impl Mapping {
             Self::Config => config_map_resource(),
             Self::Service => service_resource(),
             Self::EndpointSlice => endpoint_slice_resource(),
+            Self::Namespace => namespace_resource(),
         }
+    }
+}
+
+fn namespace_resource() -> ApiResource {
+    ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "Namespace".into(),
+        plural: "namespaces".into(),
     }
 }
 
@@ -168,6 +186,7 @@ impl KubeStore {
         kinds.insert("IpamConfig".to_owned(), Mapping::Config);
         kinds.insert("Service".to_owned(), Mapping::Service);
         kinds.insert("ServiceEndpoints".to_owned(), Mapping::EndpointSlice);
+        kinds.insert("Namespace".to_owned(), Mapping::Namespace);
         Self {
             client,
             namespace: namespace.to_owned(),
@@ -255,9 +274,10 @@ impl KubeStore {
     fn api(&self, mapping: &Mapping) -> Api<DynamicObject> {
         let resource = mapping.resource();
         match mapping {
-            Mapping::Custom { .. } | Mapping::Service | Mapping::EndpointSlice => {
-                Api::all_with(self.client.clone(), &resource)
-            }
+            Mapping::Custom { .. }
+            | Mapping::Service
+            | Mapping::EndpointSlice
+            | Mapping::Namespace => Api::all_with(self.client.clone(), &resource),
             Mapping::Lease | Mapping::Config => {
                 Api::namespaced_with(self.client.clone(), &self.namespace, &resource)
             }
@@ -288,7 +308,11 @@ impl KubeStore {
 
     /// The error for a write of a Service or an EndpointSlice, which this store does not make.
     fn read_only(&self, kind: &str, name: &str, what: &str) -> StoreError {
-        let source = if kind == "ServiceEndpoints" {
+        let source = if kind == "Namespace" {
+            format!(
+                "{kind} {name}: {what} Namespaces with kubectl; this store only reads their labels"
+            )
+        } else if kind == "ServiceEndpoints" {
             format!(
                 "{kind} {name}: the EndpointSlice controller keeps EndpointSlices from the \
                  Service's selector and its pods; this store only reads them"
@@ -364,6 +388,9 @@ impl KubeStore {
                 };
                 crate::service::to_engine(&service, &self.service_annotations)
             }
+            Mapping::Namespace => {
+                json!({ "labels": object.metadata.labels.clone().unwrap_or_default() })
+            }
             Mapping::EndpointSlice => {
                 let mut data = object.data.clone();
                 data["metadata"] = serde_json::to_value(&object.metadata).ok()?;
@@ -402,7 +429,7 @@ impl KubeStore {
                 json!({}),
                 Some(value.get("status").cloned().unwrap_or(json!({}))),
             ),
-            Mapping::EndpointSlice => (json!({}), None),
+            Mapping::EndpointSlice | Mapping::Namespace => (json!({}), None),
         })
     }
 
@@ -542,7 +569,7 @@ impl Store for KubeStore {
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        if mapping.namespaced_elsewhere() {
+        if mapping.written_by_others() {
             return Err(self.read_only(kind, name, "create"));
         }
         let resource = mapping.resource();
@@ -575,7 +602,7 @@ impl Store for KubeStore {
         expected: &Revision,
     ) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        if let Mapping::EndpointSlice = mapping {
+        if let Mapping::EndpointSlice | Mapping::Namespace = mapping {
             return Err(self.read_only(kind, name, "change"));
         }
         let api = self.api_for(mapping, Some(name));
@@ -655,7 +682,7 @@ impl Store for KubeStore {
         expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
         let mapping = self.mapping(kind)?;
-        if mapping.namespaced_elsewhere() {
+        if mapping.written_by_others() {
             return Err(self.read_only(kind, name, "delete"));
         }
         let params = DeleteParams {

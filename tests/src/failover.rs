@@ -55,6 +55,7 @@ pub fn segment_pool() -> LbIpPool {
             namespaces: Vec::new(),
             priority: None,
             disabled: false,
+            namespace_selector: Default::default(),
         },
         status: LbIpPoolStatus::default(),
     }
@@ -94,6 +95,7 @@ pub fn lb_service(port: u16) -> Service {
             conflict: None,
             sharing_cross_namespace: Vec::new(),
             pool: None,
+            namespace_labels: Default::default(),
         },
         status: ServiceStatus::default(),
     }

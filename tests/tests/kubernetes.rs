@@ -76,6 +76,27 @@ async fn create_web_service(api: &TestApi) -> kube::Api<k8s_openapi::api::core::
     services
 }
 
+/// `ipamctl apply -f MANIFEST --config CONFIG` as `kubeconfig`'s user; panics when it fails.
+fn ipamctl_apply(
+    manifest: &std::path::Path,
+    config: &std::path::Path,
+    kubeconfig: &std::path::Path,
+) {
+    let applied = std::process::Command::new(workspace_binary("ipamctl"))
+        .args(["apply", "-f"])
+        .arg(manifest)
+        .arg("--config")
+        .arg(config)
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+        .expect("run ipamctl apply");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+}
+
 /// Who a client is.
 #[derive(Clone, Copy)]
 enum Who {
@@ -348,19 +369,7 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         "kind: LoadBalancerIPPool\nmetadata:\n  name: lb\nspec:\n  blocks:\n  - cidr: 10.77.5.0/29\n",
     )
     .unwrap();
-    let applied = std::process::Command::new(workspace_binary("ipamctl"))
-        .args(["apply", "-f"])
-        .arg(&manifest.0)
-        .arg("--config")
-        .arg(&config.0)
-        .env("KUBECONFIG", &ipamctl_kubeconfig.0)
-        .output()
-        .expect("run ipamctl apply");
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
+    ipamctl_apply(&manifest.0, &config.0, &ipamctl_kubeconfig.0);
     let services = create_web_service(&api).await;
     let ingress = wait_for(
         "the Service's ingress IP",
@@ -427,6 +436,93 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
                 .message
                 .contains("metallb.universe.tf/loadBalancerIPs (10.77.5.3)"),
         "{agree:?}"
+    );
+
+    // A pool with a namespaceSelector serves only namespaces whose labels it selects, read
+    // from the Namespaces: gold's Service gets its address; shop's request for one is told why.
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(api.client().await);
+    let gold: k8s_openapi::api::core::v1::Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "gold", "labels": { "tier": "gold" } },
+    }))
+    .unwrap();
+    namespaces
+        .create(&kube::api::PostParams::default(), &gold)
+        .await
+        .expect("create namespace gold");
+    if let TestApi::Real(_) = api {
+        let account: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "default", "namespace": "gold" },
+            }))
+            .unwrap();
+        kube::Api::namespaced(api.client().await, "gold")
+            .create(&kube::api::PostParams::default(), &account)
+            .await
+            .expect("create gold/default");
+    }
+    std::fs::write(
+        &manifest.0,
+        "kind: LoadBalancerIPPool\nmetadata:\n  name: gold-pool\nspec:\n  blocks:\n  \
+         - cidr: 10.77.6.0/29\n  namespaceSelector:\n    matchLabels: { tier: gold }\n",
+    )
+    .unwrap();
+    ipamctl_apply(&manifest.0, &config.0, &ipamctl_kubeconfig.0);
+    let gold_services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(api.client().await, "gold");
+    for (services, namespace, name, annotations) in [
+        (
+            &gold_services,
+            "gold",
+            "api",
+            serde_json::json!({ "ipam-ebpf.io/address-pool": "gold-pool" }),
+        ),
+        (
+            &services,
+            "shop",
+            "wants-gold",
+            serde_json::json!({ "ipam-ebpf.io/ips": "10.77.6.3" }),
+        ),
+    ] {
+        let service: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": { "name": name, "namespace": namespace, "annotations": annotations },
+                "spec": { "type": "LoadBalancer", "ports": [{ "port": 83, "protocol": "TCP" }] },
+            }))
+            .unwrap();
+        services
+            .create(&kube::api::PostParams::default(), &service)
+            .await
+            .expect("create the Service");
+    }
+    let gold_ip = wait_for(
+        "gold/api's ingress IP",
+        async || {
+            let s = gold_services.get("api").await.ok()?;
+            s.status?.load_balancer?.ingress?.first()?.ip.clone()
+        },
+        log,
+    )
+    .await;
+    assert!(gold_ip.starts_with("10.77.6."), "{gold_ip}");
+    let refused = wait_for(
+        "shop/wants-gold's condition",
+        async || {
+            let s = services.get("wants-gold").await.ok()?;
+            s.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "IPAssigned" && c.status == "False")
+        },
+        log,
+    )
+    .await;
+    assert!(
+        refused
+            .message
+            .contains("pool gold-pool, which serves only namespaces its namespaceSelector selects"),
+        "{refused:?}"
     );
 
     // The Service turned NodePort leaves LB-IPAM: its IP is given back and what LB-IPAM wrote

@@ -39,7 +39,7 @@ kind: IPAddressPool
 metadata: {name: shop-pool, namespace: metallb-system}
 spec:
   addresses: [10.77.0.64/28]
-  serviceAllocation: {namespaces: [shop], priority: 10}
+  serviceAllocation: {namespaceSelectors: [{matchLabels: {team: shop}}], priority: 10}
 ---
 apiVersion: metallb.io/v1beta1
 kind: L2Advertisement
@@ -67,7 +67,7 @@ fn text(out: &std::process::Output) -> String {
 fn migrated_pools_keep_every_service_ip() {
     let c = Cluster::start("mig", 1);
     // As the old controllers left them: the first address of a Cilium CIDR (Cilium hands it
-    // out), a range address with an IPv6 one, and a MetalLB pool's address for namespace shop.
+    // out), a range address with an IPv6 one, and the address of a MetalLB pool selecting namespace shop by label.
     let mut held = BTreeMap::new();
     for (name, ips) in [
         ("default/web", vec!["10.77.0.32"]),
@@ -94,6 +94,15 @@ fn migrated_pools_keep_every_service_ip() {
     assert_eq!(ingress(&c), held, "the dormant operator changed a Service");
 
     let dir = ipam_tests::TempDir::new("migrate-");
+    // The shop pool selects its namespace by label: on etcd the labels are a Namespace object.
+    let labels = dir.0.join("namespaces.yaml");
+    std::fs::write(
+        &labels,
+        "kind: Namespace\nmetadata: { name: shop, labels: { team: shop } }\n",
+    )
+    .unwrap();
+    let out = c.ipamctl_beside_store(&["apply", "-f", labels.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
     let both = dir.0.join("old.yaml");
     std::fs::write(&both, format!("{CILIUM}---\n{METALLB}")).unwrap();
     let both = both.to_str().unwrap();

@@ -46,6 +46,7 @@ fn pool(blocks: Vec<LbIpBlock>) -> LbIpPool {
             namespaces: Vec::new(),
             priority: None,
             disabled: false,
+            namespace_selector: Default::default(),
         },
         status: LbIpPoolStatus::default(),
     }

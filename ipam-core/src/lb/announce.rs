@@ -380,6 +380,7 @@ mod tests {
                         conflict: None,
                         sharing_cross_namespace: Vec::new(),
                         pool: None,
+                        namespace_labels: Default::default(),
                     },
                     ServiceStatus {
                         ingress: vec![ip],
@@ -630,6 +631,7 @@ mod tests {
             avoid_buggy_ips: false,
             namespaces: Vec::new(),
             priority: None,
+            namespace_selector: Default::default(),
             disabled: false,
         };
         let pools = [

@@ -693,11 +693,18 @@ fn not_served(usable: &[UsablePool], service: &str, spec: &ServiceSpec, ip: IpAd
         format!("is not pool {asked}, the one the service asks for")
     } else if pool.spec.disabled {
         "is disabled (it gives no new IPs)".to_owned()
-    } else if !pool.spec.admits(namespace) {
-        format!(
-            "serves only the namespaces {}, not {namespace}",
-            pool.spec.namespaces.join(", ")
-        )
+    } else if !pool.spec.admits(namespace, &spec.namespace_labels) {
+        if pool.spec.namespace_selector.matches(&spec.namespace_labels) {
+            format!(
+                "serves only the namespaces {}, not {namespace}",
+                pool.spec.namespaces.join(", ")
+            )
+        } else {
+            format!(
+                "serves only namespaces its namespaceSelector selects, and {namespace}'s labels \
+                 do not match it"
+            )
+        }
     } else {
         "does not select this service (its serviceSelector)".to_owned()
     };

@@ -26,6 +26,7 @@ fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
         avoid_buggy_ips: false,
         namespaces: Vec::new(),
         priority: None,
+        namespace_selector: Default::default(),
         disabled: false,
     }
 }
@@ -60,6 +61,7 @@ fn svc(family: Family) -> ServiceSpec {
         conflict: None,
         sharing_cross_namespace: Vec::new(),
         pool: None,
+        namespace_labels: Default::default(),
     }
 }
 
@@ -861,6 +863,76 @@ fn pools_are_chosen_by_priority_then_name_and_held_ips_stay() {
         // A Service holding a-none's address keeps it beside pools of higher priority.
         let (rows, _) = run(&pools, &[("ns/held", svc(family), vec![first])]);
         assert_eq!(rows[0].1, [first]);
+    }
+}
+
+/// A pool with a namespaceSelector serves only Services of namespaces whose labels it selects
+/// (the labels LB-IPAM reads from the Namespace objects, with the name label every namespace
+/// has); with `namespaces` too, a namespace must pass both. A request for one of its IPs from
+/// another namespace is told why. In v4 and v6.
+#[test]
+fn a_pool_with_a_namespace_selector_serves_only_the_namespaces_it_selects() {
+    use super::resources::{Namespace, SelectorOperator, SelectorRequirement};
+    let known: std::collections::BTreeMap<String, Namespace> = [
+        ("gold", [("tier", "gold")]),
+        ("gold-too", [("tier", "gold")]),
+        ("plain", [("tier", "basic")]),
+    ]
+    .into_iter()
+    .map(|(name, labels)| {
+        let labels = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        (name.to_owned(), Namespace { labels })
+    })
+    .collect();
+    for (family, cidr, first, second, _) in FAMILIES {
+        let mut gold = cidr_pool(&[cidr]);
+        gold.namespace_selector
+            .match_labels
+            .insert("tier".into(), "gold".into());
+        // Not gold-too, by the name label Kubernetes sets (and LB-IPAM sets elsewhere).
+        gold.namespace_selector
+            .match_expressions
+            .push(SelectorRequirement {
+                key: "kubernetes.io/metadata.name".into(),
+                operator: SelectorOperator::NotIn,
+                values: vec!["gold-too".into()],
+            });
+        let in_ns = |ns: &str, mut spec: ServiceSpec| {
+            spec.namespace_labels = Namespace::labels_of(&known, ns);
+            spec
+        };
+        let mut asks = svc(family);
+        asks.requested_ips = vec![ip(second)];
+        let (rows, _) = run(
+            &[("gold", gold)],
+            &[
+                ("gold/web", in_ns("gold", svc(family)), vec![]),
+                ("gold-too/web", in_ns("gold-too", svc(family)), vec![]),
+                ("plain/web", in_ns("plain", svc(family)), vec![]),
+                ("plain/asks", in_ns("plain", asks), vec![]),
+            ],
+        );
+        let row = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+        assert_eq!(row("gold/web").1, [first], "{family:?}");
+        for name in ["gold-too/web", "plain/web"] {
+            let r = row(name);
+            assert!(
+                r.1.is_empty() && !r.2 && r.3.contains("no enabled pool"),
+                "{r:?}"
+            );
+        }
+        let asks = row("plain/asks");
+        assert!(
+            asks.1.is_empty()
+                && asks.3.contains(
+                    "is in pool gold, which serves only namespaces its namespaceSelector \
+                     selects, and plain's labels do not match it"
+                ),
+            "{asks:?}"
+        );
     }
 }
 

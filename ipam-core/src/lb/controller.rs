@@ -5,7 +5,9 @@
 use super::{
     announce::{announce_problems, unreachable_pools},
     assign::assign_settling,
-    resources::{L2AnnouncementPolicy, LbIpPool, LbIpPoolSpec, Service, ServiceEndpoints},
+    resources::{
+        L2AnnouncementPolicy, LbIpPool, LbIpPoolSpec, Namespace, Service, ServiceEndpoints,
+    },
     rows,
 };
 use std::time::{Duration, Instant};
@@ -97,9 +99,10 @@ pub async fn reconcile<S: TypedStore>(
             .collect(),
         Instant::now(),
     );
+    let namespaces = store.list_typed::<Namespace>().await?;
     let mut decided = assign_settling(
         &rows::pools_with_status(&pools),
-        &rows::services(&services),
+        &rows::services_in(&services, &namespaces),
         settling_until.is_some(),
     );
     let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
@@ -241,6 +244,7 @@ mod tests {
                 avoid_buggy_ips: false,
                 namespaces: Vec::new(),
                 priority: None,
+                namespace_selector: Default::default(),
                 disabled: false,
             },
             status: LbIpPoolStatus::default(),
@@ -338,6 +342,7 @@ mod tests {
                 avoid_buggy_ips: false,
                 namespaces: Vec::new(),
                 priority: None,
+                namespace_selector: Default::default(),
                 disabled: false,
             },
             status: LbIpPoolStatus::default(),
@@ -370,6 +375,7 @@ mod tests {
             avoid_buggy_ips: false,
             namespaces: Vec::new(),
             priority: None,
+            namespace_selector: Default::default(),
             disabled: false,
         };
         for (first, later) in [("10.9.0.0/28", "10.9.1.0"), ("fd09::/124", "fd09:1::")] {

@@ -41,6 +41,11 @@ pub enum SelectorOperator {
 }
 
 impl Selector {
+    /// Selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.match_expressions.is_empty()
+    }
+
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.matches_by(|key| labels.get(key).map(String::as_str))
     }
@@ -122,6 +127,11 @@ pub struct LbIpPoolSpec {
     /// `serviceAllocation.namespaces`); empty: every namespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// Only Services of namespaces whose labels it selects get its addresses (MetalLB's
+    /// `serviceAllocation.namespaceSelectors`); empty: every namespace. With `namespaces` too,
+    /// a namespace must pass both.
+    #[serde(default, skip_serializing_if = "Selector::is_empty")]
+    pub namespace_selector: Selector,
     /// Among the pools that may give a Service a new IP, lower first (MetalLB's
     /// `serviceAllocation.priority`); pools without one come after those with, each in name
     /// order. IPs a Service holds never move to a pool of higher priority.
@@ -150,13 +160,15 @@ impl LbIpPoolSpec {
     /// Whether the pool may give `service` (`namespace/name`) its addresses: its namespace is
     /// admitted, and the selector selects it (`Selector::matches_service`).
     pub fn serves(&self, service: &str, spec: &ServiceSpec) -> bool {
-        self.admits(namespace_of(service))
+        self.admits(namespace_of(service), &spec.namespace_labels)
             && self.service_selector.matches_service(service, &spec.labels)
     }
 
-    /// Whether Services of `namespace` may have its addresses (`namespaces`; empty: all).
-    pub fn admits(&self, namespace: &str) -> bool {
-        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    /// Whether Services of `namespace`, with `labels`, may have its addresses (`namespaces`,
+    /// `namespaceSelector`; empty: all).
+    pub fn admits(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        (self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace))
+            && self.namespace_selector.matches(labels)
     }
 
     /// Whether `ip` lies in one of the blocks as written (validity is judged by LB-IPAM).
@@ -283,6 +295,10 @@ pub struct ServiceSpec {
     /// and the Service's condition says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conflict: Option<String>,
+    /// The labels of the Service's namespace, for pools' `namespaceSelector`: never stored,
+    /// filled by LB-IPAM from the `Namespace` objects (`Namespace::labels_of`).
+    #[serde(skip)]
+    pub namespace_labels: BTreeMap<String, String>,
 }
 
 /// A Service's `externalTrafficPolicy`.
@@ -407,6 +423,39 @@ pub struct ServiceEndpoint {
     /// Kubernetes' `conditions.ready` (absent there means ready, as kube-proxy reads it).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub ready: bool,
+}
+
+/// A namespace's labels, which pools' `namespaceSelector`s select: on Kubernetes the core/v1
+/// Namespaces (read only); on the other stores written with `ipamctl apply`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Namespace {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Resource for Namespace {
+    const KIND: &'static str = "Namespace";
+}
+
+/// The label Kubernetes gives every namespace: its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+impl Namespace {
+    /// The labels of `namespace` from `known` (by name), with the name label Kubernetes sets on
+    /// every namespace (set here too, so a selector on it means the same on every store).
+    pub fn labels_of(
+        known: &BTreeMap<String, Namespace>,
+        namespace: &str,
+    ) -> BTreeMap<String, String> {
+        let mut labels = known
+            .get(namespace)
+            .map(|n| n.labels.clone())
+            .unwrap_or_default();
+        labels
+            .entry(NAMESPACE_NAME_LABEL.to_owned())
+            .or_insert_with(|| namespace.to_owned());
+        labels
+    }
 }
 
 /// Which nodes announce which services' IPs, on which interfaces (like

@@ -4,11 +4,12 @@
 use super::{
     announce::{NodeView, ReadyNodes},
     resources::{
-        L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Service,
-        ServiceEndpoints, ServiceSpec, ServiceStatus,
+        L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Namespace,
+        Service, ServiceEndpoints, ServiceSpec, ServiceStatus, namespace_of,
     },
 };
 use crate::{resources::NodeIpam, store::Versioned};
+use std::collections::BTreeMap;
 
 pub fn pools<'a>(
     objects: impl IntoIterator<Item = &'a Versioned<LbIpPool>>,
@@ -46,6 +47,23 @@ pub fn services<'a>(
         .into_iter()
         .map(|s| (s.name.clone(), s.value.spec.clone(), s.value.status.clone()))
         .collect()
+}
+
+/// The Services as LB-IPAM takes them: each with the labels of its namespace (for pools'
+/// `namespaceSelector`), from `namespaces`.
+pub fn services_in<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<Service>>,
+    namespaces: &[Versioned<Namespace>],
+) -> Vec<(String, ServiceSpec, ServiceStatus)> {
+    let known: BTreeMap<String, Namespace> = namespaces
+        .iter()
+        .map(|n| (n.name.clone(), n.value.clone()))
+        .collect();
+    let mut rows = services(objects);
+    for (name, spec, _) in &mut rows {
+        spec.namespace_labels = Namespace::labels_of(&known, namespace_of(name));
+    }
+    rows
 }
 
 /// A node as the owner decision sees it: its name, labels and interfaces.

@@ -12,7 +12,7 @@ use ipam_core::{
     backoff::Backoff,
     lb::{
         controller as lb_ipam,
-        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
+        resources::{L2AnnouncementPolicy, LbIpPool, Namespace, Service, ServiceEndpoints},
     },
     pod::operator::{Operator, OperatorError, PoolEvent, Report, record_mode},
     pod::pool::IpamMode,
@@ -166,6 +166,8 @@ fn wake_on_inputs<S: Store + Clone + 'static>(store: &S) -> Arc<Notify> {
             Interest::All(Service::KIND),
             Interest::All(ServiceEndpoints::KIND),
             Interest::All(L2AnnouncementPolicy::KIND),
+            // Their labels, which pools' namespaceSelectors select.
+            Interest::All(Namespace::KIND),
         ],
     )
 }

@@ -63,7 +63,7 @@ enum Command {
         command: IpamCommand,
     },
     /// Create or update objects (LoadBalancerIPPool, Service, ServiceEndpoints,
-    /// L2AnnouncementPolicy, PodIPPool) from YAML documents, in the store of the daemon's
+    /// L2AnnouncementPolicy, PodIPPool, Namespace) from YAML documents, in the store of the daemon's
     /// configuration.
     Apply {
         /// The file with one or more YAML documents (`-` for standard input).

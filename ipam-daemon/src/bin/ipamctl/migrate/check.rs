@@ -3,11 +3,11 @@
 //! Kubernetes, their `status.loadBalancer.ingress` as the old controller wrote it) and the
 //! converted pools alone; nothing is written.
 
-use std::net::IpAddr;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use ipam_core::lb::{
     assign::assign,
-    resources::{LbIpPoolStatus, Service, ServiceStatus, ServiceType},
+    resources::{LbIpPoolStatus, Namespace, Service, ServiceStatus, ServiceType, namespace_of},
 };
 use ipam_daemon::cluster::ClusterStore;
 use serde::Serialize;
@@ -30,8 +30,13 @@ pub(crate) struct Verdict {
     pub note: Option<String>,
 }
 
-/// Each LoadBalancer Service of `services` under the converted pools of `migration`.
-pub(crate) fn verdicts(migration: &Migration, services: Vec<(String, Service)>) -> Vec<Verdict> {
+/// Each LoadBalancer Service of `services` under the converted pools of `migration`, with the
+/// labels of its namespace from `namespaces`.
+pub(crate) fn verdicts(
+    migration: &Migration,
+    services: Vec<(String, Service)>,
+    namespaces: &BTreeMap<String, Namespace>,
+) -> Vec<Verdict> {
     let pools: Vec<_> = migration
         .converted
         .iter()
@@ -40,7 +45,7 @@ pub(crate) fn verdicts(migration: &Migration, services: Vec<(String, Service)>) 
             _ => None,
         })
         .collect();
-    let mut notes = std::collections::BTreeMap::new();
+    let mut notes = BTreeMap::new();
     let services: Vec<_> = services
         .into_iter()
         .filter(|(_, s)| s.spec.service_type == ServiceType::LoadBalancer)
@@ -58,6 +63,7 @@ pub(crate) fn verdicts(migration: &Migration, services: Vec<(String, Service)>) 
                     ),
                 );
             }
+            s.spec.namespace_labels = Namespace::labels_of(namespaces, namespace_of(&name));
             (name, s.spec, s.status)
         })
         .collect();
@@ -122,7 +128,13 @@ pub(crate) async fn check(
         .into_iter()
         .map(|v| (v.name, v.value))
         .collect();
-    let verdicts = verdicts(migration, services);
+    let namespaces = store
+        .list_typed::<Namespace>()
+        .await?
+        .into_iter()
+        .map(|v| (v.name, v.value))
+        .collect();
+    let verdicts = verdicts(migration, services, &namespaces);
     emit(output, &verdicts, |verdicts| {
         let mut t = table(["SERVICE", "CURRENT", "MIGRATED", "KEEPS", "NOTE"]);
         for v in verdicts {

@@ -73,6 +73,7 @@ pub(super) fn lb_pool(mut spec: Fields, report: &mut Report) -> Result<LbIpPoolS
         avoid_buggy_ips: false,
         namespaces: Vec::new(),
         priority: None,
+        namespace_selector: Default::default(),
     })
 }
 

@@ -52,36 +52,25 @@ pub(super) fn address_pool(mut spec: Fields, report: &mut Report) -> Result<LbIp
     }
     let auto_assign = spec.bool("autoAssign")?.unwrap_or(true);
     let avoid_buggy_ips = spec.bool("avoidBuggyIPs")?.unwrap_or(false);
-    let (mut namespaces, mut priority, mut service_selector) =
-        (Vec::new(), None, Selector::default());
+    let (mut namespaces, mut priority) = (Vec::new(), None);
+    let (mut service_selector, mut namespace_selector) = (Selector::default(), Selector::default());
     if let Some(mut allocation) = spec.fields("serviceAllocation")? {
         priority = allocation.u32("priority")?;
         namespaces = allocation.strings("namespaces")?;
-        let path = allocation.path_of("namespaceSelectors");
-        if !allocation.list("namespaceSelectors")?.is_empty() {
-            report.dropped(
-                path,
-                "pools here are limited by a list of namespaces, not by the namespaces' \
-                 labels: list them in spec.namespaces of the converted pool",
-            );
-        }
-        let path = allocation.path_of("serviceSelectors");
-        let mut selectors = allocation.list("serviceSelectors")?;
-        match selectors.len() {
-            0 => {}
-            1 => {
-                let (path, value) = selectors.remove(0);
-                service_selector = selector(&path, value)?;
-            }
-            n => report.dropped(
-                path,
-                format!(
-                    "{n} selectors (any of them) cannot be one serviceSelector; the converted \
-                     pool serves every Service: write one selector that covers them (for \
-                     example matchExpressions with In)"
-                ),
-            ),
-        }
+        namespace_selector = one_selector(
+            &mut allocation,
+            "namespaceSelectors",
+            report,
+            "namespaceSelector; the converted pool serves every namespace: write one selector \
+             that covers them, or list the namespaces in spec.namespaces",
+        )?;
+        service_selector = one_selector(
+            &mut allocation,
+            "serviceSelectors",
+            report,
+            "serviceSelector; the converted pool serves every Service: write one selector that \
+             covers them (for example matchExpressions with In)",
+        )?;
         report.rest(allocation);
     }
     report.rest(spec);
@@ -95,7 +84,34 @@ pub(super) fn address_pool(mut spec: Fields, report: &mut Report) -> Result<LbIp
         avoid_buggy_ips,
         namespaces,
         priority,
+        namespace_selector,
     })
+}
+
+/// MetalLB's list of selectors `key` (any of them) as this project's one selector: none, the
+/// one, or (several) none with the list reported as dropped, `instead` saying what that means.
+fn one_selector(
+    allocation: &mut Fields,
+    key: &str,
+    report: &mut Report,
+    instead: &str,
+) -> Result<Selector, Bad> {
+    let path = allocation.path_of(key);
+    let mut selectors = allocation.list(key)?;
+    match selectors.len() {
+        0 => Ok(Selector::default()),
+        1 => {
+            let (path, value) = selectors.remove(0);
+            selector(&path, value)
+        }
+        n => {
+            report.dropped(
+                path,
+                format!("{n} selectors (any of them) cannot be one {instead}"),
+            );
+            Ok(Selector::default())
+        }
+    }
 }
 
 /// `10.0.0.0/24`, or a range `10.0.0.1-10.0.0.9` (spaces around the dash allowed).

@@ -301,10 +301,6 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
         dropped,
         vec![
             (
-                "in.yaml: document 2 (IPAddressPool expensive)",
-                "spec.serviceAllocation.namespaceSelectors"
-            ),
-            (
                 "in.yaml: document 3 (L2Advertisement east)",
                 "spec.ipAddressPools"
             ),
@@ -316,11 +312,31 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
     // The advertisement selects first-pool by label, not expensive: the policy would also
     // announce expensive's IPs, and says so.
     assert!(
-        m.dropped[1].why.contains("expensive"),
+        m.dropped[0].why.contains("expensive"),
         "{}",
-        m.dropped[1].why
+        m.dropped[0].why
     );
-    assert!(m.dropped[2].why.contains("BGP"), "{}", m.dropped[2].why);
+    assert!(m.dropped[1].why.contains("BGP"), "{}", m.dropped[1].why);
+}
+
+#[test]
+fn several_namespace_selectors_are_reported_not_merged() {
+    let m = migrate(
+        "kind: IPAddressPool\napiVersion: metallb.io/v1beta1\nmetadata: {name: p}\n\
+         spec: {addresses: [\"fd05::/120\"], serviceAllocation: {namespaceSelectors: \
+         [{matchLabels: {a: b}}, {matchLabels: {c: d}}]}}\n",
+    );
+    assert!(lb_pool(&m, "p").namespace_selector.is_empty());
+    assert_eq!(m.dropped.len(), 1, "{:?}", m.dropped);
+    assert_eq!(
+        m.dropped[0].field,
+        "spec.serviceAllocation.namespaceSelectors"
+    );
+    assert!(
+        m.dropped[0].why.contains("2 selectors"),
+        "{}",
+        m.dropped[0].why
+    );
 }
 
 #[test]
@@ -481,6 +497,7 @@ fn check_says_which_services_keep_their_ips() {
             ("default/gone".into(), holding(&["10.99.0.1"])),
             ("default/classed".into(), classed),
         ],
+        &Default::default(),
     );
     let by_name = |n: &str| verdicts.iter().find(|v| v.service == n).unwrap();
     assert!(

@@ -19,8 +19,8 @@ use ipam_core::{
     lb::{
         announce::{NodeView, owners},
         resources::{
-            L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints, ServiceEndpointsSpec,
-            ServiceSpec,
+            L2AnnouncementPolicy, LbIpPool, Namespace, Service, ServiceEndpoints,
+            ServiceEndpointsSpec, ServiceSpec,
         },
         rows,
     },
@@ -40,7 +40,7 @@ pub(crate) enum ObjectError {
     },
     #[error(
         "{file}: document {index} has kind {kind:?}; use LoadBalancerIPPool, Service, \
-         ServiceEndpoints, L2AnnouncementPolicy or PodIPPool"
+         ServiceEndpoints, L2AnnouncementPolicy, PodIPPool or Namespace"
     )]
     Kind {
         file: String,
@@ -142,6 +142,8 @@ pub(crate) enum Object {
     Endpoints(String, ServiceEndpoints),
     L2Policy(String, L2AnnouncementPolicy),
     PodPool(String, PodIpPool),
+    /// A namespace's labels (on Kubernetes the Namespaces themselves).
+    Namespace(String, Namespace),
 }
 
 impl Object {
@@ -152,6 +154,7 @@ impl Object {
             Self::Endpoints(..) => ServiceEndpoints::KIND,
             Self::L2Policy(..) => L2AnnouncementPolicy::KIND,
             Self::PodPool(..) => PodIpPool::KIND,
+            Self::Namespace(..) => Namespace::KIND,
         }
     }
 
@@ -161,7 +164,8 @@ impl Object {
             | Self::Service(n, _)
             | Self::Endpoints(n, _)
             | Self::L2Policy(n, _)
-            | Self::PodPool(n, _) => n,
+            | Self::PodPool(n, _)
+            | Self::Namespace(n, _) => n,
         }
     }
 }
@@ -284,6 +288,12 @@ pub(crate) fn parse(
                 name.clone(),
                 L2AnnouncementPolicy {
                     spec: at.spec(doc.spec)?,
+                },
+            ),
+            "Namespace" => Object::Namespace(
+                name.clone(),
+                Namespace {
+                    labels: doc.metadata.labels.clone(),
                 },
             ),
             "PodIPPool" => Object::PodPool(
@@ -431,6 +441,9 @@ pub(crate) async fn apply<S: TypedStore>(store: &S, object: &Object) -> Result<b
         Object::Endpoints(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::L2Policy(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::PodPool(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
+        Object::Namespace(n, v) => {
+            put(store, n, v, |cur, new| cur.labels = new.labels.clone()).await
+        }
     }
 }
 

@@ -28,7 +28,8 @@ pub(crate) fn to_engine(service: &Service, sources: &AnnotationSources) -> Value
     let meta = &service.metadata;
     let empty = ServiceSpec::default();
     let spec = service.spec.as_ref().unwrap_or(&empty);
-    let asked = annotations::read(&meta.annotations.clone().unwrap_or_default(), sources);
+    let none = std::collections::BTreeMap::new();
+    let asked = annotations::read(meta.annotations.as_ref().unwrap_or(&none), sources);
     let mut requested = asked.requested_ips;
     if let Some(ip) = spec.load_balancer_ip.as_deref().filter(|ip| !ip.is_empty()) {
         requested.push(ip.to_owned());

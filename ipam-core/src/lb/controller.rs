@@ -52,9 +52,9 @@ pub struct PoolSettling {
 impl PoolSettling {
     /// Notes the pools of this pass; until when they settle, if they changed under
     /// `POOL_SETTLE` ago (the first pass counts as a change).
-    fn observe(&mut self, pools: Vec<(String, LbIpPoolSpec)>, now: Instant) -> Option<Instant> {
-        if self.changed_at.is_none() || pools != self.seen {
-            self.seen = pools;
+    fn observe(&mut self, pools: &[(String, LbIpPoolSpec)], now: Instant) -> Option<Instant> {
+        if self.changed_at.is_none() || pools != self.seen.as_slice() {
+            self.seen = pools.to_vec();
             self.changed_at = Some(now);
         }
         let until = self.changed_at? + POOL_SETTLE;
@@ -92,13 +92,7 @@ pub async fn reconcile<S: TypedStore>(
     let endpoints = store.list_typed::<ServiceEndpoints>().await?;
     let pool_specs = rows::pools(&pools);
     let policy_specs = rows::policies(&policies);
-    let settling_until = settling.observe(
-        pools
-            .iter()
-            .map(|p| (p.name.clone(), p.value.spec.clone()))
-            .collect(),
-        Instant::now(),
-    );
+    let settling_until = settling.observe(&pool_specs, Instant::now());
     let namespaces = store.list_typed::<Namespace>().await?;
     let mut decided = assign_settling(
         &rows::pools_with_status(&pools),
@@ -223,6 +217,28 @@ mod tests {
         store::embedded::EmbeddedStore,
     };
 
+    /// A pool of `cidrs` that hands out their first and last addresses as `allow_first_last`
+    /// says, everything else at its default.
+    fn cidr_pool(cidrs: &[&str], allow_first_last: bool) -> LbIpPoolSpec {
+        LbIpPoolSpec {
+            blocks: cidrs
+                .iter()
+                .map(|c| LbIpBlock {
+                    cidr: Some((*c).to_owned()),
+                    ..LbIpBlock::default()
+                })
+                .collect(),
+            service_selector: Default::default(),
+            allow_first_last_ips: allow_first_last,
+            auto_assign: true,
+            avoid_buggy_ips: false,
+            namespaces: Vec::new(),
+            priority: None,
+            namespace_selector: Default::default(),
+            disabled: false,
+        }
+    }
+
     /// A Service whose annotations disagree keeps getting its IP (the first annotation in
     /// precedence decides) and carries a false `AnnotationsAgree` condition naming both; the
     /// condition goes once they agree.
@@ -233,20 +249,7 @@ mod tests {
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let mut settling = PoolSettling::default();
         let pool = LbIpPool {
-            spec: LbIpPoolSpec {
-                blocks: vec![LbIpBlock {
-                    cidr: Some("10.9.0.0/28".into()),
-                    ..LbIpBlock::default()
-                }],
-                service_selector: Default::default(),
-                allow_first_last_ips: false,
-                auto_assign: true,
-                avoid_buggy_ips: false,
-                namespaces: Vec::new(),
-                priority: None,
-                namespace_selector: Default::default(),
-                disabled: false,
-            },
+            spec: cidr_pool(&["10.9.0.0/28"], false),
             status: LbIpPoolStatus::default(),
         };
         store.create_typed("lb", &pool).await.unwrap();
@@ -325,26 +328,7 @@ mod tests {
         assert_eq!(stored.revision, created, "nothing written without a pool");
 
         let pool = LbIpPool {
-            spec: LbIpPoolSpec {
-                blocks: vec![
-                    LbIpBlock {
-                        cidr: Some("10.9.0.0/28".into()),
-                        ..LbIpBlock::default()
-                    },
-                    LbIpBlock {
-                        cidr: Some("fd09::/124".into()),
-                        ..LbIpBlock::default()
-                    },
-                ],
-                service_selector: Default::default(),
-                allow_first_last_ips: true,
-                auto_assign: true,
-                avoid_buggy_ips: false,
-                namespaces: Vec::new(),
-                priority: None,
-                namespace_selector: Default::default(),
-                disabled: false,
-            },
+            spec: cidr_pool(&["10.9.0.0/28", "fd09::/124"], true),
             status: LbIpPoolStatus::default(),
         };
         store.create_typed("migrated", &pool).await.unwrap();
@@ -359,25 +343,11 @@ mod tests {
     }
 
     /// While the pools settle, an IP in no pool at all is kept (its pool may be the next one
-    /// applied); after, it is given up with the reason. An IP of a pool that no longer selects
-    /// the Service is given up at once.
+    /// applied); after, it is given up with the reason.
     #[test]
     fn an_ip_in_no_pool_is_kept_while_the_pools_settle() {
         use crate::lb::assign::{assign, assign_settling};
-        let pool = |cidr: &str| LbIpPoolSpec {
-            blocks: vec![LbIpBlock {
-                cidr: Some(cidr.into()),
-                ..LbIpBlock::default()
-            }],
-            service_selector: Default::default(),
-            allow_first_last_ips: true,
-            auto_assign: true,
-            avoid_buggy_ips: false,
-            namespaces: Vec::new(),
-            priority: None,
-            namespace_selector: Default::default(),
-            disabled: false,
-        };
+        let pool = |cidr: &str| cidr_pool(&[cidr], true);
         for (first, later) in [("10.9.0.0/28", "10.9.1.0"), ("fd09::/124", "fd09:1::")] {
             let pools = vec![("first".to_owned(), pool(first), LbIpPoolStatus::default())];
             let spec: ServiceSpec =
@@ -412,16 +382,16 @@ mod tests {
         let t0 = Instant::now();
         let a = vec![("a".to_owned(), pool("10.9.0.0/28"))];
         assert_eq!(
-            settling.observe(a.clone(), t0),
+            settling.observe(&a, t0),
             Some(t0 + POOL_SETTLE),
             "the first pass"
         );
         let later = t0 + POOL_SETTLE;
-        assert_eq!(settling.observe(a.clone(), later), None, "settled");
+        assert_eq!(settling.observe(&a, later), None, "settled");
         let mut b = a.clone();
         b.push(("b".to_owned(), pool("10.9.1.0/28")));
         assert_eq!(
-            settling.observe(b, later),
+            settling.observe(&b, later),
             Some(later + POOL_SETTLE),
             "a pool added"
         );

@@ -90,11 +90,7 @@ pub fn admit(
     }
     Err(PoolChoiceError::NotAdmitted {
         who: who.to_owned(),
-        source_name: match source {
-            PoolSource::PodAnnotation => "pod annotation",
-            PoolSource::NamespaceAnnotation => "namespace annotation",
-            _ => "network configuration",
-        },
+        source_name: source.name(),
         pool,
         namespaces: namespaces.join(", "),
         namespace: match namespace {

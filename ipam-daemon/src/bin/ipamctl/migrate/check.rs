@@ -13,7 +13,10 @@ use ipam_daemon::cluster::ClusterStore;
 use serde::Serialize;
 
 use super::{EXIT_RENUMBERED, Migration, Target};
-use crate::output::{Output, emit, joined, table};
+use crate::{
+    objects::named,
+    output::{Output, emit, joined, table},
+};
 
 /// One LoadBalancer Service: the IPs it has, those it would have.
 #[derive(Debug, Serialize)]
@@ -34,7 +37,7 @@ pub(crate) struct Verdict {
 /// labels of its namespace from `namespaces`.
 pub(crate) fn verdicts(
     migration: &Migration,
-    services: Vec<(String, Service)>,
+    services: BTreeMap<String, Service>,
     namespaces: &BTreeMap<String, Namespace>,
 ) -> Vec<Verdict> {
     let pools: Vec<_> = migration
@@ -121,19 +124,8 @@ pub(crate) async fn check(
     migration: &Migration,
     output: Output,
 ) -> anyhow::Result<i32> {
-    use ipam_core::store::TypedStore as _;
-    let services = store
-        .list_typed::<Service>()
-        .await?
-        .into_iter()
-        .map(|v| (v.name, v.value))
-        .collect();
-    let namespaces = store
-        .list_typed::<Namespace>()
-        .await?
-        .into_iter()
-        .map(|v| (v.name, v.value))
-        .collect();
+    let services = named::<Service>(store).await?;
+    let namespaces = named::<Namespace>(store).await?;
     let verdicts = verdicts(migration, services, &namespaces);
     emit(output, &verdicts, |verdicts| {
         let mut t = table(["SERVICE", "CURRENT", "MIGRATED", "KEEPS", "NOTE"]);

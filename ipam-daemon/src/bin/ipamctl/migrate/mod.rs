@@ -337,11 +337,11 @@ fn is_bgp(group: &str, kind: &str) -> bool {
 /// A converted object as a manifest.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Manifest<'a, S> {
+struct Manifest<'a> {
     api_version: String,
     kind: &'static str,
     metadata: ManifestMetadata<'a>,
-    spec: &'a S,
+    spec: serde_yaml_ng::Value,
 }
 
 #[derive(Serialize)]
@@ -354,29 +354,17 @@ pub(crate) fn render(migration: &Migration) -> Result<String, serde_yaml_ng::Err
     use ipam_kube::crd::{GROUP, VERSION};
     let mut out = String::new();
     for c in &migration.converted {
-        let api_version = format!("{GROUP}/{VERSION}");
-        let metadata = ManifestMetadata { name: &c.name };
-        let kind = c.target.kind();
-        let yaml = match &c.target {
-            Target::LbPool(spec) => serde_yaml_ng::to_string(&Manifest {
-                api_version,
-                kind,
-                metadata,
-                spec,
-            }),
-            Target::L2Policy(spec) => serde_yaml_ng::to_string(&Manifest {
-                api_version,
-                kind,
-                metadata,
-                spec,
-            }),
-            Target::PodPool(spec) => serde_yaml_ng::to_string(&Manifest {
-                api_version,
-                kind,
-                metadata,
-                spec,
-            }),
+        let spec = match &c.target {
+            Target::LbPool(spec) => serde_yaml_ng::to_value(spec),
+            Target::L2Policy(spec) => serde_yaml_ng::to_value(spec),
+            Target::PodPool(spec) => serde_yaml_ng::to_value(spec),
         }?;
+        let yaml = serde_yaml_ng::to_string(&Manifest {
+            api_version: format!("{GROUP}/{VERSION}"),
+            kind: c.target.kind(),
+            metadata: ManifestMetadata { name: &c.name },
+            spec,
+        })?;
         out.push_str(&format!("---\n# from {}\n{yaml}", c.from));
     }
     Ok(out)

@@ -491,12 +491,13 @@ fn check_says_which_services_keep_their_ips() {
     classed.spec.load_balancer_class = Some("io.cilium/l2-announcer".into());
     let verdicts = check::verdicts(
         &m,
-        vec![
+        [
             ("default/first".into(), holding(&["10.0.10.0", "2004::1"])),
             ("default/single".into(), holding(&["1.2.3.4"])),
             ("default/gone".into(), holding(&["10.99.0.1"])),
             ("default/classed".into(), classed),
-        ],
+        ]
+        .into(),
         &Default::default(),
     );
     let by_name = |n: &str| verdicts.iter().find(|v| v.service == n).unwrap();

@@ -135,7 +135,9 @@ pub(crate) async fn delete(
 }
 
 /// Every object of `T`'s kind, by name.
-async fn named<T: Resource>(store: &ClusterStore) -> anyhow::Result<BTreeMap<String, T>> {
+pub(crate) async fn named<T: Resource>(
+    store: &ClusterStore,
+) -> anyhow::Result<BTreeMap<String, T>> {
     Ok(store
         .list_typed::<T>()
         .await?

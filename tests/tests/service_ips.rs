@@ -18,6 +18,7 @@ use ipam_core::lb::resources::{
     ServiceEndpoints, ServiceEndpointsSpec, TrafficPolicy,
 };
 use ipam_tests::{
+    arp_watch::{ArpWatch, double_answers},
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
     cni::{DEBIAN_CNI, run_cni},
     failover::{lb_service, uplink_policy},
@@ -203,19 +204,44 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         );
     }
     assert!(c.nodes[cut].log().contains("responders go silent"));
+    // Its return is a handover between two live nodes: the node answering meanwhile lets go
+    // before the returning one answers, asked all along every 40 ms.
+    let returned = Instant::now();
+    let watches: Vec<ArpWatch> = cut_ips
+        .iter()
+        .map(|ip| ArpWatch::start(&client, CLIENT, *ip, returned))
+        .collect();
     c.nodes[cut].ns.delete_route("10.77.0.254/32");
     wait_until(
         Duration::from_secs(15),
         "the returning node to answer for its IPs again",
         || {
-            cut_ips.iter().all(|ip| {
-                let got = answers(&client, *ip);
-                assert!(got.len() <= 1, "two nodes answered for {ip}: {got:x?}");
-                got.first().is_some_and(|m| node_of(&macs, *m) == cut_name)
-            })
+            ipam_daemon::datapath::ResponderMaps::from_pins(c.nodes[cut].bpffs_root())
+                .and_then(|m| m.list())
+                .is_ok_and(|l| {
+                    cut_ips
+                        .iter()
+                        .all(|ip| l.iter().any(|e| e.ip == IpAddr::V4(*ip)))
+                })
         },
         || c.nodes[cut].log(),
     );
+    std::thread::sleep(Duration::from_secs(1));
+    for (ip, watch) in cut_ips.iter().zip(watches) {
+        let samples = watch.stop();
+        let doubles = double_answers(&samples);
+        assert!(
+            doubles.is_empty(),
+            "two nodes answered for {ip} while {cut_name} returned: {doubles:x?}\n{}",
+            c.nodes[cut].log()
+        );
+        let last = samples.last().and_then(|s| s.macs.first());
+        assert_eq!(
+            last.map(|m| node_of(&macs, *m)).as_deref(),
+            Some(cut_name.as_str()),
+            "{ip} answered by its owner again"
+        );
+    }
 
     // 200 services spread over the live nodes, with no store write per service in steady state.
     for i in 6..206 {

@@ -2,6 +2,7 @@
 //!
 //! - `service_ips`: the cluster's Service IPs this node owns (rendezvous hashing over the live
 //!   nodes, the same answer on every node), and the address each needs on `lo`;
+//! - `handover`: break before make, when an IP moves from a node that is still alive;
 //! - this module: the one producer of `Announcements`, from the IPs configured in the daemon's
 //!   file and the service IPs, for the responder controller (`l2::responder`) to apply.
 //!
@@ -9,6 +10,7 @@
 //! service IPs; pod IPAM is not involved.
 
 pub mod eligibility;
+pub mod handover;
 pub mod local_address;
 pub mod node_record;
 pub mod service_ips;

@@ -5,7 +5,8 @@
 //! the nodes' leases) with rendezvous hashing
 //! (`ipam_core::lb::announce`), so a node's death moves its IPs with no per-service write. An IP
 //! this node takes over is put on `lo` (see `local_address`) and published in `OwnedIps`; the
-//! responder controller answers for it and tells the link.
+//! responder controller answers for it and tells the link. An IP another live node may still
+//! answer for is taken only after it let go (`handover`).
 
 use std::{
     collections::BTreeMap,
@@ -24,7 +25,10 @@ use ipam_core::{
 };
 use tokio::sync::watch;
 
-use super::local_address::LocalAddresses;
+use super::{
+    handover::{Handover, Previous},
+    local_address::LocalAddresses,
+};
 use crate::{
     cluster::{
         ClusterStore,
@@ -120,9 +124,12 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         ips: OwnedIps::new(),
     };
     let mut tick = crate::clock::ticker(TICK);
-    // Every IP's owner at the previous decision: why an IP is taken over is told on its
-    // Service.
+    // Every IP's owner at the previous decision, and whether this node was live in it: who
+    // held an IP this node takes decides whether it waits (`handover`) and what its Service is
+    // told.
     let mut before: BTreeMap<IpAddr, String> = BTreeMap::new();
+    let mut was_live = false;
+    let mut handover = Handover::default();
     let since = Instant::now();
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
@@ -143,15 +150,19 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         let started = Instant::now();
         let all = tracing::debug_span!("service_ip_pass", node = node.as_str())
             .in_scope(|| decide(&seen, &mut peers, started));
-        let mine = mine(&all, &node);
+        let (mine, previous) = handover.admit(
+            mine(&all, &node),
+            &owned.ips,
+            |ip| previous_owner(ip, &before, was_live, &node, &mut peers, started),
+            started,
+        );
         if mine != owned.ips {
+            let starting = started.duration_since(since) < STARTING;
             let taken: Vec<_> = owned
                 .follow(mine)
                 .into_iter()
                 .map(|(ip, ip_owned)| {
-                    let starting = started.duration_since(since) < STARTING;
-                    let why =
-                        why_taken(ip, &ip_owned, &before, &seen, starting, &mut peers, started);
+                    let why = why_taken(&previous[&ip], &ip_owned, &seen, starting);
                     (ip, ip_owned, why)
                 })
                 .collect();
@@ -163,6 +174,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         if all_changed(&before, &all) {
             before = all.into_iter().map(|a| (a.ip, a.node)).collect();
         }
+        was_live = peers.is_live(&node, started);
         if started.elapsed() > Duration::from_millis(20) {
             tracing::debug!(
                 took_ms = started.elapsed().as_millis() as u64,
@@ -210,48 +222,73 @@ fn mine(all: &[Announcement], node: &str) -> OwnedIps {
         .collect()
 }
 
-/// Why this node took `ip` over, for the Service's Event: its reason (Kubernetes keeps one
-/// event per reason and counts its repeats, showing the first one's note) and the note's why,
-/// from who owned it on the previous decision, if anyone, and whether that node is alive.
-fn why_taken(
+/// Who held `ip` before this node took it: its owner in the previous decision, alive or not;
+/// or, with none, whether this node was live then (a new IP) or not (starting or returning, when
+/// it could not know).
+fn previous_owner(
     ip: IpAddr,
-    owned: &OwnedIp,
     before: &BTreeMap<IpAddr, String>,
-    seen: &Seen,
-    starting: bool,
+    was_live: bool,
+    me: &str,
     peers: &mut LivePeers,
     now: Instant,
-) -> (&'static str, String) {
+) -> Previous {
     match before.get(&ip) {
-        Some(previous) if !peers.is_live(previous, now) => (
+        // It was this node's but not answered (a wait cut short): wait again.
+        Some(previous) if previous == me => Previous::Unknown,
+        Some(previous) if peers.is_live(previous, now) => Previous::Alive(previous.clone()),
+        Some(previous) => Previous::Dead(previous.clone()),
+        None if was_live => Previous::Nobody,
+        None => Previous::Unknown,
+    }
+}
+
+/// Why this node took an IP over, for the Service's Event: its reason (Kubernetes keeps one
+/// event per reason and counts its repeats, showing the first one's note) and the note's why,
+/// from who held it before.
+fn why_taken(
+    previous: &Previous,
+    owned: &OwnedIp,
+    seen: &Seen,
+    starting: bool,
+) -> (&'static str, String) {
+    match previous {
+        Previous::Dead(previous) => (
             "IPTakenOver",
             format!("took it over from {previous}, which is no longer alive"),
         ),
-        Some(previous) if seen.endpoints_left(&owned.service, previous) => (
+        Previous::Alive(previous) if seen.endpoints_left(&owned.service, previous) => (
             "IPMoved",
             format!(
                 "took it over from {previous}, where the service no longer has a ready \
                  endpoint (externalTrafficPolicy Local); this node has one"
             ),
         ),
-        Some(previous) => (
+        Previous::Alive(previous) => (
             "IPMoved",
             format!(
-                "took it over from {previous}, which may no longer announce it (excluded, or \
-                 no longer selected by an L2AnnouncementPolicy)"
+                "took it over from {previous}, which still runs but no longer owns it: this \
+                 node became live again or joined, or {previous} was excluded or is no longer \
+                 selected by an L2AnnouncementPolicy"
             ),
         ),
-        None if seen.is_local(&owned.service) => (
+        Previous::Nobody | Previous::Unknown if seen.is_local(&owned.service) => (
             "IPAnnounced",
             "the service has a ready endpoint on this node (externalTrafficPolicy Local), \
              which owns the IP among the live nodes with one"
                 .to_owned(),
         ),
-        None if starting => (
+        Previous::Nobody | Previous::Unknown if starting => (
             "IPAnnounced",
             "this node's agent started; it owns the IP among the live nodes".to_owned(),
         ),
-        None => (
+        Previous::Unknown => (
+            "IPAnnounced",
+            "this node is live again (its lease renewed and its view of the others current); \
+             it owns the IP among the live nodes"
+                .to_owned(),
+        ),
+        Previous::Nobody => (
             "IPAnnounced",
             "a new IP; this node owns it among the live nodes".to_owned(),
         ),

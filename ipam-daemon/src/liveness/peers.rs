@@ -1,7 +1,8 @@
 //! Which nodes are alive, as this node sees them, from one of two sources:
 //! - **leases** (no `[gossip]`): another node while its lease was renewed within a whole lease,
 //!   as observed here (by the lease's revision changing, so clocks between nodes do not
-//!   matter); this node itself while its fence allows. Every agent watches every Lease.
+//!   matter); this node itself while its fence allows and the watch has brought its own latest
+//!   renewal (its view of the others is current). Every agent watches every Lease.
 //! - **gossip**: the members the gossip holds alive (suspects included: a suspicion that is
 //!   refuted in time moves nothing), mapped to nodes by their records' addresses. This node
 //!   counts itself alive: whether it may *answer* is the fence's business, and a brief closing
@@ -107,13 +108,20 @@ impl LeasePeers {
     }
 
     fn is_live(&mut self, node: &str, now: Instant) -> bool {
-        if node == self.me {
-            return self.fence.may_answer();
-        }
         let lease = node_lease_name(node);
         let held = self.leases.get(&lease);
         self.observer
             .observe(&lease, held.map(|l| &l.revision), now);
-        held.is_some() && self.observer.unchanged_for(&lease, now) < self.fence.lease()
+        let unchanged = self.observer.unchanged_for(&lease, now);
+        if node == self.me {
+            // Live only with a current view of the others as well: the watch that brings their
+            // renewals has brought this node's own latest one. A node whose renewals succeed
+            // while its watch is stalled (a reconnect, a slow relist) would otherwise see every
+            // other lease lapse and claim every IP. Half a lease: the others' last renewals
+            // seen before the stall are at most a renewal interval (a third of a lease) older
+            // than this node's, so it falls out of its own view before they do.
+            return self.fence.may_answer() && held.is_some() && unchanged < self.fence.lease() / 2;
+        }
+        held.is_some() && unchanged < self.fence.lease()
     }
 }

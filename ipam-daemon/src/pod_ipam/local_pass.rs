@@ -65,7 +65,7 @@ impl PodIpam {
                 self.store_pass().await;
             }
         }
-        self.open_wanted_pools();
+        let opened = self.open_wanted_pools();
         let demand = self.demand();
         let retry_due = self
             .sync
@@ -75,7 +75,9 @@ impl PodIpam {
         if new_demand {
             self.sync.demand_since = Some(tokio::time::Instant::now());
         }
-        if new_demand || retry_due {
+        // A pool opened now asks for its block at once, even while another pool's request
+        // is still waiting (its demand is not new, but this pool's is).
+        if new_demand || opened || retry_due {
             self.store_pass().await;
         }
         if !demand && let Some(since) = self.sync.demand_since.take() {
@@ -95,8 +97,9 @@ impl PodIpam {
     }
 
     /// Opens the pools pods asked for since the last pass (multi-pool mode), each with a
-    /// request for a block.
-    fn open_wanted_pools(&mut self) {
+    /// request for a block; whether it opened any.
+    fn open_wanted_pools(&mut self) -> bool {
+        let mut opened = false;
         for pool in self.agents.pod_pools.take_wanted() {
             if self.agents.by_pool.contains_key(&pool) {
                 continue;
@@ -113,6 +116,7 @@ impl PodIpam {
                         "a pod asked for pool {pool}: asking for a block of it"
                     );
                     self.agents.by_pool.insert(pool, agent);
+                    opened = true;
                 }
                 Err(e) => tracing::error!(
                     pool = pool.as_str(),
@@ -120,5 +124,6 @@ impl PodIpam {
                 ),
             }
         }
+        opened
     }
 }

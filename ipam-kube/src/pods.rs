@@ -25,11 +25,13 @@ use crate::KubeStore;
 /// How often a lookup that waits for the caches looks again.
 const LOOK_AGAIN: Duration = Duration::from_millis(25);
 
-/// The annotations that decide a pod's pool.
+/// What decides a pod's pool: the pod's and its namespace's annotations (which pool it names),
+/// and its namespace's labels (whether a pool with a `namespaceSelector` serves it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodAnnotations {
     pub pod: BTreeMap<String, String>,
     pub namespace: BTreeMap<String, String>,
+    pub namespace_labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -92,13 +94,17 @@ where
         self.listed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn annotations(
+    /// The annotations and labels of `key`, if it is held.
+    fn meta(
         &self,
         key: &ObjectRef<PartialObjectMeta<K>>,
-    ) -> Option<BTreeMap<String, String>> {
-        self.store
-            .get(key)
-            .map(|o| o.metadata.annotations.clone().unwrap_or_default())
+    ) -> Option<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+        self.store.get(key).map(|o| {
+            (
+                o.metadata.annotations.clone().unwrap_or_default(),
+                o.metadata.labels.clone().unwrap_or_default(),
+            )
+        })
     }
 }
 
@@ -156,9 +162,9 @@ impl KubeStore {
 }
 
 impl PodDirectory {
-    /// The annotations of pod `namespace/pod` and of its namespace. A pod the caches do not
-    /// hold yet (the ADD can come before the watch delivers a pod just bound) is waited for up
-    /// to `wait`. Blocks the calling thread: call it off the async runtime.
+    /// The annotations of pod `namespace/pod` and of its namespace, and its namespace's labels.
+    /// A pod the caches do not hold yet (the ADD can come before the watch delivers a pod just
+    /// bound) is waited for up to `wait`. Blocks the calling thread: call it off the async runtime.
     pub fn annotations(
         &self,
         namespace: &str,
@@ -188,17 +194,17 @@ impl PodDirectory {
                 return Err(PodLookupError::NotListed { what: what.clone() });
             }
         }
-        let pod_annotations = self
+        let (pod_annotations, _) = self
             .pods
-            .annotations(&ObjectRef::new(pod).within(namespace))
+            .meta(&ObjectRef::new(pod).within(namespace))
             .ok_or_else(|| PodLookupError::PodNotSeen {
                 namespace: namespace.to_owned(),
                 pod: pod.to_owned(),
                 node: self.node.clone(),
             })?;
-        let namespace_annotations = self
+        let (namespace_annotations, namespace_labels) = self
             .namespaces
-            .annotations(&ObjectRef::new(namespace))
+            .meta(&ObjectRef::new(namespace))
             .ok_or_else(|| PodLookupError::NamespaceNotSeen {
                 namespace: namespace.to_owned(),
                 pod: pod.to_owned(),
@@ -206,6 +212,7 @@ impl PodDirectory {
         Ok(PodAnnotations {
             pod: pod_annotations,
             namespace: namespace_annotations,
+            namespace_labels,
         })
     }
 }

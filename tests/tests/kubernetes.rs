@@ -862,8 +862,9 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
 
 /// Multi-pool mode: the agent reads its node's Pods and the Namespaces, and a pod takes its
 /// address from the pool its own or its namespace's `ipam-ebpf.io/ip-pool` annotation names,
-/// else from the node's pool. A wrong annotation, a pool of another tenant's namespace, or a pod
-/// the API does not show on the node, gets an error that says so. A restarted agent restores every pool's allocations.
+/// else from the node's pool; a pool restricted to namespaces, by name or by a selector on their
+/// labels, serves only their pods. A wrong annotation, a pool of another tenant's namespace, or a
+/// pod the API does not show on the node, gets an error that says so. A restarted agent restores every pool's allocations.
 async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     use k8s_openapi::api::core::v1::Pod;
     let api = start_api("pods_take_the_pool_their_annotations_name").await;
@@ -872,7 +873,9 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
         "mode = \"multi-pool\"\n\
          [[ipam.pool]]\nname = \"default\"\nipv4 = { cidrs = [\"10.246.0.0/24\"], maskSize = 28 }\n\
          [[ipam.pool]]\nname = \"tenant-a\"\nipv4 = { cidrs = [\"10.247.0.0/24\"], maskSize = 28 }\n\
-         namespaces = [\"shop\"]\n",
+         namespaces = [\"shop\"]\n\
+         [[ipam.pool]]\nname = \"blue\"\nipv4 = { cidrs = [\"10.248.0.0/24\"], maskSize = 28 }\n\
+         namespaceSelector = { matchLabels = { team = \"blue\" } }\n",
     );
     let operator_kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let operator = Daemon::start_on_host(
@@ -887,7 +890,22 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     )
     .await;
     api.create_namespace("plain", serde_json::json!({})).await;
+    // A namespace the blue pool selects by its label.
+    api.create_namespace("paint", serde_json::json!({})).await;
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(api.client().await)
+        .patch(
+            "paint",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({ "metadata": { "labels": { "team": "blue" } } }),
+            ),
+        )
+        .await
+        .expect("label namespace paint");
+    let blue = serde_json::json!({ "ipam-ebpf.io/ip-pool": "blue" });
     for (namespace, name, node, annotations) in [
+        ("paint", "art", "kn-2", blue.clone()),
+        ("plain", "sneak", "kn-2", blue),
         ("shop", "web", "kn-2", serde_json::json!({})),
         ("plain", "db", "kn-2", serde_json::json!({})),
         (
@@ -994,6 +1012,26 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
             ),
         "{message}"
     );
+    // The blue pool serves the namespaces its namespaceSelector selects by their labels: paint,
+    // labelled team=blue, and not plain.
+    let art = wait_for(
+        "paint/art's address from the blue pool",
+        async || first_address(&node.add("c-art", Some("paint/art"))),
+        log,
+    )
+    .await;
+    assert!(art.starts_with("10.248.0."), "{art}");
+    let Response::Error { message, .. } = node.add("c-sneak", Some("plain/sneak")) else {
+        panic!("a pod of a namespace the blue pool does not select gets no address");
+    };
+    assert!(
+        message.contains("plain/sneak")
+            && message.contains(
+                "pool blue, which serves only pods of namespaces its namespaceSelector selects, \
+                 and plain's labels do not match it"
+            ),
+        "{message}"
+    );
     // A pod bound to another node.
     let Response::Error { message, .. } = node.add("c-else", Some("plain/elsewhere")) else {
         panic!("a pod of another node gets no address here");
@@ -1014,7 +1052,11 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
         .iter()
         .map(|b| b.pool.as_str())
         .collect();
-    assert_eq!(pools, BTreeSet::from(["default", "tenant-a"]), "{record:?}");
+    assert_eq!(
+        pools,
+        BTreeSet::from(["blue", "default", "tenant-a"]),
+        "{record:?}"
+    );
 
     // Restarted, the agent still knows both pods' addresses, in their pools.
     agent.kill();

@@ -447,10 +447,19 @@ impl Namespace {
         known: &BTreeMap<String, Namespace>,
         namespace: &str,
     ) -> BTreeMap<String, String> {
-        let mut labels = known
+        let labels = known
             .get(namespace)
             .map(|n| n.labels.clone())
             .unwrap_or_default();
+        Self::with_name_label(labels, namespace)
+    }
+
+    /// `labels` of `namespace` with the name label (the API server sets it; it is set here
+    /// too, for a namespace read from elsewhere).
+    pub fn with_name_label(
+        mut labels: BTreeMap<String, String>,
+        namespace: &str,
+    ) -> BTreeMap<String, String> {
         labels
             .entry(NAMESPACE_NAME_LABEL.to_owned())
             .or_insert_with(|| namespace.to_owned());

@@ -457,6 +457,7 @@ mod tests {
             }),
             ipv6: None,
             namespaces: Vec::new(),
+            namespace_selector: Default::default(),
         };
         store
             .create_typed(
@@ -657,6 +658,7 @@ mod tests {
             }),
             ipv6: None,
             namespaces: Vec::new(),
+            namespace_selector: Default::default(),
         };
         store
             .create_typed(

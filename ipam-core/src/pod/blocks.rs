@@ -376,6 +376,7 @@ mod tests {
                 }),
                 ipv6: None,
                 namespaces: Vec::new(),
+                namespace_selector: Default::default(),
             },
         )
         .unwrap()

@@ -5,7 +5,11 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-use crate::{Cidr, Family, pod::node::NodeAllocator};
+use crate::{
+    Cidr, Family,
+    lb::resources::Selector,
+    pod::{node::NodeAllocator, pool::PodIpPoolSpec},
+};
 
 /// Pod or namespace annotation naming the pool to allocate from.
 pub const POOL_ANNOTATION: &str = "ipam-ebpf.io/ip-pool";
@@ -58,46 +62,93 @@ pub enum PoolChoiceError {
         pool: String,
         known: String,
     },
-    #[error(
-        "{who}: its {source_name} names pool {pool}, which serves only pods of the namespaces \
-         {namespaces}{namespace}; name a pool of its own namespace, or add the namespace to the \
-         pool's namespaces"
-    )]
+    #[error("{who}: its {source_name} names pool {pool}, which {why}")]
     NotAdmitted {
         who: String,
         source_name: &'static str,
         pool: String,
-        namespaces: String,
-        /// `, not NAME`, or `; it is not a pod` for a container outside Kubernetes.
-        namespace: String,
+        /// Which namespaces the pool serves, why the pod's is not one, and what to do.
+        why: String,
     },
 }
 
-/// Checks that pods of `namespace` (`None`: a container that is not a pod) may take addresses of
-/// `pool`, chosen from `source`, given its `namespaces` (empty: every namespace). The node's own
+/// The labels of a namespace, by key.
+pub type Labels = BTreeMap<String, String>;
+
+/// Which namespaces' pods may take a pool's addresses (`namespaces` and `namespaceSelector`;
+/// both empty: every namespace).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tenants {
+    pub namespaces: Vec<String>,
+    pub selector: Selector,
+}
+
+impl Tenants {
+    pub fn of(spec: &PodIpPoolSpec) -> Self {
+        Self {
+            namespaces: spec.namespaces.clone(),
+            selector: spec.namespace_selector.clone(),
+        }
+    }
+
+    /// Whether namespaces' labels are needed to tell (the pool has a `namespaceSelector`).
+    pub fn selects_by_labels(&self) -> bool {
+        !self.selector.is_empty()
+    }
+
+    fn listed(&self, namespace: &str) -> bool {
+        self.namespaces.is_empty() || self.namespaces.iter().any(|n| n == namespace)
+    }
+
+    /// Why pods of `namespace` (`None`: a container that is not a pod), with `labels`, may not
+    /// take the pool's addresses, with what to do; `None` when they may.
+    fn refusal(&self, namespace: Option<(&str, &Labels)>) -> Option<String> {
+        let Some((namespace, labels)) = namespace else {
+            return (!self.namespaces.is_empty() || self.selects_by_labels()).then(|| {
+                "serves only pods of some namespaces; it is not a pod: take the node's pool \
+                 (remove \"pool\" from its network configuration) or an unrestricted one"
+                    .to_owned()
+            });
+        };
+        if !self.listed(namespace) {
+            return Some(format!(
+                "serves only pods of the namespaces {}, not {namespace}; name a pool of its own \
+                 namespace, or add the namespace to the pool's namespaces",
+                self.namespaces.join(", ")
+            ));
+        }
+        if !self.selector.matches(labels) {
+            return Some(format!(
+                "serves only pods of namespaces its namespaceSelector selects, and {namespace}'s \
+                 labels do not match it; name a pool of its own namespace, or label the \
+                 namespace as the selector asks"
+            ));
+        }
+        None
+    }
+}
+
+/// Checks that pods of `namespace` with its labels (`None`: a container that is not a pod) may
+/// take addresses of `pool`, chosen from `source`, given who the pool serves. The node's own
 /// pool, taken when nothing names one, is not restricted.
 pub fn admit(
     who: &str,
-    namespace: Option<&str>,
+    namespace: Option<(&str, &Labels)>,
     (pool, source): (String, PoolSource),
-    namespaces: &[String],
+    tenants: &Tenants,
 ) -> Result<(String, PoolSource), PoolChoiceError> {
-    let admitted = namespaces.is_empty()
-        || source == PoolSource::Fallback
-        || namespace.is_some_and(|ns| namespaces.iter().any(|n| n == ns));
-    if admitted {
+    if source == PoolSource::Fallback {
         return Ok((pool, source));
     }
-    Err(PoolChoiceError::NotAdmitted {
-        who: who.to_owned(),
-        source_name: source.name(),
-        pool,
-        namespaces: namespaces.join(", "),
-        namespace: match namespace {
-            Some(ns) => format!(", not {ns}"),
-            None => "; it is not a pod".to_owned(),
-        },
-    })
+    match tenants.refusal(namespace) {
+        None => Ok((pool, source)),
+        Some(why) => Err(PoolChoiceError::NotAdmitted {
+            who: who.to_owned(),
+            source_name: source.name(),
+            pool,
+            why,
+        }),
+    }
 }
 
 /// The pool a network configuration names, checked against the pools.
@@ -268,6 +319,7 @@ mod tests {
                 }),
                 ipv6: None,
                 namespaces: Vec::new(),
+                namespace_selector: Default::default(),
             };
             operator
                 .upsert_pool(validate(name, &spec).unwrap())
@@ -340,26 +392,48 @@ mod tests {
         assert!(releasable_blocks(&node, Family::V4, keep, true).is_empty());
     }
 
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
     /// A pool restricted to namespaces serves only their pods, whichever way they name it; the
     /// node's own pool (named by nothing) is not restricted; a container that is not a pod may
     /// not name a restricted pool.
     #[test]
     fn a_restricted_pool_serves_only_its_namespaces() {
-        let tenants = vec!["shop".to_owned(), "pay".to_owned()];
+        let tenants = Tenants {
+            namespaces: vec!["shop".to_owned(), "pay".to_owned()],
+            ..Tenants::default()
+        };
+        let none = Labels::new();
         for source in [
             PoolSource::PodAnnotation,
             PoolSource::NamespaceAnnotation,
             PoolSource::NetworkConfig,
         ] {
             let chosen = ("tenant".to_owned(), source.clone());
-            assert!(admit("p", Some("pay"), chosen.clone(), &tenants).is_ok());
+            assert!(admit("p", Some(("pay", &none)), chosen.clone(), &tenants).is_ok());
             assert!(
-                admit("p", Some("other"), chosen.clone(), &[]).is_ok(),
+                admit(
+                    "p",
+                    Some(("other", &none)),
+                    chosen.clone(),
+                    &Tenants::default()
+                )
+                .is_ok(),
                 "unrestricted"
             );
-            let e = admit("pod other/web", Some("other"), chosen.clone(), &tenants)
-                .unwrap_err()
-                .to_string();
+            let e = admit(
+                "pod other/web",
+                Some(("other", &none)),
+                chosen.clone(),
+                &tenants,
+            )
+            .unwrap_err()
+            .to_string();
             assert!(
                 e.contains("pod other/web")
                     && e.contains(
@@ -374,6 +448,62 @@ mod tests {
             assert!(e.contains("it is not a pod"), "{e}");
         }
         let own = ("default".to_owned(), PoolSource::Fallback);
-        assert!(admit("p", Some("other"), own, &tenants).is_ok());
+        assert!(admit("p", Some(("other", &none)), own, &tenants).is_ok());
+    }
+
+    /// A pool with a namespaceSelector serves the pods of the namespaces it selects by their
+    /// labels; with namespaces listed too, a namespace must pass both.
+    #[test]
+    fn a_namespace_selector_serves_the_namespaces_whose_labels_it_selects() {
+        let selector: Selector =
+            serde_json::from_value(serde_json::json!({ "matchLabels": { "tenant": "blue" } }))
+                .unwrap();
+        let by_labels = Tenants {
+            namespaces: Vec::new(),
+            selector: selector.clone(),
+        };
+        let both = Tenants {
+            namespaces: vec!["shop".to_owned()],
+            selector,
+        };
+        let blue = labels(&[("tenant", "blue")]);
+        let red = labels(&[("tenant", "red")]);
+        let chosen = ("blue".to_owned(), PoolSource::PodAnnotation);
+        // (tenants, namespace, labels, admitted)
+        let table = [
+            (&by_labels, "shop", &blue, true),
+            (&by_labels, "shop", &red, false),
+            (&by_labels, "pay", &Labels::new(), false),
+            (&both, "shop", &blue, true),
+            (&both, "pay", &blue, false),
+            (&both, "shop", &red, false),
+        ];
+        for (tenants, namespace, labels, admitted) in table {
+            let got = admit(
+                "pod x/web",
+                Some((namespace, labels)),
+                chosen.clone(),
+                tenants,
+            );
+            assert_eq!(
+                got.is_ok(),
+                admitted,
+                "{namespace} {labels:?} {tenants:?}: {got:?}"
+            );
+        }
+        let e = admit(
+            "pod pay/web",
+            Some(("pay", &red)),
+            chosen.clone(),
+            &by_labels,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("names pool blue, which serves only pods of namespaces its namespaceSelector selects, and pay's labels do not match it")
+                && e.contains("label the namespace"),
+            "{e}"
+        );
+        assert!(admit("container c1", None, chosen, &by_labels).is_err());
     }
 }

@@ -605,6 +605,7 @@ mod tests {
                 }),
                 ipv6: None,
                 namespaces: Vec::new(),
+                namespace_selector: Default::default(),
             },
             status: PoolStatus::default(),
         }
@@ -829,6 +830,7 @@ mod tests {
                     mask_size: 120,
                 }),
                 namespaces: Vec::new(),
+                namespace_selector: Default::default(),
             },
             status: PoolStatus::default(),
         };

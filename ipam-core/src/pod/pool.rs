@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::{Cidr, CidrError, Family};
+use crate::{Cidr, CidrError, Family, lb::resources::Selector};
 
 /// How pod IPs are managed cluster-wide. Recorded in cluster state on first start; a daemon
 /// configured with another mode refuses to start (see `check_mode`).
@@ -58,6 +58,7 @@ pub fn check_mode(recorded: Option<IpamMode>, configured: IpamMode) -> Result<()
 /// A pool as written by users (YAML/JSON; `ipamctl apply` and CRs take the same document).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
 pub struct PodIpPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv4: Option<FamilySpec>,
@@ -67,6 +68,11 @@ pub struct PodIpPoolSpec {
     /// that a tenant's pods cannot take another tenant's addresses; empty: every namespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,
+    /// Only pods of namespaces whose labels it selects may name it (every namespace has the
+    /// label `kubernetes.io/metadata.name` with its name); empty: every namespace. With
+    /// `namespaces` too, a namespace must pass both.
+    #[serde(default, skip_serializing_if = "Selector::is_empty")]
+    pub namespace_selector: Selector,
 }
 
 /// One family of a pool: its CIDRs, cut into blocks of `maskSize`. CIDRs may be appended; the
@@ -383,6 +389,7 @@ mod tests {
             ipv4: f(v4, mask4),
             ipv6: f(v6, mask6),
             namespaces: Vec::new(),
+            namespace_selector: Default::default(),
         }
     }
 

@@ -13,8 +13,9 @@ use std::{
 };
 
 use ipam_core::{
+    lb::resources::Namespace,
     pod::durable::DurableAllocator,
-    pod::multipool::{PoolSource, admit, annotated_pool, network_pool},
+    pod::multipool::{PoolSource, Tenants, admit, annotated_pool, network_pool},
 };
 use ipam_kube::pods::PodDirectory;
 
@@ -52,9 +53,11 @@ pub(super) struct PodPools {
     open: RwLock<BTreeMap<String, PoolAllocator>>,
     /// Pools pods asked for that are not open yet; the runtime opens them.
     wanted: Mutex<BTreeSet<String>>,
-    /// The pools in the store, as last read.
-    /// Every pool of the store, with the namespaces it serves (empty: all).
-    known: RwLock<Vec<(String, Vec<String>)>>,
+    /// Every pool of the store, as last read, with the namespaces it serves.
+    known: RwLock<Vec<(String, Tenants)>>,
+    /// The namespaces' labels, as last read from the store, when a pool selects namespaces by
+    /// them and no directory follows the Namespaces (etcd, the embedded store).
+    namespaces: RwLock<BTreeMap<String, Namespace>>,
 }
 
 impl PodPools {
@@ -66,6 +69,7 @@ impl PodPools {
             open: RwLock::default(),
             wanted: Mutex::default(),
             known: RwLock::default(),
+            namespaces: RwLock::default(),
         }
     }
 
@@ -81,8 +85,25 @@ impl PodPools {
             .insert(pool.to_owned(), allocator);
     }
 
-    pub(super) fn set_known(&self, pools: Vec<(String, Vec<String>)>) {
+    pub(super) fn set_known(&self, pools: Vec<(String, Tenants)>) {
         *self.known.write().expect("pools lock") = pools;
+    }
+
+    /// Whether the store pass must read the namespaces' labels: a pool selects namespaces by
+    /// them, and no directory follows the Namespaces.
+    pub(super) fn needs_namespaces(&self) -> bool {
+        self.multi_pool
+            && self.directory.is_none()
+            && self
+                .known
+                .read()
+                .expect("pools lock")
+                .iter()
+                .any(|(_, tenants)| tenants.selects_by_labels())
+    }
+
+    pub(super) fn set_namespaces(&self, namespaces: BTreeMap<String, Namespace>) {
+        *self.namespaces.write().expect("pools lock") = namespaces;
     }
 
     /// The pools pods asked for since the last call.
@@ -151,9 +172,16 @@ impl PodPools {
         }
         let names = known.iter().map(|(name, _)| name.as_str());
         let namespace = pod.and_then(|p| p.split_once('/')).map(|(ns, _)| ns);
+        // The namespace's labels: from the directory on Kubernetes, else from the store pass.
+        let mut labels = namespace
+            .map(|ns| Namespace::labels_of(&self.namespaces.read().expect("pools lock"), ns));
         let chosen = match annotated {
             Some((annotations, namespace, name)) => {
                 let annotations = annotations.map_err(|e| NoPoolYet(e.to_string()))?;
+                labels = Some(Namespace::with_name_label(
+                    annotations.namespace_labels.clone(),
+                    namespace,
+                ));
                 annotated_pool(
                     namespace,
                     name,
@@ -172,10 +200,76 @@ impl PodPools {
             }
             (None, None) => (self.own.clone(), PoolSource::Fallback),
         };
-        let serves = known
+        let everyone = Tenants::default();
+        let tenants = known
             .iter()
             .find(|(name, _)| *name == chosen.0)
-            .map_or(&[][..], |(_, namespaces)| namespaces.as_slice());
-        admit(who, namespace, chosen, serves).map_err(|e| NoPoolYet(e.to_string()))
+            .map_or(&everyone, |(_, tenants)| tenants);
+        let namespace = namespace.zip(labels.as_ref());
+        admit(who, namespace, chosen, tenants).map_err(|e| NoPoolYet(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ipam_core::lb::resources::Selector;
+
+    use super::*;
+
+    /// Without a directory of Namespaces (etcd, the embedded store), a pool's namespaceSelector
+    /// is judged on the labels the store pass read, with the name label every namespace has;
+    /// the pass reads them only while a pool needs them.
+    #[test]
+    fn without_a_directory_the_labels_come_from_the_store_pass() {
+        let pools = PodPools::new("default", true, None);
+        let selector = |labels: serde_json::Value| -> Selector {
+            serde_json::from_value(serde_json::json!({ "matchLabels": labels })).unwrap()
+        };
+        pools.set_known(vec![
+            ("default".to_owned(), Tenants::default()),
+            ("open".to_owned(), Tenants::default()),
+        ]);
+        assert!(!pools.needs_namespaces(), "no pool selects by labels");
+        pools.set_known(vec![
+            ("default".to_owned(), Tenants::default()),
+            (
+                "blue".to_owned(),
+                Tenants {
+                    namespaces: Vec::new(),
+                    selector: selector(serde_json::json!({ "team": "blue" })),
+                },
+            ),
+            (
+                "paint-only".to_owned(),
+                Tenants {
+                    namespaces: Vec::new(),
+                    selector: selector(
+                        serde_json::json!({ "kubernetes.io/metadata.name": "paint" }),
+                    ),
+                },
+            ),
+        ]);
+        assert!(pools.needs_namespaces());
+        pools.set_namespaces(BTreeMap::from([(
+            "paint".to_owned(),
+            Namespace {
+                labels: BTreeMap::from([("team".to_owned(), "blue".to_owned())]),
+            },
+        )]));
+        let chosen = |pod: &str, network: &str| pools.choose("pod", Some(pod), Some(network));
+        assert_eq!(
+            chosen("paint/art", "blue").unwrap(),
+            ("blue".to_owned(), PoolSource::NetworkConfig)
+        );
+        assert!(chosen("paint/art", "paint-only").is_ok(), "the name label");
+        let NoPoolYet(refused) = chosen("plain/sneak", "blue").unwrap_err();
+        assert!(
+            refused.contains("plain's labels do not match it"),
+            "{refused}"
+        );
+        assert!(chosen("plain/sneak", "paint-only").is_err());
+        // Not a pod: a restricted pool is refused, the node's own is not.
+        assert!(pools.choose("container c1", None, Some("blue")).is_err());
+        assert!(pools.choose("container c1", None, None).is_ok());
     }
 }

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use ipam_core::{
     backoff::Backoff,
-    pod::agent::AgentError,
+    lb::resources::Namespace,
+    pod::{agent::AgentError, multipool::Tenants},
     resources::{NodeIpam, PodIpPool, PoolStatus},
     store::{StoreError, TypedStore as _},
 };
@@ -90,9 +91,15 @@ impl PodIpam {
         self.agents.pod_pools.set_known(
             pools
                 .iter()
-                .map(|p| (p.name.clone(), p.value.spec.namespaces.clone()))
+                .map(|p| (p.name.clone(), Tenants::of(&p.value.spec)))
                 .collect(),
         );
+        if self.agents.pod_pools.needs_namespaces() {
+            let namespaces = self.store.list_typed::<Namespace>().await?;
+            self.agents
+                .pod_pools
+                .set_namespaces(namespaces.into_iter().map(|n| (n.name, n.value)).collect());
+        }
         self.status.pools = pools
             .into_iter()
             .map(|p| {

@@ -191,6 +191,7 @@ fn main() {
                 mask_size: 120,
             }),
             namespaces: Vec::new(),
+            namespace_selector: Default::default(),
         },
     )
     .unwrap();

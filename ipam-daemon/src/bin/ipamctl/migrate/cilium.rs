@@ -170,6 +170,7 @@ pub(super) fn pod_pool(mut spec: Fields, report: &mut Report) -> Result<PodIpPoo
         ipv4,
         ipv6,
         namespaces: Vec::new(),
+        namespace_selector: Default::default(),
     })
 }
 

@@ -291,10 +291,18 @@ impl Operator {
                 })
                 .map(|f| ("default".to_owned(), f, 1))
                 .collect(),
+            // An agent asks for both families of every pool its pods use (it does not read the
+            // pools): a family the pool does not have is not served, and is no problem of the
+            // node's. A pool that does not exist is (the request says so in the node's status).
             IpamMode::MultiPool => node
                 .spec
                 .pools
                 .iter()
+                .filter(|r| {
+                    self.blocks
+                        .pool(&r.pool)
+                        .is_none_or(|p| p.family(r.family).is_some())
+                })
                 .map(|r| (r.pool.clone(), r.family, r.needed))
                 .collect(),
             // The node's blocks come from Node.spec.podCIDRs; nothing to hand out.
@@ -780,6 +788,41 @@ mod tests {
         let (a, b) = (held(&s, "a").await, held(&s, "b").await);
         assert_eq!((a.len(), b.len()), (2, 2));
         assert!(a.is_disjoint(&b), "{a:?} {b:?}");
+    }
+
+    /// A node asking a v4-only pool for an IPv6 block too (agents ask for both families) gets
+    /// its v4 block and stays ready: no problem is reported for the family the pool lacks.
+    #[tokio::test]
+    async fn a_family_the_pool_lacks_is_not_a_problem_of_the_node() {
+        let path = temp("family");
+        let s = EmbeddedStore::open(&path).unwrap();
+        set_pool(&s, "tenant-a", v4_pool(&["10.251.0.0/24"], 26)).await;
+        let request = |family| PoolRequest {
+            pool: "tenant-a".into(),
+            family,
+            needed: 1,
+            release: vec![],
+        };
+        let record = NodeIpam {
+            spec: crate::resources::NodeIpamSpec {
+                pools: vec![request(Family::V4), request(Family::V6)],
+                ..Default::default()
+            },
+            status: NodeIpamStatus::default(),
+        };
+        s.create_typed("a", &record).await.unwrap();
+        let report = Operator::new(IpamMode::MultiPool)
+            .reconcile(&s)
+            .await
+            .unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        let status = node_status(&s, "a").await;
+        assert_eq!(status.allocated.len(), 1, "{status:?}");
+        assert!(
+            status.conditions.iter().all(|c| c.status),
+            "{:?}",
+            status.conditions
+        );
     }
 
     #[tokio::test]

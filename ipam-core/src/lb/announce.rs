@@ -625,14 +625,7 @@ mod tests {
                 cidr: Some(cidr.into()),
                 ..Default::default()
             }],
-            service_selector: Selector::default(),
-            allow_first_last_ips: false,
-            auto_assign: true,
-            avoid_buggy_ips: false,
-            namespaces: Vec::new(),
-            priority: None,
-            namespace_selector: Default::default(),
-            disabled: false,
+            ..LbIpPoolSpec::default()
         };
         let pools = [
             ("inside".to_owned(), pool("10.77.0.192/27")),

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use super::{
     assign::{CONFLICT, IP_ASSIGNED, READY, assign},
     resources::{
-        IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, LbIpPoolStatus, Protocol, Selector, ServicePort,
+        IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, LbIpPoolStatus, Protocol, ServicePort,
         ServiceSpec, ServiceStatus, ServiceType,
     },
 };
@@ -20,14 +20,7 @@ fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
                 ..LbIpBlock::default()
             })
             .collect(),
-        service_selector: Selector::default(),
-        allow_first_last_ips: false,
-        auto_assign: true,
-        avoid_buggy_ips: false,
-        namespaces: Vec::new(),
-        priority: None,
-        namespace_selector: Default::default(),
-        disabled: false,
+        ..LbIpPoolSpec::default()
     }
 }
 

@@ -228,14 +228,8 @@ mod tests {
                     ..LbIpBlock::default()
                 })
                 .collect(),
-            service_selector: Default::default(),
             allow_first_last_ips: allow_first_last,
-            auto_assign: true,
-            avoid_buggy_ips: false,
-            namespaces: Vec::new(),
-            priority: None,
-            namespace_selector: Default::default(),
-            disabled: false,
+            ..LbIpPoolSpec::default()
         }
     }
 

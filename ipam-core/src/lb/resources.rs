@@ -139,6 +139,24 @@ pub struct LbIpPoolSpec {
     pub priority: Option<u32>,
 }
 
+/// A pool with no blocks, every control at the value a document that leaves it out gets (it
+/// hands out addresses: `autoAssign` true).
+impl Default for LbIpPoolSpec {
+    fn default() -> Self {
+        Self {
+            blocks: Vec::new(),
+            service_selector: Selector::default(),
+            allow_first_last_ips: false,
+            disabled: false,
+            auto_assign: true,
+            avoid_buggy_ips: false,
+            namespaces: Vec::new(),
+            namespace_selector: Selector::default(),
+            priority: None,
+        }
+    }
+}
+
 /// The labels Cilium adds to every Service for selectors: its namespace and its name. Pool and
 /// policy `serviceSelector`s match them beside the Service's own labels
 /// (`Selector::matches_service`).

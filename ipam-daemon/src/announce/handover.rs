@@ -79,11 +79,6 @@ impl Handover {
         }
         (admitted, from)
     }
-
-    /// Whether any IP is waiting (the caller decides again within `HANDOVER` then).
-    pub fn is_waiting(&self) -> bool {
-        !self.waiting.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -122,7 +117,7 @@ mod tests {
         );
         assert_eq!(admitted, owned(&["10.0.0.1", "fd00::1"]));
         assert_eq!(from[&ip("fd00::1")], Previous::Dead("node-1".into()));
-        assert!(!handover.is_waiting());
+        assert!(handover.waiting.is_empty());
     }
 
     #[test]
@@ -139,7 +134,7 @@ mod tests {
         };
         let (admitted, _) = handover.admit(mine.clone(), &OwnedIps::new(), previous, start);
         assert!(admitted.is_empty());
-        assert!(handover.is_waiting());
+        assert!(!handover.waiting.is_empty());
 
         // Who held it is judged when the wait began, not again when it ends.
         let later = start + HANDOVER - Duration::from_millis(1);
@@ -156,7 +151,7 @@ mod tests {
         assert_eq!(admitted, mine);
         assert_eq!(from[&ip("10.0.0.1")], Previous::Alive("node-1".into()));
         assert_eq!(from[&ip("10.0.0.2")], Previous::Unknown);
-        assert!(!handover.is_waiting());
+        assert!(handover.waiting.is_empty());
 
         // Once answered, it stays answered with no wait.
         let (admitted, from) = handover.admit(
@@ -176,7 +171,7 @@ mod tests {
         let alive = |_| Previous::Alive("node-1".into());
         handover.admit(owned(&["10.0.0.1"]), &OwnedIps::new(), alive, start);
         handover.admit(OwnedIps::new(), &OwnedIps::new(), alive, start);
-        assert!(!handover.is_waiting());
+        assert!(handover.waiting.is_empty());
         let back = start + HANDOVER;
         let (admitted, _) = handover.admit(owned(&["10.0.0.1"]), &OwnedIps::new(), alive, back);
         assert!(admitted.is_empty(), "the wait starts again");

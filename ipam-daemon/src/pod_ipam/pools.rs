@@ -173,8 +173,7 @@ impl PodPools {
         let names = known.iter().map(|(name, _)| name.as_str());
         let namespace = pod.and_then(|p| p.split_once('/')).map(|(ns, _)| ns);
         // The namespace's labels: from the directory on Kubernetes, else from the store pass.
-        let mut labels = namespace
-            .map(|ns| Namespace::labels_of(&self.namespaces.read().expect("pools lock"), ns));
+        let mut labels = None;
         let chosen = match annotated {
             Some((annotations, namespace, name)) => {
                 let annotations = annotations.map_err(|e| NoPoolYet(e.to_string()))?;
@@ -205,6 +204,11 @@ impl PodPools {
             .iter()
             .find(|(name, _)| *name == chosen.0)
             .map_or(&everyone, |(_, tenants)| tenants);
+        let labels = namespace.map(|ns| {
+            labels.unwrap_or_else(|| {
+                Namespace::labels_of(&self.namespaces.read().expect("pools lock"), ns)
+            })
+        });
         let namespace = namespace.zip(labels.as_ref());
         admit(who, namespace, chosen, tenants).map_err(|e| NoPoolYet(e.to_string()))
     }

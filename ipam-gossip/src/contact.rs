@@ -78,14 +78,19 @@ impl Contact {
         self.last_heard.map(|at| now.saturating_sub(at))
     }
 
-    /// This member's probes that ended within `window` before `now`.
+    /// This member's probes that ended within `window` before `now`. A failed probe counts only
+    /// while its target has not been heard from since: on a lossy or slow link probes fail
+    /// often, but a member that is then heard from is not out of reach, while a member across
+    /// a cut is never heard from again.
     pub fn probes_within(&self, now: Duration, window: Duration) -> Probes {
         let since = now.saturating_sub(window);
         let mut probes = Probes::default();
         let mut unanswering = Vec::new();
-        for (_, outcome) in self.probes.iter().filter(|(at, _)| *at >= since) {
+        for (at, outcome) in self.probes.iter().filter(|(at, _)| *at >= since) {
             match outcome {
                 None => probes.answered += 1,
+                // Heard from since: the probe was lost, the member is not out of reach.
+                Some(target) if self.heard_from.get(target).is_some_and(|h| h >= at) => {}
                 Some(target) => {
                     probes.failed += 1;
                     if !unanswering.contains(target) {
@@ -175,6 +180,57 @@ impl Fence {
     }
 }
 
+/// The fence over time, as a running member keeps it: closed the moment a judgement says so,
+/// open again only once it has been judged open for `reopen_after` without a break. A node
+/// coming back first learns who is alive, and a minority whose first signs aged out does not
+/// answer again in the moment before its last suspicions of the other side land.
+#[derive(Debug, Clone)]
+pub struct Latch {
+    reopen_after: Duration,
+    open: bool,
+    /// Since when the judgements have said open without a break.
+    open_since: Option<Duration>,
+}
+
+impl Latch {
+    /// A closed fence (a member starts silent).
+    pub fn new(reopen_after: Duration) -> Self {
+        Self {
+            reopen_after,
+            open: false,
+            open_since: None,
+        }
+    }
+
+    /// Takes the judgement made at `now`; returns whether the fence is open now.
+    pub fn take(&mut self, now: Duration, verdict: &Result<(), Silenced>) -> bool {
+        match verdict {
+            Ok(()) => {
+                let since = *self.open_since.get_or_insert(now);
+                if now.saturating_sub(since) >= self.reopen_after {
+                    self.open = true;
+                }
+            }
+            Err(_) => {
+                self.open_since = None;
+                self.open = false;
+            }
+        }
+        self.open
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open
+    }
+
+    /// When a closed fence judged open since then may reopen, if nothing closes it first.
+    pub fn reopens_at(&self) -> Option<Duration> {
+        self.open_since
+            .filter(|_| !self.open)
+            .map(|since| since + self.reopen_after)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +247,11 @@ mod tests {
 
     const OTHER: SocketAddr = SocketAddr::new(
         std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 2)),
+        7946,
+    );
+
+    const THIRD: SocketAddr = SocketAddr::new(
+        std::net::IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 3)),
         7946,
     );
 
@@ -235,7 +296,7 @@ mod tests {
         contact.answered(ms(110), 1); // the forwarded answer to the same probe
         contact.failed(ms(300), FROM);
         contact.failed(ms(500), OTHER);
-        contact.heard(ms(550), FROM);
+        contact.heard(ms(550), THIRD);
         assert_eq!(
             FENCE.judge(&contact, ms(600), THREE),
             Err(Silenced::ProbesUnanswered {
@@ -244,11 +305,28 @@ mod tests {
             })
         );
         contact.answered(ms(700), 2);
-        contact.heard(ms(700), FROM);
+        contact.heard(ms(700), THIRD);
         assert_eq!(
             FENCE.judge(&contact, ms(700), THREE),
             Ok(()),
             "as many answered as failed"
+        );
+    }
+
+    #[test]
+    fn a_failed_probe_of_a_member_heard_from_since_is_a_lost_packet_not_a_cut() {
+        let mut contact = Contact::default();
+        contact.failed(ms(300), FROM);
+        contact.failed(ms(500), OTHER);
+        contact.heard(ms(520), FROM);
+        assert_eq!(FENCE.judge(&contact, ms(560), THREE), Ok(()));
+        assert_eq!(
+            contact.probes_within(ms(560), FENCE.window),
+            Probes {
+                answered: 0,
+                failed: 1,
+                unanswering: 1
+            }
         );
     }
 
@@ -280,5 +358,23 @@ mod tests {
             FENCE.judge(&contact, ms(100), view(1, 2)).is_err(),
             "half is not a majority"
         );
+    }
+
+    #[test]
+    fn the_latch_closes_at_once_and_reopens_after_an_unbroken_open_stretch() {
+        let mut latch = Latch::new(ms(200));
+        let closed = Err(Silenced::NeverHeard);
+        assert!(!latch.take(ms(0), &Ok(())), "a member starts silent");
+        assert_eq!(latch.reopens_at(), Some(ms(200)));
+        assert!(!latch.take(ms(150), &closed));
+        assert_eq!(latch.reopens_at(), None);
+        assert!(!latch.take(ms(160), &Ok(())));
+        assert!(!latch.take(ms(359), &Ok(())));
+        assert!(
+            latch.take(ms(360), &Ok(())),
+            "open for 200 ms without a break"
+        );
+        assert!(!latch.take(ms(361), &closed), "closed at once");
+        assert!(!latch.is_open());
     }
 }

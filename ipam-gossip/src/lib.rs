@@ -28,7 +28,7 @@ mod queue;
 pub mod sim;
 pub mod timing;
 
-pub use contact::{Contact, Fence, Probes, Silenced, View};
+pub use contact::{Contact, Fence, Latch, Probes, Silenced, View};
 pub use envelope::{Dropped, KeyError, Keyring};
 pub use foca::State;
 pub use identity::PeerId;

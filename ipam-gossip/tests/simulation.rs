@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ipam_gossip::{
-    Dropped, Event, Keyring, PeerId, Silenced, State, Timing, View,
+    Dropped, Event, Keyring, Latch, PeerId, Silenced, State, Timing, View,
     envelope::Envelope,
     sim::{NetworkModel, Simulation, address},
 };
@@ -157,6 +157,45 @@ fn three_members_one_on_a_lossy_link_refute_every_suspicion_and_never_rejoin() {
     assert!(rejoins.is_empty(), "{suspicions} suspicions: {rejoins:?}");
 }
 
+/// The real test's bad link with delay on top: the owner among three loses a fifth of its
+/// packets and holds each for 0–100 ms, both ways, for five minutes. Nobody is declared dead
+/// or rejoins, and the owner's own fence (as the daemon keeps it) is rarely closed: its probes
+/// fail often here, but a member it failed to reach and then heard from is not out of reach.
+/// (Counting every failed probe, it was silent a fifth of the time: the real test's defect.)
+#[test]
+fn an_owner_on_a_lossy_slow_link_among_three_stays_alive_and_rarely_silent() {
+    for seed in 0..3 {
+        let mut sim = cluster(3, NetworkModel::default(), 300 + seed);
+        sim.impair(
+            0,
+            NetworkModel {
+                latency: Duration::ZERO,
+                jitter: Duration::from_millis(100),
+                loss: 0.2,
+            },
+        );
+        sim.run_for(secs(1.0));
+        let mut watch = FenceWatch::start(&mut sim, &[0]);
+        let seen = watch.run(&mut sim, secs(300.0))[0];
+        let suspicions = sim.suspicions_since(Duration::ZERO);
+        assert_eq!(sim.deaths_since(Duration::ZERO), [], "seed {seed}");
+        assert!(
+            !sim.reports()
+                .iter()
+                .any(|r| matches!(r.event, Event::Rejoined(_))),
+            "seed {seed}: a rejoin"
+        );
+        let share = seen.closed.as_secs_f64() / 300.0;
+        println!(
+            "seed {seed}: {suspicions} suspicions, the owner silent {:?} of 300 s ({share:.4})",
+            seen.closed
+        );
+        // 0.7–1.5 % on these seeds: a link this bad leaves the owner unheard for the fence's
+        // quiet time now and then.
+        assert!(share < 0.03, "seed {seed}: silent {:?}", seen.closed);
+    }
+}
+
 #[test]
 fn a_cut_off_minority_is_declared_dead_by_the_majority_and_sees_the_majority_dead() {
     let mut sim = cluster(5, NetworkModel::default(), 5);
@@ -237,33 +276,62 @@ fn the_same_seed_gives_the_same_run() {
     assert_eq!(run(), run());
 }
 
-/// How the fence judged each of `members` while the simulation ran for `limit` (checked every
-/// 10 ms): when it first closed, and for how long it was closed in all.
-fn watch_fence(sim: &mut Simulation, members: &[usize], limit: Duration) -> Vec<FenceSeen> {
-    let fence = Timing::default().fence();
-    let step = Duration::from_millis(10);
-    let mut seen = vec![FenceSeen::default(); members.len()];
-    let end = sim.now() + limit;
-    while sim.now() < end {
-        sim.run_for(step);
-        for (i, m) in members.iter().enumerate() {
-            let peer = sim.peer(*m).unwrap();
-            let view = View {
-                members: sim.len(),
-                alive: peer.alive() + 1,
-            };
-            if fence.judge(peer.contact(), sim.now(), view).is_err() {
-                seen[i].first.get_or_insert(sim.now());
-                seen[i].closed += step;
+/// The fences of some members as the daemon keeps them: judged every 10 ms, each held by its
+/// `Latch` (closed at once, open again only after an unbroken open stretch).
+struct FenceWatch {
+    members: Vec<usize>,
+    latches: Vec<Latch>,
+}
+
+impl FenceWatch {
+    /// Starts watching `members`, and runs until their fences have opened.
+    fn start(sim: &mut Simulation, members: &[usize]) -> Self {
+        let timing = Timing::default();
+        let mut watch = Self {
+            members: members.to_vec(),
+            latches: vec![Latch::new(timing.fence_reopen()); members.len()],
+        };
+        watch.run(sim, timing.fence_reopen() + POLL * 2);
+        assert!(
+            watch.latches.iter().all(Latch::is_open),
+            "the fences opened"
+        );
+        watch
+    }
+
+    /// Runs for `limit`; how each fence was seen.
+    fn run(&mut self, sim: &mut Simulation, limit: Duration) -> Vec<FenceSeen> {
+        let fence = Timing::default().fence();
+        let mut seen = vec![FenceSeen::default(); self.members.len()];
+        let end = sim.now() + limit;
+        while sim.now() < end {
+            sim.run_for(POLL);
+            for (i, m) in self.members.iter().enumerate() {
+                let peer = sim.peer(*m).unwrap();
+                let view = View {
+                    members: sim.len(),
+                    alive: peer.alive() + 1,
+                };
+                let verdict = fence.judge(peer.contact(), sim.now(), view);
+                if self.latches[i].take(sim.now(), &verdict) {
+                    seen[i].last_open = Some(sim.now());
+                } else {
+                    seen[i].first.get_or_insert(sim.now());
+                    seen[i].closed += POLL;
+                }
             }
         }
+        seen
     }
-    seen
 }
 
 #[derive(Debug, Clone, Copy, Default)]
 struct FenceSeen {
+    /// When it was first seen closed.
     first: Option<Duration>,
+    /// When it was last seen open.
+    last_open: Option<Duration>,
+    /// How long it was closed in all.
     closed: Duration,
 }
 
@@ -289,10 +357,11 @@ fn a_member_cut_off_goes_silent_before_anyone_declares_it_dead() {
     let margin = timing.fencing_margin().unwrap() - timing.takeover_hold;
     for seed in 0..8 {
         let mut sim = cluster(3, NetworkModel::default(), 100 + seed);
-        sim.run_for(secs(2.0));
+        sim.run_for(secs(1.0));
+        let mut watch = FenceWatch::start(&mut sim, &[2]);
         let cut_at = sim.now();
         sim.partition(&[&[2]]);
-        let silent = watch_fence(&mut sim, &[2], secs(3.0))[0]
+        let silent = watch.run(&mut sim, secs(3.0))[0]
             .first
             .expect("the cut-off member went silent");
         let declared = first_declared_dead(&sim, 2, &[0, 1], cut_at);
@@ -307,12 +376,14 @@ fn a_member_cut_off_goes_silent_before_anyone_declares_it_dead() {
 
 #[test]
 fn a_minority_of_two_goes_silent_no_later_than_the_majority_declares_it_dead() {
-    for seed in 0..8 {
+    let hold = Timing::default().takeover_hold;
+    for seed in 0..40 {
         let mut sim = cluster(5, NetworkModel::default(), 200 + seed);
-        sim.run_for(secs(2.0));
+        sim.run_for(secs(1.0));
+        let mut watch = FenceWatch::start(&mut sim, &[3, 4]);
         let cut_at = sim.now();
         sim.partition(&[&[3, 4]]);
-        let seen = watch_fence(&mut sim, &[3, 4], secs(3.0));
+        let seen = watch.run(&mut sim, secs(3.0));
         for (member, seen) in [3, 4].into_iter().zip(seen) {
             let silent = seen
                 .first
@@ -325,9 +396,20 @@ fn a_minority_of_two_goes_silent_no_later_than_the_majority_declares_it_dead() {
                 silent - cut_at,
                 declared - cut_at
             );
+            // ... and it stays silent while the partition lasts, though its probes of its own
+            // side succeed: its first signs age out, its suspicions of the other side land
+            // before its fence may reopen, and then it sees no majority. (With a reopening
+            // after one probe period, a few of these seeds answered again just after the
+            // majority's takeover, as the real test saw.)
+            let last_open = seen.last_open.unwrap_or(cut_at);
+            assert!(
+                last_open < silent,
+                "seed {seed}: member {member} answered again {:?} after the cut (the majority \
+                 may answer for it from {:?})",
+                last_open - cut_at,
+                declared + hold - cut_at
+            );
         }
-        // ... and stays silent while the partition lasts, though its probes of its own side
-        // succeed: it does not see a majority.
         let fence = Timing::default().fence();
         for m in [3, 4] {
             let peer = sim.peer(m).unwrap();
@@ -377,15 +459,17 @@ fn the_fence_stays_open_on_a_lossy_jittery_link_and_a_quiet_cluster() {
             loss: 0.2,
         },
     );
-    sim.run_for(secs(2.0));
+    sim.run_for(secs(1.0));
     let members: Vec<usize> = (0..50).collect();
-    let seen = watch_fence(&mut sim, &members, secs(60.0));
+    let mut watch = FenceWatch::start(&mut sim, &members);
+    let seen = watch.run(&mut sim, secs(60.0));
     // A reachable member may find itself unheard for a moment (no one probed it while its own
-    // probe went to the slow member): its responders pause until the next packet. Rare and
-    // short is the bar: under a thousandth of the time.
+    // probe went to the slow member): its responders pause until the fence reopens, which
+    // takes `Timing::fence_reopen` (so that a minority never answers again early). Rare is
+    // the bar: a few pauses a minute among the fifty, about a thousandth of the time.
     let closed: Duration = seen.iter().map(|s| s.closed).sum();
     let share = closed.as_secs_f64() / (50.0 * 60.0);
     println!("silent {closed:?} of 50 members x 60 s ({share:.5})");
-    assert!(share < 0.001, "silent {closed:?} of 50 members x 60 s");
+    assert!(share < 0.002, "silent {closed:?} of 50 members x 60 s");
     assert_eq!(seen[7].first, None, "the member on the lossy link itself");
 }

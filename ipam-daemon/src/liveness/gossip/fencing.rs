@@ -1,10 +1,11 @@
 //! The fence as the running member keeps it: `ipam_gossip::Fence` judged after every step, a
 //! closing published (and logged, and counted) at once, and a reopening only once the fence has
-//! been judged open for a whole probe period: a node coming back first learns who is alive.
+//! been judged open for `Timing::fence_reopen` without a break (`ipam_gossip::Latch`): a node
+//! coming back first learns who is alive, and a minority's last suspicions land.
 
 use std::time::Duration;
 
-use ipam_gossip::{Contact, Fence, Silenced, View};
+use ipam_gossip::{Contact, Fence, Latch, Silenced, View};
 use tokio::sync::watch;
 
 use crate::{
@@ -14,9 +15,7 @@ use crate::{
 
 pub(super) struct FenceKeeper {
     fence: Fence,
-    reopen_after: Duration,
-    /// Since when the fence has been judged open without a break.
-    open_since: Option<Duration>,
+    latch: Latch,
     state: watch::Sender<FenceState>,
 }
 
@@ -28,14 +27,9 @@ impl FenceKeeper {
     ) -> Self {
         Self {
             fence,
-            reopen_after,
-            open_since: None,
+            latch: Latch::new(reopen_after),
             state,
         }
-    }
-
-    fn is_open(&self) -> bool {
-        *self.state.borrow() == FenceState::Open
     }
 
     /// Judges the fence at `now` and publishes a change.
@@ -47,19 +41,11 @@ impl FenceKeeper {
         metrics: &GossipMetrics,
     ) {
         let verdict = self.fence.judge(contact, now, view);
-        let state = match &verdict {
-            Ok(()) => {
-                let since = *self.open_since.get_or_insert(now);
-                if !self.is_open() && now.saturating_sub(since) < self.reopen_after {
-                    // Not yet: the wakeup comes back for it.
-                    return;
-                }
-                FenceState::Open
-            }
-            Err(why) => {
-                self.open_since = None;
-                FenceState::Closed(why.to_string())
-            }
+        let state = match (self.latch.take(now, &verdict), &verdict) {
+            (true, _) => FenceState::Open,
+            (false, Err(why)) => FenceState::Closed(why.to_string()),
+            // Judged open, not yet for long enough: the wakeup comes back for it.
+            (false, Ok(())) => return,
         };
         self.state.send_if_modified(|current| {
             if *current == state {
@@ -91,11 +77,7 @@ impl FenceKeeper {
             .heard_ago(now)
             .filter(|ago| *ago < self.fence.quiet)
             .map(|ago| now + (self.fence.quiet - ago) + Duration::from_millis(1));
-        let reopens = self
-            .open_since
-            .filter(|_| !self.is_open())
-            .map(|since| since + self.reopen_after);
-        closes.into_iter().chain(reopens).min()
+        closes.into_iter().chain(self.latch.reopens_at()).min()
     }
 
     /// Why this node may not answer now, if it may not.

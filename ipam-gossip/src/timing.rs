@@ -48,7 +48,10 @@ pub struct Timing {
     pub indirect_probes: usize,
     pub suspect_to_down: Duration,
     /// How often a member with news sends it to `gossip_fanout` random peers, on top of the
-    /// probes that carry it anyway.
+    /// probes that carry it anyway. Nothing is sent without news, and each change is passed on
+    /// a fixed number of times whatever the rate, so a faster round costs no bytes, only
+    /// spreads sooner: at 5,000 members the last member learns of a death 0.13–0.18 s after the
+    /// first, against 0.30–0.35 s every 50 ms to 3 (`examples/detect_parts.rs`).
     pub gossip_every: Duration,
     pub gossip_fanout: usize,
     /// How often a member says hello to a couple of the members it holds dead, so that the two
@@ -75,8 +78,8 @@ impl Default for Timing {
             probe_rtt: Duration::from_millis(30),
             indirect_probes: 8,
             suspect_to_down: Duration::from_millis(400),
-            gossip_every: Duration::from_millis(50),
-            gossip_fanout: 3,
+            gossip_every: Duration::from_millis(25),
+            gossip_fanout: 4,
             reannounce_every: Duration::from_secs(2),
             fence_quiet: Duration::from_millis(350),
             fence_window: Duration::from_millis(450),

@@ -169,6 +169,7 @@ fn rule(verdict: &Result<(), Silenced>) -> &'static str {
         Ok(()) => "none",
         Err(Silenced::NeverHeard | Silenced::NothingHeard(_)) => "nothing heard",
         Err(Silenced::ProbesUnanswered { .. }) => "probes unanswered",
+        Err(Silenced::DeclaredDead) => "declared dead",
         Err(Silenced::Minority { .. }) => "minority",
     }
 }

@@ -1,7 +1,7 @@
 //! Whether this member still reaches the cluster: the input of the fence, which silences a node's
 //! responders before the others may take its service IPs over.
 //!
-//! Three signs, three rules:
+//! Four signs, four rules:
 //! - **Nothing heard** for `Fence::quiet`: no authenticated packet from any other member. A
 //!   healthy member hears a few per probe period (answers to its own probes, others' probes,
 //!   gossip), so a silence this long means the node is cut off. `quiet` is shorter than the
@@ -9,11 +9,16 @@
 //!   off node is silent *before* anyone may take over: that difference is the fencing margin.
 //! - **Most probes unanswered** over `Fence::window`: the node still hears some members (a
 //!   minority cut off together) but more of its own probes fail than are answered, and of at
-//!   least two members (one dead member failing every probe of it is a death, not a cut). This one has
-//!   no hard margin against the majority's detection, which runs at the same pace (a probe per
+//!   least two members not heard from since (one dead member failing every probe of it is a
+//!   death, not a cut; a member heard from after its probe failed is a lost packet, which is
+//!   what keeps a node on a lossy or slow link answering). This one has no hard margin against the majority's detection, which runs at the same pace (a probe per
 //!   period each way); with a window of two periods and a bit, the minority's first two failed
 //!   probes close it, and the simulator checks that this is never later than the majority
 //!   declares it dead (`tests/simulation.rs`).
+//! - **Declared dead**: the others declared this member dead (it heard so and rejoined as a new
+//!   generation); they take its IPs over after their hold, so it is silent from then until a
+//!   probe of its new generation is answered. This is what silences a node that hears the
+//!   others but cannot reach them (a one-way cut), whose failed probes are not counted.
 //! - **No majority in view**: the members this one holds alive and unsuspected (itself
 //!   included) are not more than half of the cluster's members (from the store's node
 //!   records). This is what keeps a minority silent for as long as the partition lasts, once
@@ -38,6 +43,9 @@ pub struct Contact {
     /// member that did not answer.
     probes: VecDeque<(Duration, Option<SocketAddr>)>,
     last_answered: Option<ProbeNumber>,
+    /// When the others declared this member dead (it rejoined as a new generation), until one
+    /// of its probes is answered again.
+    declared_dead: Option<Duration>,
 }
 
 impl Contact {
@@ -58,6 +66,20 @@ impl Contact {
             self.last_answered = Some(probe);
             self.record(at, None);
         }
+        // A member answered the new generation: the others can hear this one again.
+        self.declared_dead = None;
+    }
+
+    /// The others declared this member dead: they may answer for its service IPs once their
+    /// takeover hold has passed.
+    pub(crate) fn declared_dead(&mut self, at: Duration) {
+        self.declared_dead = Some(at);
+    }
+
+    /// Since when this member has known it was declared dead, if no probe of its was answered
+    /// since.
+    pub fn declared_dead_since(&self) -> Option<Duration> {
+        self.declared_dead
     }
 
     /// A probe of this member's, of `target`, went unanswered.
@@ -141,6 +163,10 @@ pub enum Silenced {
     #[error("{failed} of this node's last {} probes went unanswered", .answered + .failed)]
     ProbesUnanswered { answered: usize, failed: usize },
     #[error(
+        "the other members declared this node dead; silent until one of them answers its probes"
+    )]
+    DeclaredDead,
+    #[error(
         "only {alive} of the cluster's {members} members are alive as this node sees them: not \
          a majority"
     )]
@@ -158,6 +184,13 @@ impl Fence {
             None => return Err(Silenced::NeverHeard),
             Some(ago) if ago >= self.quiet => return Err(Silenced::NothingHeard(ago)),
             Some(_) => {}
+        }
+        // The others take this node's IPs over once their hold has passed: whatever it sees,
+        // it must not answer with them. (A node that hears the others but cannot reach them,
+        // a one-way cut, learns it this way: its failed probes of members it still hears from
+        // are not counted below.)
+        if contact.declared_dead_since().is_some() {
+            return Err(Silenced::DeclaredDead);
         }
         // One dead member fails every probe of it until it is declared dead: that is a death,
         // not this member being cut off. Two members that do not answer, and more failures than
@@ -328,6 +361,25 @@ mod tests {
                 unanswering: 1
             }
         );
+    }
+
+    #[test]
+    fn a_member_declared_dead_is_silent_until_one_of_its_probes_is_answered() {
+        let mut contact = Contact::default();
+        contact.heard(ms(100), FROM);
+        contact.declared_dead(ms(100));
+        assert_eq!(
+            FENCE.judge(&contact, ms(150), THREE),
+            Err(Silenced::DeclaredDead)
+        );
+        contact.heard(ms(200), FROM);
+        assert_eq!(
+            FENCE.judge(&contact, ms(200), THREE),
+            Err(Silenced::DeclaredDead),
+            "hearing the others is not enough: they must hear this one"
+        );
+        contact.answered(ms(250), 7);
+        assert_eq!(FENCE.judge(&contact, ms(250), THREE), Ok(()));
     }
 
     #[test]

@@ -333,7 +333,10 @@ impl Runtime<PeerId> for Sink<'_> {
                 self.contact.failed(self.now.monotonic, id.addr);
                 Event::Suspected(*id)
             }
-            Notification::Rejoin(id) => Event::Rejoined(*id),
+            Notification::Rejoin(id) => {
+                self.contact.declared_dead(self.now.monotonic);
+                Event::Rejoined(*id)
+            }
             Notification::Active => Event::Connected,
             Notification::Idle | Notification::Defunct => Event::Alone,
             Notification::DataReceived(header) => {

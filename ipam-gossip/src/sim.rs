@@ -77,6 +77,8 @@ struct Member {
     group: u32,
     /// The earliest wake-up queued for this member.
     armed: Option<Duration>,
+    /// Its packets are lost, while it still receives (a one-way cut).
+    muted: bool,
 }
 
 impl Simulation {
@@ -115,6 +117,7 @@ impl Simulation {
                 link: None,
                 group: 0,
                 armed: None,
+                muted: false,
             });
             sim.collect(index);
         }
@@ -206,8 +209,18 @@ impl Simulation {
         }
     }
 
+    /// Cuts `member` one way: it still hears everyone, nobody hears it (a firewall dropping
+    /// its outgoing gossip).
+    pub fn mute(&mut self, member: usize) {
+        self.members[member].muted = true;
+    }
+
+    /// Undoes every partition and one-way cut.
     pub fn heal(&mut self) {
         self.partition(&[]);
+        for member in &mut self.members {
+            member.muted = false;
+        }
     }
 
     /// Delivers `packet` to `member` now, as from a host on the segment.
@@ -374,7 +387,7 @@ impl Simulation {
             self.members[member].armed = Some(due);
             self.wakeups.push(Reverse((due, member)));
         }
-        let group = self.members[member].group;
+        let (group, muted) = (self.members[member].group, self.members[member].muted);
         for out in outgoing {
             self.traffic.packets += 1;
             self.traffic.bytes += out.packet.len() as u64;
@@ -386,7 +399,7 @@ impl Simulation {
                 .as_ref()
                 .or(self.members[to].link.as_ref())
                 .unwrap_or(&self.network);
-            if self.members[to].group != group || self.rng.random_bool(link.loss) {
+            if self.members[to].group != group || muted || self.rng.random_bool(link.loss) {
                 self.traffic.lost += 1;
                 continue;
             }

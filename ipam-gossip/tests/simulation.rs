@@ -441,6 +441,51 @@ fn a_minority_of_two_goes_silent_no_later_than_the_majority_declares_it_dead() {
     }
 }
 
+/// A member that hears everyone but reaches no one (its outgoing gossip dropped): its probes
+/// fail, yet it hears from the members it probed, so the failed probes do not count for its
+/// fence; it goes silent when it learns the others declared it dead, which is before their
+/// takeover hold has passed, and stays silent. Twenty members: it would take ten suspicions of
+/// its own to see no majority.
+#[test]
+fn a_member_cut_one_way_goes_silent_when_declared_dead_before_anyone_takes_over() {
+    let hold = Timing::default().takeover_hold;
+    for seed in 0..8 {
+        let mut sim = cluster(20, NetworkModel::default(), 400 + seed);
+        sim.run_for(secs(1.0));
+        let mut watch = FenceWatch::start(&mut sim, &[5]);
+        let cut_at = sim.now();
+        // Its identity before: once it hears it was declared dead it rejoins as the next.
+        let id = sim.id(5);
+        sim.mute(5);
+        let seen = watch.run(&mut sim, secs(4.0))[0];
+        let declared = sim
+            .reports()
+            .iter()
+            .filter(|r| r.at >= cut_at && r.member != 5 && r.event == Event::Down(id))
+            .map(|r| r.at)
+            .min()
+            .unwrap_or_else(|| panic!("seed {seed}: never declared dead"));
+        let silent = seen
+            .first
+            .unwrap_or_else(|| panic!("seed {seed}: the muted member kept answering"));
+        println!(
+            "seed {seed}: silent {:?} after the cut, declared dead {:?} after it",
+            silent - cut_at,
+            declared - cut_at
+        );
+        assert!(
+            silent + hold / 2 <= declared + hold,
+            "seed {seed}: silent {:?} after the cut, others may answer {:?} after it",
+            silent - cut_at,
+            declared + hold - cut_at
+        );
+        assert!(
+            seen.last_open.is_none_or(|open| open < silent),
+            "seed {seed}: it answered again"
+        );
+    }
+}
+
 #[test]
 fn the_fence_stays_open_on_a_lossy_jittery_link_and_a_quiet_cluster() {
     let mut sim = cluster(

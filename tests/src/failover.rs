@@ -122,6 +122,9 @@ pub enum Fault {
     Stop,
     /// The node cut off from the other nodes; the client and the store still reach it.
     CutOff,
+    /// The node's outgoing gossip dropped: it still hears the other nodes, they no longer
+    /// hear it (a one-way cut).
+    Muted,
 }
 
 impl Fault {
@@ -131,6 +134,7 @@ impl Fault {
             Self::Kill => "agent SIGKILLed (link up)",
             Self::Stop => "agent stopped (SIGTERM)",
             Self::CutOff => "cut off from the other nodes (client and store still reach it)",
+            Self::Muted => "muted: its gossip no longer leaves it (it still hears the others)",
         }
     }
 }
@@ -449,6 +453,7 @@ impl FailoverRig {
             Fault::Kill => node.daemon.take().expect("the agent runs").kill(),
             Fault::Stop => node.daemon.take().expect("the agent runs").terminate(),
             Fault::CutOff => self.cluster.partition(&[index]),
+            Fault::Muted => mute_gossip(node, "-A"),
         }
     }
 
@@ -456,6 +461,7 @@ impl FailoverRig {
     fn repair(&mut self, fault: Fault, index: usize) {
         match fault {
             Fault::CutOff => self.cluster.heal(&[index]),
+            Fault::Muted => mute_gossip(&self.cluster.nodes[index], "-D"),
             Fault::PowerOff => {
                 let node = &mut self.cluster.nodes[index];
                 node.ns.up(crate::cluster::UPLINK);
@@ -464,6 +470,23 @@ impl FailoverRig {
             Fault::Kill | Fault::Stop => self.cluster.nodes[index].start(),
         }
     }
+}
+
+/// Adds (`-A`) or removes (`-D`) the rule dropping every gossip packet `node` sends.
+fn mute_gossip(node: &crate::cluster::ClusterNode, action: &str) {
+    let status = node
+        .ns
+        .command("iptables")
+        .args([
+            action, "OUTPUT", "-p", "udp", "--dport", "7946", "-j", "DROP",
+        ])
+        .status()
+        .expect("run iptables");
+    assert!(
+        status.success(),
+        "iptables {action} OUTPUT in {}",
+        node.name
+    );
 }
 
 /// What `kills` power losses cost the client: the median time until a request is answered

@@ -94,6 +94,7 @@ fn silenced_label(why: &Silenced) -> &'static str {
         Silenced::NeverHeard => "never_heard",
         Silenced::NothingHeard(_) => "nothing_heard",
         Silenced::ProbesUnanswered { .. } => "probes_unanswered",
+        Silenced::DeclaredDead => "declared_dead",
         Silenced::Minority { .. } => "minority",
     }
 }

@@ -22,11 +22,13 @@ fn env(name: &str, default: u64) -> u64 {
 fn main() {
     let members = env("MEMBERS", 1000) as usize;
     let kills = env("KILLS", 10) as usize;
+    let default = Timing::default();
+    let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let timing = Timing {
-        gossip_every: Duration::from_millis(env("GOSSIP_EVERY_MS", 50)),
-        gossip_fanout: env("GOSSIP_FANOUT", 3) as usize,
-        probe_period: Duration::from_millis(env("PROBE_PERIOD_MS", 200)),
-        ..Timing::default()
+        gossip_every: Duration::from_millis(env("GOSSIP_EVERY_MS", millis(default.gossip_every))),
+        gossip_fanout: env("GOSSIP_FANOUT", default.gossip_fanout as u64) as usize,
+        probe_period: Duration::from_millis(env("PROBE_PERIOD_MS", millis(default.probe_period))),
+        ..default.clone()
     };
     let network = NetworkModel {
         loss: 0.01,

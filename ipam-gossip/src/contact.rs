@@ -11,10 +11,11 @@
 //!   minority cut off together) but more of its own probes fail than are answered, and of at
 //!   least two members not heard from since (one dead member failing every probe of it is a
 //!   death, not a cut; a member heard from after its probe failed is a lost packet, which is
-//!   what keeps a node on a lossy or slow link answering). This one has no hard margin against the majority's detection, which runs at the same pace (a probe per
-//!   period each way); with a window of two periods and a bit, the minority's first two failed
-//!   probes close it, and the simulator checks that this is never later than the majority
-//!   declares it dead (`tests/simulation.rs`).
+//!   what keeps a node on a lossy or slow link answering). This one has no hard margin
+//!   against the majority's detection, which runs at the same pace (a probe per period each
+//!   way); with a window of two periods and a bit, the minority's first two failed probes
+//!   close it, and the simulator checks that this is never later than the majority declares
+//!   it dead (`tests/simulation.rs`).
 //! - **Declared dead**: the others declared this member dead (it heard so and rejoined as a new
 //!   generation); they take its IPs over after their hold, so it is silent from then until a
 //!   probe of its new generation is answered. This is what silences a node that hears the

@@ -1,8 +1,9 @@
 //! Liveness between the agents (`[gossip]`) with real agents, real etcd and a client on the
 //! segment: the service IP moves when its node loses power, when its agent is killed or
 //! stopped, when the node is cut off from the other nodes (while the client and the store
-//! still reach it), and when its gossip no longer leaves it (it still hears the others); a client asking for the IP all along never gets two answers to one request;
-//! a minority of two cut off from three goes silent and the majority answers for its IPs;
+//! still reach it), and when its gossip no longer leaves it (it still hears the others); a
+//! client asking for the IP all along never gets two answers to one request; a minority of two
+//! cut off from three goes silent and the majority answers for its IPs;
 //! forged packets from a host on the segment are dropped and change nothing; and at rest the
 //! agents write one lease renewal each per renewal period, nothing else.
 //!

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use ipam_gossip::{
-    Event, Keyring, Latch, Silenced, Timing, View,
+    Event, Keyring, Latch, Silenced, Timing,
     sim::{NetworkModel, Simulation},
 };
 
@@ -33,24 +33,9 @@ fn keyring() -> Keyring {
     Keyring::new(("cluster", &[7; 32]), []).unwrap()
 }
 
-/// Judges member `m`'s fence now and feeds its latch; returns whether it is open.
-fn step_fence(sim: &Simulation, m: usize, latch: &mut Latch, timing: &Timing) -> bool {
-    judge(sim, m, latch, timing).0
-}
-
-/// The same, with the verdict.
-fn judge(
-    sim: &Simulation,
-    m: usize,
-    latch: &mut Latch,
-    timing: &Timing,
-) -> (bool, Result<(), Silenced>) {
-    let peer = sim.peer(m).unwrap();
-    let view = View {
-        members: sim.len(),
-        alive: peer.alive() + 1,
-    };
-    let verdict = timing.fence().judge(peer.contact(), sim.now(), view);
+/// Judges member `m`'s fence now and feeds its latch: whether it is open, and the verdict.
+fn judge(sim: &Simulation, m: usize, latch: &mut Latch) -> (bool, Result<(), Silenced>) {
+    let verdict = sim.fence_verdict(m);
     (latch.take(sim.now(), &verdict), verdict)
 }
 
@@ -68,7 +53,7 @@ fn minority(seeds: u64) {
             while sim.now() < end {
                 sim.run_for(STEP);
                 for (i, m) in [3, 4].into_iter().enumerate() {
-                    let open = step_fence(sim, m, &mut latches[i], &timing);
+                    let open = judge(sim, m, &mut latches[i]).0;
                     seen[i].push((sim.now(), open));
                 }
             }
@@ -144,7 +129,7 @@ fn lossy_owner(seeds: u64) {
         let mut started = false;
         while sim.now() < end {
             sim.run_for(STEP);
-            let (open, verdict) = judge(&sim, 0, &mut latch, &timing);
+            let (open, verdict) = judge(&sim, 0, &mut latch);
             started |= open;
             if started && !open {
                 closed_total += STEP;

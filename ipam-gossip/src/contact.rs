@@ -44,9 +44,9 @@ pub struct Contact {
     /// member that did not answer.
     probes: VecDeque<(Duration, Option<SocketAddr>)>,
     last_answered: Option<ProbeNumber>,
-    /// When the others declared this member dead (it rejoined as a new generation), until one
-    /// of its probes is answered again.
-    declared_dead: Option<Duration>,
+    /// The others declared this member dead (it rejoined as a new generation), and none of
+    /// its probes was answered since.
+    declared_dead: bool,
 }
 
 impl Contact {
@@ -68,18 +68,17 @@ impl Contact {
             self.record(at, None);
         }
         // A member answered the new generation: the others can hear this one again.
-        self.declared_dead = None;
+        self.declared_dead = false;
     }
 
     /// The others declared this member dead: they may answer for its service IPs once their
     /// takeover hold has passed.
-    pub(crate) fn declared_dead(&mut self, at: Duration) {
-        self.declared_dead = Some(at);
+    pub(crate) fn declared_dead(&mut self) {
+        self.declared_dead = true;
     }
 
-    /// Since when this member has known it was declared dead, if no probe of its was answered
-    /// since.
-    pub fn declared_dead_since(&self) -> Option<Duration> {
+    /// Whether the others declared this member dead and none of its probes was answered since.
+    pub fn is_declared_dead(&self) -> bool {
         self.declared_dead
     }
 
@@ -190,7 +189,7 @@ impl Fence {
         // it must not answer with them. (A node that hears the others but cannot reach them,
         // a one-way cut, learns it this way: its failed probes of members it still hears from
         // are not counted below.)
-        if contact.declared_dead_since().is_some() {
+        if contact.is_declared_dead() {
             return Err(Silenced::DeclaredDead);
         }
         // One dead member fails every probe of it until it is declared dead: that is a death,
@@ -368,7 +367,7 @@ mod tests {
     fn a_member_declared_dead_is_silent_until_one_of_its_probes_is_answered() {
         let mut contact = Contact::default();
         contact.heard(ms(100), FROM);
-        contact.declared_dead(ms(100));
+        contact.declared_dead();
         assert_eq!(
             FENCE.judge(&contact, ms(150), THREE),
             Err(Silenced::DeclaredDead)

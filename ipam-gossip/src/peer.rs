@@ -334,7 +334,7 @@ impl Runtime<PeerId> for Sink<'_> {
                 Event::Suspected(*id)
             }
             Notification::Rejoin(id) => {
-                self.contact.declared_dead(self.now.monotonic);
+                self.contact.declared_dead();
                 Event::Rejoined(*id)
             }
             Notification::Active => Event::Connected,

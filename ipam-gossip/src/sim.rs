@@ -11,7 +11,10 @@ use std::{
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
-use crate::{Event, Keyring, Now, Peer, PeerId, Settings, Timing, envelope::Dropped, queue::Queue};
+use crate::{
+    Event, Keyring, Now, Peer, PeerId, Settings, Silenced, Timing, View, envelope::Dropped,
+    queue::Queue,
+};
 
 /// The network between the members.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +158,17 @@ impl Simulation {
 
     pub fn peer(&self, member: usize) -> Option<&Peer> {
         self.members[member].peer.as_ref()
+    }
+
+    /// How `member`'s fence judges now, as the daemon's would with a node record for every
+    /// member of the simulation.
+    pub fn fence_verdict(&self, member: usize) -> Result<(), Silenced> {
+        let peer = self.peer(member).expect("a running member");
+        let view = View {
+            members: self.len(),
+            alive: peer.alive() + 1,
+        };
+        self.timing.fence().judge(peer.contact(), self.now, view)
     }
 
     pub fn is_alive(&self, member: usize) -> bool {

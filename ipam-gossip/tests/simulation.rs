@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ipam_gossip::{
-    Dropped, Event, Keyring, Latch, PeerId, Silenced, State, Timing, View,
+    Dropped, Event, Keyring, Latch, PeerId, Silenced, State, Timing,
     envelope::Envelope,
     sim::{NetworkModel, Simulation, address},
 };
@@ -301,19 +301,12 @@ impl FenceWatch {
 
     /// Runs for `limit`; how each fence was seen.
     fn run(&mut self, sim: &mut Simulation, limit: Duration) -> Vec<FenceSeen> {
-        let fence = Timing::default().fence();
         let mut seen = vec![FenceSeen::default(); self.members.len()];
         let end = sim.now() + limit;
         while sim.now() < end {
             sim.run_for(POLL);
             for (i, m) in self.members.iter().enumerate() {
-                let peer = sim.peer(*m).unwrap();
-                let view = View {
-                    members: sim.len(),
-                    alive: peer.alive() + 1,
-                };
-                let verdict = fence.judge(peer.contact(), sim.now(), view);
-                if self.latches[i].take(sim.now(), &verdict) {
+                if self.latches[i].take(sim.now(), &sim.fence_verdict(*m)) {
                     seen[i].last_open = Some(sim.now());
                 } else {
                     seen[i].first.get_or_insert(sim.now());
@@ -335,15 +328,20 @@ struct FenceSeen {
     closed: Duration,
 }
 
-/// When one of `by` first declared `member` dead after `since`.
-fn first_declared_dead(sim: &Simulation, member: usize, by: &[usize], since: Duration) -> Duration {
-    let id = sim.id(member);
+/// When one of `by` first declared `victim` dead after `since`. (Pass the identity the member
+/// had before the fault: one told it was declared dead rejoins as its next generation.)
+fn first_declared_dead(
+    sim: &Simulation,
+    victim: PeerId,
+    by: &[usize],
+    since: Duration,
+) -> Duration {
     sim.reports()
         .iter()
-        .filter(|r| r.at >= since && by.contains(&r.member) && r.event == Event::Down(id))
+        .filter(|r| r.at >= since && by.contains(&r.member) && r.event == Event::Down(victim))
         .map(|r| r.at)
         .min()
-        .unwrap_or_else(|| panic!("member {member} was never declared dead"))
+        .unwrap_or_else(|| panic!("{victim} was never declared dead"))
 }
 
 /// The fence is polled every 10 ms: a closing is seen up to that late.
@@ -364,7 +362,7 @@ fn a_member_cut_off_goes_silent_before_anyone_declares_it_dead() {
         let silent = watch.run(&mut sim, secs(3.0))[0]
             .first
             .expect("the cut-off member went silent");
-        let declared = first_declared_dead(&sim, 2, &[0, 1], cut_at);
+        let declared = first_declared_dead(&sim, sim.id(2), &[0, 1], cut_at);
         assert!(
             silent + margin <= declared + POLL,
             "seed {seed}: silent {:?} after the cut, first declared dead {:?} after it",
@@ -388,7 +386,7 @@ fn a_minority_of_two_goes_silent_no_later_than_the_majority_declares_it_dead() {
             let silent = seen
                 .first
                 .unwrap_or_else(|| panic!("seed {seed}: member {member} kept answering"));
-            let declared = first_declared_dead(&sim, member, &[0, 1, 2], cut_at);
+            let declared = first_declared_dead(&sim, sim.id(member), &[0, 1, 2], cut_at);
             assert!(
                 silent <= declared + POLL,
                 "seed {seed}: member {member} silent {:?} after the cut, declared dead {:?} \
@@ -410,30 +408,16 @@ fn a_minority_of_two_goes_silent_no_later_than_the_majority_declares_it_dead() {
                 declared + hold - cut_at
             );
         }
-        let fence = Timing::default().fence();
         for m in [3, 4] {
-            let peer = sim.peer(m).unwrap();
-            let view = View {
-                members: 5,
-                alive: peer.alive() + 1,
-            };
             assert!(
-                matches!(
-                    fence.judge(peer.contact(), sim.now(), view),
-                    Err(Silenced::Minority { .. })
-                ),
+                matches!(sim.fence_verdict(m), Err(Silenced::Minority { .. })),
                 "seed {seed}: member {m} after 3 s"
             );
         }
         // Once the minority is declared dead, the majority's probes are answered again.
         for m in 0..3 {
-            let peer = sim.peer(m).unwrap();
-            let view = View {
-                members: 5,
-                alive: peer.alive() + 1,
-            };
             assert_eq!(
-                fence.judge(peer.contact(), sim.now(), view),
+                sim.fence_verdict(m),
                 Ok(()),
                 "seed {seed}: majority member {m}"
             );
@@ -458,13 +442,8 @@ fn a_member_cut_one_way_goes_silent_when_declared_dead_before_anyone_takes_over(
         let id = sim.id(5);
         sim.mute(5);
         let seen = watch.run(&mut sim, secs(4.0))[0];
-        let declared = sim
-            .reports()
-            .iter()
-            .filter(|r| r.at >= cut_at && r.member != 5 && r.event == Event::Down(id))
-            .map(|r| r.at)
-            .min()
-            .unwrap_or_else(|| panic!("seed {seed}: never declared dead"));
+        let others: Vec<usize> = (0..20).filter(|m| *m != 5).collect();
+        let declared = first_declared_dead(&sim, id, &others, cut_at);
         let silent = seen
             .first
             .unwrap_or_else(|| panic!("seed {seed}: the muted member kept answering"));

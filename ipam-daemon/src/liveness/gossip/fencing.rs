@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ipam_gossip::{Contact, Fence, Latch, Silenced, View};
+use ipam_gossip::{Contact, Fence, Latch, Silenced, Timing, View};
 use tokio::sync::watch;
 
 use crate::{
@@ -20,14 +20,12 @@ pub(super) struct FenceKeeper {
 }
 
 impl FenceKeeper {
-    pub(super) fn new(
-        fence: Fence,
-        reopen_after: Duration,
-        state: watch::Sender<FenceState>,
-    ) -> Self {
+    /// The fence of `timing`, held closed until it has been judged open for
+    /// `Timing::fence_reopen`.
+    pub(super) fn new(timing: &Timing, state: watch::Sender<FenceState>) -> Self {
         Self {
-            fence,
-            latch: Latch::new(reopen_after),
+            fence: timing.fence(),
+            latch: Latch::new(timing.fence_reopen()),
             state,
         }
     }

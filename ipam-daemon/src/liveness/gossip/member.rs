@@ -98,7 +98,7 @@ impl Member {
             directory,
             records,
             keys,
-            fence: FenceKeeper::new(timing.fence(), timing.fence_reopen(), fence),
+            fence: FenceKeeper::new(&timing, fence),
             takeover: TakeoverHold::new(timing.takeover_hold),
             membership,
             members,

@@ -15,6 +15,7 @@
 
 pub mod announce;
 pub mod api;
+pub mod bgp;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -55,6 +55,16 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
         "prometheus",
         "promtool: the metrics test checks ipamd's exposition with it",
     ),
+    (
+        "bird2",
+        "bird, birdc: the BGP speaker the agents drive ([bgp]); its unit test parses the \
+         rendered configuration with it",
+    ),
+    (
+        "frr",
+        "zebra, bgpd, bfdd, vtysh: the router of the BGP tests, bench and lab (another \
+         implementation than the agents' BIRD)",
+    ),
 ];
 
 /// The toolchain alone: what building the project needs, nothing the tests need.

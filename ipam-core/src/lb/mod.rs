@@ -6,6 +6,7 @@ pub mod announce;
 pub mod assign;
 #[cfg(test)]
 mod assign_tests;
+pub mod bgp;
 pub mod controller;
 pub mod resources;
 pub mod rows;

@@ -11,6 +11,7 @@
 //!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json, node record
 //!  store ──▶ routes ──▶ route map
 //!  announce::node_record ──▶ node record                  (add-on mode: no [ipam], no pod_ipam)
+//!  store ──▶ bgp::announcer ──▶ BIRD ──▶ routers           ([bgp]: routes per Service IP)
 //! ```
 //!
 //! Each arrow is a typed value; no controller reaches into another's state.
@@ -28,6 +29,7 @@ use super::{
 };
 use crate::{
     announce::{self, Configured, OwnedIps},
+    bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
     config::{Config, IpamSettings},
     datapath::{self, Datapath},
@@ -71,6 +73,10 @@ pub(super) async fn run(
     }
     if let Some(op) = node.operator {
         op.stop().await;
+    }
+    if let Some(bgp) = node.bgp {
+        // Closes the sessions with a Cease: the routers withdraw this node's routes now.
+        bgp.stop().await;
     }
     match node.gossip {
         // Leaving makes the others take the IPs over at once: this node must be silent first.
@@ -165,6 +171,7 @@ struct NodeControllers {
     ipam: Option<watch::Sender<IpamSettings>>,
     operator: Option<OperatorTask>,
     gossip: Option<Gossip>,
+    bgp: Option<BgpAnnouncer>,
     responder: JoinHandle<Result<(), AnnounceError>>,
 }
 
@@ -191,6 +198,7 @@ impl NodeControllers {
         let mut operator = None;
         let mut gossip = None;
         let mut ipam = None;
+        let mut bgp = None;
         let cluster = match config.ipam.clone() {
             Some(settings) => {
                 let store = ClusterStore::open(&config.store_settings()).await?;
@@ -210,6 +218,7 @@ impl NodeControllers {
                     )
                     .await?,
                 );
+                bgp = start_bgp(config, &store, &observed);
                 start_cluster_side(config, store, &observed, gossip.as_ref())
             }
             // The add-on mode: Service IPs beside another CNI; the node's record is all it
@@ -232,6 +241,7 @@ impl NodeControllers {
                     observed.health.clone(),
                 ));
                 serve_add_on_api(config, gossip.as_ref())?;
+                bgp = start_bgp(config, &store, &observed);
                 start_cluster_side(config, store, &observed, gossip.as_ref())
             }
             None => ClusterSide::standalone(),
@@ -245,6 +255,7 @@ impl NodeControllers {
             ipam,
             operator,
             gossip,
+            bgp,
             responder,
         })
     }
@@ -336,6 +347,23 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
         store: store.clone(),
         node: config.node.name.clone(),
         metrics: observed.metrics.clone(),
+    }))
+}
+
+/// With `[bgp]`: the BGP announcer, which runs BIRD with this node's sessions.
+fn start_bgp(config: &Config, store: &ClusterStore, observed: &Observed) -> Option<BgpAnnouncer> {
+    let settings = config.bgp.clone()?;
+    tracing::info!(
+        run_dir = %settings.run_dir.display(),
+        "advertising Service IPs over BGP (BIRD) to the BGPPeers that select this node"
+    );
+    Some(BgpAnnouncer::spawn(crate::bgp::announcer::Inputs {
+        store: store.clone(),
+        node: config.node.name.clone(),
+        addresses: config.node.addresses.clone(),
+        settings,
+        metrics: observed.metrics.clone(),
+        health: observed.health.clone(),
     }))
 }
 

@@ -6,6 +6,7 @@
 //! Names follow Prometheus' rules: an `ipam_` prefix, base units, `_total` on counters, and
 //! labels of bounded cardinality (pool, family, result, counter name, announced IP).
 
+pub mod bgp;
 pub mod gossip;
 mod http;
 
@@ -86,6 +87,7 @@ pub struct Metrics {
     pub pod_datapath_packets: Family<CounterLabel, Counter>,
     pub l2_replies: Family<IpLabel, Counter>,
     pub gossip: gossip::GossipMetrics,
+    pub bgp: bgp::BgpMetrics,
     /// Datapath counters as last read, to add only what they grew by.
     seen_pod: Mutex<BTreeMap<String, u64>>,
     seen_replies: Mutex<HashMap<IpAddr, u64>>,
@@ -123,6 +125,7 @@ impl Metrics {
             pod_datapath_packets: Family::default(),
             l2_replies: Family::default(),
             gossip: gossip::GossipMetrics::new(),
+            bgp: bgp::BgpMetrics::default(),
             seen_pod: Mutex::new(BTreeMap::new()),
             seen_replies: Mutex::new(HashMap::new()),
             registry: Registry::default(),
@@ -130,6 +133,7 @@ impl Metrics {
         m.register_pod_ipam(&mut registry);
         m.register_liveness_and_datapath(&mut registry);
         m.gossip.register(&mut registry);
+        m.bgp.register(&mut registry);
         Self { registry, ..m }
     }
 

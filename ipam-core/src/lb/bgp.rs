@@ -1,0 +1,396 @@
+//! Service IPs over BGP: the peers the nodes open sessions with, the advertisements that say
+//! which Services' IPs are announced to them, and which routes one node advertises.
+//!
+//! Unlike L2 (one owner per IP, chosen by rendezvous hashing among the live nodes), every
+//! eligible node announces every IP it may serve, and the router spreads flows over them
+//! (ECMP). Liveness is the BGP session itself (hold timer or BFD): a node decides only for
+//! itself, from its own labels and its own endpoints, so no node needs to know who else is alive.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    announce::ReadyNodes,
+    resources::{LbIpPoolSpec, Selector, ServiceSpec, ServiceStatus, TrafficPolicy},
+};
+use crate::{resources::Condition, store::Resource};
+
+/// A BGP neighbour the selected nodes open a session with (like MetalLB's BGPPeer and
+/// Cilium's peer configuration). Cluster-wide: each selected node opens its own session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct BgpPeer {
+    pub spec: BgpPeerSpec,
+    #[serde(default, skip_serializing_if = "BgpPeerStatus::is_empty")]
+    pub status: BgpPeerStatus,
+}
+
+impl Resource for BgpPeer {
+    const KIND: &'static str = "BGPPeer";
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BgpPeerSpec {
+    /// The router's address; a session carries the Service IPs of its own family.
+    pub peer_address: IpAddr,
+    #[serde(rename = "peerASN")]
+    pub peer_asn: u32,
+    /// The nodes' AS number (MetalLB's `myASN`).
+    #[serde(rename = "localASN", alias = "myASN")]
+    pub local_asn: u32,
+    #[serde(default = "bgp_port")]
+    pub peer_port: u16,
+    /// TCP MD5 signature (RFC 2385) shared with the router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Accept the router's packets only with TTL 255 (GTSM, RFC 5082): the router must be on
+    /// the nodes' segment and configured likewise.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ttl_security: bool,
+    /// For an eBGP router more than one hop away: the TTL of the session's packets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ebgp_multihop: Option<u8>,
+    /// Which nodes open a session; empty: every node.
+    #[serde(default)]
+    pub node_selector: Selector,
+    #[serde(default = "hold_time")]
+    pub hold_time_seconds: u16,
+    /// Defaults to a third of the hold time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive_time_seconds: Option<u16>,
+    #[serde(default = "connect_retry")]
+    pub connect_retry_time_seconds: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_restart: Option<GracefulRestart>,
+    /// Bidirectional Forwarding Detection: a session's loss seen in well under a second, where
+    /// the router runs BFD too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<Bfd>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct GracefulRestart {
+    /// How long the router keeps a restarting node's routes.
+    #[serde(default = "restart_time")]
+    pub restart_time_seconds: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Bfd {
+    #[serde(default = "bfd_interval")]
+    pub receive_interval_ms: u32,
+    #[serde(default = "bfd_interval")]
+    pub transmit_interval_ms: u32,
+    #[serde(default = "bfd_multiplier")]
+    pub detect_multiplier: u8,
+}
+
+/// Each node's session with the peer, as its agent last saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BgpPeerStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<BgpSessionStatus>,
+}
+
+impl BgpPeerStatus {
+    pub fn is_empty(&self) -> bool {
+        self.conditions.is_empty() && self.nodes.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BgpSessionStatus {
+    pub node: String,
+    /// The BGP state (Idle, Connect, Active, OpenSent, OpenConfirm, Established).
+    pub state: String,
+    pub routes_advertised: u32,
+    /// Why the session is not established, when it is not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// Which Services' IPs are advertised, to which peers, from which nodes, with which
+/// attributes (like MetalLB's BGPAdvertisement and Cilium's advertisement kinds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct BgpAdvertisement {
+    pub spec: BgpAdvertisementSpec,
+}
+
+impl Resource for BgpAdvertisement {
+    const KIND: &'static str = "BGPAdvertisement";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BgpAdvertisementSpec {
+    /// LoadBalancerIPPools whose IPs are advertised; empty: every pool.
+    #[serde(default, rename = "ipPools", alias = "ipAddressPools")]
+    pub ip_pools: Vec<String>,
+    #[serde(default)]
+    pub service_selector: Selector,
+    /// Which nodes advertise; empty: every node that has a session.
+    #[serde(default)]
+    pub node_selector: Selector,
+    /// BGPPeers the routes go to; empty: every peer.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// Standard communities, `ASN:value`.
+    #[serde(default)]
+    pub communities: Vec<String>,
+    /// Sent to iBGP peers only (an eBGP peer ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_preference: Option<u32>,
+    #[serde(default = "yes", rename = "loadBalancerIPs", alias = "loadBalancerIps")]
+    pub load_balancer_ips: bool,
+    #[serde(default, rename = "externalIPs", alias = "externalIps")]
+    pub external_ips: bool,
+}
+
+fn bgp_port() -> u16 {
+    179
+}
+fn hold_time() -> u16 {
+    90
+}
+fn connect_retry() -> u16 {
+    5
+}
+fn restart_time() -> u16 {
+    120
+}
+fn bfd_interval() -> u32 {
+    300
+}
+fn bfd_multiplier() -> u8 {
+    3
+}
+fn yes() -> bool {
+    true
+}
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
+/// What is wrong with a peer's spec, for its condition and `ipamctl apply`.
+pub fn check_peer(spec: &BgpPeerSpec) -> Result<(), String> {
+    if spec.peer_asn == 0 || spec.local_asn == 0 {
+        return Err("peerASN and localASN must be set (1 to 4294967295)".into());
+    }
+    if spec.hold_time_seconds != 0 && spec.hold_time_seconds < 3 {
+        return Err(format!(
+            "holdTimeSeconds {} is below 3, the least BGP allows (RFC 4271); 0 turns keepalives off",
+            spec.hold_time_seconds
+        ));
+    }
+    if let Some(k) = spec.keep_alive_time_seconds
+        && spec.hold_time_seconds != 0
+        && k >= spec.hold_time_seconds
+    {
+        return Err(format!(
+            "keepAliveTimeSeconds {k} must be below holdTimeSeconds {}",
+            spec.hold_time_seconds
+        ));
+    }
+    if spec.ttl_security && spec.ebgp_multihop.is_some() {
+        return Err(
+            "ttlSecurity and ebgpMultihop exclude each other: GTSM needs the router \
+                    one hop away"
+                .into(),
+        );
+    }
+    if spec.bfd.is_some() && spec.ebgp_multihop.is_some() {
+        return Err(
+            "bfd and ebgpMultihop exclude each other here: BFD across hops needs the \
+                    session's local address fixed, which this version does not set"
+                .into(),
+        );
+    }
+    if spec
+        .password
+        .as_ref()
+        .is_some_and(|p| p.is_empty() || p.len() > 80 || p.contains(['"', '\\', '\n']))
+    {
+        return Err(
+            "the password must be 1 to 80 characters, without quotes, backslashes or \
+                    line breaks (the TCP MD5 key limit is 80)"
+                .into(),
+        );
+    }
+    if let Some(bfd) = &spec.bfd
+        && (bfd.detect_multiplier == 0
+            || bfd.receive_interval_ms < 10
+            || bfd.transmit_interval_ms < 10)
+    {
+        return Err("bfd: intervals must be at least 10 ms and detectMultiplier at least 1".into());
+    }
+    Ok(())
+}
+
+/// What is wrong with an advertisement's spec.
+pub fn check_advertisement(spec: &BgpAdvertisementSpec) -> Result<(), String> {
+    for c in &spec.communities {
+        parse_community(c)?;
+    }
+    Ok(())
+}
+
+/// A standard community `ASN:value`, both 16-bit.
+pub fn parse_community(c: &str) -> Result<(u16, u16), String> {
+    let bad = || format!("community {c:?} is not `ASN:value` with two numbers from 0 to 65535");
+    let (asn, value) = c.split_once(':').ok_or_else(bad)?;
+    Ok((
+        asn.trim().parse().map_err(|_| bad())?,
+        value.trim().parse().map_err(|_| bad())?,
+    ))
+}
+
+/// One route a node advertises to one peer, with its attributes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteAttributes {
+    pub communities: BTreeSet<(u16, u16)>,
+    pub local_preference: Option<u32>,
+    /// The Services the IP belongs to (for status and logs).
+    pub services: BTreeSet<String>,
+}
+
+/// What one node advertises: its sessions, and for each peer the routes sent to it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeAdvertisements {
+    /// The peers this node opens a session with, by name.
+    pub peers: BTreeMap<String, BgpPeerSpec>,
+    /// Per peer, the IPs advertised to it (a /32 or /128 each).
+    pub routes: BTreeMap<String, BTreeMap<IpAddr, RouteAttributes>>,
+    /// Peers and advertisements left out, with why (bad specs).
+    pub refused: Vec<(String, String)>,
+}
+
+impl NodeAdvertisements {
+    /// Every IP advertised to some peer: the addresses the node must accept traffic for.
+    pub fn ips(&self) -> BTreeSet<IpAddr> {
+        self.routes
+            .values()
+            .flat_map(|r| r.keys().copied())
+            .collect()
+    }
+}
+
+/// The inputs of one node's decision.
+pub struct Inputs<'a> {
+    pub node: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    /// Why the node announces nothing (drained or excluded), if so.
+    pub excluded: Option<&'a str>,
+    pub peers: &'a [(String, BgpPeerSpec)],
+    pub advertisements: &'a [(String, BgpAdvertisementSpec)],
+    pub pools: &'a [(String, LbIpPoolSpec)],
+    pub services: &'a [(String, ServiceSpec, ServiceStatus)],
+    pub ready: &'a ReadyNodes,
+}
+
+/// What `inputs.node` advertises. A Service with `externalTrafficPolicy: Local` is advertised
+/// only from nodes with a ready endpoint of it (kube-proxy drops its traffic elsewhere); any
+/// other from every selected node. An excluded node keeps its sessions and advertises nothing,
+/// so a drain withdraws its routes without tearing sessions down.
+pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
+    let mut out = NodeAdvertisements::default();
+    for (name, spec) in inputs.peers {
+        match check_peer(spec) {
+            Ok(()) if spec.node_selector.matches(inputs.labels) => {
+                out.peers.insert(name.clone(), spec.clone());
+            }
+            Ok(()) => {}
+            Err(why) => out.refused.push((format!("BGPPeer {name}"), why)),
+        }
+    }
+    if inputs.excluded.is_some() {
+        return out;
+    }
+    for (name, ad) in inputs.advertisements {
+        if let Err(why) = check_advertisement(ad) {
+            out.refused.push((format!("BGPAdvertisement {name}"), why));
+            continue;
+        }
+        if !ad.node_selector.matches(inputs.labels) {
+            continue;
+        }
+        let communities: BTreeSet<(u16, u16)> = ad
+            .communities
+            .iter()
+            .filter_map(|c| parse_community(c).ok())
+            .collect();
+        let to: Vec<&String> = out
+            .peers
+            .keys()
+            .filter(|p| ad.peers.is_empty() || ad.peers.contains(p))
+            .collect();
+        for (service, spec, status) in inputs.services {
+            if !ad.service_selector.matches_service(service, &spec.labels) {
+                continue;
+            }
+            if spec.external_traffic_policy == TrafficPolicy::Local
+                && !inputs
+                    .ready
+                    .get(service)
+                    .is_some_and(|r| r.contains(inputs.node))
+            {
+                continue;
+            }
+            let lb = status
+                .ingress
+                .iter()
+                .filter(|_| ad.load_balancer_ips && spec.is_ours())
+                .filter(|ip| in_pools(**ip, &ad.ip_pools, inputs.pools));
+            let external = spec.external_ips.iter().filter(|_| ad.external_ips);
+            for ip in lb.chain(external) {
+                for peer in &to {
+                    if !same_family(*ip, out.peers[*peer].peer_address) {
+                        continue;
+                    }
+                    let route = out
+                        .routes
+                        .entry((*peer).clone())
+                        .or_default()
+                        .entry(*ip)
+                        .or_default();
+                    route.communities.extend(communities.iter().copied());
+                    route.local_preference = route.local_preference.max(ad.local_preference);
+                    route.services.insert(service.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `ip` lies in one of the pools named (none named: any IP).
+fn in_pools(ip: IpAddr, named: &[String], pools: &[(String, LbIpPoolSpec)]) -> bool {
+    named.is_empty()
+        || pools
+            .iter()
+            .any(|(name, pool)| named.contains(name) && pool.contains(ip))
+}
+
+fn same_family(a: IpAddr, b: IpAddr) -> bool {
+    a.is_ipv4() == b.is_ipv4()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,195 @@
+use super::*;
+use serde_json::json;
+
+fn peer(address: &str, selector: serde_json::Value) -> BgpPeerSpec {
+    serde_json::from_value(json!({
+        "peerAddress": address, "peerASN": 64500, "myASN": 64512, "nodeSelector": selector
+    }))
+    .expect("a peer spec")
+}
+
+fn advertisement(spec: serde_json::Value) -> BgpAdvertisementSpec {
+    serde_json::from_value(spec).expect("an advertisement spec")
+}
+
+fn service(name: &str, local: bool, ips: &[&str]) -> (String, ServiceSpec, ServiceStatus) {
+    let policy = if local { "Local" } else { "Cluster" };
+    let spec = serde_json::from_value(json!({
+        "type": "LoadBalancer", "externalTrafficPolicy": policy, "labels": { "app": name }
+    }))
+    .expect("a service spec");
+    let status = ServiceStatus {
+        ingress: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+        ..Default::default()
+    };
+    (format!("default/{name}"), spec, status)
+}
+
+fn pool(cidr: &str) -> LbIpPoolSpec {
+    serde_json::from_value(json!({ "blocks": [ { "cidr": cidr } ] })).expect("a pool spec")
+}
+
+struct World {
+    labels: BTreeMap<String, String>,
+    peers: Vec<(String, BgpPeerSpec)>,
+    advertisements: Vec<(String, BgpAdvertisementSpec)>,
+    pools: Vec<(String, LbIpPoolSpec)>,
+    services: Vec<(String, ServiceSpec, ServiceStatus)>,
+    ready: ReadyNodes,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            labels: [("rack".to_owned(), "a".to_owned())].into(),
+            peers: vec![
+                ("tor4".into(), peer("10.0.0.1", json!({}))),
+                ("tor6".into(), peer("fd00::1", json!({}))),
+            ],
+            advertisements: vec![("all".into(), advertisement(json!({})))],
+            pools: vec![
+                ("public".into(), pool("198.51.100.0/24")),
+                ("private".into(), pool("10.96.0.0/24")),
+            ],
+            services: vec![
+                service("web", false, &["198.51.100.10", "2001:db8::10"]),
+                service("db", true, &["10.96.0.5"]),
+            ],
+            ready: [("default/db".to_owned(), ["node-b".to_owned()].into())].into(),
+        }
+    }
+
+    fn on(&self, node: &str, excluded: Option<&str>) -> NodeAdvertisements {
+        node_advertisements(&Inputs {
+            node,
+            labels: &self.labels,
+            excluded,
+            peers: &self.peers,
+            advertisements: &self.advertisements,
+            pools: &self.pools,
+            services: &self.services,
+            ready: &self.ready,
+        })
+    }
+}
+
+fn ips(out: &NodeAdvertisements, peer: &str) -> Vec<String> {
+    out.routes
+        .get(peer)
+        .map(|r| r.keys().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn each_family_goes_to_the_peer_of_its_family() {
+    let out = World::new().on("node-a", None);
+    assert_eq!(ips(&out, "tor4"), ["198.51.100.10"]);
+    assert_eq!(ips(&out, "tor6"), ["2001:db8::10"]);
+}
+
+#[test]
+fn a_local_service_is_advertised_only_where_it_has_a_ready_endpoint() {
+    let world = World::new();
+    assert!(!ips(&world.on("node-a", None), "tor4").contains(&"10.96.0.5".to_owned()));
+    assert_eq!(
+        ips(&world.on("node-b", None), "tor4"),
+        ["10.96.0.5", "198.51.100.10"]
+    );
+}
+
+#[test]
+fn an_advertisement_limited_to_a_pool_leaves_the_others_out() {
+    let mut world = World::new();
+    world.advertisements = vec![(
+        "public".into(),
+        advertisement(json!({ "ipPools": ["public"], "communities": ["64512:100"] })),
+    )];
+    let out = world.on("node-b", None);
+    assert_eq!(ips(&out, "tor4"), ["198.51.100.10"]);
+    let route = &out.routes["tor4"][&"198.51.100.10".parse::<IpAddr>().unwrap()];
+    assert_eq!(route.communities, [(64512, 100)].into());
+    assert_eq!(route.services, ["default/web".to_owned()].into());
+}
+
+#[test]
+fn advertisements_to_the_same_ip_merge_their_attributes() {
+    let mut world = World::new();
+    world.advertisements = vec![
+        (
+            "a".into(),
+            advertisement(json!({ "communities": ["1:1"], "localPreference": 50 })),
+        ),
+        (
+            "b".into(),
+            advertisement(
+                json!({ "communities": ["2:2"], "localPreference": 200, "peers": ["tor4"] }),
+            ),
+        ),
+    ];
+    let out = world.on("node-a", None);
+    let route = &out.routes["tor4"][&"198.51.100.10".parse::<IpAddr>().unwrap()];
+    assert_eq!(route.communities, [(1, 1), (2, 2)].into());
+    assert_eq!(route.local_preference, Some(200));
+    let v6 = &out.routes["tor6"][&"2001:db8::10".parse::<IpAddr>().unwrap()];
+    assert_eq!(v6.communities, [(1, 1)].into(), "b names tor4 only");
+}
+
+#[test]
+fn a_node_outside_the_selectors_opens_no_session_and_advertises_nothing() {
+    let mut world = World::new();
+    world.peers[0].1 = peer("10.0.0.1", json!({ "matchLabels": { "rack": "b" } }));
+    world.advertisements = vec![(
+        "rack-b".into(),
+        advertisement(json!({ "nodeSelector": { "matchLabels": { "rack": "b" } } })),
+    )];
+    let out = world.on("node-a", None);
+    assert_eq!(out.peers.keys().collect::<Vec<_>>(), ["tor6"]);
+    assert!(out.routes.is_empty());
+}
+
+#[test]
+fn an_excluded_node_keeps_its_sessions_and_withdraws_its_routes() {
+    let out = World::new().on("node-a", Some("drained"));
+    assert_eq!(out.peers.len(), 2);
+    assert!(out.routes.is_empty());
+}
+
+#[test]
+fn bad_specs_are_refused_with_their_name_and_why() {
+    let mut world = World::new();
+    world.peers[0].1.hold_time_seconds = 2;
+    world.advertisements = vec![(
+        "typo".into(),
+        advertisement(json!({ "communities": ["64512-100"] })),
+    )];
+    let out = world.on("node-a", None);
+    assert!(!out.peers.contains_key("tor4"));
+    let refused: Vec<String> = out
+        .refused
+        .iter()
+        .map(|(n, w)| format!("{n}: {w}"))
+        .collect();
+    assert!(
+        refused[0].starts_with("BGPPeer tor4: holdTimeSeconds 2"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[1].starts_with("BGPAdvertisement typo: community \"64512-100\""),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn peer_defaults_and_metallb_spelling() {
+    let spec = peer("10.0.0.1", json!({}));
+    assert_eq!(spec.local_asn, 64512);
+    assert_eq!((spec.peer_port, spec.hold_time_seconds), (179, 90));
+    assert!(check_peer(&spec).is_ok());
+    let mut gtsm = spec.clone();
+    (gtsm.ttl_security, gtsm.ebgp_multihop) = (true, Some(2));
+    assert!(
+        check_peer(&gtsm)
+            .unwrap_err()
+            .contains("exclude each other")
+    );
+}

@@ -1,0 +1,514 @@
+//! The BGP announcer: follows the peers, advertisements, pools, Services and endpoints in the
+//! store, decides what this node advertises (`ipam_core::lb::bgp::node_advertisements`),
+//! keeps BIRD configured with it, puts the advertised IPs on `lo`, and reports each session's
+//! state in metrics, in the peer's status and in the daemon's health.
+//!
+//! A sibling of the L2 announcer: it reads the same Services, writes nothing they own, and
+//! needs no liveness of the other nodes (a session's loss is the router's to see).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+    sync::Arc,
+    time::Duration,
+};
+
+use ipam_core::{
+    backoff::Backoff,
+    lb::{
+        bgp::{
+            self as decision, BgpAdvertisement, BgpPeer, BgpPeerSpec, BgpSessionStatus,
+            NodeAdvertisements, node_advertisements,
+        },
+        resources::{LbIpPool, Service, ServiceEndpoints},
+        rows,
+    },
+    resources::{Condition, NodeIpam},
+    store::{StoreError, TypedStore},
+};
+use tokio::sync::oneshot;
+
+use super::{
+    bird::{Bird, BirdError},
+    bird_config::{self, protocol_name},
+    sessions::{self, Session},
+};
+use crate::{
+    announce::local_address::LocalAddresses,
+    cluster::{
+        ClusterStore,
+        cache::{Cache, watch_until_it_works},
+    },
+    config::BgpSettings,
+    metrics::{
+        Health, Metrics,
+        bgp::{PeerLabel, PeerReasonLabel},
+    },
+};
+
+/// Changes are gathered this long before BIRD is reconfigured: a burst of Service writes
+/// costs one reconfiguration, not one each.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// What the announcer reads.
+pub struct Inputs {
+    pub store: ClusterStore,
+    pub node: String,
+    /// The node's addresses between nodes, for the default router ID.
+    pub addresses: Vec<IpAddr>,
+    pub settings: BgpSettings,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
+/// The running announcer; `stop` closes the sessions with a Cease.
+pub struct BgpAnnouncer {
+    stop: oneshot::Sender<oneshot::Sender<()>>,
+}
+
+impl BgpAnnouncer {
+    pub fn spawn(inputs: Inputs) -> Self {
+        let (stop, stopped) = oneshot::channel();
+        tokio::spawn(run(inputs, stopped));
+        Self { stop }
+    }
+
+    /// Stops BIRD (the routers withdraw this node's routes at once) and waits for it.
+    pub async fn stop(self) {
+        let (done, wait) = oneshot::channel();
+        if self.stop.send(done).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(6), wait).await;
+        }
+    }
+}
+
+/// The objects the decision is made from, kept current by their watches.
+struct Seen {
+    peers: Cache<BgpPeer>,
+    advertisements: Cache<BgpAdvertisement>,
+    pools: Cache<LbIpPool>,
+    services: Cache<Service>,
+    endpoints: Cache<ServiceEndpoints>,
+    nodes: Cache<NodeIpam>,
+}
+
+impl Seen {
+    fn decide(&self, node: &str) -> NodeAdvertisements {
+        let record = self.nodes.get(node);
+        let labels = record
+            .map(|r| r.value.spec.labels.clone())
+            .unwrap_or_default();
+        let excluded = record.and_then(|r| r.value.spec.announcing.excluded.clone());
+        let peers: Vec<(String, BgpPeerSpec)> = self
+            .peers
+            .iter()
+            .map(|p| (p.name.clone(), p.value.spec.clone()))
+            .collect();
+        let advertisements: Vec<_> = self
+            .advertisements
+            .iter()
+            .map(|a| (a.name.clone(), a.value.spec.clone()))
+            .collect();
+        node_advertisements(&decision::Inputs {
+            node,
+            labels: &labels,
+            excluded: excluded.as_deref(),
+            peers: &peers,
+            advertisements: &advertisements,
+            pools: &rows::pools(self.pools.iter()),
+            services: &rows::services(self.services.iter()),
+            ready: &rows::ready_nodes(self.endpoints.iter()),
+        })
+    }
+}
+
+async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
+    let Inputs {
+        store,
+        node,
+        addresses,
+        settings,
+        metrics,
+        health,
+    } = inputs;
+    let mut peers_watch = watch_until_it_works::<BgpPeer, _>(&store, "BGP").await;
+    let mut ads_watch = watch_until_it_works::<BgpAdvertisement, _>(&store, "BGP").await;
+    let mut pools_watch = watch_until_it_works::<LbIpPool, _>(&store, "BGP").await;
+    let mut services_watch = watch_until_it_works::<Service, _>(&store, "BGP").await;
+    let mut endpoints_watch = watch_until_it_works::<ServiceEndpoints, _>(&store, "BGP").await;
+    let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "BGP").await;
+    let mut seen = Seen {
+        peers: Cache::new(&peers_watch.initial),
+        advertisements: Cache::new(&ads_watch.initial),
+        pools: Cache::new(&pools_watch.initial),
+        services: Cache::new(&services_watch.initial),
+        endpoints: Cache::new(&endpoints_watch.initial),
+        nodes: Cache::new(&nodes_watch.initial),
+    };
+    let router_id = settings.router_id.or_else(|| first_v4(&addresses));
+    let mut speaker = Speaker::new(settings.clone(), node.clone(), router_id, metrics.clone());
+    let mut addresses = OnLo::new();
+    let mut reports = Reports::new(node.clone(), store.clone(), metrics.clone());
+    let mut status_tick =
+        crate::clock::ticker(Duration::from_millis(settings.status_interval_ms.max(100)));
+    let mut dirty = true;
+    loop {
+        let settle = tokio::time::sleep(if dirty { SETTLE } else { Duration::MAX / 4 });
+        tokio::select! {
+            e = peers_watch.next() => { seen.peers.apply(e); dirty = true; }
+            e = ads_watch.next() => { seen.advertisements.apply(e); dirty = true; }
+            e = pools_watch.next() => { seen.pools.apply(e); dirty = true; }
+            e = services_watch.next() => { seen.services.apply(e); dirty = true; }
+            e = endpoints_watch.next() => { seen.endpoints.apply(e); dirty = true; }
+            e = nodes_watch.next() => { seen.nodes.apply(e); dirty = true; }
+            () = settle => {
+                let wanted = seen.decide(&node);
+                for (what, why) in &wanted.refused {
+                    tracing::warn!("BGP: {what} left out: {why}");
+                }
+                // Addresses first: a router may send traffic the moment a route reaches it.
+                addresses.follow(wanted.ips());
+                match speaker.apply(wanted).await {
+                    Ok(()) => {
+                        dirty = false;
+                        health.set("bgp", Ok(()));
+                    }
+                    Err(e) => {
+                        let wait = speaker.backoff.next_delay();
+                        tracing::error!("BGP: {e}; trying again in {wait:?}");
+                        health.set("bgp", Err(e.to_string()));
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+            _ = status_tick.tick() => {
+                if speaker.exited() {
+                    dirty = true;
+                    continue;
+                }
+                if let Some(sessions) = speaker.sessions().await {
+                    reports.publish(&speaker.wanted, &sessions, &seen.peers).await;
+                }
+            }
+            done = &mut stop => {
+                addresses.follow(BTreeSet::new());
+                speaker.stop().await;
+                if let Ok(done) = done {
+                    let _ = done.send(());
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn first_v4(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    })
+}
+
+/// BIRD and what it was last told.
+struct Speaker {
+    settings: BgpSettings,
+    node: String,
+    router_id: Option<Ipv4Addr>,
+    metrics: Arc<Metrics>,
+    bird: Option<Bird>,
+    /// The configuration BIRD runs.
+    running: Option<String>,
+    wanted: NodeAdvertisements,
+    backoff: Backoff,
+}
+
+impl Speaker {
+    fn new(
+        settings: BgpSettings,
+        node: String,
+        router_id: Option<Ipv4Addr>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            settings,
+            node,
+            router_id,
+            metrics,
+            bird: None,
+            running: None,
+            wanted: NodeAdvertisements::default(),
+            backoff: Backoff::new(Duration::from_secs(30)),
+        }
+    }
+
+    /// Brings BIRD in line with `wanted`: starts it, or reconfigures it if the configuration
+    /// changed (nothing happens otherwise).
+    async fn apply(&mut self, wanted: NodeAdvertisements) -> Result<(), BirdError> {
+        let config = bird_config::render(&self.node, self.router_id, &wanted);
+        match &self.bird {
+            None => {
+                let bird = Bird::start(&self.settings, &config).await?;
+                tracing::info!(
+                    peers = wanted.peers.len(),
+                    routes = wanted.ips().len(),
+                    "BGP: BIRD started"
+                );
+                self.bird = Some(bird);
+            }
+            Some(_) if self.running.as_deref() == Some(&config) => {}
+            Some(bird) => {
+                bird.configure(&config).await?;
+                self.metrics.bgp.reconfigurations.inc();
+                tracing::info!(
+                    peers = wanted.peers.len(),
+                    routes = wanted.ips().len(),
+                    "BGP: BIRD reconfigured"
+                );
+            }
+        }
+        self.running = Some(config);
+        self.wanted = wanted;
+        self.backoff.reset();
+        Ok(())
+    }
+
+    /// Whether BIRD exited since the last look (it is then started again by `apply`).
+    fn exited(&mut self) -> bool {
+        let Some(status) = self.bird.as_mut().and_then(Bird::exited) else {
+            return false;
+        };
+        tracing::error!("BGP: BIRD exited ({status}); starting it again");
+        self.metrics.bgp.speaker_restarts.inc();
+        self.bird = None;
+        self.running = None;
+        true
+    }
+
+    async fn sessions(&self) -> Option<BTreeMap<String, Session>> {
+        match self.bird.as_ref()?.sessions().await {
+            Ok(sessions) => Some(sessions),
+            Err(e) => {
+                tracing::warn!("BGP: cannot read the sessions' state: {e}");
+                None
+            }
+        }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(bird) = self.bird.take() {
+            bird.stop().await;
+        }
+    }
+}
+
+/// The advertised IPs on `lo`, so the node accepts the traffic routers send it.
+struct OnLo {
+    addresses: LocalAddresses,
+    present: BTreeSet<IpAddr>,
+}
+
+impl OnLo {
+    fn new() -> Self {
+        Self {
+            addresses: LocalAddresses::start(),
+            present: BTreeSet::new(),
+        }
+    }
+
+    fn follow(&mut self, wanted: BTreeSet<IpAddr>) {
+        for ip in wanted.difference(&self.present) {
+            // No interface to keep ARP from: the routers reach the IP by its route.
+            self.addresses.add(*ip, &[]);
+        }
+        for ip in self.present.difference(&wanted) {
+            self.addresses.remove(*ip);
+        }
+        self.present = wanted;
+    }
+}
+
+/// Reports the sessions: metrics, log lines on changes, and this node's entry in each peer's
+/// status.
+struct Reports {
+    node: String,
+    store: ClusterStore,
+    metrics: Arc<Metrics>,
+    last: BTreeMap<String, BgpSessionStatus>,
+    md5_drops: u64,
+}
+
+impl Reports {
+    fn new(node: String, store: ClusterStore, metrics: Arc<Metrics>) -> Self {
+        Self {
+            node,
+            store,
+            metrics,
+            last: BTreeMap::new(),
+            md5_drops: sessions::md5_drops(),
+        }
+    }
+
+    async fn publish(
+        &mut self,
+        wanted: &NodeAdvertisements,
+        sessions: &BTreeMap<String, Session>,
+        peers: &Cache<BgpPeer>,
+    ) {
+        let drops = sessions::md5_drops();
+        let auth_failures = drops > self.md5_drops;
+        self.md5_drops = drops;
+        let mut now = BTreeMap::new();
+        for (name, spec) in &wanted.peers {
+            let session = sessions
+                .get(&protocol_name(name))
+                .cloned()
+                .unwrap_or_else(|| Session {
+                    state: "Idle".into(),
+                    ..Session::default()
+                });
+            let (reason, message) = if session.is_established() {
+                (String::new(), String::new())
+            } else {
+                let (reason, message) =
+                    sessions::why_down(&session, spec.password.is_some(), auth_failures);
+                (reason.to_owned(), message)
+            };
+            let label = PeerLabel { peer: name.clone() };
+            let m = &self.metrics.bgp;
+            m.established
+                .get_or_create(&label)
+                .set(i64::from(session.is_established()));
+            m.routes_advertised
+                .get_or_create(&label)
+                .set(i64::from(session.routes_exported));
+            let status = BgpSessionStatus {
+                node: self.node.clone(),
+                state: session.state.clone(),
+                routes_advertised: session.routes_exported,
+                reason: if reason.is_empty() {
+                    String::new()
+                } else {
+                    format!("{reason}: {message}")
+                },
+            };
+            // A session still being opened keeps the reason it had (an authentication
+            // failure is seen once per attempt, not on every look).
+            let status = match self.last.get(name) {
+                Some(before)
+                    if !session.is_established()
+                        && before.state != "Established"
+                        && before.reason.starts_with("AuthenticationFailed")
+                        && reason == "NoAnswer" =>
+                {
+                    BgpSessionStatus {
+                        reason: before.reason.clone(),
+                        ..status
+                    }
+                }
+                _ => status,
+            };
+            let shown_reason = status.reason.split(':').next().unwrap_or("").to_owned();
+            for known in [
+                "ASNMismatch",
+                "AuthenticationFailed",
+                "ConnectionRefused",
+                "Unreachable",
+                "NoAnswer",
+                "SessionLost",
+            ] {
+                m.session_down
+                    .get_or_create(&PeerReasonLabel {
+                        peer: name.clone(),
+                        reason: known.to_owned(),
+                    })
+                    .set(i64::from(shown_reason == known));
+            }
+            now.insert(name.clone(), status);
+        }
+        for (name, status) in &now {
+            let before = self.last.get(name);
+            if before.map(|b| (&b.state, &b.reason)) != Some((&status.state, &status.reason)) {
+                if status.state == "Established" {
+                    tracing::info!(
+                        peer = name.as_str(),
+                        routes = status.routes_advertised,
+                        "BGP session established"
+                    );
+                } else {
+                    tracing::warn!(
+                        peer = name.as_str(),
+                        state = status.state.as_str(),
+                        "BGP session not established: {}",
+                        status.reason
+                    );
+                }
+            }
+        }
+        for (name, status) in &now {
+            let stored = peers.get(name).and_then(|p| {
+                p.value
+                    .status
+                    .nodes
+                    .iter()
+                    .find(|n| n.node == self.node)
+                    .cloned()
+            });
+            if stored.as_ref() != Some(status)
+                && let Err(e) = self.write_status(name, status).await
+            {
+                tracing::warn!(
+                    peer = name.as_str(),
+                    "cannot write the BGPPeer's status: {e}"
+                );
+            }
+        }
+        self.last = now;
+    }
+
+    /// Puts this node's session into the peer's status, and the peer's condition over all its
+    /// nodes, retrying on conflicting writes of other nodes.
+    async fn write_status(&self, peer: &str, mine: &BgpSessionStatus) -> Result<(), StoreError> {
+        for _ in 0..5 {
+            let Some(mut current) = self.store.get_typed::<BgpPeer>(peer).await? else {
+                return Ok(());
+            };
+            let status = &mut current.value.status;
+            status.nodes.retain(|n| n.node != self.node);
+            status.nodes.push(mine.clone());
+            status.nodes.sort_by(|a, b| a.node.cmp(&b.node));
+            status.conditions = vec![established_condition(&status.nodes)];
+            match self
+                .store
+                .update_typed(peer, &current.value, &current.revision)
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Established`: true while every node's session with the peer is up; else which are not,
+/// and why.
+fn established_condition(nodes: &[BgpSessionStatus]) -> Condition {
+    let down: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.state != "Established")
+        .map(|n| format!("{} ({}): {}", n.node, n.state, n.reason))
+        .collect();
+    if down.is_empty() {
+        Condition::new(
+            "Established",
+            true,
+            format!("{} node(s) have their session up", nodes.len()),
+        )
+    } else {
+        Condition::new(
+            "Established",
+            false,
+            format!("sessions not up: {}", down.join("; ")),
+        )
+    }
+}

@@ -1,0 +1,18 @@
+//! Service IPs over BGP, for fabrics that L2 cannot reach: every node that may serve a
+//! Service's IP advertises a host route for it to its routers, which spread flows over the
+//! nodes (ECMP) and withdraw a node's routes when its session is lost.
+//!
+//! - `announcer`: the controller (what this node advertises, kept applied, sessions reported);
+//! - `bird_config`: BIRD's configuration for it, written whole and applied without resetting
+//!   unchanged sessions;
+//! - `bird`: the BIRD process the agent runs;
+//! - `sessions`: what BIRD says of its sessions, and why one is down.
+//!
+//! The speaker is BIRD 2, not one written here; docs/bgp.md says why BIRD over FRR and GoBGP.
+
+pub mod announcer;
+pub mod bird;
+pub mod bird_config;
+pub mod sessions;
+
+pub use announcer::BgpAnnouncer;

@@ -11,7 +11,10 @@
 #![allow(clippy::duplicated_attributes)]
 
 use ipam_core::{
-    lb::resources::{L2PolicySpec, LbFamilyCount, LbIpPoolSpec},
+    lb::{
+        bgp::{BgpAdvertisementSpec, BgpPeerSpec, BgpSessionStatus},
+        resources::{L2PolicySpec, LbFamilyCount, LbIpPoolSpec},
+    },
     pod::pool::PodIpPoolSpec,
     resources::{AllocatedBlock, FamilyUsageStatus, NodeIpamSpec},
 };
@@ -220,6 +223,74 @@ pub struct L2AnnouncementPolicySpec {
     pub policy: L2PolicySpec,
 }
 
+/// A BGP neighbour the selected nodes open sessions with.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam-ebpf.io",
+    version = "v1alpha1",
+    kind = "BGPPeer",
+    plural = "bgppeers",
+    shortname = "bgpp",
+    status = "BGPPeerStatus",
+    doc = "A BGP neighbour (router) the selected nodes advertise Service IPs to",
+    printcolumn(name = "Address", type_ = "string", json_path = ".spec.peerAddress"),
+    printcolumn(name = "ASN", type_ = "integer", json_path = ".spec.peerASN"),
+    printcolumn(
+        name = "Established",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Established\")].status"
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Established\")].message",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct BGPPeerSpec {
+    #[serde(flatten)]
+    pub peer: BgpPeerSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BGPPeerStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Each node's session, as its agent last saw it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub nodes: Vec<BgpSessionStatus>,
+}
+
+/// Which Services' IPs go to which BGP peers, from which nodes, with which attributes.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam-ebpf.io",
+    version = "v1alpha1",
+    kind = "BGPAdvertisement",
+    plural = "bgpadvertisements",
+    shortname = "bgpa",
+    doc = "Which Services' IPs are advertised over BGP, to which peers, from which nodes",
+    printcolumn(name = "Pools", type_ = "string", json_path = ".spec.ipPools"),
+    printcolumn(name = "Peers", type_ = "string", json_path = ".spec.peers"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct BGPAdvertisementSpec {
+    #[serde(flatten)]
+    pub advertisement: BgpAdvertisementSpec,
+}
+
 type Crd =
     k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
@@ -231,6 +302,8 @@ pub fn all() -> Vec<Crd> {
         NodeIPAM::crd(),
         LoadBalancerIPPool::crd(),
         L2AnnouncementPolicy::crd(),
+        BGPPeer::crd(),
+        BGPAdvertisement::crd(),
     ]
     .into_iter()
     .map(with_old_spellings)

@@ -1,8 +1,9 @@
 //! `Store` over the Kubernetes API. Each kind the controllers use maps to an API resource:
 //!
-//! - `PodIPPool`, `NodeIPAM`, `LoadBalancerIPPool`, `L2AnnouncementPolicy`: the custom
-//!   resources of `crate::crd`, cluster-scoped. The spec is written to the object and the
-//!   status through the status subresource; conditions become `metav1.Condition`s.
+//! - `PodIPPool`, `NodeIPAM`, `LoadBalancerIPPool`, `L2AnnouncementPolicy`, `BGPPeer`,
+//!   `BGPAdvertisement`: the custom resources of `crate::crd`, cluster-scoped. The spec is
+//!   written to the object and the status through the status subresource; conditions become
+//!   `metav1.Condition`s.
 //! - `Lease`: a `coordination.k8s.io/v1` Lease in the store's namespace.
 //! - `IpamConfig`: the ConfigMap `ipam-<name>` in the store's namespace.
 //! - `Service`: core/v1 Services, named `<namespace>/<name>` (see `crate::service`): read,
@@ -173,6 +174,8 @@ impl KubeStore {
                 "l2announcementpolicies",
                 Layout::Spec,
             ),
+            ("BGPPeer", "bgppeers", Layout::SpecAndStatus),
+            ("BGPAdvertisement", "bgpadvertisements", Layout::Spec),
         ] {
             kinds.insert(
                 kind.to_owned(),

@@ -297,6 +297,14 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     }
     let log = c.nodes[0].log();
     assert!(log.contains("BGP session established"), "{log}");
+    let view = c.ipamctl(0, &["bgp"]);
+    for node in ["node-0", "node-1", "node-2"] {
+        assert!(
+            view.lines()
+                .any(|l| l.contains("tor6") && l.contains(node) && l.contains("Established")),
+            "ipamctl bgp lists {node}'s session:\n{view}"
+        );
+    }
 
     // Local: only the node with a ready endpoint; more Services reset no session.
     let established_before: Vec<u64> = (0..nodes)
@@ -366,6 +374,13 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     );
     let (up, message) = established_condition(&c, "tor").expect("an Established condition");
     assert!(!up && message.contains("password"), "{message}");
+    let view = c.ipamctl(0, &["bgp"]);
+    assert!(
+        view.lines().any(|l| l.contains("tor ")
+            && l.contains("node-0")
+            && l.contains("AuthenticationFailed")),
+        "ipamctl bgp shows why the session is down:\n{view}"
+    );
     assert!(
         router.next_hops(web_v4).is_empty(),
         "no IPv4 route without a session"

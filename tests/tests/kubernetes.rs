@@ -624,8 +624,9 @@ async fn agents_on_the_kubernetes_api() {
     let node_mode = agent_takes_its_node_from_the_kubernetes_api().await;
     let multi_pool = pods_take_the_pool_their_annotations_name().await;
     let failover = service_ips_move_between_gossiping_agents_on_the_kubernetes_api().await;
+    let bgp = bgp_sessions_on_the_kubernetes_api().await;
     assert_rights_match(
-        &[&node_mode, &multi_pool, &failover],
+        &[&node_mode, &multi_pool, &failover, &bgp],
         Who::Agent("kn-1"),
         "ipam-agent",
     );
@@ -856,6 +857,78 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
     )
     .await;
     assert!(allocated.starts_with("10.245.3."), "{allocated}");
+    agent.kill();
+    api
+}
+
+/// BGP on the Kubernetes store: an agent with `[bgp]` reads the BGPPeers, BGPAdvertisements
+/// and pools, and writes its session into the peer's status (through the status subresource,
+/// the spec untouched). The peer is this node's own loopback (a multihop peer: it is on no
+/// network of the node's interfaces), where nothing listens: the session is refused, and the
+/// status says so.
+async fn bgp_sessions_on_the_kubernetes_api() -> TestApi {
+    use ipam_core::lb::bgp::{BgpAdvertisement, BgpPeer};
+    let api = start_api("bgp_sessions_on_the_kubernetes_api").await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
+    let kube_node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": "kn-1" },
+        "spec": { "podCIDRs": ["10.245.4.0/24"] },
+        "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.41" }] },
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &kube_node)
+        .await
+        .expect("create the Node");
+    let store = KubeStore::new(api.client().await, "ipam-system");
+    let peer: BgpPeer = serde_json::from_value(serde_json::json!({ "spec": {
+        "peerAddress": "127.0.0.1", "peerPort": 1790, "peerASN": 64500, "localASN": 64512,
+        "connectRetryTimeSeconds": 1, "ebgpMultihop": 2
+    }}))
+    .unwrap();
+    store
+        .create_typed("tor", &peer)
+        .await
+        .expect("create the BGPPeer");
+    let advertisement: BgpAdvertisement =
+        serde_json::from_value(serde_json::json!({ "spec": {} })).unwrap();
+    store
+        .create_typed("all", &advertisement)
+        .await
+        .expect("create the BGPAdvertisement");
+    let node = AgentNode::new(&api, "kbg", "kn-1").await;
+    let config = node.config("mode = \"kubernetes\"\nnode_name = \"kn-1\"");
+    let mut text = std::fs::read_to_string(&config.0).unwrap();
+    text.push_str(&format!(
+        "\n[bgp]\nrun_dir = \"{}/bgp\"\nstatus_interval_ms = 200\n",
+        node.dir.0.display()
+    ));
+    std::fs::write(&config.0, text).unwrap();
+    let agent = node.start(&config);
+    let log = || agent.log_text();
+    let session = wait_for(
+        "kn-1's session in the BGPPeer's status",
+        async || {
+            let p = store.get_typed::<BgpPeer>("tor").await.ok()??;
+            p.value
+                .status
+                .nodes
+                .into_iter()
+                .find(|n| n.node == "kn-1" && n.reason.starts_with("ConnectionRefused"))
+        },
+        log,
+    )
+    .await;
+    assert_ne!(session.state, "Established");
+    let tor = store.get_typed::<BgpPeer>("tor").await.unwrap().unwrap();
+    assert_eq!(tor.value.spec, peer.spec, "the agent wrote the status only");
+    let condition = &tor.value.status.conditions[0];
+    assert_eq!(condition.kind, "Established");
+    assert!(
+        !condition.status && condition.message.contains("kn-1"),
+        "{condition:?}"
+    );
     agent.kill();
     api
 }

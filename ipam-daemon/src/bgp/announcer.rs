@@ -145,45 +145,54 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
         endpoints: Cache::new(&endpoints_watch.initial),
         nodes: Cache::new(&nodes_watch.initial),
     };
-    let router_id = settings.router_id.or_else(|| first_v4(&addresses));
-    let mut speaker = Speaker::new(settings.clone(), node.clone(), router_id, metrics.clone());
+    let configured_id = settings.router_id.or_else(|| first_v4(&addresses));
+    let mut speaker = Speaker::new(settings.clone(), node.clone(), metrics.clone());
     let mut addresses = OnLo::new();
     let mut reports = Reports::new(node.clone(), store.clone(), metrics.clone());
     let mut status_tick =
         crate::clock::ticker(Duration::from_millis(settings.status_interval_ms.max(100)));
-    let mut dirty = true;
+    // When the gathered changes are applied: set by the first change after an apply, not
+    // pushed back by later ones (a steady stream of changes must not starve BIRD of them).
+    let mut apply_at = Some(tokio::time::Instant::now());
     loop {
-        let settle = tokio::time::sleep(if dirty { SETTLE } else { Duration::MAX / 4 });
+        let changed = |at: Option<tokio::time::Instant>| {
+            at.or_else(|| Some(tokio::time::Instant::now() + SETTLE))
+        };
+        let due = apply_at.unwrap_or_else(tokio::time::Instant::now);
         tokio::select! {
-            e = peers_watch.next() => { seen.peers.apply(e); dirty = true; }
-            e = ads_watch.next() => { seen.advertisements.apply(e); dirty = true; }
-            e = pools_watch.next() => { seen.pools.apply(e); dirty = true; }
-            e = services_watch.next() => { seen.services.apply(e); dirty = true; }
-            e = endpoints_watch.next() => { seen.endpoints.apply(e); dirty = true; }
-            e = nodes_watch.next() => { seen.nodes.apply(e); dirty = true; }
-            () = settle => {
+            e = peers_watch.next() => { seen.peers.apply(e); apply_at = changed(apply_at); }
+            e = ads_watch.next() => { seen.advertisements.apply(e); apply_at = changed(apply_at); }
+            e = pools_watch.next() => { seen.pools.apply(e); apply_at = changed(apply_at); }
+            e = services_watch.next() => { seen.services.apply(e); apply_at = changed(apply_at); }
+            e = endpoints_watch.next() => { seen.endpoints.apply(e); apply_at = changed(apply_at); }
+            e = nodes_watch.next() => { seen.nodes.apply(e); apply_at = changed(apply_at); }
+            () = tokio::time::sleep_until(due), if apply_at.is_some() => {
                 let wanted = seen.decide(&node);
                 for (what, why) in &wanted.refused {
                     tracing::warn!("BGP: {what} left out: {why}");
                 }
                 // Addresses first: a router may send traffic the moment a route reaches it.
                 addresses.follow(wanted.ips());
-                match speaker.apply(wanted).await {
+                // The router ID: configured, else the node's first IPv4 address (its record
+                // has the Node's on Kubernetes), else BIRD's choice.
+                let record = seen.nodes.get(&node).map(|r| r.value.spec.addresses.as_slice());
+                let router_id = configured_id.or_else(|| first_v4(record.unwrap_or_default()));
+                match speaker.apply(wanted, router_id).await {
                     Ok(()) => {
-                        dirty = false;
+                        apply_at = None;
                         health.set("bgp", Ok(()));
                     }
                     Err(e) => {
                         let wait = speaker.backoff.next_delay();
                         tracing::error!("BGP: {e}; trying again in {wait:?}");
                         health.set("bgp", Err(e.to_string()));
-                        tokio::time::sleep(wait).await;
+                        apply_at = Some(tokio::time::Instant::now() + wait);
                     }
                 }
             }
             _ = status_tick.tick() => {
                 if speaker.exited() {
-                    dirty = true;
+                    apply_at = changed(apply_at);
                     continue;
                 }
                 if let Some(sessions) = speaker.sessions().await {
@@ -213,7 +222,6 @@ fn first_v4(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
 struct Speaker {
     settings: BgpSettings,
     node: String,
-    router_id: Option<Ipv4Addr>,
     metrics: Arc<Metrics>,
     bird: Option<Bird>,
     /// The configuration BIRD runs.
@@ -223,16 +231,10 @@ struct Speaker {
 }
 
 impl Speaker {
-    fn new(
-        settings: BgpSettings,
-        node: String,
-        router_id: Option<Ipv4Addr>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    fn new(settings: BgpSettings, node: String, metrics: Arc<Metrics>) -> Self {
         Self {
             settings,
             node,
-            router_id,
             metrics,
             bird: None,
             running: None,
@@ -243,8 +245,12 @@ impl Speaker {
 
     /// Brings BIRD in line with `wanted`: starts it, or reconfigures it if the configuration
     /// changed (nothing happens otherwise).
-    async fn apply(&mut self, wanted: NodeAdvertisements) -> Result<(), BirdError> {
-        let config = bird_config::render(&self.node, self.router_id, &wanted);
+    async fn apply(
+        &mut self,
+        wanted: NodeAdvertisements,
+        router_id: Option<Ipv4Addr>,
+    ) -> Result<(), BirdError> {
+        let config = bird_config::render(&self.node, router_id, &wanted);
         match &self.bird {
             None => {
                 let bird = Bird::start(&self.settings, &config).await?;
@@ -412,6 +418,7 @@ impl Reports {
                 "ASNMismatch",
                 "AuthenticationFailed",
                 "ConnectionRefused",
+                "NotDirectlyConnected",
                 "Unreachable",
                 "NoAnswer",
                 "SessionLost",

@@ -35,7 +35,10 @@ pub enum BirdError {
          its path"
     )]
     Spawn { bird: PathBuf, source: io::Error },
-    #[error("BIRD exited at start ({status}); its messages are in the log above")]
+    #[error(
+        "BIRD exited at start ({status}); its messages are in the log above (with no IPv4 \
+         address on the node, BIRD cannot pick a router ID: set [bgp] router_id)"
+    )]
     Exited { status: std::process::ExitStatus },
     #[error("BIRD did not open its control socket {socket} within {waited:?}")]
     NoSocket { socket: PathBuf, waited: Duration },
@@ -116,7 +119,7 @@ impl Bird {
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stderr).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::info!(target: "bird", "{line}");
+                    tracing::info!(speaker = "bird", "{line}");
                 }
             });
         }

@@ -105,6 +105,16 @@ pub fn why_down(
             ),
         );
     }
+    if error.contains("Invalid next hop") {
+        return (
+            "NotDirectlyConnected",
+            format!(
+                "the router's address is on none of this node's networks: set ebgpMultihop \
+                 for a router more than one hop away, or use its address on the nodes' \
+                 segment{said}"
+            ),
+        );
+    }
     if error.contains("Connection refused") {
         return (
             "ConnectionRefused",

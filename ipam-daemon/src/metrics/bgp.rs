@@ -41,7 +41,7 @@ impl BgpMetrics {
         );
         bgp.register(
             "session_down",
-            "1 for the reason this node's session with the peer is not up (ASNMismatch, AuthenticationFailed, ConnectionRefused, Unreachable, NoAnswer, SessionLost)",
+            "1 for the reason this node's session with the peer is not up (ASNMismatch, AuthenticationFailed, ConnectionRefused, NotDirectlyConnected, Unreachable, NoAnswer, SessionLost)",
             self.session_down.clone(),
         );
         bgp.register(

@@ -1,5 +1,6 @@
 //! `ipamctl`: the operator's CLI.
 
+mod bgp;
 mod datapath;
 mod ipam_status;
 mod members;
@@ -63,8 +64,8 @@ enum Command {
         command: IpamCommand,
     },
     /// Create or update objects (LoadBalancerIPPool, Service, ServiceEndpoints,
-    /// L2AnnouncementPolicy, PodIPPool, Namespace) from YAML documents, in the store of the daemon's
-    /// configuration.
+    /// L2AnnouncementPolicy, BGPPeer, BGPAdvertisement, PodIPPool, Namespace) from YAML
+    /// documents, in the store of the daemon's configuration.
     Apply {
         /// The file with one or more YAML documents (`-` for standard input).
         #[arg(short, long)]
@@ -74,7 +75,7 @@ enum Command {
     },
     /// List objects of a kind: services (with their IPs and the node announcing each),
     /// service-endpoints (the nodes each Service's endpoints run on), lbpools, l2policies,
-    /// podpools.
+    /// bgppeers, bgpadvertisements, podpools.
     Get {
         #[arg(value_enum)]
         kind: ObjectKind,
@@ -103,6 +104,12 @@ enum Command {
         /// The agent's API socket (default: [ipam] socket of --config).
         #[arg(long)]
         socket: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// BGP: every peer's session on every node (state, routes advertised, why it is down),
+    /// as the agents last wrote it into the BGPPeers' status.
+    Bgp {
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -225,6 +232,7 @@ fn main() -> anyhow::Result<()> {
         Command::Pools { store } => {
             with_store(&store.config, async |s| objects::pools(&s, output).await)
         }
+        Command::Bgp { store } => with_store(&store.config, async |s| bgp::run(&s, output).await),
         Command::Members { socket, store } => {
             members::run(&store.config, socket.as_deref(), output)
         }

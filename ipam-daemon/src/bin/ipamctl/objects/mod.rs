@@ -7,7 +7,10 @@ use std::{collections::BTreeMap, path::Path};
 
 use ipam_core::{
     lb::annotations::AnnotationSources,
-    lb::resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
+    lb::{
+        bgp::{BgpAdvertisement, BgpPeer},
+        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
+    },
     resources::{Condition, NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _, Versioned},
 };
@@ -23,6 +26,8 @@ pub(crate) enum ObjectKind {
     ServiceEndpoints,
     Lbpools,
     L2policies,
+    Bgppeers,
+    Bgpadvertisements,
     Podpools,
 }
 
@@ -33,6 +38,8 @@ impl ObjectKind {
             Self::ServiceEndpoints => ServiceEndpoints::KIND,
             Self::Lbpools => LbIpPool::KIND,
             Self::L2policies => L2AnnouncementPolicy::KIND,
+            Self::Bgppeers => BgpPeer::KIND,
+            Self::Bgpadvertisements => BgpAdvertisement::KIND,
             Self::Podpools => PodIpPool::KIND,
         }
     }
@@ -248,6 +255,48 @@ pub(crate) async fn get(
                 println!("{rows}");
             },
         ),
+        ObjectKind::Bgppeers => emit(output, &named::<BgpPeer>(store).await?, |items| {
+            let mut rows = table([
+                "PEER",
+                "ADDRESS",
+                "PEER ASN",
+                "LOCAL ASN",
+                "BFD",
+                "CONDITION",
+            ]);
+            for (name, p) in items {
+                rows.add_row([
+                    name.clone(),
+                    p.spec.peer_address.to_string(),
+                    p.spec.peer_asn.to_string(),
+                    p.spec.local_asn.to_string(),
+                    p.spec.bfd.is_some().to_string(),
+                    condition(&p.status.conditions),
+                ]);
+            }
+            println!("{rows}");
+        }),
+        ObjectKind::Bgpadvertisements => {
+            emit(output, &named::<BgpAdvertisement>(store).await?, |items| {
+                let mut rows = table(["ADVERTISEMENT", "POOLS", "PEERS", "COMMUNITIES"]);
+                let all = |list: &[String]| {
+                    if list.is_empty() {
+                        "(all)".to_owned()
+                    } else {
+                        list.join(",")
+                    }
+                };
+                for (name, a) in items {
+                    rows.add_row([
+                        name.clone(),
+                        all(&a.spec.ip_pools),
+                        all(&a.spec.peers),
+                        a.spec.communities.join(","),
+                    ]);
+                }
+                println!("{rows}");
+            })
+        }
         ObjectKind::Podpools => emit(output, &named::<PodIpPool>(store).await?, |items| {
             let mut rows = table(["POOL", "CONDITION"]);
             for (name, p) in items {

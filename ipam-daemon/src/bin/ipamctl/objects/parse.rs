@@ -18,6 +18,7 @@ use ipam_core::lb::annotations::{self, AnnotationSources, Asked};
 use ipam_core::{
     lb::{
         announce::{NodeView, owners},
+        bgp::{self, BgpAdvertisement, BgpPeer},
         resources::{
             L2AnnouncementPolicy, LbIpPool, Namespace, Service, ServiceEndpoints,
             ServiceEndpointsSpec, ServiceSpec,
@@ -40,7 +41,8 @@ pub(crate) enum ObjectError {
     },
     #[error(
         "{file}: document {index} has kind {kind:?}; use LoadBalancerIPPool, Service, \
-         ServiceEndpoints, L2AnnouncementPolicy, PodIPPool or Namespace"
+         ServiceEndpoints, L2AnnouncementPolicy, BGPPeer, BGPAdvertisement, PodIPPool or \
+         Namespace"
     )]
     Kind {
         file: String,
@@ -79,6 +81,14 @@ pub(crate) enum ObjectError {
     Annotation {
         file: String,
         index: usize,
+        name: String,
+        why: String,
+    },
+    #[error("{file}: document {index} ({kind} {name}): {why}. Nothing was applied")]
+    Invalid {
+        file: String,
+        index: usize,
+        kind: String,
         name: String,
         why: String,
     },
@@ -141,6 +151,8 @@ pub(crate) enum Object {
     Service(String, Service),
     Endpoints(String, ServiceEndpoints),
     L2Policy(String, L2AnnouncementPolicy),
+    BgpPeer(String, BgpPeer),
+    BgpAdvertisement(String, BgpAdvertisement),
     PodPool(String, PodIpPool),
     /// A namespace's labels (on Kubernetes the Namespaces themselves).
     Namespace(String, Namespace),
@@ -153,6 +165,8 @@ impl Object {
             Self::Service(..) => Service::KIND,
             Self::Endpoints(..) => ServiceEndpoints::KIND,
             Self::L2Policy(..) => L2AnnouncementPolicy::KIND,
+            Self::BgpPeer(..) => BgpPeer::KIND,
+            Self::BgpAdvertisement(..) => BgpAdvertisement::KIND,
             Self::PodPool(..) => PodIpPool::KIND,
             Self::Namespace(..) => Namespace::KIND,
         }
@@ -164,6 +178,8 @@ impl Object {
             | Self::Service(n, _)
             | Self::Endpoints(n, _)
             | Self::L2Policy(n, _)
+            | Self::BgpPeer(n, _)
+            | Self::BgpAdvertisement(n, _)
             | Self::PodPool(n, _)
             | Self::Namespace(n, _) => n,
         }
@@ -290,6 +306,22 @@ pub(crate) fn parse(
                     spec: at.spec(doc.spec)?,
                 },
             ),
+            "BGPPeer" => {
+                let spec = at.spec(doc.spec)?;
+                bgp::check_peer(&spec).map_err(|why| at.invalid(why))?;
+                Object::BgpPeer(
+                    name.clone(),
+                    BgpPeer {
+                        spec,
+                        status: Default::default(),
+                    },
+                )
+            }
+            "BGPAdvertisement" => {
+                let spec = at.spec(doc.spec)?;
+                bgp::check_advertisement(&spec).map_err(|why| at.invalid(why))?;
+                Object::BgpAdvertisement(name.clone(), BgpAdvertisement { spec })
+            }
             "Namespace" => Object::Namespace(
                 name.clone(),
                 Namespace {
@@ -396,6 +428,16 @@ impl Place<'_> {
         }
     }
 
+    fn invalid(&self, why: String) -> ObjectError {
+        ObjectError::Invalid {
+            file: self.file.to_owned(),
+            index: self.index,
+            kind: self.kind.to_owned(),
+            name: self.name.to_owned(),
+            why,
+        }
+    }
+
     /// The typed spec; a field it does not have is an error naming the field.
     fn spec<T: DeserializeOwned>(&self, spec: serde_yaml_ng::Value) -> Result<T, ObjectError> {
         let mut unknown = None;
@@ -440,6 +482,10 @@ pub(crate) async fn apply<S: TypedStore>(store: &S, object: &Object) -> Result<b
         Object::Service(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::Endpoints(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::L2Policy(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
+        Object::BgpPeer(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
+        Object::BgpAdvertisement(n, v) => {
+            put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await
+        }
         Object::PodPool(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::Namespace(n, v) => {
             put(store, n, v, |cur, new| cur.labels = new.labels.clone()).await
@@ -661,6 +707,42 @@ mod tests {
                 && parsed.notes[0].contains("loadBalancerIPs"),
             "{:?}",
             parsed.notes
+        );
+    }
+
+    /// BGP peers and advertisements: MetalLB's `myASN` reads as `localASN`; a spec BGP would
+    /// refuse is refused here, naming the object and why, before anything is written.
+    #[test]
+    fn bgp_objects_are_checked_before_anything_is_written() {
+        let parsed = parse(
+            "bgp.yaml",
+            "kind: BGPPeer\nmetadata: { name: tor }\n\
+             spec: { peerAddress: 10.0.0.1, peerASN: 64500, myASN: 64512 }\n---\n\
+             kind: BGPAdvertisement\nmetadata: { name: all }\nspec: { communities: [\"64512:1\"] }\n",
+            &AnnotationSources::default(),
+        )
+        .unwrap();
+        let Object::BgpPeer(_, peer) = &parsed.objects[0] else {
+            panic!("a peer")
+        };
+        assert_eq!(
+            (peer.spec.local_asn, peer.spec.hold_time_seconds),
+            (64512, 90)
+        );
+        let refused = parse(
+            "bgp.yaml",
+            "kind: BGPPeer\nmetadata: { name: ok }\n\
+             spec: { peerAddress: 10.0.0.1, peerASN: 64500, localASN: 64512 }\n---\n\
+             kind: BGPPeer\nmetadata: { name: quick }\n\
+             spec: { peerAddress: 10.0.0.1, peerASN: 64500, localASN: 64512, holdTimeSeconds: 1 }\n",
+            &AnnotationSources::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.starts_with("bgp.yaml: document 2 (BGPPeer quick): holdTimeSeconds 1")
+                && refused.ends_with("Nothing was applied"),
+            "{refused}"
         );
     }
 

@@ -5,6 +5,7 @@
 //! crash without colliding; traffic only flows between namespaces a test made itself.
 
 pub mod arp_watch;
+pub mod bgp_rig;
 pub mod bgp_router;
 pub mod cluster;
 pub mod cni;

@@ -21,6 +21,9 @@ pub(crate) enum Name {
     /// Service IP failover after a power loss, failed requests, store writes with 1,000
     /// services.
     Failover,
+    /// Service IPs over BGP: a node's loss to its routes withdrawn on a real router, with BFD
+    /// and without, and 1,000 Services to routes versus BIRD configured directly.
+    Bgp,
     /// Node liveness between peers, simulated: 5,000 members at 1 % loss, time until a killed
     /// member is declared dead by all, false suspicions, gossip bytes per node.
     Liveness,
@@ -35,6 +38,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Cluster => "bench-cluster",
         Name::Failover => "bench-failover",
         Name::Liveness => "bench-liveness",
+        Name::Bgp => "bench-bgp",
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;

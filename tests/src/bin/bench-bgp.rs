@@ -1,0 +1,231 @@
+//! `cargo xtask bench bgp`: Service IPs over BGP with real agents (BIRD) and a real router
+//! (FRR) in namespaces (docs/benchmarks.md):
+//! - `bgp_failover_s`: a node's power loss (link cut, agent killed) to the router's route
+//!   without it and the client behind the router served by another node; median of 5 kills,
+//!   the node back between kills. With BFD (3 x 100 ms) and, `bgp_failover_hold_s`, without
+//!   (hold time 3 s). Printed beside each: the detection the protocol allows (BFD's 0.3 s, the
+//!   hold time's 3 s), which no speaker can beat.
+//! - `routes_per_s`: 1,000 Services created (store writes, LB-IPAM, the agents, BIRD) to their
+//!   1,000 routes on the router; beside it `reference_routes_per_s`: the same router learning
+//!   1,000 routes from a BIRD given them in one configuration (no store, no agent), the path's
+//!   own ceiling on this machine.
+//!
+//! Last line: `bgp_failover_s=… bgp_failover_hold_s=… routes_per_s=… reference_routes_per_s=…`
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use ipam_tests::{
+    TempDir,
+    bgp_rig::{BgpRig, PASSWORD, PORT, ROUTER_V4},
+    cluster::{UPLINK, wait_until},
+    failover::lb_service,
+    netns::{Netns, veth},
+};
+
+const KILLS: usize = 5;
+const SERVICES: usize = 1000;
+/// The reference speaker's address on the segment (a router neighbour of the rig).
+const REFERENCE: &str = "10.77.0.50";
+
+fn main() {
+    let (with_bfd, _) = failovers("bgb", true, false);
+    let (hold, routes) = failovers("bgh", false, true);
+    let (routes_per_s, reference_per_s) = routes.expect("routes were measured");
+    println!(
+        "bgp_failover_s (BFD 3 x 100 ms, floor 0.30 s): median {:.2} s of {:?}",
+        median(&with_bfd),
+        rounded(&with_bfd)
+    );
+    println!(
+        "bgp_failover_hold_s (no BFD, hold time 3 s, floor 2-3 s: keepalives every 1 s): median \
+         {:.2} s of {:?}",
+        median(&hold),
+        rounded(&hold)
+    );
+    println!(
+        "routes_per_s: {routes_per_s:.0} (1,000 Services to 1,000 routes); reference, BIRD \
+         given 1,000 routes at once: {reference_per_s:.0}"
+    );
+    println!(
+        "bgp_failover_s={:.2} bgp_failover_hold_s={:.2} routes_per_s={routes_per_s:.0} \
+         reference_routes_per_s={reference_per_s:.0}",
+        median(&with_bfd),
+        median(&hold)
+    );
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn rounded(values: &[f64]) -> Vec<String> {
+    values.iter().map(|v| format!("{v:.2}")).collect()
+}
+
+/// Five power losses on a rig with BFD or without; with `routes`, then the routes figures on
+/// the same rig.
+fn failovers(tag: &str, bfd: bool, routes: bool) -> (Vec<f64>, Option<(f64, f64)>) {
+    let mut rig = BgpRig::start(tag, 3, bfd, &[REFERENCE]);
+    rig.cluster.put("default/web", &lb_service(PORT));
+    let ip = rig.wait_for_ip("default/web", false);
+    let mut figures = Vec::new();
+    for kill in 0..KILLS {
+        rig.wait_for_hops(ip, &[0, 1, 2], "the route over the three nodes");
+        let victim = kill % 3;
+        let took = power_loss(&mut rig, ip, victim);
+        println!(
+            "{} kill {}: node-{victim} withdrawn and the client served in {took:.2} s",
+            if bfd { "BFD" } else { "hold timer" },
+            kill + 1
+        );
+        figures.push(took);
+        let node = &mut rig.cluster.nodes[victim];
+        node.ns.up(UPLINK);
+        node.start();
+    }
+    let routes = routes.then(|| {
+        rig.wait_for_hops(ip, &[0, 1, 2], "the route over the three nodes");
+        (services_to_routes(&rig), reference_routes(&rig))
+    });
+    rig.stop_backends();
+    (figures, routes)
+}
+
+/// Cuts `victim`'s link, kills its agent; seconds until the router's route leaves it out and a
+/// request from the client is answered after that.
+fn power_loss(rig: &mut BgpRig, ip: IpAddr, victim: usize) -> f64 {
+    let node = &mut rig.cluster.nodes[victim];
+    node.ns.down(UPLINK);
+    let lost = Instant::now();
+    if let Some(d) = node.daemon.take() {
+        d.kill();
+    }
+    while rig.routed_to(ip).contains(&victim) {
+        assert!(lost.elapsed() < Duration::from_secs(30), "never withdrawn");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    loop {
+        if rig
+            .request(ip, Duration::from_millis(200))
+            .is_some_and(|by| by != format!("node-{victim}"))
+        {
+            return lost.elapsed().as_secs_f64();
+        }
+        assert!(
+            lost.elapsed() < Duration::from_secs(30),
+            "never served again"
+        );
+    }
+}
+
+/// The router's BGP routes within 198.51.100.0/22 (the rig's pool) or 100.64.0.0/22 (the
+/// reference's).
+fn bgp_routes(rig: &BgpRig, prefix: &str) -> usize {
+    let out = rig
+        .router
+        .ns
+        .command("ip")
+        .args(["-4", "route", "show", "proto", "bgp"])
+        .output()
+        .expect("ip route");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .count()
+}
+
+/// 1,000 Services created one after the other, to all their routes on the router.
+fn services_to_routes(rig: &BgpRig) -> f64 {
+    let before = bgp_routes(rig, "198.51.10");
+    let start = Instant::now();
+    for i in 0..SERVICES {
+        rig.cluster
+            .put(&format!("bulk/svc-{i:04}"), &lb_service(PORT));
+    }
+    let written = start.elapsed();
+    wait_until(
+        Duration::from_secs(300),
+        "1,000 more routes on the router",
+        || bgp_routes(rig, "198.51.10") >= before + SERVICES,
+        || format!("{} routes", bgp_routes(rig, "198.51.10")),
+    );
+    let took = start.elapsed().as_secs_f64();
+    println!(
+        "1,000 Services: written in {:.2} s, all routed in {took:.2} s",
+        written.as_secs_f64()
+    );
+    SERVICES as f64 / took
+}
+
+/// The same router learning 1,000 routes from a BIRD of its own (a namespace on the segment),
+/// given them in one reconfiguration.
+fn reference_routes(rig: &BgpRig) -> f64 {
+    let ns = Netns::new("bgref");
+    veth(&ns, UPLINK, &rig.cluster.fabric, "bgrefp");
+    rig.cluster.fabric.add_port("bgrefp", "br0");
+    ns.add_address(UPLINK, &format!("{REFERENCE}/24"));
+    let dir = TempDir::new("bgp-ref-");
+    let config = dir.0.join("bird.conf");
+    let socket = dir.0.join("bird.ctl");
+    let write = |routes: usize| {
+        let mut text =
+            format!("router id {REFERENCE};\nprotocol device {{}}\nprotocol static s {{\n ipv4;\n");
+        for i in 0..routes {
+            text.push_str(&format!(
+                " route 100.64.{}.{}/32 unreachable;\n",
+                i / 250,
+                i % 250 + 1
+            ));
+        }
+        text.push_str(&format!(
+            "}}\nprotocol bgp r {{\n local as 64512;\n neighbor {ROUTER_V4} as 64500;\n \
+             password \"{PASSWORD}\";\n hold time 3; keepalive time 1;\n \
+             ipv4 {{ import none; export all; next hop self; }};\n}}\n"
+        ));
+        std::fs::write(&config, text).expect("write BIRD's configuration");
+    };
+    write(0);
+    let mut bird = ns
+        .command("bird")
+        .arg("-f")
+        .arg("-c")
+        .arg(&config)
+        .arg("-s")
+        .arg(&socket)
+        .spawn()
+        .expect("start the reference BIRD");
+    let birdc = |args: &[&str]| {
+        let out = std::process::Command::new("birdc")
+            .arg("-s")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("birdc");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "the reference session established",
+        || birdc(&["show", "protocols", "r"]).contains("Established"),
+        || birdc(&["show", "protocols", "all", "r"]),
+    );
+    write(SERVICES);
+    let start = Instant::now();
+    birdc(&["configure"]);
+    wait_until(
+        Duration::from_secs(120),
+        "the reference's 1,000 routes on the router",
+        || bgp_routes(rig, "100.64.") >= SERVICES,
+        || format!("{} routes", bgp_routes(rig, "100.64.")),
+    );
+    let took = start.elapsed().as_secs_f64();
+    let _ = bird.kill();
+    let _ = bird.wait();
+    println!("reference: 1,000 routes from one BIRD configuration in {took:.2} s");
+    SERVICES as f64 / took
+}

@@ -126,10 +126,8 @@ impl BgpRig {
                 ),
             );
         }
-        // The way back to the client's subnet (the agents import no routes).
         for node in &cluster.nodes {
-            node.ns.route_via("10.78.0.0/24", ROUTER_V4);
-            node.ns.route_via("fd78::/64", ROUTER_V6);
+            route_back(&node.ns);
         }
         let backends = Backends::start(&cluster);
         cluster.put("routed", &pool(&["198.51.100.0/22", "2001:db8:100::/120"]));
@@ -152,6 +150,29 @@ impl BgpRig {
             _run_dirs: run_dirs,
             backends,
         }
+    }
+
+    /// A power loss of node `index`: its link cut first (BIRD cannot say goodbye), then its
+    /// agent killed.
+    pub fn power_off(&mut self, index: usize) {
+        let node = &mut self.cluster.nodes[index];
+        node.ns.down(UPLINK);
+        if let Some(d) = node.daemon.take() {
+            d.kill();
+        }
+    }
+
+    /// Node `index` back: its link up with what the kernel flushed when it went down (the
+    /// IPv6 address, the routes through it), and its agent started.
+    pub fn power_on(&mut self, index: usize) {
+        let node = &mut self.cluster.nodes[index];
+        node.ns.up(UPLINK);
+        let v6: IpAddr = node_addresses(index).1.parse().unwrap();
+        if !node.ns.addresses(UPLINK).iter().any(|(a, _)| *a == v6) {
+            node.ns.add_address(UPLINK, &format!("{v6}/64"));
+        }
+        route_back(&node.ns);
+        node.start();
     }
 
     /// The Service's address of the family, once LB-IPAM gave one.
@@ -221,6 +242,21 @@ impl BgpRig {
     /// Stops the backends (before the cluster goes).
     pub fn stop_backends(&mut self) {
         self.backends.stop();
+    }
+}
+
+/// The way back to the client's subnet through the router (the agents import no routes).
+fn route_back(ns: &Netns) {
+    for (cidr, via) in [("10.78.0.0/24", ROUTER_V4), ("fd78::/64", ROUTER_V6)] {
+        let (net, len) = cidr.split_once('/').unwrap();
+        let (net, len): (IpAddr, u8) = (net.parse().unwrap(), len.parse().unwrap());
+        let present = ns
+            .routes(net.is_ipv6())
+            .iter()
+            .any(|r| r.destination == net && r.prefix_len == len);
+        if !present {
+            ns.route_via(cidr, via);
+        }
     }
 }
 

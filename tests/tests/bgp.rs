@@ -17,7 +17,7 @@ use ipam_core::lb::resources::{
 };
 use ipam_tests::{
     bgp_rig::{BgpRig, PASSWORD, PORT, ROUTER_V4, established_condition, peer, session_of},
-    cluster::{UPLINK, node_addresses, wait_until},
+    cluster::{node_addresses, wait_until},
     failover::lb_service,
 };
 
@@ -169,11 +169,8 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     );
 
     // Power loss of node-2 (link first, so BIRD cannot say goodbye): BFD withdraws it.
-    rig.cluster.nodes[2].ns.down(UPLINK);
     let lost = std::time::Instant::now();
-    if let Some(d) = rig.cluster.nodes[2].daemon.take() {
-        d.kill();
-    }
+    rig.power_off(2);
     rig.wait_for_hops(web_v4, &[0, 1], "node-2's route withdrawn");
     println!(
         "power loss to withdrawal: {:?} (BFD 3 x 100 ms)",

@@ -1,5 +1,5 @@
-//! `cargo xtask lab [failover]`: builds the binaries and runs a lab program
-//! (tests/src/bin/lab.rs, tests/src/bin/lab-failover.rs).
+//! `cargo xtask lab [failover|bgp]`: builds the binaries and runs a lab program
+//! (tests/src/bin/lab.rs, tests/src/bin/lab-failover.rs, tests/src/bin/lab-bgp.rs).
 
 use crate::cmd::{cargo, exec, target_dir};
 
@@ -10,6 +10,9 @@ pub(crate) enum Which {
     Cluster,
     /// A service IP's node loses power: the timeline until clients are answered again.
     Failover,
+    /// Service IPs over BGP: a router learns them from every node (ECMP), one node loses
+    /// power, the timeline until its route is withdrawn.
+    Bgp,
 }
 
 pub(crate) fn run(which: Which) -> anyhow::Result<()> {
@@ -17,6 +20,7 @@ pub(crate) fn run(which: Which) -> anyhow::Result<()> {
     let bin = match which {
         Which::Cluster => "lab",
         Which::Failover => "lab-failover",
+        Which::Bgp => "lab-bgp",
     };
     exec(&mut std::process::Command::new(
         target_dir()?.join("debug").join(bin),

@@ -84,9 +84,7 @@ fn failovers(tag: &str, bfd: bool, routes: bool) -> (Vec<f64>, Option<(f64, f64)
             kill + 1
         );
         figures.push(took);
-        let node = &mut rig.cluster.nodes[victim];
-        node.ns.up(UPLINK);
-        node.start();
+        rig.power_on(victim);
     }
     let routes = routes.then(|| {
         rig.wait_for_hops(ip, &[0, 1, 2], "the route over the three nodes");
@@ -99,12 +97,8 @@ fn failovers(tag: &str, bfd: bool, routes: bool) -> (Vec<f64>, Option<(f64, f64)
 /// Cuts `victim`'s link, kills its agent; seconds until the router's route leaves it out and a
 /// request from the client is answered after that.
 fn power_loss(rig: &mut BgpRig, ip: IpAddr, victim: usize) -> f64 {
-    let node = &mut rig.cluster.nodes[victim];
-    node.ns.down(UPLINK);
+    rig.power_off(victim);
     let lost = Instant::now();
-    if let Some(d) = node.daemon.take() {
-        d.kill();
-    }
     while rig.routed_to(ip).contains(&victim) {
         assert!(lost.elapsed() < Duration::from_secs(30), "never withdrawn");
         std::thread::sleep(Duration::from_millis(5));

@@ -29,7 +29,7 @@ impl Pools {
         Self { labels }
     }
 
-    fn selected_by(&self, selector: &Selector) -> impl Iterator<Item = &String> {
+    pub(super) fn selected_by(&self, selector: &Selector) -> impl Iterator<Item = &String> {
         self.labels
             .iter()
             .filter(move |(_, labels)| selector.matches(labels))

@@ -1,6 +1,7 @@
 //! `ipamctl migrate`: Cilium's and MetalLB's resources (CiliumLoadBalancerIPPool,
-//! CiliumL2AnnouncementPolicy, CiliumPodIPPool; IPAddressPool, L2Advertisement) converted into
-//! this project's, printed as YAML ready for `kubectl apply` or `ipamctl apply`.
+//! CiliumL2AnnouncementPolicy, CiliumPodIPPool; IPAddressPool, L2Advertisement, BGPPeer,
+//! BGPAdvertisement with the BFDProfiles and Communities they name) converted into this
+//! project's, printed as YAML ready for `kubectl apply` or `ipamctl apply`.
 //!
 //! Every field of the input is either carried over or reported as dropped, with why; the exit
 //! code says whether anything was. `--check` then asks the store whether the converted pools
@@ -10,11 +11,15 @@ mod check;
 mod cilium;
 mod fields;
 mod metallb;
+mod metallb_bgp;
 
 use std::{collections::BTreeMap, path::Path};
 
 use ipam_core::{
-    lb::resources::{L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec},
+    lb::{
+        bgp::{BgpAdvertisement, BgpAdvertisementSpec, BgpPeer, BgpPeerSpec},
+        resources::{L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec},
+    },
     pod::pool::PodIpPoolSpec,
     resources::PodIpPool,
     store::Resource as _,
@@ -36,6 +41,8 @@ pub(crate) enum Target {
     LbPool(LbIpPoolSpec),
     L2Policy(L2PolicySpec),
     PodPool(PodIpPoolSpec),
+    BgpPeer(Box<BgpPeerSpec>),
+    BgpAdvertisement(BgpAdvertisementSpec),
 }
 
 impl Target {
@@ -44,6 +51,8 @@ impl Target {
             Self::LbPool(_) => LbIpPool::KIND,
             Self::L2Policy(_) => L2AnnouncementPolicy::KIND,
             Self::PodPool(_) => PodIpPool::KIND,
+            Self::BgpPeer(_) => BgpPeer::KIND,
+            Self::BgpAdvertisement(_) => BgpAdvertisement::KIND,
         }
     }
 }
@@ -248,13 +257,15 @@ fn source(at: String, value: Value) -> Result<Source, MigrateError> {
 
 /// The kinds read, for messages.
 const READ_KINDS: &str = "CiliumLoadBalancerIPPool, CiliumL2AnnouncementPolicy, CiliumPodIPPool \
-                          (cilium.io) and IPAddressPool, L2Advertisement (metallb.io)";
+                          (cilium.io) and IPAddressPool, L2Advertisement, BGPPeer, \
+                          BGPAdvertisement, BFDProfile, Community (metallb.io)";
 
 /// Converts every object of `sources`. An object of the wrong shape stops it all (nothing half
 /// converted is printed); fields and objects without a counterpart are reported in the result.
 pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
     let mut migration = Migration::default();
     let pools = metallb::Pools::of(sources);
+    let named = metallb_bgp::Named::of(sources);
     for source in sources {
         let mut report = Report {
             from: source.describe(),
@@ -289,11 +300,23 @@ pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
                     .map(|(name, spec)| (name, Target::L2Policy(spec)))
                     .collect()
             }
-            (_, kind) if is_bgp(group, kind) => {
+            ("metallb.io" | "", "BGPPeer") => {
+                let spec = metallb_bgp::peer(source.spec()?, &named, &mut report)
+                    .map_err(|b| source.error(b))?;
+                vec![(source.name.clone(), Target::BgpPeer(Box::new(spec)))]
+            }
+            ("metallb.io" | "", "BGPAdvertisement") => {
+                let spec = metallb_bgp::advertisement(source.spec()?, &pools, &named, &mut report)
+                    .map_err(|b| source.error(b))?;
+                vec![(source.name.clone(), Target::BgpAdvertisement(spec))]
+            }
+            // Read where a BGPPeer or BGPAdvertisement names them; nothing of their own.
+            ("metallb.io" | "", "BFDProfile" | "Community") => Vec::new(),
+            ("cilium.io" | "", kind) if kind.starts_with("CiliumBGP") => {
                 report.dropped(
                     "(the whole object)",
-                    "BGP is not supported yet: Services' IPs are announced over L2 only; keep \
-                     this object with the old controller until BGP lands",
+                    "Cilium's BGP kinds are not converted yet: write the BGPPeers and \
+                     BGPAdvertisements by hand (docs/bgp.md; docs/migration.md maps the fields)",
                 );
                 Vec::new()
             }
@@ -325,15 +348,6 @@ pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
     Ok(migration)
 }
 
-fn is_bgp(group: &str, kind: &str) -> bool {
-    (group == "cilium.io" && kind.starts_with("CiliumBGP"))
-        || (group == "metallb.io"
-            && matches!(
-                kind,
-                "BGPPeer" | "BGPAdvertisement" | "BFDProfile" | "Community"
-            ))
-}
-
 /// A converted object as a manifest.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -358,6 +372,8 @@ pub(crate) fn render(migration: &Migration) -> Result<String, serde_yaml_ng::Err
             Target::LbPool(spec) => serde_yaml_ng::to_value(spec),
             Target::L2Policy(spec) => serde_yaml_ng::to_value(spec),
             Target::PodPool(spec) => serde_yaml_ng::to_value(spec),
+            Target::BgpPeer(spec) => serde_yaml_ng::to_value(spec),
+            Target::BgpAdvertisement(spec) => serde_yaml_ng::to_value(spec),
         }?;
         let yaml = serde_yaml_ng::to_string(&Manifest {
             api_version: format!("{GROUP}/{VERSION}"),

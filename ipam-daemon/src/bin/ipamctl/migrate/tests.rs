@@ -239,7 +239,36 @@ kind: BGPPeer
 metadata:
   name: router
   namespace: metallb-system
-spec: {myASN: 64500, peerASN: 64501, peerAddress: 10.0.0.1}
+spec:
+  myASN: 64500
+  peerASN: 64501
+  peerAddress: 10.0.0.1
+  holdTime: 9s
+  password: s3cret
+  bfdProfile: fast
+  enableGracefulRestart: true
+  sourceAddress: 10.0.0.2
+  nodeSelectors: [{matchLabels: {rack: a}}]
+---
+apiVersion: metallb.io/v1beta1
+kind: BFDProfile
+metadata: {name: fast, namespace: metallb-system}
+spec: {receiveInterval: 100, transmitInterval: 150, detectMultiplier: 5}
+---
+apiVersion: metallb.io/v1beta1
+kind: Community
+metadata: {name: communities, namespace: metallb-system}
+spec: {communities: [{name: blackhole-ish, value: "64500:666"}]}
+---
+apiVersion: metallb.io/v1beta1
+kind: BGPAdvertisement
+metadata: {name: public, namespace: metallb-system}
+spec:
+  ipAddressPools: [first-pool]
+  communities: [blackhole-ish, "64500:1"]
+  localPref: 200
+  peers: [router]
+  aggregationLength: 24
 "#;
 
 #[test]
@@ -304,7 +333,11 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
                 "in.yaml: document 3 (L2Advertisement east)",
                 "spec.ipAddressPools"
             ),
-            ("in.yaml: document 5 (BGPPeer router)", "(the whole object)"),
+            ("in.yaml: document 5 (BGPPeer router)", "spec.sourceAddress"),
+            (
+                "in.yaml: document 8 (BGPAdvertisement public)",
+                "spec.aggregationLength"
+            ),
         ],
         "{:#?}",
         m.dropped
@@ -316,7 +349,46 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
         "{}",
         m.dropped[0].why
     );
-    assert!(m.dropped[1].why.contains("BGP"), "{}", m.dropped[1].why);
+
+    // The BGP peer with its BFDProfile, and the advertisement with its Community alias.
+    let peer = m
+        .converted
+        .iter()
+        .find_map(|c| match &c.target {
+            Target::BgpPeer(p) if c.name == "router" => Some(p.clone()),
+            _ => None,
+        })
+        .expect("the BGPPeer converted");
+    assert_eq!(
+        (peer.local_asn, peer.peer_asn, peer.hold_time_seconds),
+        (64500, 64501, 9)
+    );
+    assert_eq!(peer.password.as_deref(), Some("s3cret"));
+    let bfd = peer.bfd.expect("the BFDProfile's timers");
+    assert_eq!(
+        (
+            bfd.receive_interval_ms,
+            bfd.transmit_interval_ms,
+            bfd.detect_multiplier
+        ),
+        (100, 150, 5)
+    );
+    assert!(peer.graceful_restart.is_some());
+    assert_eq!(peer.node_selector.match_labels["rack"], "a");
+    let public = m
+        .converted
+        .iter()
+        .find_map(|c| match &c.target {
+            Target::BgpAdvertisement(a) if c.name == "public" => Some(a.clone()),
+            _ => None,
+        })
+        .expect("the BGPAdvertisement converted");
+    assert_eq!(public.ip_pools, ["first-pool"]);
+    assert_eq!(public.communities, ["64500:666", "64500:1"]);
+    assert_eq!(
+        (public.local_preference, public.peers.clone()),
+        (Some(200), vec!["router".to_owned()])
+    );
 }
 
 #[test]
@@ -461,6 +533,10 @@ fn the_output_is_what_ipamctl_apply_reads() {
             (Object::LbPool(_, p), Target::LbPool(spec)) => assert_eq!(&p.spec, spec),
             (Object::L2Policy(_, p), Target::L2Policy(spec)) => assert_eq!(&p.spec, spec),
             (Object::PodPool(_, p), Target::PodPool(spec)) => assert_eq!(&p.spec, spec),
+            (Object::BgpPeer(_, p), Target::BgpPeer(spec)) => assert_eq!(&p.spec, &**spec),
+            (Object::BgpAdvertisement(_, a), Target::BgpAdvertisement(spec)) => {
+                assert_eq!(&a.spec, spec);
+            }
             (object, target) => panic!("{object:?} read back from {target:?}"),
         }
     }

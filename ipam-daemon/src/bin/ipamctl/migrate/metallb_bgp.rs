@@ -1,0 +1,313 @@
+//! MetalLB's BGP kinds: `BGPPeer` (metallb.io/v1beta2), `BGPAdvertisement` (v1beta1), with the
+//! `BFDProfile`s and `Community` aliases they name, read from the same input.
+
+use std::collections::BTreeMap;
+
+use ipam_core::lb::{
+    bgp::{Bfd, BgpAdvertisementSpec, BgpPeerSpec, GracefulRestart, parse_community},
+    resources::Selector,
+};
+use serde_yaml_ng::Value;
+
+use super::{
+    Report, Source,
+    fields::{Bad, Fields, selector},
+    metallb::Pools,
+};
+
+/// The BFDProfiles and Community aliases of the input.
+#[derive(Debug, Default)]
+pub(super) struct Named {
+    bfd_profiles: BTreeMap<String, Value>,
+    /// Community alias name -> `ASN:value`.
+    communities: BTreeMap<String, String>,
+}
+
+impl Named {
+    pub(super) fn of(sources: &[Source]) -> Self {
+        let mut named = Self::default();
+        for s in sources
+            .iter()
+            .filter(|s| matches!(s.group.as_str(), "metallb.io" | ""))
+        {
+            match s.kind.as_str() {
+                "BFDProfile" => {
+                    named.bfd_profiles.insert(s.name.clone(), s.spec.clone());
+                }
+                "Community" => {
+                    let aliases = s.spec.get("communities").and_then(Value::as_sequence);
+                    for alias in aliases.into_iter().flatten() {
+                        if let (Some(name), Some(value)) = (
+                            alias.get("name").and_then(Value::as_str),
+                            alias.get("value").and_then(Value::as_str),
+                        ) {
+                            named.communities.insert(name.to_owned(), value.to_owned());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        named
+    }
+}
+
+/// MetalLB's durations (`90s`, `1m30s`, `500ms`) in whole seconds.
+fn seconds(path: &str, text: &str) -> Result<u16, Bad> {
+    let bad = || {
+        Bad::new(
+            path,
+            format!("{text:?} is not a duration such as 90s or 1m30s"),
+        )
+    };
+    let mut total = 0f64;
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(digits);
+        let number: f64 = number.parse().map_err(|_| bad())?;
+        let unit_end = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        total += number
+            * match unit {
+                "h" => 3600.0,
+                "m" => 60.0,
+                "s" => 1.0,
+                "ms" => 0.001,
+                _ => return Err(bad()),
+            };
+        rest = tail;
+    }
+    u16::try_from(total.round() as u64).map_err(|_| bad())
+}
+
+fn duration(spec: &mut Fields, key: &str) -> Result<Option<u16>, Bad> {
+    let path = spec.path_of(key);
+    spec.string(key)?
+        .map(|text| seconds(&path, &text))
+        .transpose()
+}
+
+/// A BGPPeer.
+pub(super) fn peer(
+    mut spec: Fields,
+    named: &Named,
+    report: &mut Report,
+) -> Result<BgpPeerSpec, Bad> {
+    let address_path = spec.path_of("peerAddress");
+    let peer_address = spec
+        .string("peerAddress")?
+        .ok_or_else(|| Bad::new(&address_path, "a peer needs its address"))?;
+    let peer_address = peer_address.parse().map_err(|_| {
+        Bad::new(
+            &address_path,
+            format!("{peer_address:?} is not an IP address"),
+        )
+    })?;
+    let asn = |spec: &mut Fields, key: &str| -> Result<u32, Bad> {
+        let path = spec.path_of(key);
+        spec.u32(key)?
+            .ok_or_else(|| Bad::new(path, "needed: the AS number"))
+    };
+    let peer_asn = asn(&mut spec, "peerASN")?;
+    let local_asn = asn(&mut spec, "myASN")?;
+    let peer_port = spec.u32("peerPort")?.map_or(179, |p| p as u16);
+    let hold_time_seconds = duration(&mut spec, "holdTime")?.unwrap_or(90);
+    let keep_alive_time_seconds = duration(&mut spec, "keepaliveTime")?;
+    let connect_retry_time_seconds = duration(&mut spec, "connectTime")?.unwrap_or(5);
+    let password = spec.string("password")?;
+    if let Some((path, _)) = spec.take("passwordSecret") {
+        report.dropped(
+            path,
+            "a Secret reference is not read yet: put the password in spec.password of the \
+             converted BGPPeer",
+        );
+    }
+    let ebgp_multihop = spec.bool("ebgpMultiHop")?.unwrap_or(false).then_some(255);
+    let graceful_restart = spec
+        .bool("enableGracefulRestart")?
+        .unwrap_or(false)
+        .then_some(GracefulRestart {
+            restart_time_seconds: 120,
+        });
+    let bfd = match spec.take("bfdProfile") {
+        None => None,
+        Some((path, value)) => {
+            let name = super::fields::string(&path, value)?;
+            bfd_profile(&path, &name, named, report)?
+        }
+    };
+    let node_selector = one_node_selector(&mut spec, report)?;
+    for (key, why) in [
+        (
+            "sourceAddress",
+            "the session's source address is BIRD's choice (the address on the way to the peer)",
+        ),
+        (
+            "routerID",
+            "the router ID is per node here: [bgp] router_id in the agent's configuration",
+        ),
+        ("vrf", "sessions run in the node's main routing table"),
+        (
+            "disableMP",
+            "each session carries its own family's routes, as with disableMP",
+        ),
+        ("dynamicASN", "give peerASN"),
+    ] {
+        if let Some((path, _)) = spec.take(key) {
+            report.dropped(path, why);
+        }
+    }
+    report.rest(spec);
+    Ok(BgpPeerSpec {
+        peer_address,
+        peer_asn,
+        local_asn,
+        peer_port,
+        password,
+        ttl_security: false,
+        ebgp_multihop,
+        node_selector,
+        hold_time_seconds,
+        keep_alive_time_seconds,
+        connect_retry_time_seconds,
+        graceful_restart,
+        bfd,
+    })
+}
+
+/// The BFDProfile `name`: its intervals and multiplier; the rest reported as dropped.
+fn bfd_profile(
+    path: &str,
+    name: &str,
+    named: &Named,
+    report: &mut Report,
+) -> Result<Option<Bfd>, Bad> {
+    let Some(profile) = named.bfd_profiles.get(name) else {
+        report.dropped(
+            path,
+            format!(
+                "the BFDProfile {name} is not in the input: convert it with the peer, or write \
+                 spec.bfd of the converted BGPPeer"
+            ),
+        );
+        return Ok(None);
+    };
+    let mut fields = Fields::of(&format!("BFDProfile {name}.spec"), profile.clone())?;
+    let bfd = Bfd {
+        receive_interval_ms: fields.u32("receiveInterval")?.unwrap_or(300),
+        transmit_interval_ms: fields.u32("transmitInterval")?.unwrap_or(300),
+        detect_multiplier: fields.u32("detectMultiplier")?.map_or(3, |m| m as u8),
+    };
+    for key in ["echoMode", "echoInterval", "passiveMode", "minimumTtl"] {
+        if let Some((path, _)) = fields.take(key) {
+            report.dropped(
+                path,
+                "BIRD's BFD here runs without echo, passive mode or TTL limits",
+            );
+        }
+    }
+    report.rest(fields);
+    Ok(Some(bfd))
+}
+
+/// MetalLB's `nodeSelectors` (any of them) as one selector; several cannot be one.
+fn one_node_selector(spec: &mut Fields, report: &mut Report) -> Result<Selector, Bad> {
+    let path = spec.path_of("nodeSelectors");
+    let mut selectors = spec.list("nodeSelectors")?;
+    match selectors.len() {
+        0 => Ok(Selector::default()),
+        1 => {
+            let (path, value) = selectors.remove(0);
+            selector(&path, value)
+        }
+        n => {
+            report.dropped(
+                path,
+                format!(
+                    "{n} selectors (any of them) cannot be one nodeSelector: the converted \
+                     object selects every node; write one selector that covers them"
+                ),
+            );
+            Ok(Selector::default())
+        }
+    }
+}
+
+/// A BGPAdvertisement.
+pub(super) fn advertisement(
+    mut spec: Fields,
+    pools: &Pools,
+    named: &Named,
+    report: &mut Report,
+) -> Result<BgpAdvertisementSpec, Bad> {
+    let mut ip_pools = spec.strings("ipAddressPools")?;
+    for (path, value) in spec.list("ipAddressPoolSelectors")? {
+        ip_pools.extend(pools.selected_by(&selector(&path, value)?).cloned());
+    }
+    let mut communities = Vec::new();
+    let community_path = spec.path_of("communities");
+    for (i, community) in spec.strings("communities")?.into_iter().enumerate() {
+        let value = named
+            .communities
+            .get(&community)
+            .cloned()
+            .unwrap_or(community);
+        if value.starts_with("large:") {
+            report.dropped(
+                format!("{community_path}[{i}]"),
+                "large communities are not sent yet; standard ones are",
+            );
+        } else if let Err(why) = parse_community(&value) {
+            report.dropped(
+                format!("{community_path}[{i}]"),
+                format!("{why}, and no Community alias of that name is in the input"),
+            );
+        } else {
+            communities.push(value);
+        }
+    }
+    let local_preference = spec.u32("localPref")?;
+    let node_selector = one_node_selector(&mut spec, report)?;
+    let peers = spec.strings("peers")?;
+    for (key, host) in [("aggregationLength", 32), ("aggregationLengthV6", 128)] {
+        let path = spec.path_of(key);
+        if let Some(length) = spec.u32(key)?
+            && length != host
+        {
+            report.dropped(
+                path,
+                format!("routes are advertised per IP (/{host}) only; no aggregation to /{length}"),
+            );
+        }
+    }
+    report.rest(spec);
+    Ok(BgpAdvertisementSpec {
+        ip_pools,
+        service_selector: Selector::default(),
+        node_selector,
+        peers,
+        communities,
+        local_preference,
+        // MetalLB advertises LoadBalancer IPs only.
+        load_balancer_ips: true,
+        external_ips: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seconds;
+
+    #[test]
+    fn metallb_durations_in_seconds() {
+        assert_eq!(seconds("p", "90s"), Ok(90));
+        assert_eq!(seconds("p", "1m30s"), Ok(90));
+        assert_eq!(seconds("p", "3s"), Ok(3));
+        assert!(seconds("p", "soon").is_err());
+    }
+}

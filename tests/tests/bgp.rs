@@ -5,10 +5,11 @@
 //!
 //! One cluster for every phase (etcd and the agents start once): the router learns each
 //! Service IP from every node (ECMP) and the client is served by more than one node; an
-//! `externalTrafficPolicy: Local` Service only from the node with its endpoint; IPv6 over an
-//! IPv6 session; adding Services resets no session; a wrong password or AS number leaves the
-//! session down with a condition saying so on the BGPPeer; a node that loses power is withdrawn
-//! by BFD, and one stopped cleanly at once.
+//! `externalTrafficPolicy: Local` Service only from the node with a ready endpoint (withdrawn
+//! when it is no longer ready, back when it is again); IPv6 over an IPv6 session; adding
+//! Services resets no session; a wrong password or AS number leaves the session down with a
+//! condition saying so on the BGPPeer; a node that loses power is withdrawn by BFD, and one
+//! stopped cleanly at once.
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
@@ -101,6 +102,37 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         let ip = rig.wait_for_ip(&format!("default/more-{i}"), false);
         rig.wait_for_hops(ip, &[0, 1, 2], "the new Services' routes");
     }
+    // The endpoint no longer ready: its node withdraws the route, and nothing advertises it.
+    rig.cluster.put(
+        "default/local",
+        &ServiceEndpoints {
+            spec: ServiceEndpointsSpec {
+                service: "default/local".into(),
+                endpoints: vec![ServiceEndpoint {
+                    node_name: "node-1".into(),
+                    ready: false,
+                }],
+            },
+        },
+    );
+    rig.wait_for_hops(
+        local_ip,
+        &[],
+        "default/local withdrawn with its last ready endpoint",
+    );
+    rig.cluster.put(
+        "default/local",
+        &ServiceEndpoints {
+            spec: ServiceEndpointsSpec {
+                service: "default/local".into(),
+                endpoints: vec![ServiceEndpoint {
+                    node_name: "node-1".into(),
+                    ready: true,
+                }],
+            },
+        },
+    );
+    rig.wait_for_hops(local_ip, &[1], "default/local back from node-1");
     let established_after = sessions(&rig);
     assert_eq!(
         established_before, established_after,

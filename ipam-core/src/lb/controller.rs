@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::{
     resources::{Condition, NodeIpam},
-    store::{StoreError, TypedStore},
+    store::{StoreError, TypedStore, Versioned},
 };
 
 pub use super::assign::{ANNOTATIONS_AGREE, ANNOUNCED, REACHABLE};
@@ -156,6 +156,7 @@ pub async fn reconcile<S: TypedStore>(
                 .await?;
         }
     }
+    let mut writes = Vec::new();
     for s in &services {
         let Some(mut status) = decided.services.remove(&s.name) else {
             continue;
@@ -201,12 +202,46 @@ pub async fn reconcile<S: TypedStore>(
             }
             let mut updated = s.value.clone();
             updated.status = status;
-            store
-                .update_unless_changed(&s.name, &updated, &s.revision)
-                .await?;
+            writes.push((s, updated));
         }
     }
+    write_statuses(store, writes).await?;
     Ok(report)
+}
+
+/// How many Services' status writes are in flight at once. Each waits for the store's commit
+/// (an fsync on etcd): one at a time, a burst of 1,000 new Services took 3.5 s to write; a few
+/// dozen at once share the commits without flooding the store.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// Writes each Service's new status (unless the Service changed meanwhile: the next pass
+/// decides again), `WRITES_IN_FLIGHT` at a time; every write is tried, the first error returned.
+async fn write_statuses<S: TypedStore>(
+    store: &S,
+    writes: Vec<(&Versioned<Service>, Service)>,
+) -> Result<(), StoreError> {
+    use futures_util::{StreamExt as _, stream::FuturesUnordered};
+    // Filled by hand rather than through a stream combinator's closure: the operator's task
+    // must stay `Send`, which rustc cannot prove through such a closure's borrows.
+    let mut pending = FuturesUnordered::new();
+    let mut next = writes.iter();
+    let mut first_error = None;
+    loop {
+        while pending.len() < WRITES_IN_FLIGHT {
+            let Some((s, updated)) = next.next() else {
+                break;
+            };
+            pending.push(store.update_unless_changed(&s.name, updated, &s.revision));
+        }
+        match pending.next().await {
+            Some(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Some(Ok(_)) => {}
+            None => break,
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -161,7 +161,14 @@ impl Bird {
             }
         })?;
         let said = self.birdc("configure").await?;
-        if said.contains("Reconfigured") || said.contains("Reconfiguration in progress") {
+        // BIRD applies a configuration while protocols finish with the previous one, and
+        // queues a newer one meanwhile: both are accepted.
+        let accepted = [
+            "Reconfigured",
+            "Reconfiguration in progress",
+            "Queueing new configuration",
+        ];
+        if accepted.iter().any(|a| said.contains(a)) {
             Ok(())
         } else {
             Err(BirdError::Refused {

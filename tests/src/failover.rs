@@ -7,8 +7,8 @@
 use std::{
     collections::BTreeMap,
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
-    path::Path,
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -240,6 +240,45 @@ impl KillRun {
         out.join("\n")
     }
 
+    /// Writes the timeline with every request (`<name>.log`) and the plot (`<name>.svg`) to
+    /// `<target>/lab/`, beside the profile folder the running binary was built into (also when
+    /// CARGO_TARGET_DIR moves it); returns both paths.
+    pub fn write_lab_files(&self, name: &str, timeline: &str) -> (PathBuf, PathBuf) {
+        let exe = std::env::current_exe().expect("the lab's own path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the lab runs from <target>/<profile>/")
+            .join("lab");
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let (log, plot) = (
+            dir.join(format!("{name}.log")),
+            dir.join(format!("{name}.svg")),
+        );
+        let samples: Vec<String> = self
+            .samples
+            .iter()
+            .map(|s| {
+                format!(
+                    "{:.3} {}",
+                    s.at.as_secs_f64(),
+                    s.node.as_deref().unwrap_or("FAILED")
+                )
+            })
+            .collect();
+        std::fs::write(
+            &log,
+            format!(
+                "{timeline}\n\nrequests (seconds from start, answering node):\n{}\n",
+                samples.join("\n")
+            ),
+        )
+        .expect("write the log");
+        self.write_svg(&plot).expect("write the plot");
+        (log, plot)
+    }
+
     /// A plot of the requests over time: one row per answering node and one for failures.
     pub fn write_svg(&self, path: &Path) -> std::io::Result<()> {
         let mut rows: Vec<String> = self
@@ -409,7 +448,7 @@ impl FailoverRig {
         let requester = {
             let (done, samples, ip) = (done.clone(), samples.clone(), self.ip);
             self.client
-                .spawn(move || requests(ip, start, &done, &samples))
+                .spawn(move || requests(ip.into(), start, &done, &samples))
         };
         let listener = {
             let (done, gratuitous, ip, macs) =
@@ -572,9 +611,9 @@ fn serve(node: &str, stop: &AtomicBool) {
     }
 }
 
-/// One request every 50 ms, each on its own thread (in this namespace) so a slow one does not
-/// delay the next.
-fn requests(ip: Ipv4Addr, start: Instant, done: &AtomicBool, samples: &Arc<Mutex<Vec<Sample>>>) {
+/// One request every 50 ms to `ip`, port 8080, each on its own thread (in this namespace) so a
+/// slow one does not delay the next, until `done`; the samples end sorted by time.
+pub fn requests(ip: IpAddr, start: Instant, done: &AtomicBool, samples: &Arc<Mutex<Vec<Sample>>>) {
     let mut next = Instant::now();
     let mut inflight = Vec::new();
     while !done.load(Ordering::SeqCst) {
@@ -595,8 +634,8 @@ fn requests(ip: Ipv4Addr, start: Instant, done: &AtomicBool, samples: &Arc<Mutex
     samples.lock().unwrap().sort_by_key(|s| s.at);
 }
 
-fn request(ip: Ipv4Addr) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&SocketAddr::from((ip, PORT)), REQUEST_TIMEOUT).ok()?;
+fn request(ip: IpAddr) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&SocketAddr::new(ip, PORT), REQUEST_TIMEOUT).ok()?;
     s.set_read_timeout(Some(REQUEST_TIMEOUT)).ok()?;
     let mut name = String::new();
     s.read_to_string(&mut name).ok()?;

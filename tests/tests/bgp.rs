@@ -78,18 +78,8 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     let mut local = lb_service(PORT);
     local.spec.external_traffic_policy = TrafficPolicy::Local;
     rig.cluster.put("default/local", &local);
-    rig.cluster.put(
-        "default/local",
-        &ServiceEndpoints {
-            spec: ServiceEndpointsSpec {
-                service: "default/local".into(),
-                endpoints: vec![ServiceEndpoint {
-                    node_name: "node-1".into(),
-                    ready: true,
-                }],
-            },
-        },
-    );
+    rig.cluster
+        .put("default/local", &local_endpoint_on_node_1(true));
     for i in 0..5 {
         rig.cluster
             .put(&format!("default/more-{i}"), &lb_service(PORT));
@@ -103,35 +93,15 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         rig.wait_for_hops(ip, &[0, 1, 2], "the new Services' routes");
     }
     // The endpoint no longer ready: its node withdraws the route, and nothing advertises it.
-    rig.cluster.put(
-        "default/local",
-        &ServiceEndpoints {
-            spec: ServiceEndpointsSpec {
-                service: "default/local".into(),
-                endpoints: vec![ServiceEndpoint {
-                    node_name: "node-1".into(),
-                    ready: false,
-                }],
-            },
-        },
-    );
+    rig.cluster
+        .put("default/local", &local_endpoint_on_node_1(false));
     rig.wait_for_hops(
         local_ip,
         &[],
         "default/local withdrawn with its last ready endpoint",
     );
-    rig.cluster.put(
-        "default/local",
-        &ServiceEndpoints {
-            spec: ServiceEndpointsSpec {
-                service: "default/local".into(),
-                endpoints: vec![ServiceEndpoint {
-                    node_name: "node-1".into(),
-                    ready: true,
-                }],
-            },
-        },
-    );
+    rig.cluster
+        .put("default/local", &local_endpoint_on_node_1(true));
     rig.wait_for_hops(local_ip, &[1], "default/local back from node-1");
     let established_after = sessions(&rig);
     assert_eq!(
@@ -229,4 +199,17 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         "default/local had only node-1"
     );
     rig.stop_backends();
+}
+
+/// The endpoints of `default/local`: one, on node-1.
+fn local_endpoint_on_node_1(ready: bool) -> ServiceEndpoints {
+    ServiceEndpoints {
+        spec: ServiceEndpointsSpec {
+            service: "default/local".into(),
+            endpoints: vec![ServiceEndpoint {
+                node_name: "node-1".into(),
+                ready,
+            }],
+        },
+    }
 }

@@ -9,7 +9,6 @@
 //! does. Everything is cleaned up, also on failure.
 
 use std::{
-    net::IpAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -19,10 +18,9 @@ use std::{
 
 use ipam_tests::{
     bgp_rig::{BgpRig, PORT},
-    failover::{Fault, KillRun, Sample, lb_service},
+    failover::{self, Fault, KillRun, lb_service},
 };
 
-const PERIOD: Duration = Duration::from_millis(50);
 const BEFORE: Duration = Duration::from_secs(5);
 const AFTER: Duration = Duration::from_secs(10);
 
@@ -51,7 +49,7 @@ fn main() {
     let requests = {
         let (samples, done) = (samples.clone(), done.clone());
         rig.client
-            .spawn(move || requests(ip, start, &done, &samples))
+            .spawn(move || failover::requests(ip, start, &done, &samples))
     };
     std::thread::sleep(BEFORE);
     let killed_at = start.elapsed();
@@ -63,8 +61,7 @@ fn main() {
     std::thread::sleep(AFTER.saturating_sub(withdrawn_at - killed_at));
     done.store(true, Ordering::SeqCst);
     let _ = requests.join();
-    let mut samples = samples.lock().unwrap().clone();
-    samples.sort_by_key(|s| s.at);
+    let samples = samples.lock().unwrap().clone();
     let run = KillRun {
         fault: Fault::PowerOff,
         victim: format!("node-{victim}"),
@@ -113,36 +110,7 @@ fn main() {
         rig.router.vtysh(&[&format!("show ip route {ip}")])
     );
 
-    let exe = std::env::current_exe().expect("the lab's own path");
-    let dir = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .expect("the lab runs from <target>/<profile>/")
-        .join("lab");
-    std::fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    let log = dir.join("bgp-failover.log");
-    let plot = dir.join("bgp-failover.svg");
-    let lines: Vec<String> = run
-        .samples
-        .iter()
-        .map(|s| {
-            format!(
-                "{:.3} {}",
-                s.at.as_secs_f64(),
-                s.node.as_deref().unwrap_or("FAILED")
-            )
-        })
-        .collect();
-    std::fs::write(
-        &log,
-        format!(
-            "{timeline}\n\nrequests (seconds from start, answering node):\n{}\n",
-            lines.join("\n")
-        ),
-    )
-    .expect("write the log");
-    run.write_svg(&plot).expect("write the plot");
+    let (log, plot) = run.write_lab_files("bgp-failover", &timeline);
     println!(
         "timeline and every request: {}\nplot: {}",
         log.display(),
@@ -155,37 +123,4 @@ fn main() {
         println!("withdrawal: {withdrawal:.2} s: over the 1 s aim");
     }
     rig.stop_backends();
-}
-
-/// One request every 50 ms, each on its own thread (in the client's namespace) so a slow one
-/// does not delay the next.
-fn requests(ip: IpAddr, start: Instant, done: &AtomicBool, samples: &Arc<Mutex<Vec<Sample>>>) {
-    let mut next = Instant::now();
-    let mut inflight = Vec::new();
-    while !done.load(Ordering::SeqCst) {
-        let samples = samples.clone();
-        inflight.push(std::thread::spawn(move || {
-            let at = start.elapsed();
-            let node = request(ip);
-            samples.lock().unwrap().push(Sample { at, node });
-        }));
-        next += PERIOD;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-    }
-    for t in inflight {
-        let _ = t.join();
-    }
-}
-
-fn request(ip: IpAddr) -> Option<String> {
-    use std::io::Read as _;
-    let timeout = Duration::from_millis(500);
-    let mut s =
-        std::net::TcpStream::connect_timeout(&std::net::SocketAddr::new(ip, PORT), timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    let mut name = String::new();
-    s.read_to_string(&mut name).ok()?;
-    Some(name)
 }

@@ -28,38 +28,7 @@ fn main() {
     let run = rig.kill_owner(Duration::from_secs(5), Duration::from_secs(30));
     let timeline = run.timeline();
     println!("{timeline}");
-    // Beside the profile folders of the target directory this binary was built into (also
-    // when CARGO_TARGET_DIR moves it): <target>/debug/lab-failover writes to <target>/lab.
-    let exe = std::env::current_exe().expect("the lab's own path");
-    let dir = exe
-        .parent()
-        .and_then(std::path::Path::parent)
-        .expect("the lab runs from <target>/<profile>/")
-        .join("lab");
-    std::fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    let log = dir.join("failover.log");
-    let plot = dir.join("failover.svg");
-    let samples: Vec<String> = run
-        .samples
-        .iter()
-        .map(|s| {
-            format!(
-                "{:.3} {}",
-                s.at.as_secs_f64(),
-                s.node.as_deref().unwrap_or("FAILED")
-            )
-        })
-        .collect();
-    std::fs::write(
-        &log,
-        format!(
-            "{timeline}\n\nrequests (seconds from start, answering node):\n{}\n",
-            samples.join("\n")
-        ),
-    )
-    .expect("write the log");
-    run.write_svg(&plot).expect("write the plot");
+    let (log, plot) = run.write_lab_files("failover", &timeline);
     println!(
         "\ntimeline and every request: {}\nplot: {}",
         log.display(),

@@ -90,7 +90,7 @@ pub(super) fn address_pool(mut spec: Fields, report: &mut Report) -> Result<LbIp
 
 /// MetalLB's list of selectors `key` (any of them) as this project's one selector: none, the
 /// one, or (several) none with the list reported as dropped, `instead` saying what that means.
-fn one_selector(
+pub(super) fn one_selector(
     allocation: &mut Fields,
     key: &str,
     report: &mut Report,

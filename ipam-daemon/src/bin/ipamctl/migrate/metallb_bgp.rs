@@ -12,7 +12,7 @@ use serde_yaml_ng::Value;
 use super::{
     Report, Source,
     fields::{Bad, Fields, selector},
-    metallb::Pools,
+    metallb::{self, Pools},
 };
 
 /// The BFDProfiles and Community aliases of the input.
@@ -217,25 +217,13 @@ fn bfd_profile(
 
 /// MetalLB's `nodeSelectors` (any of them) as one selector; several cannot be one.
 fn one_node_selector(spec: &mut Fields, report: &mut Report) -> Result<Selector, Bad> {
-    let path = spec.path_of("nodeSelectors");
-    let mut selectors = spec.list("nodeSelectors")?;
-    match selectors.len() {
-        0 => Ok(Selector::default()),
-        1 => {
-            let (path, value) = selectors.remove(0);
-            selector(&path, value)
-        }
-        n => {
-            report.dropped(
-                path,
-                format!(
-                    "{n} selectors (any of them) cannot be one nodeSelector: the converted \
-                     object selects every node; write one selector that covers them"
-                ),
-            );
-            Ok(Selector::default())
-        }
-    }
+    metallb::one_selector(
+        spec,
+        "nodeSelectors",
+        report,
+        "nodeSelector: the converted object selects every node; write one selector that covers \
+         them",
+    )
 }
 
 /// A BGPAdvertisement.

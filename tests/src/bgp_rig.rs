@@ -4,8 +4,8 @@
 //! its own, and a backend on every node answering with the node's name.
 
 use std::{
-    io::{Read, Write},
-    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    io::Read,
+    net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -23,6 +23,7 @@ use crate::{
     TempDir,
     bgp_router::FrrRouter,
     cluster::{Cluster, UPLINK, node_addresses, wait_until},
+    failover,
     netns::{Netns, veth},
 };
 
@@ -293,7 +294,9 @@ impl Backends {
             .iter()
             .map(|node| {
                 let (name, stop) = (node.name.clone(), stop.clone());
-                node.ns.spawn(move || serve(&name, &stop))
+                // `[::]` takes both families (IPv4 as mapped addresses).
+                node.ns
+                    .spawn(move || failover::serve(Ipv6Addr::UNSPECIFIED.into(), &name, &stop))
             })
             .collect();
         Self { stop, threads }
@@ -310,20 +313,6 @@ impl Backends {
 impl Drop for Backends {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// One listener on `[::]` takes both families (IPv4 as mapped addresses).
-fn serve(node: &str, stop: &AtomicBool) {
-    let listener = TcpListener::bind(("::", PORT)).expect("backend listens");
-    listener.set_nonblocking(true).expect("non-blocking");
-    while !stop.load(Ordering::SeqCst) {
-        match listener.accept() {
-            Ok((mut conn, _)) => {
-                let _ = conn.write_all(node.as_bytes());
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
     }
 }
 

@@ -408,7 +408,7 @@ impl FailoverRig {
             .iter()
             .map(|n| {
                 let (name, stop) = (n.name.clone(), stop.clone());
-                n.ns.spawn(move || serve(&name, &stop))
+                n.ns.spawn(move || serve(Ipv4Addr::UNSPECIFIED.into(), &name, &stop))
             })
             .collect();
         let client = c.add_client(&format!("{tag}c"));
@@ -597,9 +597,9 @@ impl Drop for FailoverRig {
     }
 }
 
-/// A backend: answers every connection on port 8080 with the node's name.
-fn serve(node: &str, stop: &AtomicBool) {
-    let listener = TcpListener::bind(("0.0.0.0", PORT)).expect("backend listens");
+/// A backend listening on `bind`, port 8080: answers every connection with the node's name.
+pub fn serve(bind: IpAddr, node: &str, stop: &AtomicBool) {
+    let listener = TcpListener::bind((bind, PORT)).expect("backend listens");
     listener.set_nonblocking(true).expect("non-blocking");
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {

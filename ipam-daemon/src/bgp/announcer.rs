@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use super::{
     bird::{Bird, BirdError},
     bird_config::{self, protocol_name},
-    sessions::{self, Session},
+    sessions::{self, DownReason, Session},
 };
 use crate::{
     announce::local_address::LocalAddresses,
@@ -340,6 +340,8 @@ struct Reports {
     store: ClusterStore,
     metrics: Arc<Metrics>,
     last: BTreeMap<String, BgpSessionStatus>,
+    /// Why each session that is down is down, as last decided.
+    down: BTreeMap<String, (DownReason, String)>,
     md5_drops: u64,
 }
 
@@ -350,6 +352,7 @@ impl Reports {
             store,
             metrics,
             last: BTreeMap::new(),
+            down: BTreeMap::new(),
             md5_drops: sessions::md5_drops(),
         }
     }
@@ -364,6 +367,7 @@ impl Reports {
         let auth_failures = drops > self.md5_drops;
         self.md5_drops = drops;
         let mut now = BTreeMap::new();
+        let mut down_now = BTreeMap::new();
         for (name, spec) in &wanted.peers {
             let session = sessions
                 .get(&protocol_name(name))
@@ -372,12 +376,17 @@ impl Reports {
                     state: "Idle".into(),
                     ..Session::default()
                 });
-            let (reason, message) = if session.is_established() {
-                (String::new(), String::new())
-            } else {
-                let (reason, message) =
-                    sessions::why_down(&session, spec.password.is_some(), auth_failures);
-                (reason.to_owned(), message)
+            let down = (!session.is_established())
+                .then(|| sessions::why_down(&session, spec.password.is_some(), auth_failures));
+            // A session still being opened keeps an authentication failure as its reason: the
+            // kernel's counters show one per attempt, not on every look.
+            let down = match (down, self.down.get(name)) {
+                (Some((DownReason::NoAnswer, _)), Some(before))
+                    if before.0 == DownReason::AuthenticationFailed =>
+                {
+                    Some(before.clone())
+                }
+                (down, _) => down,
             };
             let label = PeerLabel { peer: name.clone() };
             let m = &self.metrics.bgp;
@@ -387,48 +396,25 @@ impl Reports {
             m.routes_advertised
                 .get_or_create(&label)
                 .set(i64::from(session.routes_exported));
+            for reason in DownReason::ALL {
+                m.session_down
+                    .get_or_create(&PeerReasonLabel {
+                        peer: name.clone(),
+                        reason: reason.name().to_owned(),
+                    })
+                    .set(i64::from(down.as_ref().is_some_and(|d| d.0 == reason)));
+            }
             let status = BgpSessionStatus {
                 node: self.node.clone(),
                 state: session.state.clone(),
                 routes_advertised: session.routes_exported,
-                reason: if reason.is_empty() {
-                    String::new()
-                } else {
-                    format!("{reason}: {message}")
-                },
+                reason: down
+                    .as_ref()
+                    .map(|(reason, message)| format!("{}: {message}", reason.name()))
+                    .unwrap_or_default(),
             };
-            // A session still being opened keeps the reason it had (an authentication
-            // failure is seen once per attempt, not on every look).
-            let status = match self.last.get(name) {
-                Some(before)
-                    if !session.is_established()
-                        && before.state != "Established"
-                        && before.reason.starts_with("AuthenticationFailed")
-                        && reason == "NoAnswer" =>
-                {
-                    BgpSessionStatus {
-                        reason: before.reason.clone(),
-                        ..status
-                    }
-                }
-                _ => status,
-            };
-            let shown_reason = status.reason.split(':').next().unwrap_or("").to_owned();
-            for known in [
-                "ASNMismatch",
-                "AuthenticationFailed",
-                "ConnectionRefused",
-                "NotDirectlyConnected",
-                "Unreachable",
-                "NoAnswer",
-                "SessionLost",
-            ] {
-                m.session_down
-                    .get_or_create(&PeerReasonLabel {
-                        peer: name.clone(),
-                        reason: known.to_owned(),
-                    })
-                    .set(i64::from(shown_reason == known));
+            if let Some(down) = down {
+                down_now.insert(name.clone(), down);
             }
             now.insert(name.clone(), status);
         }
@@ -470,6 +456,7 @@ impl Reports {
             }
         }
         self.last = now;
+        self.down = down_now;
     }
 
     /// Puts this node's session into the peer's status, and the peer's condition over all its

@@ -72,12 +72,12 @@ impl Bird {
     /// Starts BIRD with `config`; returns once it answers on its control socket.
     pub async fn start(settings: &BgpSettings, config: &str) -> Result<Self, BirdError> {
         let dir = &settings.run_dir;
+        stop_stale(&dir.join("bird.pid")).await;
         let prepare = || -> io::Result<()> {
             std::fs::create_dir_all(dir)?;
             use std::os::unix::fs::PermissionsExt as _;
             // The configuration holds the peers' passwords.
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-            stop_stale(&dir.join("bird.pid"));
             match std::fs::remove_file(Self::socket(settings)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -227,7 +227,7 @@ impl Bird {
 }
 
 /// Stops a BIRD a previous run of the agent left (it should have died with it).
-fn stop_stale(pidfile: &Path) {
+async fn stop_stale(pidfile: &Path) {
     let Some(pid) = std::fs::read_to_string(pidfile)
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
@@ -240,6 +240,7 @@ fn stop_stale(pidfile: &Path) {
         tracing::warn!(pid, "stopping a BIRD left by a previous run");
         // SAFETY: a signal to a process checked to be BIRD.
         unsafe { libc::kill(pid, libc::SIGTERM) };
-        std::thread::sleep(Duration::from_millis(500));
+        // Time to close its sessions and its socket, without holding up the runtime.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

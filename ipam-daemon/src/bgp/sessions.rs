@@ -63,6 +63,43 @@ pub fn parse(text: &str) -> BTreeMap<String, Session> {
     out
 }
 
+/// Why a session is not established, as users read it (the metric's label, the start of the
+/// status's reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DownReason {
+    AsnMismatch,
+    AuthenticationFailed,
+    ConnectionRefused,
+    NotDirectlyConnected,
+    Unreachable,
+    NoAnswer,
+    SessionLost,
+}
+
+impl DownReason {
+    pub const ALL: [Self; 7] = [
+        Self::AsnMismatch,
+        Self::AuthenticationFailed,
+        Self::ConnectionRefused,
+        Self::NotDirectlyConnected,
+        Self::Unreachable,
+        Self::NoAnswer,
+        Self::SessionLost,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AsnMismatch => "ASNMismatch",
+            Self::AuthenticationFailed => "AuthenticationFailed",
+            Self::ConnectionRefused => "ConnectionRefused",
+            Self::NotDirectlyConnected => "NotDirectlyConnected",
+            Self::Unreachable => "Unreachable",
+            Self::NoAnswer => "NoAnswer",
+            Self::SessionLost => "SessionLost",
+        }
+    }
+}
+
 /// Why a session that is not established is down, as a condition's reason and message.
 /// `auth_failures` says whether the kernel dropped TCP segments for a bad or missing MD5
 /// signature since the last look (the only trace a password mismatch leaves: the segments
@@ -71,7 +108,7 @@ pub fn why_down(
     session: &Session,
     has_password: bool,
     auth_failures: bool,
-) -> (&'static str, String) {
+) -> (DownReason, String) {
     let error = session.last_error.as_str();
     let said = if error.is_empty() {
         String::new()
@@ -80,7 +117,7 @@ pub fn why_down(
     };
     if error.contains("Bad peer AS") {
         return (
-            "ASNMismatch",
+            DownReason::AsnMismatch,
             format!(
                 "the router and this node disagree on an AS number: check peerASN against the \
                  router's own AS and localASN against what the router expects of this node{said}"
@@ -89,7 +126,7 @@ pub fn why_down(
     }
     if auth_failures && has_password {
         return (
-            "AuthenticationFailed",
+            DownReason::AuthenticationFailed,
             format!(
                 "the kernel dropped the router's TCP segments for a wrong or missing MD5 \
                  signature: the password differs from the router's{said}"
@@ -98,7 +135,7 @@ pub fn why_down(
     }
     if auth_failures {
         return (
-            "AuthenticationFailed",
+            DownReason::AuthenticationFailed,
             format!(
                 "the router signs its TCP segments (TCP MD5) and this peer has no password: \
                  set the router's password in the BGPPeer{said}"
@@ -107,7 +144,7 @@ pub fn why_down(
     }
     if error.contains("Invalid next hop") {
         return (
-            "NotDirectlyConnected",
+            DownReason::NotDirectlyConnected,
             format!(
                 "the router's address is on none of this node's networks: set ebgpMultihop \
                  for a router more than one hop away, or use its address on the nodes' \
@@ -117,7 +154,7 @@ pub fn why_down(
     }
     if error.contains("Connection refused") {
         return (
-            "ConnectionRefused",
+            DownReason::ConnectionRefused,
             format!(
                 "the router refuses the connection: it does not listen for BGP on that \
                  address and port, or has no neighbour configured for this node's address{said}"
@@ -126,13 +163,13 @@ pub fn why_down(
     }
     if error.contains("unreachable") || error.contains("No route") {
         return (
-            "Unreachable",
+            DownReason::Unreachable,
             format!("no route to the router's address from this node{said}"),
         );
     }
     if error.contains("Hold timer expired") || error.contains("BFD session down") {
         return (
-            "SessionLost",
+            DownReason::SessionLost,
             format!(
                 "the session was up and the router stopped answering; it is being reopened{said}"
             ),
@@ -140,7 +177,7 @@ pub fn why_down(
     }
     if has_password {
         return (
-            "NoAnswer",
+            DownReason::NoAnswer,
             format!(
                 "the router does not answer; with a password set, a router without this \
                  password (TCP MD5 drops such segments silently) is the likeliest cause, \
@@ -149,7 +186,7 @@ pub fn why_down(
         );
     }
     (
-        "NoAnswer",
+        DownReason::NoAnswer,
         format!(
             "the router does not answer: it is down, filtered, or not configured for this node{said}"
         ),
@@ -219,7 +256,7 @@ peer_bad_2 BGP        ---        start  17:45:23.282  Active        Socket: Conn
         let down = &sessions["peer_bad_2"];
         assert_eq!(down.state, "Active");
         assert_eq!(down.last_error, "Socket: Connection refused");
-        assert_eq!(why_down(down, false, false).0, "ConnectionRefused");
+        assert_eq!(why_down(down, false, false).0.name(), "ConnectionRefused");
     }
 
     #[test]
@@ -228,12 +265,15 @@ peer_bad_2 BGP        ---        start  17:45:23.282  Active        Socket: Conn
             state: "Connect".into(),
             ..Session::default()
         };
-        assert_eq!(why_down(&silent, true, true).0, "AuthenticationFailed");
+        assert_eq!(
+            why_down(&silent, true, true).0.name(),
+            "AuthenticationFailed"
+        );
         assert!(why_down(&silent, true, false).1.contains("password"));
         let mismatch = Session {
             last_error: "Received: Bad peer AS".into(),
             ..silent
         };
-        assert_eq!(why_down(&mismatch, true, true).0, "ASNMismatch");
+        assert_eq!(why_down(&mismatch, true, true).0.name(), "ASNMismatch");
     }
 }

@@ -7,7 +7,8 @@
 //! Service IP from every node (ECMP) and the client is served by more than one node; an
 //! `externalTrafficPolicy: Local` Service only from the node with a ready endpoint (withdrawn
 //! when it is no longer ready, back when it is again); IPv6 over an IPv6 session; adding
-//! Services resets no session; a wrong password or AS number leaves the session down with a
+//! Services resets no session; Cilium's BGP resources converted by `ipamctl migrate` and applied
+//! take over (their community reaches the router); a wrong password or AS number leaves the session down with a
 //! condition saying so on the BGPPeer; a node that loses power is withdrawn by BFD, and one
 //! stopped cleanly at once.
 
@@ -17,7 +18,9 @@ use ipam_core::lb::resources::{
     IpFamilyPolicy, ServiceEndpoint, ServiceEndpoints, ServiceEndpointsSpec, TrafficPolicy,
 };
 use ipam_tests::{
-    bgp_rig::{BgpRig, PASSWORD, PORT, ROUTER_V4, established_condition, peer, session_of},
+    bgp_rig::{
+        BgpRig, PASSWORD, PORT, ROUTER_V4, ROUTER_V6, established_condition, peer, session_of,
+    },
     cluster::{node_addresses, wait_until},
     failover::lb_service,
 };
@@ -113,6 +116,11 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         "{established_after:?}"
     );
 
+    // Cilium's BGP resources, converted by `ipamctl migrate` and applied: the converted peers
+    // (the password added where the conversion says to) carry the converted advertisement,
+    // whose community reaches the router.
+    migrate_from_cilium(&rig, web_v4);
+
     // A wrong password: the session stays down and the peer says why.
     let c = &rig.cluster;
     c.put("tor", &peer(ROUTER_V4, "not-the-fabric-key", 64512, true));
@@ -199,6 +207,82 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         "default/local had only node-1"
     );
     rig.stop_backends();
+}
+
+/// Cilium's peers (as `tor` and `tor6`), their peer config and an advertisement of every
+/// Service's LoadBalancer IP with a community, converted, completed with the password the
+/// conversion could not read from a Secret, applied; the router then learns `web_v4` with the
+/// community from every node. The rig's own peers are put back afterwards.
+fn migrate_from_cilium(rig: &BgpRig, web_v4: IpAddr) {
+    const CILIUM: &str = "\
+apiVersion: cilium.io/v2
+kind: CiliumBGPClusterConfig
+metadata: {name: fabric}
+spec:
+  bgpInstances:
+  - name: main
+    localASN: 64512
+    peers:
+    - {name: tor, peerAddress: 10.77.0.200, peerASN: 64500, peerConfigRef: {name: fast}}
+    - {name: tor6, peerAddress: \"fd77::200\", peerASN: 64500, peerConfigRef: {name: fast}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumBGPPeerConfig
+metadata: {name: fast}
+spec:
+  timers: {holdTimeSeconds: 3, keepAliveTimeSeconds: 1, connectRetryTimeSeconds: 1}
+  authSecretRef: fabric-password
+  families:
+  - {afi: ipv4, safi: unicast, advertisements: {matchLabels: {advertise: bgp}}}
+  - {afi: ipv6, safi: unicast, advertisements: {matchLabels: {advertise: bgp}}}
+---
+apiVersion: cilium.io/v2
+kind: CiliumBGPAdvertisement
+metadata: {name: all, labels: {advertise: bgp}}
+spec:
+  advertisements:
+  - advertisementType: Service
+    service: {addresses: [LoadBalancerIP]}
+    selector: {matchExpressions: [{key: somekey, operator: NotIn, values: [never-used-value]}]}
+    attributes: {communities: {standard: [\"64512:7\"]}}
+";
+    let c = &rig.cluster;
+    let dir = ipam_tests::TempDir::new("bgp-migrate-");
+    let cilium = dir.0.join("cilium.yaml");
+    std::fs::write(&cilium, CILIUM).unwrap();
+    let out = c.ipamctl_beside_store(&["migrate", "-f", cilium.to_str().unwrap()]);
+    let (converted, report) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{converted}{report}");
+    assert!(report.contains("spec.authSecretRef"), "{report}");
+    let with_password = converted.replace(
+        "  peerASN: 64500\n",
+        &format!("  peerASN: 64500\n  password: {PASSWORD}\n"),
+    );
+    assert_eq!(with_password.matches("password:").count(), 2, "{converted}");
+    let migrated = dir.0.join("migrated.yaml");
+    std::fs::write(&migrated, with_password).unwrap();
+    let out = c.ipamctl_beside_store(&["apply", "-f", migrated.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let route = || {
+        rig.router
+            .vtysh(&[&format!("show bgp ipv4 unicast {web_v4}/32 json")])
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "web's route with the converted community from the three nodes",
+        || rig.routed_to(web_v4).len() == 3 && route().contains("64512:7"),
+        || format!("{}\n{:?}", route(), rig.routed_to(web_v4)),
+    );
+    c.put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));
+    c.put("tor6", &peer(ROUTER_V6, PASSWORD, 64512, true));
 }
 
 /// The endpoints of `default/local`: one, on node-1.

@@ -12,18 +12,19 @@ use super::{
     fields::{Bad, Fields, selector},
 };
 
-/// The IPAddressPools of the input with their labels, which L2Advertisements select by name or
-/// by label.
+/// The pools of the input with their labels, which advertisements select by name or by label:
+/// MetalLB's IPAddressPools, or Cilium's CiliumLoadBalancerIPPools.
 #[derive(Debug, Default)]
 pub(super) struct Pools {
     labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Pools {
-    pub(super) fn of(sources: &[Source]) -> Self {
+    /// The objects of `kind` in `group` (or with no group).
+    pub(super) fn of(sources: &[Source], group: &str, kind: &str) -> Self {
         let labels = sources
             .iter()
-            .filter(|s| s.kind == "IPAddressPool" && matches!(s.group.as_str(), "metallb.io" | ""))
+            .filter(|s| s.kind == kind && (s.group == group || s.group.is_empty()))
             .map(|s| (s.name.clone(), s.labels.clone()))
             .collect();
         Self { labels }

@@ -1,7 +1,9 @@
 //! `ipamctl migrate`: Cilium's and MetalLB's resources (CiliumLoadBalancerIPPool,
-//! CiliumL2AnnouncementPolicy, CiliumPodIPPool; IPAddressPool, L2Advertisement, BGPPeer,
-//! BGPAdvertisement with the BFDProfiles and Communities they name) converted into this
-//! project's, printed as YAML ready for `kubectl apply` or `ipamctl apply`.
+//! CiliumL2AnnouncementPolicy, CiliumPodIPPool, CiliumBGPClusterConfig with the
+//! CiliumBGPPeerConfigs and CiliumBGPAdvertisements it leads to, CiliumBGPPeeringPolicy;
+//! IPAddressPool, L2Advertisement, BGPPeer, BGPAdvertisement with the BFDProfiles and
+//! Communities they name) converted into this project's, printed as YAML ready for
+//! `kubectl apply` or `ipamctl apply`.
 //!
 //! Every field of the input is either carried over or reported as dropped, with why; the exit
 //! code says whether anything was. `--check` then asks the store whether the converted pools
@@ -9,6 +11,7 @@
 
 mod check;
 mod cilium;
+mod cilium_bgp;
 mod fields;
 mod metallb;
 mod metallb_bgp;
@@ -256,16 +259,19 @@ fn source(at: String, value: Value) -> Result<Source, MigrateError> {
 }
 
 /// The kinds read, for messages.
-const READ_KINDS: &str = "CiliumLoadBalancerIPPool, CiliumL2AnnouncementPolicy, CiliumPodIPPool \
-                          (cilium.io) and IPAddressPool, L2Advertisement, BGPPeer, \
-                          BGPAdvertisement, BFDProfile, Community (metallb.io)";
+const READ_KINDS: &str = "CiliumLoadBalancerIPPool, CiliumL2AnnouncementPolicy, CiliumPodIPPool, \
+                          CiliumBGPClusterConfig, CiliumBGPPeerConfig, CiliumBGPAdvertisement, \
+                          CiliumBGPPeeringPolicy (cilium.io) and IPAddressPool, \
+                          L2Advertisement, BGPPeer, BGPAdvertisement, BFDProfile, Community \
+                          (metallb.io)";
 
 /// Converts every object of `sources`. An object of the wrong shape stops it all (nothing half
 /// converted is printed); fields and objects without a counterpart are reported in the result.
 pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
     let mut migration = Migration::default();
-    let pools = metallb::Pools::of(sources);
+    let pools = metallb::Pools::of(sources, "metallb.io", "IPAddressPool");
     let named = metallb_bgp::Named::of(sources);
+    let cilium_index = cilium_bgp::Index::of(sources);
     for source in sources {
         let mut report = Report {
             from: source.describe(),
@@ -312,11 +318,46 @@ pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
             }
             // Read where a BGPPeer or BGPAdvertisement names them; nothing of their own.
             ("metallb.io" | "", "BFDProfile" | "Community") => Vec::new(),
-            ("cilium.io" | "", kind) if kind.starts_with("CiliumBGP") => {
+            ("cilium.io" | "", "CiliumBGPClusterConfig") => {
+                cilium_bgp::cluster_config(source.spec()?, &cilium_index, &mut report)
+                    .map_err(|b| source.error(b))?
+                    .into_iter()
+                    .map(|(name, spec)| (name, Target::BgpPeer(Box::new(spec))))
+                    .collect()
+            }
+            // Its settings go into the peers that name it; read for what it drops.
+            ("cilium.io" | "", "CiliumBGPPeerConfig") => {
+                cilium_bgp::peer_config_object(source.spec()?, &mut report)
+                    .map_err(|b| source.error(b))?;
+                Vec::new()
+            }
+            ("cilium.io" | "", "CiliumBGPAdvertisement") => cilium_bgp::advertisement(
+                &source.name,
+                &source.labels,
+                source.spec()?,
+                &cilium_index,
+                &mut report,
+            )
+            .map_err(|b| source.error(b))?
+            .into_iter()
+            .map(|(name, spec)| (name, Target::BgpAdvertisement(spec)))
+            .collect(),
+            ("cilium.io" | "", "CiliumBGPPeeringPolicy") => {
+                cilium_bgp::peering_policy(&source.name, source.spec()?, &cilium_index, &mut report)
+                    .map_err(|b| source.error(b))?
+            }
+            ("cilium.io" | "", "CiliumBGPNodeConfigOverride") => {
                 report.dropped(
                     "(the whole object)",
-                    "Cilium's BGP kinds are not converted yet: write the BGPPeers and \
-                     BGPAdvertisements by hand (docs/bgp.md; docs/migration.md maps the fields)",
+                    "per-node settings: a node's router ID is [bgp] router_id in its agent's \
+                     configuration; its local address and port are BIRD's choice",
+                );
+                Vec::new()
+            }
+            ("cilium.io" | "", "CiliumBGPNodeConfig") => {
+                report.dropped(
+                    "(the whole object)",
+                    "Cilium's operator writes it from the CiliumBGPClusterConfigs: convert those",
                 );
                 Vec::new()
             }

@@ -21,24 +21,35 @@ fn error(yaml: &str) -> String {
         .unwrap_or_else(|e| e.to_string())
 }
 
-fn lb_pool(m: &Migration, name: &str) -> LbIpPoolSpec {
+/// What was dropped: from which object, which field.
+fn dropped(m: &Migration) -> Vec<(&str, &str)> {
+    m.dropped
+        .iter()
+        .map(|d| (d.from.as_str(), d.field.as_str()))
+        .collect()
+}
+
+/// The converted object `name` of the kind `pick` takes.
+fn find<T>(m: &Migration, name: &str, pick: impl Fn(&Target) -> Option<T>) -> T {
     m.converted
         .iter()
-        .find_map(|c| match &c.target {
-            Target::LbPool(s) if c.name == name => Some(s.clone()),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no pool {name} in {:?}", m.converted))
+        .filter(|c| c.name == name)
+        .find_map(|c| pick(&c.target))
+        .unwrap_or_else(|| panic!("no {name} of that kind in {:?}", m.converted))
+}
+
+fn lb_pool(m: &Migration, name: &str) -> LbIpPoolSpec {
+    find(m, name, |t| match t {
+        Target::LbPool(s) => Some(s.clone()),
+        _ => None,
+    })
 }
 
 fn l2_policy(m: &Migration, name: &str) -> L2PolicySpec {
-    m.converted
-        .iter()
-        .find_map(|c| match &c.target {
-            Target::L2Policy(s) if c.name == name => Some(s.clone()),
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no policy {name} in {:?}", m.converted))
+    find(m, name, |t| match t {
+        Target::L2Policy(s) => Some(s.clone()),
+        _ => None,
+    })
 }
 
 fn cidr(c: &str) -> LbIpBlock {
@@ -321,13 +332,8 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
     let everywhere = l2_policy(&m, "everywhere");
     assert_eq!(everywhere.node_selector, Selector::default());
 
-    let dropped: Vec<(&str, &str)> = m
-        .dropped
-        .iter()
-        .map(|d| (d.from.as_str(), d.field.as_str()))
-        .collect();
     assert_eq!(
-        dropped,
+        dropped(&m),
         vec![
             (
                 "in.yaml: document 3 (L2Advertisement east)",
@@ -510,8 +516,10 @@ fn malformed_input_names_the_document_and_field() {
 fn the_output_is_what_ipamctl_apply_reads() {
     use crate::objects::parse::{Object, parse};
     let mut all = CILIUM.to_owned();
-    all.push_str("---\n");
-    all.push_str(METALLB);
+    for more in [METALLB, CILIUM_BGP] {
+        all.push_str("---\n");
+        all.push_str(more);
+    }
     let m = migrate(&all);
     let text = render(&m).unwrap();
     assert!(text.contains("apiVersion: ipam-ebpf.io/v1alpha1"), "{text}");
@@ -601,4 +609,367 @@ fn check_says_which_services_keep_their_ips() {
             .unwrap_or_default()
             .contains("io.cilium/l2-announcer")
     );
+}
+
+/// Cilium's BGP control plane in the shapes of its documentation: a cluster config with an
+/// IPv4 and an IPv6 peer sharing one peer config, whose families select advertisements by label.
+const CILIUM_BGP: &str = r#"
+apiVersion: cilium.io/v2
+kind: CiliumBGPClusterConfig
+metadata:
+  name: cilium-bgp
+spec:
+  nodeSelector:
+    matchLabels:
+      rack: rack0
+  bgpInstances:
+  - name: "instance-65000"
+    localASN: 65000
+    localPort: 179
+    peers:
+    - name: "peer-65000-tor1"
+      peerASN: 65001
+      peerAddress: 10.0.0.1
+      peerConfigRef:
+        name: "cilium-peer"
+    - name: "peer-65000-tor2"
+      peerASN: 65001
+      peerAddress: fd00:11:0:0::1
+      peerConfigRef:
+        name: "cilium-peer"
+    - name: "peer-lonely"
+      peerASN: 65002
+      peerAddress: 10.0.0.2
+---
+apiVersion: cilium.io/v2
+kind: CiliumBGPPeerConfig
+metadata:
+  name: cilium-peer
+spec:
+  timers:
+    holdTimeSeconds: 9
+    keepAliveTimeSeconds: 3
+  authSecretRef: bgp-auth-secret
+  ebgpMultihop: 4
+  gracefulRestart:
+    enabled: true
+    restartTimeSeconds: 15
+  transport:
+    peerPort: 1179
+  families:
+    - afi: ipv4
+      safi: unicast
+      advertisements:
+        matchLabels:
+          advertise: "bgp"
+    - afi: ipv6
+      safi: unicast
+      advertisements:
+        matchLabels:
+          advertise: "bgp"
+---
+apiVersion: cilium.io/v2
+kind: CiliumBGPAdvertisement
+metadata:
+  name: bgp-advertisements
+  labels:
+    advertise: bgp
+spec:
+  advertisements:
+    - advertisementType: "PodCIDR"
+    - advertisementType: "Service"
+      service:
+        addresses:
+          - ClusterIP
+          - ExternalIP
+          - LoadBalancerIP
+      selector:
+        matchExpressions:
+          - { key: bgp, operator: In, values: [ blue ] }
+      attributes:
+        communities:
+          standard: [ "65000:99", 4259840100 ]
+          wellKnown: [ "no-export" ]
+          large: [ "1111:1111:1111" ]
+        localPreference: 99
+    - advertisementType: "Service"
+      service:
+        addresses: [ LoadBalancerIP ]
+---
+apiVersion: cilium.io/v2
+kind: CiliumBGPAdvertisement
+metadata:
+  name: unselected
+  labels:
+    advertise: elsewhere
+spec:
+  advertisements:
+    - advertisementType: "Service"
+      service:
+        addresses: [ LoadBalancerIP ]
+      selector: {}
+"#;
+
+fn bgp_peer(m: &Migration, name: &str) -> ipam_core::lb::bgp::BgpPeerSpec {
+    find(m, name, |t| match t {
+        Target::BgpPeer(s) => Some((**s).clone()),
+        _ => None,
+    })
+}
+
+fn bgp_advertisement(m: &Migration, name: &str) -> BgpAdvertisementSpec {
+    find(m, name, |t| match t {
+        Target::BgpAdvertisement(s) => Some(s.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn cilium_bgp_control_plane_converts_peers_and_the_advertisements_they_select() {
+    let m = migrate(CILIUM_BGP);
+    let names: Vec<(&str, &str)> = m
+        .converted
+        .iter()
+        .map(|c| (c.target.kind(), c.name.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("BGPPeer", "peer-65000-tor1"),
+            ("BGPPeer", "peer-65000-tor2"),
+            ("BGPPeer", "peer-lonely"),
+            // Named by its place in the list: a second Service advertisement is in it.
+            ("BGPAdvertisement", "bgp-advertisements-1")
+        ]
+    );
+    // Both families' peers take the peer config's settings; the cluster config's node selector
+    // and local AS.
+    for (name, address) in [
+        ("peer-65000-tor1", "10.0.0.1"),
+        ("peer-65000-tor2", "fd00:11::1"),
+    ] {
+        let peer = bgp_peer(&m, name);
+        assert_eq!(peer.peer_address, address.parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (peer.local_asn, peer.peer_asn, peer.peer_port),
+            (65000, 65001, 1179)
+        );
+        assert_eq!(
+            (peer.hold_time_seconds, peer.keep_alive_time_seconds),
+            (9, Some(3))
+        );
+        assert_eq!(peer.connect_retry_time_seconds, 120, "Cilium's default");
+        assert_eq!(peer.ebgp_multihop, Some(4));
+        assert_eq!(
+            peer.graceful_restart.map(|g| g.restart_time_seconds),
+            Some(15)
+        );
+        assert_eq!(peer.node_selector.match_labels["rack"], "rack0");
+        assert_eq!(ipam_core::lb::bgp::check_peer(&bgp_peer(&m, name)), Ok(()));
+    }
+    // The only Service advertisement with a selector goes to the two peers whose config
+    // selects its object, with every attribute that has a counterpart.
+    let ad = bgp_advertisement(&m, "bgp-advertisements-1");
+    assert_eq!(ad.peers, ["peer-65000-tor1", "peer-65000-tor2"]);
+    assert!(ad.load_balancer_ips && ad.external_ips);
+    assert_eq!(ad.communities, ["65000:99", "65000:100", "65535:65281"]);
+    assert_eq!(ad.local_preference, Some(99));
+    assert_eq!(ad.service_selector.match_expressions[0].key, "bgp");
+    assert!(ad.ip_pools.is_empty() && ad.node_selector.is_empty());
+
+    assert_eq!(
+        dropped(&m),
+        [
+            (
+                "in.yaml: document 1 (CiliumBGPClusterConfig cilium-bgp)",
+                "spec.bgpInstances[0].localPort"
+            ),
+            (
+                "in.yaml: document 1 (CiliumBGPClusterConfig cilium-bgp)",
+                "spec.bgpInstances[0].peers[0]"
+            ),
+            (
+                "in.yaml: document 1 (CiliumBGPClusterConfig cilium-bgp)",
+                "spec.bgpInstances[0].peers[1]"
+            ),
+            (
+                "in.yaml: document 2 (CiliumBGPPeerConfig cilium-peer)",
+                "spec.authSecretRef"
+            ),
+            (
+                "in.yaml: document 3 (CiliumBGPAdvertisement bgp-advertisements)",
+                "spec.advertisements[0]"
+            ),
+            (
+                "in.yaml: document 3 (CiliumBGPAdvertisement bgp-advertisements)",
+                "spec.advertisements[1].service.addresses[0]"
+            ),
+            (
+                "in.yaml: document 3 (CiliumBGPAdvertisement bgp-advertisements)",
+                "spec.advertisements[1].attributes.communities.large[0]"
+            ),
+        ],
+        "{:#?}",
+        m.dropped
+    );
+    // Each session carries its own family: the IPv6 family of the IPv4 peer is named.
+    assert!(
+        m.dropped[1]
+            .why
+            .contains("ipv6 family over a session with 10.0.0.1")
+    );
+    assert!(
+        m.dropped[2]
+            .why
+            .contains("ipv4 family over a session with fd00:11::1")
+    );
+    assert!(m.dropped[3].why.contains("spec.password"));
+    assert!(m.dropped[5].why.contains("ClusterIPs are not advertised"));
+    // What converts to nothing says why: no peer config, no selector, no peer selecting it.
+    let notes = m.notes.join("\n");
+    assert!(notes.contains("peers[2]: no peerConfigRef"), "{notes}");
+    assert!(
+        notes.contains("advertisements[2]: no selector, so it matches no Service"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("(CiliumBGPAdvertisement unselected)") && notes.contains("goes to no peer"),
+        "{notes}"
+    );
+}
+
+#[test]
+fn a_cilium_peering_policy_becomes_peers_and_an_advertisement() {
+    let policy = r#"
+apiVersion: cilium.io/v2alpha1
+kind: CiliumLoadBalancerIPPool
+metadata: {name: prod, labels: {environment: production}}
+spec: {blocks: [{cidr: 10.9.0.0/24}]}
+---
+apiVersion: "cilium.io/v2alpha1"
+kind: CiliumBGPPeeringPolicy
+metadata:
+  name: rack0
+spec:
+  nodeSelector:
+    matchLabels:
+      rack: rack0
+  virtualRouters:
+  - localASN: 64512
+    exportPodCIDR: true
+    serviceSelector:
+      matchLabels:
+        app: foo
+    serviceAdvertisements: [LoadBalancerIP, ExternalIP]
+    neighbors:
+    - peerAddress: '10.0.0.1/32'
+      peerASN: 64512
+      peerPort: 1179
+      eBGPMultihopTTL: 1
+      connectRetryTimeSeconds: 5
+      holdTimeSeconds: 9
+      keepAliveTimeSeconds: 3
+      authSecretRef: bgp-password
+      gracefulRestart: {enabled: true}
+      advertisedPathAttributes:
+      - selectorType: CiliumLoadBalancerIPPool
+        selector: {matchLabels: {environment: production}}
+        communities: {standard: ["64512:100"]}
+        localPreference: 150
+      - selectorType: PodCIDR
+        localPreference: 150
+    - peerAddress: 'fd00::1/128'
+      peerASN: 64513
+"#;
+    let m = migrate(policy);
+    let peer = bgp_peer(&m, "rack0-10-0-0-1");
+    assert_eq!(peer.peer_address, "10.0.0.1".parse::<IpAddr>().unwrap());
+    assert_eq!(
+        (peer.local_asn, peer.peer_asn, peer.peer_port),
+        (64512, 64512, 1179)
+    );
+    assert_eq!(
+        (
+            peer.hold_time_seconds,
+            peer.keep_alive_time_seconds,
+            peer.connect_retry_time_seconds,
+            peer.ebgp_multihop
+        ),
+        (9, Some(3), 5, None)
+    );
+    assert_eq!(
+        peer.graceful_restart.map(|g| g.restart_time_seconds),
+        Some(120)
+    );
+    assert_eq!(peer.node_selector.match_labels["rack"], "rack0");
+    let v6 = bgp_peer(&m, "rack0-fd00--1");
+    assert_eq!((v6.peer_asn, v6.hold_time_seconds), (64513, 90));
+
+    let ad = bgp_advertisement(&m, "rack0");
+    assert_eq!(ad.peers, ["rack0-10-0-0-1", "rack0-fd00--1"]);
+    assert!(ad.load_balancer_ips && ad.external_ips);
+    assert_eq!(ad.service_selector.match_labels["app"], "foo");
+    // The path attributes of the production pool's routes, to that neighbour only.
+    let attributes = bgp_advertisement(&m, "rack0-10-0-0-1-attributes-0");
+    assert_eq!(attributes.ip_pools, ["prod"]);
+    assert_eq!(attributes.peers, ["rack0-10-0-0-1"]);
+    assert_eq!(
+        (attributes.communities.clone(), attributes.local_preference),
+        (vec!["64512:100".to_owned()], Some(150))
+    );
+    assert_eq!(attributes.service_selector, ad.service_selector);
+
+    let fields: Vec<&str> = m
+        .dropped
+        .iter()
+        .filter(|d| d.from.contains("CiliumBGPPeeringPolicy"))
+        .map(|d| d.field.as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.virtualRouters[0].exportPodCIDR",
+            "spec.virtualRouters[0].neighbors[0].authSecretRef",
+            "spec.virtualRouters[0].neighbors[0].advertisedPathAttributes[1]",
+        ]
+    );
+}
+
+#[test]
+fn cilium_bgp_mistakes_name_the_field() {
+    let peer = |fields: &str| {
+        format!(
+            "apiVersion: cilium.io/v2\nkind: CiliumBGPClusterConfig\nmetadata: {{name: c}}\n\
+             spec: {{bgpInstances: [{{name: i, localASN: 65000, peers: [{{name: p, {fields}}}]}}]}}\n"
+        )
+    };
+    let e = error(&peer("peerAddress: 10.0.0.0/24, peerASN: 1"));
+    assert!(
+        e.contains("spec.bgpInstances[0].peers[0].peerAddress") && e.contains("is a network"),
+        "{e}"
+    );
+    let e = error(&peer("peerAddress: 10.0.0.1, peerASN: 0"));
+    assert!(
+        e.contains("peers[0].peerASN") && e.contains("router's AS number"),
+        "{e}"
+    );
+    let e = error(&peer("peerAddress: 10.0.0.1"));
+    assert!(e.contains("peers[0].peerASN"), "{e}");
+    // A peer found by auto-discovery has no address to convert: dropped, named.
+    let m = migrate(&peer("autoDiscovery: {mode: DefaultGateway}, peerASN: 1"));
+    assert!(m.converted.is_empty());
+    assert_eq!(m.dropped[0].field, "spec.bgpInstances[0].peers[0]");
+    let e = error(
+        "apiVersion: cilium.io/v2\nkind: CiliumBGPAdvertisement\nmetadata: {name: a}\n\
+         spec: {advertisements: [{advertisementType: Service, service: {addresses: [NodeIP]}}]}\n",
+    );
+    assert!(
+        e.contains("spec.advertisements[0].service.addresses[0]") && e.contains("\"NodeIP\""),
+        "{e}"
+    );
+    let m = migrate(
+        "apiVersion: cilium.io/v2\nkind: CiliumBGPNodeConfigOverride\nmetadata: {name: node-1}\n\
+         spec: {bgpInstances: [{name: i, routerID: 10.0.0.9}]}\n",
+    );
+    assert!(m.dropped[0].why.contains("router_id"), "{:?}", m.dropped);
 }

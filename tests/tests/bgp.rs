@@ -8,7 +8,8 @@
 //! `externalTrafficPolicy: Local` Service only from the node with a ready endpoint (withdrawn
 //! when it is no longer ready, back when it is again); IPv6 over an IPv6 session; adding
 //! Services resets no session; Cilium's BGP resources converted by `ipamctl migrate` and applied
-//! take over (their community reaches the router); a wrong password or AS number leaves the session down with a
+//! take over (their community reaches the router); an IP answered for over L2 by one node and
+//! advertised over BGP keeps its address on that node when BGP lets it go; a wrong password or AS number leaves the session down with a
 //! condition saying so on the BGPPeer; a node that loses power is withdrawn by BFD, and one
 //! stopped cleanly at once.
 
@@ -22,8 +23,9 @@ use ipam_tests::{
         BgpRig, PASSWORD, PORT, ROUTER_V4, ROUTER_V6, established_condition, peer, session_of,
     },
     cluster::{node_addresses, wait_until},
-    failover::lb_service,
+    failover::{lb_service, uplink_policy},
 };
+use serde_json::json;
 
 #[test]
 fn service_ips_are_routed_over_bgp_by_a_real_router() {
@@ -116,6 +118,9 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         "{established_after:?}"
     );
 
+    // One Service answered for over L2 and advertised over BGP: its address on `lo` is shared.
+    l2_and_bgp_share_the_address(&rig);
+
     // Cilium's BGP resources, converted by `ipamctl migrate` and applied: the converted peers
     // (the password added where the conversion says to) carry the converted advertisement,
     // whose community reaches the router.
@@ -207,6 +212,60 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         "default/local had only node-1"
     );
     rig.stop_backends();
+}
+
+/// A Service answered for over L2 (by one node) and advertised over BGP (by all three): when the
+/// BGP advertisement stops selecting it, the nodes that only advertised it take its IP off
+/// `lo`, while the node answering ARP for it keeps it there, since both announcers hold it.
+fn l2_and_bgp_share_the_address(rig: &BgpRig) {
+    let c = &rig.cluster;
+    let mut policy = uplink_policy();
+    policy.spec.service_selector = selector(json!({ "matchLabels": { "l2": "yes" } }));
+    c.put("uplink", &policy);
+    let mut both = lb_service(PORT);
+    both.spec.labels.insert("l2".into(), "yes".into());
+    c.put("default/both", &both);
+    let ip = rig.wait_for_ip("default/both", false);
+    rig.wait_for_hops(ip, &[0, 1, 2], "both's route over the three nodes");
+    let on_lo = || -> Vec<usize> {
+        (0..c.nodes.len())
+            .filter(|i| c.nodes[*i].ns.addresses("lo").iter().any(|(a, _)| *a == ip))
+            .collect()
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "both's IP on every node's lo",
+        || on_lo().len() == 3,
+        || format!("{:?}", on_lo()),
+    );
+    let not_both = json!({ "spec": { "serviceSelector": {
+        "matchExpressions": [{ "key": "l2", "operator": "DoesNotExist" }] } } });
+    c.put("all", &advertisement(not_both));
+    rig.wait_for_hops(ip, &[], "both's route withdrawn");
+    wait_until(
+        Duration::from_secs(10),
+        "both's IP off the nodes that only advertised it",
+        || on_lo().len() <= 1,
+        || format!("{:?}", on_lo()),
+    );
+    // Every node has applied the advertisement by now (the route is gone from all three); a
+    // moment more for the last address change, then the L2 node must still hold the IP.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        on_lo().len(),
+        1,
+        "the node answering ARP for {ip} keeps it on lo"
+    );
+    c.put("all", &advertisement(json!({ "spec": {} })));
+    rig.wait_for_hops(ip, &[0, 1, 2], "both's route back");
+}
+
+fn advertisement(value: serde_json::Value) -> ipam_core::lb::bgp::BgpAdvertisement {
+    serde_json::from_value(value).expect("a BGPAdvertisement")
+}
+
+fn selector(value: serde_json::Value) -> ipam_core::lb::resources::Selector {
+    serde_json::from_value(value).expect("a selector")
 }
 
 /// Cilium's peers (as `tor` and `tor6`), their peer config and an advertisement of every

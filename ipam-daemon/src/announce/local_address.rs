@@ -2,16 +2,39 @@
 //! it (services listening on it are reached), while only the responder answers ARP/NDP for it
 //! (`arp_ignore` on the announcing interfaces).
 //!
+//! Both announcers put their IPs here, and one IP can be theirs together (a Service selected by
+//! an L2AnnouncementPolicy and a BGPAdvertisement): the address stays while either holds it, so
+//! one path letting go never takes it from under the other.
+//!
 //! Changes are made in order on a thread of their own: an address change can take the kernel
 //! tens of milliseconds, and the runtime has leases to keep.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::mpsc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc},
+};
 
 use crate::net::iface;
 
-/// Adds and removes service IPs on `lo`.
+/// Who holds a service IP on `lo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Holder {
+    /// The L2 announcer, for an IP this node answers ARP/NDP for.
+    L2,
+    /// The BGP announcer, for an IP this node advertises.
+    Bgp,
+}
+
+/// The service IPs on `lo`, shared by the announcers (clones are one set).
+#[derive(Clone)]
 pub struct LocalAddresses {
+    shared: Arc<Mutex<Shared>>,
+}
+
+struct Shared {
     changes: mpsc::Sender<(IpAddr, bool)>,
+    holders: Holders,
     arp_ignore_set: BTreeSet<String>,
 }
 
@@ -29,24 +52,75 @@ impl LocalAddresses {
             tracing::error!("cannot start the service IP address thread: {e}");
         }
         Self {
-            changes,
-            arp_ignore_set: BTreeSet::new(),
+            shared: Arc::new(Mutex::new(Shared {
+                changes,
+                holders: Holders::default(),
+                arp_ignore_set: BTreeSet::new(),
+            })),
         }
     }
 
-    /// Puts `ip` on `lo`, after making the kernel leave ARP for it on `interfaces` to the
-    /// responder.
-    pub fn add(&mut self, ip: IpAddr, interfaces: &[String]) {
+    /// The set; a panic elsewhere while holding it leaves it whole (each change is one step).
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `holder` takes `ip`: on `lo` unless already there for the other announcer, after making
+    /// the kernel leave ARP for it on `interfaces` to the responder.
+    pub fn add(&self, holder: Holder, ip: IpAddr, interfaces: &[String]) {
+        let mut shared = self.lock();
         for i in interfaces {
-            if self.arp_ignore_set.insert(i.clone()) {
+            if shared.arp_ignore_set.insert(i.clone()) {
                 set_arp_ignore(i);
             }
         }
-        let _ = self.changes.send((ip, true));
+        if shared.holders.take(holder, ip) {
+            let _ = shared.changes.send((ip, true));
+        }
     }
 
-    pub fn remove(&mut self, ip: IpAddr) {
-        let _ = self.changes.send((ip, false));
+    /// `holder` lets `ip` go: off `lo` unless the other announcer still holds it.
+    pub fn remove(&self, holder: Holder, ip: IpAddr) {
+        let mut shared = self.lock();
+        if shared.holders.release(holder, ip) {
+            let _ = shared.changes.send((ip, false));
+        }
+        if let Some(others) = shared.holders.of(ip) {
+            tracing::debug!(%ip, ?holder, ?others, "service IP kept on lo for the other announcer");
+        }
+    }
+}
+
+/// Who holds each IP.
+#[derive(Debug, Default)]
+struct Holders(BTreeMap<IpAddr, BTreeSet<Holder>>);
+
+impl Holders {
+    /// Whether `ip` was held by no one before (so it must be put on `lo`).
+    fn take(&mut self, holder: Holder, ip: IpAddr) -> bool {
+        let holders = self.0.entry(ip).or_default();
+        let first = holders.is_empty();
+        holders.insert(holder);
+        first
+    }
+
+    /// Whether `holder` was the last to hold `ip` (so it must come off `lo`).
+    fn release(&mut self, holder: Holder, ip: IpAddr) -> bool {
+        let Some(holders) = self.0.get_mut(&ip) else {
+            return false;
+        };
+        if !holders.remove(&holder) {
+            return false;
+        }
+        if holders.is_empty() {
+            self.0.remove(&ip);
+            return true;
+        }
+        false
+    }
+
+    fn of(&self, ip: IpAddr) -> Option<&BTreeSet<Holder>> {
+        self.0.get(&ip)
     }
 }
 
@@ -78,5 +152,36 @@ fn set_arp_ignore(interface: &str) {
             interface,
             "cannot set {path}: {e}; the kernel may answer ARP for service IPs too"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Holder, Holders};
+
+    #[test]
+    fn an_ip_held_by_both_announcers_stays_until_both_let_go() {
+        let ip = "198.51.100.7".parse().unwrap();
+        let mut holders = Holders::default();
+        assert!(
+            holders.take(Holder::L2, ip),
+            "the first holder puts it on lo"
+        );
+        assert!(!holders.take(Holder::Bgp, ip), "already there");
+        assert!(!holders.take(Holder::Bgp, ip), "taking twice counts once");
+        assert!(!holders.release(Holder::Bgp, ip), "L2 still answers for it");
+        assert!(
+            !holders.release(Holder::Bgp, ip),
+            "released twice: no change"
+        );
+        assert!(
+            holders.release(Holder::L2, ip),
+            "the last holder takes it off"
+        );
+        assert!(
+            !holders.release(Holder::L2, ip),
+            "an IP nobody holds is left alone"
+        );
+        assert!(holders.take(Holder::Bgp, ip), "and can be taken again");
     }
 }

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 
 use super::{
     handover::{Handover, Previous},
-    local_address::LocalAddresses,
+    local_address::{Holder, LocalAddresses},
 };
 use crate::{
     cluster::{
@@ -64,6 +64,8 @@ pub struct Inputs {
     pub metrics: Arc<Metrics>,
     /// Where users are told which node answers (Events on a Kubernetes store).
     pub events: Arc<Events>,
+    /// The service IPs on `lo`, shared with the BGP announcer.
+    pub local_addresses: LocalAddresses,
 }
 
 /// The objects the decision is made from, kept current by their watches.
@@ -103,6 +105,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         peers,
         metrics,
         events,
+        local_addresses,
     } = inputs;
     let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
     let mut endpoints_watch =
@@ -120,7 +123,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
     };
     seen.endpoints_changed();
     let mut owned = Owned {
-        addresses: LocalAddresses::start(),
+        addresses: local_addresses,
         ips: OwnedIps::new(),
     };
     let mut tick = crate::clock::ticker(TICK);
@@ -327,7 +330,7 @@ impl Owned {
         let mut taken = Vec::new();
         for (ip, owned) in &mine {
             if !self.ips.contains_key(ip) {
-                self.addresses.add(*ip, &owned.interfaces);
+                self.addresses.add(Holder::L2, *ip, &owned.interfaces);
                 taken.push((*ip, owned.clone()));
                 tracing::info!(
                     %ip,
@@ -338,7 +341,7 @@ impl Owned {
             }
         }
         for ip in self.ips.keys().filter(|ip| !mine.contains_key(ip)) {
-            self.addresses.remove(*ip);
+            self.addresses.remove(Holder::L2, *ip);
             tracing::info!(%ip, "service IP given up: another node answers for it now");
         }
         self.ips = mine;

@@ -6,7 +6,8 @@
 //! - `bird_config`: BIRD's configuration for it, written whole and applied without resetting
 //!   unchanged sessions;
 //! - `bird`: the BIRD process the agent runs;
-//! - `sessions`: what BIRD says of its sessions, and why one is down.
+//! - `sessions`: what BIRD says of its sessions, and why one is down;
+//! - `status`: what is reported of them (metrics, log, the BGPPeer's status and condition).
 //!
 //! The speaker is BIRD 2, not one written here; docs/bgp.md says why BIRD over FRR and GoBGP.
 
@@ -14,5 +15,6 @@ pub mod announcer;
 pub mod bird;
 pub mod bird_config;
 pub mod sessions;
+mod status;
 
 pub use announcer::BgpAnnouncer;

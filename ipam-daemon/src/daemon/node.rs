@@ -28,7 +28,7 @@ use super::{
     signals::{SignalEvent, Signals},
 };
 use crate::{
-    announce::{self, Configured, OwnedIps},
+    announce::{self, Configured, OwnedIps, local_address::LocalAddresses},
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
     config::{Config, IpamSettings},
@@ -199,6 +199,8 @@ impl NodeControllers {
         let mut gossip = None;
         let mut ipam = None;
         let mut bgp = None;
+        // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
+        let local_addresses = LocalAddresses::start();
         let cluster = match config.ipam.clone() {
             Some(settings) => {
                 let store = ClusterStore::open(&config.store_settings()).await?;
@@ -218,8 +220,8 @@ impl NodeControllers {
                     )
                     .await?,
                 );
-                bgp = start_bgp(config, &store, &observed);
-                start_cluster_side(config, store, &observed, gossip.as_ref())
+                bgp = start_bgp(config, &store, &observed, &local_addresses);
+                start_cluster_side(config, store, &observed, gossip.as_ref(), local_addresses)
             }
             // The add-on mode: Service IPs beside another CNI; the node's record is all it
             // writes for itself.
@@ -241,8 +243,8 @@ impl NodeControllers {
                     observed.health.clone(),
                 ));
                 serve_add_on_api(config, gossip.as_ref())?;
-                bgp = start_bgp(config, &store, &observed);
-                start_cluster_side(config, store, &observed, gossip.as_ref())
+                bgp = start_bgp(config, &store, &observed, &local_addresses);
+                start_cluster_side(config, store, &observed, gossip.as_ref(), local_addresses)
             }
             None => ClusterSide::standalone(),
         };
@@ -351,7 +353,12 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
 }
 
 /// With `[bgp]`: the BGP announcer, which runs BIRD with this node's sessions.
-fn start_bgp(config: &Config, store: &ClusterStore, observed: &Observed) -> Option<BgpAnnouncer> {
+fn start_bgp(
+    config: &Config,
+    store: &ClusterStore,
+    observed: &Observed,
+    local_addresses: &LocalAddresses,
+) -> Option<BgpAnnouncer> {
     let settings = config.bgp.clone()?;
     tracing::info!(
         run_dir = %settings.run_dir.display(),
@@ -364,6 +371,7 @@ fn start_bgp(config: &Config, store: &ClusterStore, observed: &Observed) -> Opti
         settings,
         metrics: observed.metrics.clone(),
         health: observed.health.clone(),
+        local_addresses: local_addresses.clone(),
     }))
 }
 
@@ -374,6 +382,7 @@ fn start_cluster_side(
     store: ClusterStore,
     observed: &Observed,
     gossip: Option<&Gossip>,
+    local_addresses: LocalAddresses,
 ) -> ClusterSide {
     if !store.is_shared() {
         return ClusterSide::standalone();
@@ -406,6 +415,7 @@ fn start_cluster_side(
             peers,
             metrics: observed.metrics.clone(),
             events: Arc::new(events),
+            local_addresses,
         },
         owned_tx,
     ));

@@ -1,0 +1,197 @@
+//! What the BGP announcer reports of this node's sessions: the metrics, a log line when a
+//! session comes up or goes down (with why), this node's entry in each BGPPeer's status and the
+//! peer's `Established` condition over all its nodes.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use ipam_core::{
+    lb::bgp::{BgpPeer, BgpSessionStatus, NodeAdvertisements},
+    resources::Condition,
+    store::{StoreError, TypedStore},
+};
+
+use super::{
+    bird_config::protocol_name,
+    sessions::{self, DownReason, Session},
+};
+use crate::{
+    cluster::{ClusterStore, cache::Cache},
+    metrics::{
+        Metrics,
+        bgp::{PeerLabel, PeerReasonLabel},
+    },
+};
+
+/// Reports the sessions: metrics, log lines on changes, and this node's entry in each peer's
+/// status.
+pub(super) struct Reports {
+    node: String,
+    store: ClusterStore,
+    metrics: Arc<Metrics>,
+    last: BTreeMap<String, BgpSessionStatus>,
+    /// Why each session that is down is down, as last decided.
+    down: BTreeMap<String, (DownReason, String)>,
+    md5_drops: u64,
+}
+
+impl Reports {
+    pub(super) fn new(node: String, store: ClusterStore, metrics: Arc<Metrics>) -> Self {
+        Self {
+            node,
+            store,
+            metrics,
+            last: BTreeMap::new(),
+            down: BTreeMap::new(),
+            md5_drops: sessions::md5_drops(),
+        }
+    }
+
+    pub(super) async fn publish(
+        &mut self,
+        wanted: &NodeAdvertisements,
+        sessions: &BTreeMap<String, Session>,
+        peers: &Cache<BgpPeer>,
+    ) {
+        let drops = sessions::md5_drops();
+        let auth_failures = drops > self.md5_drops;
+        self.md5_drops = drops;
+        let mut now = BTreeMap::new();
+        let mut down_now = BTreeMap::new();
+        for (name, spec) in &wanted.peers {
+            let session = sessions
+                .get(&protocol_name(name))
+                .cloned()
+                .unwrap_or_else(|| Session {
+                    state: "Idle".into(),
+                    ..Session::default()
+                });
+            let down = (!session.is_established())
+                .then(|| sessions::why_down(&session, spec.password.is_some(), auth_failures));
+            // A session still being opened keeps an authentication failure as its reason: the
+            // kernel's counters show one per attempt, not on every look.
+            let down = match (down, self.down.get(name)) {
+                (Some((DownReason::NoAnswer, _)), Some(before))
+                    if before.0 == DownReason::AuthenticationFailed =>
+                {
+                    Some(before.clone())
+                }
+                (down, _) => down,
+            };
+            let label = PeerLabel { peer: name.clone() };
+            let m = &self.metrics.bgp;
+            m.established
+                .get_or_create(&label)
+                .set(i64::from(session.is_established()));
+            m.routes_advertised
+                .get_or_create(&label)
+                .set(i64::from(session.routes_exported));
+            for reason in DownReason::ALL {
+                m.session_down
+                    .get_or_create(&PeerReasonLabel {
+                        peer: name.clone(),
+                        reason: reason.name().to_owned(),
+                    })
+                    .set(i64::from(down.as_ref().is_some_and(|d| d.0 == reason)));
+            }
+            let status = BgpSessionStatus {
+                node: self.node.clone(),
+                state: session.state.clone(),
+                routes_advertised: session.routes_exported,
+                reason: down
+                    .as_ref()
+                    .map(|(reason, message)| format!("{}: {message}", reason.name()))
+                    .unwrap_or_default(),
+            };
+            if let Some(down) = down {
+                down_now.insert(name.clone(), down);
+            }
+            now.insert(name.clone(), status);
+        }
+        for (name, status) in &now {
+            let before = self.last.get(name);
+            if before.map(|b| (&b.state, &b.reason)) != Some((&status.state, &status.reason)) {
+                if status.state == "Established" {
+                    tracing::info!(
+                        peer = name.as_str(),
+                        routes = status.routes_advertised,
+                        "BGP session established"
+                    );
+                } else {
+                    tracing::warn!(
+                        peer = name.as_str(),
+                        state = status.state.as_str(),
+                        "BGP session not established: {}",
+                        status.reason
+                    );
+                }
+            }
+        }
+        for (name, status) in &now {
+            let stored = peers.get(name).and_then(|p| {
+                p.value
+                    .status
+                    .nodes
+                    .iter()
+                    .find(|n| n.node == self.node)
+                    .cloned()
+            });
+            if stored.as_ref() != Some(status)
+                && let Err(e) = self.write_status(name, status).await
+            {
+                tracing::warn!(
+                    peer = name.as_str(),
+                    "cannot write the BGPPeer's status: {e}"
+                );
+            }
+        }
+        self.last = now;
+        self.down = down_now;
+    }
+
+    /// Puts this node's session into the peer's status, and the peer's condition over all its
+    /// nodes, retrying on conflicting writes of other nodes.
+    async fn write_status(&self, peer: &str, mine: &BgpSessionStatus) -> Result<(), StoreError> {
+        for _ in 0..5 {
+            let Some(mut current) = self.store.get_typed::<BgpPeer>(peer).await? else {
+                return Ok(());
+            };
+            let status = &mut current.value.status;
+            status.nodes.retain(|n| n.node != self.node);
+            status.nodes.push(mine.clone());
+            status.nodes.sort_by(|a, b| a.node.cmp(&b.node));
+            status.conditions = vec![established_condition(&status.nodes)];
+            match self
+                .store
+                .update_typed(peer, &current.value, &current.revision)
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Established`: true while every node's session with the peer is up; else which are not,
+/// and why.
+fn established_condition(nodes: &[BgpSessionStatus]) -> Condition {
+    let down: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.state != "Established")
+        .map(|n| format!("{} ({}): {}", n.node, n.state, n.reason))
+        .collect();
+    if down.is_empty() {
+        Condition::new(
+            "Established",
+            true,
+            format!("{} node(s) have their session up", nodes.len()),
+        )
+    } else {
+        Condition::new(
+            "Established",
+            false,
+            format!("sessions not up: {}", down.join("; ")),
+        )
+    }
+}

@@ -9,7 +9,8 @@
 //! when it is no longer ready, back when it is again); IPv6 over an IPv6 session; adding
 //! Services resets no session; Cilium's BGP resources converted by `ipamctl migrate` and applied
 //! take over (their community reaches the router); an IP answered for over L2 by one node and
-//! advertised over BGP keeps its address on that node when BGP lets it go; a wrong password or AS number leaves the session down with a
+//! advertised over BGP keeps its address on that node when BGP lets it go; a node drained by
+//! the exclusion label and a reload withdraws its routes but keeps its sessions; a wrong password or AS number leaves the session down with a
 //! condition saying so on the BGPPeer; a node that loses power is withdrawn by BFD, and one
 //! stopped cleanly at once.
 
@@ -121,6 +122,10 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     // One Service answered for over L2 and advertised over BGP: its address on `lo` is shared.
     l2_and_bgp_share_the_address(&rig);
 
+    // A drain without a restart: the exclusion label and a reload withdraw node-0's routes
+    // while its sessions stay up; removing the label brings them back.
+    drain_by_label(&rig, web_v4);
+
     // Cilium's BGP resources, converted by `ipamctl migrate` and applied: the converted peers
     // (the password added where the conversion says to) carry the converted advertisement,
     // whose community reaches the router.
@@ -212,6 +217,38 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         "default/local had only node-1"
     );
     rig.stop_backends();
+}
+
+/// Node-0's configuration given the exclusion label (`node.kubernetes.io/exclude-from-external-
+/// load-balancers`, as a Kubernetes Node would carry it) and reloaded (SIGHUP): the router loses
+/// node-0's route to `web_v4` but not its session; the label removed and reloaded, the route
+/// returns.
+fn drain_by_label(rig: &BgpRig, web_v4: IpAddr) {
+    let c = &rig.cluster;
+    let node = &c.nodes[0];
+    let address: IpAddr = node_addresses(0).0.parse().unwrap();
+    let sessions_before = rig.router.sessions_established(address);
+    let config = std::fs::read_to_string(node.config_path()).unwrap();
+    let reload = |text: &str| {
+        std::fs::write(node.config_path(), text).unwrap();
+        let daemon = node.daemon.as_ref().expect("node-0 runs");
+        daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    };
+    reload(&format!(
+        "{config}\n[node.labels]\n\"node.kubernetes.io/exclude-from-external-load-balancers\" = \"\"\n"
+    ));
+    rig.wait_for_hops(web_v4, &[1, 2], "node-0's route withdrawn by its drain");
+    assert_eq!(
+        rig.router.sessions_established(address),
+        sessions_before,
+        "a drain withdraws routes, not the session"
+    );
+    assert_eq!(
+        session_of(c, "tor", "node-0").map(|(state, _)| state),
+        Some("Established".to_owned())
+    );
+    reload(&config);
+    rig.wait_for_hops(web_v4, &[0, 1, 2], "node-0's route back after the drain");
 }
 
 /// A Service answered for over L2 (by one node) and advertised over BGP (by all three): when the

@@ -8,6 +8,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
+use tokio::sync::watch;
 
 use super::eligibility;
 use crate::{
@@ -21,8 +22,15 @@ const RECHECK: Duration = Duration::from_secs(10);
 /// Longest wait between two attempts while the store refuses the write.
 const RETRY_CAP: Duration = Duration::from_secs(10);
 
-/// Keeps the node's record for the life of the daemon.
-pub async fn run(store: ClusterStore, node: NodeSettings, health: std::sync::Arc<Health>) {
+/// Keeps the node's record for the life of the daemon. `settings` follows configuration
+/// reloads: new labels (the exclusion label drains the node) and `[node.announce]` are
+/// published at once; the name stays the one the node started with.
+pub async fn run(
+    store: ClusterStore,
+    mut settings: watch::Receiver<NodeSettings>,
+    health: std::sync::Arc<Health>,
+) {
+    let mut node = settings.borrow_and_update().clone();
     let mut kube_node = match &store {
         ClusterStore::Kubernetes(s) => Some(s.follow_node(&node.name)),
         _ => None,
@@ -80,7 +88,29 @@ pub async fn run(store: ClusterStore, node: NodeSettings, health: std::sync::Arc
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
             alive = node_changed => if !alive { kube_node = None },
+            changed = settings.changed() => {
+                if changed.is_ok() {
+                    node = reloaded(&node, &settings.borrow_and_update());
+                }
+            }
         }
+    }
+}
+
+/// The running settings with a reload's labels, addresses and `[node.announce]`; a new name is
+/// refused (the node's record, leases and sessions are under the old one).
+fn reloaded(running: &NodeSettings, new: &NodeSettings) -> NodeSettings {
+    if new.name != running.name {
+        tracing::error!(
+            node = running.name.as_str(),
+            "not renaming the node to {:?} on reload: its name changes only with a restart",
+            new.name
+        );
+    }
+    NodeSettings {
+        name: running.name.clone(),
+        socket: running.socket.clone(),
+        ..new.clone()
     }
 }
 
@@ -135,6 +165,23 @@ pub(crate) fn facts_of(
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_reload_takes_new_labels_but_keeps_the_name() {
+        let running = NodeSettings {
+            name: "node-a".into(),
+            ..NodeSettings::default()
+        };
+        let mut new = NodeSettings {
+            name: "node-b".into(),
+            ..NodeSettings::default()
+        };
+        new.labels
+            .insert(eligibility::EXCLUSION_LABEL.into(), String::new());
+        let reloaded = reloaded(&running, &new);
+        assert_eq!(reloaded.name, "node-a");
+        assert_eq!(reloaded.labels, new.labels);
+    }
 
     #[test]
     fn configured_facts_win_over_the_kubernetes_node() {

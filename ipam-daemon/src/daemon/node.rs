@@ -31,7 +31,7 @@ use crate::{
     announce::{self, Configured, OwnedIps, local_address::LocalAddresses},
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
-    config::{Config, IpamSettings},
+    config::{Config, IpamSettings, NodeSettings},
     datapath::{self, Datapath},
     l2::{self, announcer::AnnounceError},
     liveness::{
@@ -169,6 +169,8 @@ struct NodeControllers {
     configured: watch::Sender<Configured>,
     timing: watch::Sender<Timing>,
     ipam: Option<watch::Sender<IpamSettings>>,
+    /// The add-on mode's node record follows `[node]` (with `[ipam]`, `ipam` carries it).
+    node_settings: Option<watch::Sender<NodeSettings>>,
     operator: Option<OperatorTask>,
     gossip: Option<Gossip>,
     bgp: Option<BgpAnnouncer>,
@@ -199,6 +201,7 @@ impl NodeControllers {
         let mut gossip = None;
         let mut ipam = None;
         let mut bgp = None;
+        let mut node_settings = None;
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
         let local_addresses = LocalAddresses::start();
         let cluster = match config.ipam.clone() {
@@ -237,9 +240,11 @@ impl NodeControllers {
                     operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
                 }
                 gossip = start_gossip(config, &store, &observed);
+                let (settings, settings_rx) = watch::channel(config.node.clone());
+                node_settings = Some(settings);
                 tokio::spawn(announce::node_record::run(
                     store.clone(),
-                    config.node.clone(),
+                    settings_rx,
                     observed.health.clone(),
                 ));
                 serve_add_on_api(config, gossip.as_ref())?;
@@ -255,6 +260,7 @@ impl NodeControllers {
             configured,
             timing,
             ipam,
+            node_settings,
             operator,
             gossip,
             bgp,
@@ -265,6 +271,9 @@ impl NodeControllers {
     fn reload(&self, new: &Config) {
         if let (Some(ipam), Some(settings)) = (&self.ipam, &new.ipam) {
             ipam.send_replace(settings.clone());
+        }
+        if let Some(node) = &self.node_settings {
+            node.send_replace(new.node.clone());
         }
         if let Some(op) = &self.operator {
             op.reload(new);

@@ -44,7 +44,8 @@ impl PodIpam {
         if node_changed {
             self.take_pod_cidrs();
         }
-        if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 {
+        if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 || self.facts_reloaded {
+            self.facts_reloaded = false;
             let facts = self.node_facts();
             crate::announce::eligibility::report(
                 &self.settings.node_name,

@@ -107,6 +107,8 @@ pub struct PodIpam {
     endpoints: Arc<Endpoints>,
     host: HostNetwork,
     passes: u64,
+    /// A reload changed what the node publishes about itself: look again on the next pass.
+    facts_reloaded: bool,
 }
 
 impl PodIpam {
@@ -169,6 +171,7 @@ impl PodIpam {
             datapath,
             endpoints,
             passes: 0,
+            facts_reloaded: false,
         };
         runtime.spawn_infra();
         Ok(runtime)
@@ -188,8 +191,8 @@ impl PodIpam {
         Arc::new(move |request| pods.handle(request))
     }
 
-    /// Reload: new uplinks (a mode change needs a restart and is refused; pools go to the
-    /// operator).
+    /// Reload: new uplinks, node labels, addresses and `[node.announce]` (a mode change needs
+    /// a restart and is refused; pools go to the operator).
     fn reload(&mut self, settings: IpamSettings) {
         if settings.mode != self.settings.mode {
             tracing::error!(
@@ -203,6 +206,14 @@ impl PodIpam {
         self.host.set_uplinks(settings.uplinks.clone());
         self.settings.pools = settings.pools;
         self.settings.uplinks = settings.uplinks;
+        // Published by the next local pass (the exclusion label drains the node without a
+        // restart).
+        self.facts_reloaded = settings.node_labels != self.settings.node_labels
+            || settings.node_addresses != self.settings.node_addresses
+            || settings.announce != self.settings.announce;
+        self.settings.node_labels = settings.node_labels;
+        self.settings.node_addresses = settings.node_addresses;
+        self.settings.announce = settings.announce;
     }
 
     /// Runs the passes for the life of the daemon: the local pass twice a second, a store pass

@@ -10,6 +10,7 @@ pub mod node;
 pub mod pods;
 #[cfg(feature = "testing")]
 pub mod real_api;
+mod secret;
 mod service;
 pub mod store;
 #[cfg(feature = "testing")]

@@ -897,6 +897,17 @@ async fn bgp_sessions_on_the_kubernetes_api() -> TestApi {
         .create_typed("all", &advertisement)
         .await
         .expect("create the BGPAdvertisement");
+    // A peer whose password is in a Secret not created yet.
+    let guarded: BgpPeer = serde_json::from_value(serde_json::json!({ "spec": {
+        "peerAddress": "127.0.0.2", "peerPort": 1790, "peerASN": 64501, "localASN": 64512,
+        "connectRetryTimeSeconds": 1, "ebgpMultihop": 2,
+        "passwordSecretRef": { "name": "bgp-tor2" }
+    }}))
+    .unwrap();
+    store
+        .create_typed("tor2", &guarded)
+        .await
+        .expect("create the BGPPeer with a Secret reference");
     let node = AgentNode::new(&api, "kbg", "kn-1").await;
     let config = node.config("mode = \"kubernetes\"\nnode_name = \"kn-1\"");
     let mut text = std::fs::read_to_string(&config.0).unwrap();
@@ -921,6 +932,62 @@ async fn bgp_sessions_on_the_kubernetes_api() -> TestApi {
     )
     .await;
     assert_ne!(session.state, "Established");
+    // No Secret: no session, and the status says which Secret to create.
+    let reason_of = async |peer: &str| {
+        let p = store.get_typed::<BgpPeer>(peer).await.ok()??;
+        p.value
+            .status
+            .nodes
+            .into_iter()
+            .find(|n| n.node == "kn-1")
+            .map(|n| n.reason)
+    };
+    let missing = wait_for(
+        "tor2 held back for its missing Secret",
+        async || {
+            reason_of("tor2")
+                .await
+                .filter(|r| r.starts_with("PasswordUnavailable"))
+        },
+        log,
+    )
+    .await;
+    assert!(
+        missing.contains("ipam-system/bgp-tor2 does not exist"),
+        "{missing}"
+    );
+    // The Secret created (with the line break a file leaves): the agent reads it, with the
+    // rights its Role grants, and opens the session with the password.
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(api.client().await, "ipam-system");
+    let secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": "bgp-tor2", "namespace": "ipam-system" },
+        // "fabric-key-2\n" (the stand-in does not turn stringData into data).
+        "data": { "password": "ZmFicmljLWtleS0yCg==" },
+    }))
+    .unwrap();
+    secrets
+        .create(&kube::api::PostParams::default(), &secret)
+        .await
+        .expect("create the Secret");
+    wait_for(
+        "tor2's session opened with the Secret's password",
+        // Nothing listens there: with a password the kernel's unsigned resets are dropped, and
+        // the reason says a password is set.
+        async || {
+            reason_of("tor2")
+                .await
+                .filter(|r| r.starts_with("NoAnswer") && r.contains("with a password set"))
+        },
+        log,
+    )
+    .await;
+    let bird_conf = std::fs::read_to_string(node.dir.0.join("bgp/bird.conf")).unwrap();
+    assert!(
+        bird_conf.contains("password \"fabric-key-2\";"),
+        "{bird_conf}"
+    );
     let tor = store.get_typed::<BgpPeer>("tor").await.unwrap().unwrap();
     assert_eq!(tor.value.spec, peer.spec, "the agent wrote the status only");
     let condition = &tor.value.status.conditions[0];

@@ -49,6 +49,10 @@ pub struct BgpPeerSpec {
     /// TCP MD5 signature (RFC 2385) shared with the router.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+    /// The password from a Secret in the agents' namespace instead (Kubernetes store; the
+    /// agents read it, and read it again when it changes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKeyRef>,
     /// Accept the router's packets only with TTL 255 (GTSM, RFC 5082): the router must be on
     /// the nodes' segment and configured likewise.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -72,6 +76,17 @@ pub struct BgpPeerSpec {
     /// the router runs BFD too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd: Option<Bfd>,
+}
+
+/// A key of a Secret in the agents' namespace (the store's, `[store.kubernetes] namespace`): BGPPeers are
+/// cluster-wide, so they name no namespace, and the agents may read Secrets of that one alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    pub name: String,
+    #[serde(default = "password_key")]
+    pub key: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +179,9 @@ pub struct BgpAdvertisementSpec {
     pub external_ips: bool,
 }
 
+fn password_key() -> String {
+    "password".into()
+}
 fn bgp_port() -> u16 {
     179
 }
@@ -223,16 +241,13 @@ pub fn check_peer(spec: &BgpPeerSpec) -> Result<(), String> {
                 .into(),
         );
     }
-    if spec
-        .password
-        .as_ref()
-        .is_some_and(|p| p.is_empty() || p.len() > 80 || p.contains(['"', '\\', '\n']))
-    {
+    if spec.password.is_some() && spec.password_secret_ref.is_some() {
         return Err(
-            "the password must be 1 to 80 characters, without quotes, backslashes or \
-                    line breaks (the TCP MD5 key limit is 80)"
-                .into(),
+            "password and passwordSecretRef exclude each other: give the password one way".into(),
         );
+    }
+    if let Some(password) = &spec.password {
+        check_password(password)?;
     }
     if let Some(bfd) = &spec.bfd
         && (bfd.detect_multiplier == 0
@@ -240,6 +255,19 @@ pub fn check_peer(spec: &BgpPeerSpec) -> Result<(), String> {
             || bfd.transmit_interval_ms < 10)
     {
         return Err("bfd: intervals must be at least 10 ms and detectMultiplier at least 1".into());
+    }
+    Ok(())
+}
+
+/// Whether `password` can be a session's TCP MD5 key here (the same rule for a password read
+/// from a Secret).
+pub fn check_password(password: &str) -> Result<(), String> {
+    if password.is_empty() || password.len() > 80 || password.contains(['"', '\\', '\n']) {
+        return Err(
+            "the password must be 1 to 80 characters, without quotes, backslashes or \
+                    line breaks (the TCP MD5 key limit is 80)"
+                .into(),
+        );
     }
     Ok(())
 }

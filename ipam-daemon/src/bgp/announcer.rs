@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 use super::{
     bird::{Bird, BirdError},
     bird_config,
+    passwords::Passwords,
     sessions::Session,
     status::Reports,
 };
@@ -149,6 +150,9 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
     let mut speaker = Speaker::new(settings.clone(), node.clone(), metrics.clone());
     let mut addresses = OnLo::new(local_addresses);
     let mut reports = Reports::new(node.clone(), store.clone(), metrics.clone());
+    let mut passwords = Passwords::new();
+    // The peers held back for want of their password, with why.
+    let mut held = BTreeMap::new();
     let mut status_tick =
         crate::clock::ticker(Duration::from_millis(settings.status_interval_ms.max(100)));
     // When the gathered changes are applied: set by the first change after an apply, not
@@ -167,7 +171,8 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
             e = endpoints_watch.next() => { seen.endpoints.apply(e); apply_at = changed(apply_at); }
             e = nodes_watch.next() => { seen.nodes.apply(e); apply_at = changed(apply_at); }
             () = tokio::time::sleep_until(due), if apply_at.is_some() => {
-                let wanted = seen.decide(&node);
+                let mut wanted = seen.decide(&node);
+                held = passwords.resolve(&store, &mut wanted).await;
                 for (what, why) in &wanted.refused {
                     tracing::warn!("BGP: {what} left out: {why}");
                 }
@@ -195,8 +200,11 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
                     apply_at = changed(apply_at);
                     continue;
                 }
+                if passwords.stale() {
+                    apply_at = changed(apply_at);
+                }
                 if let Some(sessions) = speaker.sessions().await {
-                    reports.publish(&speaker.wanted, &sessions, &seen.peers).await;
+                    reports.publish(&speaker.wanted, &held, &sessions, &seen.peers).await;
                 }
             }
             done = &mut stop => {

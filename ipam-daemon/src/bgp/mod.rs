@@ -6,6 +6,7 @@
 //! - `bird_config`: BIRD's configuration for it, written whole and applied without resetting
 //!   unchanged sessions;
 //! - `bird`: the BIRD process the agent runs;
+//! - `passwords`: peers' passwords read from Secrets;
 //! - `sessions`: what BIRD says of its sessions, and why one is down;
 //! - `status`: what is reported of them (metrics, log, the BGPPeer's status and condition).
 //!
@@ -14,6 +15,7 @@
 pub mod announcer;
 pub mod bird;
 pub mod bird_config;
+mod passwords;
 pub mod sessions;
 mod status;
 

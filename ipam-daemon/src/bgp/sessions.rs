@@ -74,10 +74,12 @@ pub enum DownReason {
     Unreachable,
     NoAnswer,
     SessionLost,
+    /// The password's Secret cannot be read (no session is opened without it).
+    PasswordUnavailable,
 }
 
 impl DownReason {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::AsnMismatch,
         Self::AuthenticationFailed,
         Self::ConnectionRefused,
@@ -85,6 +87,7 @@ impl DownReason {
         Self::Unreachable,
         Self::NoAnswer,
         Self::SessionLost,
+        Self::PasswordUnavailable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -96,6 +99,7 @@ impl DownReason {
             Self::Unreachable => "Unreachable",
             Self::NoAnswer => "NoAnswer",
             Self::SessionLost => "SessionLost",
+            Self::PasswordUnavailable => "PasswordUnavailable",
         }
     }
 }

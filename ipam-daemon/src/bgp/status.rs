@@ -49,6 +49,7 @@ impl Reports {
     pub(super) async fn publish(
         &mut self,
         wanted: &NodeAdvertisements,
+        held: &BTreeMap<String, String>,
         sessions: &BTreeMap<String, Session>,
         peers: &Cache<BgpPeer>,
     ) {
@@ -57,16 +58,26 @@ impl Reports {
         self.md5_drops = drops;
         let mut now = BTreeMap::new();
         let mut down_now = BTreeMap::new();
-        for (name, spec) in &wanted.peers {
+        let idle = || Session {
+            state: "Idle".into(),
+            ..Session::default()
+        };
+        let reported = wanted
+            .peers
+            .iter()
+            .map(|(name, spec)| (name, Some(spec)))
+            .chain(held.keys().map(|name| (name, None)));
+        for (name, spec) in reported {
             let session = sessions
                 .get(&protocol_name(name))
                 .cloned()
-                .unwrap_or_else(|| Session {
-                    state: "Idle".into(),
-                    ..Session::default()
-                });
-            let down = (!session.is_established())
-                .then(|| sessions::why_down(&session, spec.password.is_some(), auth_failures));
+                .unwrap_or_else(idle);
+            let down = match spec {
+                // Held back: no session is opened without its password.
+                None => Some((DownReason::PasswordUnavailable, held[name].clone())),
+                Some(spec) => (!session.is_established())
+                    .then(|| sessions::why_down(&session, spec.password.is_some(), auth_failures)),
+            };
             // A session still being opened keeps an authentication failure as its reason: the
             // kernel's counters show one per attempt, not on every look.
             let down = match (down, self.down.get(name)) {

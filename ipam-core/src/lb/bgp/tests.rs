@@ -193,3 +193,29 @@ fn peer_defaults_and_metallb_spelling() {
             .contains("exclude each other")
     );
 }
+
+#[test]
+fn a_password_comes_one_way_and_fits_a_tcp_md5_key() {
+    let mut spec = peer("10.0.0.1", json!({}));
+    spec.password_secret_ref = serde_json::from_value(json!({ "name": "bgp-tor" })).unwrap();
+    assert_eq!(
+        spec.password_secret_ref.as_ref().map(|r| r.key.as_str()),
+        Some("password"),
+        "the key defaults to password, as MetalLB's and Cilium's Secrets have it"
+    );
+    assert!(check_peer(&spec).is_ok());
+    spec.password = Some("inline".into());
+    assert!(
+        check_peer(&spec)
+            .unwrap_err()
+            .contains("password and passwordSecretRef exclude each other")
+    );
+    spec.password_secret_ref = None;
+    spec.password = Some("x".repeat(81));
+    assert!(
+        check_peer(&spec)
+            .unwrap_err()
+            .contains("1 to 80 characters")
+    );
+    assert!(check_password("with \"quotes\"").is_err());
+}

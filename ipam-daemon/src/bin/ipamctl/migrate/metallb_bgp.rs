@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use ipam_core::lb::{
-    bgp::{Bfd, BgpAdvertisementSpec, BgpPeerSpec, GracefulRestart, parse_community},
+    bgp::{Bfd, BgpAdvertisementSpec, BgpPeerSpec, GracefulRestart, SecretKeyRef, parse_community},
     resources::Selector,
 };
 use serde_yaml_ng::Value;
@@ -120,13 +120,28 @@ pub(super) fn peer(
     let keep_alive_time_seconds = duration(&mut spec, "keepaliveTime")?;
     let connect_retry_time_seconds = duration(&mut spec, "connectTime")?.unwrap_or(5);
     let password = spec.string("password")?;
-    if let Some((path, _)) = spec.take("passwordSecret") {
-        report.dropped(
-            path,
-            "a Secret reference is not read yet: put the password in spec.password of the \
-             converted BGPPeer",
-        );
-    }
+    let password_secret_ref =
+        match spec.fields("passwordSecret")? {
+            None => None,
+            Some(mut secret) => {
+                let path = secret.path_of("name");
+                let name = secret
+                    .string("name")?
+                    .ok_or_else(|| Bad::new(path, "a Secret reference needs the Secret's name"))?;
+                let namespace = secret.string("namespace")?.unwrap_or_default();
+                report.rest(secret);
+                report.note(format!(
+                "spec.passwordSecret: the password is read from the Secret {name} (key password) \
+                 in the agents' namespace ([store.kubernetes] namespace, ipam-system by default); \
+                 MetalLB read it from {}: copy the Secret there",
+                if namespace.is_empty() { "its own namespace".to_owned() } else { namespace }
+            ));
+                Some(SecretKeyRef {
+                    name,
+                    key: "password".into(),
+                })
+            }
+        };
     let ebgp_multihop = spec.bool("ebgpMultiHop")?.unwrap_or(false).then_some(255);
     let graceful_restart = spec
         .bool("enableGracefulRestart")?
@@ -169,6 +184,7 @@ pub(super) fn peer(
         local_asn,
         peer_port,
         password,
+        password_secret_ref,
         ttl_security: false,
         ebgp_multihop,
         node_selector,

@@ -793,10 +793,6 @@ fn cilium_bgp_control_plane_converts_peers_and_the_advertisements_they_select() 
                 "spec.bgpInstances[0].peers[1]"
             ),
             (
-                "in.yaml: document 2 (CiliumBGPPeerConfig cilium-peer)",
-                "spec.authSecretRef"
-            ),
-            (
                 "in.yaml: document 3 (CiliumBGPAdvertisement bgp-advertisements)",
                 "spec.advertisements[0]"
             ),
@@ -823,10 +819,22 @@ fn cilium_bgp_control_plane_converts_peers_and_the_advertisements_they_select() 
             .why
             .contains("ipv4 family over a session with fd00:11::1")
     );
-    assert!(m.dropped[3].why.contains("spec.password"));
-    assert!(m.dropped[5].why.contains("ClusterIPs are not advertised"));
-    // What converts to nothing says why: no peer config, no selector, no peer selecting it.
+    assert!(m.dropped[4].why.contains("ClusterIPs are not advertised"));
+    // The Secret is named in both peers; a note says where it must be.
     let notes = m.notes.join("\n");
+    for name in ["peer-65000-tor1", "peer-65000-tor2"] {
+        let secret = bgp_peer(&m, name).password_secret_ref.expect("the Secret");
+        assert_eq!(
+            (secret.name.as_str(), secret.key.as_str()),
+            ("bgp-auth-secret", "password")
+        );
+    }
+    assert!(
+        notes.contains("spec.authSecretRef: the password is read from the Secret bgp-auth-secret")
+            && notes.contains("copy the Secret there"),
+        "{notes}"
+    );
+    // What converts to nothing says why: no peer config, no selector, no peer selecting it.
     assert!(notes.contains("peers[2]: no peerConfigRef"), "{notes}");
     assert!(
         notes.contains("advertisements[2]: no selector, so it matches no Service"),
@@ -902,6 +910,10 @@ spec:
         Some(120)
     );
     assert_eq!(peer.node_selector.match_labels["rack"], "rack0");
+    assert_eq!(
+        peer.password_secret_ref.map(|s| s.name).as_deref(),
+        Some("bgp-password")
+    );
     let v6 = bgp_peer(&m, "rack0-fd00--1");
     assert_eq!((v6.peer_asn, v6.hold_time_seconds), (64513, 90));
 
@@ -929,7 +941,6 @@ spec:
         fields,
         [
             "spec.virtualRouters[0].exportPodCIDR",
-            "spec.virtualRouters[0].neighbors[0].authSecretRef",
             "spec.virtualRouters[0].neighbors[0].advertisedPathAttributes[1]",
         ]
     );

@@ -11,8 +11,9 @@ use ipam_core::lb::{
 use serde_yaml_ng::Value;
 
 use super::{
-    PeerConfig, address_kinds_of, drop_secret_reference, local_asn, peer_address, peer_asn,
-    read_attributes, read_families, read_graceful_restart, read_multihop, read_timers, u16_field,
+    PeerConfig, address_kinds_of, local_asn, peer_address, peer_asn, read_attributes,
+    read_families, read_graceful_restart, read_multihop, read_secret_reference, read_timers,
+    u16_field,
 };
 use crate::migrate::{
     Migration, Report, Source,
@@ -132,7 +133,7 @@ fn peer_config(mut spec: Fields, report: &mut Report) -> Result<PeerConfig, Bad>
         read_timers(&mut timers, &mut config)?;
         report.rest(timers);
     }
-    drop_secret_reference(&mut spec, report);
+    config.password_secret_ref = read_secret_reference(&mut spec, report)?;
     config.graceful_restart = read_graceful_restart(&mut spec, report)?;
     config.ebgp_multihop = read_multihop(&mut spec, "ebgpMultihop")?;
     config.families = read_families(&mut spec, report)?;

@@ -16,7 +16,7 @@ mod peering_policy;
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipam_core::lb::{
-    bgp::{BgpPeerSpec, GracefulRestart, parse_community},
+    bgp::{BgpPeerSpec, GracefulRestart, SecretKeyRef, parse_community},
     resources::Selector,
 };
 use serde_yaml_ng::Value;
@@ -83,6 +83,7 @@ struct PeerConfig {
     connect_retry_time_seconds: u16,
     graceful_restart: Option<GracefulRestart>,
     ebgp_multihop: Option<u8>,
+    password_secret_ref: Option<SecretKeyRef>,
     /// Per family, which CiliumBGPAdvertisements its routes come from (none selected: none).
     families: Vec<(Family, Option<Selector>)>,
 }
@@ -97,6 +98,7 @@ impl Default for PeerConfig {
             connect_retry_time_seconds: CONNECT_RETRY_SECONDS,
             graceful_restart: None,
             ebgp_multihop: None,
+            password_secret_ref: None,
             families: Vec::new(),
         }
     }
@@ -110,6 +112,7 @@ impl PeerConfig {
             local_asn,
             peer_port: self.peer_port,
             password: None,
+            password_secret_ref: self.password_secret_ref.clone(),
             ttl_security: false,
             ebgp_multihop: self.ebgp_multihop,
             node_selector: Selector::default(),
@@ -281,14 +284,26 @@ fn read_families(
     Ok(families)
 }
 
-fn drop_secret_reference(fields: &mut Fields, report: &mut Report) {
-    if let Some((path, _)) = fields.take("authSecretRef") {
-        report.dropped(
-            path,
-            "a Secret reference is not read yet: put the password in spec.password of the \
-             converted BGPPeer",
-        );
-    }
+/// `authSecretRef`: the Secret Cilium reads the password from (key `password`, in its BGP
+/// secrets namespace), named in the converted peer; the Secret itself must be copied into the
+/// agents' namespace.
+fn read_secret_reference(
+    fields: &mut Fields,
+    report: &mut Report,
+) -> Result<Option<SecretKeyRef>, Bad> {
+    let path = fields.path_of("authSecretRef");
+    let Some(name) = fields.string("authSecretRef")? else {
+        return Ok(None);
+    };
+    report.note(format!(
+        "{path}: the password is read from the Secret {name} (key password) in the agents' \
+         namespace ([store.kubernetes] namespace, ipam-system by default); Cilium read it from its \
+         BGP secrets namespace (kube-system by default): copy the Secret there"
+    ));
+    Ok(Some(SecretKeyRef {
+        name,
+        key: "password".into(),
+    }))
 }
 
 /// `addresses` (or a policy's `serviceAdvertisements`): whether LoadBalancer IPs and external

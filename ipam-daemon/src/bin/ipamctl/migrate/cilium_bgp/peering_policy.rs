@@ -5,8 +5,9 @@ use ipam_core::lb::{bgp::BgpAdvertisementSpec, resources::Selector};
 use serde_yaml_ng::Value;
 
 use super::{
-    Index, PeerConfig, address_field, address_kinds_of, drop_secret_reference, local_asn, peer_asn,
-    read_attributes, read_families, read_graceful_restart, read_multihop, read_timers, u16_field,
+    Index, PeerConfig, address_field, address_kinds_of, local_asn, peer_asn, read_attributes,
+    read_families, read_graceful_restart, read_multihop, read_secret_reference, read_timers,
+    u16_field,
 };
 use crate::migrate::{
     Report, Target,
@@ -60,7 +61,7 @@ pub(crate) fn peering_policy(
                 config.peer_port = port;
             }
             read_timers(&mut neighbour, &mut config)?;
-            drop_secret_reference(&mut neighbour, report);
+            config.password_secret_ref = read_secret_reference(&mut neighbour, report)?;
             config.graceful_restart = read_graceful_restart(&mut neighbour, report)?;
             config.ebgp_multihop = read_multihop(&mut neighbour, "eBGPMultihopTTL")?;
             config.families = read_families(&mut neighbour, report)?;

@@ -306,9 +306,9 @@ fn selector(value: serde_json::Value) -> ipam_core::lb::resources::Selector {
 }
 
 /// Cilium's peers (as `tor` and `tor6`), their peer config and an advertisement of every
-/// Service's LoadBalancer IP with a community, converted, the Secret reference replaced by the
+/// Service's LoadBalancer IP with a standard and a large community, converted, the Secret reference replaced by the
 /// password (this store has no Secrets), applied; the router then learns `web_v4` with the
-/// community from every node. The rig's own peers are put back afterwards.
+/// communities from every node. The rig's own peers are put back afterwards.
 fn migrate_from_cilium(rig: &BgpRig, web_v4: IpAddr) {
     const CILIUM: &str = "\
 apiVersion: cilium.io/v2
@@ -340,7 +340,7 @@ spec:
   - advertisementType: Service
     service: {addresses: [LoadBalancerIP]}
     selector: {matchExpressions: [{key: somekey, operator: NotIn, values: [never-used-value]}]}
-    attributes: {communities: {standard: [\"64512:7\"]}}
+    attributes: {communities: {standard: [\"64512:7\"], large: [\"64512:7:9\"]}}
 ";
     let c = &rig.cluster;
     let dir = ipam_tests::TempDir::new("bgp-migrate-");
@@ -375,8 +375,13 @@ spec:
     };
     wait_until(
         Duration::from_secs(20),
-        "web's route with the converted community from the three nodes",
-        || rig.routed_to(web_v4).len() == 3 && route().contains("64512:7"),
+        "web's route with the converted communities (standard and large) from the three nodes",
+        || {
+            let route = route();
+            rig.routed_to(web_v4).len() == 3
+                && route.contains("\"64512:7\"")
+                && route.contains("64512:7:9")
+        },
         || format!("{}\n{:?}", route(), rig.routed_to(web_v4)),
     );
     c.put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));

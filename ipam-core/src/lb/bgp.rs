@@ -167,7 +167,7 @@ pub struct BgpAdvertisementSpec {
     /// BGPPeers the routes go to; empty: every peer.
     #[serde(default)]
     pub peers: Vec<String>,
-    /// Standard communities, `ASN:value`.
+    /// Communities: standard `ASN:value`, or large `ASN:value:value`.
     #[serde(default)]
     pub communities: Vec<String>,
     /// Sent to iBGP peers only (an eBGP peer ignores it).
@@ -280,20 +280,54 @@ pub fn check_advertisement(spec: &BgpAdvertisementSpec) -> Result<(), String> {
     Ok(())
 }
 
-/// A standard community `ASN:value`, both 16-bit.
-pub fn parse_community(c: &str) -> Result<(u16, u16), String> {
-    let bad = || format!("community {c:?} is not `ASN:value` with two numbers from 0 to 65535");
-    let (asn, value) = c.split_once(':').ok_or_else(bad)?;
-    Ok((
-        asn.trim().parse().map_err(|_| bad())?,
-        value.trim().parse().map_err(|_| bad())?,
-    ))
+/// A BGP community a route carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Community {
+    /// RFC 1997: `ASN:value`, both 16-bit.
+    Standard(u16, u16),
+    /// RFC 8092: `ASN:value:value`, each 32-bit (for 4-byte AS numbers).
+    Large(u32, u32, u32),
+}
+
+impl std::fmt::Display for Community {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Standard(asn, value) => write!(f, "{asn}:{value}"),
+            Self::Large(asn, first, second) => write!(f, "{asn}:{first}:{second}"),
+        }
+    }
+}
+
+/// A community as written: `ASN:value` (standard) or `ASN:value:value` (large; MetalLB's
+/// `large:` prefix is read too).
+pub fn parse_community(c: &str) -> Result<Community, String> {
+    let bad = || {
+        format!(
+            "community {c:?} is neither `ASN:value` (two numbers from 0 to 65535) nor \
+             `ASN:value:value` (a large community: three numbers from 0 to 4294967295)"
+        )
+    };
+    let text = c.trim();
+    let text = text.strip_prefix("large:").unwrap_or(text);
+    let parts: Vec<&str> = text.split(':').map(str::trim).collect();
+    match parts.as_slice() {
+        [asn, value] if !c.trim().starts_with("large:") => Ok(Community::Standard(
+            asn.parse().map_err(|_| bad())?,
+            value.parse().map_err(|_| bad())?,
+        )),
+        [asn, first, second] => Ok(Community::Large(
+            asn.parse().map_err(|_| bad())?,
+            first.parse().map_err(|_| bad())?,
+            second.parse().map_err(|_| bad())?,
+        )),
+        _ => Err(bad()),
+    }
 }
 
 /// One route a node advertises to one peer, with its attributes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteAttributes {
-    pub communities: BTreeSet<(u16, u16)>,
+    pub communities: BTreeSet<Community>,
     pub local_preference: Option<u32>,
     /// The Services the IP belongs to (for status and logs).
     pub services: BTreeSet<String>,
@@ -359,7 +393,7 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
         if !ad.node_selector.matches(inputs.labels) {
             continue;
         }
-        let communities: BTreeSet<(u16, u16)> = ad
+        let communities: BTreeSet<Community> = ad
             .communities
             .iter()
             .filter_map(|c| parse_community(c).ok())

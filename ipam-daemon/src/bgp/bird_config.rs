@@ -11,7 +11,7 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use ipam_core::lb::bgp::{BgpPeerSpec, NodeAdvertisements, RouteAttributes};
+use ipam_core::lb::bgp::{BgpPeerSpec, Community, NodeAdvertisements, RouteAttributes};
 
 /// The BIRD protocol name of a peer: BIRD wants an identifier, resource names may hold `-` and
 /// `.`; a hash of the name keeps two names that read the same apart.
@@ -70,7 +70,7 @@ fn host_prefix(ip: IpAddr) -> String {
 }
 
 /// A route's attributes as BIRD sets them: communities and local preference.
-type Attributes = (Vec<(u16, u16)>, Option<u32>);
+type Attributes = (Vec<Community>, Option<u32>);
 
 /// The peer's export filter: its routes grouped by attributes, one prefix set per group (a
 /// trie in BIRD, so a thousand routes cost a lookup, not a thousand comparisons).
@@ -87,8 +87,15 @@ fn render_filter(out: &mut String, protocol: &str, routes: &BTreeMap<IpAddr, Rou
     for ((communities, local_preference), ips) in groups {
         let set: Vec<String> = ips.into_iter().map(host_prefix).collect();
         let _ = write!(out, "  if net ~ [ {} ] then {{ ", set.join(", "));
-        for (asn, value) in communities {
-            let _ = write!(out, "bgp_community.add(({asn},{value})); ");
+        for community in communities {
+            let _ = match community {
+                Community::Standard(asn, value) => {
+                    write!(out, "bgp_community.add(({asn},{value})); ")
+                }
+                Community::Large(asn, first, second) => {
+                    write!(out, "bgp_large_community.add(({asn},{first},{second})); ")
+                }
+            };
         }
         if let Some(pref) = local_preference {
             let _ = write!(out, "bgp_local_pref = {pref}; ");
@@ -183,7 +190,11 @@ mod tests {
         out.peers.insert("tor-v6".into(), v6);
         let plain = RouteAttributes::default();
         let tagged = RouteAttributes {
-            communities: [(64512, 100)].into(),
+            communities: [
+                Community::Standard(64512, 100),
+                Community::Large(64512, 7, 9),
+            ]
+            .into(),
             local_preference: Some(200),
             services: Default::default(),
         };
@@ -210,7 +221,8 @@ mod tests {
         assert!(text.contains(&format!(
             "filter export_{protocol} {{\n  if net ~ [ 198.51.100.10/32 ] then {{ accept; }}\n  \
              if net ~ [ 198.51.100.11/32, 198.51.100.12/32 ] then {{ \
-             bgp_community.add((64512,100)); bgp_local_pref = 200; accept; }}\n  reject;\n}}"
+             bgp_community.add((64512,100)); bgp_large_community.add((64512,7,9)); \
+             bgp_local_pref = 200; accept; }}\n  reject;\n}}"
         )), "{text}");
         assert!(
             text.contains("route 2001:db8::10/128 unreachable;"),

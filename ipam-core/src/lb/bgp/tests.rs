@@ -107,7 +107,7 @@ fn an_advertisement_limited_to_a_pool_leaves_the_others_out() {
     let out = world.on("node-b", None);
     assert_eq!(ips(&out, "tor4"), ["198.51.100.10"]);
     let route = &out.routes["tor4"][&"198.51.100.10".parse::<IpAddr>().unwrap()];
-    assert_eq!(route.communities, [(64512, 100)].into());
+    assert_eq!(route.communities, [Community::Standard(64512, 100)].into());
     assert_eq!(route.services, ["default/web".to_owned()].into());
 }
 
@@ -128,10 +128,17 @@ fn advertisements_to_the_same_ip_merge_their_attributes() {
     ];
     let out = world.on("node-a", None);
     let route = &out.routes["tor4"][&"198.51.100.10".parse::<IpAddr>().unwrap()];
-    assert_eq!(route.communities, [(1, 1), (2, 2)].into());
+    assert_eq!(
+        route.communities,
+        [Community::Standard(1, 1), Community::Standard(2, 2)].into()
+    );
     assert_eq!(route.local_preference, Some(200));
     let v6 = &out.routes["tor6"][&"2001:db8::10".parse::<IpAddr>().unwrap()];
-    assert_eq!(v6.communities, [(1, 1)].into(), "b names tor4 only");
+    assert_eq!(
+        v6.communities,
+        [Community::Standard(1, 1)].into(),
+        "b names tor4 only"
+    );
 }
 
 #[test]
@@ -218,4 +225,25 @@ fn a_password_comes_one_way_and_fits_a_tcp_md5_key() {
             .contains("1 to 80 characters")
     );
     assert!(check_password("with \"quotes\"").is_err());
+}
+
+#[test]
+fn communities_standard_and_large() {
+    assert_eq!(
+        parse_community("64512:100"),
+        Ok(Community::Standard(64512, 100))
+    );
+    assert_eq!(
+        parse_community("4200000000:1:2"),
+        Ok(Community::Large(4_200_000_000, 1, 2))
+    );
+    assert_eq!(
+        parse_community("large:64512:7:9"),
+        Ok(Community::Large(64512, 7, 9)),
+        "MetalLB's spelling"
+    );
+    for bad in ["70000:1", "1:2:3:4", "large:1:2", "a:b", "64512"] {
+        assert!(parse_community(bad).is_err(), "{bad}");
+    }
+    assert_eq!(Community::Large(1, 2, 3).to_string(), "1:2:3");
 }

@@ -261,18 +261,13 @@ pub(super) fn advertisement(
             .get(&community)
             .cloned()
             .unwrap_or(community);
-        if value.starts_with("large:") {
-            report.dropped(
-                format!("{community_path}[{i}]"),
-                "large communities are not sent yet; standard ones are",
-            );
-        } else if let Err(why) = parse_community(&value) {
-            report.dropped(
+        match parse_community(&value) {
+            // Written as this project does (MetalLB's `large:` prefix dropped).
+            Ok(community) => communities.push(community.to_string()),
+            Err(why) => report.dropped(
                 format!("{community_path}[{i}]"),
                 format!("{why}, and no Community alias of that name is in the input"),
-            );
-        } else {
-            communities.push(value);
+            ),
         }
     }
     let local_preference = spec.u32("localPref")?;

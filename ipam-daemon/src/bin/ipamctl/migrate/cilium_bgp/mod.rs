@@ -16,7 +16,7 @@ mod peering_policy;
 use std::{collections::BTreeMap, net::IpAddr};
 
 use ipam_core::lb::{
-    bgp::{BgpPeerSpec, GracefulRestart, SecretKeyRef, parse_community},
+    bgp::{BgpPeerSpec, Community, GracefulRestart, SecretKeyRef, parse_community},
     resources::Selector,
 };
 use serde_yaml_ng::Value;
@@ -362,11 +362,17 @@ fn read_attributes(
                 })?;
             communities.push(value);
         }
-        for (path, _) in c.list("large")? {
-            report.dropped(
-                path,
-                "large communities are not sent yet; standard ones are",
-            );
+        for (path, value) in c.list("large")? {
+            let text = fields::string(&path, value)?;
+            match parse_community(&text) {
+                Ok(large @ Community::Large(..)) => communities.push(large.to_string()),
+                _ => {
+                    return Err(Bad::new(
+                        path,
+                        format!("{text:?} is not a large community (ASN:value:value)"),
+                    ));
+                }
+            }
         }
         report.rest(c);
     }
@@ -384,7 +390,11 @@ fn standard_community(path: &str, value: Value) -> Result<String, Bad> {
     if let Ok(n) = text.trim().parse::<u32>() {
         return Ok(format!("{}:{}", n >> 16, n & 0xffff));
     }
-    parse_community(&text)
-        .map(|(asn, value)| format!("{asn}:{value}"))
-        .map_err(|why| Bad::new(path, why))
+    match parse_community(&text) {
+        Ok(standard @ Community::Standard(..)) => Ok(standard.to_string()),
+        _ => Err(Bad::new(
+            path,
+            format!("{text:?} is not a standard community (ASN:value, or a 32-bit number)"),
+        )),
+    }
 }

@@ -52,17 +52,20 @@ impl Passwords {
                 continue;
             };
             let key = (reference.name.clone(), reference.key.clone());
-            let entry = match self.read.remove(&key) {
-                Some((at, value)) if at.elapsed() < fresh_for(&value) => (at, value),
-                _ => (Instant::now(), read(store, &reference).await),
-            };
-            match &entry.1 {
+            // Peers often share one Secret (one key for the fabric): it is read once per pass.
+            if !in_use.contains_key(&key) {
+                let entry = match self.read.remove(&key) {
+                    Some((at, value)) if at.elapsed() < fresh_for(&value) => (at, value),
+                    _ => (Instant::now(), read(store, &reference).await),
+                };
+                in_use.insert(key.clone(), entry);
+            }
+            match &in_use[&key].1 {
                 Ok(password) => spec.password = Some(password.clone()),
                 Err(why) => {
                     held.insert(peer.clone(), why.clone());
                 }
             }
-            in_use.insert(key, entry);
         }
         // Secrets no peer names any more are forgotten.
         self.read = in_use;

@@ -1,6 +1,6 @@
 //! MetalLB's `metallb.io/v1beta1` IPAddressPool and L2Advertisement.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::net::IpAddr;
 
 use ipam_core::{
     Cidr,
@@ -8,35 +8,9 @@ use ipam_core::{
 };
 
 use super::{
-    Report, Source,
+    Pools, Report,
     fields::{Bad, Fields, selector},
 };
-
-/// The pools of the input with their labels, which advertisements select by name or by label:
-/// MetalLB's IPAddressPools, or Cilium's CiliumLoadBalancerIPPools.
-#[derive(Debug, Default)]
-pub(super) struct Pools {
-    labels: BTreeMap<String, BTreeMap<String, String>>,
-}
-
-impl Pools {
-    /// The objects of `kind` in `group` (or with no group).
-    pub(super) fn of(sources: &[Source], group: &str, kind: &str) -> Self {
-        let labels = sources
-            .iter()
-            .filter(|s| s.kind == kind && (s.group == group || s.group.is_empty()))
-            .map(|s| (s.name.clone(), s.labels.clone()))
-            .collect();
-        Self { labels }
-    }
-
-    pub(super) fn selected_by(&self, selector: &Selector) -> impl Iterator<Item = &String> {
-        self.labels
-            .iter()
-            .filter(move |(_, labels)| selector.matches(labels))
-            .map(|(name, _)| name)
-    }
-}
 
 /// An IPAddressPool.
 pub(super) fn address_pool(mut spec: Fields, report: &mut Report) -> Result<LbIpPoolSpec, Bad> {

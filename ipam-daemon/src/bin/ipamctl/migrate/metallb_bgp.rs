@@ -10,9 +10,9 @@ use ipam_core::lb::{
 use serde_yaml_ng::Value;
 
 use super::{
-    Report, Source,
+    Pools, Report, Source,
     fields::{Bad, Fields, selector},
-    metallb::{self, Pools},
+    metallb,
 };
 
 /// The BFDProfiles and Community aliases of the input.

@@ -21,7 +21,7 @@ use std::{collections::BTreeMap, path::Path};
 use ipam_core::{
     lb::{
         bgp::{BgpAdvertisement, BgpAdvertisementSpec, BgpPeer, BgpPeerSpec},
-        resources::{L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec},
+        resources::{L2AnnouncementPolicy, L2PolicySpec, LbIpPool, LbIpPoolSpec, Selector},
     },
     pod::pool::PodIpPoolSpec,
     resources::PodIpPool,
@@ -140,6 +140,32 @@ impl Source {
             field: bad.field,
             why: bad.why,
         }
+    }
+}
+
+/// The pools of the input with their labels, which advertisements select by name or by label:
+/// MetalLB's IPAddressPools, or Cilium's CiliumLoadBalancerIPPools.
+#[derive(Debug, Default)]
+pub(super) struct Pools {
+    labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Pools {
+    /// The objects of `kind` in `group` (or with no group).
+    pub(super) fn of(sources: &[Source], group: &str, kind: &str) -> Self {
+        let labels = sources
+            .iter()
+            .filter(|s| s.kind == kind && (s.group == group || s.group.is_empty()))
+            .map(|s| (s.name.clone(), s.labels.clone()))
+            .collect();
+        Self { labels }
+    }
+
+    pub(super) fn selected_by(&self, selector: &Selector) -> impl Iterator<Item = &String> {
+        self.labels
+            .iter()
+            .filter(move |(_, labels)| selector.matches(labels))
+            .map(|(name, _)| name)
     }
 }
 
@@ -269,7 +295,7 @@ const READ_KINDS: &str = "CiliumLoadBalancerIPPool, CiliumL2AnnouncementPolicy, 
 /// converted is printed); fields and objects without a counterpart are reported in the result.
 pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
     let mut migration = Migration::default();
-    let pools = metallb::Pools::of(sources, "metallb.io", "IPAddressPool");
+    let pools = Pools::of(sources, "metallb.io", "IPAddressPool");
     let named = metallb_bgp::Named::of(sources);
     let cilium_index = cilium_bgp::Index::of(sources);
     for source in sources {

@@ -16,9 +16,8 @@ use super::{
     u16_field,
 };
 use crate::migrate::{
-    Migration, Report, Source,
+    Migration, Pools, Report, Source,
     fields::{Bad, Fields, selector},
-    metallb::Pools,
 };
 
 /// A peer of a CiliumBGPClusterConfig, as the index knows it.

@@ -24,8 +24,16 @@ pub enum Request {
     Release(Attachment),
     /// Is the attachment's allocation there (CNI CHECK)?
     Check(Attachment),
-    /// Releases every pod allocation whose attachment is not in `valid` (CNI GC).
-    Gc { valid: Vec<AttachmentId> },
+    /// Releases every pod allocation of `network` whose attachment is not in `valid` (CNI GC).
+    /// Allocations of other networks are never touched: the runtime lists one network's
+    /// attachments at a time.
+    Gc {
+        /// The CNI network being collected (its configuration's `name`); empty from plugins
+        /// older than per-network attachments.
+        #[serde(default)]
+        network: String,
+        valid: Vec<AttachmentId>,
+    },
     /// Ready to serve ADD?
     Status,
     /// A pod interface was set up (CNI ADD, main plugin): program the datapath for it.
@@ -102,10 +110,18 @@ impl<'de> Deserialize<'de> for Mac {
     }
 }
 
-/// The identity CNI uses for an attachment.
+/// The identity CNI uses for an attachment: the network (the configuration's `name`), the
+/// container and the interface in it.
+///
+/// Container and interface alone are unique among live attachments (an interface name is unique
+/// in its network namespace), but a GC lists the attachments of one network only: without the
+/// network, the GC of one network would free the addresses of every other.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AttachmentId {
+    /// Empty for attachments made before they carried their network (see `legacy_owner`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub network: String,
     pub container_id: String,
     pub ifname: String,
 }
@@ -126,19 +142,61 @@ pub struct Attachment {
 }
 
 impl AttachmentId {
-    /// The owner key of the attachment's allocations.
+    /// The owner key of the attachment's allocations: `<network>/<container id>/<ifname>`, or
+    /// the legacy `<container id>/<ifname>` when the network is empty. None of the three holds
+    /// a slash (CNI restricts network names, container ids and interface names).
     pub fn owner(&self) -> String {
+        if self.network.is_empty() {
+            self.legacy_owner()
+        } else {
+            format!("{}/{}/{}", self.network, self.container_id, self.ifname)
+        }
+    }
+
+    /// The key the same attachment had before attachments carried their network. A daemon
+    /// finding an allocation under it hands it to the first network that names the attachment.
+    pub fn legacy_owner(&self) -> String {
         format!("{}/{}", self.container_id, self.ifname)
     }
 
     /// The inverse of `owner`, for pod allocations (infra owners have no slash).
     pub fn from_owner(owner: &str) -> Option<Self> {
-        let (container_id, ifname) = owner.rsplit_once('/')?;
+        let mut parts = owner.split('/');
+        let (network, container_id, ifname) =
+            match (parts.next()?, parts.next()?, parts.next(), parts.next()) {
+                (container, ifname, None, _) => ("", container, ifname),
+                (network, container, Some(ifname), None) => (network, container, ifname),
+                _ => return None,
+            };
         Some(Self {
+            network: network.to_owned(),
             container_id: container_id.to_owned(),
             ifname: ifname.to_owned(),
         })
     }
+
+    /// This attachment in `network`.
+    pub fn in_network(&self, network: &str) -> Self {
+        Self {
+            network: network.to_owned(),
+            ..self.clone()
+        }
+    }
+}
+
+/// Why a CNI network name cannot be used: CNI allows `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`, and
+/// the name is part of every allocation's key.
+pub fn check_network_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')) {
+        return Err(format!(
+            "network name {name:?} is not a valid CNI network name: it must start with a letter \
+             or digit and hold only letters, digits, '_', '.' and '-'; set \"name\" in the \
+             network configuration"
+        ));
+    }
+    Ok(())
 }
 
 /// One allocated address as CNI needs it.

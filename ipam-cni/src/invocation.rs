@@ -94,11 +94,13 @@ pub struct ValidAttachment {
     pub ifname: String,
 }
 
-impl From<&ValidAttachment> for AttachmentId {
-    fn from(v: &ValidAttachment) -> Self {
-        Self {
-            container_id: v.container_id.clone(),
-            ifname: v.ifname.clone(),
+impl ValidAttachment {
+    /// The attachment in `network`, the network being collected.
+    pub fn in_network(&self, network: &str) -> AttachmentId {
+        AttachmentId {
+            network: network.to_owned(),
+            container_id: self.container_id.clone(),
+            ifname: self.ifname.clone(),
         }
     }
 }
@@ -152,9 +154,11 @@ impl Invocation {
         Ok(inv)
     }
 
-    /// The attachment of ADD/DEL/CHECK (checked present in `from_env`).
-    pub fn attachment(&self) -> AttachmentId {
+    /// The attachment of ADD/DEL/CHECK in `network` (the configuration's name); container and
+    /// interface were checked present in `from_env`.
+    pub fn attachment(&self, network: &str) -> AttachmentId {
         AttachmentId {
+            network: network.to_owned(),
             container_id: self.container_id.clone().unwrap_or_default(),
             ifname: self.ifname.clone().unwrap_or_default(),
         }

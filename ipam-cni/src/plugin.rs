@@ -69,6 +69,15 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         ));
     }
     let settings = conf.settings()?;
+    if matches!(
+        inv.command,
+        Command::Add | Command::Del | Command::Check | Command::Gc
+    ) {
+        // The name keys every allocation of the network: GC frees only its own network's.
+        ipam_api::types::check_network_name(&conf.name)
+            .map_err(|why| CniError::new(Code::InvalidConfig, why))?;
+    }
+    let network = conf.name.as_str();
     let call = |request: Request| -> Result<Response, CniError> {
         client::call(&settings.socket, &request, settings.timeout).map_err(|e| match e {
             // The daemon is down, slow or went away mid-request: the runtime should retry,
@@ -80,7 +89,7 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         })
     };
     let attachment = || Attachment {
-        id: inv.attachment(),
+        id: inv.attachment(network),
         pod: inv.pod(),
         pool: settings.pool.clone(),
     };
@@ -98,8 +107,8 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
                 return Ok(Some(printed(&ipam_result(&conf.cni_version, &ips))));
             };
             let netns = netns(inv)?;
-            let iface = pod_network::set_up(inv, netns, mtu, &ips)?;
-            let endpoint = pod_network::endpoint(inv, netns, &iface, &ips);
+            let iface = pod_network::set_up(&inv.attachment(network), netns, mtu, &ips)?;
+            let endpoint = pod_network::endpoint(inv, network, netns, &iface, &ips);
             match call(Request::RegisterEndpoint(endpoint)) {
                 Ok(Response::Registered) => Ok(Some(printed(&pod_network::result(
                     &conf.cni_version,
@@ -109,7 +118,7 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
                 )))),
                 other => {
                     // The datapath does not know the pod: do not leave it half connected.
-                    let _ = pod_network::tear_down(&inv.attachment());
+                    let _ = pod_network::tear_down(&inv.attachment(network));
                     Err(match other {
                         Ok(response) => from_response(response),
                         Err(e) => e,
@@ -119,11 +128,11 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         }
         Command::Del => {
             if main_mtu.is_some() {
-                match call(Request::RemoveEndpoint(inv.attachment()))? {
+                match call(Request::RemoveEndpoint(inv.attachment(network)))? {
                     Response::EndpointRemoved { .. } => {}
                     other => return Err(from_response(other)),
                 }
-                pod_network::tear_down(&inv.attachment())?;
+                pod_network::tear_down(&inv.attachment(network))?;
             }
             match call(Request::Release(attachment()))? {
                 Response::Released { .. } => Ok(None),
@@ -139,15 +148,22 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
                         .collect::<Vec<_>>(),
                 )?;
                 if main_mtu.is_some() {
-                    pod_network::check(inv, netns(inv)?, &ips)?;
+                    pod_network::check(&inv.attachment(network), netns(inv)?, &ips)?;
                 }
                 Ok(None)
             }
             other => Err(from_response(other)),
         },
         Command::Gc => {
-            let valid = conf.valid_attachments.iter().map(Into::into).collect();
-            match call(Request::Gc { valid })? {
+            let valid = conf
+                .valid_attachments
+                .iter()
+                .map(|v| v.in_network(network))
+                .collect();
+            match call(Request::Gc {
+                network: network.to_owned(),
+                valid,
+            })? {
                 Response::Collected { .. } => Ok(None),
                 other => Err(from_response(other)),
             }

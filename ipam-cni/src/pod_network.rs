@@ -17,11 +17,13 @@ use ipam_api::types::{AllocatedIp, AttachmentId, Endpoint, Mac};
 use ipam_netlink::{LinkInfo, Netlink, NetlinkError};
 
 /// The host-side name of an attachment's veth: `ipam` + 11 hex digits of a hash of the
-/// attachment, so it is stable across retries and fits IFNAMSIZ (15).
+/// container and interface, so it is stable across retries and fits IFNAMSIZ (15). The network
+/// is left out: container and interface are unique among live attachments, and the name must
+/// stay what it was before attachments carried their network (a DEL after an upgrade finds it).
 pub fn host_veth_name(id: &AttachmentId) -> String {
     // FNV-1a, 64 bit: stable across builds and platforms (std's hasher is not).
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in id.owner().bytes() {
+    for byte in id.legacy_owner().bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
@@ -52,13 +54,12 @@ pub struct PodInterface {
 
 /// Creates (or, on a repeated ADD, completes) the pod's interface with `ips`.
 pub fn set_up(
-    inv: &Invocation,
+    id: &AttachmentId,
     netns: &str,
     mtu: u32,
     ips: &[AllocatedIp],
 ) -> Result<PodInterface, CniError> {
-    let id = inv.attachment();
-    let host_name = host_veth_name(&id);
+    let host_name = host_veth_name(id);
     let result = (|| {
         let host = Netlink::open()
             .map_err(|e| CniError::new(Code::Io, format!("cannot open netlink: {e}")))?;
@@ -97,7 +98,7 @@ pub fn set_up(
         configured
     })();
     result.map_err(for_attachment(
-        &id,
+        id,
         "nothing half-made is left on the node; DEL and ADD again",
     ))
 }
@@ -179,21 +180,20 @@ pub fn tear_down(id: &AttachmentId) -> Result<(), CniError> {
 }
 
 /// CHECK: the pod's interface exists in `netns` with every address in `ips`.
-pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), CniError> {
-    let id = inv.attachment();
+pub fn check(id: &AttachmentId, netns: &str, ips: &[AllocatedIp]) -> Result<(), CniError> {
     (|| {
         let host = Netlink::open()
             .map_err(|e| CniError::new(Code::Io, format!("cannot open netlink: {e}")))?;
         let failed = |msg: String| CniError::new(Code::CheckFailed, msg);
         if host
-            .link_by_name(&host_veth_name(&id))
+            .link_by_name(&host_veth_name(id))
             .map_err(netlink_error)?
             .is_none()
         {
             return Err(failed(format!(
                 "container {}: host-side veth {} is missing",
                 id.container_id,
-                host_veth_name(&id)
+                host_veth_name(id)
             )));
         }
         let pod = Netlink::open_in(Path::new(netns)).map_err(netlink_error)?;
@@ -217,12 +217,13 @@ pub fn check(inv: &Invocation, netns: &str, ips: &[AllocatedIp]) -> Result<(), C
 /// What the daemon is told about the new interface.
 pub fn endpoint(
     inv: &Invocation,
+    network: &str,
     netns: &str,
     iface: &PodInterface,
     ips: &[AllocatedIp],
 ) -> Endpoint {
     Endpoint {
-        id: inv.attachment(),
+        id: inv.attachment(network),
         pod: inv.pod(),
         netns: netns.to_owned(),
         host_ifname: iface.host.name.clone(),
@@ -274,15 +275,20 @@ mod tests {
     #[test]
     fn host_veth_names_are_stable_distinct_and_short() {
         let a = AttachmentId {
+            network: "podnet".into(),
             container_id: "c1".into(),
             ifname: "eth0".into(),
         };
         let b = AttachmentId {
-            container_id: "c1".into(),
             ifname: "eth1".into(),
+            ..a.clone()
         };
         assert_eq!(host_veth_name(&a), host_veth_name(&a.clone()));
         assert_ne!(host_veth_name(&a), host_veth_name(&b));
         assert_eq!(host_veth_name(&a).len(), 15);
+        // The name a pod's veth got before attachments carried their network: a DEL after an
+        // upgrade must find it.
+        assert_eq!(host_veth_name(&a), host_veth_name(&a.in_network("")));
+        assert_eq!(host_veth_name(&a), "ipam9e27a0abdbb");
     }
 }

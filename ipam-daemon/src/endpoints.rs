@@ -24,7 +24,7 @@ use crate::{
 
 const ENDPOINTS_FILE: &str = "endpoints.json";
 
-/// The registered endpoints of this node, keyed by owner (`<container id>/<ifname>`).
+/// The registered endpoints of this node, keyed by owner (`AttachmentId::owner`).
 pub struct Endpoints {
     datapath: Arc<Mutex<Datapath>>,
     file: PathBuf,
@@ -168,9 +168,23 @@ impl Endpoints {
         Ok(Some(endpoint))
     }
 
-    /// Removes every endpoint whose attachment is not in `valid` (CNI GC).
+    /// Files the endpoint registered under `id`'s legacy key (before attachments carried their
+    /// network) under `id`; nothing to do when there is none.
+    pub fn adopt(&self, id: &AttachmentId) -> Result<(), EndpointError> {
+        let mut table = self.table.lock().expect("endpoint table lock");
+        let Some(mut endpoint) = table.remove(&id.legacy_owner()) else {
+            return Ok(());
+        };
+        endpoint.id = id.clone();
+        table.insert(id.owner(), endpoint);
+        persist(&self.file, &table)
+    }
+
+    /// Removes every endpoint of `network` whose attachment is not in `valid` (CNI GC of that
+    /// network); other networks' endpoints stay.
     pub fn retain(
         &self,
+        network: &str,
         valid: &HashSet<&AttachmentId>,
     ) -> Result<Vec<AttachmentId>, EndpointError> {
         let stale: Vec<AttachmentId> = self
@@ -178,7 +192,7 @@ impl Endpoints {
             .lock()
             .expect("endpoint table lock")
             .values()
-            .filter(|e| !valid.contains(&e.id))
+            .filter(|e| e.id.network == network && !valid.contains(&e.id))
             .map(|e| e.id.clone())
             .collect();
         for id in &stale {

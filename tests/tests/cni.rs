@@ -140,6 +140,8 @@ fn add_del_check_gc_status_and_daemon_down() {
     );
     assert!(!node.plugin("CHECK", "c-main", "eth0", &conf).0);
 
+    legacy_allocations_are_adopted_by_their_network(&node, &conf);
+
     // The daemon stops: ADD fails at once with "try again later", STATUS says not available.
     node.daemon.take().unwrap().kill();
     let start = Instant::now();
@@ -152,6 +154,106 @@ fn add_del_check_gc_status_and_daemon_down() {
     assert!(e["msg"].as_str().unwrap().contains("ipamd.sock"), "{e}");
     let (ok, e) = node.plugin("STATUS", "", "", &gc);
     assert!(!ok && e["code"] == 50, "{e}");
+}
+
+/// An allocation made through a plugin older than per-network attachments (its requests name no
+/// network) belongs to the first network that names its attachment, and no GC of another network
+/// frees it.
+fn legacy_allocations_are_adopted_by_their_network(node: &Node, conf: &Value) {
+    use ipam_api::types::{Attachment, AttachmentId, Request, Response};
+    let call = |request: Request| {
+        ipam_api::client::call(&node.socket(), &request, Duration::from_secs(5)).unwrap()
+    };
+    let old = AttachmentId {
+        network: String::new(),
+        container_id: "c-old".into(),
+        ifname: "eth0".into(),
+    };
+    let Response::Allocated { ips } = call(Request::Allocate(Attachment {
+        id: old.clone(),
+        pod: None,
+        pool: None,
+    })) else {
+        panic!("an old plugin's ADD is served");
+    };
+    // The GC of another network does not see it.
+    let Response::Collected { released } = call(Request::Gc {
+        network: "othernet".into(),
+        valid: Vec::new(),
+    }) else {
+        panic!("GC of othernet");
+    };
+    assert!(released.is_empty(), "othernet's GC freed {released:?}");
+    // A CHECK through today's plugin (network testnet) finds it: adopted by testnet.
+    let (ok, e) = node.plugin("CHECK", "c-old", "eth0", conf);
+    assert!(ok, "the adopted allocation is found by its network: {e}");
+    let Response::Checked { ips: held } = call(Request::Check(Attachment {
+        id: old.in_network("testnet"),
+        pod: None,
+        pool: None,
+    })) else {
+        panic!("CHECK in testnet");
+    };
+    assert_eq!(held, ips, "adopted with its address");
+    // From now on it is testnet's: othernet's GC still leaves it, testnet's GC frees it.
+    call(Request::Gc {
+        network: "othernet".into(),
+        valid: Vec::new(),
+    });
+    assert!(node.plugin("CHECK", "c-old", "eth0", conf).0);
+    let mut gc = conf.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([]);
+    assert!(node.plugin("GC", "", "", &gc).0);
+    assert!(!node.plugin("CHECK", "c-old", "eth0", conf).0);
+}
+
+/// A second network on a pod (as Multus attaches `net1`), also served by this ipamd: the GC of
+/// the first network, whose valid list cannot name `net1`, must leave its address alone. The
+/// second network's addresses are asked for as its main plugin would delegate them (a second
+/// main plugin in the pod would fight the first over the default route).
+fn gc_of_one_network_keeps_another_networks_addresses(node: &Node, pod: &Netns, first: &Value) {
+    let mut second = node.ipam_conf("macvlan");
+    second["name"] = json!("storagenet");
+    let (ok, result) = node.plugin("ADD", "br0", "net1", &second);
+    assert!(ok, "ADD of net1: {result}");
+    let net1 = address(&result);
+
+    // The runtime collects the first network: its valid list holds its own attachments only.
+    let mut gc = first.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([
+        {"containerID": "br0", "ifname": "eth0"},
+        {"containerID": "br1", "ifname": "eth0"},
+        {"containerID": "ptp0", "ifname": "eth0"},
+    ]);
+    let (ok, e) = node.plugin("GC", "", "", &gc);
+    assert!(ok, "GC of testnet: {e}");
+    assert!(
+        node.plugin("CHECK", "br0", "net1", &second).0,
+        "testnet's GC freed storagenet's address {net1}"
+    );
+    // The address is still the pod's: another pod's ADD does not get it.
+    let (ok, other) = node.plugin("ADD", "c-next", "eth0", &second);
+    assert!(ok, "{other}");
+    assert_ne!(address(&other), net1, "net1's address was handed out again");
+    assert!(node.plugin("DEL", "c-next", "eth0", &second).0);
+    // And the pod's first network still carries its traffic.
+    ping(pod, "10.244.0.1");
+
+    // The GC of storagenet itself, with net1 gone from its list, frees it.
+    let mut gc = second.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([]);
+    assert!(node.plugin("GC", "", "", &gc).0);
+    assert!(
+        !node.plugin("CHECK", "br0", "net1", &second).0,
+        "storagenet's GC releases its leaked net1"
+    );
+    assert!(
+        node.plugin("CHECK", "br0", "eth0", first).0,
+        "storagenet's GC left testnet alone"
+    );
 }
 
 fn pod_ip(ns: &Netns, dev: &str) -> String {
@@ -216,6 +318,8 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
     assert!(ok, "ptp ADD: {result}");
     assert_eq!(pod_ip(&pod_c, "eth0"), address(&result));
     ping(&pod_c, "10.244.0.1");
+
+    gc_of_one_network_keeps_another_networks_addresses(&node, &pods[0], &conf);
 
     // DEL through the main plugins releases the addresses.
     for (i, pod) in pods.iter().enumerate() {

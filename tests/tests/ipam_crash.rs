@@ -141,6 +141,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
                     let mut i = 0;
                     while !stop.load(Ordering::SeqCst) {
                         let id = AttachmentId {
+                            network: "podnet".into(),
                             container_id: format!("r{round}c{c}n{i}"),
                             ifname: "eth0".into(),
                         };

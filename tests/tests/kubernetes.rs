@@ -752,6 +752,7 @@ impl AgentNode {
 fn attachment(container: &str, pod: Option<&str>) -> Attachment {
     Attachment {
         id: AttachmentId {
+            network: "podnet".into(),
             container_id: container.into(),
             ifname: "eth0".into(),
         },

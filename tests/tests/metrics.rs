@@ -57,6 +57,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 fn attachment(i: usize) -> Attachment {
     Attachment {
         id: AttachmentId {
+            network: "podnet".into(),
             container_id: format!("metrics-{i}"),
             ifname: "eth0".into(),
         },

@@ -153,6 +153,7 @@ fn connectivity_matrix_spoofing_del_and_gc() {
     assert!(ips(&c).iter().all(|ip| !in_map.contains(ip)), "{in_map:?}");
     assert!(!node.cni("CHECK", &c.container, Some(&c.ns)).0);
     let host_veth = ipam_cni::pod_network::host_veth_name(&AttachmentId {
+        network: "podnet".into(),
         container_id: c.container.clone(),
         ifname: "eth0".into(),
     });

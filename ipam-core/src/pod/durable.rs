@@ -50,10 +50,27 @@ pub struct RestoreReport {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Put { key: String, ip: IpAddr },
-    Delete { key: String, ip: IpAddr },
-    AddBlock { cidr: Cidr, pool: String },
-    RemoveBlock { cidr: Cidr },
+    Put {
+        key: String,
+        ip: IpAddr,
+    },
+    Delete {
+        key: String,
+        ip: IpAddr,
+    },
+    /// The deletion of a renamed owner's old key (its new key was put just before).
+    Rename {
+        key: String,
+        to: String,
+        ip: IpAddr,
+    },
+    AddBlock {
+        cidr: Cidr,
+        pool: String,
+    },
+    RemoveBlock {
+        cidr: Cidr,
+    },
 }
 
 #[derive(Default)]
@@ -280,6 +297,39 @@ impl DurableAllocator {
         Ok(ip)
     }
 
+    /// Moves what `from` holds in `family` to `to`, keeping the address, durably (a migration of
+    /// owner keys). The new key is written before the old one is deleted, in one batch: a crash
+    /// between the two leaves both keys naming the address, and restoring keeps one of them.
+    pub fn rename(
+        &self,
+        from: &str,
+        to: &str,
+        family: Family,
+    ) -> Result<Option<IpAddr>, DurableError> {
+        let (ip, seq) = {
+            let mut alloc = self.alloc.lock().expect("allocator lock");
+            match alloc.rename(from, to, family)? {
+                Some(ip) => {
+                    self.push(Op::Put {
+                        key: key(to, family),
+                        ip,
+                    });
+                    (
+                        Some(ip),
+                        self.push(Op::Rename {
+                            key: key(from, family),
+                            to: to.to_owned(),
+                            ip,
+                        }),
+                    )
+                }
+                None => (None, self.log_state.lock().expect("log lock").next_seq),
+            }
+        };
+        self.wait_durable(seq)?;
+        Ok(ip)
+    }
+
     /// Lowers the size at which the log may be compacted (tests exercise compaction with it).
     pub fn set_compact_min_bytes(&self, bytes: u64) {
         self.compact_min_bytes
@@ -364,6 +414,13 @@ impl DurableAllocator {
                         let owner = key.split_once(' ').map_or(key.as_str(), |(_, o)| o);
                         let _ = alloc.allocate_ip(owner, *ip);
                     }
+                    Op::Rename { key, to, ip } => {
+                        // Undone in reverse order: this runs before the new key's Put is
+                        // undone, so the address goes back to its old owner.
+                        let owner = key.split_once(' ').map_or(key.as_str(), |(_, o)| o);
+                        let _ = alloc.rename(to, owner, Family::of(*ip));
+                        // The Put's undo then finds nothing of `to` to release.
+                    }
                     Op::AddBlock { cidr, .. } => {
                         alloc.remove_block(*cidr);
                     }
@@ -396,7 +453,9 @@ impl DurableAllocator {
                     key: key.clone(),
                     value: ip_bytes(*ip),
                 },
-                Op::Delete { key, .. } => Record::Delete { key: key.clone() },
+                Op::Delete { key, .. } | Op::Rename { key, .. } => {
+                    Record::Delete { key: key.clone() }
+                }
                 Op::AddBlock { cidr, pool } => Record::Put {
                     key: format!("{BLOCK_PREFIX}{cidr}"),
                     value: pool.as_bytes().to_vec(),

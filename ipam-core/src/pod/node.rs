@@ -438,6 +438,31 @@ impl NodeAllocator {
         Some(ip)
     }
 
+    /// Moves what `from` holds in `family` to `to`, keeping the address; `None` when `from`
+    /// holds nothing there. `to` must hold nothing in `family`.
+    pub fn rename(
+        &mut self,
+        from: &str,
+        to: &str,
+        family: Family,
+    ) -> Result<Option<IpAddr>, AllocError> {
+        self.check_owner(to)?;
+        let index = &mut self.owners[fam_index(family)];
+        if let Some(held) = index.get(to) {
+            return Err(AllocError::OwnerHoldsOther {
+                node: self.node.clone(),
+                owner: to.to_owned(),
+                held: self.ip_of(held),
+                requested: self.lookup(from, family).unwrap_or(self.ip_of(held)),
+            });
+        }
+        let Some(slot) = index.remove(from) else {
+            return Ok(None);
+        };
+        index.insert(to, slot);
+        Ok(Some(self.ip_of(slot)))
+    }
+
     fn check_owner(&self, owner: &str) -> Result<(), AllocError> {
         if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
             return Err(AllocError::BadOwner {

@@ -54,6 +54,9 @@ fn endpoint_error(e: EndpointError) -> Response {
 
 impl PodAllocations {
     pub(super) fn handle(&self, request: Request) -> Response {
+        if let Err(e) = self.adopt_legacy(&request) {
+            return e;
+        }
         match request {
             Request::Allocate(a) => {
                 let response = self.allocate(&a.id, a.pod.as_deref(), a.pool.as_deref());
@@ -75,7 +78,7 @@ impl PodAllocations {
                 ),
                 ips => Response::Checked { ips },
             },
-            Request::Gc { valid } => self.collect(&valid),
+            Request::Gc { network, valid } => self.collect(&network, &valid),
             Request::Status => match self.not_ready() {
                 Some(why) => Response::error(ErrorCode::NotReady, why),
                 None => Response::Ready,
@@ -256,9 +259,58 @@ impl PodAllocations {
         held
     }
 
-    fn collect(&self, valid: &[AttachmentId]) -> Response {
+    /// Hands the allocations and the endpoint an attachment had under its legacy key (made
+    /// before attachments carried their network) to the network the request names. Container
+    /// and interface are unique among live attachments, so the first network to name them is
+    /// theirs. A GC adopts its valid attachments before it collects.
+    fn adopt_legacy(&self, request: &Request) -> Result<(), Response> {
+        let ids: Vec<&AttachmentId> = match request {
+            Request::Allocate(a) | Request::Release(a) | Request::Check(a) => vec![&a.id],
+            Request::RegisterEndpoint(e) => vec![&e.id],
+            Request::RemoveEndpoint(id) => vec![id],
+            Request::Gc { valid, .. } => valid.iter().collect(),
+            Request::Status | Request::Endpoints | Request::Members => Vec::new(),
+        };
+        for id in ids.into_iter().filter(|id| !id.network.is_empty()) {
+            let (legacy, owner) = (id.legacy_owner(), id.owner());
+            for (pool, alloc) in self.pools.all() {
+                for family in [Family::V4, Family::V6] {
+                    if alloc.alloc.with(|a| a.lookup(&legacy, family)).is_none() {
+                        continue;
+                    }
+                    match alloc.alloc.rename(&legacy, &owner, family) {
+                        Ok(ip) => tracing::info!(
+                            owner = owner.as_str(),
+                            pool = pool.as_str(),
+                            ?ip,
+                            "allocation made before attachments named their network adopted \
+                             by network {}",
+                            id.network
+                        ),
+                        Err(e) => {
+                            return Err(Response::error(
+                                ErrorCode::Failed,
+                                format!(
+                                    "container {} interface {}: cannot hand its address to \
+                                     network {}: {e}",
+                                    id.container_id, id.ifname, id.network
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            self.endpoints.adopt(id).map_err(endpoint_error)?;
+        }
+        Ok(())
+    }
+
+    /// CNI GC of one network: what that network holds for attachments not in `valid` is
+    /// released. Another network's allocations are never looked at, nor allocations still
+    /// under their legacy key unless the GC is itself from a plugin without networks.
+    fn collect(&self, network: &str, valid: &[AttachmentId]) -> Response {
         let valid: std::collections::HashSet<&AttachmentId> = valid.iter().collect();
-        if let Err(e) = self.endpoints.retain(&valid) {
+        if let Err(e) = self.endpoints.retain(network, &valid) {
             return endpoint_error(e);
         }
         let mut stale = std::collections::BTreeSet::new();
@@ -266,7 +318,7 @@ impl PodAllocations {
             alloc.alloc.with(|a| {
                 stale.extend(a.allocations().into_iter().filter_map(|(owner, _)| {
                     let id = AttachmentId::from_owner(&owner)?;
-                    (!valid.contains(&id)).then_some(owner)
+                    (id.network == network && !valid.contains(&id)).then_some(owner)
                 }));
             });
         }
@@ -280,6 +332,7 @@ impl PodAllocations {
         }
         if !released.is_empty() {
             tracing::info!(
+                network,
                 count = released.len(),
                 "garbage collection released leaked pod addresses"
             );

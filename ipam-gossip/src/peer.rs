@@ -356,7 +356,7 @@ impl Runtime<PeerId> for Sink<'_> {
     }
 
     fn send_to(&mut self, to: PeerId, data: &[u8]) {
-        let packet = self.envelope.seal(self.now.unix_micros, data);
+        let packet = self.envelope.seal(self.now.unix_micros, to.addr, data);
         self.stats.sent_packets += 1;
         self.stats.sent_bytes += packet.len() as u64;
         self.collected.outgoing.push(Outgoing {

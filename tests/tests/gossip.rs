@@ -243,18 +243,25 @@ fn forged_packets_move_nothing(rig: &FailoverRig) {
         Keyring::new(("cluster", key.trim().as_bytes()), []).unwrap(),
         from,
     );
-    let foreign = stranger.seal(now(), b"node-0 is dead");
+    let foreign = stranger.seal(now(), target, b"node-0 is dead");
     // The key id travels in clear: a forger can copy it, not the tag.
-    let mut tampered = member.seal(now(), b"node-0 is dead");
+    let mut tampered = member.seal(now(), target, b"node-0 is dead");
     let last = tampered.len() - 40;
     tampered[last] ^= 0xff;
-    let authentic = member.seal(now(), b"not a protocol message");
+    let authentic = member.seal(now(), target, b"not a protocol message");
+    // Authentic and never seen by the owner, but sent to another member: a capture of what one
+    // member sent another, replayed to the owner.
+    let other: std::net::SocketAddr = format!("{}:7946", node_addresses((index + 1) % 3).0)
+        .parse()
+        .unwrap();
+    let to_another = member.seal(now(), other, b"not a protocol message");
     let packets: Vec<Vec<u8>> = vec![
         b"hello".to_vec(),
         foreign,
         tampered,
         authentic.clone(),
         authentic,
+        to_another,
     ];
     rig.client.run(move || {
         let socket = std::net::UdpSocket::bind((CLIENT, 0)).unwrap();
@@ -269,6 +276,7 @@ fn forged_packets_move_nothing(rig: &FailoverRig) {
         "the tag does not match",
         "authentic, but not a message the protocol can read",
         "already received",
+        "sent to another member",
     ] {
         wait_until(
             Duration::from_secs(5),

@@ -11,6 +11,7 @@
 //! - `store`: the resource store every controller is written against, and its stores;
 //! - `cidr`: CIDR arithmetic and the errors users see for bad ones;
 //! - `count`: address counts beyond 64 bits, as JSON;
+//! - `names`: object names as Kubernetes allows them, checked by every store;
 //! - `spelling`: field names that changed, still read;
 //! - `atomic_file`: files replaced whole;
 //! - `backoff`: waiting for conditions that time fixes.
@@ -20,6 +21,7 @@ pub mod backoff;
 pub mod cidr;
 pub mod count;
 pub mod lb;
+pub mod names;
 pub mod pod;
 pub mod resources;
 pub mod spelling;

@@ -314,6 +314,7 @@ impl Store for EtcdStore {
     }
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
+        ipam_core::store::check_name(kind, name)?;
         let key = self.key(kind, name);
         // A key that does not exist has create_revision 0.
         let compare = Compare::create_revision(key.as_str(), CompareOp::Equal, 0);

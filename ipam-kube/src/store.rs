@@ -571,6 +571,8 @@ impl Store for KubeStore {
     }
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
+        // The API server refuses the same names; checking here words it as the other stores do.
+        ipam_core::store::check_name(kind, name)?;
         let mapping = self.mapping(kind)?;
         if mapping.written_by_others() {
             return Err(self.read_only(kind, name, "create"));

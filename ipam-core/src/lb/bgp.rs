@@ -374,7 +374,13 @@ pub struct Inputs<'a> {
 pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
     let mut out = NodeAdvertisements::default();
     for (name, spec) in inputs.peers {
-        match check_peer(spec) {
+        // Objects stored before the stores checked names may still hold any name: such a peer
+        // is refused alone, and every other peer goes on.
+        let checked = match crate::names::invalid_name(name) {
+            Some(why) => Err(format!("its name {why}; recreate it under a valid name")),
+            None => check_peer(spec),
+        };
+        match checked {
             Ok(()) if spec.node_selector.matches(inputs.labels) => {
                 out.peers.insert(name.clone(), spec.clone());
             }

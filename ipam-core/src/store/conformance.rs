@@ -25,6 +25,17 @@ pub async fn crud_with_optimistic_concurrency<S: Store>(s: &S) {
         .unwrap_err()
         .to_string();
     assert!(e.contains("Thing a already exists"), "{e}");
+    // Names are Kubernetes' on every store: one that could break a file written from it (a
+    // quote in BIRD's configuration) is refused, naming the rule.
+    let e = s
+        .create_typed("peer\"one", &Thing { size: 1 })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cannot be stored") && e.contains("DNS-1123 subdomain"),
+        "{e}"
+    );
     let r2 = s.update_typed("a", &Thing { size: 2 }, &r1).await.unwrap();
     // Revisions are only compared for equality: a Kubernetes resourceVersion has no order.
     assert_ne!(r2, r1);

@@ -198,6 +198,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
+        super::check_name(kind, name)?;
         self.inner
             .write(kind, name, Some(value), |current| match current {
                 Some(_) => Err(StoreError::AlreadyExists {

@@ -100,6 +100,15 @@ impl WatchEvent {
 pub enum StoreError {
     #[error("{kind} {name} does not exist")]
     NotFound { kind: String, name: String },
+    #[error(
+        "{kind} {name:?} cannot be stored: its name {why}; rename it (every store takes the \
+         names Kubernetes takes)"
+    )]
+    InvalidName {
+        kind: String,
+        name: String,
+        why: String,
+    },
     #[error("{kind} {name} already exists; update it instead, or delete it first")]
     AlreadyExists { kind: String, name: String },
     #[error(
@@ -165,6 +174,19 @@ impl Watch {
     /// A change if one is ready now.
     pub fn try_next(&mut self) -> Option<Result<WatchEvent, StoreError>> {
         self.events.try_recv().ok()
+    }
+}
+
+/// `Err(InvalidName)` unless `name` is a name Kubernetes would take (see `crate::names`): the
+/// check the etcd and embedded stores make before creating an object.
+pub fn check_name(kind: &str, name: &str) -> Result<(), StoreError> {
+    match crate::names::invalid_name(name) {
+        Some(why) => Err(StoreError::InvalidName {
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            why,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -24,6 +24,21 @@ pub fn protocol_name(peer: &str) -> String {
     format!("peer_{readable}_{:08x}", fnv32(peer))
 }
 
+/// `text` as it may stand between BIRD's double quotes, which take no escapes: every character
+/// outside a plain set becomes `?`. Names are checked by the stores, passwords by
+/// `check_password`; this keeps the file valid whatever reaches it.
+fn bird_text(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-._/:@ ".contains(c) {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
 fn fnv32(s: &str) -> u32 {
     s.bytes().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
@@ -107,7 +122,7 @@ fn render_filter(out: &mut String, protocol: &str, routes: &BTreeMap<IpAddr, Rou
 
 fn render_peer(out: &mut String, name: &str, protocol: &str, spec: &BgpPeerSpec) {
     let _ = writeln!(out, "protocol bgp {protocol} {{");
-    let _ = writeln!(out, "  description \"BGPPeer {name}\";");
+    let _ = writeln!(out, "  description \"BGPPeer {}\";", bird_text(name));
     let _ = writeln!(out, "  local as {};", spec.local_asn);
     let _ = writeln!(
         out,
@@ -237,12 +252,21 @@ mod tests {
     }
 
     /// The real BIRD (Debian's bird2, installed by `cargo xtask setup`) parses what is
-    /// rendered: every option the resources can set, both families, BFD and none.
+    /// rendered: every option the resources can set, both families, BFD and none, and a peer
+    /// whose name holds a quote and a line break (stored before the stores checked names).
     #[test]
     fn bird_accepts_the_rendered_configuration() {
         let dir = std::env::temp_dir().join(format!("ipam-bird-parse-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (i, wanted) in [wanted(), NodeAdvertisements::default()].iter().enumerate() {
+        let mut odd = wanted();
+        let spec = odd.peers.remove("tor-a.rack1").unwrap();
+        let routes = odd.routes.remove("tor-a.rack1").unwrap();
+        odd.peers.insert("rack\"1\n}".into(), spec);
+        odd.routes.insert("rack\"1\n}".into(), routes);
+        for (i, wanted) in [wanted(), NodeAdvertisements::default(), odd]
+            .iter()
+            .enumerate()
+        {
             let file = dir.join(format!("bird{i}.conf"));
             std::fs::write(&file, render("node-a", None, wanted)).unwrap();
             let parsed = Command::new("bird")

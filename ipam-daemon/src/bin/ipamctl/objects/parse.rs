@@ -57,6 +57,17 @@ pub(crate) enum ObjectError {
         source: serde_yaml_ng::Error,
     },
     #[error(
+        "{file}: document {index} ({kind} {name:?}): metadata.name {why}; rename it (every \
+         store takes the names Kubernetes takes). Nothing was applied"
+    )]
+    BadName {
+        file: String,
+        index: usize,
+        kind: String,
+        name: String,
+        why: String,
+    },
+    #[error(
         "{file}: document {index} ({kind} {name}): {field} is not a field of a {kind}; \
          check its spelling and place (docs/service-ips.md and docs/ipam.md list the fields). \
          Nothing was applied"
@@ -245,6 +256,15 @@ pub(crate) fn parse(
             kind: &kind,
             name: &name,
         };
+        if let Some(why) = ipam_core::names::invalid_name(&name) {
+            return Err(ObjectError::BadName {
+                file: file.to_owned(),
+                index,
+                kind,
+                name,
+                why,
+            });
+        }
         if let Some(field) = unknown.into_iter().next() {
             return Err(at.unknown(field));
         }
@@ -628,6 +648,25 @@ mod tests {
         parse("x.yaml", text, &AnnotationSources::default())
             .unwrap_err()
             .to_string()
+    }
+
+    /// A name Kubernetes would not take is refused on every store, naming the rule: a quote in a
+    /// BGPPeer's name once made BIRD refuse the node's whole configuration.
+    #[test]
+    fn a_name_kubernetes_would_refuse_is_refused_with_the_rule() {
+        let e = error(
+            "kind: BGPPeer\nmetadata: { name: 'rack\"1' }\nspec: { peerAddress: 10.0.0.1, peerASN: 65000, localASN: 65001 }\n",
+        );
+        assert!(
+            e.contains("document 1 (BGPPeer \"rack\\\"1\")")
+                && e.contains("DNS-1123 subdomain")
+                && e.contains("Nothing was applied"),
+            "{e}"
+        );
+        let e = error(
+            "kind: Service\nmetadata: { name: web, namespace: Shop }\nspec: { type: LoadBalancer }\n",
+        );
+        assert!(e.contains("its namespace \"Shop\" holds 'S'"), "{e}");
     }
 
     /// A field the resource does not have is refused with the file, the document, the object

@@ -85,10 +85,14 @@ fn run_one(bin: &str, seconds: u64) -> anyhow::Result<u64> {
     let corpus = root.join("fuzz/corpus").join(bin);
     std::fs::create_dir_all(&corpus)
         .with_context(|| format!("cannot create the corpus directory {}", corpus.display()))?;
+    // Committed seeds (inputs of the shapes the target reads, so a short run starts where the
+    // parsers branch) are read beside the corpus; new finds go to the corpus only.
+    let seeds = root.join("fuzz/seeds").join(bin);
     let mut child = Command::new("cargo")
         .current_dir(root.join("fuzz"))
         .args(["+nightly", "fuzz", "run", bin])
         .arg(&corpus)
+        .args(seeds.is_dir().then_some(&seeds))
         .args([
             "--",
             &format!("-max_total_time={seconds}"),

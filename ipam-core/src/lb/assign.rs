@@ -73,8 +73,10 @@ impl Range {
         self.family == other.family && self.first <= other.last && other.first <= self.last
     }
 
+    /// How many addresses the range holds; the whole IPv6 space (2^128) does not fit a u128
+    /// and counts as `u128::MAX`, the counters' ceiling (see docs/service-ips.md).
     fn size(&self) -> u128 {
-        self.last - self.first + 1
+        (self.last - self.first).saturating_add(1)
     }
 }
 
@@ -574,7 +576,12 @@ fn count(usable: &[UsablePool], holders: &Holders, out: &mut Assignment) {
             if ranges.is_empty() {
                 continue;
             }
-            let total: u128 = ranges.iter().map(|r| r.size()).sum();
+            // Saturating: the ranges of one pool may add up past u128 (two halves of the
+            // IPv6 space); the count then stops at the ceiling instead of wrapping.
+            let total = ranges
+                .iter()
+                .map(|r| r.size())
+                .fold(0u128, u128::saturating_add);
             let held: Vec<&IpAddr> = holders
                 .by_ip
                 .keys()
@@ -586,9 +593,9 @@ fn count(usable: &[UsablePool], holders: &Holders, out: &mut Assignment) {
             let available = if pool.spec.avoid_buggy_ips {
                 let avoided: u128 = ranges.iter().map(|r| buggy_in(r)).sum();
                 let held_avoided = held.iter().filter(|ip| buggy(***ip)).count() as u128;
-                total - avoided - (used - held_avoided)
+                total.saturating_sub(avoided + (used - held_avoided))
             } else {
-                total - used
+                total.saturating_sub(used)
             };
             counts.push(LbFamilyCount {
                 family,

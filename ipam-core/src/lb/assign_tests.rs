@@ -1076,3 +1076,30 @@ fn every_requested_ip_is_taken_or_named() {
         assert!(!got.2 && got.3.contains(&second.to_string()), "{got:?}");
     }
 }
+
+#[test]
+fn pools_as_large_as_the_address_space_count_to_the_ceiling_without_overflow() {
+    // The whole IPv6 space as a CIDR used whole, as a range, and as two halves: 2^128
+    // addresses, one more than a u128 holds. Once a panic in debug and a wrapped count in
+    // release.
+    let mut whole = cidr_pool(&["::/0"]);
+    whole.allow_first_last_ips = true;
+    let mut halves = cidr_pool(&["::/1", "8000::/1"]);
+    halves.allow_first_last_ips = true;
+    let range = range_pool("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff");
+    let mut v4_whole = cidr_pool(&["0.0.0.0/0"]);
+    v4_whole.allow_first_last_ips = true;
+    v4_whole.avoid_buggy_ips = true;
+    for (name, pool, family, total) in [
+        ("whole", whole, Family::V6, u128::MAX),
+        ("halves", halves, Family::V6, u128::MAX),
+        ("range", range, Family::V6, u128::MAX),
+        ("v4", v4_whole, Family::V4, 1u128 << 32),
+    ] {
+        let (rows, out) = run(&[(name, pool)], &[("ns/s", svc(family), vec![])]);
+        assert!(rows[0].2, "{name}: {rows:?}");
+        let counts = &out.pools[name].counts[0];
+        assert_eq!((counts.total, counts.used), (total, 1), "{name}");
+        assert!(counts.available < counts.total, "{name}: {counts:?}");
+    }
+}

@@ -214,15 +214,18 @@ impl NdpFrame {
             return None;
         }
         let payload_len = u16::from_be_bytes([f[18], f[19]]) as usize;
+        // Only the two shapes read below: anything shorter would index past the message.
+        if payload_len != 24 && payload_len != 32 {
+            return None;
+        }
         let msg = f.get(54..54 + payload_len)?;
         if msg[0] != ICMPV6_NS && msg[0] != ICMPV6_NA {
             return None;
         }
         let v6 = |b: &[u8]| Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"));
         let lladdr_option = match payload_len {
-            24 => None,
             32 => Some((msg[24], msg[26..32].try_into().expect("6 bytes"))),
-            _ => return None,
+            _ => None,
         };
         Some(Self {
             eth_dst: f[0..6].try_into().expect("6 bytes"),
@@ -317,5 +320,25 @@ mod tests {
         let mut broken = ns.to_bytes();
         broken[70] ^= 1;
         assert!(!NdpFrame::parse(&broken).unwrap().checksum_valid());
+    }
+
+    #[test]
+    fn ndp_frames_with_a_payload_length_of_another_shape_are_not_parsed() {
+        let ns = NdpFrame::solicitation(
+            [2, 0, 0, 0, 0, 1],
+            "2001:db8::1".parse().unwrap(),
+            "2001:db8::abcd:9".parse().unwrap(),
+        )
+        .to_bytes();
+        // 78 bytes or more with a payload length of 0..24: once a panic at `msg[0]`.
+        for payload_len in [0u16, 1, 8, 23, 25, 31, 33, 0xffff] {
+            let mut frame = ns.clone();
+            frame.resize(frame.len().max(14 + 40 + 24), 0);
+            frame[18..20].copy_from_slice(&payload_len.to_be_bytes());
+            assert!(
+                NdpFrame::parse(&frame).is_none(),
+                "payload length {payload_len}"
+            );
+        }
     }
 }

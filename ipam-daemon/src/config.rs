@@ -343,9 +343,22 @@ pub struct NodeSettings {
     /// root-only. Defaults to /run/ipam/ipamd.sock.
     #[serde(default)]
     pub socket: PathBuf,
+    /// The gid of a group whose members may use the local API besides root (the socket is
+    /// then mode 0660 and of that group). Leave it out for root only.
+    #[serde(default)]
+    pub socket_group: Option<u32>,
     /// When the node stops announcing Service IPs (`[node.announce]`).
     #[serde(default)]
     pub announce: AnnounceSettings,
+}
+
+impl NodeSettings {
+    /// Who besides root may use the local API.
+    pub fn api_access(&self) -> crate::api::server::Access {
+        crate::api::server::Access {
+            group: self.socket_group,
+        }
+    }
 }
 
 /// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.

@@ -198,6 +198,7 @@ mod tests {
             labels: BTreeMap::from([("zone".to_owned(), "b".to_owned())]),
             addresses: Vec::new(),
             socket: Default::default(),
+            socket_group: None,
             announce: Default::default(),
         };
         let f = facts(&node, Some(kube.clone()));

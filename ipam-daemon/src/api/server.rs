@@ -1,12 +1,18 @@
-//! Serving the local API on a Unix socket that only root can use.
+//! Serving the local API on a Unix socket that only root (or a configured group) can use.
 //!
 //! At start the socket's directory is created with mode 0700 or, when it exists, checked: it
 //! must belong to root and not be writable by group or others (whoever can write there could put
-//! their own socket in our place). The socket itself gets mode 0600. A live socket of another
-//! daemon is never taken over.
+//! their own socket in our place). The socket is bound inside a fresh directory of mode 0700,
+//! given its mode (0600, or 0660 and the group with `[node] socket_group`), and only then
+//! renamed into place: at no moment does a socket with a looser mode exist at the path. A live
+//! socket of another daemon is never taken over.
+//!
+//! Every connection's peer is checked as well (`SO_PEERCRED`): root, the daemon's own user, or a
+//! member of the configured group. The mode is the first gate; the check keeps a socket whose
+//! mode was changed by hand, or a descriptor passed on, from serving anyone else.
 
 use std::{
-    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -31,6 +37,12 @@ pub enum ServerError {
         "another ipamd is serving {socket}; stop it first, or give this one another ipam.socket"
     )]
     InUse { socket: PathBuf },
+    #[error(
+        "API socket group {gid} is not a group of this system; set [node] socket_group to \
+         the gid of the group whose members may use ipamctl and ipam-cni, or leave it out \
+         (root only)"
+    )]
+    NoSuchGroup { gid: u32 },
     #[error("cannot set up the API socket {socket}: {source}")]
     Io {
         socket: PathBuf,
@@ -41,8 +53,22 @@ pub enum ServerError {
 /// Handles one request; runs on a blocking thread (allocations wait for fsync).
 pub type Handler = Arc<dyn Fn(Request) -> Response + Send + Sync>;
 
+/// Who may use the API besides root and the daemon's own user.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Members of this group (by gid) may connect too.
+    pub group: Option<u32>,
+}
+
+/// A bound socket and who may use it.
+#[derive(Debug)]
+pub struct Listener {
+    listener: UnixListener,
+    access: Access,
+}
+
 /// Binds the socket after the safety checks above.
-pub fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
+pub fn bind(socket: &Path, access: Access) -> Result<Listener, ServerError> {
     let io = |source| ServerError::Io {
         socket: socket.to_owned(),
         source,
@@ -67,8 +93,20 @@ pub fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
             });
         }
     } else {
-        std::fs::create_dir_all(dir).map_err(io)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        // Created with its mode: no moment with the umask's.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+    }
+    if let Some(gid) = access.group
+        && nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+            .ok()
+            .flatten()
+            .is_none()
+    {
+        return Err(ServerError::NoSuchGroup { gid });
     }
     if socket.exists() {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
@@ -79,19 +117,90 @@ pub fn bind(socket: &Path) -> Result<UnixListener, ServerError> {
         // Left by a daemon that died: nobody listens.
         std::fs::remove_file(socket).map_err(io)?;
     }
-    let listener = UnixListener::bind(socket).map_err(io)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    Ok(listener)
+    let listener = bind_privately(socket, access).map_err(io)?;
+    Ok(Listener { listener, access })
+}
+
+/// Binds `socket` in a private directory beside it, sets its mode and group, and renames it
+/// into place.
+fn bind_privately(socket: &Path, access: Access) -> std::io::Result<UnixListener> {
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    let name = socket.file_name().unwrap_or_default().to_string_lossy();
+    let private = dir.join(format!(".{name}.{}", std::process::id()));
+    // A directory left by a daemon of the same pid that died before renaming.
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let staged = private.join("sock");
+    let bound = (|| {
+        let listener = UnixListener::bind(&staged)?;
+        match access.group {
+            Some(gid) => {
+                nix::unistd::chown(&staged, None, Some(nix::unistd::Gid::from_raw(gid)))?;
+                std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))?;
+            }
+            None => std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?,
+        }
+        std::fs::rename(&staged, socket)?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    bound
+}
+
+/// Why a peer may not use the API, if it may not.
+fn refused(peer: &tokio::net::unix::UCred, access: Access) -> Option<String> {
+    let uid = peer.uid();
+    if uid == 0 || uid == nix::unistd::geteuid().as_raw() {
+        return None;
+    }
+    if let Some(gid) = access.group
+        && (peer.gid() == gid || peer.pid().is_some_and(|pid| in_group(pid, gid)))
+    {
+        return None;
+    }
+    Some(match access.group {
+        Some(gid) => format!(
+            "uid {uid} is neither root nor a member of group {gid} ([node] socket_group): run \
+             ipamctl as root or add the user to the group"
+        ),
+        None => format!(
+            "uid {uid} is not root: run ipamctl as root, or set [node] socket_group to a group \
+             of the users who may use it"
+        ),
+    })
+}
+
+/// Whether process `pid` holds `gid` among its supplementary groups (SO_PEERCRED names the
+/// primary group only; the socket's mode lets every member in).
+fn in_group(pid: i32, gid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
+    })
 }
 
 /// Serves connections until the task is dropped.
-pub async fn serve(listener: UnixListener, handler: Handler) {
+pub async fn serve(listener: Listener, handler: Handler) {
+    let Listener { listener, access } = listener;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                let refusal = match stream.peer_cred() {
+                    Ok(peer) => refused(&peer, access),
+                    Err(e) => Some(format!("its credentials cannot be read: {e}")),
+                };
                 let handler = handler.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = connection(stream, handler).await {
+                    let result = match refusal {
+                        None => connection(stream, handler).await,
+                        Some(why) => {
+                            tracing::warn!("API connection refused: {why}");
+                            refuse(stream, why).await
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!("API connection ended: {e}");
                     }
                 });
@@ -102,6 +211,20 @@ pub async fn serve(listener: UnixListener, handler: Handler) {
             }
         }
     }
+}
+
+/// Answers a refused peer with why, without reading its request.
+async fn refuse(mut stream: UnixStream, why: String) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(&Envelope {
+        version: API_VERSION,
+        body: Response::error(
+            ErrorCode::BadRequest,
+            format!("ipamd's API refused this connection: {why}"),
+        ),
+    })
+    .expect("responses serialise");
+    out.push(b'\n');
+    stream.write_all(&out).await
 }
 
 async fn connection(stream: UnixStream, handler: Handler) -> std::io::Result<()> {
@@ -151,26 +274,108 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let socket = dir.join("ipamd.sock");
-        let e = bind(&socket).unwrap_err().to_string();
+        let e = bind(&socket, Access::default()).unwrap_err().to_string();
         assert!(
             e.contains("writable by group or others") && e.contains("chmod 700"),
             "{e}"
         );
 
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let listener = bind(&socket).unwrap();
+        let listener = bind(&socket, Access::default()).unwrap();
         let mode = std::fs::metadata(&socket).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600, "only root may connect");
-        let e = bind(&socket).unwrap_err().to_string();
+        let e = bind(&socket, Access::default()).unwrap_err().to_string();
         assert!(e.contains("another ipamd"), "{e}");
+        // Nothing of the private directory it was bound in is left.
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [std::ffi::OsString::from("ipamd.sock")]);
 
         // The daemon died: its socket file stays, nobody listens; the next one takes over.
         drop(listener);
-        bind(&socket).unwrap();
+        bind(&socket, Access::default()).unwrap();
 
         // A directory that does not exist yet is created root-only.
         let fresh = temp.path().join("api-fresh");
-        bind(&fresh.join("ipamd.sock")).unwrap();
+        bind(&fresh.join("ipamd.sock"), Access::default()).unwrap();
         assert_eq!(std::fs::metadata(&fresh).unwrap().mode() & 0o777, 0o700);
+
+        let e = bind(
+            &temp.path().join("api-g/s.sock"),
+            Access {
+                group: Some(4_000_000_000),
+            },
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("group 4000000000 is not a group"), "{e}");
+    }
+
+    /// A peer that is neither root, the daemon's user nor in the group is answered with why,
+    /// and its request never reaches the handler.
+    #[tokio::test]
+    async fn a_peer_that_may_not_use_the_api_is_refused_with_why() {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let socket = temp.path().join("ipamd.sock");
+        let listener = bind(&socket, Access::default()).unwrap();
+        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = served.clone();
+        let handler: Handler = Arc::new(move |_| {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+            Response::Ready
+        });
+        tokio::spawn(serve(listener, handler));
+        // Root (this test) is served.
+        let root = ask(&socket).await;
+        assert!(root.contains("\"ready\""), "{root}");
+        // A process of another user (nobody) connects: the socket is opened to it by hand, as
+        // if its mode had been loosened, and the peer check still refuses it.
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        served.store(false, std::sync::atomic::Ordering::SeqCst);
+        let out = tokio::task::spawn_blocking({
+            let socket = socket.clone();
+            move || {
+                // Debian's python3 as the client: any program will do, run as nobody.
+                let client = "import socket, sys\n\
+                              s = socket.socket(socket.AF_UNIX)\n\
+                              s.connect(sys.argv[1])\n\
+                              s.sendall(b'{\"version\": 1, \"body\": {\"op\": \"status\"}}\\n')\n\
+                              print(s.makefile().readline())";
+                std::process::Command::new("setpriv")
+                    .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                    .args(["/usr/bin/python3", "-c", client])
+                    .arg(&socket)
+                    .output()
+                    .expect("setpriv (util-linux) and python3 are on every machine of this kind")
+            }
+        })
+        .await
+        .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            printed.contains("uid 65534 is not root") && printed.contains("socket_group"),
+            "{printed}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!served.load(std::sync::atomic::Ordering::SeqCst));
+    }
+
+    async fn ask(socket: &Path) -> String {
+        let mut stream = UnixStream::connect(socket).await.unwrap();
+        let request = serde_json::to_vec(&Envelope {
+            version: API_VERSION,
+            body: Request::Status,
+        })
+        .unwrap();
+        stream.write_all(&request).await.unwrap();
+        stream.write_all(b"\n").await.unwrap();
+        let mut answer = String::new();
+        BufReader::new(stream).read_line(&mut answer).await.unwrap();
+        answer
     }
 }

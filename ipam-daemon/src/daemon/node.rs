@@ -310,7 +310,7 @@ async fn start_pod_ipam(
     )
     .await?;
     // State is restored by now: every answer of the API reflects it.
-    let listener = crate::api::server::bind(&settings.socket)?;
+    let listener = crate::api::server::bind(&settings.socket, config.node.api_access())?;
     let handler = match gossip {
         Some(gossip) => gossip.api_handler(pod_ipam.api_handler()),
         None => pod_ipam.api_handler(),
@@ -344,7 +344,7 @@ fn serve_add_on_api(config: &Config, gossip: Option<&Gossip>) -> Result<(), Daem
         Some(gossip) => gossip.api_handler(no_pod_ipam),
         None => no_pod_ipam,
     };
-    let listener = crate::api::server::bind(&config.node.socket)?;
+    let listener = crate::api::server::bind(&config.node.socket, config.node.api_access())?;
     tokio::spawn(crate::api::server::serve(listener, handler));
     tracing::info!(socket = %config.node.socket.display(), "API listening");
     Ok(())

@@ -376,6 +376,12 @@ pub struct AnnounceSettings {
     pub exclude_not_ready: bool,
     /// Stop while the Kubernetes Node is cordoned, as when it is drained (MetalLB does not).
     pub exclude_cordoned: bool,
+    /// Set `net.ipv4.conf.all.arp_ignore = 1` and `arp_announce = 2` (what kube-proxy's
+    /// strictARP sets) when the first Service IP goes on `lo`, so the kernel never answers ARP
+    /// for it on any interface and never sends it as an ARP request's sender: only the
+    /// responder of the one owner answers. With `false` the agent leaves the sysctls to you
+    /// (and still reports kube-proxy's IPVS mode without strictARP on every Service).
+    pub strict_arp: bool,
 }
 
 impl Default for AnnounceSettings {
@@ -385,6 +391,7 @@ impl Default for AnnounceSettings {
             exclude_network_unavailable: true,
             exclude_not_ready: false,
             exclude_cordoned: false,
+            strict_arp: true,
         }
     }
 }

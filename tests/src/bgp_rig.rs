@@ -153,6 +153,39 @@ impl BgpRig {
         }
     }
 
+    /// The MACs that answer ARP (IPv4) or a neighbour solicitation (IPv6) for `ip` on the
+    /// segment, asked from the router's port on it, as any host there would ask: what decides
+    /// where the segment sends the IP's traffic. Lower-case `aa:bb:...`.
+    pub fn answering_macs(&self, ip: IpAddr) -> std::collections::BTreeSet<String> {
+        let ip = ip.to_string();
+        let output = if ip.contains(':') {
+            self.router
+                .ns
+                .command("ndisc6")
+                .args(["-m", "-n", "-r", "3", "-w", "300", &ip, "up0"])
+                .output()
+        } else {
+            self.router
+                .ns
+                .command("arping")
+                .args(["-I", "up0", "-c", "3", "-w", "3", &ip])
+                .output()
+        }
+        .expect("arping and ndisc6 are installed (cargo xtask setup)");
+        let text = String::from_utf8_lossy(&output.stdout).to_lowercase();
+        text.lines()
+            .filter_map(|line| {
+                // Debian's arping: "58 bytes from MAC (IP): index=0 ..."; ndisc6: "Target
+                // link-layer address: MAC".
+                let mac = match line.split_once(" bytes from ") {
+                    Some((_, rest)) => rest.split(' ').next()?,
+                    None => line.strip_prefix("target link-layer address:")?.trim(),
+                };
+                (mac.len() == 17).then(|| mac.to_owned())
+            })
+            .collect()
+    }
+
     /// A power loss of node `index`: its link cut first (BIRD cannot say goodbye), then its
     /// agent killed.
     pub fn power_off(&mut self, index: usize) {

@@ -275,6 +275,32 @@ fn l2_and_bgp_share_the_address(rig: &BgpRig) {
         || on_lo().len() == 3,
         || format!("{:?}", on_lo()),
     );
+    // On the segment, the IP held by all three kernels is answered by one MAC: the L2 owner's
+    // responder; the kernels stay quiet ([node.announce] strict_arp, set by the agents). An IP
+    // only advertised over BGP is answered by no one, in either family: it is routed.
+    let mac = |i: usize| {
+        let m = c.nodes[i].mac();
+        format!(
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    };
+    let answering = rig.answering_macs(ip);
+    assert_eq!(answering.len(), 1, "{ip} answered by {answering:?}");
+    assert!(
+        (0..c.nodes.len()).any(|i| answering.contains(&mac(i))),
+        "{ip} answered by {answering:?}, not a node"
+    );
+    for routed in [
+        rig.wait_for_ip("default/web", false),
+        rig.wait_for_ip("default/web", true),
+    ] {
+        let answering = rig.answering_macs(routed);
+        assert!(
+            answering.is_empty(),
+            "{routed}, only advertised, answered by {answering:?}"
+        );
+    }
     let not_both = json!({ "spec": { "serviceSelector": {
         "matchExpressions": [{ "key": "l2", "operator": "DoesNotExist" }] } } });
     c.put("all", &advertisement(not_both));

@@ -665,15 +665,15 @@ fn announced_condition(c: &Cluster, service: &str) -> Option<(bool, String)> {
 /// `node.kubernetes.io/exclude-from-external-load-balancers` never answers, not even when it
 /// is the last live node, and the Service's condition says so by name; a node where
 /// kube-proxy's IPVS mode runs without strictARP (a `kube-ipvs0` device made by hand, with
-/// `arp_ignore` left at 0) turns the Service's condition false with what to do, and back once
-/// strictARP's sysctl is set. NotReady and cordoned Nodes need a Kubernetes store: their
+/// `arp_ignore` left at 0 by an agent told not to set it: `strict_arp = false`) turns the
+/// Service's condition false with what to do, and back once strictARP's sysctl is set. NotReady and cordoned Nodes need a Kubernetes store: their
 /// reading is tested on Node objects (ipam-kube) and their rule in `announce::eligibility`.
 #[test]
 fn excluded_nodes_never_answer_and_a_node_s_ipvs_without_strict_arp_is_reported() {
     let mut c = Cluster::start_add_on("ex", 1);
     c.enable_gossip();
     c.add_node("ex");
-    c.add_node("ex");
+    c.add_node_with("ex", "[node.announce]\nstrict_arp = false\n");
     c.add_node_with(
         "ex",
         "[node.labels]\n\"node.kubernetes.io/exclude-from-external-load-balancers\" = \"true\"\n",

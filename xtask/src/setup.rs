@@ -34,7 +34,7 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
         "nsenter: runs the daemon by hand in a namespace without hiding bpffs",
     ),
     ("ethtool", "NIC offload settings in tests"),
-    ("procps", "sysctl: the lab sets arp_ignore"),
+    ("procps", "sysctl: a test sets arp_ignore"),
     ("iputils-ping", "ping through the announcing interface"),
     ("bpftool", "inspecting pinned maps and programs"),
     ("arping", "resolving announced IPs by hand"),

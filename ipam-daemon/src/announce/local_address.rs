@@ -1,6 +1,14 @@
 //! Making a service IP locally deliverable: an address on `lo`, so the node accepts traffic for
-//! it (services listening on it are reached), while only the responder answers ARP/NDP for it
-//! (`arp_ignore` on the announcing interfaces).
+//! it (services listening on it are reached), while only the responder answers ARP/NDP for it.
+//!
+//! By default the kernel answers ARP for any local address on any interface (`arp_ignore = 0`):
+//! with a Service IP on `lo`, every node holding it (every node advertising it over BGP, say)
+//! would answer for it on the segment. So the first IP put on `lo` sets
+//! `net.ipv4.conf.all.arp_ignore = 1` (answer only for the asking interface's own addresses)
+//! and `arp_announce = 2` (never name a non-interface address as an ARP request's sender),
+//! as kube-proxy's strictARP does; `all` counts for every interface, also those made later.
+//! `[node.announce] strict_arp = false` leaves the sysctls alone. IPv6 needs nothing: the
+//! kernel answers neighbour solicitations only for addresses of the interface asked on.
 //!
 //! Both announcers put their IPs here, and one IP can be theirs together (a Service selected by
 //! an L2AnnouncementPolicy and a BGPAdvertisement): the address stays while either holds it, so
@@ -35,11 +43,14 @@ pub struct LocalAddresses {
 struct Shared {
     changes: mpsc::Sender<(IpAddr, bool)>,
     holders: Holders,
-    arp_ignore_set: BTreeSet<String>,
+    /// Whether to set the strict-ARP sysctls, and whether that was done.
+    strict_arp: bool,
+    strict_arp_set: bool,
 }
 
 impl LocalAddresses {
-    pub fn start() -> Self {
+    /// The set, empty; with `strict_arp` the first IP added sets the strict-ARP sysctls.
+    pub fn start(strict_arp: bool) -> Self {
         let (changes, queue) = mpsc::channel::<(IpAddr, bool)>();
         let spawned = std::thread::Builder::new()
             .name("service-ips-lo".into())
@@ -55,7 +66,8 @@ impl LocalAddresses {
             shared: Arc::new(Mutex::new(Shared {
                 changes,
                 holders: Holders::default(),
-                arp_ignore_set: BTreeSet::new(),
+                strict_arp,
+                strict_arp_set: false,
             })),
         }
     }
@@ -66,16 +78,26 @@ impl LocalAddresses {
     }
 
     /// `holder` takes `ip`: on `lo` unless already there for the other announcer, after making
-    /// the kernel leave ARP for it on `interfaces` to the responder.
-    pub fn add(&self, holder: Holder, ip: IpAddr, interfaces: &[String]) {
+    /// the kernel leave ARP for it to the responder.
+    pub fn add(&self, holder: Holder, ip: IpAddr) {
         let mut shared = self.lock();
-        for i in interfaces {
-            if shared.arp_ignore_set.insert(i.clone()) {
-                set_arp_ignore(i);
-            }
-        }
+        Self::strict(&mut shared);
         if shared.holders.take(holder, ip) {
             let _ = shared.changes.send((ip, true));
+        }
+    }
+
+    /// Sets the strict-ARP sysctls now (when configured to), for IPs this node answers for that
+    /// reach `lo` by other ways: the configuration's static `[[announcement]]`s, whose address
+    /// the host's owner puts there.
+    pub fn ensure_strict_arp(&self) {
+        Self::strict(&mut self.lock());
+    }
+
+    fn strict(shared: &mut Shared) {
+        if shared.strict_arp && !shared.strict_arp_set {
+            set_strict_arp();
+            shared.strict_arp_set = true;
         }
     }
 
@@ -142,16 +164,28 @@ fn set_on_lo(ip: IpAddr, present: bool) {
     }
 }
 
-/// The kernel answers ARP for any local address on any interface by default; with
-/// `arp_ignore = 1` it answers only for addresses of the interface asked on, so the service IPs on
-/// `lo` are answered by the responder alone.
-fn set_arp_ignore(interface: &str) {
-    let path = format!("/proc/sys/net/ipv4/conf/{interface}/arp_ignore");
-    if let Err(e) = std::fs::write(&path, "1") {
-        tracing::warn!(
-            interface,
-            "cannot set {path}: {e}; the kernel may answer ARP for service IPs too"
-        );
+/// Raises `net.ipv4.conf.all.arp_ignore` to 1 and `arp_announce` to 2 where they are lower
+/// (a higher value set by the host's owner is stricter still, and kept).
+fn set_strict_arp() {
+    for (name, wanted) in [("arp_ignore", 1), ("arp_announce", 2)] {
+        let path = format!("/proc/sys/net/ipv4/conf/all/{name}");
+        let current: Option<u8> = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|v| v.trim().parse().ok());
+        if current.is_some_and(|c| c >= wanted) {
+            continue;
+        }
+        match std::fs::write(&path, wanted.to_string()) {
+            Ok(()) => tracing::info!(
+                "set net.ipv4.conf.all.{name} = {wanted} (was {current:?}): Service IPs on lo \
+                 are answered by the responder alone ([node.announce] strict_arp)"
+            ),
+            Err(e) => tracing::warn!(
+                "cannot set {path} to {wanted}: {e}; the kernel may answer ARP for Service IPs \
+                 on every node that holds them. Set it yourself, or give the agent write access \
+                 to /proc/sys/net"
+            ),
+        }
     }
 }
 

@@ -330,7 +330,7 @@ impl Owned {
         let mut taken = Vec::new();
         for (ip, owned) in &mine {
             if !self.ips.contains_key(ip) {
-                self.addresses.add(Holder::L2, *ip, &owned.interfaces);
+                self.addresses.add(Holder::L2, *ip);
                 taken.push((*ip, owned.clone()));
                 tracing::info!(
                     %ip,

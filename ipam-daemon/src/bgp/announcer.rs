@@ -332,7 +332,7 @@ impl OnLo {
     fn follow(&mut self, wanted: BTreeSet<IpAddr>) {
         for ip in wanted.difference(&self.present) {
             // No interface to keep ARP from: the routers reach the IP by its route.
-            self.addresses.add(Holder::Bgp, *ip, &[]);
+            self.addresses.add(Holder::Bgp, *ip);
         }
         for ip in self.present.difference(&wanted) {
             self.addresses.remove(Holder::Bgp, *ip);

@@ -203,7 +203,10 @@ impl NodeControllers {
         let mut bgp = None;
         let mut node_settings = None;
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
-        let local_addresses = LocalAddresses::start();
+        let local_addresses = LocalAddresses::start(config.node.announce.strict_arp);
+        if !config.announcements.is_empty() {
+            local_addresses.ensure_strict_arp();
+        }
         let cluster = match config.ipam.clone() {
             Some(settings) => {
                 let store = ClusterStore::open(&config.store_settings()).await?;

@@ -18,7 +18,7 @@ use ipam_tests::{
     netns::{Netns, veth},
     pod_net::{reaches, reaches_from},
     resolve::Resolver,
-    run, workspace_binary,
+    workspace_binary,
 };
 
 const CLIENT_V4: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
@@ -97,12 +97,10 @@ fn main() {
         println!("    {node}: {}", blocks.join(", "));
     }
     // The service IP is local to node-0 (its kernel accepts traffic for it) but the kernel must
-    // not answer ARP for it: the eBPF responder does, on the interfaces the daemon chooses.
+    // not answer ARP for it: the eBPF responder does, on the interfaces the daemon chooses (the
+    // agent sets the strict-ARP sysctls for its announcements: `[node.announce] strict_arp`).
     let node0 = &c.nodes[0];
     node0.ns.add_address("lo", &format!("{SERVICE_V4}/32"));
-    node0.ns.run(|| {
-        run("sysctl", &["-qw", "net.ipv4.conf.all.arp_ignore=1"]);
-    });
 
     step(
         4,

@@ -77,16 +77,12 @@ fn a_cluster_over_etcd_survives_its_faults() {
         .enumerate()
         .map(|(i, p)| (c.nodes[i].name.as_str(), p))
         .collect();
-    let mut failures = all_reach(&named);
-    if !failures.is_empty() {
-        // Routes follow the records within a moment of the blocks; one more look.
-        std::thread::sleep(Duration::from_secs(2));
-        failures = all_reach(&named);
-    }
-    assert!(
-        failures.is_empty(),
-        "unreachable: {failures:?}\n{}",
-        context(&c)
+    // Routes follow the records within a moment of the blocks.
+    wait_until(
+        Duration::from_secs(5),
+        "every pod reaching every other",
+        || all_reach(&named).is_empty(),
+        || format!("unreachable: {:?}\n{}", all_reach(&named), context(&c)),
     );
     // They went through the route map (the nodes have no kernel route to each other's pods).
     for node in &c.nodes {
@@ -140,11 +136,18 @@ fn a_cluster_over_etcd_survives_its_faults() {
     c.assert_no_block_twice();
     eprintln!("operator failover: new node served {failover:?} after the leader's SIGKILL");
 
-    // An agent SIGKILLed and restarted keeps its blocks and its pods.
+    // An agent SIGKILLed and restarted keeps its blocks and its pods: "unchanged" is judged
+    // once the new agent is up and ready (it has restored its state and served its record).
     let before = c.blocks()["node-1"].clone();
     c.nodes[1].daemon.take().unwrap().kill();
+    assert!(!c.nodes[1].ready(), "the killed agent is not ready");
     c.nodes[1].start();
-    std::thread::sleep(Duration::from_secs(1));
+    wait_until(
+        Duration::from_secs(20),
+        "the restarted agent ready",
+        || c.nodes[1].ready(),
+        || context(&c),
+    );
     assert_eq!(c.blocks()["node-1"], before);
     assert!(
         reaches(&pods[0].ns, &pods[1].v4),

@@ -833,9 +833,11 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
                 "refused, but not by the admission policy: {e}"
             );
         }
-        TestApi::StandIn(_) => {
-            println!("the admission policy is not exercised: the stand-in runs no admission");
-        }
+        TestApi::StandIn(_) => ipam_tests::not_checked(
+            "the admission policy refusing kn-1's agent a write of kn-9's record",
+            "the stand-in runs no admission (set KUBEBUILDER_ASSETS to run a real API \
+             server; tests/tests/admission.rs evaluates the policy's CEL offline)",
+        ),
     }
     // Its liveness lease, renewed (with one write: the agent holds the version it wrote).
     wait_for(
@@ -954,16 +956,17 @@ async fn bgp_sessions_on_the_kubernetes_api() -> TestApi {
     )
     .await;
     assert!(
-        missing.contains("ipam-system/bgp-tor2 does not exist"),
+        missing.contains("ipam-bgp-secrets/bgp-tor2 does not exist"),
         "{missing}"
     );
-    // The Secret created (with the line break a file leaves): the agent reads it, with the
-    // rights its Role grants, and opens the session with the password.
+    // The Secret created (with the line break a file leaves) in the namespace set aside for
+    // BGP passwords: the agent reads it, with the rights its Role there grants (and none on the
+    // Secrets of its own namespace), and opens the session with the password.
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
-        kube::Api::namespaced(api.client().await, "ipam-system");
+        kube::Api::namespaced(api.client().await, "ipam-bgp-secrets");
     let secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": { "name": "bgp-tor2", "namespace": "ipam-system" },
+        "metadata": { "name": "bgp-tor2", "namespace": "ipam-bgp-secrets" },
         // "fabric-key-2\n" (the stand-in does not turn stringData into data).
         "data": { "password": "ZmFicmljLWtleS0yCg==" },
     }))

@@ -225,7 +225,16 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
     // A broken file on reload is reported and the running configuration kept.
     std::fs::write(&lab.config.0, "[[announcement]]\nip = \"not an ip\"\n").unwrap();
     daemon.signal(nix::sys::signal::Signal::SIGHUP);
-    std::thread::sleep(Duration::from_millis(500));
+    ipam_tests::cluster::wait_until(
+        Duration::from_secs(5),
+        "the broken reload reported",
+        || {
+            daemon
+                .log_text()
+                .contains("keeping the running configuration")
+        },
+        || daemon.log_text(),
+    );
     let maps = ipam_daemon::datapath::ResponderMaps::from_pins(&lab.root.0).unwrap();
     assert_eq!(maps.list().unwrap().len(), 1);
     assert!(
@@ -431,13 +440,16 @@ fn missing_interface_is_waited_for_not_fatal() {
     let lab = Lab::new();
     lab.write_config(3000, "auto", &[(IpAddr::V4(ANNOUNCED), "late0")]);
     let mut daemon = lab.start();
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(daemon.running(), "daemon exited:\n{}", daemon.log_text());
-    let log = daemon.log_text();
-    assert!(
-        log.contains("waiting for interface") && log.contains("late0"),
-        "{log}"
+    ipam_tests::cluster::wait_until(
+        Duration::from_secs(5),
+        "the daemon saying what it waits for",
+        || {
+            let log = daemon.log_text();
+            log.contains("waiting for interface") && log.contains("late0")
+        },
+        || daemon.log_text(),
     );
+    assert!(daemon.running(), "daemon exited:\n{}", daemon.log_text());
 
     // The interface appears (a late NIC, a CNI creating it): the daemon picks it up by itself.
     let late_client = Netns::new("late");

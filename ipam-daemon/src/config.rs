@@ -87,6 +87,10 @@ pub struct BgpSettings {
     /// How often the sessions' state is read for status, metrics and conditions.
     #[serde(default = "default_bgp_status_ms")]
     pub status_interval_ms: u64,
+    /// The namespace of the Secrets BGPPeers name in `passwordSecretRef` (Kubernetes store):
+    /// one that holds those Secrets alone, so the agents' `get` on Secrets reaches no other.
+    #[serde(default = "default_bgp_secret_namespace")]
+    pub secret_namespace: String,
 }
 
 fn default_bird() -> PathBuf {
@@ -100,6 +104,9 @@ fn default_bgp_run_dir() -> PathBuf {
 }
 fn default_bgp_status_ms() -> u64 {
     1000
+}
+fn default_bgp_secret_namespace() -> String {
+    "ipam-bgp-secrets".to_owned()
 }
 
 /// The `[gossip]` section: agents tell each other who is alive over UDP, authenticated with a

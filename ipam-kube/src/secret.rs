@@ -1,6 +1,9 @@
-//! A key of a Secret in the project's namespace: the BGP peers' passwords. BGPPeers are
-//! cluster-wide and name no namespace, so the agents read Secrets of this one namespace alone
-//! (their Role grants `get` on Secrets there and nowhere else).
+//! A key of a Secret: the BGP peers' passwords. BGPPeers are cluster-wide and name no
+//! namespace, so the agents read Secrets of one namespace alone, set aside for them
+//! (`[bgp] secret_namespace`, `ipam-bgp-secrets` in deploy/): their Role grants `get` on
+//! Secrets there and nowhere else. RBAC cannot narrow `get` by label, and `resourceNames` would
+//! have to be edited for every peer: a namespace that holds the BGP passwords and nothing else
+//! keeps every other Secret out of an agent's reach.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
@@ -8,10 +11,14 @@ use kube::Api;
 use crate::KubeStore;
 
 impl KubeStore {
-    /// The text of `key` in the Secret `name` of the store's namespace, or why it cannot be had
+    /// The text of `key` in the Secret `namespace/name`, or why it cannot be had
     /// (naming the Secret and what to do).
-    pub async fn secret_key(&self, name: &str, key: &str) -> Result<String, String> {
-        let namespace = self.namespace();
+    pub async fn secret_key(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<String, String> {
         let api: Api<Secret> = Api::namespaced(self.client(), namespace);
         let secret = api.get_opt(name).await.map_err(|e| match e {
             kube::Error::Api(status) if status.code == 403 => format!(

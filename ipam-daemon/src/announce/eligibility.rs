@@ -131,6 +131,7 @@ mod tests {
             exclude_network_unavailable: false,
             exclude_not_ready: true,
             exclude_cordoned: true,
+            ..AnnounceSettings::default()
         };
         assert_eq!(why(&strict, &labelled, None), None, "the label ignored");
         assert!(

@@ -150,7 +150,7 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
     let mut speaker = Speaker::new(settings.clone(), node.clone(), metrics.clone());
     let mut addresses = OnLo::new(local_addresses);
     let mut reports = Reports::new(node.clone(), store.clone(), metrics.clone());
-    let mut passwords = Passwords::new();
+    let mut passwords = Passwords::new(&settings.secret_namespace);
     // The peers held back for want of their password, with why.
     let mut held = BTreeMap::new();
     let mut status_tick =

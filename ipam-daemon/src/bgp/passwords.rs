@@ -1,5 +1,5 @@
 //! Passwords from Secrets: a BGPPeer's `passwordSecretRef` names a key of a Secret in the
-//! store's namespace. The announcer reads it before it writes BIRD's configuration, and again
+//! namespace set aside for them (`[bgp] secret_namespace`). The announcer reads it before it writes BIRD's configuration, and again
 //! once a read is `REFRESH` old, so a rotated password reaches BIRD (which resets that session
 //! alone: its protocol's configuration changed); a Secret that could not be read is tried again
 //! after `RETRY`.
@@ -20,12 +20,15 @@ const RETRY: Duration = Duration::from_secs(3);
 
 /// The Secrets' values as last read.
 pub(super) struct Passwords {
+    /// Where the Secrets are.
+    namespace: String,
     read: BTreeMap<(String, String), (Instant, Result<String, String>)>,
 }
 
 impl Passwords {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(namespace: &str) -> Self {
         Self {
+            namespace: namespace.to_owned(),
             read: BTreeMap::new(),
         }
     }
@@ -56,7 +59,10 @@ impl Passwords {
             if !in_use.contains_key(&key) {
                 let entry = match self.read.remove(&key) {
                     Some((at, value)) if at.elapsed() < fresh_for(&value) => (at, value),
-                    _ => (Instant::now(), read(store, &reference).await),
+                    _ => (
+                        Instant::now(),
+                        read(store, &self.namespace, &reference).await,
+                    ),
                 };
                 in_use.insert(key.clone(), entry);
             }
@@ -82,7 +88,11 @@ fn fresh_for(value: &Result<String, String>) -> Duration {
 }
 
 /// The password in the Secret, checked as a TCP MD5 key.
-async fn read(store: &ClusterStore, reference: &SecretKeyRef) -> Result<String, String> {
+async fn read(
+    store: &ClusterStore,
+    namespace: &str,
+    reference: &SecretKeyRef,
+) -> Result<String, String> {
     let ClusterStore::Kubernetes(kube) = store else {
         return Err(format!(
             "passwordSecretRef ({}) needs the Kubernetes store: on {} give the password in \
@@ -91,7 +101,9 @@ async fn read(store: &ClusterStore, reference: &SecretKeyRef) -> Result<String, 
             store.describe()
         ));
     };
-    let password = kube.secret_key(&reference.name, &reference.key).await?;
+    let password = kube
+        .secret_key(namespace, &reference.name, &reference.key)
+        .await?;
     // A Secret made from a file often ends in a line break, which no MD5 key here may hold.
     let password = password.trim_end_matches(['\n', '\r']).to_owned();
     check_password(&password).map_err(|why| {
@@ -140,7 +152,7 @@ mod tests {
                 BTreeMap::from([(ip, RouteAttributes::default())]),
             );
         }
-        let mut passwords = Passwords::new();
+        let mut passwords = Passwords::new("ipam-bgp-secrets");
         let held = passwords.resolve(&store, &mut wanted).await;
         assert_eq!(held.keys().collect::<Vec<_>>(), ["guarded"]);
         assert!(

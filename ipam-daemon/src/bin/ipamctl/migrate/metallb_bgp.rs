@@ -132,7 +132,8 @@ pub(super) fn peer(
                 report.rest(secret);
                 report.note(format!(
                 "spec.passwordSecret: the password is read from the Secret {name} (key password) \
-                 in the agents' namespace ([store.kubernetes] namespace, ipam-system by default); \
+                 in the namespace set aside for BGP passwords ([bgp] secret_namespace, \
+                 ipam-bgp-secrets by default); \
                  MetalLB read it from {}: copy the Secret there",
                 if namespace.is_empty() { "its own namespace".to_owned() } else { namespace }
             ));

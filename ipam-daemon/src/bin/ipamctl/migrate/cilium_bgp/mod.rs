@@ -286,7 +286,7 @@ fn read_families(
 
 /// `authSecretRef`: the Secret Cilium reads the password from (key `password`, in its BGP
 /// secrets namespace), named in the converted peer; the Secret itself must be copied into the
-/// agents' namespace.
+/// namespace set aside for BGP passwords.
 fn read_secret_reference(
     fields: &mut Fields,
     report: &mut Report,
@@ -296,8 +296,8 @@ fn read_secret_reference(
         return Ok(None);
     };
     report.note(format!(
-        "{path}: the password is read from the Secret {name} (key password) in the agents' \
-         namespace ([store.kubernetes] namespace, ipam-system by default); Cilium read it from its \
+        "{path}: the password is read from the Secret {name} (key password) in the namespace set \
+         aside for BGP passwords ([bgp] secret_namespace, ipam-bgp-secrets by default); Cilium read it from its \
          BGP secrets namespace (kube-system by default): copy the Secret there"
     ));
     Ok(Some(SecretKeyRef {

@@ -420,6 +420,30 @@ mod tests {
         }
     }
 
+    /// A policy for one tenant's Services (by the derived namespace label) does not announce
+    /// the IP of another tenant's Service that carries that label itself, in either family.
+    #[test]
+    fn a_service_claiming_another_namespace_by_label_is_not_announced_for_it() {
+        for family in [Family::V4, Family::V6] {
+            let nodes = [node("a", "east", &[("eth0", "10.77.0.1/24")])];
+            let mut tenant = policy(None, &[]);
+            tenant.1.service_selector.match_labels.insert(
+                crate::lb::resources::SERVICE_NAMESPACE_LABEL.into(),
+                "tenant-one".into(),
+            );
+            let mut svcs = services(2, family);
+            svcs[0].0 = "tenant-two/web".into();
+            svcs[0].1.labels.insert(
+                crate::lb::resources::SERVICE_NAMESPACE_LABEL.into(),
+                "tenant-one".into(),
+            );
+            svcs[1].0 = "tenant-one/web".into();
+            let announced = owners(&[tenant], &svcs, &none(), &nodes);
+            let ips: Vec<IpAddr> = announced.iter().map(|a| a.ip).collect();
+            assert_eq!(ips, svcs[1].2.ingress, "{family:?}: {announced:?}");
+        }
+    }
+
     #[test]
     fn node_selector_and_interface_patterns_decide_who_may_announce() {
         let nodes = [

@@ -56,6 +56,10 @@ pub const ANNOUNCED: &str = "Announced";
 /// controller writes it).
 pub const ANNOTATIONS_AGREE: &str = "AnnotationsAgree";
 
+/// The condition a Service gets while it carries a reserved label (`io.kubernetes.service.*`)
+/// with a value other than the derived one, which selectors ignore.
+pub const LABELS_ACCEPTED: &str = "LabelsAccepted";
+
 /// An inclusive range of usable addresses of one family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Range {
@@ -623,7 +627,14 @@ fn released(status: &ServiceStatus) -> Option<ServiceStatus> {
             .conditions
             .iter()
             .filter(|c| {
-                ![IP_ASSIGNED, REACHABLE, ANNOUNCED, ANNOTATIONS_AGREE].contains(&c.kind.as_str())
+                ![
+                    IP_ASSIGNED,
+                    REACHABLE,
+                    ANNOUNCED,
+                    ANNOTATIONS_AGREE,
+                    LABELS_ACCEPTED,
+                ]
+                .contains(&c.kind.as_str())
             })
             .cloned()
             .collect(),

@@ -1103,3 +1103,76 @@ fn pools_as_large_as_the_address_space_count_to_the_ceiling_without_overflow() {
         assert!(counts.available < counts.total, "{name}: {counts:?}");
     }
 }
+
+/// Cilium's derived labels come from the Service's name: a Service of tenant-two that labels
+/// itself `io.kubernetes.service.namespace: tenant-one` (or names itself by label) gets no IP
+/// from tenant-one's pool; tenant-one's own Service does. In IPv4 and IPv6.
+#[test]
+fn a_service_claiming_another_namespace_by_label_gets_nothing_from_its_pool() {
+    for (family, cidr, first) in [
+        (Family::V4, "192.0.2.0/30", "192.0.2.1"),
+        (Family::V6, "2001:db8::/126", "2001:db8::1"),
+    ] {
+        let mut tenant_pool = cidr_pool(&[cidr]);
+        tenant_pool.service_selector.match_labels.insert(
+            super::resources::SERVICE_NAMESPACE_LABEL.into(),
+            "tenant-one".into(),
+        );
+        let mut by_name = cidr_pool(&[cidr]);
+        by_name.service_selector.match_labels.insert(
+            super::resources::SERVICE_NAME_LABEL.into(),
+            "payments".into(),
+        );
+        for pool in [tenant_pool, by_name] {
+            let mut impostor = svc(family);
+            impostor.labels.insert(
+                super::resources::SERVICE_NAMESPACE_LABEL.into(),
+                "tenant-one".into(),
+            );
+            impostor.labels.insert(
+                super::resources::SERVICE_NAME_LABEL.into(),
+                "payments".into(),
+            );
+            let (rows, _) = run(
+                &[("a", pool)],
+                &[
+                    ("tenant-two/web", impostor, vec![]),
+                    ("tenant-one/payments", svc(family), vec![]),
+                ],
+            );
+            let by: std::collections::BTreeMap<&str, &Row> =
+                rows.iter().map(|r| (r.0.as_str(), r)).collect();
+            assert!(
+                by["tenant-two/web"].1.is_empty() && !by["tenant-two/web"].2,
+                "{family:?}: the impostor was served: {rows:?}"
+            );
+            assert_eq!(by["tenant-one/payments"].1, [first], "{family:?}");
+        }
+    }
+    let why = super::resources::reserved_labels_ignored(
+        "tenant-two/web",
+        &[(
+            super::resources::SERVICE_NAMESPACE_LABEL.to_owned(),
+            "tenant-one".to_owned(),
+        )]
+        .into(),
+    )
+    .unwrap();
+    assert!(
+        why.contains("io.kubernetes.service.namespace=tenant-one (it is tenant-two)")
+            && why.contains("reserved"),
+        "{why}"
+    );
+    assert_eq!(
+        super::resources::reserved_labels_ignored(
+            "tenant-one/web",
+            &[(
+                super::resources::SERVICE_NAMESPACE_LABEL.to_owned(),
+                "tenant-one".to_owned(),
+            )]
+            .into(),
+        ),
+        None,
+        "the label's own value is no problem"
+    );
+}

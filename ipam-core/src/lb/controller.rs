@@ -17,7 +17,7 @@ use crate::{
     store::{StoreError, TypedStore, Versioned},
 };
 
-pub use super::assign::{ANNOTATIONS_AGREE, ANNOUNCED, REACHABLE};
+pub use super::assign::{ANNOTATIONS_AGREE, ANNOUNCED, LABELS_ACCEPTED, REACHABLE};
 
 /// What a pass changed, for the log.
 #[derive(Debug, Default)]
@@ -189,6 +189,13 @@ pub async fn reconcile<S: TypedStore>(
                 .conditions
                 .push(Condition::new(ANNOTATIONS_AGREE, false, conflict.clone()));
         }
+        if let Some(ignored) =
+            super::resources::reserved_labels_ignored(&s.name, &s.value.spec.labels)
+        {
+            status
+                .conditions
+                .push(Condition::new(LABELS_ACCEPTED, false, ignored));
+        }
         for c in status.conditions.iter().filter(|c| !c.status) {
             report
                 .problems
@@ -266,6 +273,87 @@ mod tests {
             allow_first_last_ips: allow_first_last,
             ..LbIpPoolSpec::default()
         }
+    }
+
+    /// A Service of tenant-two labelled with tenant-one's namespace, beside a pool for
+    /// tenant-one: no IP, and a false `LabelsAccepted` condition naming the reserved label,
+    /// which the report carries as a problem (the operator's warning Event and log).
+    #[tokio::test]
+    async fn a_service_claiming_a_reserved_label_is_refused_and_told_why() {
+        let dir = crate::test_util::TempPath::new("lb-controller-labels");
+        std::fs::create_dir_all(&*dir).unwrap();
+        let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
+        let mut settling = PoolSettling::default();
+        let mut spec = cidr_pool(&["10.9.0.0/28"], false);
+        spec.service_selector = serde_json::from_value(serde_json::json!({
+            "matchLabels": { "io.kubernetes.service.namespace": "tenant-one" } }))
+        .unwrap();
+        store
+            .create_typed(
+                "tenant-one",
+                &LbIpPool {
+                    spec,
+                    status: LbIpPoolStatus::default(),
+                },
+            )
+            .await
+            .unwrap();
+        let impostor: ServiceSpec = serde_json::from_value(serde_json::json!({
+            "type": "LoadBalancer",
+            "labels": { "io.kubernetes.service.namespace": "tenant-one" },
+        }))
+        .unwrap();
+        let service = |spec: ServiceSpec| Service {
+            spec,
+            status: ServiceStatus::default(),
+        };
+        store
+            .create_typed("tenant-two/web", &service(impostor))
+            .await
+            .unwrap();
+        let real: ServiceSpec =
+            serde_json::from_value(serde_json::json!({ "type": "LoadBalancer" })).unwrap();
+        store
+            .create_typed("tenant-one/web", &service(real))
+            .await
+            .unwrap();
+        let report = reconcile(&store, &mut settling).await.unwrap();
+        let stored = |name: &'static str| {
+            let store = &store;
+            async move {
+                store
+                    .get_typed::<Service>(name)
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .value
+            }
+        };
+        let impostor = stored("tenant-two/web").await;
+        assert!(impostor.status.ingress.is_empty(), "{impostor:?}");
+        let labels = impostor
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.kind == LABELS_ACCEPTED)
+            .expect("the LabelsAccepted condition");
+        assert!(
+            !labels.status
+                && labels
+                    .message
+                    .contains("io.kubernetes.service.namespace=tenant-one")
+                && labels.message.contains("reserved"),
+            "{labels:?}"
+        );
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|(o, p)| o == "Service tenant-two/web" && p.contains("reserved")),
+            "{:?}",
+            report.problems
+        );
+        assert_eq!(stored("tenant-one/web").await.status.ingress.len(), 1);
     }
 
     /// A Service whose annotations disagree keeps getting its IP (the first annotation in

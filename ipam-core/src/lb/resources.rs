@@ -51,16 +51,17 @@ impl Selector {
     }
 
     /// Whether it selects `service` (`namespace/name`) with `labels`: over its labels and the
-    /// two Cilium adds to every Service (`SERVICE_NAMESPACE_LABEL`, `SERVICE_NAME_LABEL`; a
-    /// Service's own label of that name wins), so a Cilium user's selector keeps its meaning.
+    /// two Cilium adds to every Service (`SERVICE_NAMESPACE_LABEL`, `SERVICE_NAME_LABEL`), so a
+    /// Cilium user's selector keeps its meaning. Those two always come from the Service's
+    /// name, whatever labels it carries: a Service of one tenant that labels itself with
+    /// another's namespace must not get that tenant's pool, nor its announcements.
     /// Nothing is copied: the owner decision asks this for every Service on every pass.
     pub fn matches_service(&self, service: &str, labels: &BTreeMap<String, String>) -> bool {
         let (namespace, name) = service.split_once('/').unwrap_or(("default", service));
-        self.matches_by(|key| match labels.get(key) {
-            Some(value) => Some(value.as_str()),
-            None if key == SERVICE_NAMESPACE_LABEL => Some(namespace),
-            None if key == SERVICE_NAME_LABEL => Some(name),
-            None => None,
+        self.matches_by(|key| match key {
+            SERVICE_NAMESPACE_LABEL => Some(namespace),
+            SERVICE_NAME_LABEL => Some(name),
+            _ => labels.get(key).map(String::as_str),
         })
     }
 
@@ -159,9 +160,33 @@ impl Default for LbIpPoolSpec {
 
 /// The labels Cilium adds to every Service for selectors: its namespace and its name. Pool and
 /// policy `serviceSelector`s match them beside the Service's own labels
-/// (`Selector::matches_service`).
+/// (`Selector::matches_service`); they are derived from the Service's name and override a
+/// label of the same key the Service carries.
 pub const SERVICE_NAMESPACE_LABEL: &str = "io.kubernetes.service.namespace";
 pub const SERVICE_NAME_LABEL: &str = "io.kubernetes.service.name";
+
+/// Why `service` (`namespace/name`) carries a reserved label with a value other than the one
+/// derived from its name, if it does: the label is ignored, and the Service is told so.
+pub fn reserved_labels_ignored(service: &str, labels: &BTreeMap<String, String>) -> Option<String> {
+    let (namespace, name) = service.split_once('/').unwrap_or(("default", service));
+    let ignored: Vec<String> = [
+        (SERVICE_NAMESPACE_LABEL, namespace),
+        (SERVICE_NAME_LABEL, name),
+    ]
+    .into_iter()
+    .filter_map(|(key, derived)| {
+        let given = labels.get(key)?;
+        (given != derived).then(|| format!("{key}={given} (it is {derived})"))
+    })
+    .collect();
+    (!ignored.is_empty()).then(|| {
+        format!(
+            "the label {} is reserved: selectors see the value derived from the Service's \
+             namespace and name, and the Service's own is ignored; remove it",
+            ignored.join(" and ")
+        )
+    })
+}
 
 /// A Service's namespace, from its name (`namespace/name`).
 pub fn namespace_of(service: &str) -> &str {
@@ -472,15 +497,14 @@ impl Namespace {
         Self::with_name_label(labels, namespace)
     }
 
-    /// `labels` of `namespace` with the name label (the API server sets it; it is set here
-    /// too, for a namespace read from elsewhere).
+    /// `labels` of `namespace` with the name label, which is always its name (the API server
+    /// forces it; it is forced here too, for a Namespace written on another store with a name
+    /// label of another namespace, which would let a selector on it admit the wrong tenant).
     pub fn with_name_label(
         mut labels: BTreeMap<String, String>,
         namespace: &str,
     ) -> BTreeMap<String, String> {
-        labels
-            .entry(NAMESPACE_NAME_LABEL.to_owned())
-            .or_insert_with(|| namespace.to_owned());
+        labels.insert(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned());
         labels
     }
 }

@@ -54,8 +54,8 @@ fn endpoint_error(e: EndpointError) -> Response {
 
 impl PodAllocations {
     pub(super) fn handle(&self, request: Request) -> Response {
-        if let Err(e) = self.adopt_legacy(&request) {
-            return e;
+        if let Some(failed) = self.adopt_legacy(&request) {
+            return failed;
         }
         match request {
             Request::Allocate(a) => {
@@ -262,8 +262,9 @@ impl PodAllocations {
     /// Hands the allocations and the endpoint an attachment had under its legacy key (made
     /// before attachments carried their network) to the network the request names. Container
     /// and interface are unique among live attachments, so the first network to name them is
-    /// theirs. A GC adopts its valid attachments before it collects.
-    fn adopt_legacy(&self, request: &Request) -> Result<(), Response> {
+    /// theirs. A GC adopts its valid attachments before it collects. Returns the answer for a
+    /// request whose adoption failed (nothing else of it is done).
+    fn adopt_legacy(&self, request: &Request) -> Option<Response> {
         let ids: Vec<&AttachmentId> = match request {
             Request::Allocate(a) | Request::Release(a) | Request::Check(a) => vec![&a.id],
             Request::RegisterEndpoint(e) => vec![&e.id],
@@ -288,7 +289,7 @@ impl PodAllocations {
                             id.network
                         ),
                         Err(e) => {
-                            return Err(Response::error(
+                            return Some(Response::error(
                                 ErrorCode::Failed,
                                 format!(
                                     "container {} interface {}: cannot hand its address to \
@@ -300,9 +301,11 @@ impl PodAllocations {
                     }
                 }
             }
-            self.endpoints.adopt(id).map_err(endpoint_error)?;
+            if let Err(e) = self.endpoints.adopt(id) {
+                return Some(endpoint_error(e));
+            }
         }
-        Ok(())
+        None
     }
 
     /// CNI GC of one network: what that network holds for attachments not in `valid` is

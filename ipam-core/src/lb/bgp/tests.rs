@@ -247,3 +247,28 @@ fn communities_standard_and_large() {
     }
     assert_eq!(Community::Large(1, 2, 3).to_string(), "1:2:3");
 }
+
+/// A Service that labels itself with another tenant's namespace is not advertised by that
+/// tenant's advertisement, in either family; the tenant's own Service is.
+#[test]
+fn a_service_claiming_another_namespace_by_label_is_not_advertised_for_it() {
+    let mut world = World::new();
+    world.advertisements = vec![(
+        "tenant-one".into(),
+        advertisement(json!({ "serviceSelector": { "matchLabels": {
+            "io.kubernetes.service.namespace": "tenant-one" } } })),
+    )];
+    let (_, mut impostor, status) = service("web", false, &["198.51.100.20", "2001:db8::20"]);
+    impostor.labels.insert(
+        "io.kubernetes.service.namespace".into(),
+        "tenant-one".into(),
+    );
+    let (_, real, real_status) = service("web", false, &["198.51.100.30", "2001:db8::30"]);
+    world.services = vec![
+        ("tenant-two/web".into(), impostor, status),
+        ("tenant-one/web".into(), real, real_status),
+    ];
+    let out = world.on("node-a", None);
+    assert_eq!(ips(&out, "tor4"), ["198.51.100.30"]);
+    assert_eq!(ips(&out, "tor6"), ["2001:db8::30"]);
+}

@@ -525,6 +525,56 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         "{refused:?}"
     );
 
+    // A pool for gold's Services by the label Cilium derives from the namespace: shop's Service
+    // that labels itself as gold's and asks for the pool gets nothing, and is told the label is
+    // reserved and ignored.
+    std::fs::write(
+        &manifest.0,
+        "kind: LoadBalancerIPPool\nmetadata:\n  name: gold-by-label\nspec:\n  blocks:\n  \
+         - cidr: 10.77.7.0/29\n  serviceSelector:\n    matchLabels: { io.kubernetes.service.namespace: gold }\n",
+    )
+    .unwrap();
+    ipamctl_apply(&manifest.0, &config.0, &ipamctl_kubeconfig.0);
+    let impostor: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "claims-gold", "namespace": "shop",
+                      "labels": { "io.kubernetes.service.namespace": "gold" },
+                      "annotations": { "ipam-ebpf.io/address-pool": "gold-by-label" } },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 84, "protocol": "TCP" }] },
+    }))
+    .unwrap();
+    services
+        .create(&kube::api::PostParams::default(), &impostor)
+        .await
+        .expect("create the Service");
+    let reserved = wait_for(
+        "shop/claims-gold told its label is reserved",
+        async || {
+            let s = services.get("claims-gold").await.ok()?;
+            s.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "LabelsAccepted" && c.status == "False")
+        },
+        log,
+    )
+    .await;
+    assert!(
+        reserved
+            .message
+            .contains("io.kubernetes.service.namespace=gold (it is shop)"),
+        "{reserved:?}"
+    );
+    let status = services.get("claims-gold").await.unwrap().status.unwrap();
+    assert!(
+        status
+            .load_balancer
+            .and_then(|lb| lb.ingress)
+            .unwrap_or_default()
+            .is_empty(),
+        "the impostor got an IP from gold's pool"
+    );
+
     // The Service turned NodePort leaves LB-IPAM: its IP is given back and what LB-IPAM wrote
     // in its status (the ingress, the IPAssigned condition) is cleared in the same pass.
     services

@@ -452,6 +452,60 @@ fn a_new_pool_renumbers_nothing_and_a_service_leaving_releases_its_ip() {
         || format!("{:?}\n{}", held(), c.operator_log(0)),
     );
     assert_eq!(held()["default/api"], before["default/api"]);
+
+    a_service_cannot_claim_another_tenants_pool_by_label(&c);
+}
+
+/// Through the operator over real etcd: a pool for tenant-one's Services (by the label Cilium
+/// derives from the namespace), and a Service of tenant-two that asks for that pool and labels
+/// itself as tenant-one's: refused, told the label is reserved; tenant-one's own is served.
+fn a_service_cannot_claim_another_tenants_pool_by_label(c: &Cluster) {
+    let mut tenant = pool(vec![range("10.77.0.40", "10.77.0.49")]);
+    tenant.spec.service_selector = serde_json::from_value(serde_json::json!({
+        "matchLabels": { "io.kubernetes.service.namespace": "tenant-one" } }))
+    .unwrap();
+    c.put("tenant-one", &tenant);
+    let mut asking = lb_service(80);
+    asking.spec.pool = Some("tenant-one".into());
+    let mut impostor = asking.clone();
+    impostor.spec.labels.insert(
+        "io.kubernetes.service.namespace".into(),
+        "tenant-one".into(),
+    );
+    c.put("tenant-two/web", &impostor);
+    c.put("tenant-one/web", &asking);
+    let service = |name: &str| {
+        c.list::<Service>()
+            .into_iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value.status)
+            .unwrap_or_default()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "tenant-one's Service served from its pool, the impostor told why not",
+        || {
+            !service("tenant-one/web").ingress.is_empty()
+                && service("tenant-two/web")
+                    .conditions
+                    .iter()
+                    .any(|c| c.kind == "LabelsAccepted" && !c.status)
+        },
+        || format!("{:?}\n{}", service("tenant-two/web"), c.operator_log(0)),
+    );
+    let ip = service("tenant-one/web").ingress[0];
+    assert!(tenant.spec.contains(ip), "{ip} is not tenant-one's");
+    let impostor = service("tenant-two/web");
+    assert!(impostor.ingress.is_empty(), "the impostor got {:?}", impostor.ingress);
+    let labels = impostor
+        .conditions
+        .iter()
+        .find(|c| c.kind == "LabelsAccepted")
+        .unwrap();
+    assert!(
+        labels.message.contains("io.kubernetes.service.namespace=tenant-one (it is tenant-two)"),
+        "{labels:?}"
+    );
 }
 
 /// A pod on `node` wired as a cluster with another CNI wires it: Debian's bridge plugin with

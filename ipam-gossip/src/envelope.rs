@@ -15,13 +15,15 @@
 //!   than [`MAX_CLOCK_SKEW`] away from their own clock: an old capture, even on a receiver that
 //!   just restarted. This asks the nodes' clocks to agree within the skew, which NTP gives any
 //!   cluster (its certificates need it too).
-//! - The **counter** grows by one per packet the sender seals, from the sender's clock at its
-//!   first packet (so a restarted sender starts above everything it sent before, unless it
-//!   sent more than one packet per microsecond). Receivers keep, per sender, the highest counter
-//!   and which of the [`REPLAY_WINDOW`] below it they have seen, as IPsec does: a packet seen
-//!   before is dropped, and so is one more than [`REPLAY_WINDOW`] packets older than the newest,
-//!   which cannot be told from a replay. The window counts packets, not time: at the gossip's
-//!   rates (tens of packets a second to one peer) it tolerates reordering over about a second.
+//! - The **counter** is the sender's count of packets to this recipient: it grows by one per
+//!   packet sealed for it, from the sender's clock at its first packet to it (so a restarted
+//!   sender starts above everything it sent before, unless it sent more than one packet per
+//!   microsecond). Receivers keep, per sender, the highest counter and which of the
+//!   [`REPLAY_WINDOW`] below it they have seen, as IPsec does: a packet seen before is dropped,
+//!   and so is one more than [`REPLAY_WINDOW`] packets older than the newest, which cannot be
+//!   told from a replay. Counted per recipient, the window is packets sent to this member: at
+//!   the gossip's rates to one peer (tens a second) it takes reordering over about a second,
+//!   whatever the cluster's size.
 //! - The sender and the recipient are inside the tag: a replay cannot be passed off as coming
 //!   from elsewhere, and a packet sent to one member and replayed to another is dropped there
 //!   (each member's window only covers what was sent to it, so without the recipient a packet
@@ -204,8 +206,8 @@ pub struct Envelope {
     keyring: Keyring,
     /// This member's address: the sender of what it seals, the recipient of what it opens.
     me: SocketAddr,
-    /// The counter of the last packet sealed; 0 before the first.
-    counter: u64,
+    /// The counter of the last packet sealed for each recipient.
+    counters: HashMap<SocketAddr, u64>,
     seen: HashMap<SocketAddr, ReplayWindow>,
 }
 
@@ -214,7 +216,7 @@ impl Envelope {
         Self {
             keyring,
             me,
-            counter: 0,
+            counters: HashMap::new(),
             seen: HashMap::new(),
         }
     }
@@ -226,11 +228,12 @@ impl Envelope {
 
     /// `message` in an envelope to `recipient`, sent at `unix_micros`.
     pub fn seal(&mut self, unix_micros: u64, recipient: SocketAddr, message: &[u8]) -> Vec<u8> {
-        self.counter = if self.counter == 0 {
-            unix_micros.max(1)
-        } else {
-            self.counter + 1
-        };
+        let counter = self
+            .counters
+            .entry(recipient)
+            .and_modify(|c| *c += 1)
+            .or_insert_with(|| unix_micros.max(1));
+        let counter = *counter;
         let mut packet = Vec::with_capacity(OVERHEAD + message.len());
         packet.extend_from_slice(MAGIC);
         packet.push(VERSION);
@@ -238,7 +241,7 @@ impl Envelope {
         packet.extend_from_slice(&address_bytes(self.me));
         packet.extend_from_slice(&address_bytes(recipient));
         packet.extend_from_slice(&unix_micros.to_be_bytes());
-        packet.extend_from_slice(&self.counter.to_be_bytes());
+        packet.extend_from_slice(&counter.to_be_bytes());
         packet.extend_from_slice(message);
         let tag = hmac::sign(&self.keyring.sign.hmac, &packet);
         packet.extend_from_slice(tag.as_ref());

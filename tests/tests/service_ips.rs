@@ -496,14 +496,20 @@ fn a_service_cannot_claim_another_tenants_pool_by_label(c: &Cluster) {
     let ip = service("tenant-one/web").ingress[0];
     assert!(tenant.spec.contains(ip), "{ip} is not tenant-one's");
     let impostor = service("tenant-two/web");
-    assert!(impostor.ingress.is_empty(), "the impostor got {:?}", impostor.ingress);
+    assert!(
+        impostor.ingress.is_empty(),
+        "the impostor got {:?}",
+        impostor.ingress
+    );
     let labels = impostor
         .conditions
         .iter()
         .find(|c| c.kind == "LabelsAccepted")
         .unwrap();
     assert!(
-        labels.message.contains("io.kubernetes.service.namespace=tenant-one (it is tenant-two)"),
+        labels
+            .message
+            .contains("io.kubernetes.service.namespace=tenant-one (it is tenant-two)"),
         "{labels:?}"
     );
 }

@@ -78,7 +78,7 @@ fn build_floor(plugin: &Path, dir: &Path) -> PathBuf {
         &source,
         "use std::io::Read;\nfn main() {\n    let mut conf = Vec::new();\n    \
          let _ = std::io::stdin().read_to_end(&mut conf);\n    \
-         println!(\"{{}}\", conf.len());\n}\n",
+         println!(\"{}\", conf.len());\n}\n",
     )
     .expect("write the no-op plugin");
     // A dynamic executable names its loader (PT_INTERP); a static one has none.

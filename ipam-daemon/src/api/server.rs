@@ -213,8 +213,18 @@ pub async fn serve(listener: Listener, handler: Handler) {
     }
 }
 
-/// Answers a refused peer with why, without reading its request.
-async fn refuse(mut stream: UnixStream, why: String) -> std::io::Result<()> {
+/// Answers a refused peer with why. Its request line is read first (at most 64 KiB, for at most
+/// a second, and never handled): a client that is still writing when the answer comes and the
+/// socket closes would see a broken pipe instead of the reason.
+async fn refuse(stream: UnixStream, why: String) -> std::io::Result<()> {
+    use tokio::io::AsyncReadExt as _;
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        BufReader::new(read.take(64 * 1024)).read_line(&mut line),
+    )
+    .await;
     let mut out = serde_json::to_vec(&Envelope {
         version: API_VERSION,
         body: Response::error(
@@ -224,7 +234,7 @@ async fn refuse(mut stream: UnixStream, why: String) -> std::io::Result<()> {
     })
     .expect("responses serialise");
     out.push(b'\n');
-    stream.write_all(&out).await
+    write.write_all(&out).await
 }
 
 async fn connection(stream: UnixStream, handler: Handler) -> std::io::Result<()> {

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
             .map(|(_, v)| (*v).to_owned())
     };
     if let Ok(invocation) = Invocation::from_env(get) {
-        let _ = invocation.attachment();
+        let _ = invocation.attachment("fuzznet");
         let _ = invocation.pod();
     }
     if let Ok(conf) = NetConf::parse(stdin) {

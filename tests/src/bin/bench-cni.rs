@@ -81,9 +81,7 @@ fn build_floor(plugin: &Path, dir: &Path) -> PathBuf {
          println!(\"{}\", conf.len());\n}\n",
     )
     .expect("write the no-op plugin");
-    // A dynamic executable names its loader (PT_INTERP); a static one has none.
-    let image = std::fs::read(plugin).expect("read the plugin");
-    let static_plugin = !image.windows(8).any(|w| w == b"ld-linux");
+    let static_plugin = !has_interpreter(&std::fs::read(plugin).expect("read the plugin"));
     let binary = dir.join("noop");
     let mut rustc = Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()));
     rustc
@@ -96,6 +94,33 @@ fn build_floor(plugin: &Path, dir: &Path) -> PathBuf {
     let status = rustc.status().expect("run rustc for the floor");
     assert!(status.success(), "cannot build the no-op plugin");
     binary
+}
+
+/// Whether a 64-bit little-endian ELF image asks for a dynamic loader (a `PT_INTERP` program
+/// header): a dynamic executable does, a static one does not (it may still hold the loader's
+/// name as a string, so the headers are read, not searched).
+fn has_interpreter(image: &[u8]) -> bool {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |at: usize| {
+        image
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u64_at = |at: usize| {
+        image
+            .get(at..at + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    };
+    let (Some(phoff), Some(entsize), Some(count)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    (0..usize::from(count)).any(|i| {
+        let at = phoff as usize + i * usize::from(entsize);
+        image
+            .get(at..at + 4)
+            .is_some_and(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) == PT_INTERP)
+    })
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -309,6 +309,15 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// The status of Service `name` (`namespace/name`) as stored; empty while it has none.
+    pub fn service_status(&self, name: &str) -> ipam_core::lb::resources::ServiceStatus {
+        self.list::<ipam_core::lb::resources::Service>()
+            .into_iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value.status)
+            .unwrap_or_default()
+    }
+
     /// A client host on the segment: 10.77.0.100/24 and fd77::100/64 on its `eth0`.
     pub fn add_client(&self, tag: &str) -> Netns {
         let client = Netns::new(tag);

@@ -188,13 +188,7 @@ fn migrated_pools_keep_every_service_ip() {
     .unwrap();
     let out = c.ipamctl_beside_store(&["apply", "-f", services.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    let status = |name: &str| {
-        c.list::<Service>()
-            .into_iter()
-            .find(|s| s.name == name)
-            .map(|s| s.value.status)
-            .unwrap_or_default()
-    };
+    let status = |name: &str| c.service_status(name);
     wait_until(
         Duration::from_secs(30),
         "the annotated Services served",

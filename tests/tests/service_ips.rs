@@ -427,13 +427,7 @@ fn a_new_pool_renumbers_nothing_and_a_service_leaving_releases_its_ip() {
     let mut node_port = web.value.clone();
     node_port.spec.service_type = ipam_core::lb::resources::ServiceType::NodePort;
     c.put("default/web", &node_port);
-    let web_status = || {
-        c.list::<Service>()
-            .into_iter()
-            .find(|s| s.name == "default/web")
-            .map(|s| s.value.status)
-            .unwrap_or_default()
-    };
+    let web_status = || c.service_status("default/web");
     wait_until(
         Duration::from_secs(20),
         "web's status cleared",
@@ -474,13 +468,7 @@ fn a_service_cannot_claim_another_tenants_pool_by_label(c: &Cluster) {
     );
     c.put("tenant-two/web", &impostor);
     c.put("tenant-one/web", &asking);
-    let service = |name: &str| {
-        c.list::<Service>()
-            .into_iter()
-            .find(|s| s.name == name)
-            .map(|s| s.value.status)
-            .unwrap_or_default()
-    };
+    let service = |name: &str| c.service_status(name);
     wait_until(
         Duration::from_secs(20),
         "tenant-one's Service served from its pool, the impostor told why not",

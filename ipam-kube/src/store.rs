@@ -357,8 +357,8 @@ impl KubeStore {
         let value = match mapping {
             Mapping::Custom { layout, .. } => {
                 let spec = object.data.get("spec").cloned().unwrap_or(json!({}));
-                match layout {
-                    Layout::WholeAsSpec => spec,
+                let mut v = match layout {
+                    Layout::WholeAsSpec => return self.raw_value(kind, name, object, spec),
                     Layout::Spec => json!({ "spec": spec }),
                     Layout::SpecAndStatus => {
                         let mut v = json!({ "spec": spec });
@@ -367,7 +367,13 @@ impl KubeStore {
                         }
                         v
                     }
+                };
+                // The object's labels, which selectors of other objects choose it by
+                // (`ipPoolSelector`); kinds that have none ignore them.
+                if let Some(labels) = object.metadata.labels.as_ref().filter(|l| !l.is_empty()) {
+                    v["labels"] = json!(labels);
                 }
+                v
             }
             Mapping::Lease => {
                 let spec: LeaseSpec = match object.data.get("spec") {
@@ -401,6 +407,16 @@ impl KubeStore {
                 crate::endpoint_slices::to_engine(&slice)
             }
         };
+        self.raw_value(kind, name, object, value)
+    }
+
+    fn raw_value(
+        &self,
+        kind: &str,
+        name: String,
+        object: &DynamicObject,
+        value: Value,
+    ) -> Option<RawObject> {
         Some(RawObject {
             kind: kind.to_owned(),
             name,
@@ -414,14 +430,22 @@ impl KubeStore {
     fn split(mapping: &Mapping, value: &[u8]) -> Result<(Value, Option<Value>), String> {
         let value: Value = serde_json::from_slice(value).map_err(|e| e.to_string())?;
         Ok(match mapping {
-            Mapping::Custom { layout, .. } => match layout {
-                Layout::WholeAsSpec => (json!({ "spec": value }), None),
-                Layout::Spec => (json!({ "spec": value["spec"] }), None),
-                Layout::SpecAndStatus => (
-                    json!({ "spec": value["spec"] }),
-                    Some(value.get("status").cloned().unwrap_or(json!({}))),
-                ),
-            },
+            Mapping::Custom { layout, .. } => {
+                let (mut body, status) = match layout {
+                    Layout::WholeAsSpec => return Ok((json!({ "spec": value }), None)),
+                    Layout::Spec => (json!({ "spec": value["spec"] }), None),
+                    Layout::SpecAndStatus => (
+                        json!({ "spec": value["spec"] }),
+                        Some(value.get("status").cloned().unwrap_or(json!({}))),
+                    ),
+                };
+                // Labels are written where the engine's value has them (a kind without any
+                // leaves the labels a user set with kubectl alone).
+                if let Some(labels) = value.get("labels") {
+                    body["metadata"] = json!({ "labels": labels });
+                }
+                (body, status)
+            }
             Mapping::Lease => {
                 let lease: Lease = serde_json::from_value(value).map_err(|e| e.to_string())?;
                 (json!({ "spec": crate::lease::to_kubernetes(&lease) }), None)
@@ -583,7 +607,11 @@ impl Store for KubeStore {
         let object_name = Self::object_name(mapping, name);
         body["apiVersion"] = json!(resource.api_version);
         body["kind"] = json!(resource.kind);
+        let labels = body["metadata"]["labels"].take();
         body["metadata"] = json!({ "name": object_name });
+        if !labels.is_null() {
+            body["metadata"]["labels"] = labels;
+        }
         let object: DynamicObject = serde_json::from_value(body).expect("a DynamicObject");
         let created = api
             .create(&PostParams::default(), &object)
@@ -611,7 +639,11 @@ impl Store for KubeStore {
             return Err(self.read_only(kind, name, "change"));
         }
         let api = self.api_for(mapping, Some(name));
-        let (body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
+        let (mut body, status) = Self::split(mapping, &value).map_err(|e| decode(kind, name, e))?;
+        let labels = body
+            .as_object_mut()
+            .and_then(|b| b.remove("metadata"))
+            .and_then(|mut m| m.get_mut("labels").map(Value::take));
         let object_name = Self::object_name(mapping, name);
         if let Mapping::Lease = mapping {
             // A lease renewal is one write: its spec, under the revision the renewer holds.
@@ -643,7 +675,11 @@ impl Store for KubeStore {
             .flatten()
             .filter(|(field, value)| current.data.get(field.as_str()) != Some(*value))
             .collect();
-        let written = if changed.is_empty() {
+        let labels_changed = labels.as_ref().filter(|wanted| {
+            let current = json!(current.metadata.labels.clone().unwrap_or_default());
+            **wanted != current
+        });
+        let written = if changed.is_empty() && labels_changed.is_none() {
             current
         } else {
             let mut ops = vec![json!({
@@ -651,6 +687,9 @@ impl Store for KubeStore {
             })];
             for (field, value) in changed {
                 ops.push(json!({ "op": "add", "path": format!("/{field}"), "value": value }));
+            }
+            if let Some(labels) = labels_changed {
+                ops.push(json!({ "op": "add", "path": "/metadata/labels", "value": labels }));
             }
             let patch: json_patch::Patch =
                 serde_json::from_value(Value::Array(ops)).expect("a well-formed JSON patch");

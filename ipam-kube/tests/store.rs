@@ -182,3 +182,72 @@ async fn status_goes_through_the_subresource_with_kubernetes_conditions() {
         "{e}"
     );
 }
+
+/// A pool's labels are its object's `metadata.labels`, as a user sets them with kubectl:
+/// written on create and on a change, read back into the pool; the operator's status write,
+/// with the labels it read, leaves them as they are; a kind without labels (a node record)
+/// leaves the labels a user put on its object alone.
+#[tokio::test]
+async fn a_pool_s_labels_are_its_metadata_labels() {
+    use ipam_core::lb::resources::LbIpPool;
+    let (api, s) = store("a_pool_s_labels_are_its_metadata_labels").await;
+    let mut pool: LbIpPool = serde_json::from_value(serde_json::json!({
+        "labels": { "segment": "edge" },
+        "spec": { "blocks": [ { "cidr": "10.79.0.0/28" } ] },
+    }))
+    .unwrap();
+    s.create_typed("edge", &pool).await.unwrap();
+    let client = api.client().await;
+    let object = |path: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .request::<serde_json::Value>(http::Request::get(path).body(Vec::new()).unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    let raw = object("/apis/ipam-ebpf.io/v1alpha1/loadbalancerippools/edge").await;
+    assert_eq!(raw["metadata"]["labels"]["segment"], "edge", "{raw}");
+    assert!(raw["spec"].get("labels").is_none(), "{raw}");
+
+    let read = s.get_typed::<LbIpPool>("edge").await.unwrap().unwrap();
+    assert_eq!(read.value.labels, pool.labels);
+    pool.labels.insert("tier".into(), "public".into());
+    pool.status.conditions = vec![Condition::new("Ready", true, "")];
+    s.update_typed("edge", &pool, &read.revision).await.unwrap();
+    let raw = object("/apis/ipam-ebpf.io/v1alpha1/loadbalancerippools/edge").await;
+    assert_eq!(raw["metadata"]["labels"]["tier"], "public", "{raw}");
+    assert_eq!(raw["metadata"]["name"], "edge", "{raw}");
+
+    // A node record's type has no labels: its object's labels stay.
+    s.create_typed("node-1", &NodeIpam::default())
+        .await
+        .unwrap();
+    let nodeipams: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+        client.clone(),
+        &kube::discovery::ApiResource {
+            group: ipam_kube::crd::GROUP.into(),
+            version: ipam_kube::crd::VERSION.into(),
+            api_version: format!("{}/{}", ipam_kube::crd::GROUP, ipam_kube::crd::VERSION),
+            kind: "NodeIPAM".into(),
+            plural: "nodeipams".into(),
+        },
+    );
+    nodeipams
+        .patch(
+            "node-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": { "labels": { "team": "net" } } })),
+        )
+        .await
+        .unwrap();
+    let mut record = s.get_typed::<NodeIpam>("node-1").await.unwrap().unwrap();
+    record.value.status.conditions = vec![Condition::new("Ready", true, "")];
+    s.update_typed("node-1", &record.value, &record.revision)
+        .await
+        .unwrap();
+    let raw = object("/apis/ipam-ebpf.io/v1alpha1/nodeipams/node-1").await;
+    assert_eq!(raw["metadata"]["labels"]["team"], "net", "{raw}");
+}

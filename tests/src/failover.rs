@@ -43,6 +43,7 @@ pub fn segment_pool() -> LbIpPool {
         stop: Some(stop.into()),
     };
     LbIpPool {
+        labels: Default::default(),
         spec: LbIpPoolSpec {
             blocks: vec![
                 range("10.77.0.10", "10.77.0.99"),
@@ -67,6 +68,8 @@ pub fn uplink_policy() -> L2AnnouncementPolicy {
         spec: L2PolicySpec {
             node_selector: Selector::default(),
             service_selector: Selector::default(),
+            ip_pools: Vec::new(),
+            ip_pool_selector: Selector::default(),
             interfaces: vec!["up[0-9]+".into()],
             load_balancer_ips: true,
             external_ips: false,

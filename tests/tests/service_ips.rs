@@ -38,6 +38,7 @@ fn range(start: &str, stop: &str) -> LbIpBlock {
 
 fn pool(blocks: Vec<LbIpBlock>) -> LbIpPool {
     LbIpPool {
+        labels: Default::default(),
         spec: LbIpPoolSpec {
             blocks,
             service_selector: Selector::default(),

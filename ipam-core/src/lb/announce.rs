@@ -9,7 +9,9 @@ use std::{
     net::IpAddr,
 };
 
-use super::resources::{L2PolicySpec, LbIpPoolSpec, ServiceSpec, ServiceStatus, TrafficPolicy};
+use super::resources::{
+    L2PolicySpec, LbIpPool, ServiceSpec, ServiceStatus, TrafficPolicy, in_chosen_pool, pool_chosen,
+};
 use crate::{Cidr, resources::NodeInterface};
 
 /// The nodes with a ready endpoint of each Service (`<namespace>/<name>`): a Service with
@@ -107,6 +109,7 @@ pub fn weight(ip: IpAddr, node: &str) -> u64 {
 /// it; its IPs go unannounced while it has no ready endpoint on a live node.
 pub fn owners(
     policies: &[(String, L2PolicySpec)],
+    pools: &[(String, LbIpPool)],
     services: &[(String, ServiceSpec, ServiceStatus)],
     ready: &ReadyNodes,
     live: &[NodeView],
@@ -136,6 +139,7 @@ pub fn owners(
                     for p in policies.iter().filter(|p| {
                         p.spec.node_selector.matches(&node.labels)
                             && p.spec.service_selector.matches_service(name, &spec.labels)
+                            && in_chosen_pool(ip, &p.spec.ip_pools, &p.spec.ip_pool_selector, pools)
                             && if external {
                                 p.spec.external_ips
                             } else {
@@ -170,11 +174,12 @@ pub fn owners(
 /// is told so (Cilium and MetalLB stay silent then).
 pub fn announce_problems(
     policies: &[(String, L2PolicySpec)],
+    pools: &[(String, LbIpPool)],
     services: &[(String, ServiceSpec, ServiceStatus)],
     ready: &ReadyNodes,
     nodes: &[NodeView],
 ) -> BTreeMap<String, String> {
-    let announced: BTreeSet<(IpAddr, String)> = owners(policies, services, ready, nodes)
+    let announced: BTreeSet<(IpAddr, String)> = owners(policies, pools, services, ready, nodes)
         .into_iter()
         .map(|a| (a.ip, a.service))
         .collect();
@@ -240,46 +245,50 @@ pub fn announce_problems(
     out
 }
 
-/// Pools whose addresses lie outside the subnet of every interface a policy announces on (the
-/// seed's silently unreachable pool), with the warning to show; and policies with a bad
-/// interface pattern. Judged over all nodes, alive or not.
+/// Pools whose addresses lie outside the subnet of every interface a policy that may announce
+/// them announces on (the seed's silently unreachable pool), with the warning to show; and
+/// policies with a bad interface pattern. A policy that chooses pools (`ipPools`,
+/// `ipPoolSelector`) counts only for those. Judged over all nodes, alive or not.
 pub fn unreachable_pools(
-    pools: &[(String, LbIpPoolSpec)],
+    pools: &[(String, LbIpPool)],
     policies: &[(String, L2PolicySpec)],
     nodes: &[NodeView],
 ) -> (BTreeMap<String, String>, Vec<(String, String)>) {
     let (compiled, bad) = compile(policies);
-    let mut subnets: BTreeMap<Cidr, Vec<String>> = BTreeMap::new();
-    for node in nodes {
-        for p in compiled
-            .iter()
-            .filter(|p| p.spec.node_selector.matches(&node.labels))
-        {
-            for i in p.interfaces(node) {
-                for s in i.subnets() {
-                    subnets
-                        .entry(s)
-                        .or_default()
-                        .push(format!("{} on {}", i.name, node.name));
+    let mut out = BTreeMap::new();
+    for (name, pool) in pools {
+        // A pool no policy announces is not L2's to judge (BGP may advertise it).
+        let chosen =
+            |p: &&Policy| pool_chosen(name, pool, &p.spec.ip_pools, &p.spec.ip_pool_selector);
+        if !compiled.iter().any(|p| chosen(&p)) {
+            continue;
+        }
+        let mut subnets: BTreeMap<Cidr, Vec<String>> = BTreeMap::new();
+        for node in nodes {
+            for p in compiled
+                .iter()
+                .filter(|p| p.spec.node_selector.matches(&node.labels) && chosen(p))
+            {
+                for i in p.interfaces(node) {
+                    for s in i.subnets() {
+                        subnets
+                            .entry(s)
+                            .or_default()
+                            .push(format!("{} on {}", i.name, node.name));
+                    }
                 }
             }
         }
-    }
-    let mut out = BTreeMap::new();
-    for (name, spec) in pools {
+        let spec = &pool.spec;
         let mut outside = Vec::new();
         for block in &spec.blocks {
-            let (first, last) = match (&block.cidr, &block.start, &block.stop) {
-                (Some(c), ..) => match c.parse::<Cidr>() {
-                    Ok(c) => (c.network(), crate::cidr::u128_to_ip(c.family(), c.last())),
-                    Err(_) => continue,
-                },
-                (None, Some(a), Some(b)) => match (a.parse::<IpAddr>(), b.parse::<IpAddr>()) {
-                    (Ok(a), Ok(b)) => (a, b),
-                    _ => continue,
-                },
-                _ => continue,
+            let Some((family, first, last)) = block.bounds() else {
+                continue;
             };
+            let (first, last) = (
+                crate::cidr::u128_to_ip(family, first),
+                crate::cidr::u128_to_ip(family, last),
+            );
             let inside = subnets
                 .keys()
                 .any(|s| s.contains(first) && s.contains(last));
@@ -296,7 +305,7 @@ pub fn unreachable_pools(
                 name.clone(),
                 format!(
                     "addresses {} are outside the subnet of every interface an L2 announcement \
-                     policy announces on ({}): clients on those links will not reach them; use \
+                     policy announces them on ({}): clients on those links will not reach them; use \
                      a range inside one of those subnets",
                     outside.join(", "),
                     if announced.is_empty() {
@@ -316,7 +325,7 @@ mod tests {
     use super::*;
     use crate::{
         Family,
-        lb::resources::{IpFamilyPolicy, LbIpBlock, Selector, ServiceType},
+        lb::resources::{IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, Selector, ServiceType},
     };
 
     fn node(name: &str, zone: &str, ifaces: &[(&str, &str)]) -> NodeView {
@@ -349,6 +358,8 @@ mod tests {
             L2PolicySpec {
                 node_selector,
                 service_selector: Selector::default(),
+                ip_pools: Vec::new(),
+                ip_pool_selector: Selector::default(),
                 interfaces: interfaces.iter().map(|s| (*s).to_owned()).collect(),
                 load_balancer_ips: true,
                 external_ips: false,
@@ -398,7 +409,7 @@ mod tests {
                 .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
                 .collect();
             let svcs = services(150, family);
-            let all = owners(&[policy(None, &["eth.*"])], &svcs, &none(), &nodes);
+            let all = owners(&[policy(None, &["eth.*"])], &[], &svcs, &none(), &nodes);
             assert_eq!(all.len(), 150);
             let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
             for a in &all {
@@ -408,7 +419,7 @@ mod tests {
             assert!(per_node.values().all(|n| *n > 30), "{per_node:?}");
             // n1 dies: exactly its IPs move, each to a survivor.
             let survivors = [nodes[0].clone(), nodes[2].clone()];
-            let after = owners(&[policy(None, &["eth.*"])], &svcs, &none(), &survivors);
+            let after = owners(&[policy(None, &["eth.*"])], &[], &svcs, &none(), &survivors);
             for (before, now) in all.iter().zip(&after) {
                 assert_eq!(before.ip, now.ip);
                 if before.node == "n1" {
@@ -438,7 +449,7 @@ mod tests {
                 "tenant-one".into(),
             );
             svcs[1].0 = "tenant-one/web".into();
-            let announced = owners(&[tenant], &svcs, &none(), &nodes);
+            let announced = owners(&[tenant], &[], &svcs, &none(), &nodes);
             let ips: Vec<IpAddr> = announced.iter().map(|a| a.ip).collect();
             assert_eq!(ips, svcs[1].2.ingress, "{family:?}: {announced:?}");
         }
@@ -454,12 +465,13 @@ mod tests {
         let svcs = services(20, Family::V4);
         let owners = owners(
             &[policy(Some("east"), &["eth[0-9]+"])],
+            &[],
             &svcs,
             &none(),
             &nodes,
         );
         assert!(owners.iter().all(|a| a.node == "a"), "{owners:?}");
-        let nobody = super::owners(&[policy(Some("north"), &[])], &svcs, &none(), &nodes);
+        let nobody = super::owners(&[policy(Some("north"), &[])], &[], &svcs, &none(), &nodes);
         assert!(nobody.is_empty());
     }
 
@@ -484,7 +496,7 @@ mod tests {
                 // A status this project did not write: not announced.
                 s.2.ingress = vec![foreign.parse().unwrap()];
             }
-            let got = owners(&[with_external.clone()], &svcs, &none(), &nodes);
+            let got = owners(&[with_external.clone()], &[], &svcs, &none(), &nodes);
             let announced: BTreeSet<(IpAddr, &str)> =
                 got.iter().map(|a| (a.ip, a.service.as_str())).collect();
             let expected = BTreeSet::from([
@@ -495,7 +507,7 @@ mod tests {
             ]);
             assert_eq!(announced, expected, "{family:?}");
             // Without the policy's opt-in, only the LoadBalancer IP.
-            let got = owners(&[policy(None, &[])], &svcs, &none(), &nodes);
+            let got = owners(&[policy(None, &[])], &[], &svcs, &none(), &nodes);
             assert_eq!(got.len(), 1, "{got:?}");
             assert_eq!(got[0].service, "ns/s3");
         }
@@ -511,9 +523,9 @@ mod tests {
                 .collect();
             let svcs = services(60, family);
             let policies = [policy(None, &[])];
-            let before = owners(&policies, &svcs, &none(), &nodes);
+            let before = owners(&policies, &[], &svcs, &none(), &nodes);
             nodes[1].excluded = Some("cordoned".into());
-            let after = owners(&policies, &svcs, &none(), &nodes);
+            let after = owners(&policies, &[], &svcs, &none(), &nodes);
             assert_eq!(after.len(), 60);
             for (b, a) in before.iter().zip(&after) {
                 assert_ne!(a.node, "n1");
@@ -535,10 +547,10 @@ mod tests {
             ];
             let svcs = services(2, family);
             let policies = [policy(Some("east"), &[])];
-            assert!(announce_problems(&policies, &svcs, &none(), &nodes).is_empty());
+            assert!(announce_problems(&policies, &[], &svcs, &none(), &nodes).is_empty());
             nodes[0].excluded =
                 Some("label node.kubernetes.io/exclude-from-external-load-balancers".into());
-            let problems = announce_problems(&policies, &svcs, &none(), &nodes);
+            let problems = announce_problems(&policies, &[], &svcs, &none(), &nodes);
             assert_eq!(problems.len(), 2);
             let p = &problems["ns/s0"];
             assert!(
@@ -548,12 +560,13 @@ mod tests {
             );
             nodes[0].excluded = None;
             nodes[1].warnings = vec!["kube-proxy IPVS without strictARP".into()];
-            let problems = announce_problems(&policies, &svcs, &none(), &nodes);
+            let problems = announce_problems(&policies, &[], &svcs, &none(), &nodes);
             assert!(
                 problems["ns/s1"].starts_with("node b: kube-proxy IPVS"),
                 "{problems:?}"
             );
-            let nobody = announce_problems(&[policy(Some("north"), &[])], &svcs, &none(), &nodes);
+            let nobody =
+                announce_problems(&[policy(Some("north"), &[])], &[], &svcs, &none(), &nodes);
             assert!(
                 nobody["ns/s0"].contains("none of the 2 node(s)"),
                 "{nobody:?}"
@@ -589,10 +602,10 @@ mod tests {
                     .map(|a| (a.ip, a.node.clone()))
                     .collect()
             };
-            let unconstrained = owners(&policies, &svcs, &none(), &nodes);
+            let unconstrained = owners(&policies, &[], &svcs, &none(), &nodes);
             let is_local = |a: &&Announcement| svcs[..20].iter().any(|s| s.0 == a.service);
 
-            let got = owners(&policies, &svcs, &on(&["n1"]), &nodes);
+            let got = owners(&policies, &[], &svcs, &on(&["n1"]), &nodes);
             assert!(
                 got.iter().filter(is_local).all(|a| a.node == "n1"),
                 "{got:?}"
@@ -601,7 +614,7 @@ mod tests {
             assert_eq!(cluster_owners(&got), cluster_owners(&unconstrained));
 
             // Endpoints on two nodes: each IP goes to the heavier of the two.
-            let got = owners(&policies, &svcs, &on(&["n0", "n2"]), &nodes);
+            let got = owners(&policies, &[], &svcs, &on(&["n0", "n2"]), &nodes);
             for a in got.iter().filter(is_local) {
                 let best = ["n0", "n2"]
                     .into_iter()
@@ -611,14 +624,14 @@ mod tests {
             }
 
             // The endpoint moves to n2: every Local IP follows it.
-            let got = owners(&policies, &svcs, &on(&["n2"]), &nodes);
+            let got = owners(&policies, &[], &svcs, &on(&["n2"]), &nodes);
             assert!(got.iter().filter(is_local).all(|a| a.node == "n2"));
 
             // An endpoint on an excluded node does not make it announce.
             nodes[2].excluded = Some("cordoned".into());
-            let got = owners(&policies, &svcs, &on(&["n2"]), &nodes);
+            let got = owners(&policies, &[], &svcs, &on(&["n2"]), &nodes);
             assert_eq!(got.iter().filter(is_local).count(), 0, "{got:?}");
-            let problems = announce_problems(&policies, &svcs, &on(&["n2"]), &nodes);
+            let problems = announce_problems(&policies, &[], &svcs, &on(&["n2"]), &nodes);
             let p = &problems["ns/s0"];
             assert!(
                 p.contains("externalTrafficPolicy Local")
@@ -629,9 +642,9 @@ mod tests {
             nodes[2].excluded = None;
 
             // No ready endpoint anywhere: unannounced, and the Service is told why.
-            let got = owners(&policies, &svcs, &none(), &nodes);
+            let got = owners(&policies, &[], &svcs, &none(), &nodes);
             assert_eq!(got.iter().filter(is_local).count(), 0);
-            let problems = announce_problems(&policies, &svcs, &none(), &nodes);
+            let problems = announce_problems(&policies, &[], &svcs, &none(), &nodes);
             assert_eq!(problems.len(), 20, "{problems:?}");
             assert!(
                 problems["ns/s3"].contains("no ready endpoint on any node"),
@@ -644,12 +657,16 @@ mod tests {
     #[test]
     fn a_pool_outside_every_announced_subnet_is_flagged() {
         let nodes = [node("a", "east", &[("eth0", "10.77.0.1/24")])];
-        let pool = |cidr: &str| LbIpPoolSpec {
-            blocks: vec![LbIpBlock {
-                cidr: Some(cidr.into()),
-                ..Default::default()
-            }],
-            ..LbIpPoolSpec::default()
+        let pool = |cidr: &str| LbIpPool {
+            labels: BTreeMap::new(),
+            spec: LbIpPoolSpec {
+                blocks: vec![LbIpBlock {
+                    cidr: Some(cidr.into()),
+                    ..Default::default()
+                }],
+                ..LbIpPoolSpec::default()
+            },
+            status: Default::default(),
         };
         let pools = [
             ("inside".to_owned(), pool("10.77.0.192/27")),
@@ -665,5 +682,106 @@ mod tests {
         );
         let (_, bad) = unreachable_pools(&pools, &[policy(None, &["eth("])], &nodes);
         assert!(bad[0].1.contains("eth("), "{bad:?}");
+    }
+
+    /// A pool of `first..=last` (strings), with `labels`.
+    fn ranged(first: &str, last: &str, labels: &[(&str, &str)]) -> LbIpPool {
+        LbIpPool {
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            spec: LbIpPoolSpec {
+                blocks: vec![LbIpBlock {
+                    start: Some(first.into()),
+                    stop: Some(last.into()),
+                    ..Default::default()
+                }],
+                ..LbIpPoolSpec::default()
+            },
+            status: Default::default(),
+        }
+    }
+
+    /// Two pools on two segments: a policy per segment chooses its pool, one by name, one by
+    /// the pool's labels; each IP is announced on its own segment's interface only, and an IP
+    /// in neither pool by neither policy. In v4 and v6.
+    #[test]
+    fn a_policy_that_chooses_pools_announces_only_their_ips() {
+        for (family, [low, mid, high, end]) in [
+            (
+                Family::V4,
+                ["10.77.0.100", "10.77.0.104", "10.77.0.105", "10.77.0.109"],
+            ),
+            (
+                Family::V6,
+                ["fd77::100", "fd77::104", "fd77::105", "fd77::109"],
+            ),
+        ] {
+            let pools = [
+                ("core".to_owned(), ranged(low, mid, &[])),
+                ("edge".to_owned(), ranged(high, end, &[("segment", "edge")])),
+            ];
+            let nodes = [node(
+                "n0",
+                "a",
+                &[("eth0", "10.77.0.1/24"), ("eth1", "10.79.0.1/24")],
+            )];
+            let (_, mut by_name) = policy(None, &["eth0"]);
+            by_name.ip_pools = vec!["core".into()];
+            let (_, mut by_label) = policy(None, &["eth1"]);
+            by_label.ip_pool_selector.match_labels =
+                [("segment".to_owned(), "edge".to_owned())].into();
+            let policies = [("core".to_owned(), by_name), ("edge".to_owned(), by_label)];
+            // s0-s4 in core, s5-s9 in edge, s10 in no pool.
+            let svcs = services(11, family);
+            let got = owners(&policies, &pools, &svcs, &none(), &nodes);
+            assert_eq!(got.len(), 10, "{got:?}");
+            for a in &got {
+                let wanted = if pools[0].1.spec.contains(a.ip) {
+                    "eth0"
+                } else {
+                    "eth1"
+                };
+                assert_eq!(a.interfaces, [wanted], "{a:?}");
+            }
+            assert!(!got.iter().any(|a| a.service == "ns/s10"));
+            // The pool filters and the service selector must all pass.
+            let mut policies = policies;
+            policies[1].1.service_selector.match_labels =
+                [("app".to_owned(), "none".to_owned())].into();
+            let got = owners(&policies, &pools, &svcs, &none(), &nodes);
+            assert!(got.iter().all(|a| a.interfaces == ["eth0"]), "{got:?}");
+        }
+    }
+
+    /// A pool is judged only by the policies that announce it: edge's range lies outside
+    /// eth0's subnet, the only interface of the policy that chooses it, and is flagged even
+    /// though another policy's eth1 holds it; a pool no policy chooses is not judged.
+    #[test]
+    fn a_pool_is_judged_by_the_policies_that_choose_it() {
+        let nodes = [node(
+            "n0",
+            "a",
+            &[("eth0", "10.77.0.1/24"), ("eth1", "10.79.0.1/24")],
+        )];
+        let pools = [
+            ("edge".to_owned(), ranged("10.79.0.10", "10.79.0.20", &[])),
+            (
+                "bgp-only".to_owned(),
+                ranged("198.51.100.1", "198.51.100.9", &[]),
+            ),
+        ];
+        let (_, mut wrong) = policy(None, &["eth0"]);
+        wrong.ip_pools = vec!["edge".into()];
+        let (_, mut other) = policy(None, &["eth1"]);
+        other.ip_pools = vec!["elsewhere".into()];
+        let policies = [("wrong".to_owned(), wrong), ("other".to_owned(), other)];
+        let (flagged, _) = unreachable_pools(&pools, &policies, &nodes);
+        assert_eq!(flagged.keys().collect::<Vec<_>>(), ["edge"]);
+        assert!(
+            flagged["edge"].contains("10.77.0.0/24 (eth0 on n0)"),
+            "{flagged:?}"
+        );
     }
 }

@@ -123,20 +123,12 @@ fn pool_ranges(name: &str, spec: &LbIpPoolSpec) -> Result<Vec<Range>, Unusable> 
             return Err(Unusable::SelfOverlap(format!(
                 "pool {name}: block {i} ({}) and block {j} ({}) overlap; none of its blocks is \
                  used until one of them is removed or narrowed",
-                describe(&spec.blocks[i]),
-                describe(&spec.blocks[j])
+                spec.blocks[i].describe(),
+                spec.blocks[j].describe()
             )));
         }
     }
     Ok(ranges)
-}
-
-fn describe(block: &super::resources::LbIpBlock) -> String {
-    match (&block.cidr, &block.start, &block.stop) {
-        (Some(cidr), ..) => cidr.clone(),
-        (None, Some(start), Some(stop)) => format!("{start}-{stop}"),
-        _ => "?".to_owned(),
-    }
 }
 
 /// Whether the pool's stored status says an earlier pass accepted it: Ready and no Conflict.

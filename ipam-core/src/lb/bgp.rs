@@ -15,9 +15,16 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     announce::ReadyNodes,
-    resources::{LbIpPoolSpec, Selector, ServiceSpec, ServiceStatus, TrafficPolicy},
+    resources::{
+        LbIpPool, Selector, ServiceSpec, ServiceStatus, TrafficPolicy, in_chosen_pool, pool_chosen,
+    },
 };
-use crate::{resources::Condition, store::Resource};
+use crate::{
+    Cidr, Family,
+    cidr::{ip_to_u128, u128_to_ip},
+    resources::Condition,
+    store::Resource,
+};
 
 /// A BGP neighbour the selected nodes open a session with (like MetalLB's BGPPeer and
 /// Cilium's peer configuration). Cluster-wide: each selected node opens its own session.
@@ -159,6 +166,10 @@ pub struct BgpAdvertisementSpec {
     /// LoadBalancerIPPools whose IPs are advertised; empty: every pool.
     #[serde(default, rename = "ipPools", alias = "ipAddressPools")]
     pub ip_pools: Vec<String>,
+    /// Only IPs of the pools whose labels it selects are advertised (MetalLB's
+    /// `ipAddressPoolSelectors`); empty: every pool's. With `ipPools` too, a pool must pass both.
+    #[serde(default, skip_serializing_if = "Selector::is_empty")]
+    pub ip_pool_selector: Selector,
     #[serde(default)]
     pub service_selector: Selector,
     /// Which nodes advertise; empty: every node that has a session.
@@ -177,6 +188,30 @@ pub struct BgpAdvertisementSpec {
     pub load_balancer_ips: bool,
     #[serde(default, rename = "externalIPs", alias = "externalIps")]
     pub external_ips: bool,
+    /// Advertise each IPv4 LoadBalancer IP as the network of this length that holds it
+    /// (MetalLB's `aggregationLength`): one route for many Services where the fabric caps the
+    /// number of routes. Unset or 32: a /32 per IP. Every address of such a network must lie in
+    /// the pool block the IP came from; Services with `externalTrafficPolicy: Local`, and
+    /// external IPs, keep their /32 (see docs/bgp.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregation_length: Option<u8>,
+    /// The same for IPv6 (MetalLB's `aggregationLengthV6`); unset or 128: a /128 per IP.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "aggregationLengthV6"
+    )]
+    pub aggregation_length_v6: Option<u8>,
+}
+
+impl BgpAdvertisementSpec {
+    /// The prefix length LoadBalancer IPs of `family` are advertised with.
+    pub fn aggregation(&self, family: Family) -> u8 {
+        match family {
+            Family::V4 => self.aggregation_length.unwrap_or(32),
+            Family::V6 => self.aggregation_length_v6.unwrap_or(128),
+        }
+    }
 }
 
 fn password_key() -> String {
@@ -277,7 +312,78 @@ pub fn check_advertisement(spec: &BgpAdvertisementSpec) -> Result<(), String> {
     for c in &spec.communities {
         parse_community(c)?;
     }
+    for (field, length, most) in [
+        ("aggregationLength", spec.aggregation_length, 32),
+        ("aggregationLengthV6", spec.aggregation_length_v6, 128),
+    ] {
+        if let Some(length) = length
+            && length > most
+        {
+            return Err(format!(
+                "{field} {length} is longer than an address ({most} bits); use 0 to {most}"
+            ));
+        }
+    }
     Ok(())
+}
+
+/// Why the advertisement's aggregation cannot cover the pools it advertises: an aggregate
+/// of one of their addresses would reach outside the block that holds it, and attract traffic
+/// for addresses that are not the pool's (MetalLB refuses the same). Judged over the pools it
+/// chooses (all, when it chooses none).
+pub fn check_aggregation(
+    spec: &BgpAdvertisementSpec,
+    pools: &[(String, LbIpPool)],
+) -> Result<(), String> {
+    for (name, pool) in pools
+        .iter()
+        .filter(|(name, pool)| pool_chosen(name, pool, &spec.ip_pools, &spec.ip_pool_selector))
+    {
+        for block in &pool.spec.blocks {
+            let Some((family, first, last)) = block.bounds() else {
+                continue;
+            };
+            let length = spec.aggregation(family);
+            if !aligned(family, first, last, length) {
+                let field = match family {
+                    Family::V4 => "aggregationLength",
+                    Family::V6 => "aggregationLengthV6",
+                };
+                return Err(format!(
+                    "{field} {length} is shorter than pool {name}'s block {} allows: the \
+                     aggregate would cover addresses outside the pool; use a length of at least \
+                     the block's prefix, or a block aligned to /{length}",
+                    block.describe()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether every /`length` network holding an address of `first..=last` lies inside it.
+fn aligned(family: Family, first: u128, last: u128, length: u8) -> bool {
+    let bits = family.bits();
+    let Some(size) = 1u128.checked_shl(u32::from(bits - length.min(bits))) else {
+        // /0 of IPv6: only the whole space holds its own aggregate.
+        return first == 0 && last == u128::MAX;
+    };
+    let end = u128::MAX >> (128 - u32::from(bits));
+    first.is_multiple_of(size) && (last == end || last.wrapping_add(1).is_multiple_of(size))
+}
+
+/// The route `ip` is advertised as with prefix `length`.
+fn aggregate(ip: IpAddr, length: u8) -> Cidr {
+    let family = Family::of(ip);
+    let host_bits = u32::from(family.bits() - length.min(family.bits()));
+    let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
+    let network = u128_to_ip(family, ip_to_u128(ip) & mask);
+    Cidr::new(network, length).expect("host bits are cleared")
+}
+
+/// The host route of `ip` (/32 or /128).
+pub fn host_route(ip: IpAddr) -> Cidr {
+    aggregate(ip, Family::of(ip).bits())
 }
 
 /// A BGP community a route carries.
@@ -329,8 +435,10 @@ pub fn parse_community(c: &str) -> Result<Community, String> {
 pub struct RouteAttributes {
     pub communities: BTreeSet<Community>,
     pub local_preference: Option<u32>,
-    /// The Services the IP belongs to (for status and logs).
+    /// The Services the route's IPs belong to (for status and logs).
     pub services: BTreeSet<String>,
+    /// The Service IPs the route carries: the IP of a host route, or those an aggregate holds.
+    pub ips: BTreeSet<IpAddr>,
 }
 
 /// What one node advertises: its sessions, and for each peer the routes sent to it.
@@ -338,15 +446,24 @@ pub struct RouteAttributes {
 pub struct NodeAdvertisements {
     /// The peers this node opens a session with, by name.
     pub peers: BTreeMap<String, BgpPeerSpec>,
-    /// Per peer, the IPs advertised to it (a /32 or /128 each).
-    pub routes: BTreeMap<String, BTreeMap<IpAddr, RouteAttributes>>,
+    /// Per peer, the routes advertised to it: a /32 or /128 per IP, or aggregates.
+    pub routes: BTreeMap<String, BTreeMap<Cidr, RouteAttributes>>,
     /// Peers and advertisements left out, with why (bad specs).
     pub refused: Vec<(String, String)>,
 }
 
 impl NodeAdvertisements {
-    /// Every IP advertised to some peer: the addresses the node must accept traffic for.
+    /// Every Service IP advertised to some peer: the addresses the node must accept traffic
+    /// for.
     pub fn ips(&self) -> BTreeSet<IpAddr> {
+        self.routes
+            .values()
+            .flat_map(|r| r.values().flat_map(|route| route.ips.iter().copied()))
+            .collect()
+    }
+
+    /// Every route advertised to some peer.
+    pub fn prefixes(&self) -> BTreeSet<Cidr> {
         self.routes
             .values()
             .flat_map(|r| r.keys().copied())
@@ -362,7 +479,7 @@ pub struct Inputs<'a> {
     pub excluded: Option<&'a str>,
     pub peers: &'a [(String, BgpPeerSpec)],
     pub advertisements: &'a [(String, BgpAdvertisementSpec)],
-    pub pools: &'a [(String, LbIpPoolSpec)],
+    pub pools: &'a [(String, LbIpPool)],
     pub services: &'a [(String, ServiceSpec, ServiceStatus)],
     pub ready: &'a ReadyNodes,
 }
@@ -392,7 +509,8 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
         return out;
     }
     for (name, ad) in inputs.advertisements {
-        if let Err(why) = check_advertisement(ad) {
+        if let Err(why) = check_advertisement(ad).and_then(|()| check_aggregation(ad, inputs.pools))
+        {
             out.refused.push((format!("BGPAdvertisement {name}"), why));
             continue;
         }
@@ -421,39 +539,48 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
             {
                 continue;
             }
+            let local = spec.external_traffic_policy == TrafficPolicy::Local;
+            // A Local Service keeps its host route: an aggregate from a node without its
+            // endpoints would draw its traffic there, where kube-proxy drops it; the longer
+            // prefix from the nodes with endpoints wins at the router.
             let lb = status
                 .ingress
                 .iter()
                 .filter(|_| ad.load_balancer_ips && spec.is_ours())
-                .filter(|ip| in_pools(**ip, &ad.ip_pools, inputs.pools));
-            let external = spec.external_ips.iter().filter(|_| ad.external_ips);
-            for ip in lb.chain(external) {
+                .filter(|ip| in_chosen_pool(**ip, &ad.ip_pools, &ad.ip_pool_selector, inputs.pools))
+                .map(|ip| {
+                    let length = if local {
+                        Family::of(*ip).bits()
+                    } else {
+                        ad.aggregation(Family::of(*ip))
+                    };
+                    (*ip, aggregate(*ip, length))
+                });
+            let external = spec
+                .external_ips
+                .iter()
+                .filter(|_| ad.external_ips)
+                .map(|ip| (*ip, host_route(*ip)));
+            for (ip, prefix) in lb.chain(external) {
                 for peer in &to {
-                    if !same_family(*ip, out.peers[*peer].peer_address) {
+                    if !same_family(ip, out.peers[*peer].peer_address) {
                         continue;
                     }
                     let route = out
                         .routes
                         .entry((*peer).clone())
                         .or_default()
-                        .entry(*ip)
+                        .entry(prefix)
                         .or_default();
                     route.communities.extend(communities.iter().copied());
                     route.local_preference = route.local_preference.max(ad.local_preference);
                     route.services.insert(service.clone());
+                    route.ips.insert(ip);
                 }
             }
         }
     }
     out
-}
-
-/// Whether `ip` lies in one of the pools named (none named: any IP).
-fn in_pools(ip: IpAddr, named: &[String], pools: &[(String, LbIpPoolSpec)]) -> bool {
-    named.is_empty()
-        || pools
-            .iter()
-            .any(|(name, pool)| named.contains(name) && pool.contains(ip))
 }
 
 fn same_family(a: IpAddr, b: IpAddr) -> bool {

@@ -100,7 +100,8 @@ pub async fn reconcile<S: TypedStore>(
         settling_until.is_some(),
     );
     let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
-    let (unreachable, bad_policies) = unreachable_pools(&pool_specs, &policy_specs, &node_views);
+    let labelled = rows::labelled_pools(&pools);
+    let (unreachable, bad_policies) = unreachable_pools(&labelled, &policy_specs, &node_views);
     // Judged on the statuses this pass decides, so a new IP is judged as it is written.
     let decided_rows: Vec<_> = rows::services(&services)
         .into_iter()
@@ -111,6 +112,7 @@ pub async fn reconcile<S: TypedStore>(
         .collect();
     let unannounced = announce_problems(
         &policy_specs,
+        &labelled,
         &decided_rows,
         &rows::ready_nodes(&endpoints),
         &node_views,
@@ -292,6 +294,7 @@ mod tests {
             .create_typed(
                 "tenant-one",
                 &LbIpPool {
+                    labels: Default::default(),
                     spec,
                     status: LbIpPoolStatus::default(),
                 },
@@ -366,6 +369,7 @@ mod tests {
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let mut settling = PoolSettling::default();
         let pool = LbIpPool {
+            labels: Default::default(),
             spec: cidr_pool(&["10.9.0.0/28"], false),
             status: LbIpPoolStatus::default(),
         };
@@ -445,6 +449,7 @@ mod tests {
         assert_eq!(stored.revision, created, "nothing written without a pool");
 
         let pool = LbIpPool {
+            labels: Default::default(),
             spec: cidr_pool(&["10.9.0.0/28", "fd09::/124"], true),
             status: LbIpPoolStatus::default(),
         };

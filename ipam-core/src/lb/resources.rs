@@ -87,6 +87,10 @@ impl Selector {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct LbIpPool {
+    /// The pool's own labels (on Kubernetes its `metadata.labels`), which L2 policies' and BGP
+    /// advertisements' `ipPoolSelector` select.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     pub spec: LbIpPoolSpec,
     #[serde(default)]
     pub status: LbIpPoolStatus,
@@ -243,6 +247,35 @@ pub struct LbIpBlock {
     pub start: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<String>,
+}
+
+impl LbIpBlock {
+    /// The block's family and first and last address as written (a CIDR whole, network and
+    /// broadcast too); `None` when it does not parse (LB-IPAM reports those).
+    pub fn bounds(&self) -> Option<(Family, u128, u128)> {
+        use crate::cidr::ip_to_u128;
+        match (&self.cidr, &self.start, &self.stop) {
+            (Some(c), ..) => {
+                let c = c.parse::<crate::Cidr>().ok()?;
+                Some((c.family(), c.base(), c.last()))
+            }
+            (None, Some(a), Some(z)) => {
+                let (a, z) = (a.parse::<IpAddr>().ok()?, z.parse::<IpAddr>().ok()?);
+                (Family::of(a) == Family::of(z) && ip_to_u128(a) <= ip_to_u128(z))
+                    .then(|| (Family::of(a), ip_to_u128(a), ip_to_u128(z)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The block as its user wrote it, for messages: `CIDR` or `START-STOP`.
+    pub fn describe(&self) -> String {
+        match (&self.cidr, &self.start, &self.stop) {
+            (Some(cidr), ..) => cidr.clone(),
+            (None, Some(start), Some(stop)) => format!("{start}-{stop}"),
+            _ => "?".to_owned(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -509,6 +542,27 @@ impl Namespace {
     }
 }
 
+/// Whether `ip` lies in a pool chosen by `names` (empty: any name) and `selector` (empty: any
+/// labels), as L2 policies' and BGP advertisements' `ipPools` and `ipPoolSelector` choose. With
+/// neither set every IP passes, also one in no pool (a Service's `externalIPs`); with either,
+/// only IPs of the chosen pools.
+pub fn in_chosen_pool(
+    ip: IpAddr,
+    names: &[String],
+    selector: &Selector,
+    pools: &[(String, LbIpPool)],
+) -> bool {
+    (names.is_empty() && selector.is_empty())
+        || pools
+            .iter()
+            .any(|(name, pool)| pool_chosen(name, pool, names, selector) && pool.spec.contains(ip))
+}
+
+/// Whether pool `name` is chosen by `names` (empty: any) and `selector` (empty: any).
+pub fn pool_chosen(name: &str, pool: &LbIpPool, names: &[String], selector: &Selector) -> bool {
+    (names.is_empty() || names.iter().any(|n| n == name)) && selector.matches(&pool.labels)
+}
+
 /// Which nodes announce which services' IPs, on which interfaces (like
 /// CiliumL2AnnouncementPolicy).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -529,6 +583,24 @@ pub struct L2PolicySpec {
     pub node_selector: Selector,
     #[serde(default)]
     pub service_selector: Selector,
+    /// Only IPs of these LoadBalancerIPPools are announced (MetalLB's `ipAddressPools`);
+    /// empty: every pool's.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "ipPools",
+        alias = "ipAddressPools"
+    )]
+    pub ip_pools: Vec<String>,
+    /// Only IPs of the pools whose labels it selects are announced (MetalLB's
+    /// `ipAddressPoolSelectors`); empty: every pool's. With `ipPools` too, a pool must pass
+    /// both, and the Service `serviceSelector`.
+    #[serde(
+        default,
+        skip_serializing_if = "Selector::is_empty",
+        rename = "ipPoolSelector"
+    )]
+    pub ip_pool_selector: Selector,
     /// Regular expressions over interface names (anchored); empty: every interface.
     #[serde(default)]
     pub interfaces: Vec<String>,

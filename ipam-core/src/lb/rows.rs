@@ -20,6 +20,24 @@ pub fn pools<'a>(
         .collect()
 }
 
+/// The pools as pool filters (`ipPools`, `ipPoolSelector`) see them: name, labels and spec
+/// (the status left out: nothing that chooses by pool reads it).
+pub fn labelled_pools<'a>(
+    objects: impl IntoIterator<Item = &'a Versioned<LbIpPool>>,
+) -> Vec<(String, LbIpPool)> {
+    objects
+        .into_iter()
+        .map(|p| {
+            let pool = LbIpPool {
+                labels: p.value.labels.clone(),
+                spec: p.value.spec.clone(),
+                status: LbIpPoolStatus::default(),
+            };
+            (p.name.clone(), pool)
+        })
+        .collect()
+}
+
 /// The pools with their stored status, as LB-IPAM takes them (the status says which pools an
 /// earlier pass accepted).
 pub fn pools_with_status<'a>(

@@ -18,7 +18,7 @@ use std::{
 use ipam_core::{
     lb::{
         announce::{Announcement, NodeView, ReadyNodes, owners},
-        resources::{L2AnnouncementPolicy, Service, ServiceEndpoints, TrafficPolicy},
+        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints, TrafficPolicy},
         rows,
     },
     resources::NodeIpam,
@@ -76,6 +76,8 @@ struct Seen {
     /// change, not on every decision (endpoints are the most numerous objects read).
     ready: ReadyNodes,
     policies: Cache<L2AnnouncementPolicy>,
+    /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`).
+    pools: Cache<LbIpPool>,
     nodes: Cache<NodeIpam>,
 }
 
@@ -112,6 +114,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         watch_until_it_works::<ServiceEndpoints, _>(&store, "service IPs").await;
     let mut policies_watch =
         watch_until_it_works::<L2AnnouncementPolicy, _>(&store, "service IPs").await;
+    let mut pools_watch = watch_until_it_works::<LbIpPool, _>(&store, "service IPs").await;
     let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "service IPs").await;
     let mut peers = LivePeers::start(peers, &store, node.clone()).await;
     let mut seen = Seen {
@@ -119,6 +122,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         endpoints: Cache::new(&endpoints_watch.initial),
         ready: ReadyNodes::new(),
         policies: Cache::new(&policies_watch.initial),
+        pools: Cache::new(&pools_watch.initial),
         nodes: Cache::new(&nodes_watch.initial),
     };
     seen.endpoints_changed();
@@ -146,6 +150,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
                 continue;
             }
             e = policies_watch.next() => { seen.policies.apply(e); continue; }
+            e = pools_watch.next() => { seen.pools.apply(e); continue; }
             e = nodes_watch.next() => { seen.nodes.apply(e); continue; }
             decide_now = peers.changed() => if !decide_now { continue },
             _ = tick.tick() => {}
@@ -197,6 +202,7 @@ fn decide(seen: &Seen, peers: &mut LivePeers, now: Instant) -> Vec<Announcement>
         .collect();
     owners(
         &rows::policies(seen.policies.iter()),
+        &rows::labelled_pools(seen.pools.iter()),
         &rows::services(seen.services.iter()),
         &seen.ready,
         &live,

@@ -115,7 +115,7 @@ impl Seen {
             excluded: excluded.as_deref(),
             peers: &peers,
             advertisements: &advertisements,
-            pools: &rows::pools(self.pools.iter()),
+            pools: &rows::labelled_pools(self.pools.iter()),
             services: &rows::services(self.services.iter()),
             ready: &rows::ready_nodes(self.endpoints.iter()),
         })

@@ -8,10 +8,13 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
-    net::{IpAddr, Ipv4Addr},
+    net::Ipv4Addr,
 };
 
-use ipam_core::lb::bgp::{BgpPeerSpec, Community, NodeAdvertisements, RouteAttributes};
+use ipam_core::{
+    Cidr, Family,
+    lb::bgp::{BgpPeerSpec, Community, NodeAdvertisements, RouteAttributes},
+};
 
 /// The BIRD protocol name of a peer: BIRD wants an identifier, resource names may hold `-` and
 /// `.`; a hash of the name keeps two names that read the same apart.
@@ -60,11 +63,11 @@ pub fn render(node: &str, router_id: Option<Ipv4Addr>, wanted: &NodeAdvertisemen
         // Sessions are asked for by the BGP protocols; this only runs them.
         out.push_str("protocol bfd { }\n");
     }
-    let all: BTreeSet<IpAddr> = wanted.ips();
-    for (family, prefix, v4) in [("ipv4", "services4", true), ("ipv6", "services6", false)] {
-        let _ = writeln!(out, "protocol static {prefix} {{\n  {family};");
-        for ip in all.iter().filter(|ip| ip.is_ipv4() == v4) {
-            let _ = writeln!(out, "  route {} unreachable;", host_prefix(*ip));
+    let all: BTreeSet<Cidr> = wanted.prefixes();
+    for (family, protocol, v4) in [("ipv4", "services4", true), ("ipv6", "services6", false)] {
+        let _ = writeln!(out, "protocol static {protocol} {{\n  {family};");
+        for prefix in all.iter().filter(|p| (p.family() == Family::V4) == v4) {
+            let _ = writeln!(out, "  route {prefix} unreachable;");
         }
         out.push_str("}\n");
     }
@@ -77,30 +80,23 @@ pub fn render(node: &str, router_id: Option<Ipv4Addr>, wanted: &NodeAdvertisemen
     out
 }
 
-fn host_prefix(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => format!("{v4}/32"),
-        IpAddr::V6(v6) => format!("{v6}/128"),
-    }
-}
-
 /// A route's attributes as BIRD sets them: communities and local preference.
 type Attributes = (Vec<Community>, Option<u32>);
 
 /// The peer's export filter: its routes grouped by attributes, one prefix set per group (a
 /// trie in BIRD, so a thousand routes cost a lookup, not a thousand comparisons).
-fn render_filter(out: &mut String, protocol: &str, routes: &BTreeMap<IpAddr, RouteAttributes>) {
-    let mut groups: BTreeMap<Attributes, Vec<IpAddr>> = BTreeMap::new();
-    for (ip, attributes) in routes {
+fn render_filter(out: &mut String, protocol: &str, routes: &BTreeMap<Cidr, RouteAttributes>) {
+    let mut groups: BTreeMap<Attributes, Vec<Cidr>> = BTreeMap::new();
+    for (prefix, attributes) in routes {
         let key = (
             attributes.communities.iter().copied().collect(),
             attributes.local_preference,
         );
-        groups.entry(key).or_default().push(*ip);
+        groups.entry(key).or_default().push(*prefix);
     }
     let _ = writeln!(out, "filter export_{protocol} {{");
-    for ((communities, local_preference), ips) in groups {
-        let set: Vec<String> = ips.into_iter().map(host_prefix).collect();
+    for ((communities, local_preference), prefixes) in groups {
+        let set: Vec<String> = prefixes.iter().map(ToString::to_string).collect();
         let _ = write!(out, "  if net ~ [ {} ] then {{ ", set.join(", "));
         for community in communities {
             let _ = match community {
@@ -212,19 +208,20 @@ mod tests {
             .into(),
             local_preference: Some(200),
             services: Default::default(),
+            ips: Default::default(),
         };
         out.routes.insert(
             "tor-a.rack1".into(),
             [
-                ("198.51.100.10".parse().unwrap(), plain.clone()),
-                ("198.51.100.11".parse().unwrap(), tagged.clone()),
-                ("198.51.100.12".parse().unwrap(), tagged),
+                ("198.51.100.10/32".parse().unwrap(), plain.clone()),
+                ("198.51.100.11/32".parse().unwrap(), tagged.clone()),
+                ("198.51.100.12/32".parse().unwrap(), tagged),
             ]
             .into(),
         );
         out.routes.insert(
             "tor-v6".into(),
-            [("2001:db8::10".parse().unwrap(), plain)].into(),
+            [("2001:db8::10/128".parse().unwrap(), plain)].into(),
         );
         out
     }

@@ -35,6 +35,7 @@ fn main() {
 
     // 1,000 services over the 3 nodes (a second pool holds them; the segment's has 230).
     let bulk = LbIpPool {
+        labels: Default::default(),
         spec: ipam_core::lb::resources::LbIpPoolSpec {
             blocks: vec![LbIpBlock {
                 cidr: Some("10.78.0.0/22".into()),

@@ -25,15 +25,15 @@ fn service(name: &str, local: bool, ips: &[&str]) -> (String, ServiceSpec, Servi
     (format!("default/{name}"), spec, status)
 }
 
-fn pool(cidr: &str) -> LbIpPoolSpec {
-    serde_json::from_value(json!({ "blocks": [ { "cidr": cidr } ] })).expect("a pool spec")
+fn pool(cidr: &str) -> LbIpPool {
+    serde_json::from_value(json!({ "spec": { "blocks": [ { "cidr": cidr } ] } })).expect("a pool")
 }
 
 struct World {
     labels: BTreeMap<String, String>,
     peers: Vec<(String, BgpPeerSpec)>,
     advertisements: Vec<(String, BgpAdvertisementSpec)>,
-    pools: Vec<(String, LbIpPoolSpec)>,
+    pools: Vec<(String, LbIpPool)>,
     services: Vec<(String, ServiceSpec, ServiceStatus)>,
     ready: ReadyNodes,
 }
@@ -73,11 +73,23 @@ impl World {
     }
 }
 
+/// The routes to `peer`, host routes written as their IP.
 fn ips(out: &NodeAdvertisements, peer: &str) -> Vec<String> {
     out.routes
         .get(peer)
-        .map(|r| r.keys().map(ToString::to_string).collect())
+        .map(|r| {
+            r.keys()
+                .map(|c| match c.host_bits() {
+                    0 => c.network().to_string(),
+                    _ => c.to_string(),
+                })
+                .collect()
+        })
         .unwrap_or_default()
+}
+
+fn host(ip: &str) -> Cidr {
+    host_route(ip.parse().unwrap())
 }
 
 #[test]
@@ -106,7 +118,7 @@ fn an_advertisement_limited_to_a_pool_leaves_the_others_out() {
     )];
     let out = world.on("node-b", None);
     assert_eq!(ips(&out, "tor4"), ["198.51.100.10"]);
-    let route = &out.routes["tor4"][&"198.51.100.10".parse::<IpAddr>().unwrap()];
+    let route = &out.routes["tor4"][&host("198.51.100.10")];
     assert_eq!(route.communities, [Community::Standard(64512, 100)].into());
     assert_eq!(route.services, ["default/web".to_owned()].into());
 }
@@ -127,13 +139,13 @@ fn advertisements_to_the_same_ip_merge_their_attributes() {
         ),
     ];
     let out = world.on("node-a", None);
-    let route = &out.routes["tor4"][&"198.51.100.10".parse::<IpAddr>().unwrap()];
+    let route = &out.routes["tor4"][&host("198.51.100.10")];
     assert_eq!(
         route.communities,
         [Community::Standard(1, 1), Community::Standard(2, 2)].into()
     );
     assert_eq!(route.local_preference, Some(200));
-    let v6 = &out.routes["tor6"][&"2001:db8::10".parse::<IpAddr>().unwrap()];
+    let v6 = &out.routes["tor6"][&host("2001:db8::10")];
     assert_eq!(
         v6.communities,
         [Community::Standard(1, 1)].into(),
@@ -271,4 +283,91 @@ fn a_service_claiming_another_namespace_by_label_is_not_advertised_for_it() {
     let out = world.on("node-a", None);
     assert_eq!(ips(&out, "tor4"), ["198.51.100.30"]);
     assert_eq!(ips(&out, "tor6"), ["2001:db8::30"]);
+}
+
+#[test]
+fn an_advertisement_chooses_pools_by_their_labels() {
+    let mut world = World::new();
+    world.pools[1].1.labels = [("reach".to_owned(), "internal".to_owned())].into();
+    world.advertisements = vec![(
+        "internal".into(),
+        advertisement(json!({ "ipPoolSelector": { "matchLabels": { "reach": "internal" } } })),
+    )];
+    assert_eq!(ips(&world.on("node-b", None), "tor4"), ["10.96.0.5"]);
+    // Names and labels both: a pool must pass both.
+    world.advertisements[0].1.ip_pools = vec!["public".into()];
+    assert!(world.on("node-b", None).routes.is_empty());
+}
+
+#[test]
+fn an_aggregate_replaces_the_host_routes_of_its_services() {
+    let mut world = World::new();
+    world
+        .services
+        .push(service("api", false, &["198.51.100.77", "2001:db8::77"]));
+    world.pools.push(("public6".into(), pool("2001:db8::/64")));
+    world.advertisements = vec![(
+        "agg".into(),
+        advertisement(json!({ "aggregationLength": 24, "aggregationLengthV6": 64 })),
+    )];
+    let out = world.on("node-b", None);
+    // The Local Service db keeps its host route (only the nodes with its endpoints draw its
+    // traffic); web and api share one aggregate per family.
+    assert_eq!(ips(&out, "tor4"), ["10.96.0.5", "198.51.100.0/24"]);
+    assert_eq!(ips(&out, "tor6"), ["2001:db8::/64"]);
+    let aggregate = &out.routes["tor4"][&"198.51.100.0/24".parse::<Cidr>().unwrap()];
+    assert_eq!(
+        aggregate.services,
+        ["default/api".to_owned(), "default/web".to_owned()].into()
+    );
+    // The addresses to accept traffic for stay the Services' own.
+    let ips: Vec<String> = out.ips().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        ips,
+        [
+            "10.96.0.5",
+            "198.51.100.10",
+            "198.51.100.77",
+            "2001:db8::10",
+            "2001:db8::77"
+        ]
+    );
+}
+
+#[test]
+fn an_aggregate_shorter_than_a_pool_block_is_refused() {
+    let mut world = World::new();
+    world.advertisements = vec![(
+        "wide".into(),
+        advertisement(json!({ "aggregationLength": 16 })),
+    )];
+    let out = world.on("node-b", None);
+    assert!(out.routes.is_empty());
+    let (what, why) = &out.refused[0];
+    assert_eq!(what, "BGPAdvertisement wide");
+    assert!(
+        why.contains("aggregationLength 16") && why.contains("198.51.100.0/24"),
+        "{why}"
+    );
+    // Limited to a pool it fits, it is taken; a range aligned to the aggregate fits too.
+    world.advertisements[0].1.ip_pools = vec!["aligned".into()];
+    world.advertisements[0].1.aggregation_length = Some(28);
+    world.pools.push((
+        "aligned".into(),
+        serde_json::from_value(json!({ "spec": { "blocks": [
+            { "start": "198.51.100.16", "stop": "198.51.100.47" } ] } }))
+        .unwrap(),
+    ));
+    let out = world.on("node-b", None);
+    assert!(out.refused.is_empty(), "{:?}", out.refused);
+    world.pools[2].1.spec.blocks[0].stop = Some("198.51.100.50".into());
+    let out = world.on("node-b", None);
+    assert!(
+        out.refused[0].1.contains("198.51.100.16-198.51.100.50"),
+        "{:?}",
+        out.refused
+    );
+    // Longer than an address: refused by itself.
+    world.advertisements[0].1.aggregation_length = Some(33);
+    assert!(check_advertisement(&world.advertisements[0].1).is_err());
 }

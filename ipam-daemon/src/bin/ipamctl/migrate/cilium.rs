@@ -1,13 +1,13 @@
 //! Cilium's LB-IPAM, L2 announcement and multi-pool IPAM resources.
 
 use ipam_core::{
-    lb::resources::{L2PolicySpec, LbIpBlock, LbIpPoolSpec},
+    lb::resources::{L2PolicySpec, LbIpBlock, LbIpPoolSpec, Selector},
     pod::pool::{FamilySpec, PodIpPoolSpec},
 };
 
 use super::{
     Report,
-    fields::{Bad, Fields, selector},
+    fields::{Bad, Fields, canonical_cidr, canonical_ip, selector},
 };
 
 /// A CiliumLoadBalancerIPPool (`cilium.io/v2alpha1` or `v2`).
@@ -20,14 +20,14 @@ pub(super) fn lb_pool(mut spec: Fields, report: &mut Report) -> Result<LbIpPoolS
             let (cidr, start, stop) = (b.string("cidr")?, b.string("start")?, b.string("stop")?);
             blocks.push(match (cidr, start, stop) {
                 (Some(cidr), None, None) => LbIpBlock {
-                    cidr: Some(cidr),
+                    cidr: Some(canonical_cidr(&cidr)),
                     ..LbIpBlock::default()
                 },
                 // A start alone is one address, as in Cilium.
                 (None, Some(start), stop) => LbIpBlock {
                     cidr: None,
-                    stop: Some(stop.unwrap_or_else(|| start.clone())),
-                    start: Some(start),
+                    stop: Some(canonical_ip(stop.as_deref().unwrap_or(&start))),
+                    start: Some(canonical_ip(&start)),
                 },
                 _ => {
                     return Err(Bad::new(
@@ -121,6 +121,9 @@ pub(super) fn l2_policy(mut spec: Fields, report: &mut Report) -> Result<L2Polic
     Ok(L2PolicySpec {
         node_selector,
         service_selector,
+        // Cilium's L2 policies choose Services, not pools.
+        ip_pools: Vec::new(),
+        ip_pool_selector: Selector::default(),
         interfaces,
         load_balancer_ips,
         external_ips,
@@ -158,6 +161,7 @@ pub(super) fn pod_pool(mut spec: Fields, report: &mut Report) -> Result<PodIpPoo
         let mask_size = u8::try_from(mask_size)
             .map_err(|_| Bad::new(f.path_of("maskSize"), "a prefix length is at most 128"))?;
         report.rest(f);
+        let cidrs = cidrs.iter().map(|c| canonical_cidr(c)).collect();
         Ok(Some(FamilySpec { cidrs, mask_size }))
     };
     let ipv4 = family("ipv4")?;

@@ -190,6 +190,21 @@ fn shape(value: &Value) -> String {
     }
 }
 
+/// An address as this project writes it (`fc00:f853:ccd:e799::`, not the input's `0ccd`); as
+/// given when it does not parse, for LB-IPAM to report.
+pub(crate) fn canonical_ip(text: &str) -> String {
+    text.trim()
+        .parse::<std::net::IpAddr>()
+        .map_or_else(|_| text.to_owned(), |ip| ip.to_string())
+}
+
+/// A CIDR as this project writes it; as given when it does not parse.
+pub(crate) fn canonical_cidr(text: &str) -> String {
+    text.trim()
+        .parse::<ipam_core::Cidr>()
+        .map_or_else(|_| text.to_owned(), |c| c.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use ipam_core::{
 
 use super::{
     Pools, Report,
-    fields::{Bad, Fields, selector},
+    fields::{Bad, Fields, canonical_ip, selector},
 };
 
 /// An IPAddressPool.
@@ -89,6 +89,65 @@ pub(super) fn one_selector(
     }
 }
 
+/// MetalLB's `ipAddressPools` and `ipAddressPoolSelectors` (a pool passes if it is named or
+/// selected by any) as this project's `ipPools` and `ipPoolSelector` (a pool must pass each
+/// that is set). Names alone, or one selector alone, are carried as they are; both, or several
+/// selectors, become the names of the input's pools they choose (a pool labelled later is not
+/// chosen: said in a note), or, without the pools in the input, are dropped.
+pub(super) fn pool_choice(
+    spec: &mut Fields,
+    pools: &Pools,
+    report: &mut Report,
+) -> Result<(Vec<String>, Selector), Bad> {
+    let names_path = spec.path_of("ipAddressPools");
+    let selectors_path = spec.path_of("ipAddressPoolSelectors");
+    let mut names: Vec<String> = spec.strings("ipAddressPools")?;
+    let mut selectors = spec
+        .list("ipAddressPoolSelectors")?
+        .into_iter()
+        .map(|(path, value)| selector(&path, value))
+        .collect::<Result<Vec<_>, _>>()?;
+    if names.is_empty() && selectors.len() == 1 {
+        return Ok((Vec::new(), selectors.remove(0)));
+    }
+    if selectors.is_empty() {
+        return Ok((names, Selector::default()));
+    }
+    if pools.labels.is_empty() {
+        report.dropped(
+            selectors_path,
+            format!(
+                "beside {}, its selectors cannot be written as one ipPoolSelector, and the \
+                 pools they select are not in the input; convert the IPAddressPools with it",
+                if names.is_empty() {
+                    "each other".to_owned()
+                } else {
+                    names_path
+                }
+            ),
+        );
+        return Ok((names, Selector::default()));
+    }
+    let mut chosen: Vec<String> = Vec::new();
+    for selector in &selectors {
+        chosen.extend(pools.selected_by(selector).cloned());
+    }
+    report.note(format!(
+        "{selectors_path} became the names of the pools they select in the input ({}): a \
+         pool labelled later is not chosen",
+        if chosen.is_empty() {
+            "none".to_owned()
+        } else {
+            chosen.join(", ")
+        }
+    ));
+    names.extend(chosen);
+    // Nothing chosen means every pool, here as in MetalLB.
+    names.sort();
+    names.dedup();
+    Ok((names, Selector::default()))
+}
+
 /// `10.0.0.0/24`, or a range `10.0.0.1-10.0.0.9` (spaces around the dash allowed).
 fn block(path: &str, address: &str) -> Result<LbIpBlock, Bad> {
     if let Some((start, stop)) = address.split_once('-') {
@@ -98,21 +157,22 @@ fn block(path: &str, address: &str) -> Result<LbIpBlock, Bad> {
                 Bad::new(path, format!("{ip:?} in {address:?} is not an IP address"))
             })?;
         }
+        // Written as this project writes addresses (`ccd`, not the input's `0ccd`).
         return Ok(LbIpBlock {
             cidr: None,
-            start: Some(start.to_owned()),
-            stop: Some(stop.to_owned()),
+            start: Some(canonical_ip(start)),
+            stop: Some(canonical_ip(stop)),
         });
     }
     let address = address.trim();
-    address.parse::<Cidr>().map_err(|e| {
+    let cidr = address.parse::<Cidr>().map_err(|e| {
         Bad::new(
             path,
             format!("{address:?} is neither a CIDR nor a range FIRST-LAST: {e}"),
         )
     })?;
     Ok(LbIpBlock {
-        cidr: Some(address.to_owned()),
+        cidr: Some(cidr.to_string()),
         ..LbIpBlock::default()
     })
 }
@@ -125,42 +185,7 @@ pub(super) fn l2_advertisement(
     pools: &Pools,
     report: &mut Report,
 ) -> Result<Vec<(String, L2PolicySpec)>, Bad> {
-    let pool_path = spec.path_of("ipAddressPools");
-    let mut selected: Vec<String> = spec.strings("ipAddressPools")?;
-    let by_selector = spec.list("ipAddressPoolSelectors")?;
-    let restricted = !selected.is_empty() || !by_selector.is_empty();
-    for (path, value) in by_selector {
-        selected.extend(pools.selected_by(&selector(&path, value)?).cloned());
-    }
-    if restricted {
-        let left_out: Vec<&String> = pools
-            .labels
-            .keys()
-            .filter(|p| !selected.contains(p))
-            .collect();
-        if pools.labels.is_empty() {
-            report.dropped(
-                pool_path,
-                "the pools it names are not in the input, and policies here select Services, not \
-                 pools: the converted policy announces the IPs of every pool; convert the \
-                 IPAddressPools with it to know whether that changes anything",
-            );
-        } else if !left_out.is_empty() {
-            report.dropped(
-                pool_path,
-                format!(
-                    "policies here select Services, not pools: the converted policy also \
-                     announces the IPs of {}; give it a serviceSelector if those pools serve \
-                     other Services",
-                    left_out
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            );
-        }
-    }
+    let (ip_pools, ip_pool_selector) = pool_choice(&mut spec, pools, report)?;
     let interfaces = spec
         .strings("interfaces")?
         .iter()
@@ -175,6 +200,8 @@ pub(super) fn l2_advertisement(
     let policy = |node_selector: Selector| L2PolicySpec {
         node_selector,
         service_selector: Selector::default(),
+        ip_pools: ip_pools.clone(),
+        ip_pool_selector: ip_pool_selector.clone(),
         interfaces: interfaces.clone(),
         // MetalLB announces LoadBalancer IPs only.
         load_balancer_ips: true,

@@ -11,7 +11,7 @@ use serde_yaml_ng::Value;
 
 use super::{
     Pools, Report, Source,
-    fields::{Bad, Fields, selector},
+    fields::{Bad, Fields},
     metallb,
 };
 
@@ -250,10 +250,7 @@ pub(super) fn advertisement(
     named: &Named,
     report: &mut Report,
 ) -> Result<BgpAdvertisementSpec, Bad> {
-    let mut ip_pools = spec.strings("ipAddressPools")?;
-    for (path, value) in spec.list("ipAddressPoolSelectors")? {
-        ip_pools.extend(pools.selected_by(&selector(&path, value)?).cloned());
-    }
+    let (ip_pools, ip_pool_selector) = super::metallb::pool_choice(&mut spec, pools, report)?;
     let mut communities = Vec::new();
     let community_path = spec.path_of("communities");
     for (i, community) in spec.strings("communities")?.into_iter().enumerate() {
@@ -274,20 +271,24 @@ pub(super) fn advertisement(
     let local_preference = spec.u32("localPref")?;
     let node_selector = one_node_selector(&mut spec, report)?;
     let peers = spec.strings("peers")?;
-    for (key, host) in [("aggregationLength", 32), ("aggregationLengthV6", 128)] {
+    // MetalLB's default (a host route) is written as no aggregation; the rest is checked
+    // against the pools by the agents, as MetalLB does.
+    let mut aggregation = |key: &str, host: u8| -> Result<Option<u8>, Bad> {
         let path = spec.path_of(key);
-        if let Some(length) = spec.u32(key)?
-            && length != host
-        {
-            report.dropped(
-                path,
-                format!("routes are advertised per IP (/{host}) only; no aggregation to /{length}"),
-            );
-        }
-    }
+        let length = spec.u32(key)?.map(|length| {
+            u8::try_from(length)
+                .ok()
+                .filter(|l| *l <= host)
+                .ok_or_else(|| Bad::new(path, format!("{length} is longer than /{host}")))
+        });
+        Ok(length.transpose()?.filter(|l| *l != host))
+    };
+    let aggregation_length = aggregation("aggregationLength", 32)?;
+    let aggregation_length_v6 = aggregation("aggregationLengthV6", 128)?;
     report.rest(spec);
     Ok(BgpAdvertisementSpec {
         ip_pools,
+        ip_pool_selector,
         service_selector: Selector::default(),
         node_selector,
         peers,
@@ -296,6 +297,8 @@ pub(super) fn advertisement(
         // MetalLB advertises LoadBalancer IPs only.
         load_balancer_ips: true,
         external_ips: false,
+        aggregation_length,
+        aggregation_length_v6,
     })
 }
 

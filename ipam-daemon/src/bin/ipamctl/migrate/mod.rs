@@ -66,6 +66,8 @@ pub(crate) struct Converted {
     pub target: Target,
     /// The input object it came from (`cilium.yaml: document 1 (CiliumLoadBalancerIPPool blue)`).
     pub from: String,
+    /// Its labels: a pool's, which advertisements and policies select (`ipPoolSelector`).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A field (or a whole object) of the input that has no counterpart here.
@@ -409,7 +411,16 @@ pub(crate) fn convert(sources: &[Source]) -> Result<Migration, MigrateError> {
                     second: from,
                 });
             }
-            migration.converted.push(Converted { name, target, from });
+            let labels = match target {
+                Target::LbPool(_) => source.labels.clone(),
+                _ => BTreeMap::new(),
+            };
+            migration.converted.push(Converted {
+                name,
+                target,
+                from,
+                labels,
+            });
         }
     }
     Ok(migration)
@@ -428,6 +439,8 @@ struct Manifest<'a> {
 #[derive(Serialize)]
 struct ManifestMetadata<'a> {
     name: &'a str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    labels: &'a BTreeMap<String, String>,
 }
 
 /// The converted objects as YAML documents, each headed by a comment naming its source.
@@ -445,7 +458,10 @@ pub(crate) fn render(migration: &Migration) -> Result<String, serde_yaml_ng::Err
         let yaml = serde_yaml_ng::to_string(&Manifest {
             api_version: format!("{GROUP}/{VERSION}"),
             kind: c.target.kind(),
-            metadata: ManifestMetadata { name: &c.name },
+            metadata: ManifestMetadata {
+                name: &c.name,
+                labels: &c.labels,
+            },
             spec,
         })?;
         out.push_str(&format!("---\n# from {}\n{yaml}", c.from));

@@ -132,7 +132,7 @@ fn cilium_resources_convert_with_their_defaults_written_out() {
         blue.blocks,
         vec![
             cidr("10.0.10.0/24"),
-            cidr("2004::0/64"),
+            cidr("2004::/64"),
             range("20.0.20.100", "20.0.20.200"),
             range("1.2.3.4", "1.2.3.4"),
         ]
@@ -291,8 +291,8 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
         vec![
             cidr("192.168.10.0/24"),
             range("192.168.9.1", "192.168.9.5"),
-            cidr("fc00:f853:0ccd:e799::/124"),
-            range("fc00:f853:0ccd:e800::10", "fc00:f853:0ccd:e800::20"),
+            cidr("fc00:f853:ccd:e799::/124"),
+            range("fc00:f853:ccd:e800::10", "fc00:f853:ccd:e800::20"),
         ]
     );
     assert!(
@@ -332,28 +332,24 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
     let everywhere = l2_policy(&m, "everywhere");
     assert_eq!(everywhere.node_selector, Selector::default());
 
+    // The pools chosen by label, carried as the label selector they are, with the labels
+    // on the converted pool.
+    assert_eq!(a.ip_pool_selector.match_labels["zone"], "east");
+    assert_eq!(b.ip_pool_selector, a.ip_pool_selector);
+    assert!(a.ip_pools.is_empty() && everywhere.ip_pools.is_empty());
+    let labels = &m
+        .converted
+        .iter()
+        .find(|c| c.name == "first-pool")
+        .unwrap()
+        .labels;
+    assert_eq!(labels["zone"], "east");
+
     assert_eq!(
         dropped(&m),
-        vec![
-            (
-                "in.yaml: document 3 (L2Advertisement east)",
-                "spec.ipAddressPools"
-            ),
-            ("in.yaml: document 5 (BGPPeer router)", "spec.sourceAddress"),
-            (
-                "in.yaml: document 8 (BGPAdvertisement public)",
-                "spec.aggregationLength"
-            ),
-        ],
+        vec![("in.yaml: document 5 (BGPPeer router)", "spec.sourceAddress")],
         "{:#?}",
         m.dropped
-    );
-    // The advertisement selects first-pool by label, not expensive: the policy would also
-    // announce expensive's IPs, and says so.
-    assert!(
-        m.dropped[0].why.contains("expensive"),
-        "{}",
-        m.dropped[0].why
     );
 
     // The BGP peer with its BFDProfile, and the advertisement with its Community alias.
@@ -390,6 +386,7 @@ fn metallb_resources_convert_and_what_has_no_counterpart_is_named() {
         })
         .expect("the BGPAdvertisement converted");
     assert_eq!(public.ip_pools, ["first-pool"]);
+    assert_eq!(public.aggregation_length, Some(24));
     assert_eq!(
         public.communities,
         ["64500:666", "64500:1", "4200000000:1:2"],
@@ -419,6 +416,42 @@ fn several_namespace_selectors_are_reported_not_merged() {
         "{}",
         m.dropped[0].why
     );
+}
+
+/// Names and selectors together (MetalLB: either), or several selectors, cannot be one
+/// `ipPools` and one `ipPoolSelector` (here: each must pass): they become the names of the
+/// input's pools they choose, with a note; without the pools in the input, they are dropped.
+#[test]
+fn pool_names_and_selectors_together_become_the_names_they_choose() {
+    let pools = "kind: IPAddressPool\napiVersion: metallb.io/v1beta1\n\
+                 metadata: {name: a, labels: {zone: east}}\nspec: {addresses: [10.1.0.0/24]}\n---\n\
+                 kind: IPAddressPool\napiVersion: metallb.io/v1beta1\n\
+                 metadata: {name: b}\nspec: {addresses: [10.2.0.0/24]}\n---\n\
+                 kind: IPAddressPool\napiVersion: metallb.io/v1beta1\n\
+                 metadata: {name: c}\nspec: {addresses: [10.3.0.0/24]}\n---\n";
+    let advertisement = "kind: L2Advertisement\napiVersion: metallb.io/v1beta1\n\
+                         metadata: {name: l2}\nspec: {ipAddressPools: [b], \
+                         ipAddressPoolSelectors: [{matchLabels: {zone: east}}]}\n";
+    let m = migrate(&format!("{pools}{advertisement}"));
+    assert!(m.dropped.is_empty(), "{:?}", m.dropped);
+    let policy = l2_policy(&m, "l2");
+    assert_eq!(policy.ip_pools, ["a", "b"]);
+    assert!(policy.ip_pool_selector.is_empty());
+    assert!(
+        m.notes.iter().any(|n| n.contains("a pool labelled later")),
+        "{:?}",
+        m.notes
+    );
+
+    let m = migrate(advertisement);
+    assert_eq!(
+        dropped(&m),
+        [(
+            "in.yaml: document 1 (L2Advertisement l2)",
+            "spec.ipAddressPoolSelectors"
+        )]
+    );
+    assert_eq!(l2_policy(&m, "l2").ip_pools, ["b"]);
 }
 
 #[test]
@@ -542,7 +575,9 @@ fn the_output_is_what_ipamctl_apply_reads() {
     for (object, converted) in parsed.objects.iter().zip(&m.converted) {
         assert_eq!(object.name(), converted.name);
         match (object, &converted.target) {
-            (Object::LbPool(_, p), Target::LbPool(spec)) => assert_eq!(&p.spec, spec),
+            (Object::LbPool(_, p), Target::LbPool(spec)) => {
+                assert_eq!((&p.spec, &p.labels), (spec, &converted.labels));
+            }
             (Object::L2Policy(_, p), Target::L2Policy(spec)) => assert_eq!(&p.spec, spec),
             (Object::PodPool(_, p), Target::PodPool(spec)) => assert_eq!(&p.spec, spec),
             (Object::BgpPeer(_, p), Target::BgpPeer(spec)) => assert_eq!(&p.spec, &**spec),

@@ -273,6 +273,7 @@ pub(crate) fn parse(
             "LoadBalancerIPPool" => Object::LbPool(
                 name.clone(),
                 LbIpPool {
+                    labels: doc.metadata.labels.clone(),
                     spec: at.spec(doc.spec)?,
                     status: Default::default(),
                 },
@@ -498,7 +499,13 @@ impl Place<'_> {
 /// the controllers' and stays). Returns whether it was created.
 pub(crate) async fn apply<S: TypedStore>(store: &S, object: &Object) -> Result<bool, StoreError> {
     match object {
-        Object::LbPool(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
+        Object::LbPool(n, v) => {
+            put(store, n, v, |cur, new| {
+                cur.labels = new.labels.clone();
+                cur.spec = new.spec.clone();
+            })
+            .await
+        }
         Object::Service(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::Endpoints(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
         Object::L2Policy(n, v) => put(store, n, v, |cur, new| cur.spec = new.spec.clone()).await,
@@ -546,6 +553,7 @@ pub(crate) async fn announcing_nodes<S: TypedStore>(
 ) -> Result<BTreeMap<std::net::IpAddr, String>, StoreError> {
     let services = store.list_typed::<Service>().await?;
     let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
+    let pools = store.list_typed::<LbIpPool>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
     let endpoints = store.list_typed::<ServiceEndpoints>().await?;
     let leases: BTreeMap<String, Lease> = store
@@ -566,6 +574,7 @@ pub(crate) async fn announcing_nodes<S: TypedStore>(
         .collect();
     Ok(owners(
         &rows::policies(&policies),
+        &rows::labelled_pools(&pools),
         &rows::services(&services),
         &rows::ready_nodes(&endpoints),
         &live,

@@ -332,6 +332,7 @@ pub(crate) fn advertisement(
                 local_preference,
                 load_balancer_ips,
                 external_ips,
+                ..BgpAdvertisementSpec::default()
             },
         ));
     }

@@ -103,6 +103,7 @@ pub(crate) fn peering_policy(
             local_preference: None,
             load_balancer_ips,
             external_ips,
+            ..BgpAdvertisementSpec::default()
         };
         // Routes from several advertisements to one peer carry the union of their communities
         // and the highest local preference: the attributes ride on advertisements of their own.

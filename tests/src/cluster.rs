@@ -51,7 +51,17 @@ pub struct Cluster {
     /// Whether the agents and operators run pod IPAM (`[ipam]`), or only Service IPs (the
     /// add-on mode, beside another CNI).
     pod_ipam: bool,
+    /// More L2 segments (`add_segment`) every node added later has a port on.
+    segments: Vec<Segment>,
     _dir: TempDir,
+}
+
+/// A second L2 segment: a bridge in the fabric, and the interface each node has on it, with
+/// node `i` at `<subnet>.<i+1>/24`.
+struct Segment {
+    bridge: String,
+    interface: String,
+    subnet: String,
 }
 
 pub struct ClusterNode {
@@ -116,6 +126,7 @@ impl Cluster {
             operator_config,
             gossip_key: None,
             pod_ipam: ipam.is_some(),
+            segments: Vec::new(),
             _dir: dir,
         };
         for _ in 0..operators {
@@ -163,6 +174,15 @@ impl Cluster {
         let (v4, v6) = node_addresses(index);
         ns.add_address(UPLINK, &format!("{v4}/24"));
         ns.add_address(UPLINK, &format!("{v6}/64"));
+        for (k, segment) in self.segments.iter().enumerate() {
+            let port = format!("s{k}p{index}");
+            veth(&ns, &segment.interface, &self.fabric, &port);
+            self.fabric.add_port(&port, &segment.bridge);
+            ns.add_address(
+                &segment.interface,
+                &format!("{}.{}/24", segment.subnet, index + 1),
+            );
+        }
         let dir = TempDir::new(&format!("{tag}-n{index}-"));
         let root = BpffsRoot::new();
         let config = TempFile::new(&format!("{tag}-n{index}"), "toml");
@@ -316,6 +336,33 @@ impl Cluster {
             .find(|s| s.name == name)
             .map(|s| s.value.status)
             .unwrap_or_default()
+    }
+
+    /// Another L2 segment, `<subnet>.0/24` (`subnet` as `10.79.0`): a bridge in the fabric,
+    /// and on every node added from now on an interface `interface` on it at
+    /// `<subnet>.<index+1>`.
+    pub fn add_segment(&mut self, bridge: &str, interface: &str, subnet: &str) {
+        self.fabric.add_bridge(bridge);
+        self.segments.push(Segment {
+            bridge: bridge.to_owned(),
+            interface: interface.to_owned(),
+            subnet: subnet.to_owned(),
+        });
+    }
+
+    /// A client host on segment `bridge` (`add_segment`) at `<subnet>.100/24` on its `eth0`.
+    pub fn add_client_on(&self, tag: &str, bridge: &str) -> Netns {
+        let segment = self
+            .segments
+            .iter()
+            .find(|s| s.bridge == bridge)
+            .unwrap_or_else(|| panic!("no segment {bridge}: add_segment first"));
+        let client = Netns::new(tag);
+        let port = format!("c{}", &client.name[client.name.len().saturating_sub(6)..]);
+        veth(&client, "eth0", &self.fabric, &port);
+        self.fabric.add_port(&port, bridge);
+        client.add_address("eth0", &format!("{}.100/24", segment.subnet));
+        client
     }
 
     /// A client host on the segment: 10.77.0.100/24 and fd77::100/64 on its `eth0`.

@@ -1005,3 +1005,109 @@ fn external_traffic_policy_local_is_announced_only_where_a_ready_endpoint_runs()
     );
     assert_eq!(owner_of(&c, &client, &macs, cluster_ip), cluster_owner);
 }
+
+/// The MACs that answer one ARP request for `ip` from `client`, a host at `sender`.
+fn answers_from(client: &Netns, sender: Ipv4Addr, ip: Ipv4Addr) -> Vec<[u8; 6]> {
+    client.run(move || Resolver::new("eth0").arp_all(sender, ip, Duration::from_millis(250)))
+}
+
+/// L2 policies that choose pools (MetalLB's `ipAddressPools` and `ipAddressPoolSelectors`):
+/// two pools, one per segment, and a policy per segment choosing its pool, one by name, one by
+/// the pool's labels. Each Service IP is answered on its own segment by exactly one node and
+/// on the other segment by none, as a client on each segment sees it. Policies that choose by
+/// Service alone would answer both IPs on both segments.
+#[test]
+fn l2_policies_by_pool_answer_each_ip_only_on_its_own_segment() {
+    let mut c = Cluster::start_add_on("seg", 1);
+    c.enable_gossip();
+    c.add_segment("br1", "edge0", "10.79.0");
+    c.add_node("seg");
+    c.add_node("seg");
+    let macs: BTreeMap<[u8; 6], String> = c
+        .nodes
+        .iter()
+        .flat_map(|n| {
+            [
+                (n.mac(), n.name.clone()),
+                (n.ns.mac("edge0"), n.name.clone()),
+            ]
+        })
+        .collect();
+    let core = pool(vec![range("10.77.0.30", "10.77.0.39")]);
+    let mut edge = pool(vec![range("10.79.0.30", "10.79.0.39")]);
+    edge.labels = [("segment".to_owned(), "edge".to_owned())].into();
+    c.put("core", &core);
+    c.put("edge", &edge);
+    let mut by_name = uplink_policy();
+    by_name.spec.ip_pools = vec!["core".into()];
+    let mut by_label = uplink_policy();
+    by_label.spec.interfaces = vec!["edge[0-9]+".into()];
+    by_label.spec.ip_pool_selector.match_labels = edge.labels.clone();
+    c.put("core-l2", &by_name);
+    c.put("edge-l2", &by_label);
+    for (name, from) in [("default/in-core", "core"), ("default/in-edge", "edge")] {
+        let mut service = lb_service(80);
+        service.spec.pool = Some(from.into());
+        c.put(name, &service);
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "both Services' IPs, announced",
+        || {
+            ["default/in-core", "default/in-edge"]
+                .iter()
+                .all(|s| announced_condition(&c, s).is_some_and(|(ok, _)| ok))
+        },
+        || {
+            format!(
+                "{:?}\n{}",
+                announced_condition(&c, "default/in-edge"),
+                c.operator_log(0)
+            )
+        },
+    );
+    let ips = service_ips(&c);
+    let (core_ip, edge_ip) = (ips["default/in-core"], ips["default/in-edge"]);
+    assert!(core.spec.contains(core_ip.into()) && edge.spec.contains(edge_ip.into()));
+    let core_client = c.add_client("segc");
+    let edge_client = c.add_client_on("sege", "br1");
+    let edge_sender = Ipv4Addr::new(10, 79, 0, 100);
+    owner_of(&c, &core_client, &macs, core_ip);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.is_empty() && Instant::now() < deadline {
+        got = answers_from(&edge_client, edge_sender, edge_ip);
+    }
+    assert_eq!(got.len(), 1, "{edge_ip} on the edge segment: {got:x?}");
+    assert!(
+        c.nodes.iter().any(|n| n.ns.mac("edge0") == got[0]),
+        "{edge_ip} answered from {:x?}, not a node's edge0",
+        got[0]
+    );
+    for _ in 0..3 {
+        let wrong = answers_from(&edge_client, edge_sender, core_ip);
+        assert!(
+            wrong.is_empty(),
+            "{core_ip} answered on the edge segment by {wrong:x?}"
+        );
+        let wrong = answers(&core_client, edge_ip);
+        assert!(
+            wrong.is_empty(),
+            "{edge_ip} answered on the core segment by {wrong:x?}"
+        );
+    }
+    // Each pool is judged by the policy that announces it: both reachable.
+    for p in c.list::<LbIpPool>() {
+        let reachable = p
+            .value
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.kind == "Reachable");
+        assert!(
+            reachable.is_some_and(|c| c.status),
+            "{}: {reachable:?}",
+            p.name
+        );
+    }
+}

@@ -128,22 +128,18 @@ impl FrrRouter {
 
     /// The next hops of the kernel route to `ip` (a host route), empty while there is none.
     pub fn next_hops(&self, ip: IpAddr) -> Vec<IpAddr> {
-        let (family, prefix) = if ip.is_ipv4() {
-            ("-4", 32)
-        } else {
-            ("-6", 128)
-        };
+        let prefix = if ip.is_ipv4() { 32 } else { 128 };
+        self.next_hops_of(&format!("{ip}/{prefix}"))
+    }
+
+    /// The next hops of the kernel route to exactly `prefix` (`198.51.100.0/24`), empty while
+    /// there is none.
+    pub fn next_hops_of(&self, prefix: &str) -> Vec<IpAddr> {
+        let family = if prefix.contains(':') { "-6" } else { "-4" };
         let out = self
             .ns
             .command("ip")
-            .args([
-                family,
-                "-j",
-                "route",
-                "show",
-                "exact",
-                &format!("{ip}/{prefix}"),
-            ])
+            .args([family, "-j", "route", "show", "exact", prefix])
             .output()
             .expect("ip route");
         let routes: serde_json::Value =

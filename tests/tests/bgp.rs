@@ -8,7 +8,8 @@
 //! `externalTrafficPolicy: Local` Service only from the node with a ready endpoint (withdrawn
 //! when it is no longer ready, back when it is again); IPv6 over an IPv6 session; adding
 //! Services resets no session; Cilium's BGP resources converted by `ipamctl migrate` and applied
-//! take over (their community reaches the router); an IP answered for over L2 by one node and
+//! take over (their community reaches the router); two Services of a pool chosen by its labels
+//! reach the router as one aggregate (`aggregationLength`) and no host route; an IP answered for over L2 by one node and
 //! advertised over BGP keeps its address on that node when BGP lets it go; a node drained by
 //! the exclusion label and a reload withdraws its routes but keeps its sessions; a wrong password or AS number leaves the session down with a
 //! condition saying so on the BGPPeer; a node that loses power is withdrawn by BFD, and one
@@ -130,6 +131,10 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     // (the password added where the conversion says to) carry the converted advertisement,
     // whose community reaches the router.
     migrate_from_cilium(&rig, web_v4);
+
+    // Route aggregation (MetalLB's aggregationLength): two Services of one pool reach the
+    // router as one /28 from every node, and no host route of theirs does.
+    aggregation(&rig);
 
     // A wrong password: the session stays down and the peer says why.
     let c = &rig.cluster;
@@ -412,6 +417,66 @@ spec:
     );
     c.put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));
     c.put("tor6", &peer(ROUTER_V6, PASSWORD, 64512, true));
+}
+
+/// A pool `aggregated` (203.0.113.0/28, labelled `aggregate: "yes"`) advertised by its own
+/// advertisement, chosen by the pool's label, as one /28; the advertisement `all` leaves it
+/// out (by the label too). The router learns the /28 from the three nodes and no /32 of its
+/// Services, and the client reaches both Services through it.
+fn aggregation(rig: &BgpRig) {
+    let c = &rig.cluster;
+    let mut aggregated = ipam_tests::bgp_rig::pool(&["203.0.113.0/28"]);
+    aggregated.labels = [("aggregate".to_owned(), "yes".to_owned())].into();
+    c.put("aggregated", &aggregated);
+    let all = c
+        .list::<ipam_core::lb::bgp::BgpAdvertisement>()
+        .into_iter()
+        .find(|a| a.name == "all")
+        .expect("the advertisement all");
+    let mut all = all.value;
+    all.spec.ip_pool_selector = selector(
+        json!({ "matchExpressions": [{ "key": "aggregate", "operator": "DoesNotExist" }] }),
+    );
+    c.put("all", &all);
+    c.put(
+        "aggregate",
+        &advertisement(json!({ "spec": {
+            "ipPoolSelector": { "matchLabels": { "aggregate": "yes" } },
+            "aggregationLength": 28,
+        } })),
+    );
+    let mut ips = Vec::new();
+    for name in ["default/agg-a", "default/agg-b"] {
+        let mut service = lb_service(PORT);
+        service.spec.pool = Some("aggregated".into());
+        c.put(name, &service);
+        ips.push(rig.wait_for_ip(name, false));
+    }
+    let hops = || rig.router.next_hops_of("203.0.113.0/28");
+    wait_until(
+        Duration::from_secs(20),
+        "the aggregate 203.0.113.0/28 from the three nodes",
+        || hops().len() == 3,
+        || {
+            format!(
+                "{:?}\n{}",
+                hops(),
+                rig.router.vtysh(&["show bgp ipv4 unicast"])
+            )
+        },
+    );
+    for ip in &ips {
+        assert!(
+            rig.router.next_hops(*ip).is_empty(),
+            "{ip} has a host route beside its aggregate:\n{}",
+            rig.router.vtysh(&["show bgp ipv4 unicast"])
+        );
+        let served = rig.served_by(*ip, 6);
+        assert!(
+            served.iter().all(Option::is_some),
+            "{ip} through the aggregate: {served:?}"
+        );
+    }
 }
 
 /// The endpoints of `default/local`: one, on node-1.

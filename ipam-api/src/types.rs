@@ -139,6 +139,10 @@ pub struct Attachment {
     /// name no pool by annotation take their address from instead of the node's pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Addresses the runtime asks for (the CNI `ips` capability, `args.cni.ips` or CNI_ARGS
+    /// `IP`), at most one per family; empty: the pod's annotations decide, else any address.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<IpAddr>,
 }
 
 impl AttachmentId {

@@ -85,6 +85,30 @@ pub struct NetConf {
     pub prev_result: Option<PrevResult>,
     #[serde(rename = "cni.dev/valid-attachments", default)]
     pub valid_attachments: Vec<ValidAttachment>,
+    /// What the runtime passes through capabilities: `ips` (fixed addresses).
+    #[serde(rename = "runtimeConfig", default)]
+    pub runtime_config: RuntimeConfig,
+    /// Per-attachment arguments in the configuration (`args.cni.ips`, the CNI convention).
+    #[serde(default)]
+    pub args: Option<ConfArgs>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct RuntimeConfig {
+    #[serde(default)]
+    pub ips: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ConfArgs {
+    #[serde(default)]
+    pub cni: Option<CniArgs>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CniArgs {
+    #[serde(default)]
+    pub ips: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -175,6 +199,47 @@ impl Invocation {
 }
 
 impl NetConf {
+    /// The addresses the runtime asks for: the `ips` capability, else `args.cni.ips`, else
+    /// CNI_ARGS `IP` (comma-separated, as host-local reads it); prefix lengths are dropped.
+    pub fn requested_ips(&self, inv: &Invocation) -> Result<Vec<std::net::IpAddr>, CniError> {
+        let from_args = self
+            .args
+            .as_ref()
+            .and_then(|a| a.cni.as_ref())
+            .map(|c| c.ips.clone())
+            .unwrap_or_default();
+        let from_env: Vec<String> = inv
+            .args
+            .get("IP")
+            .map(|v| v.split(',').map(str::to_owned).collect())
+            .unwrap_or_default();
+        let (source, items) = [
+            ("runtimeConfig.ips", &self.runtime_config.ips),
+            ("args.cni.ips", &from_args),
+            ("CNI_ARGS IP", &from_env),
+        ]
+        .into_iter()
+        .find(|(_, items)| !items.is_empty())
+        .unwrap_or(("", &self.runtime_config.ips));
+        items
+            .iter()
+            .map(|item| {
+                parse_requested(item).ok_or_else(|| {
+                    CniError::new(
+                        Code::InvalidConfig,
+                        format!(
+                            "network {}: container {}: {source} holds {item:?}, which is not an \
+                             IP address; give one address per family, as 10.0.5.7 or \
+                             10.0.5.7/24",
+                            self.name,
+                            inv.container_id.as_deref().unwrap_or("?"),
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
     pub fn parse(stdin: &[u8]) -> Result<Self, CniError> {
         serde_json::from_slice(stdin).map_err(|e| {
             CniError::new(
@@ -232,6 +297,13 @@ impl NetConf {
             )),
         }
     }
+}
+
+/// One requested address, with or without a prefix length (the plugin does not link the
+/// engine crate: the daemon checks the rest).
+fn parse_requested(item: &str) -> Option<std::net::IpAddr> {
+    let item = item.trim();
+    item.split_once('/').map_or(item, |(a, _)| a).parse().ok()
 }
 
 /// MTU of pod interfaces when the configuration does not say.

@@ -88,10 +88,15 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
             ClientError::Protocol { .. } => CniError::new(Code::Io, e.to_string()),
         })
     };
+    let requested = match inv.command {
+        Command::Add => conf.requested_ips(inv)?,
+        _ => Vec::new(),
+    };
     let attachment = || Attachment {
         id: inv.attachment(network),
         pod: inv.pod(),
         pool: settings.pool.clone(),
+        ips: requested.clone(),
     };
     let main_mtu = match settings.role {
         Role::Main { mtu } => Some(mtu),

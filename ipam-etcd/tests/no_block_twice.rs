@@ -37,6 +37,7 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
             "default",
             &PodIpPool {
                 spec: PodIpPoolSpec {
+                    reserved: Vec::new(),
                     ipv4: Some(FamilySpec {
                         cidrs: vec!["10.90.0.0/20".into()],
                         mask_size: 26,

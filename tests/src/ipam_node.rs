@@ -33,6 +33,19 @@ impl IpamNode {
         )
     }
 
+    /// As `new`, with `reserved` addresses of the pool (handed out only to pods asking for
+    /// them).
+    pub fn with_reserved(tag: &str, cidr: &str, mask: u8, reserved: &[&str]) -> Self {
+        Self::with_ipam(
+            tag,
+            "",
+            &format!(
+                "families = [\"v4\"]\n\n[[ipam.pool]]\nname = \"default\"\n\
+                 ipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\nreserved = {reserved:?}\n"
+            ),
+        )
+    }
+
     /// As `new`, with the metrics and health endpoints on `127.0.0.1:9963` in the node's
     /// namespace.
     pub fn with_metrics(tag: &str, cidr: &str, mask: u8) -> Self {

@@ -19,6 +19,9 @@ use ipam_tests::{
 };
 use serde_json::{Value, json};
 
+/// An address of the node's first block that only a pod asking for it gets.
+const RESERVED: &str = "10.244.0.200";
+
 struct Node {
     ipam: IpamNode,
     daemon: Option<Daemon>,
@@ -26,7 +29,7 @@ struct Node {
 
 impl Node {
     fn start() -> Self {
-        let ipam = IpamNode::new("cninode", "10.244.0.0/16", 24);
+        let ipam = IpamNode::with_reserved("cninode", "10.244.0.0/16", 24, &[RESERVED]);
         let daemon = Some(ipam.start_daemon());
         Self { ipam, daemon }
     }
@@ -170,6 +173,7 @@ fn legacy_allocations_are_adopted_by_their_network(node: &Node, conf: &Value) {
         ifname: "eth0".into(),
     };
     let Response::Allocated { ips } = call(Request::Allocate(Attachment {
+        ips: Vec::new(),
         id: old.clone(),
         pod: None,
         pool: None,
@@ -188,6 +192,7 @@ fn legacy_allocations_are_adopted_by_their_network(node: &Node, conf: &Value) {
     let (ok, e) = node.plugin("CHECK", "c-old", "eth0", conf);
     assert!(ok, "the adopted allocation is found by its network: {e}");
     let Response::Checked { ips: held } = call(Request::Check(Attachment {
+        ips: Vec::new(),
         id: old.in_network("testnet"),
         pod: None,
         pool: None,
@@ -272,7 +277,7 @@ fn ping(from: &Netns, to: &str) {
 
 #[test]
 fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
-    let node = Node::start();
+    let mut node = Node::start();
     let bridge = Path::new(DEBIAN_CNI).join("bridge");
     let mut conf = node.ipam_conf("bridge");
     conf["bridge"] = json!("ipbr0");
@@ -321,6 +326,8 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
 
     gc_of_one_network_keeps_another_networks_addresses(&node, &pods[0], &conf);
 
+    fixed_addresses_are_given_refused_kept_and_freed(&mut node, &conf);
+
     // DEL through the main plugins releases the addresses.
     for (i, pod) in pods.iter().enumerate() {
         assert!(
@@ -353,4 +360,94 @@ fn debian_bridge_and_ptp_delegate_ipam_to_ipam_cni() {
         .0
     );
     assert!(!node.plugin("CHECK", "ptp0", "eth0", &conf).0);
+}
+
+/// Fixed addresses, asked for as a runtime asks (the CNI `ips` capability in `runtimeConfig`,
+/// which Debian's bridge plugin hands on to its IPAM plugin): the pool's reserved address is
+/// given to the pod that asks for it and to no other; another pod asking for it, or for an
+/// address outside the node's block, is refused with the pod, the address and the reason, and
+/// holds nothing afterwards; the address survives a daemon restart; DEL frees it for the next
+/// pod that asks.
+fn fixed_addresses_are_given_refused_kept_and_freed(node: &mut Node, conf: &Value) {
+    let bridge = Path::new(DEBIAN_CNI).join("bridge");
+    let asking = |ip: &str| {
+        let mut conf = conf.clone();
+        conf["runtimeConfig"] = json!({ "ips": [format!("{ip}/24")] });
+        conf
+    };
+    // Unasked, nobody gets the reserved address.
+    for i in 0..3 {
+        let (ok, result) = node.plugin("ADD", &format!("any{i}"), "eth0", conf);
+        assert!(
+            ok && !address(&result).starts_with(&format!("{RESERVED}/")),
+            "{result}"
+        );
+    }
+    let pod = Netns::new("fixd");
+    let fixed = asking(RESERVED);
+    let (ok, result) = run_cni(
+        &bridge,
+        Some(&node.ipam.ns),
+        "ADD",
+        "fixed",
+        "eth0",
+        Some(&pod),
+        &fixed,
+    );
+    assert!(ok, "bridge ADD asking for {RESERVED}: {result}");
+    assert_eq!(address(&result), format!("{RESERVED}/24"));
+    assert_eq!(pod_ip(&pod, "eth0"), format!("{RESERVED}/24"));
+    ping(&pod, "10.244.0.1");
+
+    let (ok, e) = node.plugin("ADD", "thief", "eth0", &fixed);
+    let msg = e["msg"].as_str().unwrap_or_default();
+    assert!(
+        !ok && msg.contains("pod default/thief") && msg.contains(RESERVED) && msg.contains("holds"),
+        "{e}"
+    );
+    assert!(
+        !node.plugin("CHECK", "thief", "eth0", conf).0,
+        "a refused ADD holds nothing"
+    );
+    let (ok, e) = node.plugin("ADD", "far", "eth0", &asking("10.244.9.9"));
+    let msg = e["msg"].as_str().unwrap_or_default();
+    assert!(
+        !ok && msg.contains("10.244.9.9") && msg.contains("cluster-pool"),
+        "{e}"
+    );
+    assert!(!node.plugin("CHECK", "far", "eth0", conf).0);
+
+    // A restart keeps it with its pod.
+    node.daemon.take().expect("the daemon runs").kill();
+    node.daemon = Some(node.ipam.start_daemon());
+    let mut check = conf.clone();
+    check["prevResult"] = result;
+    assert!(
+        node.plugin("CHECK", "fixed", "eth0", &check).0,
+        "the fixed address survives a restart"
+    );
+    let (ok, e) = node.plugin("ADD", "thief", "eth0", &fixed);
+    assert!(!ok, "still held after the restart: {e}");
+
+    // DEL frees it: the next pod asking gets it.
+    assert!(
+        run_cni(
+            &bridge,
+            Some(&node.ipam.ns),
+            "DEL",
+            "fixed",
+            "eth0",
+            Some(&pod),
+            &fixed
+        )
+        .0
+    );
+    let (ok, result) = node.plugin("ADD", "next", "eth0", &fixed);
+    assert!(
+        ok && address(&result) == format!("{RESERVED}/24"),
+        "{result}"
+    );
+    for container in ["next", "any0", "any1", "any2"] {
+        assert!(node.plugin("DEL", container, "eth0", conf).0);
+    }
 }

@@ -146,6 +146,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
                             ifname: "eth0".into(),
                         };
                         let request = Request::Allocate(Attachment {
+                            ips: Vec::new(),
                             id: id.clone(),
                             pod: None,
                             pool: None,
@@ -182,6 +183,7 @@ fn ipamd_sigkilled_keeps_every_acknowledged_allocation() {
         let answer = call(
             &socket,
             &Request::Check(Attachment {
+                ips: Vec::new(),
                 id: id.clone(),
                 pod: None,
                 pool: None,

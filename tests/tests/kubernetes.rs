@@ -801,6 +801,7 @@ impl AgentNode {
 
 fn attachment(container: &str, pod: Option<&str>) -> Attachment {
     Attachment {
+        ips: Vec::new(),
         id: AttachmentId {
             network: "podnet".into(),
             container_id: container.into(),
@@ -1155,6 +1156,61 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
     )
     .await;
     assert!(db.starts_with("10.246.0."), "{db}");
+    // Fixed addresses asked for by annotation, this project's and Calico's, in the node's
+    // block of the pod's pool; one outside it is refused with the reason.
+    let db_ip: std::net::Ipv4Addr = db.split('/').next().unwrap().parse().unwrap();
+    let base = db_ip.octets()[3] & !15;
+    let (ours, calico) = (
+        format!("10.246.0.{}", base + 9),
+        format!("10.246.0.{}", base + 10),
+    );
+    let outside = format!("10.246.0.{}", base.wrapping_add(16 + 9));
+    for (name, annotations) in [
+        (
+            "fixed",
+            serde_json::json!({ "ipam-ebpf.io/ip-addresses": ours }),
+        ),
+        (
+            "calico",
+            serde_json::json!({ "cni.projectcalico.org/ipAddrs": format!("[\"{calico}\"]") }),
+        ),
+        (
+            "away",
+            serde_json::json!({ "ipam-ebpf.io/ip-addresses": outside }),
+        ),
+    ] {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name, "namespace": "plain", "annotations": annotations },
+            "spec": { "nodeName": "kn-2", "containers": [{ "name": "c", "image": "registry.invalid/c" }] },
+        }))
+        .unwrap();
+        kube::Api::<Pod>::namespaced(api.client().await, "plain")
+            .create(&kube::api::PostParams::default(), &pod)
+            .await
+            .expect("create a Pod");
+    }
+    for (container, pod, wanted) in [
+        ("c-fixed", "plain/fixed", &ours),
+        ("c-calico", "plain/calico", &calico),
+    ] {
+        let got = wait_for(
+            "a pod's annotated address",
+            async || first_address(&node.add(container, Some(pod))),
+            log,
+        )
+        .await;
+        assert_eq!(&got, wanted, "{pod}");
+    }
+    let Response::Error { message, .. } = node.add("c-away", Some("plain/away")) else {
+        panic!("a pod asking for an address outside the node's block gets none");
+    };
+    assert!(
+        message.contains("plain/away")
+            && message.contains(&outside)
+            && message.contains("pool default"),
+        "{message}"
+    );
     // The namespace's annotation: the first ADD asks for a block of tenant-a and is told to try
     // again (CNI code 11), which the kubelet does; a later one gets an address of it.
     let (ok, refusal) = node.cni("ADD", "c-web", ("shop", "web"), &web_ns);

@@ -56,6 +56,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 fn attachment(i: usize) -> Attachment {
     Attachment {
+        ips: Vec::new(),
         id: AttachmentId {
             network: "podnet".into(),
             container_id: format!("metrics-{i}"),

@@ -451,6 +451,7 @@ mod tests {
         std::fs::create_dir_all(&*dir).unwrap();
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let spec = PodIpPoolSpec {
+            reserved: Vec::new(),
             ipv4: Some(FamilySpec {
                 cidrs: vec![cidr.into()],
                 mask_size: mask,
@@ -652,6 +653,7 @@ mod tests {
     async fn agents_of_two_pools_share_the_record_and_settle() {
         let (dir, store) = store_with_v4_pool("agent-pools", "infra", "10.71.0.0/24", 28).await;
         let tenant = PodIpPoolSpec {
+            reserved: Vec::new(),
             ipv4: Some(FamilySpec {
                 cidrs: vec!["10.72.0.0/24".into()],
                 mask_size: 27,

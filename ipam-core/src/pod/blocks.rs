@@ -370,6 +370,7 @@ mod tests {
         validate(
             name,
             &PodIpPoolSpec {
+                reserved: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: cidrs.iter().map(std::string::ToString::to_string).collect(),
                     mask_size: mask,

@@ -260,6 +260,15 @@ impl DurableAllocator {
         Ok(ip)
     }
 
+    /// Sets the addresses handed out only on request (a pool's `reserved`); nothing is
+    /// logged: the pool's spec is read again on every start.
+    pub fn set_requested_only(&self, cidrs: &[crate::Cidr]) {
+        self.alloc
+            .lock()
+            .expect("allocator lock")
+            .set_requested_only(cidrs);
+    }
+
     /// Gives `ip` to `owner` (a requested address), durably.
     pub fn allocate_ip(&self, owner: &str, ip: IpAddr) -> Result<(), DurableError> {
         let seq = {

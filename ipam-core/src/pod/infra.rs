@@ -107,6 +107,7 @@ mod tests {
         let pool = validate(
             "hrz",
             &PodIpPoolSpec {
+                reserved: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: vec!["10.60.0.0/16".into()],
                     mask_size: 26,

@@ -10,12 +10,14 @@
 //!   written;
 //! - `agent`: the node agent's controller over its record and its allocator;
 //! - `multipool`: which pool a pod's address comes from, and when a node asks for a block;
+//! - `fixed`: the addresses a pod asks for (annotations, the CNI `ips` capability);
 //! - `infra`: the router, health and ingress addresses a node needs before any pod.
 
 pub mod agent;
 pub mod alloclog;
 pub mod blocks;
 pub mod durable;
+pub mod fixed;
 pub mod infra;
 pub mod multipool;
 pub mod node;

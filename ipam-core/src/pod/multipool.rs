@@ -313,6 +313,7 @@ mod tests {
         let mut operator = BlockAllocator::new();
         for (name, cidr) in [("default", "10.244.0.0/16"), ("tenant-a", "10.250.0.0/16")] {
             let spec = PodIpPoolSpec {
+                reserved: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: vec![cidr.into()],
                     mask_size: 26,

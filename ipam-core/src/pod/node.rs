@@ -157,8 +157,9 @@ impl Block {
         }
     }
 
-    /// Takes the lowest free offset at or after the cursor, wrapping once.
-    fn take(&mut self) -> Option<u64> {
+    /// Takes the lowest free offset at or after the cursor, wrapping once, passing over the
+    /// offsets `skip` names (addresses handed out only on request).
+    fn take(&mut self, skip: impl Fn(u64) -> bool) -> Option<u64> {
         if self.used >= self.capacity() {
             return None;
         }
@@ -177,7 +178,7 @@ impl Block {
                 if off > self.last {
                     break;
                 }
-                if off >= self.first {
+                if off >= self.first && !skip(off) {
                     self.set(off);
                     self.cursor = wi;
                     return Some(off);
@@ -208,6 +209,9 @@ pub struct NodeAllocator {
     blocks: Vec<Block>,
     /// Owner -> slot, one index per family (V4, V6).
     owners: [OwnerIndex; 2],
+    /// Addresses given only to an owner that asks for them (`allocate_ip`), never by
+    /// `allocate`: a pool's `reserved` addresses, as family, first and last address.
+    requested_only: Vec<(Family, u128, u128)>,
 }
 
 fn fam_index(f: Family) -> usize {
@@ -224,6 +228,7 @@ impl NodeAllocator {
             pool: pool.to_owned(),
             blocks: Vec::new(),
             owners: [OwnerIndex::default(), OwnerIndex::default()],
+            requested_only: Vec::new(),
         }
     }
 
@@ -320,13 +325,24 @@ impl NodeAllocator {
             .map(|s| self.ip_of(s))
     }
 
+    /// Sets the addresses given only to an owner that asks for them by address (a pool's
+    /// `reserved`); those already held stay with their owners.
+    pub fn set_requested_only(&mut self, cidrs: &[Cidr]) {
+        self.requested_only = cidrs
+            .iter()
+            .map(|c| (c.family(), c.base(), c.last()))
+            .collect();
+    }
+
     /// An address of `family` for `owner`; the same owner asking again gets the same address.
+    /// Reserved addresses (`set_requested_only`) are passed over.
     pub fn allocate(&mut self, owner: &str, family: Family) -> Result<IpAddr, AllocError> {
         self.check_owner(owner)?;
         if let Some(ip) = self.lookup(owner, family) {
             return Ok(ip);
         }
         let mut any_block = false;
+        let reserved = &self.requested_only;
         for (i, block) in self.blocks.iter_mut().enumerate() {
             if block.cidr.family() != family {
                 continue;
@@ -335,7 +351,14 @@ impl NodeAllocator {
             if block.retired {
                 continue;
             }
-            if let Some(off) = block.take() {
+            let base = block.cidr.base();
+            let skip = |off: u64| {
+                let ip = base + u128::from(off);
+                reserved
+                    .iter()
+                    .any(|(f, first, last)| *f == family && (*first..=*last).contains(&ip))
+            };
+            if let Some(off) = block.take(skip) {
                 let slot = Slot {
                     block: i as u32,
                     offset: off as u32,
@@ -536,6 +559,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not in any of its blocks"), "{e}");
+    }
+
+    /// Reserved addresses are never handed out by `allocate`, only to an owner that asks for
+    /// one by address; released, they are reserved again. In v4 and v6.
+    #[test]
+    fn reserved_addresses_go_only_to_who_asks_for_them() {
+        for (block, reserved, first_free) in [
+            ("10.244.1.0/29", "10.244.1.2/31", "10.244.1.1"),
+            ("fd00:1::/125", "fd00:1::2/127", "fd00:1::1"),
+        ] {
+            let mut n = NodeAllocator::new("node-1", "default");
+            n.add_block(c(block));
+            n.set_requested_only(&[c(reserved)]);
+            let family = c(block).family();
+            assert_eq!(n.allocate("a", family).unwrap().to_string(), first_free);
+            let asked: IpAddr = c(reserved).network();
+            n.allocate_ip("fixed", asked).unwrap();
+            assert_eq!(n.lookup("fixed", family), Some(asked));
+            assert_eq!(n.release("fixed", family), Some(asked));
+            // Released: still never handed out unasked, whoever asks next.
+            let mut others = Vec::new();
+            while let Ok(ip) = n.allocate(&format!("o{}", others.len()), family) {
+                others.push(ip);
+            }
+            assert!(
+                !others.iter().any(|ip| c(reserved).contains(*ip)),
+                "{others:?}"
+            );
+            assert!(matches!(
+                n.allocate("more", family),
+                Err(AllocError::Full { .. })
+            ));
+            n.allocate_ip("fixed-again", asked).unwrap();
+        }
     }
 
     #[test]

@@ -607,6 +607,7 @@ mod tests {
     fn v4_pool(cidrs: &[&str], mask: u8) -> PodIpPool {
         PodIpPool {
             spec: PodIpPoolSpec {
+                reserved: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: cidrs.iter().map(std::string::ToString::to_string).collect(),
                     mask_size: mask,
@@ -864,6 +865,7 @@ mod tests {
         let s = EmbeddedStore::open(&path).unwrap();
         let pool = PodIpPool {
             spec: PodIpPoolSpec {
+                reserved: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: vec!["10.244.0.0/16".into()],
                     mask_size: 24,

@@ -73,6 +73,30 @@ pub struct PodIpPoolSpec {
     /// `namespaces` too, a namespace must pass both.
     #[serde(default, skip_serializing_if = "Selector::is_empty")]
     pub namespace_selector: Selector,
+    /// Addresses (or CIDRs) of the pool handed out only to pods that ask for them (the
+    /// `ipam-ebpf.io/ip-addresses` annotation, or the CNI `ips` capability): what a pod with a
+    /// fixed address keeps for itself while it is away.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved: Vec<String>,
+}
+
+impl PodIpPoolSpec {
+    /// The reserved addresses as CIDRs (an address alone is a /32 or /128); those that do
+    /// not parse are left out (`validate` reports them).
+    pub fn reserved_cidrs(&self) -> Vec<Cidr> {
+        self.reserved
+            .iter()
+            .filter_map(|r| parse_reserved(r).ok())
+            .collect()
+    }
+}
+
+/// A reserved entry: an address, or a CIDR.
+fn parse_reserved(text: &str) -> Result<Cidr, CidrError> {
+    match text.trim().parse::<std::net::IpAddr>() {
+        Ok(ip) => Cidr::new(ip, Family::of(ip).bits()),
+        Err(_) => text.trim().parse(),
+    }
 }
 
 /// One family of a pool: its CIDRs, cut into blocks of `maskSize`. CIDRs may be appended; the
@@ -145,6 +169,12 @@ pub enum PoolError {
     },
     #[error("pool {pool} has no CIDRs; give spec.ipv4 and/or spec.ipv6 at least one CIDR each")]
     Empty { pool: String },
+    #[error("pool {pool}: reserved address {entry:?} is refused: {why}")]
+    Reserved {
+        pool: String,
+        entry: String,
+        why: String,
+    },
     #[error(
         "pool {pool}: {} mask size /{mask} is out of range; use /{} to /{}", family.name(),
         family.bits() - 24, family.bits()
@@ -223,6 +253,25 @@ pub fn validate(name: &str, spec: &PodIpPoolSpec) -> Result<Pool, PoolError> {
         return Err(PoolError::Empty {
             pool: name.to_owned(),
         });
+    }
+    for entry in &spec.reserved {
+        let reserved = parse_reserved(entry).map_err(|source| PoolError::Reserved {
+            pool: name.to_owned(),
+            entry: entry.clone(),
+            why: source.to_string(),
+        })?;
+        let inside = pool.family(reserved.family()).is_some_and(|f| {
+            f.cidrs
+                .iter()
+                .any(|c| c.overlap(&reserved) == Some(reserved))
+        });
+        if !inside {
+            return Err(PoolError::Reserved {
+                pool: name.to_owned(),
+                entry: entry.clone(),
+                why: "it is not inside the pool's CIDRs; reserve addresses of the pool".into(),
+            });
+        }
     }
     Ok(pool)
 }
@@ -386,6 +435,7 @@ mod tests {
             })
         };
         PodIpPoolSpec {
+            reserved: Vec::new(),
             ipv4: f(v4, mask4),
             ipv6: f(v6, mask6),
             namespaces: Vec::new(),

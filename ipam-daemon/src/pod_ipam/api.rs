@@ -11,6 +11,7 @@ use ipam_core::{
     Family,
     pod::{
         durable::DurableError,
+        fixed,
         multipool::PoolSource,
         node::{AllocError, ROUTER_OWNER},
     },
@@ -59,7 +60,7 @@ impl PodAllocations {
         }
         match request {
             Request::Allocate(a) => {
-                let response = self.allocate(&a.id, a.pod.as_deref(), a.pool.as_deref());
+                let response = self.allocate(&a.id, a.pod.as_deref(), a.pool.as_deref(), &a.ips);
                 crate::metrics::Metrics::result(&self.metrics.pod_allocations, outcome(&response));
                 response
             }
@@ -166,6 +167,7 @@ impl PodAllocations {
         id: &AttachmentId,
         pod: Option<&str>,
         network_pool: Option<&str>,
+        asked: &[IpAddr],
     ) -> Response {
         if let Some(why) = self.not_ready() {
             return Response::error(ErrorCode::NotReady, why);
@@ -175,6 +177,10 @@ impl PodAllocations {
             || format!("container {}", id.container_id),
             |p| format!("pod {p}"),
         );
+        let requested = match self.requested(&who, pod, asked) {
+            Ok(requested) => requested,
+            Err(why) => return Response::error(ErrorCode::BadRequest, why),
+        };
         // A repeated ADD (one family was served, the other waited for a block) stays in the
         // pool the attachment already holds an address of, whatever the annotations say now.
         let holding = self.pools.all().into_iter().find(|(_, a)| {
@@ -200,6 +206,9 @@ impl PodAllocations {
                 ),
             );
         };
+        if !requested.is_empty() {
+            return self.allocate_requested(&who, &owner, &pool, &alloc, &requested);
+        }
         let mut ips = Vec::new();
         for family in &self.families {
             match alloc.alloc.allocate(&owner, *family) {
@@ -222,6 +231,119 @@ impl PodAllocations {
         }
         tracing::info!(owner = owner.as_str(), pod, pool = pool.as_str(), from = source.name(), ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated");
         Response::Allocated { ips }
+    }
+
+    /// The addresses asked for: by the runtime (the CNI `ips` capability), else by the pod's
+    /// annotations; why not, when the request cannot be served on this node.
+    fn requested(
+        &self,
+        who: &str,
+        pod: Option<&str>,
+        asked: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, String> {
+        let requested = if asked.is_empty() {
+            self.pools.annotated_addresses(who, pod)?
+        } else {
+            asked.to_vec()
+        };
+        fixed::check(who, &requested, &self.families).map_err(|e| e.to_string())?;
+        Ok(requested)
+    }
+
+    /// Gives `owner` the `requested` addresses, and of each other family this node serves any
+    /// address; all or nothing: a refusal releases what this request took.
+    fn allocate_requested(
+        &self,
+        who: &str,
+        owner: &str,
+        pool: &str,
+        alloc: &PoolAllocator,
+        requested: &[IpAddr],
+    ) -> Response {
+        let mut ips = Vec::new();
+        let mut taken_now = Vec::new();
+        for family in &self.families {
+            let held = alloc.alloc.with(|a| a.lookup(owner, *family)).is_some();
+            let asked = requested.iter().find(|ip| Family::of(**ip) == *family);
+            let result = match asked {
+                Some(ip) => alloc.alloc.allocate_ip(owner, *ip).map(|()| *ip),
+                None => alloc.alloc.allocate(owner, *family),
+            };
+            match result {
+                Ok(ip) => {
+                    if !held {
+                        taken_now.push(*family);
+                    }
+                    ips.push(self.describe(alloc, ip));
+                }
+                Err(e) => {
+                    for family in taken_now {
+                        if let Err(e) = alloc.alloc.release(owner, family) {
+                            tracing::warn!(owner, "releasing a refused request's address: {e}");
+                        }
+                    }
+                    return self.refused(who, pool, alloc, asked.copied(), e);
+                }
+            }
+        }
+        tracing::info!(owner, pool, ips = ?ips.iter().map(|i| i.address).collect::<Vec<_>>(), "pod addresses allocated as requested");
+        Response::Allocated { ips }
+    }
+
+    /// Why a request for `asked` (or, with none, any address) is refused, said to the user.
+    fn refused(
+        &self,
+        who: &str,
+        pool: &str,
+        alloc: &PoolAllocator,
+        asked: Option<IpAddr>,
+        e: DurableError,
+    ) -> Response {
+        let DurableError::Alloc(e) = e else {
+            return Response::error(ErrorCode::Failed, format!("{who}: {e}"));
+        };
+        match (&e, asked) {
+            (AllocError::NoBlock { .. } | AllocError::Full { .. }, _) => {
+                alloc
+                    .demand
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                Response::error(
+                    ErrorCode::NotReady,
+                    format!("{who}: {e}; requested a block, try again later"),
+                )
+            }
+            (AllocError::OutsideBlocks { blocks, .. }, Some(ip)) => {
+                let blocks = blocks
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let why = if self.pools.multi_pool() {
+                    format!(
+                        "{who}: asks for {ip}, which is not in this node's blocks of pool {pool} \
+                         ({blocks}); ask for an address of those blocks, or name the pool that \
+                         holds {ip} (annotation {}) and reserve it there",
+                        ipam_core::pod::multipool::POOL_ANNOTATION
+                    )
+                } else {
+                    format!(
+                        "{who}: asks for {ip}, which is not in this node's block ({blocks}); in \
+                         cluster-pool mode each node hands out its own block only, so a pod \
+                         keeps a fixed address only on the node whose block holds it: pin the \
+                         pod to that node (nodeSelector or affinity), or use multi-pool mode"
+                    )
+                };
+                Response::error(ErrorCode::BadRequest, why)
+            }
+            (AllocError::Taken { holder, .. }, Some(ip)) => Response::error(
+                ErrorCode::Failed,
+                format!(
+                    "{who}: asks for {ip}, which {holder} holds; delete what holds it (its DEL \
+                     frees the address) or ask for another"
+                ),
+            ),
+            _ => Response::error(ErrorCode::BadRequest, format!("{who}: {e}")),
+        }
     }
 
     fn release(&self, id: &AttachmentId) -> Response {

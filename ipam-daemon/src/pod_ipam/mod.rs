@@ -22,6 +22,7 @@ mod local_pass;
 mod node_facts;
 mod observe;
 pub mod pools;
+mod reserved;
 mod restore;
 pub mod status;
 mod store_pass;
@@ -122,10 +123,10 @@ impl PodIpam {
         observed: Observed,
     ) -> Result<Self, IpamRuntimeError> {
         mkdir(&settings.state_dir)?;
+        // The pods of this node, for their annotations: the pool they name (multi-pool mode)
+        // and the addresses they ask for (every mode).
         let directory = match &store {
-            ClusterStore::Kubernetes(s) if settings.mode == IpamMode::MultiPool => {
-                Some(s.follow_pods(&settings.node_name))
-            }
+            ClusterStore::Kubernetes(s) => Some(s.follow_pods(&settings.node_name)),
             _ => None,
         };
         let pod_pools = Arc::new(PodPools::new(
@@ -133,6 +134,7 @@ impl PodIpam {
             settings.mode == IpamMode::MultiPool,
             directory,
         ));
+        pod_pools.set_reserved(reserved::load(&settings.state_dir));
         let mut by_pool = BTreeMap::new();
         // The node's own pool, and in multi-pool mode every other pool it held addresses of
         // before a restart: all restored before anything else.

@@ -13,6 +13,7 @@ use std::{
 };
 
 use ipam_core::{
+    Cidr,
     lb::resources::Namespace,
     pod::durable::DurableAllocator,
     pod::multipool::{PoolSource, Tenants, admit, annotated_pool, network_pool},
@@ -58,6 +59,8 @@ pub(super) struct PodPools {
     /// The namespaces' labels, as last read from the store, when a pool selects namespaces by
     /// them and no directory follows the Namespaces (etcd, the embedded store).
     namespaces: RwLock<BTreeMap<String, Namespace>>,
+    /// Each pool's addresses given only to pods that ask for them (its `reserved`).
+    reserved: RwLock<BTreeMap<String, Vec<Cidr>>>,
 }
 
 impl PodPools {
@@ -70,6 +73,7 @@ impl PodPools {
             wanted: Mutex::default(),
             known: RwLock::default(),
             namespaces: RwLock::default(),
+            reserved: RwLock::default(),
         }
     }
 
@@ -77,8 +81,18 @@ impl PodPools {
         &self.own
     }
 
+    /// Whether pods may take addresses from other pools than the node's own.
+    pub(super) fn multi_pool(&self) -> bool {
+        self.multi_pool
+    }
+
     /// Makes `pool`'s allocator available to pods.
     pub(super) fn insert(&self, pool: &str, allocator: PoolAllocator) {
+        let reserved = self.reserved.read().expect("pools lock");
+        allocator
+            .alloc
+            .set_requested_only(reserved.get(pool).map_or(&[], Vec::as_slice));
+        drop(reserved);
         self.open
             .write()
             .expect("pools lock")
@@ -87,6 +101,44 @@ impl PodPools {
 
     pub(super) fn set_known(&self, pools: Vec<(String, Tenants)>) {
         *self.known.write().expect("pools lock") = pools;
+    }
+
+    /// Every pool's reserved addresses, as last read from the store; applied to the open
+    /// allocators at once, and to those opened later. Whether they changed.
+    pub(super) fn set_reserved(&self, reserved: BTreeMap<String, Vec<Cidr>>) -> bool {
+        let mut current = self.reserved.write().expect("pools lock");
+        if *current == reserved {
+            return false;
+        }
+        for (pool, allocator) in self.open.read().expect("pools lock").iter() {
+            let cidrs = reserved.get(pool).map_or(&[][..], Vec::as_slice);
+            allocator.alloc.set_requested_only(cidrs);
+        }
+        *current = reserved;
+        true
+    }
+
+    /// The reserved addresses as last set.
+    pub(super) fn reserved(&self) -> BTreeMap<String, Vec<Cidr>> {
+        self.reserved.read().expect("pools lock").clone()
+    }
+
+    /// The addresses pod `pod` (`namespace/name`) asks for by annotation, on a Kubernetes
+    /// store (elsewhere a pod has no annotations: the runtime passes them, see `Attachment`).
+    pub(super) fn annotated_addresses(
+        &self,
+        who: &str,
+        pod: Option<&str>,
+    ) -> Result<Vec<std::net::IpAddr>, String> {
+        let (Some(directory), Some((namespace, name))) =
+            (&self.directory, pod.and_then(|p| p.split_once('/')))
+        else {
+            return Ok(Vec::new());
+        };
+        let annotations = directory
+            .annotations(namespace, name, POD_WAIT)
+            .map_err(|e| format!("{who}: {e}"))?;
+        ipam_core::pod::fixed::annotated(who, &annotations.pod).map_err(|e| e.to_string())
     }
 
     /// Whether the store pass must read the namespaces' labels: a pool selects namespaces by

@@ -94,6 +94,15 @@ impl PodIpam {
                 .map(|p| (p.name.clone(), Tenants::of(&p.value.spec)))
                 .collect(),
         );
+        let reserved = pools
+            .iter()
+            .map(|p| (p.name.clone(), p.value.spec.reserved_cidrs()))
+            .collect();
+        if self.agents.pod_pools.set_reserved(reserved) {
+            // Kept across restarts: before its first look at the store, a restarted agent
+            // must not hand a reserved address to a pod that did not ask for it.
+            super::reserved::save(&self.settings.state_dir, &self.agents.pod_pools.reserved());
+        }
         if self.agents.pod_pools.needs_namespaces() {
             let namespaces = self.store.list_typed::<Namespace>().await?;
             self.agents

@@ -182,6 +182,7 @@ fn main() {
     let pool = validate(
         "default",
         &PodIpPoolSpec {
+            reserved: Vec::new(),
             ipv4: Some(FamilySpec {
                 cidrs: vec!["10.128.0.0/9".into()],
                 mask_size: 24,

@@ -143,7 +143,7 @@ mod tests {
     async fn a_peer_whose_password_cannot_be_had_is_held_back_with_why() {
         let dir = tempfile_dir();
         let store = ClusterStore::Embedded(EmbeddedStore::open(&dir.join("state")).unwrap());
-        let ip = "198.51.100.1".parse().unwrap();
+        let ip = "198.51.100.1/32".parse().unwrap();
         let mut wanted = NodeAdvertisements::default();
         for (name, secret) in [("plain", None), ("guarded", Some("bgp-guarded"))] {
             wanted.peers.insert(name.into(), peer(secret));

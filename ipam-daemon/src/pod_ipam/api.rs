@@ -179,7 +179,7 @@ impl PodAllocations {
         );
         let requested = match self.requested(&who, pod, asked) {
             Ok(requested) => requested,
-            Err(why) => return Response::error(ErrorCode::BadRequest, why),
+            Err((code, why)) => return Response::error(code, why),
         };
         // A repeated ADD (one family was served, the other waited for a block) stays in the
         // pool the attachment already holds an address of, whatever the annotations say now.
@@ -240,13 +240,14 @@ impl PodAllocations {
         who: &str,
         pod: Option<&str>,
         asked: &[IpAddr],
-    ) -> Result<Vec<IpAddr>, String> {
+    ) -> Result<Vec<IpAddr>, (ErrorCode, String)> {
         let requested = if asked.is_empty() {
             self.pools.annotated_addresses(who, pod)?
         } else {
             asked.to_vec()
         };
-        fixed::check(who, &requested, &self.families).map_err(|e| e.to_string())?;
+        fixed::check(who, &requested, &self.families)
+            .map_err(|e| (ErrorCode::BadRequest, e.to_string()))?;
         Ok(requested)
     }
 

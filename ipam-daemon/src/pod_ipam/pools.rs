@@ -12,6 +12,7 @@ use std::{
     time::Duration,
 };
 
+use ipam_api::types::ErrorCode;
 use ipam_core::{
     Cidr,
     lb::resources::Namespace,
@@ -125,11 +126,13 @@ impl PodPools {
 
     /// The addresses pod `pod` (`namespace/name`) asks for by annotation, on a Kubernetes
     /// store (elsewhere a pod has no annotations: the runtime passes them, see `Attachment`).
+    /// A pod the agent cannot see yet is "try again" (the kubelet retries); an annotation that
+    /// does not parse is the request's fault.
     pub(super) fn annotated_addresses(
         &self,
         who: &str,
         pod: Option<&str>,
-    ) -> Result<Vec<std::net::IpAddr>, String> {
+    ) -> Result<Vec<std::net::IpAddr>, (ErrorCode, String)> {
         let (Some(directory), Some((namespace, name))) =
             (&self.directory, pod.and_then(|p| p.split_once('/')))
         else {
@@ -137,8 +140,9 @@ impl PodPools {
         };
         let annotations = directory
             .annotations(namespace, name, POD_WAIT)
-            .map_err(|e| format!("{who}: {e}"))?;
-        ipam_core::pod::fixed::annotated(who, &annotations.pod).map_err(|e| e.to_string())
+            .map_err(|e| (ErrorCode::NotReady, format!("{who}: {e}")))?;
+        ipam_core::pod::fixed::annotated(who, &annotations.pod)
+            .map_err(|e| (ErrorCode::BadRequest, e.to_string()))
     }
 
     /// Whether the store pass must read the namespaces' labels: a pool selects namespaces by

@@ -247,6 +247,7 @@ fn every_project_name_in_the_docs_and_manifests_is_one_the_code_serves() {
     let served = [
         ipam_core::lb::resources::LB_CLASS.to_owned(),
         ipam_core::pod::multipool::POOL_ANNOTATION.to_owned(),
+        ipam_core::pod::fixed::IP_ADDRESSES_ANNOTATION.to_owned(),
         ipam_kube::IPS_ANNOTATION.to_owned(),
         ipam_kube::SHARING_KEY_ANNOTATION.to_owned(),
         ipam_kube::SHARING_CROSS_NAMESPACE_ANNOTATIONS[0].to_owned(),

@@ -362,4 +362,56 @@ mod tests {
              \"ipam\" section (type \"host-local\")"
         );
     }
+
+    /// The runtime's fixed addresses: the `ips` capability first, then `args.cni.ips`, then
+    /// CNI_ARGS `IP`; prefix lengths dropped; a value that is no address names the container.
+    #[test]
+    fn requested_addresses_come_from_the_runtime_in_cni_order() {
+        let inv = |args: &[(&str, &str)]| Invocation {
+            command: Command::Add,
+            container_id: Some("c1".into()),
+            ifname: Some("eth0".into()),
+            netns: None,
+            args: args
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        let conf = |extra: serde_json::Value| {
+            let mut c = serde_json::json!({"name": "n", "type": "ipam-cni"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            NetConf::parse(c.to_string().as_bytes()).unwrap()
+        };
+        let ips = |v: &[&str]| -> Vec<std::net::IpAddr> {
+            v.iter().map(|s| s.parse().unwrap()).collect()
+        };
+        let both = conf(serde_json::json!({
+            "runtimeConfig": {"ips": ["10.0.5.7/24", "fd00::7/64"]},
+            "args": {"cni": {"ips": ["10.0.5.8"]}},
+        }));
+        assert_eq!(
+            both.requested_ips(&inv(&[("IP", "10.0.5.9")])).unwrap(),
+            ips(&["10.0.5.7", "fd00::7"])
+        );
+        let args = conf(serde_json::json!({"args": {"cni": {"ips": ["10.0.5.8"]}}}));
+        assert_eq!(args.requested_ips(&inv(&[])).unwrap(), ips(&["10.0.5.8"]));
+        let none = conf(serde_json::json!({}));
+        assert_eq!(
+            none.requested_ips(&inv(&[("IP", "10.0.5.9,fd00::9")]))
+                .unwrap(),
+            ips(&["10.0.5.9", "fd00::9"])
+        );
+        assert!(none.requested_ips(&inv(&[])).unwrap().is_empty());
+        let bad = conf(serde_json::json!({"runtimeConfig": {"ips": ["ten"]}}));
+        let e = bad.requested_ips(&inv(&[])).unwrap_err();
+        assert!(
+            e.msg.contains("container c1")
+                && e.msg.contains("runtimeConfig.ips")
+                && e.msg.contains("\"ten\""),
+            "{}",
+            e.msg
+        );
+    }
 }

@@ -27,3 +27,11 @@ impl std::ops::Deref for TempPath {
         &self.path
     }
 }
+
+/// A map of annotations (or labels) from `(key, value)` pairs.
+pub(crate) fn string_map(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}

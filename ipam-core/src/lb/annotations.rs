@@ -183,12 +183,7 @@ fn list(text: &str) -> Vec<&str> {
 mod tests {
     use super::*;
 
-    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::test_util::string_map as annotations;
 
     /// Only the prefixes of the setting are read: a MetalLB annotation is ignored once MetalLB
     /// is left out, and then no longer disagrees with this project's.

@@ -154,12 +154,7 @@ fn join(ips: &[IpAddr]) -> String {
 mod tests {
     use super::*;
 
-    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
-    }
+    use crate::test_util::string_map as annotations;
 
     #[test]
     fn both_spellings_and_both_forms_are_read() {

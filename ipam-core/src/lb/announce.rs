@@ -131,21 +131,28 @@ pub fn owners(
             if !seen.insert(ip) {
                 continue;
             }
+            // What does not depend on the node is judged once per IP, not once per node.
+            let serving: Vec<&Policy> = policies
+                .iter()
+                .filter(|p| {
+                    p.spec.service_selector.matches_service(name, &spec.labels)
+                        && if external {
+                            p.spec.external_ips
+                        } else {
+                            p.spec.load_balancer_ips
+                        }
+                        && in_chosen_pool(ip, &p.spec.ip_pools, &p.spec.ip_pool_selector, pools)
+                })
+                .collect();
             let best = live
                 .iter()
                 .filter(|node| may_answer(node))
                 .filter_map(|node| {
                     let mut interfaces: BTreeSet<String> = BTreeSet::new();
-                    for p in policies.iter().filter(|p| {
-                        p.spec.node_selector.matches(&node.labels)
-                            && p.spec.service_selector.matches_service(name, &spec.labels)
-                            && in_chosen_pool(ip, &p.spec.ip_pools, &p.spec.ip_pool_selector, pools)
-                            && if external {
-                                p.spec.external_ips
-                            } else {
-                                p.spec.load_balancer_ips
-                            }
-                    }) {
+                    for p in serving
+                        .iter()
+                        .filter(|p| p.spec.node_selector.matches(&node.labels))
+                    {
                         interfaces.extend(p.interfaces(node).into_iter().map(|i| i.name.clone()));
                     }
                     (!interfaces.is_empty()).then(|| (weight(ip, &node.name), node, interfaces))
@@ -255,28 +262,39 @@ pub fn unreachable_pools(
     nodes: &[NodeView],
 ) -> (BTreeMap<String, String>, Vec<(String, String)>) {
     let (compiled, bad) = compile(policies);
+    // Each node's subnets each policy announces on, found once (interface patterns, subnets)
+    // and shared by every pool: in node order, then policy order.
+    let reach: Vec<(&Policy, Vec<(Cidr, String)>)> = nodes
+        .iter()
+        .flat_map(|node| {
+            compiled
+                .iter()
+                .filter(|p| p.spec.node_selector.matches(&node.labels))
+                .map(move |p| {
+                    let on = p
+                        .interfaces(node)
+                        .into_iter()
+                        .flat_map(|i| {
+                            i.subnets()
+                                .map(move |s| (s, format!("{} on {}", i.name, node.name)))
+                        })
+                        .collect();
+                    (p, on)
+                })
+        })
+        .collect();
     let mut out = BTreeMap::new();
     for (name, pool) in pools {
         // A pool no policy announces is not L2's to judge (BGP may advertise it).
         let chosen =
-            |p: &&Policy| pool_chosen(name, pool, &p.spec.ip_pools, &p.spec.ip_pool_selector);
-        if !compiled.iter().any(|p| chosen(&p)) {
+            |p: &Policy| pool_chosen(name, pool, &p.spec.ip_pools, &p.spec.ip_pool_selector);
+        if !compiled.iter().any(chosen) {
             continue;
         }
         let mut subnets: BTreeMap<Cidr, Vec<String>> = BTreeMap::new();
-        for node in nodes {
-            for p in compiled
-                .iter()
-                .filter(|p| p.spec.node_selector.matches(&node.labels) && chosen(p))
-            {
-                for i in p.interfaces(node) {
-                    for s in i.subnets() {
-                        subnets
-                            .entry(s)
-                            .or_default()
-                            .push(format!("{} on {}", i.name, node.name));
-                    }
-                }
+        for (_, on) in reach.iter().filter(|(p, _)| chosen(p)) {
+            for (s, where_) in on {
+                subnets.entry(*s).or_default().push(where_.clone());
             }
         }
         let spec = &pool.spec;

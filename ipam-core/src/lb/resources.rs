@@ -220,20 +220,12 @@ impl LbIpPoolSpec {
 
     /// Whether `ip` lies in one of the blocks as written (validity is judged by LB-IPAM).
     pub fn contains(&self, ip: IpAddr) -> bool {
-        use crate::cidr::ip_to_u128;
-        self.blocks
-            .iter()
-            .any(|b| match (&b.cidr, &b.start, &b.stop) {
-                (Some(c), ..) => c.parse::<crate::Cidr>().is_ok_and(|c| c.contains(ip)),
-                (None, Some(a), Some(z)) => match (a.parse::<IpAddr>(), z.parse::<IpAddr>()) {
-                    (Ok(a), Ok(z)) => {
-                        Family::of(a) == Family::of(ip)
-                            && (ip_to_u128(a)..=ip_to_u128(z)).contains(&ip_to_u128(ip))
-                    }
-                    _ => false,
-                },
-                _ => false,
+        let ip_value = crate::cidr::ip_to_u128(ip);
+        self.blocks.iter().any(|b| {
+            b.bounds().is_some_and(|(family, first, last)| {
+                family == Family::of(ip) && (first..=last).contains(&ip_value)
             })
+        })
     }
 }
 

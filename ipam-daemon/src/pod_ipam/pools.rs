@@ -89,15 +89,17 @@ impl PodPools {
 
     /// Makes `pool`'s allocator available to pods.
     pub(super) fn insert(&self, pool: &str, allocator: PoolAllocator) {
+        // Held until the allocator is in `open`, so a `set_reserved` meanwhile (which takes
+        // the same two locks in the same order) cannot miss it.
         let reserved = self.reserved.read().expect("pools lock");
         allocator
             .alloc
             .set_requested_only(reserved.get(pool).map_or(&[], Vec::as_slice));
-        drop(reserved);
         self.open
             .write()
             .expect("pools lock")
             .insert(pool.to_owned(), allocator);
+        drop(reserved);
     }
 
     pub(super) fn set_known(&self, pools: Vec<(String, Tenants)>) {

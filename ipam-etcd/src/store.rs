@@ -357,6 +357,17 @@ impl Store for EtcdStore {
         }
     }
 
+    /// The object is kept whole here: its status is written with the rest.
+    async fn update_status(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
+        self.update(kind, name, value, expected).await
+    }
+
     async fn delete(
         &self,
         kind: &str,

@@ -8,6 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 use ipam_core::{
+    lb::resources::LbIpPool,
     resources::{Condition, NodeIpam, NodeIpamStatus},
     store::{Store, TypedStore as _, WatchEvent, conformance},
 };
@@ -189,7 +190,6 @@ async fn status_goes_through_the_subresource_with_kubernetes_conditions() {
 /// leaves the labels a user put on its object alone.
 #[tokio::test]
 async fn a_pool_s_labels_are_its_metadata_labels() {
-    use ipam_core::lb::resources::LbIpPool;
     let (api, s) = store("a_pool_s_labels_are_its_metadata_labels").await;
     let mut pool: LbIpPool = serde_json::from_value(serde_json::json!({
         "labels": { "segment": "edge" },
@@ -250,4 +250,61 @@ async fn a_pool_s_labels_are_its_metadata_labels() {
         .unwrap();
     let raw = object("/apis/ipam-ebpf.io/v1alpha1/nodeipams/node-1").await;
     assert_eq!(raw["metadata"]["labels"]["team"], "net", "{raw}");
+}
+
+/// A pool applied with kubectl carries only the fields its user wrote; the engine's value has
+/// every default filled in. Writing the operator's status must leave that spec as applied: the
+/// operator may patch `loadbalancerippools/status` and nothing else (deploy/base/rbac.yaml), so
+/// a write of the spec would be refused on a real cluster (it was, in the first run there).
+#[tokio::test]
+async fn a_status_write_leaves_the_spec_as_the_user_applied_it() {
+    let (api, s) = store("a_status_write_leaves_the_spec_as_the_user_applied_it").await;
+    let client = api.client().await;
+    let path = "/apis/ipam-ebpf.io/v1alpha1/loadbalancerippools";
+    let applied = serde_json::json!({ "blocks": [{ "cidr": "10.77.0.192/28" }] });
+    let body = serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "ipam-ebpf.io/v1alpha1", "kind": "LoadBalancerIPPool",
+        "metadata": { "name": "applied" }, "spec": applied,
+    }))
+    .unwrap();
+    // As the server keeps it: a real one adds the schema's defaults.
+    let created: serde_json::Value = client
+        .request(
+            http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(body)
+                .unwrap(),
+        )
+        .await
+        .expect("create the pool as kubectl would");
+
+    let read = s.get_typed::<LbIpPool>("applied").await.unwrap().unwrap();
+    let mut pool = read.value.clone();
+    pool.status.conditions = vec![Condition::new("Reachable", true, "inside a subnet")];
+    s.update_status_typed("applied", &pool, &read.revision)
+        .await
+        .unwrap();
+
+    let raw: serde_json::Value = client
+        .request(
+            http::Request::get(format!("{path}/applied"))
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(raw["spec"], created["spec"], "the spec is as applied: {raw}");
+    assert_eq!(
+        raw["metadata"]["generation"], created["metadata"]["generation"],
+        "the spec was not written: {raw}"
+    );
+    assert_eq!(raw["status"]["conditions"][0]["type"], "Reachable", "{raw}");
+    // And a stale revision is a conflict, as for any write.
+    let stale = s
+        .update_status_typed("applied", &pool, &read.revision)
+        .await;
+    assert!(
+        matches!(stale, Err(ipam_core::store::StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
 }

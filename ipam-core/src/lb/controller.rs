@@ -154,7 +154,7 @@ pub async fn reconcile<S: TypedStore>(
             let mut updated = p.value.clone();
             updated.status = status;
             store
-                .update_unless_changed(&p.name, &updated, &p.revision)
+                .update_status_unless_changed(&p.name, &updated, &p.revision)
                 .await?;
         }
     }
@@ -240,7 +240,7 @@ async fn write_statuses<S: TypedStore>(
             let Some((s, updated)) = next.next() else {
                 break;
             };
-            pending.push(store.update_unless_changed(&s.name, updated, &s.revision));
+            pending.push(store.update_status_unless_changed(&s.name, updated, &s.revision));
         }
         match pending.next().await {
             Some(Err(e)) => {

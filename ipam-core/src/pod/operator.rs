@@ -205,7 +205,7 @@ impl Operator {
                 self.check_deadline()?;
                 // A conflict means someone changed the pool: the next pass sees the change.
                 store
-                    .update_unless_changed(&p.name, &updated, &p.revision)
+                    .update_status_unless_changed(&p.name, &updated, &p.revision)
                     .await?;
             }
         }
@@ -492,7 +492,7 @@ impl Operator {
             // borrowed records would not be provably Send for every lifetime.
             let pending: Vec<_> = batch
                 .iter()
-                .map(|n| store.update_unless_changed(&n.name, &n.value, &n.revision))
+                .map(|n| store.update_status_unless_changed(&n.name, &n.value, &n.revision))
                 .collect();
             futures_util::stream::iter(pending)
                 .buffer_unordered(WRITES_IN_FLIGHT)

@@ -234,6 +234,17 @@ impl Store for EmbeddedStore {
             .map(Revision::from)
     }
 
+    /// The object is kept whole here: its status is written with the rest.
+    async fn update_status(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
+        self.update(kind, name, value, expected).await
+    }
+
     async fn delete(
         &self,
         kind: &str,

@@ -213,6 +213,18 @@ pub trait Store: Send + Sync {
         value: Vec<u8>,
         expected: &Revision,
     ) -> impl Future<Output = Result<Revision, StoreError>> + Send;
+    /// Writes the status of `kind/name` alone, if it is still at `expected` revision; fails
+    /// with `Conflict`. `value` is the whole object, as for `update`; a store that keeps an
+    /// object whole writes it whole. The Kubernetes store writes only the status subresource:
+    /// the spec of such a kind is the user's (applied with kubectl, without the fields the
+    /// engine fills with defaults), and the writers of a status have no right to change it.
+    fn update_status(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send;
     /// Deletes `kind/name` (if at `expected`, when given). Deleting nothing is not an error.
     fn delete(
         &self,
@@ -292,6 +304,36 @@ pub trait TypedStore: Store {
         let bytes = encode(value);
         let expected = expected.clone();
         async move { self.update(T::KIND, name, bytes, &expected).await }
+    }
+
+    /// Writes the status of `value` (`Store::update_status`) if `name` is still at `expected`.
+    fn update_status_typed<T: Resource>(
+        &self,
+        name: &str,
+        value: &T,
+        expected: &Revision,
+    ) -> impl Future<Output = Result<Revision, StoreError>> + Send {
+        let bytes = encode(value);
+        let expected = expected.clone();
+        async move { self.update_status(T::KIND, name, bytes, &expected).await }
+    }
+
+    /// As `update_unless_changed`, writing the status alone (`Store::update_status`).
+    fn update_status_unless_changed<T: Resource>(
+        &self,
+        name: &str,
+        value: &T,
+        expected: &Revision,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let bytes = encode(value);
+        let expected = expected.clone();
+        async move {
+            match self.update_status(T::KIND, name, bytes, &expected).await {
+                Ok(_) => Ok(true),
+                Err(StoreError::Conflict { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
     }
 
     /// Writes `value` if `name` is still at `expected`. `Ok(false)` when someone changed it in

@@ -173,7 +173,7 @@ impl Reports {
             status.conditions = vec![established_condition(&status.nodes)];
             match self
                 .store
-                .update_typed(peer, &current.value, &current.revision)
+                .update_status_typed(peer, &current.value, &current.revision)
                 .await
             {
                 Err(StoreError::Conflict { .. }) => continue,

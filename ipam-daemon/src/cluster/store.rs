@@ -148,6 +148,20 @@ impl Store for ClusterStore {
         }
     }
 
+    async fn update_status(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
+        match self {
+            Self::Embedded(s) => s.update_status(kind, name, value, expected).await,
+            Self::Etcd(s) => s.update_status(kind, name, value, expected).await,
+            Self::Kubernetes(s) => s.update_status(kind, name, value, expected).await,
+        }
+    }
+
     async fn delete(
         &self,
         kind: &str,

@@ -293,7 +293,10 @@ async fn a_status_write_leaves_the_spec_as_the_user_applied_it() {
         )
         .await
         .unwrap();
-    assert_eq!(raw["spec"], created["spec"], "the spec is as applied: {raw}");
+    assert_eq!(
+        raw["spec"], created["spec"],
+        "the spec is as applied: {raw}"
+    );
     assert_eq!(
         raw["metadata"]["generation"], created["metadata"]["generation"],
         "the spec was not written: {raw}"

@@ -617,13 +617,25 @@ pub fn serve(bind: IpAddr, node: &str, stop: &AtomicBool) {
 /// One request every 50 ms to `ip`, port 8080, each on its own thread (in this namespace) so a
 /// slow one does not delay the next, until `done`; the samples end sorted by time.
 pub fn requests(ip: IpAddr, start: Instant, done: &AtomicBool, samples: &Arc<Mutex<Vec<Sample>>>) {
+    requests_with(start, done, samples, move || request(ip));
+}
+
+/// One `fetch` every 50 ms, each on its own thread (in this namespace), until `done`; a
+/// sample per fetch with what it answered, sorted by time at the end.
+pub fn requests_with(
+    start: Instant,
+    done: &AtomicBool,
+    samples: &Arc<Mutex<Vec<Sample>>>,
+    fetch: impl Fn() -> Option<String> + Clone + Send + 'static,
+) {
     let mut next = Instant::now();
     let mut inflight = Vec::new();
     while !done.load(Ordering::SeqCst) {
         let samples = samples.clone();
+        let fetch = fetch.clone();
         inflight.push(std::thread::spawn(move || {
             let at = start.elapsed();
-            let node = request(ip);
+            let node = fetch();
             samples.lock().unwrap().push(Sample { at, node });
         }));
         next += PERIOD;

@@ -14,6 +14,7 @@ pub mod delay;
 pub mod deploy;
 pub mod failover;
 pub mod ipam_node;
+pub mod kube;
 pub mod netns;
 pub mod oracle;
 pub mod pod_net;

@@ -1,0 +1,628 @@
+//! What the real cluster must show, as assertions shared by `tests/tests/kube_cluster.rs` and
+//! `cargo xtask lab kube`: each names what it waited for and shows the cluster when it fails.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use ipam_core::Cidr;
+use serde_json::Value;
+
+use super::{KubeCluster, in_namespace};
+use crate::failover::Sample;
+
+pub const SYSTEM: &str = "ipam-system";
+const WEB_PORT: u16 = 80;
+
+/// Installs the project as a user does: `kubectl apply -k` of an overlay on
+/// deploy/overlays/example (the image this run built, the nodes' uplink `eth0`), and the
+/// cluster's gossip key as a Secret made with kubectl.
+pub fn install(cluster: &KubeCluster) {
+    let example = crate::deploy::overlay("example");
+    let overlay = cluster.dir.0.join("overlay");
+    std::fs::create_dir_all(&overlay).expect("the overlay folder");
+    let config = std::fs::read_to_string(example.join("config.yaml")).expect("the example config");
+    let ours = config.replace("uplinks = [\"bond0\"]", "uplinks = [\"eth0\"]");
+    assert_ne!(
+        ours, config,
+        "deploy/overlays/example/config.yaml names no bond0 uplink"
+    );
+    std::fs::write(overlay.join("config.yaml"), ours).expect("write the overlay's config");
+    let image = super::images::project_image();
+    let (name, tag) = image.rsplit_once(':').expect("the image has a tag");
+    // kustomize takes a base by a relative path only.
+    let example = relative(
+        &std::fs::canonicalize(&overlay).expect("the overlay folder"),
+        &std::fs::canonicalize(&example).expect("deploy/overlays/example"),
+    );
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - \
+             {}\nimages:\n  - name: registry.example.com/ipam-ebpf\n    newName: {name}\n    \
+             newTag: \"{tag}\"\npatches:\n  - path: config.yaml\n",
+            example.display()
+        ),
+    )
+    .expect("write the overlay");
+    cluster.kubectl_ok(&["apply", "-k", &overlay.display().to_string()]);
+    let key: [u8; 32] = rand::random();
+    let key = base64(&key);
+    cluster.kubectl_ok(&in_namespace(
+        SYSTEM,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "ipam-gossip",
+            &format!("--from-literal=key={key}"),
+        ],
+    ));
+}
+
+/// The path that leads from the folder `from` to `to`, both absolute.
+fn relative(from: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf {
+    let (from, to): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path: std::path::PathBuf = from[common..].iter().map(|_| "..").collect();
+    path.extend(&to[common..]);
+    path
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Every node Ready, an agent Ready on every node, both operator replicas Ready.
+pub fn wait_ready(cluster: &KubeCluster, timeout: Duration) {
+    let nodes = cluster.nodes.len();
+    cluster.wait_for(timeout, "every node Ready", |c| {
+        (ready_nodes(c).len() == nodes).then_some(())
+    });
+    cluster.wait_for(timeout, "an agent Ready on every node", |c| {
+        let ds = c.get_json(&in_namespace(SYSTEM, &["daemonset", "ipam-agent"]));
+        (ds["status"]["numberReady"].as_u64() == Some(nodes as u64)).then_some(())
+    });
+    cluster.wait_for(timeout, "both operator replicas Ready", |c| {
+        let d = c.get_json(&in_namespace(SYSTEM, &["deployment", "ipam-operator"]));
+        (d["status"]["readyReplicas"].as_u64() == d["spec"]["replicas"].as_u64()).then_some(())
+    });
+}
+
+pub fn ready_nodes(cluster: &KubeCluster) -> BTreeSet<String> {
+    cluster.get_json(&["nodes"])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| condition(n, "Ready") == Some(true))
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn condition(object: &Value, kind: &str) -> Option<bool> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .map(|c| c["status"] == "True")
+}
+
+/// No log of the project's pods says an API request was forbidden: the RBAC of deploy/ grants
+/// what the code asks for on a real API server.
+pub fn no_forbidden_in_logs(cluster: &KubeCluster) {
+    for pod in pods(cluster, SYSTEM, "") {
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let log = cluster.kubectl_ok(&in_namespace(SYSTEM, &["logs", &name, "--all-containers"]));
+        let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("orbidden")).collect();
+        assert!(
+            forbidden.is_empty(),
+            "pod {SYSTEM}/{name} was refused by the API server:\n{}",
+            forbidden.join("\n")
+        );
+    }
+}
+
+/// The pods of `namespace` (with a label selector, or all).
+pub fn pods(cluster: &KubeCluster, namespace: &str, selector: &str) -> Vec<Value> {
+    let mut args = vec!["pods", "-n", namespace];
+    if !selector.is_empty() {
+        args.extend(["-l", selector]);
+    }
+    cluster.get_json(&args)["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A Deployment `name` of `replicas` web pods in `namespace` (each answering with its node's
+/// name), spread over the nodes; waits until every pod runs with an address.
+pub fn deploy_web(cluster: &KubeCluster, namespace: &str, name: &str, replicas: usize) {
+    cluster.apply(&format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      topologySpreadConstraints:
+        - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
+            labelSelector: {{matchLabels: {{app: {name}}}}}}}
+      containers:
+        - name: web
+          image: {image}
+          imagePullPolicy: Never
+          ports: [{{containerPort: {WEB_PORT}}}]
+          env:
+            - name: NODE_NAME
+              valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}
+          readinessProbe:
+            tcpSocket: {{port: {WEB_PORT}}}
+            periodSeconds: 2
+",
+        image = super::images::WEB
+    ));
+    wait_running(cluster, namespace, &format!("app={name}"), replicas);
+}
+
+/// Waits until `count` pods match `selector`, all Running and Ready with their addresses.
+pub fn wait_running(cluster: &KubeCluster, namespace: &str, selector: &str, count: usize) {
+    cluster.wait_for(
+        Duration::from_secs(240),
+        &format!("{count} pods {selector} in {namespace} Running and Ready"),
+        |c| {
+            let all = pods(c, namespace, selector);
+            let live: Vec<&Value> = all
+                .iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .collect();
+            (live.len() == count
+                && live.iter().all(|p| {
+                    p["status"]["phase"] == "Running"
+                        && condition(p, "Ready") == Some(true)
+                        && p["status"]["podIP"].is_string()
+                }))
+            .then_some(())
+        },
+    );
+}
+
+/// A pod: its name, node and addresses.
+#[derive(Debug, Clone)]
+pub struct PodAddresses {
+    pub name: String,
+    pub node: String,
+    pub ips: Vec<IpAddr>,
+}
+
+pub fn pod_addresses(cluster: &KubeCluster, namespace: &str, selector: &str) -> Vec<PodAddresses> {
+    pods(cluster, namespace, selector)
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| PodAddresses {
+            name: p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            node: p["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            ips: p["status"]["podIPs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a["ip"].as_str()?.parse().ok())
+                .collect(),
+        })
+        .collect()
+}
+
+/// The blocks each node holds, from its NodeIPAM record's status.
+pub fn node_blocks(cluster: &KubeCluster) -> BTreeMap<String, Vec<(String, Cidr)>> {
+    cluster.get_json(&["nodeipams"])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            let blocks = n["status"]["allocated"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| {
+                    Some((
+                        b["pool"].as_str()?.to_owned(),
+                        b["cidr"].as_str()?.parse().ok()?,
+                    ))
+                })
+                .collect();
+            (
+                n["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                blocks,
+            )
+        })
+        .collect()
+}
+
+/// Every pod has one address per family in `families`, each in a block its node holds of
+/// `pool`; no address twice.
+pub fn assert_addresses_from_node_blocks(
+    cluster: &KubeCluster,
+    pods: &[PodAddresses],
+    pool: &str,
+    families: usize,
+) {
+    let blocks = node_blocks(cluster);
+    let mut seen = BTreeSet::new();
+    for pod in pods {
+        assert_eq!(
+            pod.ips.len(),
+            families,
+            "pod {} on {} has addresses {:?}",
+            pod.name,
+            pod.node,
+            pod.ips
+        );
+        let held: Vec<&Cidr> = blocks
+            .get(&pod.node)
+            .into_iter()
+            .flatten()
+            .filter(|(p, _)| p == pool)
+            .map(|(_, c)| c)
+            .collect();
+        for ip in &pod.ips {
+            assert!(
+                held.iter().any(|c| c.contains(*ip)),
+                "pod {}'s address {ip} is in no block of pool {pool} node {} holds ({held:?})",
+                pod.name,
+                pod.node
+            );
+            assert!(seen.insert(*ip), "address {ip} is given twice");
+        }
+    }
+}
+
+/// One HTTP request to `addr` on a new connection: the body (the answering pod's node).
+pub fn http_get(addr: SocketAddr, timeout: Duration) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    (head.starts_with("HTTP/1.") && head.contains(" 200 ")).then(|| body.trim().to_owned())
+}
+
+/// From one pod on every node, every other node's pods answer over the pod network (v4, and
+/// v6 where the pods have it): the request runs in the pod (`kubectl exec`, busybox nc).
+pub fn assert_pods_reach_across_nodes(
+    cluster: &KubeCluster,
+    namespace: &str,
+    pods: &[PodAddresses],
+) {
+    let mut by_node: BTreeMap<&str, &PodAddresses> = BTreeMap::new();
+    for pod in pods {
+        by_node.entry(pod.node.as_str()).or_insert(pod);
+    }
+    for from in by_node.values() {
+        for to in by_node.values().filter(|to| to.node != from.node) {
+            for ip in &to.ips {
+                let target = match ip {
+                    IpAddr::V4(v4) => v4.to_string(),
+                    IpAddr::V6(v6) => v6.to_string(),
+                };
+                let answer = cluster.kubectl_ok(&in_namespace(
+                    namespace,
+                    &[
+                        "exec",
+                        &from.name,
+                        "--",
+                        "sh",
+                        "-c",
+                        &format!(
+                            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {target} {WEB_PORT} | \
+                             tail -n 1"
+                        ),
+                    ],
+                ));
+                assert_eq!(
+                    answer.trim(),
+                    to.node,
+                    "pod {} on {} asked {} on {} at {ip}",
+                    from.name,
+                    from.node,
+                    to.name,
+                    to.node
+                );
+            }
+        }
+    }
+}
+
+/// What node `node`'s agent holds, from the status and endpoint table it publishes under its
+/// state folder: (addresses per pod, allocations in all, its own infrastructure addresses: router, health).
+pub fn node_allocations(
+    cluster: &KubeCluster,
+    node: usize,
+) -> (BTreeMap<String, BTreeSet<IpAddr>>, u64, usize) {
+    let state = cluster.nodes[node].dir.join("ipam/node");
+    let read = |file: &str| -> Value {
+        std::fs::read_to_string(state.join(file))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null)
+    };
+    let endpoints = read("endpoints.json")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["pod"].as_str().unwrap_or_default().to_owned(),
+                e["ips"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|ip| ip.as_str()?.parse().ok())
+                    .collect(),
+            )
+        })
+        .collect();
+    let status = read("status.json");
+    (
+        endpoints,
+        status["allocations"].as_u64().unwrap_or(0),
+        // Addresses, not purposes: a router has one of each family.
+        status["infra"]
+            .as_object()
+            .into_iter()
+            .flat_map(|purposes| purposes.values())
+            .filter_map(Value::as_object)
+            .map(|families| families.len())
+            .sum(),
+    )
+}
+
+/// Every node's agent holds exactly the addresses of the pods Kubernetes runs there (of the
+/// pod network), and nothing else but its own infrastructure addresses: nothing leaked by a
+/// deleted pod, a restarted kubelet or containerd.
+pub fn assert_no_leaked_address(cluster: &KubeCluster) {
+    cluster.wait_for(
+        Duration::from_secs(120),
+        "every node's allocations to match the pods running there",
+        |c| {
+            let pods = all_pod_network_pods(c);
+            (0..c.nodes.len())
+                .all(|i| {
+                    let (endpoints, allocations, infra) = node_allocations(c, i);
+                    let expected: BTreeMap<String, BTreeSet<IpAddr>> = pods
+                        .iter()
+                        .filter(|(_, (node, _))| *node == c.nodes[i].name)
+                        .map(|(name, (_, ips))| (name.clone(), ips.clone()))
+                        .collect();
+                    let addresses: usize = endpoints.values().map(BTreeSet::len).sum();
+                    endpoints == expected && allocations == (addresses + infra) as u64
+                })
+                .then_some(())
+        },
+    );
+}
+
+/// Every pod of the pod network (not host network) that has addresses: namespace/name ->
+/// (node, addresses).
+fn all_pod_network_pods(cluster: &KubeCluster) -> BTreeMap<String, (String, BTreeSet<IpAddr>)> {
+    cluster.get_json(&["pods", "-A"])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["spec"]["hostNetwork"] != true)
+        .filter(|p| p["status"]["podIP"].is_string())
+        .map(|p| {
+            (
+                format!(
+                    "{}/{}",
+                    p["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    p["metadata"]["name"].as_str().unwrap_or_default()
+                ),
+                (
+                    p["spec"]["nodeName"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    p["status"]["podIPs"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|a| a["ip"].as_str()?.parse().ok())
+                        .collect(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// A LoadBalancer pool on the segment (10.77.0.192/28), an L2 policy on every node's `eth0`,
+/// and Service `name` of type LoadBalancer in front of the pods `app=<selector>`; returns its
+/// IP once assigned.
+pub fn expose(
+    cluster: &KubeCluster,
+    namespace: &str,
+    name: &str,
+    selector: &str,
+    local: bool,
+) -> IpAddr {
+    cluster.apply(&format!(
+        "apiVersion: ipam-ebpf.io/v1alpha1
+kind: LoadBalancerIPPool
+metadata: {{name: lab}}
+spec:
+  blocks: [{{cidr: 10.77.0.192/28}}]
+---
+apiVersion: ipam-ebpf.io/v1alpha1
+kind: L2AnnouncementPolicy
+metadata: {{name: lab}}
+spec:
+  interfaces: [eth0]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {namespace}}}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: {policy}
+  selector: {{app: {selector}}}
+  ports: [{{port: {WEB_PORT}, targetPort: {WEB_PORT}}}]
+",
+        policy = if local { "Local" } else { "Cluster" }
+    ));
+    cluster.wait_for(
+        Duration::from_secs(60),
+        &format!("Service {namespace}/{name}'s LoadBalancer IP"),
+        |c| {
+            let s = c.get_json(&in_namespace(namespace, &["service", name]));
+            s["status"]["loadBalancer"]["ingress"][0]["ip"]
+                .as_str()?
+                .parse()
+                .ok()
+        },
+    )
+}
+
+/// The client, outside the cluster, asks `ip`: the body of the answer.
+pub fn client_get(cluster: &KubeCluster, ip: IpAddr) -> Option<String> {
+    cluster
+        .client
+        .run(move || http_get(SocketAddr::new(ip, WEB_PORT), Duration::from_millis(500)))
+}
+
+/// The node whose MAC the client resolves `ip` to (after asking it once).
+pub fn announcer(cluster: &KubeCluster, ip: IpAddr) -> Option<usize> {
+    client_get(cluster, ip)?;
+    let neigh = super::output_of(
+        crate::netns::command_in(&cluster.client.path(), "ip").args([
+            "neigh",
+            "show",
+            &ip.to_string(),
+        ]),
+    )?;
+    let mac = neigh
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)?
+        .to_owned();
+    cluster.nodes.iter().position(|n| {
+        let m = n.ns.mac("eth0");
+        let text = m
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        text == mac
+    })
+}
+
+/// The client requesting `ip` every 50 ms (a new connection each, 200 ms timeout), as the
+/// seed's lab did, until stopped.
+pub struct ClientLoad {
+    pub start: Instant,
+    done: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ClientLoad {
+    pub fn start(cluster: &KubeCluster, ip: IpAddr) -> Self {
+        let start = Instant::now();
+        let done = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (done, samples) = (done.clone(), samples.clone());
+            cluster.client.spawn(move || {
+                crate::failover::requests_with(start, &done, &samples, move || {
+                    http_get(SocketAddr::new(ip, WEB_PORT), Duration::from_millis(200))
+                });
+            })
+        };
+        Self {
+            start,
+            done,
+            samples,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn stop(mut self) -> Vec<Sample> {
+        self.done.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.samples.lock().unwrap())
+    }
+}
+
+/// One power loss as the client lived it: (seconds until a request was answered again,
+/// seconds until the last failed request, failed share in the minute after the loss).
+#[derive(Debug, Clone, Copy)]
+pub struct Loss {
+    pub failover_s: f64,
+    pub errors_stop_s: f64,
+    pub failed_pct: f64,
+}
+
+/// Reads a loss off the samples of a run where the power went at `lost_at`.
+pub fn loss_figures(samples: &[Sample], lost_at: Duration, window: Duration) -> Loss {
+    let after: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at >= lost_at && s.at <= lost_at + window)
+        .collect();
+    let first_failure = after.iter().find(|s| s.node.is_none()).map(|s| s.at);
+    let failover_s = match first_failure {
+        // No request failed: the IP answered throughout.
+        None => 0.0,
+        Some(from) => after
+            .iter()
+            .find(|s| s.at > from && s.node.is_some())
+            .map_or(window.as_secs_f64(), |s| (s.at - lost_at).as_secs_f64()),
+    };
+    let errors_stop_s = after
+        .iter()
+        .rev()
+        .find(|s| s.node.is_none())
+        .map_or(0.0, |s| (s.at - lost_at).as_secs_f64());
+    let failed = after.iter().filter(|s| s.node.is_none()).count();
+    Loss {
+        failover_s,
+        errors_stop_s,
+        failed_pct: 100.0 * failed as f64 / after.len().max(1) as f64,
+    }
+}

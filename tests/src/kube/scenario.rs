@@ -1,0 +1,255 @@
+//! The run on a real cluster, step by step, shared by `cargo xtask lab kube` (which prints
+//! every step and the figures) and `tests/tests/kube_cluster.rs` (one power loss): install the
+//! project, pods over the nodes, the runtime's DEL and GC, a killed agent, a LoadBalancer
+//! Service reached through kube-proxy, the seed's power losses and a rolling restart of the
+//! agents with the client running.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use super::{
+    KubeCluster,
+    checks::{self, ClientLoad, Loss, SYSTEM},
+    in_namespace,
+};
+
+/// The web Deployment the checks run (30 pods, 10 per node).
+const WEB: &str = "web";
+const REPLICAS: usize = 30;
+/// The pool of deploy/overlays/example, and its families (v4 and v6).
+const POOL: &str = "default";
+const FAMILIES: usize = 2;
+/// How long the client is watched after a power loss: past the node lifecycle controller's
+/// grace period (kube-controller-manager's default), when Kubernetes takes the dead node's
+/// pods out of the Services' endpoints.
+const LOSS_WINDOW: Duration = Duration::from_secs(75);
+
+/// What the run measured.
+#[derive(Debug, Default)]
+pub struct Figures {
+    pub losses: Vec<Loss>,
+    /// (failed requests, requests, times the IP moved) during `kubectl rollout restart` of
+    /// the agents.
+    pub rollout: Option<(usize, usize, usize)>,
+}
+
+pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figures {
+    say("install: kubectl apply -k (deploy/overlays/example, uplink eth0), the gossip Secret");
+    checks::install(cluster);
+    checks::wait_ready(cluster, Duration::from_secs(240));
+    say("every node Ready, an agent on every node, both operators Ready");
+    checks::no_forbidden_in_logs(cluster);
+    say("no log of the project's pods has a Forbidden answer");
+
+    checks::deploy_web(cluster, "default", WEB, REPLICAS);
+    let pods = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
+    checks::assert_addresses_from_node_blocks(cluster, &pods, POOL, FAMILIES);
+    say(&format!(
+        "{REPLICAS} pods Running, each with a v4 and a v6 address from its node's blocks"
+    ));
+    checks::assert_pods_reach_across_nodes(cluster, "default", &pods);
+    say("pods reach each other's across nodes (v4 and v6, from inside the pods)");
+    checks::assert_no_leaked_address(cluster);
+
+    // The kubelet's DEL: deleted pods' addresses go back; their replacements get addresses.
+    let doomed: Vec<&str> = pods.iter().take(6).map(|p| p.name.as_str()).collect();
+    let mut args = vec!["delete", "pod", "--wait=true"];
+    args.extend(&doomed);
+    cluster.kubectl_ok(&in_namespace("default", &args));
+    checks::wait_running(cluster, "default", &format!("app={WEB}"), REPLICAS);
+    checks::assert_no_leaked_address(cluster);
+    say("6 pods deleted: their addresses freed (CNI DEL), their replacements addressed");
+
+    // A kubelet and containerd restart: the runtime's CHECK and GC leave nothing behind.
+    cluster.restart_runtime(0);
+    checks::wait_ready(cluster, Duration::from_secs(120));
+    checks::wait_running(cluster, "default", &format!("app={WEB}"), REPLICAS);
+    checks::assert_no_leaked_address(cluster);
+    say(&format!(
+        "{}'s kubelet and containerd restarted: no address leaked",
+        cluster.nodes[0].name
+    ));
+
+    kill_an_agent(cluster, 1);
+    say("an agent container killed: the kubelet restarted it, no address moved, pods reach");
+
+    let ip = checks::expose(cluster, "default", WEB, WEB, false);
+    let answer = cluster.wait_for(
+        Duration::from_secs(30),
+        &format!("the client's answer from {ip}"),
+        |c| checks::client_get(c, ip),
+    );
+    say(&format!(
+        "Service {WEB}: LoadBalancer IP {ip}, the client outside the cluster reached a pod on \
+         {answer} through kube-proxy"
+    ));
+
+    let mut figures = Figures::default();
+    for n in 1..=losses {
+        let loss = power_loss(cluster, ip);
+        say(&format!(
+            "power loss {n}/{losses}: answered again after {:.2} s, errors stop after {:.2} s, \
+             {:.1} % of requests failed in the {} s after",
+            loss.failover_s,
+            loss.errors_stop_s,
+            loss.failed_pct,
+            LOSS_WINDOW.as_secs()
+        ));
+        figures.losses.push(loss);
+    }
+
+    figures.rollout = Some(rollout_restart(cluster, ip));
+    if let Some((failed, total, moves)) = figures.rollout {
+        say(&format!(
+            "kubectl rollout restart daemonset ipam-agent: {failed} of {total} requests failed, \
+             the IP moved {moves} times"
+        ));
+    }
+    figures
+}
+
+/// Kills node `i`'s agent container (SIGKILL through containerd): the kubelet restarts it;
+/// every pod keeps its address, and pods still reach each other.
+fn kill_an_agent(cluster: &KubeCluster, i: usize) {
+    let node = &cluster.nodes[i];
+    let agent = checks::pods(cluster, SYSTEM, "app.kubernetes.io/name=ipam-agent")
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == node.name.as_str())
+        .expect("an agent pod on the node");
+    let name = agent["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let status = |c: &KubeCluster| {
+        let pod = c.get_json(&in_namespace(SYSTEM, &["pod", &name]));
+        pod["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == "agent").cloned())
+            .unwrap_or_default()
+    };
+    let before = status(cluster);
+    let restarts = before["restartCount"].as_u64().unwrap_or(0);
+    let id = before["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("containerd://"))
+        .expect("the agent's container id")
+        .to_owned();
+    let addresses = |c: &KubeCluster| -> BTreeMap<String, Vec<IpAddr>> {
+        checks::pod_addresses(c, "default", &format!("app={WEB}"))
+            .into_iter()
+            .map(|p| (p.name, p.ips))
+            .collect()
+    };
+    let addresses_before = addresses(cluster);
+    node.run(
+        "ctr",
+        &[
+            "--address",
+            super::node::CONTAINERD_SOCKET,
+            "-n",
+            "k8s.io",
+            "tasks",
+            "kill",
+            "-s",
+            "SIGKILL",
+            &id,
+        ],
+    );
+    cluster.wait_for(
+        Duration::from_secs(120),
+        &format!("the kubelet to restart agent {name}, and it to be Ready"),
+        |c| {
+            let now = status(c);
+            (now["restartCount"].as_u64().unwrap_or(0) > restarts && now["ready"] == true)
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        addresses(cluster),
+        addresses_before,
+        "a pod's address changed when agent {name} was killed"
+    );
+    let pods = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
+    checks::assert_pods_reach_across_nodes(cluster, "default", &pods);
+    checks::assert_no_leaked_address(cluster);
+}
+
+/// The node answering for `ip` loses power while the client requests every 50 ms; then it
+/// comes back, and the cluster is whole again before the next loss.
+fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> Loss {
+    let owner = cluster.wait_for(
+        Duration::from_secs(30),
+        &format!("the node answering for {ip}"),
+        |c| checks::announcer(c, ip),
+    );
+    let load = ClientLoad::start(cluster, ip);
+    std::thread::sleep(Duration::from_secs(3));
+    let lost_at = load.start.elapsed();
+    cluster.power_off(owner);
+    let until = Instant::now() + LOSS_WINDOW;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let samples = load.stop();
+    let loss = checks::loss_figures(&samples, lost_at, LOSS_WINDOW);
+    let now = cluster.wait_for(
+        Duration::from_secs(30),
+        &format!("another node answering for {ip}"),
+        |c| checks::announcer(c, ip),
+    );
+    assert_ne!(
+        now, owner,
+        "{ip} is still resolved to {}, which lost power",
+        cluster.nodes[owner].name
+    );
+    cluster.power_on(owner);
+    checks::wait_ready(cluster, Duration::from_secs(240));
+    checks::wait_running(cluster, "default", &format!("app={WEB}"), REPLICAS);
+    loss
+}
+
+/// `kubectl rollout restart daemonset ipam-agent` with the client running: (failed, total,
+/// IP moves seen by the client's neighbour table).
+fn rollout_restart(cluster: &KubeCluster, ip: IpAddr) -> (usize, usize, usize) {
+    let load = ClientLoad::start(cluster, ip);
+    let mut owners = vec![checks::announcer(cluster, ip)];
+    cluster.kubectl_ok(&in_namespace(
+        SYSTEM,
+        &["rollout", "restart", "daemonset", "ipam-agent"],
+    ));
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let done = cluster
+            .kubectl(&in_namespace(
+                SYSTEM,
+                &[
+                    "rollout",
+                    "status",
+                    "daemonset",
+                    "ipam-agent",
+                    "--timeout=1s",
+                ],
+            ))
+            .status
+            .success();
+        let owner = checks::announcer(cluster, ip);
+        if owner != *owners.last().unwrap() {
+            owners.push(owner);
+        }
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agents' rollout did not finish in 300 s\n{}",
+            cluster.describe()
+        );
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let samples = load.stop();
+    let failed = samples.iter().filter(|s| s.node.is_none()).count();
+    (failed, samples.len(), owners.len() - 1)
+}

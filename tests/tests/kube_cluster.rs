@@ -1,0 +1,38 @@
+//! The project on a real Kubernetes cluster (tests/src/kube): a real kube-apiserver, controller
+//! manager and scheduler, and on three nodes a real containerd, kubelet and kube-proxy; the
+//! project installed from deploy/ with `kubectl apply -k`, then every check of
+//! tests/src/kube/scenario.rs with one power loss. The checks assert what the cluster's users
+//! see (pods Running with addresses from their node's blocks, pods reaching each other, a
+//! client outside the cluster answered through the LoadBalancer IP, no address held for a pod
+//! Kubernetes no longer runs); the timings are `cargo xtask lab kube`'s figures, not asserted.
+//!
+//! It needs the Kubernetes binaries in `KUBEBUILDER_ASSETS`, which no package registry this
+//! project's machines reach carries, and the project's image (`cargo xtask image`); without
+//! either it says NOT CHECKED and why, and passes.
+
+use ipam_tests::{
+    kube::{Assets, KubeCluster, ProxyMode, images, scenario},
+    not_checked,
+};
+
+#[test]
+fn the_project_runs_on_a_real_kubernetes_cluster() {
+    const WHAT: &str = "the project on a real Kubernetes cluster (kube_cluster)";
+    let assets = match Assets::find() {
+        Ok(assets) => assets,
+        Err(why) => return not_checked(WHAT, &why),
+    };
+    if let Err(why) = images::project_image_exists() {
+        return not_checked(WHAT, &why);
+    }
+    let started = std::time::Instant::now();
+    let say = |step: &str| eprintln!("[{:6.1} s] {step}", started.elapsed().as_secs_f64());
+    let mut cluster = KubeCluster::start(assets, 3, ProxyMode::Iptables, &say);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        scenario::run(&mut cluster, 1, &say)
+    }));
+    if let Err(panic) = outcome {
+        eprintln!("the logs are kept in {}", cluster.keep_logs().display());
+        std::panic::resume_unwind(panic);
+    }
+}

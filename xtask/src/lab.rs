@@ -1,7 +1,14 @@
-//! `cargo xtask lab [failover|bgp]`: builds the binaries and runs a lab program
-//! (tests/src/bin/lab.rs, tests/src/bin/lab-failover.rs, tests/src/bin/lab-bgp.rs).
+//! `cargo xtask lab [failover|bgp|kube]`: builds the binaries and runs a lab program
+//! (tests/src/bin/lab.rs, lab-failover.rs, lab-bgp.rs, lab-kube.rs).
 
-use crate::cmd::{cargo, exec, target_dir};
+use std::path::PathBuf;
+
+use anyhow::bail;
+
+use crate::{
+    cmd::{cargo, exec, target_dir},
+    image, setup,
+};
 
 #[derive(Debug, Clone, Copy, Default, clap::ValueEnum)]
 pub(crate) enum Which {
@@ -13,16 +20,90 @@ pub(crate) enum Which {
     /// Service IPs over BGP: a router learns them from every node (ECMP), one node loses
     /// power, the timeline until its route is withdrawn.
     Bgp,
+    /// A real Kubernetes cluster (kube-apiserver, controller manager, scheduler, and on three
+    /// nodes containerd, kubelet and kube-proxy) installed from deploy/ with kubectl; needs the
+    /// Kubernetes binaries in KUBEBUILDER_ASSETS (docs/kubernetes.md).
+    Kube,
 }
 
+/// What the Kubernetes lab's nodes run, from Debian.
+const KUBE_PACKAGES: &[(&str, &str)] = &[
+    ("containerd", "each node's container runtime (CRI)"),
+    ("runc", "the OCI runtime containerd starts pods with"),
+    (
+        "containernetworking-plugins",
+        "loopback, which containerd calls for every pod",
+    ),
+    (
+        "busybox-static",
+        "the lab's pause and web images (podman builds them from it)",
+    ),
+    ("iptables", "kube-proxy's iptables mode"),
+    ("conntrack", "kube-proxy clears stale UDP flows with it"),
+    (
+        "ipvsadm",
+        "kube-proxy's IPVS mode, and reading its tables by hand",
+    ),
+];
+
+/// The Kubernetes binaries the lab runs, all in KUBEBUILDER_ASSETS.
+const KUBE_BINARIES: [&str; 6] = [
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kube-proxy",
+    "kubectl",
+];
+
+const KUBE_IMAGE: &str = "localhost/ipam-ebpf:0.1.0";
+
 pub(crate) fn run(which: Which) -> anyhow::Result<()> {
-    exec(cargo().args(["build", "--bins"]))?;
-    let bin = match which {
-        Which::Cluster => "lab",
-        Which::Failover => "lab-failover",
-        Which::Bgp => "lab-bgp",
+    let mut command = match which {
+        Which::Kube => {
+            let assets = kube_assets()?;
+            let mut changed = Vec::new();
+            setup::install_packages(KUBE_PACKAGES, &mut changed)?;
+            // The nodes pull nothing: the image is built here and imported into each node.
+            image::run(KUBE_IMAGE, true)?;
+            let mut c = std::process::Command::new(target_dir()?.join("debug").join("lab-kube"));
+            c.env("KUBEBUILDER_ASSETS", assets)
+                .env("IPAM_IMAGE", KUBE_IMAGE);
+            c
+        }
+        other => std::process::Command::new(target_dir()?.join("debug").join(match other {
+            Which::Cluster => "lab",
+            Which::Failover => "lab-failover",
+            Which::Bgp => "lab-bgp",
+            Which::Kube => unreachable!(),
+        })),
     };
-    exec(&mut std::process::Command::new(
-        target_dir()?.join("debug").join(bin),
-    ))
+    exec(cargo().args(["build", "--bins"]))?;
+    exec(&mut command)
+}
+
+/// The folder KUBEBUILDER_ASSETS names, with every binary the lab runs in it.
+fn kube_assets() -> anyhow::Result<PathBuf> {
+    let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from) else {
+        bail!(
+            "the Kubernetes lab runs the real Kubernetes binaries ({}), which no package \
+             registry this machine reaches carries; build them from an upstream Kubernetes tree as \
+             docs/toolchain.md (\"A real Kubernetes cluster\") says, and set KUBEBUILDER_ASSETS \
+             to their folder",
+            KUBE_BINARIES.join(", ")
+        );
+    };
+    let missing: Vec<&str> = KUBE_BINARIES
+        .into_iter()
+        .filter(|b| !dir.join(b).is_file())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "KUBEBUILDER_ASSETS={} lacks {}; the lab needs all of {}",
+            dir.display(),
+            missing.join(", "),
+            KUBE_BINARIES.join(", ")
+        );
+    }
+    Ok(dir)
 }

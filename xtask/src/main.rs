@@ -56,7 +56,7 @@ enum Command {
     },
     /// Set up, then run the lab: a cluster (etcd, operators, three nodes, a client) with pods on
     /// every node; `lab failover` kills the node answering for a service IP and prints the
-    /// timeline.
+    /// timeline; `lab kube` installs the project on a real Kubernetes cluster.
     Lab {
         #[arg(value_enum)]
         which: Option<lab::Which>,

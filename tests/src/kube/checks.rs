@@ -29,7 +29,13 @@ pub fn install(cluster: &KubeCluster) {
     let overlay = cluster.dir.0.join("overlay");
     std::fs::create_dir_all(&overlay).expect("the overlay folder");
     let config = std::fs::read_to_string(example.join("config.yaml")).expect("the example config");
-    let ours = config.replace("uplinks = [\"bond0\"]", "uplinks = [\"eth0\"]");
+    // The lab's nodes' uplink, and the announcers' exclusions docs/service-ips.md describes
+    // (off by default), so that cordon, drain and a NotReady Node move a Service's IP.
+    let ours = config.replace(
+        "uplinks = [\"bond0\"]",
+        "uplinks = [\"eth0\"]\n    [node.announce]\n    exclude_not_ready = true\n    \
+         exclude_cordoned = true",
+    );
     assert_ne!(
         ours, config,
         "deploy/overlays/example/config.yaml names no bond0 uplink"
@@ -175,6 +181,9 @@ spec:
       topologySpreadConstraints:
         - {{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway,
             labelSelector: {{matchLabels: {{app: {name}}}}}}}
+      # busybox httpd runs as PID 1 and ignores SIGTERM: without this every deleted pod
+      # waits out the default 30 s.
+      terminationGracePeriodSeconds: 2
       containers:
         - name: web
           image: {image}
@@ -336,36 +345,42 @@ pub fn assert_pods_reach_across_nodes(
     }
     for from in by_node.values() {
         for to in by_node.values().filter(|to| to.node != from.node) {
-            for ip in &to.ips {
-                let target = match ip {
-                    IpAddr::V4(v4) => v4.to_string(),
-                    IpAddr::V6(v6) => v6.to_string(),
-                };
-                let answer = cluster.kubectl_ok(&in_namespace(
-                    namespace,
-                    &[
-                        "exec",
-                        &from.name,
-                        "--",
-                        "sh",
-                        "-c",
-                        &format!(
-                            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {target} {WEB_PORT} | \
-                             tail -n 1"
-                        ),
-                    ],
-                ));
-                assert_eq!(
-                    answer.trim(),
-                    to.node,
-                    "pod {} on {} asked {} on {} at {ip}",
-                    from.name,
-                    from.node,
-                    to.name,
-                    to.node
-                );
-            }
+            assert_reaches(cluster, namespace, from, to);
         }
+    }
+}
+
+/// Pod `from` (of `namespace`) reaches pod `to` at each of its addresses: the answer names
+/// `to`'s node. The request runs in the pod (`kubectl exec`, busybox nc).
+pub fn assert_reaches(
+    cluster: &KubeCluster,
+    namespace: &str,
+    from: &PodAddresses,
+    to: &PodAddresses,
+) {
+    for ip in &to.ips {
+        let answer = cluster.kubectl_ok(&in_namespace(
+            namespace,
+            &[
+                "exec",
+                &from.name,
+                "--",
+                "sh",
+                "-c",
+                &format!(
+                    "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} {WEB_PORT} | tail -n 1"
+                ),
+            ],
+        ));
+        assert_eq!(
+            answer.trim(),
+            to.node,
+            "pod {} on {} asked {} on {} at {ip}",
+            from.name,
+            from.node,
+            to.name,
+            to.node
+        );
     }
 }
 
@@ -408,7 +423,7 @@ pub fn node_allocations(
             .into_iter()
             .flat_map(|purposes| purposes.values())
             .filter_map(Value::as_object)
-            .map(|families| families.len())
+            .map(serde_json::Map::len)
             .sum(),
     )
 }

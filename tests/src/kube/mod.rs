@@ -297,7 +297,7 @@ impl KubeCluster {
     fn write_node_configs(&self, node: &KubeNode) {
         let etc = node.dir.join("kubernetes");
         let put = |name: &str, text: String| {
-            std::fs::write(etc.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"))
+            std::fs::write(etc.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
         };
         put("containerd.toml", node::containerd_config());
         put(
@@ -343,11 +343,6 @@ impl KubeCluster {
 
     /// containerd (with the images loaded) and the kubelet of node `i`.
     fn start_runtime(&mut self, i: usize) {
-        let kubeconfig = format!(
-            "{}/{}.kubeconfig",
-            self.dir.0.join("pki").display(),
-            self.nodes[i].name
-        );
         let node = &mut self.nodes[i];
         let etc = node.dir.join("kubernetes");
         node.start(
@@ -389,6 +384,24 @@ impl KubeCluster {
                 ],
             );
         }
+        self.start_kubelet(i);
+    }
+
+    /// Node `i`'s kubelet stops (SIGTERM); its pods run on, its agent too. The node lifecycle
+    /// controller marks the Node NotReady once its grace period has passed.
+    pub fn stop_kubelet(&mut self, i: usize) {
+        self.nodes[i].stop("kubelet", true);
+    }
+
+    /// Starts node `i`'s kubelet (its containerd runs already).
+    pub fn start_kubelet(&mut self, i: usize) {
+        let kubeconfig = format!(
+            "{}/{}.kubeconfig",
+            self.dir.0.join("pki").display(),
+            self.nodes[i].name
+        );
+        let node = &mut self.nodes[i];
+        let etc = node.dir.join("kubernetes");
         let kubelet = self.assets.binary("kubelet");
         let args: Vec<String> = vec![
             "--config".into(),

@@ -54,7 +54,7 @@ pub fn clients(nodes: &[String]) -> Vec<Client> {
 /// client (`<file>.kubeconfig`, `<node>.kubeconfig`) for a server at `server`.
 pub fn write(dir: &Path, server: Ipv4Addr, cluster_ip: Ipv4Addr, nodes: &[String]) {
     let put = |name: &str, text: String| {
-        std::fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"))
+        std::fs::write(dir.join(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
     };
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

@@ -34,6 +34,8 @@ pub struct Figures {
     /// (failed requests, requests, times the IP moved) during `kubectl rollout restart` of
     /// the agents.
     pub rollout: Option<(usize, usize, usize)>,
+    /// (failed requests, requests) during `kubectl drain` of the node answering.
+    pub drain: Option<(usize, usize)>,
 }
 
 pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figures {
@@ -108,7 +110,194 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
              the IP moved {moves} times"
         ));
     }
+    tenant_pool(cluster);
+    say(&format!(
+        "namespace {TENANT} annotated with pool {TENANT}: its pods' addresses are from the \
+         node's blocks of {TENANT}, and they reach pods of the default pool"
+    ));
+
+    let (failed, total, moved_after) = drain(cluster, ip);
+    say(&format!(
+        "kubectl drain of the node answering for {ip}: the IP answered elsewhere after \
+         {moved_after:.2} s, {failed} of {total} requests failed; uncordoned, every pod Running"
+    ));
+    figures.drain = Some((failed, total));
+
+    let moved_after = kubelet_stopped(cluster, ip);
+    say(&format!(
+        "the kubelet of the node answering for {ip} stopped: {ip} answered elsewhere \
+         {moved_after:.1} s later, once the Node was NotReady; the kubelet back, the node Ready"
+    ));
+
+    let (first, second) = local_follows_endpoints(cluster);
+    say(&format!(
+        "Service {SOLO} (externalTrafficPolicy Local, one pod): answered by its pod's node \
+         {first}; the pod moved to {second}, and so did the IP (EndpointSlices from the \
+         controller manager)"
+    ));
     figures
+}
+
+/// The tenant pool of the multi-pool check.
+const TENANT: &str = "tenant";
+/// The one-pod Deployment behind the `Local` Service.
+const SOLO: &str = "solo";
+
+/// A PodIPPool `tenant` (v4 and v6) and a namespace annotated with it: its pods get their
+/// addresses from the blocks their nodes hold of `tenant`, and reach the default pool's pods.
+fn tenant_pool(cluster: &KubeCluster) {
+    cluster.apply(&format!(
+        "apiVersion: ipam-ebpf.io/v1alpha1
+kind: PodIPPool
+metadata: {{name: {TENANT}}}
+spec:
+  ipv4: {{cidrs: [10.210.0.0/16], maskSize: 26}}
+  ipv6: {{cidrs: [\"fd00:210::/104\"], maskSize: 120}}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: {TENANT}
+  annotations: {{ipam-ebpf.io/ip-pool: {TENANT}}}
+"
+    ));
+    let replicas = cluster.nodes.len();
+    checks::deploy_web(cluster, TENANT, WEB, replicas);
+    let tenants = checks::pod_addresses(cluster, TENANT, &format!("app={WEB}"));
+    checks::assert_addresses_from_node_blocks(cluster, &tenants, TENANT, FAMILIES);
+    checks::assert_pods_reach_across_nodes(cluster, TENANT, &tenants);
+    // Between pools: a tenant pod asks a default pod on another node.
+    let defaults = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
+    let from = &tenants[0];
+    let to = defaults
+        .iter()
+        .find(|p| p.node != from.node)
+        .expect("a default pod on another node");
+    checks::assert_reaches(cluster, TENANT, from, to);
+    checks::assert_no_leaked_address(cluster);
+}
+
+/// `kubectl drain` of the node answering for `ip`, with the client running: (failed, total,
+/// seconds until the IP answered from another node); then uncordoned, and every pod Running.
+fn drain(cluster: &KubeCluster, ip: IpAddr) -> (usize, usize, f64) {
+    let owner = cluster.wait_for(
+        Duration::from_secs(30),
+        &format!("the node answering for {ip}"),
+        |c| checks::announcer(c, ip),
+    );
+    let node = cluster.nodes[owner].name.clone();
+    let load = ClientLoad::start(cluster, ip);
+    std::thread::sleep(Duration::from_secs(2));
+    let started = Instant::now();
+    cluster.kubectl_ok(&[
+        "drain",
+        &node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=120s",
+    ]);
+    let moved_after = moved_from(cluster, ip, owner, started, "the drain");
+    checks::wait_running(cluster, "default", &format!("app={WEB}"), REPLICAS);
+    // The evicted pods' addresses went back (the kubelet's CNI DEL on eviction).
+    checks::assert_no_leaked_address(cluster);
+    let samples = load.stop();
+    cluster.kubectl_ok(&["uncordon", &node]);
+    let failed = samples.iter().filter(|s| s.node.is_none()).count();
+    (failed, samples.len(), moved_after)
+}
+
+/// Seconds from `since` until the client finds `ip` answered by a node other than `owner`.
+fn moved_from(cluster: &KubeCluster, ip: IpAddr, owner: usize, since: Instant, what: &str) -> f64 {
+    cluster.wait_for(
+        Duration::from_secs(120),
+        &format!(
+            "{ip} to be answered by another node than {} after {what}",
+            cluster.nodes[owner].name
+        ),
+        |c| {
+            checks::announcer(c, ip)
+                .filter(|now| *now != owner)
+                .map(|_| since.elapsed().as_secs_f64())
+        },
+    )
+}
+
+/// The kubelet of the node answering for `ip` stops (its agent and pods run on): once the node
+/// lifecycle controller marks the Node NotReady, the IP moves (`exclude_not_ready`). Returns the
+/// seconds from the stop until it did; then the kubelet starts again.
+fn kubelet_stopped(cluster: &mut KubeCluster, ip: IpAddr) -> f64 {
+    let owner = cluster.wait_for(
+        Duration::from_secs(30),
+        &format!("the node answering for {ip}"),
+        |c| checks::announcer(c, ip),
+    );
+    let started = Instant::now();
+    cluster.stop_kubelet(owner);
+    let moved_after = moved_from(cluster, ip, owner, started, "its kubelet stopped");
+    assert!(
+        !checks::ready_nodes(cluster).contains(&cluster.nodes[owner].name),
+        "{ip} moved from {} while its Node was still Ready: only NotReady may move it",
+        cluster.nodes[owner].name
+    );
+    cluster.start_kubelet(owner);
+    checks::wait_ready(cluster, Duration::from_secs(120));
+    moved_after
+}
+
+/// A one-pod Deployment behind a `Local` Service: the node of its pod answers for the IP (the
+/// controller manager's EndpointSlices name it); the pod moved to another node, the IP follows.
+/// Returns the two nodes.
+fn local_follows_endpoints(cluster: &KubeCluster) -> (String, String) {
+    checks::deploy_web(cluster, "default", SOLO, 1);
+    let ip = checks::expose(cluster, "default", SOLO, SOLO, true);
+    let pod_node = |c: &KubeCluster| {
+        checks::pod_addresses(c, "default", &format!("app={SOLO}"))
+            .into_iter()
+            .next()
+            .map(|p| p.node)
+    };
+    let first = pod_node(cluster).expect("the solo pod");
+    let answered_by = |c: &KubeCluster, node: &str| {
+        c.wait_for(
+            Duration::from_secs(60),
+            &format!("{ip} (Local) to be answered by {node}, its endpoint's node"),
+            |c| {
+                checks::announcer(c, ip)
+                    .filter(|i| c.nodes[*i].name == node)
+                    .map(|_| ())
+            },
+        );
+    };
+    answered_by(cluster, &first);
+    let second = cluster
+        .nodes
+        .iter()
+        .map(|n| n.name.clone())
+        .find(|n| *n != first)
+        .expect("another node");
+    cluster.kubectl_ok(&[
+        "patch",
+        "deployment",
+        SOLO,
+        "-n",
+        "default",
+        "-p",
+        &format!(
+            "{{\"spec\":{{\"template\":{{\"spec\":{{\"nodeSelector\":\
+             {{\"kubernetes.io/hostname\":\"{second}\"}}}}}}}}}}"
+        ),
+    ]);
+    cluster.wait_for(
+        Duration::from_secs(120),
+        &format!("pod {SOLO} Running on {second} alone"),
+        |c| {
+            let pods = checks::pod_addresses(c, "default", &format!("app={SOLO}"));
+            (pods.len() == 1 && pods[0].node == second && !pods[0].ips.is_empty()).then_some(())
+        },
+    );
+    checks::wait_running(cluster, "default", &format!("app={SOLO}"), 1);
+    answered_by(cluster, &second);
+    (first, second)
 }
 
 /// Kills node `i`'s agent container (SIGKILL through containerd): the kubelet restarts it;

@@ -123,10 +123,8 @@ impl ResponderMaps {
 
     /// Stops answering for `ip` on `ifindex`. Withdrawing what is not announced is not an error.
     pub fn withdraw(&mut self, ip: IpAddr, ifindex: u32) -> Result<(), DatapathError> {
-        match self.announcements.remove(&responder_key(ip, ifindex)) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_error(map_names::L2_RESPONDER, e)),
-        }
+        removed_or_absent(self.announcements.remove(&responder_key(ip, ifindex)))
+            .map_err(|e| map_error(map_names::L2_RESPONDER, e))
     }
 
     /// Every announcement with its reply count, sorted by interface then IP.
@@ -168,6 +166,24 @@ impl ResponderMaps {
             out.0[stat as usize] = values.iter().sum();
         }
         Ok(out)
+    }
+}
+
+/// A deletion that found its key gone counts as done. aya reports the kernel's ENOENT from
+/// `bpf_map_delete_elem` as a failed syscall, not as `KeyNotFound`: after a reboot cleared the
+/// bpffs, every DEL of a pod the agent still remembers met it, and the kubelet could never
+/// tear those sandboxes down (found on the real-cluster lab).
+pub(super) fn removed_or_absent(
+    result: Result<(), aya::maps::MapError>,
+) -> Result<(), aya::maps::MapError> {
+    match result {
+        Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Ok(())
+        }
+        other => other,
     }
 }
 
@@ -262,6 +278,25 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
+
+    #[test]
+    fn a_key_already_gone_is_removed() {
+        let syscall = |errno| {
+            Err(aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_delete_elem",
+                io_error: std::io::Error::from_raw_os_error(errno),
+            }))
+        };
+        const ENOENT: i32 = 2;
+        const EPERM: i32 = 1;
+        assert!(removed_or_absent(syscall(ENOENT)).is_ok());
+        assert!(removed_or_absent(Err(aya::maps::MapError::KeyNotFound)).is_ok());
+        assert!(removed_or_absent(Ok(())).is_ok());
+        assert!(
+            removed_or_absent(syscall(EPERM)).is_err(),
+            "only a missing key is success"
+        );
+    }
 
     #[test]
     fn keys_round_trip_both_families() {

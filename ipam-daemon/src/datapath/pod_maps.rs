@@ -11,7 +11,7 @@ use ipam_common::{
 
 use super::{
     DatapathError,
-    maps::{map_error, open_pinned, take_checked},
+    maps::{map_error, open_pinned, removed_or_absent, take_checked},
 };
 
 /// Key of a pod address (IPv4 stored IPv4-mapped, see `ipam-common`).
@@ -81,10 +81,8 @@ impl PodMaps {
 
     /// Forgets `ip`; removing what is not there is not an error.
     pub fn remove(&mut self, ip: IpAddr) -> Result<(), DatapathError> {
-        match self.endpoints.remove(&endpoint_key(ip)) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_error(map_names::POD_ENDPOINTS, e)),
-        }
+        removed_or_absent(self.endpoints.remove(&endpoint_key(ip)))
+            .map_err(|e| map_error(map_names::POD_ENDPOINTS, e))
     }
 
     /// Every entry, sorted by address.

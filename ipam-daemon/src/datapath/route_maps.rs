@@ -19,7 +19,7 @@ use ipam_core::{Cidr, Family};
 
 use super::{
     DatapathError,
-    maps::{map_error, open_pinned, take_checked},
+    maps::{map_error, open_pinned, removed_or_absent, take_checked},
 };
 
 /// Where one remote pod CIDR goes.
@@ -95,10 +95,8 @@ impl RouteMaps {
 
     /// Forgets `cidr`; removing what is not there is not an error.
     pub fn remove(&mut self, cidr: Cidr) -> Result<(), DatapathError> {
-        match self.routes.remove(&route_key(cidr)) {
-            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
-            Err(e) => Err(map_error(map_names::POD_ROUTES, e)),
-        }
+        removed_or_absent(self.routes.remove(&route_key(cidr)))
+            .map_err(|e| map_error(map_names::POD_ROUTES, e))
     }
 
     /// Every route in the map.

@@ -3,8 +3,14 @@
 //! programs send traffic for a remote pod straight out of the uplink towards the node that
 //! holds its block. Entries follow nodes joining, changing blocks and leaving.
 //!
+//! The host's routing table gets the same routes (marked with `IPAM_ROUTE_PROTOCOL`): what the
+//! host itself sends to another node's pod does not pass the pod programs. kube-proxy's
+//! forwarding of a Service's traffic to an endpoint on another node is such traffic, as is
+//! every host-network pod's; without these routes it left by the default route and was lost
+//! (found on the real-cluster lab: a LoadBalancer IP answered only by its node's own pods).
+//!
 //! The controller keeps the records it has seen from its watch (no list per change) and
-//! reprograms the map by difference. The node's own addresses between nodes are found on the
+//! reprograms the map and the table by difference. The node's own addresses between nodes are found on the
 //! first uplink and published in its record for the others.
 
 use std::{
@@ -77,14 +83,26 @@ pub async fn run(
     let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "pod routes").await;
     let mut records: Cache<NodeIpam> = Cache::new(&watch.initial);
     let mut programmed: BTreeMap<Cidr, RouteTarget> = BTreeMap::new();
+    // Read from the table on the first pass: a restarted daemon finds its earlier routes.
+    let mut in_kernel: Option<BTreeMap<Cidr, RouteTarget>> = None;
     let mut recheck = tokio::time::interval(RECHECK);
     loop {
         let current: BTreeMap<String, NodeIpam> = records
             .iter()
             .map(|r| (r.name.clone(), r.value.clone()))
             .collect();
-        tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len())
-            .in_scope(|| program(&node, &uplink, &current, &mut programmed, &datapath));
+        tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len()).in_scope(
+            || {
+                program(
+                    &node,
+                    &uplink,
+                    &current,
+                    &mut programmed,
+                    &mut in_kernel,
+                    &datapath,
+                );
+            },
+        );
         tokio::select! {
             event = watch.next() => records.apply(event),
             _ = recheck.tick() => {}
@@ -92,12 +110,14 @@ pub async fn run(
     }
 }
 
-/// Brings the route map in line with the records: adds, changes and removes by difference.
+/// Brings the route map and the host's table in line with the records: adds, changes and
+/// removes by difference.
 fn program(
     node: &str,
     uplink: &str,
     records: &BTreeMap<String, NodeIpam>,
     programmed: &mut BTreeMap<Cidr, RouteTarget>,
+    in_kernel: &mut Option<BTreeMap<Cidr, RouteTarget>>,
     datapath: &Mutex<Datapath>,
 ) {
     let Ok(uplink_ifindex) = iface::index(uplink) else {
@@ -105,6 +125,7 @@ fn program(
         return;
     };
     let want = desired_routes(node, records, uplink_ifindex);
+    program_kernel(&want, in_kernel);
     if &want == programmed {
         return;
     }
@@ -136,6 +157,94 @@ fn program(
             Err(e) => tracing::warn!(%cidr, "cannot add pod route: {e}"),
         }
     }
+}
+
+/// Brings the host's routes to other nodes' blocks in line with `want`. `installed` is what
+/// this daemon put there; `None` until first read from the table (its protocol tells).
+fn program_kernel(
+    want: &BTreeMap<Cidr, RouteTarget>,
+    installed: &mut Option<BTreeMap<Cidr, RouteTarget>>,
+) {
+    let netlink = match ipam_netlink::Netlink::open() {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("cannot program the host's routes to other nodes' pods: {e}");
+            return;
+        }
+    };
+    let installed = match installed {
+        Some(installed) => installed,
+        None => match routes_of_ours(&netlink) {
+            Ok(found) => installed.insert(found),
+            Err(e) => {
+                tracing::warn!("cannot read the host's routes to other nodes' pods: {e}");
+                return;
+            }
+        },
+    };
+    let stale: Vec<Cidr> = installed
+        .keys()
+        .filter(|c| !want.contains_key(c))
+        .copied()
+        .collect();
+    for cidr in stale {
+        match netlink.delete_route(cidr.network(), cidr.prefix()) {
+            Ok(()) => {
+                tracing::info!(%cidr, "host route to another node's pods removed");
+                installed.remove(&cidr);
+            }
+            Err(e) => tracing::warn!(%cidr, "{e}"),
+        }
+    }
+    for (cidr, target) in want {
+        if installed.get(cidr) == Some(target) {
+            continue;
+        }
+        match netlink.add_route_by(
+            cidr.network(),
+            cidr.prefix(),
+            target.next_hop,
+            target.uplink_ifindex,
+            ipam_netlink::IPAM_ROUTE_PROTOCOL,
+        ) {
+            Ok(()) => {
+                tracing::info!(%cidr, next_hop = %target.next_hop, "host route to another node's pods added");
+                installed.insert(*cidr, *target);
+            }
+            Err(e) => {
+                tracing::warn!(%cidr, "{e}; the host's own traffic to those pods (Services forwarded by kube-proxy, host-network pods) is not routed")
+            }
+        }
+    }
+}
+
+/// The routes of the host's main table that carry this daemon's protocol.
+fn routes_of_ours(
+    netlink: &ipam_netlink::Netlink,
+) -> Result<BTreeMap<Cidr, RouteTarget>, ipam_netlink::NetlinkError> {
+    let mut out = BTreeMap::new();
+    for ipv6 in [false, true] {
+        for route in netlink.routes(ipv6)? {
+            if route.protocol != ipam_netlink::IPAM_ROUTE_PROTOCOL {
+                continue;
+            }
+            let (Some(next_hop), Some(uplink_ifindex), Ok(cidr)) = (
+                route.gateway,
+                route.output,
+                Cidr::new(route.destination, route.prefix_len),
+            ) else {
+                continue;
+            };
+            out.insert(
+                cidr,
+                RouteTarget {
+                    next_hop,
+                    uplink_ifindex,
+                },
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Every interface of the node that is up and has an address other than a link-local one, with

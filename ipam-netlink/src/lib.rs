@@ -31,7 +31,7 @@ use std::{fs::File, io, os::fd::AsFd, path::Path};
 use thiserror::Error;
 
 pub use link::LinkInfo;
-pub use route::RouteInfo;
+pub use route::{IPAM_ROUTE_PROTOCOL, RouteInfo};
 use socket::RouteSocket;
 
 /// A netlink operation that failed, with the object it was about.

@@ -23,7 +23,15 @@ pub struct RouteInfo {
     /// The link it leaves by; none for a blackhole.
     pub output: Option<u32>,
     pub blackhole: bool,
+    /// Who installed it (`rtm_protocol`: 2 the kernel, 3 boot, 4 static, or a routing
+    /// daemon's own number).
+    pub protocol: u8,
 }
+
+/// The `rtm_protocol` of the routes ipamd installs towards other nodes' pod blocks, so that
+/// a restarted daemon tells its own stale routes from everyone else's (`ip route show proto
+/// 0x49`). 73: no number the kernel or iproute2's `rt_protos` assigns.
+pub const IPAM_ROUTE_PROTOCOL: u8 = 0x49;
 
 impl Netlink {
     /// Routes `destination/prefix_len` out of link `index`, through `gateway` when given, else
@@ -73,6 +81,28 @@ impl Netlink {
             .destination_prefix(destination, prefix_len)
             .and_then(|b| b.gateway(gateway))
             .map_err(|e| invalid_route(what(), e))?
+            .build();
+        self.change_route(message, what)
+    }
+
+    /// Routes `destination/prefix_len` through `gateway` on link `index`, marked with `protocol`
+    /// (`ip route replace ... proto <protocol>`). Replaces a route to the same destination.
+    pub fn add_route_by(
+        &self,
+        destination: IpAddr,
+        prefix_len: u8,
+        gateway: IpAddr,
+        index: u32,
+        protocol: u8,
+    ) -> Result<(), NetlinkError> {
+        let what =
+            || format!("cannot route {destination}/{prefix_len} via {gateway} on link #{index}");
+        let message = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(destination, prefix_len)
+            .and_then(|b| b.gateway(gateway))
+            .map_err(|e| invalid_route(what(), e))?
+            .output_interface(index)
+            .protocol(RouteProtocol::from(protocol))
             .build();
         self.change_route(message, what)
     }
@@ -165,6 +195,7 @@ fn route_info(message: &RouteMessage, ipv6: bool) -> RouteInfo {
         gateway: None,
         output: None,
         blackhole: message.header.kind == RouteType::BlackHole,
+        protocol: u8::from(message.header.protocol),
     };
     for attribute in &message.attributes {
         match attribute {

@@ -84,7 +84,8 @@ fn a_cluster_over_etcd_survives_its_faults() {
         || all_reach(&named).is_empty(),
         || format!("unreachable: {:?}\n{}", all_reach(&named), context(&c)),
     );
-    // They went through the route map (the nodes have no kernel route to each other's pods).
+    // They went through the route map: the pod program redirects them before the host's table
+    // is consulted.
     for node in &c.nodes {
         let forwarded = ipam_daemon::datapath::RouteMaps::from_pins(node.bpffs_root())
             .unwrap()
@@ -95,16 +96,54 @@ fn a_cluster_over_etcd_survives_its_faults() {
             "{}: nothing forwarded by the datapath",
             node.name
         );
-        // Only its own pods (one /32 per pod on its veth) are in the node's routing table.
+        // The node's routing table holds its own pods (one /32 per pod on its veth) and, for
+        // the host's own traffic, the other nodes' blocks through their addresses, marked as
+        // the daemon's.
         let pool: ipam_core::Cidr = "10.240.0.0/16".parse().unwrap();
+        let blocks = c.blocks();
+        let others: Vec<ipam_core::Cidr> = blocks
+            .iter()
+            .filter(|(n, _)| **n != node.name)
+            .flat_map(|(_, b)| b.iter().copied())
+            .filter(|b| pool.overlaps(b))
+            .collect();
         let kernel_routes = node.ns.routes(false);
+        for block in &others {
+            assert!(
+                kernel_routes
+                    .iter()
+                    .any(|r| r.destination == block.network()
+                        && r.prefix_len == block.prefix()
+                        && r.gateway.is_some()
+                        && r.protocol == ipam_netlink::IPAM_ROUTE_PROTOCOL),
+                "{}: no host route to {block}: {kernel_routes:?}",
+                node.name
+            );
+        }
         assert!(
             kernel_routes
                 .iter()
                 .filter(|r| pool.contains(r.destination))
-                .all(|r| r.prefix_len == 32),
+                .all(|r| r.prefix_len == 32 || others.iter().any(|b| b.network() == r.destination)),
             "{kernel_routes:?}"
         );
+    }
+    // What kube-proxy forwards and host-network pods send leaves from the host itself, not
+    // from a pod: every node's host reaches the other nodes' pods (v4 and v6).
+    for node in &c.nodes {
+        for (pod_node, pod) in &named {
+            if *pod_node == node.name.as_str() {
+                continue;
+            }
+            for addr in [&pod.v4, &pod.v6] {
+                assert!(
+                    reaches(&node.ns, addr),
+                    "{}'s host cannot reach {pod_node}'s pod at {addr}\n{}",
+                    node.name,
+                    context(&c)
+                );
+            }
+        }
     }
 
     // The leading operator SIGKILLed while a new node asks for blocks: the other replica takes

@@ -53,7 +53,7 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
         "{REPLICAS} pods Running, each with a v4 and a v6 address from its node's blocks"
     ));
     checks::assert_pods_reach_across_nodes(cluster, "default", &pods);
-    say("pods reach each other's across nodes (v4 and v6, from inside the pods)");
+    say("pods reach each other across nodes (v4 and v6, from inside the pods)");
     checks::assert_no_leaked_address(cluster);
 
     // The kubelet's DEL: deleted pods' addresses go back; their replacements get addresses.
@@ -397,6 +397,9 @@ fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> Loss {
     cluster.power_on(owner);
     checks::wait_ready(cluster, Duration::from_secs(240));
     checks::wait_running(cluster, "default", &format!("app={WEB}"), REPLICAS);
+    // The node back: its pods (new sandboxes, the datapath made afresh) are reached again.
+    let pods = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
+    checks::assert_pods_reach_across_nodes(cluster, "default", &pods);
     loss
 }
 

@@ -208,12 +208,18 @@ fn program_kernel(
             ipam_netlink::IPAM_ROUTE_PROTOCOL,
         ) {
             Ok(()) => {
-                tracing::info!(%cidr, next_hop = %target.next_hop, "host route to another node's pods added");
+                tracing::info!(
+                    %cidr,
+                    next_hop = %target.next_hop,
+                    "host route to another node's pods added"
+                );
                 installed.insert(*cidr, *target);
             }
-            Err(e) => {
-                tracing::warn!(%cidr, "{e}; the host's own traffic to those pods (Services forwarded by kube-proxy, host-network pods) is not routed")
-            }
+            Err(e) => tracing::warn!(
+                %cidr,
+                "{e}; the host's own traffic to those pods (Services forwarded by kube-proxy, \
+                 host-network pods) is not routed"
+            ),
         }
     }
 }

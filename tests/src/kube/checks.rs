@@ -351,7 +351,8 @@ pub fn assert_pods_reach_across_nodes(
 }
 
 /// Pod `from` (of `namespace`) reaches pod `to` at each of its addresses: the answer names
-/// `to`'s node. The request runs in the pod (`kubectl exec`, busybox nc).
+/// `to`'s node. The request runs in the pod (`kubectl exec`, busybox nc), each try bounded;
+/// tries go on for 20 s, so routes that follow a node's return get the moment they need.
 pub fn assert_reaches(
     cluster: &KubeCluster,
     namespace: &str,
@@ -359,27 +360,36 @@ pub fn assert_reaches(
     to: &PodAddresses,
 ) {
     for ip in &to.ips {
-        let answer = cluster.kubectl_ok(&in_namespace(
-            namespace,
-            &[
-                "exec",
-                &from.name,
-                "--",
-                "sh",
-                "-c",
-                &format!(
-                    "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {ip} {WEB_PORT} | tail -n 1"
+        let ask = |c: &KubeCluster| {
+            let out = c.kubectl_within(
+                Duration::from_secs(10),
+                &in_namespace(
+                    namespace,
+                    &[
+                        "exec",
+                        &from.name,
+                        "--",
+                        "sh",
+                        "-c",
+                        &format!(
+                            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc -w 3 {ip} \
+                             {WEB_PORT} | tail -n 1"
+                        ),
+                    ],
                 ),
-            ],
-        ));
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut answer = ask(cluster);
+        while answer != to.node && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(500));
+            answer = ask(cluster);
+        }
         assert_eq!(
-            answer.trim(),
-            to.node,
-            "pod {} on {} asked {} on {} at {ip}",
-            from.name,
-            from.node,
-            to.name,
-            to.node
+            answer, to.node,
+            "pod {} on {} asked {} on {} at {ip} for 20 s",
+            from.name, from.node, to.name, to.node
         );
     }
 }

@@ -444,6 +444,19 @@ impl KubeCluster {
             .expect("run kubectl")
     }
 
+    /// kubectl, killed after `limit` (`timeout`): for `exec`, whose stream no request timeout
+    /// bounds.
+    pub fn kubectl_within(&self, limit: Duration, args: &[&str]) -> Output {
+        command_in(&self.fabric.path(), "timeout")
+            .arg(limit.as_secs().max(1).to_string())
+            .arg(self.assets.binary("kubectl"))
+            .arg("--kubeconfig")
+            .arg(self.pki("admin.kubeconfig"))
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
     /// kubectl's output; panics with its error when it fails.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);

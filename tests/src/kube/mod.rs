@@ -553,6 +553,33 @@ impl KubeCluster {
             {
                 let _ = std::fs::copy(entry.path(), to.join(entry.file_name()));
             }
+            // The project's pods' logs (agent, operator), as the kubelet keeps them.
+            for pod in std::fs::read_dir(node.dir.join("log/pods"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|p| p.file_name().to_string_lossy().starts_with("ipam-system_"))
+            {
+                for container in std::fs::read_dir(pod.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    for log in std::fs::read_dir(container.path())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                    {
+                        let name = format!(
+                            "{}-{}-{}",
+                            pod.file_name().to_string_lossy(),
+                            container.file_name().to_string_lossy(),
+                            log.file_name().to_string_lossy()
+                        );
+                        let _ = std::fs::copy(log.path(), to.join(name));
+                    }
+                }
+            }
         }
         kept
     }

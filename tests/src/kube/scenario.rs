@@ -394,13 +394,46 @@ fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> Loss {
         "{ip} is still resolved to {}, which lost power",
         cluster.nodes[owner].name
     );
+    // The pods' containers before the node is back: a reboot makes every one of them anew,
+    // with new addresses, and until the kubelet has done so the API still shows the old.
+    let before = web_containers_on(cluster, owner);
     cluster.power_on(owner);
     checks::wait_ready(cluster, Duration::from_secs(240));
+    let node = cluster.nodes[owner].name.clone();
+    cluster.wait_for(
+        Duration::from_secs(240),
+        &format!("every {WEB} pod on {node} started again after its return"),
+        |c| {
+            let now = web_containers_on(c, owner);
+            now.iter()
+                .all(|(id, ready)| *ready && !before.contains_key(id))
+                .then_some(())
+        },
+    );
     checks::wait_running(cluster, "default", &format!("app={WEB}"), REPLICAS);
     // The node back: its pods (new sandboxes, the datapath made afresh) are reached again.
     let pods = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
     checks::assert_pods_reach_across_nodes(cluster, "default", &pods);
     loss
+}
+
+/// The web pods' containers on node `i`: container ID -> ready.
+fn web_containers_on(cluster: &KubeCluster, i: usize) -> BTreeMap<String, bool> {
+    let node = cluster.nodes[i].name.as_str();
+    checks::pods(cluster, "default", &format!("app={WEB}"))
+        .iter()
+        .filter(|p| p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            let status = &p["status"]["containerStatuses"][0];
+            (
+                status["containerID"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                status["ready"] == true,
+            )
+        })
+        .collect()
 }
 
 /// `kubectl rollout restart daemonset ipam-agent` with the client running: (failed, total,

@@ -91,7 +91,7 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
 
     let mut figures = Figures::default();
     for n in 1..=losses {
-        let loss = power_loss(cluster, ip);
+        let (loss, owner) = power_loss(cluster, ip);
         say(&format!(
             "power loss {n}/{losses}: answered again after {:.2} s, errors stop after {:.2} s, \
              {:.1} % of requests failed in the {} s after",
@@ -101,6 +101,11 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
             LOSS_WINDOW.as_secs()
         ));
         figures.losses.push(loss);
+        power_back(cluster, owner);
+        say(&format!(
+            "{} back: its pods made anew, and reached from the other nodes' pods",
+            cluster.nodes[owner].name
+        ));
     }
 
     figures.rollout = Some(rollout_restart(cluster, ip));
@@ -366,9 +371,9 @@ fn kill_an_agent(cluster: &KubeCluster, i: usize) {
     checks::assert_no_leaked_address(cluster);
 }
 
-/// The node answering for `ip` loses power while the client requests every 50 ms; then it
-/// comes back, and the cluster is whole again before the next loss.
-fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> Loss {
+/// The node answering for `ip` loses power while the client requests every 50 ms: the figures,
+/// and the node that lost power.
+fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
     let owner = cluster.wait_for(
         Duration::from_secs(30),
         &format!("the node answering for {ip}"),
@@ -394,6 +399,12 @@ fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> Loss {
         "{ip} is still resolved to {}, which lost power",
         cluster.nodes[owner].name
     );
+    (loss, owner)
+}
+
+/// Node `owner` comes back from its power loss, and the cluster is whole again: every pod of
+/// it made anew by its kubelet, and reached from the other nodes' pods.
+fn power_back(cluster: &mut KubeCluster, owner: usize) {
     // The pods' containers before the node is back: a reboot makes every one of them anew,
     // with new addresses, and until the kubelet has done so the API still shows the old.
     let before = web_containers_on(cluster, owner);
@@ -414,7 +425,6 @@ fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> Loss {
     // The node back: its pods (new sandboxes, the datapath made afresh) are reached again.
     let pods = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
     checks::assert_pods_reach_across_nodes(cluster, "default", &pods);
-    loss
 }
 
 /// The web pods' containers on node `i`: container ID -> ready.

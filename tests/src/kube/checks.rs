@@ -244,13 +244,18 @@ pub fn pod_addresses(cluster: &KubeCluster, namespace: &str, selector: &str) -> 
                 .as_str()
                 .unwrap_or_default()
                 .to_owned(),
-            ips: p["status"]["podIPs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|a| a["ip"].as_str()?.parse().ok())
-                .collect(),
+            ips: pod_ips(p),
         })
+        .collect()
+}
+
+/// A pod's addresses, from its status (`podIPs`).
+fn pod_ips<T: FromIterator<IpAddr>>(pod: &Value) -> T {
+    pod["status"]["podIPs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["ip"].as_str()?.parse().ok())
         .collect()
 }
 
@@ -484,12 +489,7 @@ fn all_pod_network_pods(cluster: &KubeCluster) -> BTreeMap<String, (String, BTre
                         .as_str()
                         .unwrap_or_default()
                         .to_owned(),
-                    p["status"]["podIPs"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|a| a["ip"].as_str()?.parse().ok())
-                        .collect(),
+                    pod_ips(p),
                 ),
             )
         })

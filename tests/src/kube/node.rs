@@ -294,29 +294,8 @@ fn hierarchies() -> Vec<PathBuf> {
         .collect()
 }
 
-/// Every process in the cgroup at `root` and below.
-fn processes_under(root: &Path) -> Vec<i32> {
-    let mut pids = Vec::new();
-    let mut stack = vec![root.to_owned()];
-    while let Some(dir) = stack.pop() {
-        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-            pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-        }
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            stack.extend(
-                entries
-                    .flatten()
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
-        }
-    }
-    pids
-}
-
-/// Removes the cgroup at `root` and its children, deepest first (a cgroup is removed with
-/// rmdir once it holds no process and no child).
-fn remove_cgroup_tree(root: &Path) {
+/// The cgroup at `root` and every cgroup below it, each parent before its children.
+fn cgroup_tree(root: &Path) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     let mut stack = vec![root.to_owned()];
     while let Some(dir) = stack.pop() {
@@ -330,7 +309,26 @@ fn remove_cgroup_tree(root: &Path) {
         }
         dirs.push(dir);
     }
-    for dir in dirs.iter().rev() {
+    dirs
+}
+
+/// Every process in the cgroup at `root` and below.
+fn processes_under(root: &Path) -> Vec<i32> {
+    cgroup_tree(root)
+        .iter()
+        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().parse::<i32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Removes the cgroup at `root` and its children, deepest first (a cgroup is removed with
+/// rmdir once it holds no process and no child).
+fn remove_cgroup_tree(root: &Path) {
+    for dir in cgroup_tree(root).iter().rev() {
         let _ = std::fs::remove_dir(dir);
     }
 }

@@ -20,9 +20,13 @@ use crate::{
 
 /// Reads and writes that fail for a reason time can fix (a member restarting, a leader
 /// election) are tried at least this many times, and again until the request timeout has
-/// passed, before the error goes to the caller: right after a member dies the client's
-/// balancer can hand it a few more requests before it notices, and a fixed small number of
-/// quick tries could all land there.
+/// passed, before the error goes to the caller.
+///
+/// A refusal by one member of several does not count as an attempt: the client's balancer
+/// keeps a dead member in its rotation (it reconnects on each pick and hands the refusal to
+/// the request), so with one member of three down about one request in three lands there.
+/// Such a refusal says nothing about the cluster; the next try most likely goes elsewhere.
+/// Only when refusals go on past twice the request timeout are all members taken to be down.
 const ATTEMPTS: u32 = 3;
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 const LONGEST_RETRY_PAUSE: Duration = Duration::from_millis(400);
@@ -132,9 +136,12 @@ impl EtcdStore {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut attempt = 1;
+        let several_members = self.config.endpoints.len() > 1;
+        let mut attempts = 0;
         let mut pause = FIRST_RETRY_PAUSE;
-        let deadline = tokio::time::Instant::now() + self.config.request_timeout();
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.config.request_timeout();
+        let last_chance = started + 2 * self.config.request_timeout();
         loop {
             let result =
                 tokio::time::timeout(self.config.request_timeout(), op(self.client())).await;
@@ -153,10 +160,14 @@ impl EtcdStore {
             if !error.is_transient() {
                 return Err(backend(error));
             }
-            if attempt >= ATTEMPTS && tokio::time::Instant::now() + pause >= deadline {
+            if !(several_members && matches!(error, EtcdError::Refused { .. })) {
+                attempts += 1;
+            }
+            let resume_at = tokio::time::Instant::now() + pause;
+            let spent = attempts >= ATTEMPTS && resume_at >= deadline;
+            if spent || resume_at >= last_chance {
                 return Err(backend(self.diagnose(error).await));
             }
-            attempt += 1;
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(LONGEST_RETRY_PAUSE);
         }

@@ -43,6 +43,9 @@ pub mod map_names {
     pub const POD_ROUTES: &str = "POD_ROUTES";
     /// Per-CPU counters indexed by `pod::RouteStat`.
     pub const POD_ROUTE_STATS: &str = "POD_ROUTE_STATS";
+    /// LRU hash `pod::FlowKey -> pod::StackFlow`: replies that must go through the kernel stack
+    /// because their requests did.
+    pub const POD_STACK_FLOWS: &str = "POD_STACK_FLOWS";
 }
 
 /// Key and value sizes of every map, as the eBPF side declares them. The daemon refuses a pinned
@@ -68,7 +71,7 @@ pub mod map_layouts {
     }
 
     /// Arrays are indexed by `u32`; counters are `u64` per CPU.
-    pub const ALL: [MapLayout; 7] = [
+    pub const ALL: [MapLayout; 8] = [
         layout::<l2::ResponderKey, l2::L2Announcement>(map_names::L2_RESPONDER),
         layout::<u32, l2::ResponderConfig>(map_names::L2_RESPONDER_CONFIG),
         layout::<u32, u64>(map_names::L2_RESPONDER_STATS),
@@ -76,6 +79,7 @@ pub mod map_layouts {
         layout::<u32, u64>(map_names::POD_DATAPATH_STATS),
         layout::<pod::RouteKey, pod::RemoteRoute>(map_names::POD_ROUTES),
         layout::<u32, u64>(map_names::POD_ROUTE_STATS),
+        layout::<pod::FlowKey, pod::StackFlow>(map_names::POD_STACK_FLOWS),
     ];
 
     /// The layout of map `name`, if the object has such a map.
@@ -95,8 +99,15 @@ pub mod program_names {
     pub const L2_HEARTBEAT: &str = "l2_heartbeat";
     /// TC ingress of each pod's host-side veth: what the pod sends (anti-spoofing, local delivery).
     pub const POD_FROM_CONTAINER: &str = "pod_from_container";
-    /// TC ingress of the node's uplink: delivers traffic for local pods straight to them.
+    /// TC ingress of the node's uplink: delivers traffic from other nodes' pods straight to
+    /// local pods.
     pub const POD_FROM_UPLINK: &str = "pod_from_uplink";
+    /// TC egress of each pod's host-side veth: notes the flows the kernel stack delivers to the
+    /// pod, whose replies must go back through the stack.
+    pub const POD_TO_CONTAINER: &str = "pod_to_container";
+    /// TC egress of the node's uplink: notes the flows from local pods that the stack routed to
+    /// other nodes' pods (after kube-proxy's DNAT), whose replies must come back through it.
+    pub const POD_TO_UPLINK: &str = "pod_to_uplink";
 }
 
 #[cfg(test)]

@@ -73,6 +73,59 @@ pub struct RemoteRoute {
 }
 const _: () = assert!(core::mem::size_of::<RemoteRoute>() == 24);
 
+/// Capacity of the stack-flow table (least recently used entries make room for new ones).
+pub const STACK_FLOWS_CAPACITY: usize = 65_536;
+
+/// One direction of a flow between a pod address and another address, as the stack-flow table
+/// keys it: addresses IPv4-mapped like the endpoint key, ports as on the wire (zero for
+/// protocols without ports and for IP fragments).
+///
+/// The table holds the *reply* direction of each flow whose request the kernel stack delivered
+/// to a pod (after kube-proxy's DNAT, say). Such a reply must go back through the stack too, or
+/// the node's conntrack would see half a connection: it could not undo the NAT, and it would
+/// call the reply INVALID (which kube-proxy drops).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub src_port: [u8; 2],
+    pub dst_port: [u8; 2],
+    /// The IP protocol number (IPv6: the next header after the fixed header).
+    pub proto: u8,
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+
+impl FlowKey {
+    /// The same flow seen from the other end: the key a reply of this packet carries.
+    pub const fn reversed(&self) -> Self {
+        Self {
+            src: self.dst,
+            dst: self.src,
+            src_port: self.dst_port,
+            dst_port: self.src_port,
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Value of the stack-flow table: where the stack sent the request whose reply the key is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackFlow {
+    /// The interface the request left through (a pod's host-side veth or an uplink).
+    pub egress_ifindex: u32,
+}
+const _: () = assert!(core::mem::size_of::<StackFlow>() == 4);
+
+/// The `skb->mark` the pod program gives a packet it forwards to another node, so that the
+/// uplink's egress program tells it from a packet the stack routed there. Set and cleared within
+/// one node's transmit path (no netfilter hook runs between the two), so it meets no other
+/// user of marks.
+pub const FORWARDED_MARK: u32 = 0x1f0a_0000;
+
 /// Indexes of the cross-node routing counters.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,4 +193,8 @@ mod user {
     unsafe impl aya::Pod for super::PodEndpoint {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::RemoteRoute {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::StackFlow {}
 }

@@ -245,11 +245,9 @@ impl Endpoints {
         let mut wanted = HashSet::new();
         let first = !self.adopted.swap(true, std::sync::atomic::Ordering::SeqCst);
         for endpoint in table.values() {
-            let linked = datapath.pod_program_pinned(
-                PodProgram::FromContainer,
-                &endpoint.host_ifname,
-                endpoint.host_ifindex,
-            );
+            let linked = PodProgram::POD_VETH.into_iter().all(|program| {
+                datapath.pod_program_pinned(program, &endpoint.host_ifname, endpoint.host_ifindex)
+            });
             if first || !linked {
                 if program(&mut datapath, endpoint)? {
                     report.adopted += 1;
@@ -269,7 +267,7 @@ impl Endpoints {
             let owned = table
                 .values()
                 .any(|e| e.host_ifindex == link.ifindex && e.host_ifname == link.interface);
-            if link.program == PodProgram::FromContainer && !owned {
+            if link.program.on_pod_veth() && !owned {
                 datapath.detach_pod_program(link.program, &link.interface, link.ifindex)?;
             }
         }
@@ -280,15 +278,17 @@ impl Endpoints {
     }
 }
 
-/// Map entries and program for one endpoint; `true` when the program link was adopted.
+/// Map entries and programs for one endpoint; `true` when the links of the pod's veth were
+/// adopted (its ingress link: an older daemon's pod may lack the egress one, attached here).
 fn program(datapath: &mut Datapath, endpoint: &Endpoint) -> Result<bool, DatapathError> {
-    // The program first: once the entries let other pods reach this one, what it sends is
-    // already checked.
-    let adopted = datapath.attach_pod_program(
-        PodProgram::FromContainer,
-        &endpoint.host_ifname,
-        endpoint.host_ifindex,
-    )?;
+    // The programs first: once the entries let other pods reach this one, what it sends is
+    // already checked, and what the stack sends it already noted.
+    let mut adopted = false;
+    for program in PodProgram::POD_VETH {
+        let this =
+            datapath.attach_pod_program(program, &endpoint.host_ifname, endpoint.host_ifindex)?;
+        adopted |= program == PodProgram::FromContainer && this;
+    }
     write_entries(datapath, endpoint)?;
     Ok(adopted)
 }
@@ -320,11 +320,9 @@ fn unprogram(
     let same_link =
         new.is_some_and(|n| n.host_ifindex == old.host_ifindex && n.host_ifname == old.host_ifname);
     if !same_link {
-        datapath.detach_pod_program(
-            PodProgram::FromContainer,
-            &old.host_ifname,
-            old.host_ifindex,
-        )?;
+        for program in PodProgram::POD_VETH {
+            datapath.detach_pod_program(program, &old.host_ifname, old.host_ifindex)?;
+        }
     }
     Ok(())
 }

@@ -4,8 +4,9 @@
 //! logic is written once (`l2_responder::respond`) and attached in two forms: XDP, for NICs with
 //! native XDP, and TC ingress, for veth and other virtual devices where TC measured faster.
 //!
-//! `pod_datapath` routes pod traffic at TC: `pod_from_container` on each pod's host-side veth,
-//! `pod_from_uplink` on the node's uplink.
+//! `pod_datapath` routes pod traffic at TC: `pod_from_container` (ingress) and
+//! `pod_to_container` (egress) on each pod's host-side veth, `pod_from_uplink` (ingress) and
+//! `pod_to_uplink` (egress) on the node's uplink.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -21,11 +22,13 @@ mod pod_datapath;
 #[cfg(target_arch = "bpf")]
 mod programs {
     use aya_ebpf::{
-        bindings::{TC_ACT_OK, TC_ACT_SHOT, bpf_redir_neigh, xdp_action},
+        bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC, bpf_redir_neigh, xdp_action},
         helpers::{bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer},
         macros::{classifier, xdp},
         programs::{TcContext, XdpContext},
     };
+
+    use ipam_common::pod::FORWARDED_MARK;
 
     use crate::{
         l2_responder::{self, Verdict},
@@ -52,6 +55,14 @@ mod programs {
         xdp_action::XDP_PASS
     }
 
+    /// What the responder returns for every frame it does not answer: the next program of the
+    /// interface's tcx chain runs (the pod datapath's `pod_from_uplink` on a shared uplink),
+    /// and with none left the frame goes up the stack. `TC_ACT_OK` would end the chain there:
+    /// on a node answering for a Service IP, the uplink's pod program would never run, and
+    /// replies to its pods' requests would meet kube-proxy's INVALID drop in the stack (found
+    /// on the real-cluster lab after a node's return).
+    const TCX_NEXT: i32 = TC_ACT_UNSPEC;
+
     #[classifier]
     pub fn l2_responder_tc(ctx: TcContext) -> i32 {
         // The kernel moves an 802.1Q/802.1ad tag into the skb's metadata before TC runs, so the
@@ -59,16 +70,16 @@ mod programs {
         // interface: pass it, as the XDP form (which sees the tag in the frame) does.
         // SAFETY: `skb` is the context pointer the kernel passed to this program.
         if unsafe { (*ctx.skb.skb).vlan_present } != 0 {
-            return TC_ACT_OK;
+            return TCX_NEXT;
         }
         if !pull_headers(&ctx, RESPONDER_HEADROOM) {
-            return TC_ACT_OK;
+            return TCX_NEXT;
         }
         // SAFETY: `skb` is the context pointer the kernel passed to this program.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
         let mut frame = Frame::new(ctx.data(), ctx.data_end());
         match l2_responder::respond(&mut frame, ifindex) {
-            Verdict::Pass => TC_ACT_OK,
+            Verdict::Pass => TCX_NEXT,
             // Send the rewritten frame back out of the interface it came in on.
             // SAFETY: plain helper call; flags 0 means egress.
             Verdict::Reply => unsafe { bpf_redirect(ifindex, 0) as i32 },
@@ -83,7 +94,7 @@ mod programs {
         // SAFETY: `skb` is the context pointer the kernel passed to this program.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
         let mut frame = Frame::new(ctx.data(), ctx.data_end());
-        pod_action(pod_datapath::from_container(&mut frame, ifindex))
+        pod_action(&ctx, pod_datapath::from_container(&mut frame, ifindex))
     }
 
     #[classifier]
@@ -92,11 +103,37 @@ mod programs {
             return TC_ACT_OK;
         }
         let mut frame = Frame::new(ctx.data(), ctx.data_end());
-        pod_action(pod_datapath::from_uplink(&mut frame))
+        pod_action(&ctx, pod_datapath::from_uplink(&mut frame))
+    }
+
+    #[classifier]
+    pub fn pod_to_container(ctx: TcContext) -> i32 {
+        if pull_headers(&ctx, pod_datapath::HEADROOM) {
+            // SAFETY: `skb` is the context pointer the kernel passed to this program.
+            let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+            pod_datapath::to_container(&Frame::new(ctx.data(), ctx.data_end()), ifindex);
+        }
+        TC_ACT_OK
+    }
+
+    #[classifier]
+    pub fn pod_to_uplink(ctx: TcContext) -> i32 {
+        // SAFETY: `skb` is the context pointer the kernel passed to this program.
+        let (mark, ifindex) = unsafe { ((*ctx.skb.skb).mark, (*ctx.skb.skb).ifindex) };
+        let forwarded = mark == FORWARDED_MARK;
+        if forwarded {
+            // The mark only told this program where the packet came from.
+            ctx.set_mark(0);
+        }
+        if pull_headers(&ctx, pod_datapath::HEADROOM) {
+            let frame = Frame::new(ctx.data(), ctx.data_end());
+            pod_datapath::to_uplink(&frame, ifindex, forwarded);
+        }
+        TC_ACT_OK
     }
 
     #[inline(always)]
-    fn pod_action(verdict: pod_datapath::Verdict) -> i32 {
+    fn pod_action(ctx: &TcContext, verdict: pod_datapath::Verdict) -> i32 {
         match verdict {
             pod_datapath::Verdict::Stack => TC_ACT_OK,
             pod_datapath::Verdict::Drop => TC_ACT_SHOT,
@@ -105,15 +142,16 @@ mod programs {
             pod_datapath::Verdict::Deliver { host_ifindex } => unsafe {
                 bpf_redirect_peer(host_ifindex, 0) as i32
             },
-            pod_datapath::Verdict::Forward { route } => forward(&route),
+            pod_datapath::Verdict::Forward { route } => forward(ctx, &route),
         }
     }
 
     /// Out of the uplink to the node that holds the destination's block: the kernel finds the
     /// next hop's MAC in its neighbour table (resolving it when needed), so no route of the
-    /// host is consulted.
+    /// host is consulted. The mark tells the uplink's egress program that the packet is ours.
     #[inline(always)]
-    fn forward(route: &ipam_common::pod::RemoteRoute) -> i32 {
+    fn forward(ctx: &TcContext, route: &ipam_common::pod::RemoteRoute) -> i32 {
+        ctx.set_mark(FORWARDED_MARK);
         let nh = route.next_hop;
         let mut params = bpf_redir_neigh {
             nh_family: route.family,

@@ -1,14 +1,14 @@
 //! The maps of the eBPF object. Their names (the static names) and capacities are defined in
 //! `ipam-common`, which the daemon reads too.
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
 use ipam_common::{
     l2::{L2_RESPONDER_CAPACITY, L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
     pod::{
-        EndpointKey, POD_ENDPOINTS_CAPACITY, POD_ROUTES_CAPACITY, PodEndpoint, PodStat,
-        RemoteRoute, RouteStat,
+        EndpointKey, FlowKey, POD_ENDPOINTS_CAPACITY, POD_ROUTES_CAPACITY, PodEndpoint, PodStat,
+        RemoteRoute, RouteStat, STACK_FLOWS_CAPACITY, StackFlow,
     },
 };
 
@@ -63,3 +63,9 @@ pub fn count_route(stat: RouteStat) {
         unsafe { *counter += 1 };
     }
 }
+
+/// The replies that must take the kernel stack because their requests did (see
+/// `pod_datapath`). Shared by every CPU: a request noted on one CPU is looked up on another.
+#[btf_map]
+pub static POD_STACK_FLOWS: LruHashMap<FlowKey, StackFlow, STACK_FLOWS_CAPACITY> =
+    LruHashMap::new();

@@ -222,3 +222,26 @@ fn address(cidr: &str) -> (IpAddr, u8) {
         .and_then(|(ip, len)| Some((ip.parse::<IpAddr>().ok()?, len.parse::<u8>().ok()?)));
     parsed.unwrap_or_else(|| panic!("{cidr} is not an address/prefix-length"))
 }
+
+/// The arguments of `iptables`/`ip6tables` that DNAT TCP to `service`:`port` towards `backend`
+/// (`addr:port`, `[v6]:port`) at PREROUTING, as kube-proxy does for a Service.
+pub fn dnat_args(service: &str, port: u16, backend: &str) -> Vec<String> {
+    [
+        "-t",
+        "nat",
+        "-A",
+        "PREROUTING",
+        "-d",
+        service,
+        "-p",
+        "tcp",
+        "--dport",
+        &port.to_string(),
+        "-j",
+        "DNAT",
+        "--to-destination",
+        backend,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}

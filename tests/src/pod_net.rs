@@ -181,3 +181,64 @@ pub fn reaches_from(from: &Netns, source: &str, to: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// One TCP exchange, as an application sees it: a server in `server` listening on `port` (every
+/// address, both families) answers `pong` to `ping`; the client in `client` connects to `to`
+/// (a pod's address, or a Service address that the node DNATs to the server). `Err` says what
+/// failed, within a few seconds at most.
+pub fn tcp_exchange(
+    client: &Netns,
+    server: &Netns,
+    port: u16,
+    to: std::net::SocketAddr,
+) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    // `[::]` takes IPv4 too (the namespace's bindv6only is the kernel's default, off).
+    let listener = server.run(move || {
+        let listener = std::net::TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port))?;
+        listener.set_nonblocking(true)?;
+        Ok::<_, std::io::Error>(listener)
+    });
+    let listener = listener.map_err(|e| format!("listen on port {port}: {e}"))?;
+    let served = std::thread::spawn(move || {
+        while std::time::Instant::now() < deadline {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    stream.set_nonblocking(false).ok();
+                    stream.set_read_timeout(Some(Duration::from_secs(2))).ok();
+                    let mut ask = [0u8; 4];
+                    if stream.read_exact(&mut ask).is_ok() && &ask == b"ping" {
+                        let _ = stream.write_all(b"pong");
+                    }
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let answer = client.run(move || {
+        let mut stream = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))
+            .map_err(|e| format!("connect to {to}: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .map_err(|e| e.to_string())?;
+        stream
+            .write_all(b"ping")
+            .map_err(|e| format!("send to {to}: {e}"))?;
+        let mut answer = [0u8; 4];
+        stream
+            .read_exact(&mut answer)
+            .map_err(|e| format!("answer from {to}: {e}"))?;
+        if &answer == b"pong" {
+            Ok(())
+        } else {
+            Err(format!("{to} answered {answer:?}"))
+        }
+    });
+    let _ = served.join();
+    answer
+}

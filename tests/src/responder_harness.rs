@@ -15,7 +15,9 @@ use crate::{BpffsRoot, oracle, test_run};
 pub const XDP_ABORTED: u32 = 0;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
-pub const TC_ACT_OK: u32 = 0;
+/// `TC_ACT_UNSPEC`, tcx's "next program": what the TC form returns for a frame it leaves alone,
+/// so the programs after it on the interface (the pod datapath's) still run.
+pub const TCX_NEXT: u32 = -1i32 as u32;
 pub const TC_ACT_REDIRECT: u32 = 7;
 
 /// `BPF_PROG_TEST_RUN` runs the program as if the frame arrived on loopback.
@@ -126,7 +128,7 @@ impl Harness {
     fn run_tc(&mut self, frame: &[u8]) -> Outcome {
         let (verdict, out) = test_run(self.datapath.responder_tc(), frame);
         match verdict {
-            TC_ACT_OK => {
+            TCX_NEXT => {
                 assert_eq!(out, frame, "TC passed a modified frame");
                 Outcome::Pass
             }

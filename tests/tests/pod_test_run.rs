@@ -1,11 +1,11 @@
 //! The pod datapath's decisions, packet by packet, through `BPF_PROG_TEST_RUN`: local delivery
-//! (rewritten headers, TTL and a checksum that verifies), anti-spoofing, and what is left to the
-//! kernel untouched.
+//! (rewritten headers, TTL and a checksum that verifies), anti-spoofing, what is left to the
+//! kernel untouched, and the replies that must take the kernel because their requests did.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipam_common::pod::{PodEndpoint, PodStat};
-use ipam_daemon::datapath::{Datapath, PodProgram};
+use ipam_daemon::datapath::{Datapath, PodProgram, RouteTarget};
 use ipam_tests::BpffsRoot;
 
 const TC_ACT_OK: u32 = 0;
@@ -19,6 +19,11 @@ const B_V4: Ipv4Addr = Ipv4Addr::new(10, 9, 0, 6);
 const A_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, 5);
 const B_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 9, 0, 0, 0, 0, 0, 6);
 const B_HOST_IFINDEX: u32 = 4242;
+/// A pod of another node (its block is in the route map).
+const R_V4: Ipv4Addr = Ipv4Addr::new(10, 8, 0, 7);
+const R_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 8, 0, 0, 0, 0, 0, 7);
+/// Another host (not a pod anywhere).
+const HOST_V4: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 10);
 const A_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
 const B_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
 const HOST_A_MAC: [u8; 6] = [0x02, 0, 0, 0, 1, 0x0a];
@@ -51,6 +56,19 @@ impl Harness {
             (IpAddr::V6(B_V6), b),
         ] {
             maps.insert(ip, e).unwrap();
+        }
+        for (cidr, next_hop) in [
+            ("10.8.0.0/24", IpAddr::V4(Ipv4Addr::new(192, 0, 2, 8))),
+            ("fd00:8::/64", IpAddr::V6("2001:db8::8".parse().unwrap())),
+        ] {
+            let target = RouteTarget {
+                next_hop,
+                uplink_ifindex: LO,
+            };
+            datapath
+                .routes()
+                .insert(cidr.parse().unwrap(), target)
+                .unwrap();
         }
         Self {
             datapath,
@@ -94,6 +112,22 @@ fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, ttl: u8) -> Vec<u8> {
     f
 }
 
+/// Ethernet + IPv4 header + a TCP header from `src`:`sport` to `dst`:`dport` (the datapath
+/// reads its ports, never its checksum).
+fn tcp4(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+    let mut f = ipv4(src, dst, 64);
+    f.truncate(14 + 20);
+    f[14 + 3] = 40;
+    f[14 + 9] = 6;
+    f[14 + 10..14 + 12].copy_from_slice(&[0, 0]);
+    let check = !ones_complement_sum(&f[14..34]);
+    f[14 + 10..14 + 12].copy_from_slice(&check.to_be_bytes());
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
+    f
+}
+
 /// Ethernet + IPv6 header + 8 bytes of ICMPv6 echo (checksum not checked by the datapath).
 fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8) -> Vec<u8> {
     let mut f = Vec::new();
@@ -111,8 +145,12 @@ fn ipv6(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8) -> Vec<u8> {
 fn packets_for_a_local_pod_are_delivered_with_rewritten_headers() {
     let mut h = Harness::new();
     let before = h.stat(PodStat::Delivered);
-    for program in [PodProgram::FromContainer, PodProgram::FromUplink] {
-        let frame = ipv4(A_V4, B_V4, 64);
+    // From pod A on this node, and from pod R on another node through the uplink.
+    for (program, v4, v6) in [
+        (PodProgram::FromContainer, A_V4, A_V6),
+        (PodProgram::FromUplink, R_V4, R_V6),
+    ] {
+        let frame = ipv4(v4, B_V4, 64);
         let (verdict, out) = h.run(program, &frame);
         assert_eq!(verdict, TC_ACT_REDIRECT, "{program:?}");
         assert_eq!(out[0..6], B_MAC, "to the pod's MAC");
@@ -125,7 +163,7 @@ fn packets_for_a_local_pod_are_delivered_with_rewritten_headers() {
         );
         assert_eq!(out[34..], frame[34..], "payload untouched");
 
-        let (verdict, out) = h.run(program, &ipv6(A_V6, B_V6, 64));
+        let (verdict, out) = h.run(program, &ipv6(v6, B_V6, 64));
         assert_eq!(verdict, TC_ACT_REDIRECT);
         assert_eq!(out[0..6], B_MAC);
         assert_eq!(out[6..12], HOST_B_MAC);
@@ -153,9 +191,81 @@ fn spoofed_sources_are_dropped_and_counted() {
         assert_eq!(verdict, TC_ACT_SHOT, "case {i}");
         assert_eq!(h.stat(PodStat::SpoofDropped), before + 1, "case {i}");
     }
-    // The uplink program does not judge sources: traffic from other hosts is not a pod's.
+    // The uplink program does not judge sources: traffic from other hosts is not a pod's (it
+    // takes the stack, which answers for it).
     let (verdict, _) = h.run(PodProgram::FromUplink, &cases[0]);
-    assert_eq!(verdict, TC_ACT_REDIRECT);
+    assert_eq!(verdict, TC_ACT_OK);
+}
+
+/// What another host sends a local pod (kube-proxy's forwarded Service traffic, a node's own
+/// request) takes the stack, so that the pod's reply, which takes it too, meets a conntrack
+/// entry; a request the stack delivered to a pod, or routed from one to another node's pod, has
+/// its replies sent through the stack rather than straight to the pod that asked.
+#[test]
+fn replies_take_the_stack_when_their_requests_did() {
+    let mut h = Harness::new();
+    let from_host = tcp4(HOST_V4, 40000, B_V4, 80);
+    let (verdict, out) = h.run(PodProgram::FromUplink, &from_host);
+    assert_eq!(verdict, TC_ACT_OK, "another host's packet takes the stack");
+    assert_eq!(out, from_host, "untouched");
+
+    // Remote pod R asked pod A (on this node) through the stack, after a DNAT say: A's reply
+    // takes the stack, A's other flows to R still go straight out.
+    assert_eq!(
+        h.run(PodProgram::ToContainer, &tcp4(R_V4, 40001, A_V4, 8080))
+            .0,
+        TC_ACT_OK
+    );
+    let reply = tcp4(A_V4, 8080, R_V4, 40001);
+    let (verdict, out) = h.run(PodProgram::FromContainer, &reply);
+    assert_eq!(verdict, TC_ACT_OK, "the reply takes the stack");
+    assert_eq!(out, reply, "untouched (TTL too)");
+    let other = tcp4(A_V4, 8080, R_V4, 40002);
+    assert_eq!(
+        h.run(PodProgram::FromContainer, &other).0,
+        TC_ACT_REDIRECT,
+        "another flow is forwarded straight to R's node"
+    );
+
+    // Pod A asked a Service that the stack DNATed to remote pod R: R's reply comes in on the
+    // uplink and takes the stack (which undoes the DNAT); R's other packets go straight to A.
+    assert_eq!(
+        h.run(PodProgram::ToUplink, &tcp4(A_V4, 50000, R_V4, 53)).0,
+        TC_ACT_OK
+    );
+    let reply = tcp4(R_V4, 53, A_V4, 50000);
+    assert_eq!(h.run(PodProgram::FromUplink, &reply).0, TC_ACT_OK);
+    assert_eq!(
+        h.run(PodProgram::FromUplink, &tcp4(R_V4, 53, A_V4, 50001))
+            .0,
+        TC_ACT_REDIRECT
+    );
+
+    // Pod B asked a Service that the stack DNATed to pod A, both on this node: A's reply, which
+    // would otherwise be handed straight to B, takes the stack as well.
+    assert_eq!(
+        h.run(PodProgram::ToContainer, &tcp4(B_V4, 40003, A_V4, 8080))
+            .0,
+        TC_ACT_OK
+    );
+    assert_eq!(
+        h.run(PodProgram::FromContainer, &tcp4(A_V4, 8080, B_V4, 40003))
+            .0,
+        TC_ACT_OK
+    );
+    assert_eq!(
+        h.run(PodProgram::FromContainer, &tcp4(A_V4, 8080, B_V4, 40004))
+            .0,
+        TC_ACT_REDIRECT
+    );
+
+    // What the stack sends a pod from another host is not noted: its reply goes to a host,
+    // through the stack anyway.
+    assert_eq!(
+        h.run(PodProgram::ToContainer, &tcp4(HOST_V4, 40005, A_V4, 8080))
+            .0,
+        TC_ACT_OK
+    );
 }
 
 #[test]

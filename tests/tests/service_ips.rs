@@ -599,22 +599,7 @@ fn the_add_on_mode_announces_service_ips_for_pods_another_cni_wired() {
     );
     let ip = service_ips(&c)["default/web"];
     for (i, (_, pod_ip)) in pods.iter().enumerate() {
-        let rule = [
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-d",
-            &ip.to_string(),
-            "-p",
-            "tcp",
-            "--dport",
-            "80",
-            "-j",
-            "DNAT",
-            "--to-destination",
-            &format!("{pod_ip}:8080"),
-        ];
+        let rule = ipam_tests::netns::dnat_args(&ip.to_string(), 80, &format!("{pod_ip}:8080"));
         let status = c.nodes[i]
             .ns
             .command("iptables")

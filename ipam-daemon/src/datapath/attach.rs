@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use aya::programs::{
-    LinkOrder,
+    LinkOrder, TcAttachType,
     links::{FdLink, PinnedLink},
     xdp::{XdpLink, XdpMode},
 };
@@ -263,9 +263,13 @@ impl Datapath {
             }
             // First in line: ARP and NS frames are answered before other programs spend time
             // on them.
-            AttachForm::Tc => {
-                links::attach_tc_ingress(self.responder_tc(), &pin, LinkOrder::first(), &root)
-            }
+            AttachForm::Tc => links::attach_tc(
+                self.responder_tc(),
+                &pin,
+                TcAttachType::Ingress,
+                LinkOrder::first(),
+                &root,
+            ),
         }
     }
 }

@@ -26,12 +26,14 @@ pub(crate) enum LinkedProgram {
 const RESPONDER_PREFIX: &str = "l2_responder";
 
 impl LinkedProgram {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 7] = [
         Self::Responder(AttachForm::XdpNative),
         Self::Responder(AttachForm::XdpGeneric),
         Self::Responder(AttachForm::Tc),
         Self::Pod(PodProgram::FromContainer),
+        Self::Pod(PodProgram::ToContainer),
         Self::Pod(PodProgram::FromUplink),
+        Self::Pod(PodProgram::ToUplink),
     ];
 
     /// The program's part of the pin name, also how errors and logs name it.
@@ -123,11 +125,12 @@ pub(crate) enum AdoptError {
     Program(#[from] ProgramError),
 }
 
-/// Attaches `classifier` at TC ingress of `interface` (a tcx link at `order`), pins the link at
+/// Attaches `classifier` at TC `hook` of `interface` (a tcx link at `order`), pins the link at
 /// `pin` and leaves it owned by the pin only.
-pub(super) fn attach_tc_ingress(
+pub(super) fn attach_tc(
     classifier: &mut SchedClassifier,
     pin: &LinkPin,
+    hook: TcAttachType,
     order: LinkOrder,
     root: &Path,
 ) -> Result<(), DatapathError> {
@@ -137,11 +140,7 @@ pub(super) fn attach_tc_ingress(
         source: Box::new(source),
     };
     let id = classifier
-        .attach_with_options(
-            &pin.interface,
-            TcAttachType::Ingress,
-            TcAttachOptions::TcxOrder(order),
-        )
+        .attach_with_options(&pin.interface, hook, TcAttachOptions::TcxOrder(order))
         .map_err(attach_error)?;
     let link = classifier.take_link(id).map_err(attach_error)?;
     let fd_link = FdLink::try_from(link).map_err(|e| pin_error(pin, root, e))?;

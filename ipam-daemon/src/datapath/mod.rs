@@ -78,6 +78,7 @@ impl Datapath {
             map_names::POD_DATAPATH_STATS,
             map_names::POD_ROUTES,
             map_names::POD_ROUTE_STATS,
+            map_names::POD_STACK_FLOWS,
         ] {
             loader.map_pin_path(name, maps_dir.join(name));
         }
@@ -95,6 +96,8 @@ impl Datapath {
             program_names::L2_HEARTBEAT,
             program_names::POD_FROM_CONTAINER,
             program_names::POD_FROM_UPLINK,
+            program_names::POD_TO_CONTAINER,
+            program_names::POD_TO_UPLINK,
         ] {
             load_program(&mut ebpf, name)?;
         }

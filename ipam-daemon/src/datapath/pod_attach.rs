@@ -1,11 +1,11 @@
-//! Attaching the pod programs (TC ingress, tcx links) to pod veths and uplinks, with the links
+//! Attaching the pod programs (TC ingress and egress, tcx links) to pod veths and uplinks, with the links
 //! pinned (`links`) so that pods keep their datapath while the daemon restarts. A restarted
 //! daemon adopts each pinned link and swaps its own program in.
 
 use std::path::Path;
 
 use aya::programs::{
-    LinkOrder, SchedClassifier,
+    LinkOrder, SchedClassifier, TcAttachType,
     links::{FdLink, PinnedLink},
 };
 use ipam_common::program_names;
@@ -19,18 +19,42 @@ use super::{
 /// The pod programs and where they go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodProgram {
-    /// On each pod's host-side veth: what the pod sends.
+    /// On each pod's host-side veth, ingress: what the pod sends.
     FromContainer,
-    /// On the node's uplinks: traffic for local pods from other hosts.
+    /// On each pod's host-side veth, egress: what the kernel stack sends the pod.
+    ToContainer,
+    /// On the node's uplinks, ingress: traffic for local pods from other hosts.
     FromUplink,
+    /// On the node's uplinks, egress: what the stack routes from local pods to other nodes'.
+    ToUplink,
 }
 
 impl PodProgram {
+    /// The programs every pod's host-side veth carries.
+    pub const POD_VETH: [Self; 2] = [Self::FromContainer, Self::ToContainer];
+    /// The programs every uplink carries.
+    pub const UPLINK: [Self; 2] = [Self::FromUplink, Self::ToUplink];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::FromContainer => program_names::POD_FROM_CONTAINER,
+            Self::ToContainer => program_names::POD_TO_CONTAINER,
             Self::FromUplink => program_names::POD_FROM_UPLINK,
+            Self::ToUplink => program_names::POD_TO_UPLINK,
         }
+    }
+
+    /// Whether it runs on packets the interface receives or sends.
+    pub fn attach_type(self) -> TcAttachType {
+        match self {
+            Self::FromContainer | Self::FromUplink => TcAttachType::Ingress,
+            Self::ToContainer | Self::ToUplink => TcAttachType::Egress,
+        }
+    }
+
+    /// Whether it runs on a pod's host-side veth (rather than an uplink).
+    pub fn on_pod_veth(self) -> bool {
+        Self::POD_VETH.contains(&self)
     }
 }
 
@@ -74,7 +98,7 @@ pub fn unpin_pod_link(root: &Path, link: &PodLink) -> Result<(), DatapathError> 
 }
 
 impl Datapath {
-    /// Makes sure `program` runs at TC ingress of `interface` (index `ifindex`): adopts the pinned
+    /// Makes sure `program` runs at its TC hook of `interface` (index `ifindex`): adopts the pinned
     /// link of a previous daemon (swapping this daemon's program in) or attaches and pins anew.
     /// Returns `true` when the link was adopted.
     pub fn attach_pod_program(
@@ -101,9 +125,10 @@ impl Datapath {
         }
         let root = self.root.clone();
         // After the L2 responder, which must see ARP and NS first on shared uplinks.
-        links::attach_tc_ingress(
+        links::attach_tc(
             self.pod_program(program),
             &link_pin,
+            program.attach_type(),
             LinkOrder::last(),
             &root,
         )?;

@@ -102,11 +102,16 @@ impl HostNetwork {
             if self.attached.contains(&(uplink.clone(), ifindex)) {
                 continue;
             }
-            let attached = datapath.lock().expect("datapath lock").attach_pod_program(
-                PodProgram::FromUplink,
-                &uplink,
-                ifindex,
-            );
+            let attached = {
+                let mut datapath = datapath.lock().expect("datapath lock");
+                PodProgram::UPLINK
+                    .into_iter()
+                    .try_fold(false, |adopted, program| {
+                        Ok::<_, crate::datapath::DatapathError>(
+                            datapath.attach_pod_program(program, &uplink, ifindex)? || adopted,
+                        )
+                    })
+            };
             match attached {
                 Ok(adopted) => {
                     tracing::info!(

@@ -25,7 +25,7 @@ use ipam_core::{
     resources::NodeIpam,
     store::{Resource as _, TypedStore as _, lease::Lease},
 };
-use ipam_daemon::datapath::{PodProgram, RouteMaps, pinned_pod_links, unpin_pod_link};
+use ipam_daemon::datapath::{RouteMaps, pinned_pod_links, unpin_pod_link};
 use ipam_tests::{
     cluster::{Cluster, ClusterPod, OPERATOR_LEASE_MS, wait_until},
     tcp_bench::{RUN, median, tcp_rr, throughput},
@@ -236,13 +236,9 @@ fn cross_node(
 
         for n in [a, b] {
             let root = c.nodes[n].bpffs_root().to_owned();
+            // Every pod program, both directions: the kernel alone from here on.
             for link in pinned_pod_links(&root).expect("pinned links") {
-                if matches!(
-                    link.program,
-                    PodProgram::FromContainer | PodProgram::FromUplink
-                ) {
-                    unpin_pod_link(&root, &link).expect("unpin pod link");
-                }
+                unpin_pod_link(&root, &link).expect("unpin pod link");
             }
         }
         static_routes(c, &blocks, true);

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use ipam_daemon::datapath::{PodProgram, pinned_pod_links, unpin_pod_link};
+use ipam_daemon::datapath::{pinned_pod_links, unpin_pod_link};
 use ipam_tests::{
     pod_net::{Pod, PodNode},
     tcp_bench::{RUN, median, tcp_rr, throughput},
@@ -34,7 +34,7 @@ enum Setup {
 fn detach_pod_programs(node: &PodNode) {
     let root = node.ipam.bpffs_root();
     for link in pinned_pod_links(root).expect("pinned links") {
-        if link.program == PodProgram::FromContainer {
+        if link.program.on_pod_veth() {
             unpin_pod_link(root, &link).expect("unpin pod link");
         }
     }

@@ -87,6 +87,19 @@ pub struct NodeIpam {
 /// among the members a majority is reckoned from.
 pub const LEASE_LAPSED: &str = "LeaseLapsed";
 
+/// A node as the cluster itself knows it, apart from this project: on Kubernetes the core/v1
+/// Node (read only; the engine reads only that it exists). The operator keeps a node's blocks
+/// while its Node exists, however long its lease has lapsed: a node that lost power or
+/// reboots keeps its pods' blocks until it is deleted, as Kubernetes keeps a Node's podCIDRs
+/// (and Cilium a CiliumNode's). The other stores have no such objects: there a node loses its
+/// blocks after the grace period.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterNode {}
+
+impl Resource for ClusterNode {
+    const KIND: &'static str = "Node";
+}
+
 impl NodeIpam {
     /// Whether the operator released this node for a lapsed lease (and it has not come back).
     pub fn lease_lapsed(&self) -> bool {
@@ -130,6 +143,23 @@ pub struct NodeIpamSpec {
     /// Whether the node may announce Service IPs, as its own agent judged it.
     #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
     pub announcing: NodeAnnouncing,
+    /// Other nodes this node's agent holds dead: declared dead by the gossip while this node
+    /// held a majority, and silent on a second, independent signal (their kubelet's port). The
+    /// operator takes a node's pods out of their Services' endpoints once a majority of the
+    /// nodes report it (docs/kubernetes.md, "Dead nodes' endpoints").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers_down: Vec<PeerDown>,
+}
+
+/// One node another node's agent holds dead, and the evidence it has for it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PeerDown {
+    pub node: String,
+    /// What the second signal found, for people: `kubelet 10.0.0.3:10250: no answer within
+    /// 300 ms`.
+    pub evidence: String,
 }
 
 /// What a node's agent found about announcing from it: whether it is excluded (and why), and

@@ -65,6 +65,84 @@ pub struct Config {
     /// sessions of the BGPPeers that select this node (docs/bgp.md).
     #[serde(default)]
     pub bgp: Option<BgpSettings>,
+    /// Taking a dead node's pods out of their Services' endpoints on the agents' evidence, on
+    /// Kubernetes with `[gossip]` (docs/kubernetes.md, "Dead nodes' endpoints").
+    #[serde(default)]
+    pub dead_nodes: DeadNodeSettings,
+}
+
+/// The `[dead_nodes]` section. The agents report the nodes the gossip declared dead whose
+/// kubelet's port gives no answer either; the operator marks the pods of a node that a majority
+/// of the nodes report not ready, as the node lifecycle controller does after its grace period,
+/// so kube-proxy stops sending them traffic within seconds instead of about a minute.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadNodeSettings {
+    /// Operator: act on the reports. Off, the agents still report (`ipamctl` and the node
+    /// records show what they hold) and Kubernetes' own grace period applies.
+    pub mark_pods_not_ready: bool,
+    /// Agent: the port of the kubelet on every node, probed as the second signal.
+    pub kubelet_port: u16,
+    /// Agent: how long the probe waits for the kubelet's port to answer; silence that long is
+    /// the evidence (a refusal is an answer: the node's kernel runs).
+    pub probe_timeout_ms: u64,
+    /// Operator: at most this many nodes' pods marked within `rate_window_ms`; more dead nodes
+    /// wait for the window (or for the node lifecycle controller).
+    pub max_nodes_per_window: usize,
+    pub rate_window_ms: u64,
+}
+
+impl Default for DeadNodeSettings {
+    fn default() -> Self {
+        Self {
+            mark_pods_not_ready: true,
+            kubelet_port: 10250,
+            probe_timeout_ms: 200,
+            // The node lifecycle controller's own pace (`--node-eviction-rate`, 0.1 node/s).
+            max_nodes_per_window: 1,
+            rate_window_ms: 10_000,
+        }
+    }
+}
+
+impl DeadNodeSettings {
+    fn validate(&self, path: &std::path::Path) -> Result<(), ConfigError> {
+        let refuse = |field, problem| ConfigError::DeadNodes {
+            path: path.to_owned(),
+            field,
+            problem,
+        };
+        if !(1..=10_000).contains(&self.probe_timeout_ms) {
+            return Err(refuse(
+                "probe_timeout_ms",
+                "must be between 1 and 10000: a kubelet's port on the network between nodes \
+                 answers within milliseconds, and the probe delays the removal",
+            ));
+        }
+        if self.kubelet_port == 0 {
+            return Err(refuse(
+                "kubelet_port",
+                "must be the kubelet's port (10250 by default)",
+            ));
+        }
+        if self.mark_pods_not_ready && (self.max_nodes_per_window == 0 || self.rate_window_ms == 0)
+        {
+            return Err(refuse(
+                "max_nodes_per_window",
+                "and rate_window_ms must be above 0 while mark_pods_not_ready is on; set \
+                 mark_pods_not_ready = false to never act",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn probe_timeout(&self) -> Duration {
+        Duration::from_millis(self.probe_timeout_ms)
+    }
+
+    pub fn rate_window(&self) -> Duration {
+        Duration::from_millis(self.rate_window_ms)
+    }
 }
 
 /// The `[bgp]` section: where the BIRD the agent runs lives, and its working directory.
@@ -627,6 +705,12 @@ pub enum ConfigError {
          \"kubernetes\"): on one host there is no one to gossip with; remove [gossip]"
     )]
     GossipAlone { path: PathBuf },
+    #[error("config file {path}: [dead_nodes] {field}: {problem}")]
+    DeadNodes {
+        path: PathBuf,
+        field: &'static str,
+        problem: &'static str,
+    },
     #[error(
         "config file {path}: [cluster] node_grace_ms ({grace}) must be at least node_lease_ms \
          ({lease}), or nodes lose their blocks while their lease still holds"
@@ -761,6 +845,7 @@ impl Config {
                 path: path.to_owned(),
             });
         }
+        self.dead_nodes.validate(path)?;
         if self.cluster.node_grace_ms < self.cluster.node_lease_ms {
             return Err(ConfigError::Grace {
                 path: path.to_owned(),

@@ -81,7 +81,7 @@ fn reason(kind: &str, holds: bool) -> String {
 
 /// Now, to the second: `metav1.Time` is written in whole seconds, so a time read back compares
 /// equal to the one written.
-fn now() -> Time {
+pub(crate) fn now() -> Time {
     let seconds = Timestamp::now().as_second();
     Time(Timestamp::from_second(seconds).unwrap_or(Timestamp::UNIX_EPOCH))
 }

@@ -7,6 +7,7 @@ mod endpoint_slices;
 pub mod events;
 mod lease;
 pub mod node;
+pub mod pod_readiness;
 pub mod pods;
 #[cfg(feature = "testing")]
 pub mod real_api;

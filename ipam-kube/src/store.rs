@@ -61,6 +61,9 @@ enum Mapping {
     EndpointSlice,
     /// core/v1 Namespaces, read only: their labels, for pools' `namespaceSelector`.
     Namespace,
+    /// core/v1 Nodes, read only: whether a node still exists (a lapsed node keeps its blocks
+    /// while it does).
+    Node,
 }
 
 impl Mapping {
@@ -71,7 +74,10 @@ impl Mapping {
 
     /// Objects others write, which this store only reads (a Service's status excepted).
     fn written_by_others(&self) -> bool {
-        matches!(self, Self::Service | Self::EndpointSlice | Self::Namespace)
+        matches!(
+            self,
+            Self::Service | Self::EndpointSlice | Self::Namespace | Self::Node
+        )
     }
 
     /// The API resource the kind's objects are.
@@ -83,6 +89,7 @@ impl Mapping {
             Self::Service => service_resource(),
             Self::EndpointSlice => endpoint_slice_resource(),
             Self::Namespace => namespace_resource(),
+            Self::Node => node_resource(),
         }
     }
 }
@@ -94,6 +101,16 @@ fn namespace_resource() -> ApiResource {
         api_version: "v1".into(),
         kind: "Namespace".into(),
         plural: "namespaces".into(),
+    }
+}
+
+fn node_resource() -> ApiResource {
+    ApiResource {
+        group: String::new(),
+        version: "v1".into(),
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        plural: "nodes".into(),
     }
 }
 
@@ -190,6 +207,7 @@ impl KubeStore {
         kinds.insert("Service".to_owned(), Mapping::Service);
         kinds.insert("ServiceEndpoints".to_owned(), Mapping::EndpointSlice);
         kinds.insert("Namespace".to_owned(), Mapping::Namespace);
+        kinds.insert("Node".to_owned(), Mapping::Node);
         Self {
             client,
             namespace: namespace.to_owned(),
@@ -280,7 +298,8 @@ impl KubeStore {
             Mapping::Custom { .. }
             | Mapping::Service
             | Mapping::EndpointSlice
-            | Mapping::Namespace => Api::all_with(self.client.clone(), &resource),
+            | Mapping::Namespace
+            | Mapping::Node => Api::all_with(self.client.clone(), &resource),
             Mapping::Lease | Mapping::Config => {
                 Api::namespaced_with(self.client.clone(), &self.namespace, &resource)
             }
@@ -311,7 +330,12 @@ impl KubeStore {
 
     /// The error for a write of a Service or an EndpointSlice, which this store does not make.
     fn read_only(&self, kind: &str, name: &str, what: &str) -> StoreError {
-        let source = if kind == "Namespace" {
+        let source = if kind == "Node" {
+            format!(
+                "{kind} {name}: Nodes are the kubelet's and the cluster's; this store only reads \
+                 whether they exist"
+            )
+        } else if kind == "Namespace" {
             format!(
                 "{kind} {name}: {what} Namespaces with kubectl; this store only reads their labels"
             )
@@ -400,6 +424,7 @@ impl KubeStore {
             Mapping::Namespace => {
                 json!({ "labels": object.metadata.labels.clone().unwrap_or_default() })
             }
+            Mapping::Node => json!({}),
             Mapping::EndpointSlice => {
                 let mut data = object.data.clone();
                 data["metadata"] = serde_json::to_value(&object.metadata).ok()?;
@@ -456,7 +481,7 @@ impl KubeStore {
                 json!({}),
                 Some(value.get("status").cloned().unwrap_or(json!({}))),
             ),
-            Mapping::EndpointSlice | Mapping::Namespace => (json!({}), None),
+            Mapping::EndpointSlice | Mapping::Namespace | Mapping::Node => (json!({}), None),
         })
     }
 
@@ -665,7 +690,7 @@ impl Store for KubeStore {
         expected: &Revision,
     ) -> Result<Revision, StoreError> {
         let mapping = self.mapping(kind)?;
-        if let Mapping::EndpointSlice | Mapping::Namespace = mapping {
+        if let Mapping::EndpointSlice | Mapping::Namespace | Mapping::Node = mapping {
             return Err(self.read_only(kind, name, "change"));
         }
         let api = self.api_for(mapping, Some(name));

@@ -311,3 +311,58 @@ async fn a_status_write_leaves_the_spec_as_the_user_applied_it() {
         "{stale:?}"
     );
 }
+
+/// A core/v1 Node is read as the engine's `Node` kind: present while the Node exists, gone once
+/// it is deleted; the store refuses to write one (Nodes are the cluster's).
+#[tokio::test]
+async fn a_node_is_known_while_its_node_object_exists() {
+    use ipam_core::resources::ClusterNode;
+    let (api, s) = store("a_node_is_known_while_its_node_object_exists").await;
+    assert!(
+        s.get_typed::<ClusterNode>("worker-1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": { "name": "worker-1" },
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &node)
+        .await
+        .unwrap();
+    assert!(
+        s.get_typed::<ClusterNode>("worker-1")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let refused = s
+        .create_typed("worker-2", &ClusterNode::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("Node worker-2") && refused.contains("only reads"),
+        "{refused}"
+    );
+    nodes
+        .delete("worker-1", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = async {
+        while s
+            .get_typed::<ClusterNode>("worker-1")
+            .await
+            .unwrap()
+            .is_some()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the Node gone from the store's view once deleted");
+}

@@ -19,6 +19,7 @@ use ipam_core::{
 };
 use ipam_kube::{KubeStore, test_api::TestApi};
 use ipam_tests::{TempFile, daemon::Daemon, workspace_binary};
+use k8s_openapi::api::core::v1::Pod;
 
 const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
     ipv4 = { cidrs = [\"10.243.0.0/24\"], maskSize = 26 }\n";
@@ -44,13 +45,18 @@ async fn start_api(test: &str) -> TestApi {
 /// The operator's configuration: the Kubernetes store, short leases, and `ipam` (the mode and
 /// the pools) as its `[ipam]` section.
 fn operator_config(ipam: &str) -> TempFile {
+    operator_config_with_grace(ipam, 600_000)
+}
+
+/// As `operator_config`, with nodes lapsing after `node_grace_ms`.
+fn operator_config_with_grace(ipam: &str, node_grace_ms: u64) -> TempFile {
     let config = TempFile::new("kube-operator", "toml");
     std::fs::write(
         &config.0,
         format!(
             "[store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\noperator_lease_ms = 3000\n\n\
-             [ipam]\n{ipam}"
+             [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = {node_grace_ms}\nnode_renew_ms = 1000\n\
+             operator_lease_ms = 3000\n\n[ipam]\n{ipam}"
         ),
     )
     .expect("write the operator configuration");
@@ -247,7 +253,20 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     let api = start_api("operator_and_ipamctl_work_on_the_kubernetes_api").await;
     let kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let ipamctl_kubeconfig = kubeconfig_for(&api, Who::Ipamctl).await;
-    let config = operator_config(&format!("mode = \"cluster-pool\"\n{POOLS}"));
+    // The workers' Nodes exist, and none of their agents renews a lease: each lapses after the
+    // grace period and keeps its blocks while its Node exists.
+    let config = operator_config_with_grace(&format!("mode = \"cluster-pool\"\n{POOLS}"), 4000);
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
+    for n in 1..=6 {
+        let node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": { "name": format!("worker-{n}") },
+        }))
+        .unwrap();
+        nodes
+            .create(&kube::api::PostParams::default(), &node)
+            .await
+            .expect("create a Node");
+    }
     let operator = Daemon::start_on_host(
         &config.0,
         &["--role", "operator"],
@@ -659,6 +678,104 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         log,
     )
     .await;
+
+    // The workers lapsed long ago and kept their blocks, their Nodes existing; once worker-4's
+    // Node is deleted, its block goes back to the pool.
+    wait_for(
+        "the operator to say that the lapsed workers keep their blocks",
+        async || {
+            log()
+                .contains("its blocks stay its own while its Node object exists")
+                .then_some(())
+        },
+        log,
+    )
+    .await;
+    let block_of = |name: &'static str| {
+        let store = store.clone();
+        async move || {
+            let n = store.get_typed::<NodeIpam>(name).await.ok()??;
+            n.value.status.allocated.first().map(|b| b.cidr.to_string())
+        }
+    };
+    assert!(
+        block_of("worker-4")().await.is_some(),
+        "worker-4 kept its block while its Node existed"
+    );
+    assert_eq!(
+        block_of("worker-1")().await.as_deref(),
+        Some("10.243.0.0/26")
+    );
+    nodes
+        .delete("worker-4", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete worker-4's Node");
+    let record = block_of("worker-4");
+    wait_for(
+        "worker-4's block back in the pool",
+        async || record().await.is_none().then_some(()),
+        log,
+    )
+    .await;
+    let record = store
+        .get_typed::<NodeIpam>("worker-4")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(record.value.lease_lapsed(), "{:?}", record.value.status);
+    assert_eq!(
+        block_of("worker-1")().await.as_deref(),
+        Some("10.243.0.0/26"),
+        "worker-1, whose Node exists, keeps its block"
+    );
+
+    // A node that a majority of the node records reports dead (as the agents write their
+    // reports, tests below check that part): the operator sets its pod not ready, and leaves
+    // alone a node only a minority reports.
+    api.create_namespace("wards", serde_json::json!({})).await;
+    let pods = ready_pods_on(&api, "wards", &["gone-1", "gone-2"]).await;
+    let counted = store
+        .list_typed::<NodeIpam>()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| !r.value.lease_lapsed())
+        .count();
+    // With `counted` records besides, `counted + 2` reporters of gone-1 are more than half of
+    // all the records, and one report of gone-2 is not.
+    let reporters: Vec<String> = (0..counted + 2).map(|i| format!("witness-{i}")).collect();
+    for (i, reporter) in reporters.iter().enumerate() {
+        let mut record = NodeIpam::default();
+        record.spec.peers_down.push(ipam_core::resources::PeerDown {
+            node: "gone-1".into(),
+            evidence: "kubelet 10.9.0.1:10250: no answer within 300 ms".into(),
+        });
+        if i == 0 {
+            record.spec.peers_down.push(ipam_core::resources::PeerDown {
+                node: "gone-2".into(),
+                evidence: "kubelet 10.9.0.2:10250: no answer within 300 ms".into(),
+            });
+        }
+        store.create_typed(reporter, &record).await.unwrap();
+    }
+    for gone in ["gone-1", "gone-2"] {
+        store
+            .create_typed(gone, &NodeIpam::default())
+            .await
+            .unwrap();
+    }
+    wait_for(
+        "gone-1's pod set not ready on the majority's reports",
+        async || {
+            let ready = pod_ready_condition(&pods.get("web-gone-1").await.ok()?)?;
+            (ready.status == "False"
+                && ready.reason.as_deref() == Some(ipam_kube::pod_readiness::NOT_READY_REASON))
+            .then_some(())
+        },
+        log,
+    )
+    .await;
+    assert_pods_ready(&pods, &["gone-1", "gone-2"], &[0]).await;
 
     // Every request the operator made is one deploy/base/rbac.yaml grants it, and every right it
     // is granted was used.
@@ -1388,6 +1505,17 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         agents.lock().unwrap().push(Some(node.start(&config)));
         nodes.push((node, config));
     }
+    // Each node's kubelet port, the second signal the agents probe before they report a node
+    // dead: a socket listening in the node's namespace (no kubelet runs here), answered by its
+    // kernel while the node's link is up.
+    let _kubelets: Vec<std::net::TcpListener> = nodes
+        .iter()
+        .map(|(node, _)| {
+            node.ns
+                .run(|| std::net::TcpListener::bind(("0.0.0.0", KUBELET_PORT)))
+                .expect("listen on the kubelet's port in the node's namespace")
+        })
+        .collect();
     let client = Netns::new("kgc");
     veth(&client, "eth0", &fabric, "kgpc");
     fabric.add_port("kgpc", "br0");
@@ -1407,6 +1535,7 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         .await
         .unwrap();
     let services = create_web_service(&api).await;
+    let pods = ready_pods_on(&api, "shop", &names).await;
     let ip: std::net::Ipv4Addr = wait_for(
         "the Service's ingress IP",
         async || {
@@ -1474,6 +1603,30 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         double_answers(&samples)
     );
     println!("{ip} moved from {} to {}", names[owner], names[next]);
+
+    // The two others report the dead node (the gossip and its silent kubelet port), and the
+    // operator sets its pod not ready, as the node lifecycle controller would much later; the
+    // others' pods stay ready.
+    let dead_pod = format!("web-{}", names[owner]);
+    wait_for(
+        "the dead node's pod set not ready on the two other nodes' reports",
+        async || {
+            let pod = pods.get(&dead_pod).await.ok()?;
+            let ready = pod_ready_condition(&pod)?;
+            (ready.status == "False"
+                && ready.reason.as_deref() == Some(ipam_kube::pod_readiness::NOT_READY_REASON)
+                && ready.message.as_deref().is_some_and(|m| {
+                    m.contains(&format!(
+                        "node {} is dead: 2 of 3 nodes report it",
+                        names[owner]
+                    )) && m.contains("no answer within")
+                }))
+            .then_some(())
+        },
+        &logs,
+    )
+    .await;
+    assert_pods_ready(&pods, &names, &[owner]).await;
 
     let agent = Who::Agent("kg-0").user(&api);
     let lease_verbs: BTreeSet<String> = api
@@ -1669,7 +1822,121 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         &logs,
     )
     .await;
+
+    // The dead node back: no one reports it any more.
+    nodes[owner].0.ns.up("up0");
+    let restarted = nodes[owner].0.start(&nodes[owner].1);
+    agents.lock().unwrap()[owner] = Some(restarted);
+    wait_for(
+        "no node reporting the returned node dead",
+        async || {
+            let records = store.list_typed::<NodeIpam>().await.ok()?;
+            records
+                .iter()
+                .all(|r| r.value.spec.peers_down.is_empty())
+                .then_some(())
+        },
+        &logs,
+    )
+    .await;
+
+    // An agent killed on a node that runs: the gossip declares the node dead, but its kubelet's
+    // port answers, so no one reports it and its pod stays ready.
+    let killed = agents.lock().unwrap()[other].take();
+    killed.expect("an agent").kill();
+    let refusal = format!(
+        "not reporting {} dead: the gossip declared it dead but kubelet",
+        names[other]
+    );
+    wait_for(
+        "both other agents finding the killed agent's node alive by its kubelet's port",
+        async || {
+            let agents = agents.lock().unwrap();
+            agents
+                .iter()
+                .flatten()
+                .all(|a| a.log_text().contains(&refusal))
+                .then_some(())
+        },
+        &logs,
+    )
+    .await;
+    assert_pods_ready(&pods, &names, &[owner]).await;
+    for record in store.list_typed::<NodeIpam>().await.unwrap() {
+        assert!(
+            record
+                .value
+                .spec
+                .peers_down
+                .iter()
+                .all(|d| d.node != names[other]),
+            "{} reports {} dead although its kubelet answers: {:?}",
+            record.name,
+            names[other],
+            record.value.spec.peers_down
+        );
+    }
     drop(agents);
     drop(operator);
     api
+}
+
+/// The port the agents of these tests probe as the nodes' kubelet's (the default).
+const KUBELET_PORT: u16 = 10250;
+
+/// A pod `web-<node>` in `namespace` on each of `nodes`, Ready as its kubelet would have
+/// reported it (no kubelet runs beside these API servers); the pods of `namespace`.
+async fn ready_pods_on(api: &TestApi, namespace: &str, nodes: &[&str]) -> kube::Api<Pod> {
+    let pods: kube::Api<Pod> = kube::Api::namespaced(api.client().await, namespace);
+    for node in nodes {
+        let name = format!("web-{node}");
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name, "namespace": namespace, "labels": { "app": "web" } },
+            "spec": { "nodeName": node, "containers": [{ "name": "web", "image": "web" }] },
+        }))
+        .unwrap();
+        pods.create(&Default::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("create pod {name}: {e}"));
+        let status = serde_json::json!({ "status": {
+            "phase": "Running",
+            "conditions": [
+                { "type": "PodScheduled", "status": "True",
+                  "lastTransitionTime": "2026-01-01T00:00:00Z" },
+                { "type": "Ready", "status": "True",
+                  "lastTransitionTime": "2026-01-01T00:00:00Z" },
+            ],
+        } });
+        pods.patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(status),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("mark pod {name} ready: {e}"));
+    }
+    pods
+}
+
+fn pod_ready_condition(pod: &Pod) -> Option<k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .cloned()
+}
+
+/// The pods of `nodes` but those at `dead` are still ready.
+async fn assert_pods_ready(pods: &kube::Api<Pod>, nodes: &[&str], dead: &[usize]) {
+    let live = nodes.iter().enumerate().filter(|(i, _)| !dead.contains(i));
+    for (_, node) in live {
+        let pod = pods.get(&format!("web-{node}")).await.unwrap();
+        let ready = pod_ready_condition(&pod).expect("a Ready condition");
+        assert_eq!(
+            ready.status, "True",
+            "the pod of live node {node} was set not ready: {ready:?}"
+        );
+    }
 }

@@ -224,6 +224,7 @@ impl NodeAgent {
                 labels: self.facts.labels.clone(),
                 interfaces: self.facts.interfaces.clone(),
                 announcing: self.facts.announcing.clone(),
+                peers_down: Vec::new(),
             },
             ..NodeIpam::default()
         };
@@ -867,5 +868,76 @@ mod tests {
             .value
             .status;
         assert!(status.lost.is_empty(), "{status:?}");
+    }
+
+    /// Where the cluster knows its nodes (Kubernetes' Node objects), a node that lapses keeps
+    /// its blocks as long as its Node exists, however long it is away (said once); once the
+    /// Node is deleted, its blocks go back after the grace period as on the other stores.
+    #[tokio::test]
+    async fn a_lapsed_node_keeps_its_blocks_while_its_node_object_exists() {
+        use crate::{
+            resources::{ClusterNode, node_lease_name},
+            store::lease::renew,
+        };
+        let (dir, store) =
+            store_with_v4_pool("agent-node-object", "default", "10.81.0.0/24", 26).await;
+        let grace = Duration::from_millis(300);
+        let mut a = NodeAgent::open(
+            &dir.join("a"),
+            "a",
+            "default",
+            IpamMode::ClusterPool,
+            Watermarks { pre_allocate: 0 },
+            vec![],
+        )
+        .unwrap()
+        .0;
+        store
+            .create_typed("a", &ClusterNode::default())
+            .await
+            .unwrap();
+        let mut op = Operator::new(IpamMode::ClusterPool).with_node_grace(grace);
+        for _ in 0..3 {
+            renew(&store, &node_lease_name("a"), "a", grace)
+                .await
+                .unwrap();
+            pass(&mut op, &mut a, &store).await;
+        }
+        let held = |store: &EmbeddedStore| {
+            let store = store.clone();
+            async move {
+                store
+                    .get_typed::<NodeIpam>("a")
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .value
+                    .status
+                    .allocated
+                    .len()
+            }
+        };
+        assert_eq!(held(&store).await, 1);
+
+        // Silent for three grace periods: kept, and said once.
+        let silent = Instant::now();
+        let mut kept_reports = 0;
+        while silent.elapsed() < grace * 3 {
+            let report = op.reconcile(&store).await.unwrap();
+            assert!(report.expired_nodes.is_empty(), "{report:?}");
+            assert!(report.released.is_empty(), "{report:?}");
+            kept_reports += report.kept_nodes.len();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(kept_reports, 1, "said once");
+        assert_eq!(held(&store).await, 1, "its block is still its own");
+
+        // The Node deleted: its blocks go back.
+        crate::store::Store::delete(&store, "Node", "a", None)
+            .await
+            .unwrap();
+        let report = op.reconcile(&store).await.unwrap();
+        assert_eq!(report.expired_nodes, ["a"]);
+        assert_eq!(held(&store).await, 0);
     }
 }

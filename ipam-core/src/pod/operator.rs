@@ -20,7 +20,7 @@ use crate::{
     pod::blocks::{BlockAllocator, BlockError},
     pod::pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
     resources::{
-        AllocatedBlock, CLUSTER, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
+        AllocatedBlock, CLUSTER, ClusterNode, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
         NodeIpamStatus, PodIpPool, PoolStatus, node_lease_name,
     },
 };
@@ -61,6 +61,9 @@ pub struct Report {
     pub lost: Vec<(String, AllocatedBlock)>,
     /// Nodes whose lease lapsed for the grace period; their blocks went back to the pools.
     pub expired_nodes: Vec<String>,
+    /// Nodes whose lease lapsed for the grace period in this pass, whose blocks stay theirs
+    /// because the cluster still has their Node object (reported once per lapse).
+    pub kept_nodes: Vec<String>,
     /// (object, message) for every object that is not ready.
     pub problems: Vec<(String, String)>,
     /// What went wrong for the first time in this pass (a problem already recorded in the
@@ -108,6 +111,8 @@ pub struct Operator {
     /// go back to the pools.
     node_grace: Option<Duration>,
     leases: LeaseObserver,
+    /// Lapsed nodes whose blocks are kept while their Node object exists (reported once).
+    kept: BTreeSet<String>,
     /// The leading operator acts only until then (its leadership could lapse after).
     deadline: Option<Instant>,
 }
@@ -127,6 +132,7 @@ impl Operator {
             restored: false,
             node_grace: None,
             leases: LeaseObserver::new(),
+            kept: BTreeSet::new(),
             deadline: None,
         }
     }
@@ -182,7 +188,7 @@ impl Operator {
             self.restored = true;
         }
         let statuses = self.judge_pools(&pools, &mut report);
-        let expired = self.expired_nodes(store, &nodes).await?;
+        let expired = self.expired_nodes(store, &nodes, &mut report).await?;
         let mut writes = Vec::new();
         for node in &nodes {
             let _span = tracing::debug_span!("node", node = node.name.as_str()).entered();
@@ -503,11 +509,14 @@ impl Operator {
     }
 
     /// The nodes whose liveness lease has not changed for the grace period, as seen by this
-    /// operator (never any without a grace period, as in the standalone role).
+    /// operator (never any without a grace period, as in the standalone role), and whose Node
+    /// object, where the store has such objects (Kubernetes), is gone: a Node that still
+    /// exists keeps its blocks however long it is away ([`ClusterNode`]).
     async fn expired_nodes<S: TypedStore>(
         &mut self,
         store: &S,
         nodes: &[Versioned<NodeIpam>],
+        report: &mut Report,
     ) -> Result<BTreeSet<String>, OperatorError> {
         let Some(grace) = self.node_grace else {
             return Ok(BTreeSet::new());
@@ -520,13 +529,24 @@ impl Operator {
             .collect();
         let now = Instant::now();
         let mut expired = BTreeSet::new();
+        let mut kept = BTreeSet::new();
         for node in nodes {
             let lease = node_lease_name(&node.name);
             self.leases.observe(&lease, leases.get(&lease), now);
-            if self.leases.unchanged_for(&lease, now) >= grace {
+            if self.leases.unchanged_for(&lease, now) < grace {
+                continue;
+            }
+            // Only a lapsed node is looked up: a pass reads no Node while all are alive.
+            if store.get_typed::<ClusterNode>(&node.name).await?.is_some() {
+                if !self.kept.contains(&node.name) {
+                    report.kept_nodes.push(node.name.clone());
+                }
+                kept.insert(node.name.clone());
+            } else {
                 expired.insert(node.name.clone());
             }
         }
+        self.kept = kept;
         Ok(expired)
     }
 

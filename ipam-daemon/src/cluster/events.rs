@@ -100,6 +100,19 @@ impl Events {
         .await;
     }
 
+    /// The pods of a node a majority of the nodes reported dead were set not ready: on the
+    /// node's NodeIPAM, which `kubectl describe nodeipam <node>` shows.
+    pub async fn pods_marked_not_ready(&self, node: &str, note: &str) {
+        self.warn(
+            "NodeIPAM",
+            node,
+            "PodsMarkedNotReady",
+            "MarkPodsNotReady",
+            note,
+        )
+        .await;
+    }
+
     async fn warn(&self, kind: &str, name: &str, reason: &str, action: &str, note: &str) {
         self.publish(Severity::Warning, kind, name, reason, action, note)
             .await;

@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod changes;
+pub mod dead_nodes;
 pub mod events;
 pub mod operator;
 pub mod store;

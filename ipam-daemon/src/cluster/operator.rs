@@ -391,6 +391,13 @@ fn log_report(report: &Report) {
     for (node, b) in &report.lost {
         tracing::warn!(node = node.as_str(), pool = b.pool.as_str(), cidr = %b.cidr, "returning node asked for a block another node holds now; it gets a new one");
     }
+    for node in &report.kept_nodes {
+        tracing::warn!(
+            node = node.as_str(),
+            "node lease lapsed for the grace period; its blocks stay its own while its Node \
+             object exists (delete the Node to give them back)"
+        );
+    }
     for node in &report.expired_nodes {
         tracing::warn!(
             node = node.as_str(),

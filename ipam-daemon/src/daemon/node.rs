@@ -8,6 +8,7 @@
 //!           liveness::gossip ──FenceState──▶ Fence       ([gossip]; else the node's lease)
 //!  Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat (silenced at once when it closes)
 //!  liveness::lease ──▶ store                              (the node's lease: who holds blocks)
+//!  Membership ──▶ liveness::dead_peers ──▶ node record    (dead peers whose kubelet is silent)
 //!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json, node record
 //!  store ──▶ routes ──▶ route map
 //!  announce::node_record ──▶ node record                  (add-on mode: no [ipam], no pod_ipam)
@@ -353,15 +354,26 @@ fn serve_add_on_api(config: &Config, gossip: Option<&Gossip>) -> Result<(), Daem
     Ok(())
 }
 
-/// On a shared store with `[gossip]`: the gossip, started before anything reads it.
+/// On a shared store with `[gossip]`: the gossip, started before anything reads it; on
+/// Kubernetes also the reports of the nodes it declares dead whose kubelet is silent too.
 fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> Option<Gossip> {
     let gossip_settings = config.gossip.clone().filter(|_| store.is_shared())?;
-    Some(Gossip::spawn(gossip::Inputs {
+    let gossip = Gossip::spawn(gossip::Inputs {
         settings: gossip_settings,
         store: store.clone(),
         node: config.node.name.clone(),
         metrics: observed.metrics.clone(),
-    }))
+    });
+    if let ClusterStore::Kubernetes(_) = store {
+        tokio::spawn(liveness::dead_peers::run(liveness::dead_peers::Inputs {
+            store: store.clone(),
+            node: config.node.name.clone(),
+            settings: config.dead_nodes.clone(),
+            membership: gossip.membership.clone(),
+            fence: gossip.fence.clone(),
+        }));
+    }
+    Some(gossip)
 }
 
 /// With `[bgp]`: the BGP announcer, which runs BIRD with this node's sessions.

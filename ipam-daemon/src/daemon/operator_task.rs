@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use crate::{
     cluster::{
-        ClusterStore,
+        ClusterStore, dead_nodes,
         events::Events,
         operator::{self, OperatorSettings, PodIpamSettings},
     },
@@ -42,6 +42,16 @@ impl OperatorTask {
             pod_ipam = settings.pod_ipam.is_some(),
             "operator starting"
         );
+        if let ClusterStore::Kubernetes(kube) = &store {
+            // Every replica, not only the leader (`dead_nodes` says why).
+            let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());
+            tokio::spawn(dead_nodes::run(
+                kube.clone(),
+                config.dead_nodes.clone(),
+                events,
+                stop_rx.clone(),
+            ));
+        }
         let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());
         let handle = tokio::spawn(operator::run(
             store, settings, pools_rx, stop_rx, observed, events,

@@ -6,7 +6,9 @@
 //! - `gossip`: liveness between the agents over UDP (`[gossip]`), with no store in the way;
 //! - `heartbeat`: the responders' heartbeat, written only while the fence allows, and the
 //!   responders silenced at once when it closes;
-//! - `peers`: which other nodes are alive, from their leases or from the gossip.
+//! - `peers`: which other nodes are alive, from their leases or from the gossip;
+//! - `dead_peers`: the nodes the gossip declared dead whose kubelet is silent too, reported in
+//!   this node's record for the operator (on Kubernetes).
 //!
 //! The two delays, with leases: this node stops answering once its lease is half a lease old
 //! (plus the responders' `liveness_timeout`, kept below half a lease by the configuration
@@ -18,6 +20,7 @@
 //! dead before `suspect_to_down` (400 ms) after it stopped answering, and the configuration
 //! check keeps both delays below that one. docs/liveness.md has the reasoning and the figures.
 
+pub mod dead_peers;
 pub mod fence;
 pub mod gossip;
 pub mod heartbeat;

@@ -73,6 +73,14 @@ impl Directory {
             .and_then(|r| r.value.spec.addresses.first().copied())
     }
 
+    /// `node`'s addresses between nodes, by its record.
+    pub(super) fn addresses_of(&self, node: &str) -> Vec<IpAddr> {
+        self.records
+            .get(node)
+            .map(|r| r.value.spec.addresses.clone())
+            .unwrap_or_default()
+    }
+
     /// The node gossiping at `addr`, if it is one of the records'.
     pub(super) fn node_at(&self, addr: SocketAddr) -> Option<&str> {
         self.by_ip.get(&addr.ip()).map(String::as_str)

@@ -249,16 +249,35 @@ impl Member {
     /// Who is alive for ownership: the members held alive, and those declared dead within the
     /// takeover hold.
     fn publish_membership(&mut self) {
+        let active = self.directory.nodes_of(self.peer.active().map(|p| p.addr));
         let live = self.directory.nodes_of(
             self.peer
                 .active()
                 .map(|p| p.addr)
                 .chain(self.takeover.held()),
         );
+        // Without the takeover hold: that delay is for answering IPs; evidence is gathered at
+        // once.
+        let down = self
+            .directory
+            .nodes_of(
+                self.peer
+                    .members()
+                    .filter(|(_, state)| *state == State::Down)
+                    .map(|(id, _)| id.addr),
+            )
+            .into_iter()
+            .filter(|node| !active.contains(node))
+            .map(|node| {
+                let addresses = self.directory.addresses_of(&node);
+                (node, addresses)
+            })
+            .collect();
+        let fresh = Membership { live, down };
         self.membership.send_if_modified(|m| {
-            let changed = m.live != live;
+            let changed = *m != fresh;
             if changed {
-                *m = Membership { live };
+                *m = fresh;
             }
             changed
         });

@@ -24,7 +24,8 @@ mod start;
 mod takeover;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -37,10 +38,14 @@ use crate::{
     api::server::Handler, cluster::ClusterStore, config::GossipSettings, metrics::Metrics,
 };
 
-/// The other nodes the gossip holds alive (suspects included), by node name.
+/// The other nodes the gossip holds alive (suspects included), and those it declared dead, by
+/// node name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Membership {
     pub live: BTreeSet<String>,
+    /// Declared dead (and not back as a newer generation), with their addresses between nodes
+    /// from their records: where `dead_peers` looks for a second signal.
+    pub down: BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// What the gossip needs.

@@ -1,0 +1,372 @@
+//! The operator's half of taking a dead node's pods out of their Services' endpoints, on
+//! Kubernetes: the agents report in their records the nodes the gossip declared dead whose
+//! kubelet is silent too (`liveness::dead_peers`); once a majority of the nodes report one, its
+//! pods are set not ready (`ipam_kube::pod_readiness`), as the node lifecycle controller does
+//! when its grace period (about 50 s) has passed. The EndpointSlice controller and kube-proxy
+//! then stop sending the pods new connections within seconds of the node's death.
+//!
+//! What guards it:
+//! - a majority: more than half of the nodes with a record (those the operator released for a
+//!   lapsed lease aside) must report the node, so a node cut off with a minority, which sees
+//!   everyone else dead, moves nothing; and each reporter reports only while its own gossip
+//!   hears a majority;
+//! - two independent signals in every report (the gossip, and the kubelet's port);
+//! - a rate limit: at most `max_nodes_per_window` nodes within `rate_window_ms`; the rest wait
+//!   for the window or for the node lifecycle controller, and the log says so;
+//! - nothing to undo: a node that was alive after all gets its pods' readiness back from its
+//!   own kubelet's status sync.
+//!
+//! Every operator replica runs this, not only the leader: the leader may have died with the
+//! node, and a new one is elected only after `operator_lease_ms`. The patches test the
+//! condition they change, so two replicas acting on the same reports mark each pod once.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    time::Duration,
+};
+
+use ipam_core::{backoff::Backoff, resources::NodeIpam};
+use ipam_kube::{KubeStore, pod_readiness};
+use tokio::{sync::watch, time::Instant};
+
+use super::{
+    cache::{Cache, watch_until_it_works},
+    events::Events,
+};
+use crate::config::DeadNodeSettings;
+
+/// Longest wait before a marking the API refused is tried again.
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// One node's report of another: who reports it, and the evidence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub reporter: String,
+    pub evidence: String,
+}
+
+/// The nodes a majority reports dead, and how many nodes the majority is of.
+#[derive(Debug, Default)]
+pub struct Confirmed {
+    pub dead: BTreeMap<String, Vec<Report>>,
+    /// The nodes counted: those with a record whose lease has not lapsed.
+    pub nodes: usize,
+}
+
+/// The nodes a majority of `records` reports dead, with their reports. The nodes counted are
+/// those with a record whose lease has not lapsed, the reported node included.
+pub fn confirmed<'a>(records: impl IntoIterator<Item = (&'a str, &'a NodeIpam)>) -> Confirmed {
+    let counted: Vec<(&str, &NodeIpam)> = records
+        .into_iter()
+        .filter(|(_, r)| !r.lease_lapsed())
+        .collect();
+    let mut reported: BTreeMap<String, Vec<Report>> = BTreeMap::new();
+    for (reporter, record) in &counted {
+        for down in &record.spec.peers_down {
+            if down.node != *reporter {
+                reported.entry(down.node.clone()).or_default().push(Report {
+                    reporter: (*reporter).to_owned(),
+                    evidence: down.evidence.clone(),
+                });
+            }
+        }
+    }
+    reported.retain(|_, reports| reports.len() * 2 > counted.len());
+    Confirmed {
+        dead: reported,
+        nodes: counted.len(),
+    }
+}
+
+/// At most `max` actions within any `window`.
+struct RateLimit {
+    max: usize,
+    window: Duration,
+    acted: VecDeque<Instant>,
+}
+
+impl RateLimit {
+    fn new(max: usize, window: Duration) -> Self {
+        Self {
+            max,
+            window,
+            acted: VecDeque::new(),
+        }
+    }
+
+    /// `None` when an action may go ahead at `now`; else how long until one may.
+    fn wait(&mut self, now: Instant) -> Option<Duration> {
+        while self
+            .acted
+            .front()
+            .is_some_and(|at| now.duration_since(*at) >= self.window)
+        {
+            self.acted.pop_front();
+        }
+        if self.acted.len() < self.max {
+            return None;
+        }
+        let oldest = *self.acted.front().expect("max is at least 1");
+        Some(self.window.saturating_sub(now.duration_since(oldest)))
+    }
+
+    fn record(&mut self, now: Instant) {
+        self.acted.push_back(now);
+    }
+}
+
+/// What the controller remembers between passes.
+struct Marking {
+    store: KubeStore,
+    settings: DeadNodeSettings,
+    events: Events,
+    limit: RateLimit,
+    backoff: Backoff,
+    /// Nodes whose pods were marked, while a majority still reports them.
+    marked: BTreeSet<String>,
+    /// Nodes confirmed but not acted on (the setting off, or the rate limit), said once.
+    held_back: BTreeSet<String>,
+}
+
+/// Follows the node records for as long as the operator runs, marking the pods of the nodes
+/// a majority reports dead.
+pub async fn run(
+    store: KubeStore,
+    settings: DeadNodeSettings,
+    events: Events,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "dead nodes' reports").await;
+    let mut records = Cache::<NodeIpam>::new(&watch.initial);
+    let mut marking = Marking {
+        store,
+        limit: RateLimit::new(settings.max_nodes_per_window, settings.rate_window()),
+        settings,
+        events,
+        backoff: Backoff::new(RETRY_CAP),
+        marked: BTreeSet::new(),
+        held_back: BTreeSet::new(),
+    };
+    loop {
+        let confirmed = confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
+        let again = marking.pass(&confirmed).await;
+        let again = async {
+            match again {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = watch.next() => records.apply(event),
+            () = again => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+impl Marking {
+    /// Acts on `confirmed`; how long until a held-back or failed marking is tried again.
+    async fn pass(&mut self, confirmed: &Confirmed) -> Option<Duration> {
+        let Confirmed { dead, nodes } = confirmed;
+        for node in self.marked.iter().filter(|n| !dead.contains_key(*n)) {
+            tracing::info!(
+                node = node.as_str(),
+                "node {node} is no longer reported dead by a majority; its kubelet's status \
+                 sync restores its pods' readiness"
+            );
+        }
+        self.marked.retain(|n| dead.contains_key(n));
+        self.held_back.retain(|n| dead.contains_key(n));
+        let mut again: Option<Duration> = None;
+        for (node, reports) in dead {
+            if self.marked.contains(node) {
+                continue;
+            }
+            let why = describe(node, reports, *nodes);
+            if !self.settings.mark_pods_not_ready {
+                if self.held_back.insert(node.clone()) {
+                    tracing::warn!(
+                        node = node.as_str(),
+                        "{why}; not marking its pods not ready ([dead_nodes] \
+                         mark_pods_not_ready is off): Kubernetes takes them out of their \
+                         Services after its node grace period"
+                    );
+                }
+                continue;
+            }
+            if let Some(wait) = self.limit.wait(Instant::now()) {
+                if self.held_back.insert(node.clone()) {
+                    tracing::warn!(
+                        node = node.as_str(),
+                        wait_ms = wait.as_millis() as u64,
+                        "{why}; not marking its pods not ready yet: {} nodes' pods were marked \
+                         within [dead_nodes] rate_window_ms ({} ms), the most \
+                         max_nodes_per_window allows",
+                        self.settings.max_nodes_per_window,
+                        self.settings.rate_window_ms
+                    );
+                }
+                again = Some(again.map_or(wait, |a| a.min(wait)));
+                continue;
+            }
+            match self.mark(node, &why).await {
+                Ok(()) => {
+                    self.backoff.reset();
+                    self.held_back.remove(node);
+                }
+                Err(e) => {
+                    let wait = self.backoff.next_delay();
+                    tracing::warn!(
+                        node = node.as_str(),
+                        retry_in_ms = wait.as_millis() as u64,
+                        "{why}; cannot mark its pods not ready, retrying: {e}"
+                    );
+                    again = Some(again.map_or(wait, |a| a.min(wait)));
+                }
+            }
+        }
+        again
+    }
+
+    async fn mark(&mut self, node: &str, why: &str) -> Result<(), kube::Error> {
+        let message = format!(
+            "{why}; set not ready by ipam-operator. If the node runs, its kubelet restores \
+             this condition"
+        );
+        let started = Instant::now();
+        let marked = pod_readiness::mark_pods_not_ready(&self.store, node, &message).await?;
+        self.limit.record(Instant::now());
+        self.marked.insert(node.to_owned());
+        tracing::warn!(
+            node,
+            pods = marked.pods.len(),
+            left_alone = marked.left_alone,
+            took_ms = started.elapsed().as_millis() as u64,
+            "{why}; set its {} ready pods not ready, so their Services stop sending them \
+             traffic",
+            marked.pods.len()
+        );
+        if !marked.pods.is_empty() {
+            let note = format!(
+                "{why}; set {} pods not ready: {}",
+                marked.pods.len(),
+                marked.pods.join(", ")
+            );
+            self.events.pods_marked_not_ready(node, &note).await;
+        }
+        Ok(())
+    }
+}
+
+/// Why `node` counts as dead, for logs, events and the pods' condition.
+fn describe(node: &str, reports: &[Report], nodes: usize) -> String {
+    let evidence: Vec<String> = reports
+        .iter()
+        .map(|r| format!("{} ({})", r.reporter, r.evidence))
+        .collect();
+    format!(
+        "node {node} is dead: {} of {nodes} nodes report it, each after the gossip declared it \
+         dead and its kubelet gave no answer: {}",
+        reports.len(),
+        evidence.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use ipam_core::resources::{Condition, LEASE_LAPSED, PeerDown};
+
+    use super::*;
+
+    fn record(reports: &[&str]) -> NodeIpam {
+        let mut record = NodeIpam::default();
+        record.spec.peers_down = reports
+            .iter()
+            .map(|node| PeerDown {
+                node: (*node).to_owned(),
+                evidence: format!("kubelet {node}:10250: no answer within 300 ms"),
+            })
+            .collect();
+        record
+    }
+
+    fn judged(records: &[(&str, NodeIpam)]) -> Vec<String> {
+        confirmed(records.iter().map(|(n, r)| (*n, r)))
+            .dead
+            .into_keys()
+            .collect()
+    }
+
+    #[test]
+    fn a_node_is_confirmed_only_by_a_majority_of_the_nodes() {
+        // Three nodes, c dead: a and b report it.
+        let both = [
+            ("a", record(&["c"])),
+            ("b", record(&["c"])),
+            ("c", record(&[])),
+        ];
+        assert_eq!(judged(&both), ["c"]);
+        // One report of three is a minority's view.
+        let one = [
+            ("a", record(&["c"])),
+            ("b", record(&[])),
+            ("c", record(&[])),
+        ];
+        assert!(judged(&one).is_empty());
+        // A node cut off alone reports both others: still one reporter each.
+        let alone = [
+            ("a", record(&["b", "c"])),
+            ("b", record(&[])),
+            ("c", record(&[])),
+        ];
+        assert!(judged(&alone).is_empty());
+        // Of two nodes, the survivor alone is no majority.
+        let two = [("a", record(&["b"])), ("b", record(&[]))];
+        assert!(judged(&two).is_empty());
+        // A report of itself counts for nothing.
+        let own = [
+            ("a", record(&["a"])),
+            ("b", record(&["a"])),
+            ("c", record(&[])),
+        ];
+        assert!(judged(&own).is_empty());
+    }
+
+    #[test]
+    fn released_nodes_are_not_counted() {
+        let mut released = record(&[]);
+        released.status.conditions.push(Condition {
+            kind: LEASE_LAPSED.to_owned(),
+            status: true,
+            message: String::new(),
+        });
+        // Four records, one released: a and b are a majority of the three counted.
+        let records = [
+            ("a", record(&["c"])),
+            ("b", record(&["c"])),
+            ("c", record(&[])),
+            ("d", released),
+        ];
+        let confirmed = confirmed(records.iter().map(|(n, r)| (*n, r)));
+        assert_eq!(confirmed.nodes, 3);
+        let reports = &confirmed.dead["c"];
+        assert_eq!(reports.len(), 2);
+        assert!(describe("c", reports, confirmed.nodes).contains("2 of 3 nodes report it"));
+    }
+
+    #[test]
+    fn the_rate_limit_holds_back_within_the_window_and_frees_after() {
+        let window = Duration::from_secs(60);
+        let mut limit = RateLimit::new(2, window);
+        let start = Instant::now();
+        assert_eq!(limit.wait(start), None);
+        limit.record(start);
+        assert_eq!(limit.wait(start + Duration::from_secs(1)), None);
+        limit.record(start + Duration::from_secs(1));
+        assert_eq!(
+            limit.wait(start + Duration::from_secs(10)),
+            Some(Duration::from_secs(50))
+        );
+        assert_eq!(limit.wait(start + window), None);
+    }
+}

@@ -1,0 +1,302 @@
+//! The agent's half of taking a dead node's pods out of their Services' endpoints: the nodes
+//! the gossip declared dead, checked on a second, independent signal (their kubelet's port),
+//! published in this node's record (`spec.peersDown`), where the operator counts the reports
+//! (`cluster::dead_nodes`).
+//!
+//! Two rules keep a report from being wrong:
+//! - only while this node's fence is open, that is while it hears a majority: a node cut off
+//!   with a minority sees the majority dead, and must not report it;
+//! - only a node whose kubelet's port gives no answer at all within the probe timeout, on every
+//!   address it has. A refused connection is an answer (the node's kernel runs: its kubelet,
+//!   or only this project's agent, is down), and so is an accepted one. The handshake is the
+//!   kernel's, so a busy kubelet still answers in time.
+//!
+//! While any node is held dead it is probed again every `RECHECK`: a node that comes back
+//! before its agent does is withdrawn, and one whose kubelet answered the first probe but
+//! died after is reported. Each probe costs the kubelet a line in its log (a TLS handshake
+//! cut short), hence not more often.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use ipam_core::{
+    backoff::Backoff,
+    resources::{NodeIpam, PeerDown},
+    store::{StoreError, TypedStore as _},
+};
+use tokio::sync::watch;
+
+use super::{fence::FenceState, gossip::Membership};
+use crate::{cluster::ClusterStore, config::DeadNodeSettings};
+
+/// How often a node held dead is probed again.
+const RECHECK: Duration = Duration::from_secs(5);
+/// Longest wait between two writes the store refused.
+const RETRY_CAP: Duration = Duration::from_secs(5);
+
+pub struct Inputs {
+    pub store: ClusterStore,
+    pub node: String,
+    pub settings: DeadNodeSettings,
+    pub membership: watch::Receiver<Membership>,
+    pub fence: watch::Receiver<FenceState>,
+}
+
+/// What the probe of one node's kubelet found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// No answer on any address: the evidence.
+    Silent(String),
+    /// Something answered: the node runs.
+    Answered(String),
+    /// The node's record lists no address to probe.
+    NoAddress,
+}
+
+/// Keeps this node's reports for the life of the daemon.
+pub async fn run(mut inputs: Inputs) {
+    let mut published: Option<Vec<PeerDown>> = None;
+    let mut verdicts: BTreeMap<String, Probe> = BTreeMap::new();
+    let mut backoff = Backoff::new(RETRY_CAP);
+    loop {
+        let open = *inputs.fence.borrow_and_update() == FenceState::Open;
+        let down = if open {
+            inputs.membership.borrow_and_update().down.clone()
+        } else {
+            BTreeMap::new()
+        };
+        let probes = probe_all(&down, &inputs.settings).await;
+        log_changes(&inputs.node, &mut verdicts, &probes);
+        let reports = reports_of(&probes);
+        let mut wait = if down.is_empty() { None } else { Some(RECHECK) };
+        if published.as_ref() != Some(&reports) {
+            match publish(&inputs.store, &inputs.node, &reports).await {
+                Ok(Published::Written) => {
+                    published = Some(reports);
+                    backoff.reset();
+                }
+                // Another writer of the record was first: read it again at once.
+                Ok(Published::Changed) => wait = Some(Duration::ZERO),
+                // The controller that keeps the record has not made it yet.
+                Ok(Published::NoRecord) => wait = Some(backoff.next_delay()),
+                Err(e) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(
+                        node = inputs.node.as_str(),
+                        retry_in_ms = delay.as_millis() as u64,
+                        "cannot write the nodes this node holds dead to its record in {}, \
+                         retrying: {e}",
+                        inputs.store.describe()
+                    );
+                    wait = Some(delay);
+                }
+            }
+        }
+        let recheck = async {
+            match wait {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = recheck => {}
+            changed = inputs.membership.changed() => if changed.is_err() { return },
+            changed = inputs.fence.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Probes every node in `down` at once.
+async fn probe_all(
+    down: &BTreeMap<String, Vec<IpAddr>>,
+    settings: &DeadNodeSettings,
+) -> BTreeMap<String, Probe> {
+    let probes = down.iter().map(|(node, addresses)| async move {
+        let probe = probe(addresses, settings.kubelet_port, settings.probe_timeout()).await;
+        (node.clone(), probe)
+    });
+    futures_util::future::join_all(probes)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Connects to the kubelet's port on each of `addresses` at once; silent only if none answers
+/// within `timeout`.
+pub async fn probe(addresses: &[IpAddr], port: u16, timeout: Duration) -> Probe {
+    if addresses.is_empty() {
+        return Probe::NoAddress;
+    }
+    let attempts = addresses.iter().map(|ip| async move {
+        let target = SocketAddr::new(*ip, port);
+        match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(target)).await {
+            Ok(Ok(_)) => Err(format!("kubelet {target}: connected")),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(format!(
+                "kubelet {target}: refused (the node's kernel answers)"
+            )),
+            // Unreachable (the neighbour never answered) is silence; any other error is not
+            // evidence of anything.
+            Ok(Err(e)) if is_unreachable(&e) => Ok(format!("kubelet {target}: unreachable")),
+            Ok(Err(e)) => Err(format!("kubelet {target}: {e}")),
+            Err(_) => Ok(format!(
+                "kubelet {target}: no answer within {} ms",
+                timeout.as_millis()
+            )),
+        }
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    if let Some(answer) = results.iter().find_map(|r| r.clone().err()) {
+        return Probe::Answered(answer);
+    }
+    Probe::Silent(
+        results
+            .into_iter()
+            .filter_map(Result::ok)
+            .collect::<Vec<_>>()
+            .join("; "),
+    )
+}
+
+fn is_unreachable(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH)
+    )
+}
+
+/// The reports: the silent nodes, with their evidence, in order.
+fn reports_of(probes: &BTreeMap<String, Probe>) -> Vec<PeerDown> {
+    probes
+        .iter()
+        .filter_map(|(node, probe)| match probe {
+            Probe::Silent(evidence) => Some(PeerDown {
+                node: node.clone(),
+                evidence: evidence.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Says what changed in the verdicts: each node held dead by the gossip once, with what its
+/// kubelet's port said, and once more when it is no longer held dead.
+fn log_changes(me: &str, verdicts: &mut BTreeMap<String, Probe>, probes: &BTreeMap<String, Probe>) {
+    for (node, probe) in probes {
+        let same_kind = verdicts
+            .get(node)
+            .is_some_and(|v| std::mem::discriminant(v) == std::mem::discriminant(probe));
+        if same_kind {
+            continue;
+        }
+        match probe {
+            Probe::Silent(evidence) => tracing::warn!(
+                node = me,
+                peer = node.as_str(),
+                "reporting {node} dead: the gossip declared it dead and {evidence}"
+            ),
+            Probe::Answered(answer) => tracing::info!(
+                node = me,
+                peer = node.as_str(),
+                "not reporting {node} dead: the gossip declared it dead but {answer}; its \
+                 agent may be down while the node runs"
+            ),
+            Probe::NoAddress => tracing::warn!(
+                node = me,
+                peer = node.as_str(),
+                "not reporting {node} dead: its record lists no address to probe its kubelet at"
+            ),
+        }
+    }
+    let gone: BTreeSet<String> = verdicts
+        .keys()
+        .filter(|n| !probes.contains_key(*n))
+        .cloned()
+        .collect();
+    for node in gone {
+        if matches!(verdicts.remove(&node), Some(Probe::Silent(_))) {
+            tracing::info!(
+                node = me,
+                peer = node.as_str(),
+                "no longer reporting {node} dead: the gossip holds it alive again, or this node \
+                 no longer hears a majority"
+            );
+        }
+    }
+    verdicts.extend(probes.clone());
+}
+
+/// What a write of the reports came to.
+enum Published {
+    Written,
+    /// The record changed between the read and the write.
+    Changed,
+    /// The record does not exist yet (the controller that keeps it creates it).
+    NoRecord,
+}
+
+/// Writes `reports` into this node's record, the rest of it as read.
+async fn publish(
+    store: &ClusterStore,
+    node: &str,
+    reports: &[PeerDown],
+) -> Result<Published, StoreError> {
+    let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
+        return Ok(Published::NoRecord);
+    };
+    if record.value.spec.peers_down == reports {
+        return Ok(Published::Written);
+    }
+    let mut updated = record.value;
+    updated.spec.peers_down = reports.to_vec();
+    let written = store
+        .update_unless_changed(node, &updated, &record.revision)
+        .await?;
+    Ok(if written {
+        Published::Written
+    } else {
+        Published::Changed
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_listening_or_refusing_port_is_an_answer() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let open = listener.local_addr().unwrap().port();
+        let loopback = ["127.0.0.1".parse().unwrap()];
+        let timeout = Duration::from_millis(300);
+        assert!(matches!(
+            probe(&loopback, open, timeout).await,
+            Probe::Answered(a) if a.contains("connected")
+        ));
+        drop(listener);
+        assert!(matches!(
+            probe(&loopback, open, timeout).await,
+            Probe::Answered(a) if a.contains("refused")
+        ));
+        assert_eq!(probe(&[], open, timeout).await, Probe::NoAddress);
+    }
+
+    #[test]
+    fn only_silent_nodes_are_reported_in_order() {
+        let probes = BTreeMap::from([
+            ("b".to_owned(), Probe::Silent("kubelet b: no answer".into())),
+            (
+                "a".to_owned(),
+                Probe::Silent("kubelet a: unreachable".into()),
+            ),
+            ("c".to_owned(), Probe::Answered("kubelet c: refused".into())),
+            ("d".to_owned(), Probe::NoAddress),
+        ]);
+        let reports = reports_of(&probes);
+        let nodes: Vec<&str> = reports.iter().map(|r| r.node.as_str()).collect();
+        assert_eq!(nodes, ["a", "b"]);
+        assert_eq!(reports[0].evidence, "kubelet a: unreachable");
+    }
+}

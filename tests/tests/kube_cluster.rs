@@ -29,7 +29,12 @@ fn the_project_runs_on_a_real_kubernetes_cluster() {
     let say = |step: &str| eprintln!("[{:6.1} s] {step}", started.elapsed().as_secs_f64());
     let mut cluster = KubeCluster::start(assets, 3, ProxyMode::Iptables, &say);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        scenario::run(&mut cluster, 1, &say)
+        let figures = scenario::run(&mut cluster, 1, &say);
+        assert!(
+            figures.false_not_ready.is_empty(),
+            "pods of live nodes were set not ready on the agents' reports: {:?}",
+            figures.false_not_ready
+        );
     }));
     if let Err(panic) = outcome {
         eprintln!("the logs are kept in {}", cluster.keep_logs().display());

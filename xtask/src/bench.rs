@@ -27,9 +27,18 @@ pub(crate) enum Name {
     /// Node liveness between peers, simulated: 5,000 members at 1 % loss, time until a killed
     /// member is declared dead by all, false suspicions, gossip bytes per node.
     Liveness,
+    /// The seed's failover on a real Kubernetes cluster (as `lab kube`), with the dead nodes'
+    /// pods set not ready on the agents' reports and without; needs KUBEBUILDER_ASSETS.
+    KubeFailover,
 }
 
 pub(crate) fn run(name: Name) -> anyhow::Result<()> {
+    if matches!(name, Name::KubeFailover) {
+        // The datapath under test runs from the image, built in release by the image step.
+        let mut command = crate::lab::kube_program("bench-kube-failover")?;
+        exec(cargo().args(["build", "--bins"]))?;
+        return exec(&mut command);
+    }
     let bin = match name {
         Name::Arp => "bench-arp",
         Name::Alloc => "bench-alloc",
@@ -39,6 +48,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Failover => "bench-failover",
         Name::Liveness => "bench-liveness",
         Name::Bgp => "bench-bgp",
+        Name::KubeFailover => unreachable!("run above"),
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.
     exec(cargo().args(["build", "--release", "--bins"]))?;

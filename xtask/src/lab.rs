@@ -60,17 +60,7 @@ const KUBE_IMAGE: &str = "localhost/ipam-ebpf:0.1.0";
 
 pub(crate) fn run(which: Which) -> anyhow::Result<()> {
     let mut command = match which {
-        Which::Kube => {
-            let assets = kube_assets()?;
-            let mut changed = Vec::new();
-            setup::install_packages(KUBE_PACKAGES, &mut changed)?;
-            // The nodes pull nothing: the image is built here and imported into each node.
-            image::run(KUBE_IMAGE, true)?;
-            let mut c = std::process::Command::new(target_dir()?.join("debug").join("lab-kube"));
-            c.env("KUBEBUILDER_ASSETS", assets)
-                .env("IPAM_IMAGE", KUBE_IMAGE);
-            c
-        }
+        Which::Kube => kube_program("lab-kube")?,
         other => std::process::Command::new(target_dir()?.join("debug").join(match other {
             Which::Cluster => "lab",
             Which::Failover => "lab-failover",
@@ -80,6 +70,20 @@ pub(crate) fn run(which: Which) -> anyhow::Result<()> {
     };
     exec(cargo().args(["build", "--bins"]))?;
     exec(&mut command)
+}
+
+/// A program that runs a real Kubernetes cluster (the lab, the `kube-failover` bench), with
+/// what it needs made ready: the nodes' Debian packages, the project's image (the nodes pull
+/// nothing: it is built here and imported into each node), the Kubernetes binaries found.
+pub(crate) fn kube_program(program: &str) -> anyhow::Result<std::process::Command> {
+    let assets = kube_assets()?;
+    let mut changed = Vec::new();
+    setup::install_packages(KUBE_PACKAGES, &mut changed)?;
+    image::run(KUBE_IMAGE, true)?;
+    let mut c = std::process::Command::new(target_dir()?.join("debug").join(program));
+    c.env("KUBEBUILDER_ASSETS", assets)
+        .env("IPAM_IMAGE", KUBE_IMAGE);
+    Ok(c)
 }
 
 /// The folder KUBEBUILDER_ASSETS names, with every binary the lab runs in it.

@@ -6,21 +6,13 @@
 //! Kubernetes binaries in `KUBEBUILDER_ASSETS`: without them it says how to get them and exits
 //! with 2. Everything is removed at the end, also on failure (the logs are kept on failure).
 
-use ipam_tests::kube::{Assets, KubeCluster, ProxyMode, scenario};
-
-/// The seed's figures (a real cluster, Cilium's L2 announcements, 5 power losses).
-const SEED_FAILOVER_S: &str = "17.8-22.2";
-const SEED_ERRORS_STOP_S: &str = "43.5-54";
-const SEED_FAILED_PCT: &str = "18-33";
+use ipam_tests::kube::{
+    Assets, KubeCluster, ProxyMode,
+    scenario::{self, SEED_ERRORS_STOP_S, SEED_FAILED_PCT, SEED_FAILOVER_S},
+};
 
 fn main() {
-    let assets = match Assets::find() {
-        Ok(assets) => assets,
-        Err(why) => {
-            eprintln!("lab kube: not run: {why}");
-            std::process::exit(2);
-        }
-    };
+    let assets = Assets::find_or_exit("lab kube");
     let losses = std::env::var("IPAM_LAB_KUBE_LOSSES")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -62,10 +54,27 @@ fn main() {
         figures.losses.len()
     );
     let (rollout_failed, rollout_total, moves) = figures.rollout.unwrap_or_default();
+    let set_not_ready: usize = figures.set_not_ready.iter().sum();
+    println!(
+        "the dead nodes' pods set not ready on the agents' reports: {set_not_ready} over {} \
+         losses; pods wrongly set not ready: {}{}",
+        figures.losses.len(),
+        figures.false_not_ready.len(),
+        figures
+            .false_not_ready
+            .iter()
+            .map(|p| format!("\n  {p}"))
+            .collect::<String>()
+    );
     println!(
         "failover_s={failover:.2} errors_stop_s={stop:.2} failed_requests_pct={failed:.1} \
          rollout_failed_requests={rollout_failed} rollout_requests={rollout_total} \
-         rollout_ip_moves={moves} seed_failover_s={SEED_FAILOVER_S} \
-         seed_errors_stop_s={SEED_ERRORS_STOP_S} seed_failed_requests_pct={SEED_FAILED_PCT}"
+         rollout_ip_moves={moves} false_not_ready_pods={} seed_failover_s={SEED_FAILOVER_S} \
+         seed_errors_stop_s={SEED_ERRORS_STOP_S} seed_failed_requests_pct={SEED_FAILED_PCT}",
+        figures.false_not_ready.len()
     );
+    if !figures.false_not_ready.is_empty() {
+        eprintln!("lab kube: failed: pods of live nodes were set not ready");
+        std::process::exit(1);
+    }
 }

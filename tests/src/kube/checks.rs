@@ -165,6 +165,41 @@ pub fn pods(cluster: &KubeCluster, namespace: &str, selector: &str) -> Vec<Value
         .unwrap_or_default()
 }
 
+/// The pods of every namespace that the operator set not ready on the agents' reports of a
+/// dead node ([dead_nodes]): `(namespace/name, node)`.
+pub fn pods_set_not_ready_by_peers(cluster: &KubeCluster) -> Vec<(String, String)> {
+    cluster.get_json(&["pods", "-A"])["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "Ready"
+                        && c["status"] == "False"
+                        && c["reason"] == ipam_kube::pod_readiness::NOT_READY_REASON
+                })
+        })
+        .map(|p| {
+            let meta = &p["metadata"];
+            (
+                format!(
+                    "{}/{}",
+                    meta["namespace"].as_str().unwrap_or_default(),
+                    meta["name"].as_str().unwrap_or_default()
+                ),
+                p["spec"]["nodeName"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// A Deployment `name` of `replicas` web pods in `namespace` (each answering with its node's
 /// name), spread over the nodes; waits until every pod runs with an address.
 pub fn deploy_web(cluster: &KubeCluster, namespace: &str, name: &str, replicas: usize) {
@@ -383,20 +418,81 @@ pub fn assert_reaches(
                     ],
                 ),
             );
-            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            (
+                String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+                format!(
+                    "{}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            )
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut answer = ask(cluster);
+        let (mut answer, mut how) = ask(cluster);
         while answer != to.node && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(500));
-            answer = ask(cluster);
+            (answer, how) = ask(cluster);
         }
+        // How the last try ended tells a failed `kubectl exec` from a request that went
+        // unanswered.
         assert_eq!(
             answer, to.node,
-            "pod {} on {} asked {} on {} at {ip} for 20 s",
+            "pod {} on {} asked {} on {} at {ip} for 20 s; the last try's kubectl exec: {how}",
             from.name, from.node, to.name, to.node
         );
     }
+}
+
+/// From one pod of each node, Service `service`'s ClusterIP answers every one of `tries`
+/// requests (kube-proxy spreads them over the pods of every node, the asking pod's own
+/// included): the answering nodes, per asking node. The requests run in the pod, each bounded.
+pub fn assert_cluster_ip_answers(
+    cluster: &KubeCluster,
+    namespace: &str,
+    service: &str,
+    pods: &[PodAddresses],
+    tries: usize,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let service_json = cluster.get_json(&in_namespace(namespace, &["service", service]));
+    let cluster_ip = service_json["spec"]["clusterIP"]
+        .as_str()
+        .unwrap_or_else(|| panic!("Service {namespace}/{service} has no clusterIP: {service_json}"))
+        .to_owned();
+    let mut by_node: BTreeMap<&str, &PodAddresses> = BTreeMap::new();
+    for pod in pods {
+        by_node.entry(pod.node.as_str()).or_insert(pod);
+    }
+    let mut answered = BTreeMap::new();
+    for from in by_node.values() {
+        let script = format!(
+            "for i in $(seq {tries}); do printf 'GET / HTTP/1.0\\r\\n\\r\\n' | timeout 5 nc -w 3 \
+             {cluster_ip} {WEB_PORT} | tail -n 1; echo; done"
+        );
+        let out = cluster.kubectl_within(
+            Duration::from_secs(10 + 6 * tries as u64),
+            &in_namespace(namespace, &["exec", &from.name, "--", "sh", "-c", &script]),
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let answers: Vec<&str> = stdout
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(
+            answers.len(),
+            tries,
+            "pod {} on {} asked ClusterIP {cluster_ip} of {namespace}/{service} {tries} times \
+             and got {answers:?}: {}",
+            from.name,
+            from.node,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        answered.insert(
+            from.node.clone(),
+            answers.into_iter().map(str::to_owned).collect(),
+        );
+    }
+    answered
 }
 
 /// What node `node`'s agent holds, from the status and endpoint table it publishes under its
@@ -617,11 +713,17 @@ impl ClientLoad {
 
 /// One power loss as the client lived it: (seconds until a request was answered again,
 /// seconds until the last failed request, failed share in the minute after the loss).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub struct Loss {
     pub failover_s: f64,
     pub errors_stop_s: f64,
     pub failed_pct: f64,
+    /// When the requests that failed after the IP answered again were sent (seconds after the
+    /// loss): what the second half of the failover cost.
+    pub late_failures_s: Vec<f64>,
+    /// Seconds until the Service's EndpointSlices showed none of the dead node's endpoints
+    /// ready (as kube-proxy reads them), if within the window.
+    pub endpoints_out_s: Option<f64>,
 }
 
 /// Reads a loss off the samples of a run where the power went at `lost_at`.
@@ -645,9 +747,41 @@ pub fn loss_figures(samples: &[Sample], lost_at: Duration, window: Duration) -> 
         .find(|s| s.node.is_none())
         .map_or(0.0, |s| (s.at - lost_at).as_secs_f64());
     let failed = after.iter().filter(|s| s.node.is_none()).count();
+    let late_failures_s = after
+        .iter()
+        .map(|s| (s.at - lost_at).as_secs_f64())
+        .zip(after.iter().map(|s| s.node.is_none()))
+        .filter(|(at, failed)| *failed && *at > failover_s)
+        .map(|(at, _)| at)
+        .collect();
     Loss {
         failover_s,
         errors_stop_s,
         failed_pct: 100.0 * failed as f64 / after.len().max(1) as f64,
+        late_failures_s,
+        endpoints_out_s: None,
     }
+}
+
+/// Whether any endpoint of Service `service`'s EndpointSlices on `node` is ready, as kube-proxy
+/// reads them (`None` when they cannot be read).
+pub fn ready_endpoints_on(
+    cluster: &KubeCluster,
+    namespace: &str,
+    service: &str,
+    node: &str,
+) -> Option<bool> {
+    let selector = format!("kubernetes.io/service-name={service}");
+    let out = cluster.kubectl(&in_namespace(
+        namespace,
+        &["get", "endpointslices", "-l", &selector, "-o", "json"],
+    ));
+    let slices: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(
+        slices["items"]
+            .as_array()?
+            .iter()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .any(|e| e["nodeName"] == node && e["conditions"]["ready"] != false),
+    )
 }

@@ -55,6 +55,15 @@ pub const BINARIES: [&str; 6] = [
 ];
 
 impl Assets {
+    /// The folder, or the program `what` says why it cannot run and exits with 2 (the labs' and
+    /// benches' "not run").
+    pub fn find_or_exit(what: &str) -> Self {
+        Self::find().unwrap_or_else(|why| {
+            eprintln!("{what}: not run: {why}");
+            std::process::exit(2);
+        })
+    }
+
     /// The folder, or a sentence saying what is missing and how to get it.
     pub fn find() -> Result<Self, String> {
         let how = "build them from an upstream Kubernetes tree as docs/toolchain.md (\"A real \
@@ -546,6 +555,24 @@ impl KubeCluster {
         for node in &self.nodes {
             let to = kept.join(&node.name);
             let _ = std::fs::create_dir_all(&to);
+            // The node's network as the failure left it: neighbours, routes, and the counters
+            // of kube-proxy's rules (an INVALID drop, a DNAT that never matched).
+            let mut network = String::new();
+            for args in [
+                &["ip", "-d", "neigh"][..],
+                &["ip", "route"],
+                &["ip", "-6", "route"],
+                &["iptables-save", "-c"],
+                &["ip6tables-save", "-c"],
+            ] {
+                let out = node.ns.command(args[0]).args(&args[1..]).output();
+                network.push_str(&format!("$ {}\n", args.join(" ")));
+                match out {
+                    Ok(out) => network.push_str(&String::from_utf8_lossy(&out.stdout)),
+                    Err(e) => network.push_str(&format!("{e}\n")),
+                }
+            }
+            let _ = std::fs::write(to.join("network.txt"), network);
             for entry in std::fs::read_dir(node.dir.join("logs"))
                 .into_iter()
                 .flatten()

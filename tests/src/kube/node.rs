@@ -248,8 +248,27 @@ impl KubeNode {
     }
 
     /// What a reboot clears: the node's /run (containerd's state, the pods' network namespace
-    /// mounts) and its bpffs (the agent's pinned maps). Disks (/var/lib/...) are kept.
+    /// mounts), its bpffs (the agent's pinned maps) and its pods' cgroups. Disks (/var/lib/...)
+    /// are kept. Left behind, the dead containers' cgroups held the returning kubelet up: its
+    /// cAdvisor asked containerd after each of them (3 s each, 31 of them) before the kubelet
+    /// synced any pod, which no reboot makes it do.
     pub fn clear_volatile_state(&self) {
+        for hierarchy in hierarchies()
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([Path::new(UNIFIED)])
+        {
+            let Ok(children) = std::fs::read_dir(hierarchy.join(&self.cgroup)) else {
+                continue;
+            };
+            for child in children.flatten() {
+                let path = child.path();
+                // The node's own components' cgroup (`system`) is where they start again.
+                if path.is_dir() && child.file_name() != "system" {
+                    remove_cgroup_tree(&path);
+                }
+            }
+        }
         self.run(
             "sh",
             &[

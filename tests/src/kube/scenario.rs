@@ -16,6 +16,12 @@ use super::{
     in_namespace,
 };
 
+/// The seed's figures (a real cluster, Cilium's L2 announcements, 5 power losses), printed
+/// beside ours.
+pub const SEED_FAILOVER_S: &str = "17.8-22.2";
+pub const SEED_ERRORS_STOP_S: &str = "43.5-54";
+pub const SEED_FAILED_PCT: &str = "18-33";
+
 /// The web Deployment the checks run (30 pods, 10 per node).
 const WEB: &str = "web";
 const REPLICAS: usize = 30;
@@ -36,6 +42,34 @@ pub struct Figures {
     pub rollout: Option<(usize, usize, usize)>,
     /// (failed requests, requests) during `kubectl drain` of the node answering.
     pub drain: Option<(usize, usize)>,
+    /// Per power loss, the dead node's pods set not ready on the agents' reports.
+    pub set_not_ready: Vec<usize>,
+    /// Pods set not ready on the agents' reports although their node was not the one that
+    /// lost power (after a killed agent, the losses, the rollout, the drain, a stopped
+    /// kubelet): each `namespace/name on node`, and when.
+    pub false_not_ready: Vec<String>,
+}
+
+impl Figures {
+    /// Notes the pods set not ready on the agents' reports that are not on `dead`; how many
+    /// are on `dead`.
+    pub fn check_not_ready(
+        &mut self,
+        cluster: &KubeCluster,
+        dead: Option<&str>,
+        when: &str,
+    ) -> usize {
+        let mut on_dead = 0;
+        for (pod, node) in checks::pods_set_not_ready_by_peers(cluster) {
+            if Some(node.as_str()) == dead {
+                on_dead += 1;
+            } else {
+                self.false_not_ready
+                    .push(format!("{pod} on {node}, {when}"));
+            }
+        }
+        on_dead
+    }
 }
 
 pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figures {
@@ -75,10 +109,16 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
         cluster.nodes[0].name
     ));
 
+    let mut figures = Figures::default();
     kill_an_agent(cluster, 1);
-    say("an agent container killed: the kubelet restarted it, no address moved, pods reach");
+    figures.check_not_ready(cluster, None, "after an agent was killed");
+    say(&format!(
+        "an agent container killed: the kubelet restarted it, no address moved, pods reach;          pods wrongly set not ready: {}",
+        figures.false_not_ready.len()
+    ));
 
     let ip = checks::expose(cluster, "default", WEB, WEB, false);
+    let pods_now = checks::pod_addresses(cluster, "default", &format!("app={WEB}"));
     let answer = cluster.wait_for(
         Duration::from_secs(30),
         &format!("the client's answer from {ip}"),
@@ -89,26 +129,46 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
          {answer} through kube-proxy"
     ));
 
-    let mut figures = Figures::default();
+    let answered = checks::assert_cluster_ip_answers(cluster, "default", WEB, &pods_now, 9);
+    say(&format!(
+        "Service {WEB}'s ClusterIP answered 9 of 9 requests from a pod of each node (kube-proxy's \
+         DNAT, to pods of the same node and of others): answering nodes {answered:?}"
+    ));
+
     for n in 1..=losses {
         let (loss, owner) = power_loss(cluster, ip);
+        let dead = cluster.nodes[owner].name.clone();
+        let on_dead = figures.check_not_ready(cluster, Some(&dead), &format!("in power loss {n}"));
         say(&format!(
             "power loss {n}/{losses}: answered again after {:.2} s, errors stop after {:.2} s, \
-             {:.1} % of requests failed in the {} s after",
+             {:.1} % of requests failed in the {} s after; {on_dead} pods of {dead} set not \
+             ready on the agents' reports; {}",
             loss.failover_s,
             loss.errors_stop_s,
             loss.failed_pct,
-            LOSS_WINDOW.as_secs()
+            LOSS_WINDOW.as_secs(),
+            second_half(&loss)
         ));
         figures.losses.push(loss);
+        figures.set_not_ready.push(on_dead);
         power_back(cluster, owner);
+        cluster.wait_for(
+            Duration::from_secs(60),
+            &format!("{dead}'s kubelet to make its pods ready again after its return"),
+            |c| {
+                checks::pods_set_not_ready_by_peers(c)
+                    .is_empty()
+                    .then_some(())
+            },
+        );
         say(&format!(
-            "{} back: its pods made anew, and reached from the other nodes' pods",
-            cluster.nodes[owner].name
+            "{dead} back: its pods made anew and ready again, and reached from the other nodes' \
+             pods"
         ));
     }
 
     figures.rollout = Some(rollout_restart(cluster, ip));
+    figures.check_not_ready(cluster, None, "after the agents' rollout");
     if let Some((failed, total, moves)) = figures.rollout {
         say(&format!(
             "kubectl rollout restart daemonset ipam-agent: {failed} of {total} requests failed, \
@@ -127,8 +187,10 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
          {moved_after:.2} s, {failed} of {total} requests failed; uncordoned, every pod Running"
     ));
     figures.drain = Some((failed, total));
+    figures.check_not_ready(cluster, None, "after the drain");
 
     let moved_after = kubelet_stopped(cluster, ip);
+    figures.check_not_ready(cluster, None, "after a kubelet was stopped");
     say(&format!(
         "the kubelet of the node answering for {ip} stopped: {ip} answered elsewhere \
          {moved_after:.1} s later, once the Node was NotReady; the kubelet back, the node Ready"
@@ -141,6 +203,95 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
          controller manager)"
     ));
     figures
+}
+
+/// The second half of a loss in words: when the EndpointSlices dropped the dead node's
+/// endpoints, how many requests failed after the IP answered again, and when those after the
+/// endpoints were dropped failed (what kube-proxy and the rest cost beyond the EndpointSlices).
+pub fn second_half(loss: &Loss) -> String {
+    let out_at = loss.endpoints_out_s.unwrap_or(f64::INFINITY);
+    let endpoints = match loss.endpoints_out_s {
+        Some(s) => format!("its endpoints not ready after {s:.2} s"),
+        None => format!(
+            "its endpoints still ready after {} s",
+            LOSS_WINDOW.as_secs()
+        ),
+    };
+    let after_out: Vec<f64> = loss
+        .late_failures_s
+        .iter()
+        .copied()
+        .filter(|s| *s > out_at)
+        .collect();
+    let shown: Vec<String> = after_out
+        .iter()
+        .take(40)
+        .map(|s| format!("{s:.2}"))
+        .collect();
+    let more = after_out.len().saturating_sub(shown.len());
+    format!(
+        "{endpoints}; {} requests failed after the IP answered again, {} of them after the \
+         endpoints were out, at [{}]{} s",
+        loss.late_failures_s.len(),
+        after_out.len(),
+        shown.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// What `cargo xtask bench kube-failover` measures on: the project installed, the web pods
+/// Running, and their LoadBalancer Service answering the client; its IP.
+pub fn failover_setup(cluster: &KubeCluster, say: &dyn Fn(&str)) -> IpAddr {
+    checks::install(cluster);
+    checks::wait_ready(cluster, Duration::from_secs(240));
+    checks::deploy_web(cluster, "default", WEB, REPLICAS);
+    let ip = checks::expose(cluster, "default", WEB, WEB, false);
+    cluster.wait_for(
+        Duration::from_secs(30),
+        &format!("the client's answer from {ip}"),
+        |c| checks::client_get(c, ip),
+    );
+    say(&format!(
+        "installed; {REPLICAS} web pods Running; Service {WEB} answers the client on {ip}"
+    ));
+    ip
+}
+
+/// Turns the operators' marking of dead nodes' pods on or off (`[dead_nodes]
+/// mark_pods_not_ready` in their ConfigMap) and restarts them to read it.
+pub fn set_mark_pods_not_ready(cluster: &KubeCluster, on: bool) {
+    let mut config = cluster.get_json(&in_namespace(SYSTEM, &["configmap", "ipam-config"]));
+    let operator = config["data"]["operator.toml"]
+        .as_str()
+        .expect("the operators' configuration")
+        .to_owned();
+    let kept: String = match operator.find("\n[dead_nodes]\n") {
+        Some(at) => operator[..at + 1].to_owned(),
+        None => operator,
+    };
+    config["data"]["operator.toml"] =
+        format!("{kept}\n[dead_nodes]\nmark_pods_not_ready = {on}\n").into();
+    let file = cluster.dir.0.join("operator-config.json");
+    std::fs::write(&file, config.to_string()).expect("write the ConfigMap");
+    cluster.kubectl_ok(&["replace", "-f", &file.display().to_string()]);
+    cluster.kubectl_ok(&in_namespace(
+        SYSTEM,
+        &["rollout", "restart", "deployment", "ipam-operator"],
+    ));
+    cluster.kubectl_ok(&in_namespace(
+        SYSTEM,
+        &[
+            "rollout",
+            "status",
+            "deployment",
+            "ipam-operator",
+            "--timeout=180s",
+        ],
+    ));
 }
 
 /// The tenant pool of the multi-pool check.
@@ -207,6 +358,14 @@ fn drain(cluster: &KubeCluster, ip: IpAddr) -> (usize, usize, f64) {
     checks::assert_no_leaked_address(cluster);
     let samples = load.stop();
     cluster.kubectl_ok(&["uncordon", &node]);
+    // Uncordoned, the node may answer again and takes the IP back (rendezvous hashing over the
+    // same nodes as before the drain): wait for it, so the next step starts from a settled
+    // owner rather than one about to hand the IP back.
+    cluster.wait_for(
+        Duration::from_secs(60),
+        &format!("{ip} answered by {node} again once uncordoned"),
+        |c| (checks::announcer(c, ip) == Some(owner)).then_some(()),
+    );
     let failed = samples.iter().filter(|s| s.node.is_none()).count();
     (failed, samples.len(), moved_after)
 }
@@ -373,7 +532,7 @@ fn kill_an_agent(cluster: &KubeCluster, i: usize) {
 
 /// The node answering for `ip` loses power while the client requests every 50 ms: the figures,
 /// and the node that lost power.
-fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
+pub fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
     let owner = cluster.wait_for(
         Duration::from_secs(30),
         &format!("the node answering for {ip}"),
@@ -382,13 +541,22 @@ fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
     let load = ClientLoad::start(cluster, ip);
     std::thread::sleep(Duration::from_secs(3));
     let lost_at = load.start.elapsed();
+    let lost = Instant::now();
     cluster.power_off(owner);
-    let until = Instant::now() + LOSS_WINDOW;
+    let dead = cluster.nodes[owner].name.clone();
+    let until = lost + LOSS_WINDOW;
+    let mut endpoints_out_s = None;
     while Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(200));
+        if endpoints_out_s.is_none()
+            && checks::ready_endpoints_on(cluster, "default", WEB, &dead) == Some(false)
+        {
+            endpoints_out_s = Some(lost.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     let samples = load.stop();
-    let loss = checks::loss_figures(&samples, lost_at, LOSS_WINDOW);
+    let mut loss = checks::loss_figures(&samples, lost_at, LOSS_WINDOW);
+    loss.endpoints_out_s = endpoints_out_s;
     let now = cluster.wait_for(
         Duration::from_secs(30),
         &format!("another node answering for {ip}"),
@@ -404,7 +572,7 @@ fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
 
 /// Node `owner` comes back from its power loss, and the cluster is whole again: every pod of
 /// it made anew by its kubelet, and reached from the other nodes' pods.
-fn power_back(cluster: &mut KubeCluster, owner: usize) {
+pub fn power_back(cluster: &mut KubeCluster, owner: usize) {
     // The pods' containers before the node is back: a reboot makes every one of them anew,
     // with new addresses, and until the kubelet has done so the API still shows the old.
     let before = web_containers_on(cluster, owner);
@@ -448,7 +616,7 @@ fn web_containers_on(cluster: &KubeCluster, i: usize) -> BTreeMap<String, bool> 
 
 /// `kubectl rollout restart daemonset ipam-agent` with the client running: (failed, total,
 /// IP moves seen by the client's neighbour table).
-fn rollout_restart(cluster: &KubeCluster, ip: IpAddr) -> (usize, usize, usize) {
+pub fn rollout_restart(cluster: &KubeCluster, ip: IpAddr) -> (usize, usize, usize) {
     let load = ClientLoad::start(cluster, ip);
     let mut owners = vec![checks::announcer(cluster, ip)];
     cluster.kubectl_ok(&in_namespace(

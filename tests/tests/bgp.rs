@@ -465,6 +465,22 @@ fn aggregation(rig: &BgpRig) {
             )
         },
     );
+    // A Service's IP inside an aggregate that is already advertised is routed to every node
+    // the moment it is given: each node accepts its traffic once its agent has put it on `lo`.
+    for ip in &ips {
+        let on_lo = |n: &ipam_tests::cluster::ClusterNode| {
+            n.ns.addresses("lo").iter().any(|(a, _)| a == ip)
+        };
+        wait_until(
+            Duration::from_secs(10),
+            &format!("every node holding {ip} on lo"),
+            || c.nodes.iter().all(on_lo),
+            || {
+                let holding: Vec<_> = c.nodes.iter().map(|n| (&n.name, on_lo(n))).collect();
+                format!("{holding:?}")
+            },
+        );
+    }
     for ip in &ips {
         assert!(
             rig.router.next_hops(*ip).is_empty(),

@@ -15,7 +15,9 @@
 //! one path letting go never takes it from under the other.
 //!
 //! Changes are made in order on a thread of their own: an address change can take the kernel
-//! tens of milliseconds, and the runtime has leases to keep.
+//! tens of milliseconds, and the runtime has leases to keep. [`LocalAddresses::applied`] waits
+//! for the changes asked so far, for an announcer that must not draw traffic to an address
+//! before the node accepts it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -40,8 +42,16 @@ pub struct LocalAddresses {
     shared: Arc<Mutex<Shared>>,
 }
 
+/// What the address thread is asked to do, in order.
+enum Change {
+    /// Put `ip` on `lo` (`present`) or take it off.
+    Set { ip: IpAddr, present: bool },
+    /// Say that every change asked before this one is done.
+    Applied(tokio::sync::oneshot::Sender<()>),
+}
+
 struct Shared {
-    changes: mpsc::Sender<(IpAddr, bool)>,
+    changes: mpsc::Sender<Change>,
     holders: Holders,
     /// Whether to set the strict-ARP sysctls, and whether that was done.
     strict_arp: bool,
@@ -51,12 +61,17 @@ struct Shared {
 impl LocalAddresses {
     /// The set, empty; with `strict_arp` the first IP added sets the strict-ARP sysctls.
     pub fn start(strict_arp: bool) -> Self {
-        let (changes, queue) = mpsc::channel::<(IpAddr, bool)>();
+        let (changes, queue) = mpsc::channel::<Change>();
         let spawned = std::thread::Builder::new()
             .name("service-ips-lo".into())
             .spawn(move || {
-                for (ip, present) in queue {
-                    set_on_lo(ip, present);
+                for change in queue {
+                    match change {
+                        Change::Set { ip, present } => set_on_lo(ip, present),
+                        Change::Applied(done) => {
+                            let _ = done.send(());
+                        }
+                    }
                 }
             });
         if let Err(e) = spawned {
@@ -83,7 +98,18 @@ impl LocalAddresses {
         let mut shared = self.lock();
         Self::strict(&mut shared);
         if shared.holders.take(holder, ip) {
-            let _ = shared.changes.send((ip, true));
+            let _ = shared.changes.send(Change::Set { ip, present: true });
+        }
+    }
+
+    /// Returns once every change asked so far is made (or failed and was logged): an address
+    /// added before this call is on `lo` when it returns. Returns at once if the address thread
+    /// could not be started (said at start).
+    pub async fn applied(&self) {
+        let (done, applied) = tokio::sync::oneshot::channel();
+        let sent = self.lock().changes.send(Change::Applied(done));
+        if sent.is_ok() {
+            let _ = applied.await;
         }
     }
 
@@ -105,7 +131,7 @@ impl LocalAddresses {
     pub fn remove(&self, holder: Holder, ip: IpAddr) {
         let mut shared = self.lock();
         if shared.holders.release(holder, ip) {
-            let _ = shared.changes.send((ip, false));
+            let _ = shared.changes.send(Change::Set { ip, present: false });
         }
         if let Some(others) = shared.holders.of(ip) {
             tracing::debug!(%ip, ?holder, ?others, "service IP kept on lo for the other announcer");

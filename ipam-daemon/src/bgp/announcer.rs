@@ -176,14 +176,18 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
                 for (what, why) in &wanted.refused {
                     tracing::warn!("BGP: {what} left out: {why}");
                 }
-                // Addresses first: a router may send traffic the moment a route reaches it.
-                addresses.follow(wanted.ips());
+                // New addresses on `lo` before BIRD hears of their routes (a router may send
+                // traffic the moment a route reaches it); old ones off only once BIRD has
+                // withdrawn theirs.
+                let ips = wanted.ips();
+                addresses.add_new(&ips).await;
                 // The router ID: configured, else the node's first IPv4 address (its record
                 // has the Node's on Kubernetes), else BIRD's choice.
                 let record = seen.nodes.get(&node).map(|r| r.value.spec.addresses.as_slice());
                 let router_id = configured_id.or_else(|| first_v4(record.unwrap_or_default()));
                 match speaker.apply(wanted, router_id).await {
                     Ok(()) => {
+                        addresses.remove_others(&ips);
                         apply_at = None;
                         health.set("bgp", Ok(()));
                     }
@@ -208,8 +212,8 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
                 }
             }
             done = &mut stop => {
-                addresses.follow(BTreeSet::new());
                 speaker.stop().await;
+                addresses.remove_others(&BTreeSet::new());
                 if let Ok(done) = done {
                     let _ = done.send(());
                 }
@@ -329,14 +333,25 @@ impl OnLo {
         }
     }
 
-    fn follow(&mut self, wanted: BTreeSet<IpAddr>) {
-        for ip in wanted.difference(&self.present) {
-            // No interface to keep ARP from: the routers reach the IP by its route.
-            self.addresses.add(Holder::Bgp, *ip);
+    /// Puts the IPs of `wanted` not yet there on `lo`, and returns once they are.
+    async fn add_new(&mut self, wanted: &BTreeSet<IpAddr>) {
+        let new: Vec<IpAddr> = wanted.difference(&self.present).copied().collect();
+        if new.is_empty() {
+            return;
         }
-        for ip in self.present.difference(&wanted) {
+        for ip in new {
+            // No interface to keep ARP from: the routers reach the IP by its route.
+            self.addresses.add(Holder::Bgp, ip);
+            self.present.insert(ip);
+        }
+        self.addresses.applied().await;
+    }
+
+    /// Takes the IPs not in `wanted` off `lo` (their routes are gone).
+    fn remove_others(&mut self, wanted: &BTreeSet<IpAddr>) {
+        for ip in self.present.difference(wanted) {
             self.addresses.remove(Holder::Bgp, *ip);
         }
-        self.present = wanted;
+        self.present.retain(|ip| wanted.contains(ip));
     }
 }

@@ -1876,10 +1876,133 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
             record.value.spec.peers_down
         );
     }
+
+    // The killed agent back, then two faults on a node that runs, each held while the
+    // records are read twice a second: neither may get a node reported, or a pod set not ready.
+    let restarted = nodes[other].0.start(&nodes[other].1);
+    agents.lock().unwrap()[other] = Some(restarted);
+    let reports = async || -> Vec<(String, Vec<ipam_core::resources::PeerDown>)> {
+        let records = store.list_typed::<NodeIpam>().await.unwrap_or_default();
+        records
+            .into_iter()
+            .filter(|r| !r.value.spec.peers_down.is_empty())
+            .map(|r| (r.name, r.value.spec.peers_down))
+            .collect()
+    };
+    let none_reported_while = async |what: &str, held: Duration| {
+        let until = Instant::now() + held;
+        while Instant::now() < until {
+            let reports = reports().await;
+            assert!(reports.is_empty(), "nodes reported dead {what}: {reports:?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let fault_on = &nodes[next].0.ns;
+    let iptables = |action: &str, rule: &[&str]| {
+        let status = fault_on
+            .command("iptables")
+            .arg(action)
+            .args(rule)
+            .status()
+            .expect("run iptables");
+        assert!(status.success(), "iptables {action} {rule:?}");
+    };
+    let gossip_fence_opened = |i: usize| {
+        agents.lock().unwrap()[i]
+            .as_ref()
+            .map_or(0, |a| a.log_text().matches("gossip fence open").count())
+    };
+    wait_for(
+        "the restarted agent hearing a majority again",
+        async || (gossip_fence_opened(other) > 0).then_some(()),
+        &logs,
+    )
+    .await;
+
+    // A lossy link: a fifth of every packet the node sends or receives on its uplink lost
+    // (the peers' kubelet probes too), the gossip's held for 0-100 ms besides (netem's `loss
+    // 20% delay 50ms 50ms`).
+    let lossy = [
+        ["INPUT", "-i", "up0"],
+        ["OUTPUT", "-o", "up0"],
+    ]
+    .map(|[chain, direction, device]| {
+        [
+            chain, direction, device, "-m", "statistic", "--mode", "random", "--probability",
+            "0.2", "-j", "DROP",
+        ]
+    });
+    for rule in &lossy {
+        iptables("-A", rule);
+    }
+    let delay = ipam_tests::delay::Delay::start(
+        fault_on,
+        GOSSIP_PORT,
+        2,
+        Duration::ZERO,
+        Duration::from_millis(100),
+    );
+    none_reported_while("on a lossy link", Duration::from_secs(15)).await;
+    let held = delay.stop();
+    for rule in &lossy {
+        iptables("-D", rule);
+    }
+    assert!(held > 100, "the delay held only {held} packets");
+    assert_pods_ready(&pods, &names, &[owner]).await;
+
+    // A gossip partition: the node's gossip cut both ways while its kubelet's port still
+    // answers. Its peers declare it dead and find it alive; it hears no majority, so its
+    // fence closes and it reports no one.
+    let refusal = |i: usize| {
+        let needle = format!(
+            "not reporting {} dead: the gossip declared it dead but kubelet",
+            names[next]
+        );
+        agents.lock().unwrap()[i]
+            .as_ref()
+            .map_or(0, |a| a.log_text().matches(&needle).count())
+    };
+    let refusals_before = [refusal(owner), refusal(other)];
+    let fences_before = gossip_fence_opened(next);
+    let gossip_port = GOSSIP_PORT.to_string();
+    let partition = [["INPUT", "--dport"], ["OUTPUT", "--dport"]].map(|[chain, port]| {
+        [chain, "-p", "udp", port, gossip_port.as_str(), "-j", "DROP"]
+    });
+    for rule in &partition {
+        iptables("-A", rule);
+    }
+    wait_for(
+        "both peers of the partitioned node finding its kubelet answering",
+        async || {
+            (refusal(owner) > refusals_before[0] && refusal(other) > refusals_before[1])
+                .then_some(())
+        },
+        &logs,
+    )
+    .await;
+    let fence_closed = agents.lock().unwrap()[next]
+        .as_ref()
+        .is_some_and(|a| a.log_text().contains("gossip fence closed"));
+    assert!(fence_closed, "the partitioned node's fence stayed open");
+    // Past the peers' recheck of its kubelet.
+    none_reported_while("across a gossip partition", Duration::from_secs(6)).await;
+    for rule in &partition {
+        iptables("-D", rule);
+    }
+    wait_for(
+        "the partitioned node hearing a majority again",
+        async || (gossip_fence_opened(next) > fences_before).then_some(()),
+        &logs,
+    )
+    .await;
+    assert_pods_ready(&pods, &names, &[owner]).await;
     drop(agents);
     drop(operator);
     api
 }
+
+/// The gossip's port (the default of `[gossip]`).
+const GOSSIP_PORT: u16 = 7946;
 
 /// The port the agents of these tests probe as the nodes' kubelet's (the default).
 const KUBELET_PORT: u16 = 10250;

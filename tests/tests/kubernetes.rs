@@ -1893,7 +1893,10 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         let until = Instant::now() + held;
         while Instant::now() < until {
             let reports = reports().await;
-            assert!(reports.is_empty(), "nodes reported dead {what}: {reports:?}");
+            assert!(
+                reports.is_empty(),
+                "nodes reported dead {what}: {reports:?}"
+            );
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     };
@@ -1922,16 +1925,22 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     // A lossy link: a fifth of every packet the node sends or receives on its uplink lost
     // (the peers' kubelet probes too), the gossip's held for 0-100 ms besides (netem's `loss
     // 20% delay 50ms 50ms`).
-    let lossy = [
-        ["INPUT", "-i", "up0"],
-        ["OUTPUT", "-o", "up0"],
-    ]
-    .map(|[chain, direction, device]| {
-        [
-            chain, direction, device, "-m", "statistic", "--mode", "random", "--probability",
-            "0.2", "-j", "DROP",
-        ]
-    });
+    let lossy =
+        [["INPUT", "-i", "up0"], ["OUTPUT", "-o", "up0"]].map(|[chain, direction, device]| {
+            [
+                chain,
+                direction,
+                device,
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                "0.2",
+                "-j",
+                "DROP",
+            ]
+        });
     for rule in &lossy {
         iptables("-A", rule);
     }
@@ -1965,9 +1974,8 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     let refusals_before = [refusal(owner), refusal(other)];
     let fences_before = gossip_fence_opened(next);
     let gossip_port = GOSSIP_PORT.to_string();
-    let partition = [["INPUT", "--dport"], ["OUTPUT", "--dport"]].map(|[chain, port]| {
-        [chain, "-p", "udp", port, gossip_port.as_str(), "-j", "DROP"]
-    });
+    let partition = [["INPUT", "--dport"], ["OUTPUT", "--dport"]]
+        .map(|[chain, port]| [chain, "-p", "udp", port, gossip_port.as_str(), "-j", "DROP"]);
     for rule in &partition {
         iptables("-A", rule);
     }

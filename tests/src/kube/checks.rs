@@ -25,36 +25,59 @@ const WEB_PORT: u16 = 80;
 /// deploy/overlays/example (the image this run built, the nodes' uplink `eth0`), and the
 /// cluster's gossip key as a Secret made with kubectl.
 pub fn install(cluster: &KubeCluster) {
-    let example = crate::deploy::overlay("example");
-    let overlay = cluster.dir.0.join("overlay");
-    std::fs::create_dir_all(&overlay).expect("the overlay folder");
-    let config = std::fs::read_to_string(example.join("config.yaml")).expect("the example config");
     // The lab's nodes' uplink, and the announcers' exclusions docs/service-ips.md describes
     // (off by default), so that cordon, drain and a NotReady Node move a Service's IP.
-    let ours = config.replace(
-        "uplinks = [\"bond0\"]",
-        "uplinks = [\"eth0\"]\n    [node.announce]\n    exclude_not_ready = true\n    \
-         exclude_cordoned = true",
-    );
-    assert_ne!(
-        ours, config,
-        "deploy/overlays/example/config.yaml names no bond0 uplink"
-    );
-    std::fs::write(overlay.join("config.yaml"), ours).expect("write the overlay's config");
+    let edit = |config: &str| {
+        let ours = config.replace(
+            "uplinks = [\"bond0\"]",
+            "uplinks = [\"eth0\"]\n    [node.announce]\n    exclude_not_ready = true\n    \
+             exclude_cordoned = true",
+        );
+        assert_ne!(
+            ours, config,
+            "deploy/overlays/example/config.yaml names no bond0 uplink"
+        );
+        ours
+    };
+    install_overlay(cluster, "example", Some(&edit));
+}
+
+/// Installs the project with `kubectl apply -k` of an overlay on deploy/overlays/`name`: the
+/// image this run built in place of the one `name` names, and `edit` applied to `name`'s
+/// config.yaml patch where given; then the cluster's gossip key as a Secret made with kubectl.
+pub fn install_overlay(cluster: &KubeCluster, name: &str, edit: Option<&dyn Fn(&str) -> String>) {
+    let base = crate::deploy::overlay(name);
+    let overlay = cluster.dir.0.join(format!("overlay-{name}"));
+    std::fs::create_dir_all(&overlay).expect("the overlay folder");
+    let patches = match edit {
+        Some(edit) => {
+            let config = std::fs::read_to_string(base.join("config.yaml"))
+                .unwrap_or_else(|e| panic!("deploy/overlays/{name}/config.yaml: {e}"));
+            std::fs::write(overlay.join("config.yaml"), edit(&config))
+                .expect("write the overlay's config");
+            "patches:\n  - path: config.yaml\n"
+        }
+        None => "",
+    };
+    let named =
+        crate::deploy::documents(&base.join("kustomization.yaml"))[0]["images"][0]["newName"]
+            .as_str()
+            .unwrap_or_else(|| panic!("deploy/overlays/{name}/kustomization.yaml names no image"))
+            .to_owned();
     let image = super::images::project_image();
-    let (name, tag) = image.rsplit_once(':').expect("the image has a tag");
+    let (image_name, tag) = image.rsplit_once(':').expect("the image has a tag");
     // kustomize takes a base by a relative path only.
-    let example = relative(
+    let base = relative(
         &std::fs::canonicalize(&overlay).expect("the overlay folder"),
-        &std::fs::canonicalize(&example).expect("deploy/overlays/example"),
+        &std::fs::canonicalize(&base).unwrap_or_else(|e| panic!("deploy/overlays/{name}: {e}")),
     );
     std::fs::write(
         overlay.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - \
-             {}\nimages:\n  - name: registry.example.com/ipam-ebpf\n    newName: {name}\n    \
-             newTag: \"{tag}\"\npatches:\n  - path: config.yaml\n",
-            example.display()
+             {}\nimages:\n  - name: {named}\n    newName: {image_name}\n    \
+             newTag: \"{tag}\"\n{patches}",
+            base.display()
         ),
     )
     .expect("write the overlay");

@@ -12,6 +12,7 @@
 //! harness sends to the API server runs in the fabric namespace: the host has no route to the
 //! segment, and no test traffic may leave the namespaces the test made.
 
+pub mod add_on;
 pub mod checks;
 pub mod images;
 pub mod node;

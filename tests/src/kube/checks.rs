@@ -386,13 +386,40 @@ pub fn assert_addresses_from_node_blocks(
 
 /// One HTTP request to `addr` on a new connection: the body (the answering pod's node).
 pub fn http_get(addr: SocketAddr, timeout: Duration) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    http_get_or_why(addr, timeout).ok()
+}
+
+/// [`http_get`], or why it failed as the client saw it: at which step (connect, send, read),
+/// how (timed out, refused, reset), and when within the request.
+pub fn http_get_or_why(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+    let started = Instant::now();
+    let failed = |step: &str, e: std::io::Error| {
+        let how = match e.kind() {
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => "timed out".into(),
+            std::io::ErrorKind::ConnectionRefused => "refused".into(),
+            std::io::ErrorKind::ConnectionReset => "reset".into(),
+            _ => e.to_string(),
+        };
+        format!("{step} {how} after {} ms", started.elapsed().as_millis())
+    };
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| failed("connect", e))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| failed("socket", e))?;
+    s.write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .map_err(|e| failed("send", e))?;
     let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    let (head, body) = answer.split_once("\r\n\r\n")?;
-    (head.starts_with("HTTP/1.") && head.contains(" 200 ")).then(|| body.trim().to_owned())
+    s.read_to_string(&mut answer)
+        .map_err(|e| failed("read", e))?;
+    match answer.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
+            Ok(body.trim().to_owned())
+        }
+        _ => Err(format!(
+            "answer {:?} after {} ms",
+            answer.lines().next().unwrap_or_default(),
+            started.elapsed().as_millis()
+        )),
+    }
 }
 
 /// From one pod on every node, every other node's pods answer over the pod network (v4, and
@@ -701,6 +728,8 @@ pub struct ClientLoad {
     pub start: Instant,
     done: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<Sample>>>,
+    /// Each failed request: when it was sent (from `start`) and why it failed.
+    pub failures: Arc<Mutex<Vec<(Duration, String)>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -709,11 +738,17 @@ impl ClientLoad {
         let start = Instant::now();
         let done = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
+        let failures = Arc::new(Mutex::new(Vec::new()));
         let thread = {
-            let (done, samples) = (done.clone(), samples.clone());
+            let (done, samples, failures) = (done.clone(), samples.clone(), failures.clone());
             cluster.client.spawn(move || {
                 crate::failover::requests_with(start, &done, &samples, move || {
-                    http_get(SocketAddr::new(ip, WEB_PORT), Duration::from_millis(200))
+                    let sent = start.elapsed();
+                    let answer =
+                        http_get_or_why(SocketAddr::new(ip, WEB_PORT), Duration::from_millis(200));
+                    answer
+                        .map_err(|why| failures.lock().unwrap().push((sent, why)))
+                        .ok()
                 });
             })
         };
@@ -721,6 +756,7 @@ impl ClientLoad {
             start,
             done,
             samples,
+            failures,
             thread: Some(thread),
         }
     }
@@ -747,6 +783,9 @@ pub struct Loss {
     /// Seconds until the Service's EndpointSlices showed none of the dead node's endpoints
     /// ready (as kube-proxy reads them), if within the window.
     pub endpoints_out_s: Option<f64>,
+    /// The requests that failed after the IP answered again: when they were sent (seconds
+    /// after the loss) and why they failed.
+    pub late_failure_causes: Vec<(f64, String)>,
 }
 
 /// Reads a loss off the samples of a run where the power went at `lost_at`.
@@ -783,6 +822,7 @@ pub fn loss_figures(samples: &[Sample], lost_at: Duration, window: Duration) -> 
         failed_pct: 100.0 * failed as f64 / after.len().max(1) as f64,
         late_failures_s,
         endpoints_out_s: None,
+        late_failure_causes: Vec::new(),
     }
 }
 

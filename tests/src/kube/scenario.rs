@@ -223,10 +223,18 @@ pub fn second_half(loss: &Loss) -> String {
         .copied()
         .filter(|s| *s > out_at)
         .collect();
+    // Each with why it failed (connect timed out: no SYN-ACK, the connection went to a pod
+    // that is gone or the node dropped it; read timed out: a live pod was slow).
+    let cause = |at: f64| {
+        loss.late_failure_causes
+            .iter()
+            .find(|(sent, _)| (sent - at).abs() < 0.001)
+            .map_or("", |(_, why)| why.as_str())
+    };
     let shown: Vec<String> = after_out
         .iter()
         .take(40)
-        .map(|s| format!("{s:.2}"))
+        .map(|s| format!("{s:.2} ({})", cause(*s)))
         .collect();
     let more = after_out.len().saturating_sub(shown.len());
     format!(
@@ -554,9 +562,19 @@ pub fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let failures = load.failures.clone();
     let samples = load.stop();
     let mut loss = checks::loss_figures(&samples, lost_at, LOSS_WINDOW);
     loss.endpoints_out_s = endpoints_out_s;
+    loss.late_failure_causes = failures
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(sent, why)| {
+            let after = sent.checked_sub(lost_at)?.as_secs_f64();
+            (after > loss.failover_s).then(|| (after, why.clone()))
+        })
+        .collect();
     let now = cluster.wait_for(
         Duration::from_secs(30),
         &format!("another node answering for {ip}"),

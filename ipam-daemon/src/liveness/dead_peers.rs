@@ -11,6 +11,11 @@
 //!   or only this project's agent, is down), and so is an accepted one. The handshake is the
 //!   kernel's, so a busy kubelet still answers in time.
 //!
+//! The probe starts when the gossip first suspects a node, not when it declares it dead: a
+//! silent answer no older than `FRESH` is the evidence when the verdict comes, so the report
+//! follows the verdict at once instead of a probe timeout later. A suspect that answers, or
+//! is cleared, is not reported.
+//!
 //! While any node is held dead it is probed again every `RECHECK`: a node that comes back
 //! before its agent does is withdrawn, and one whose kubelet answered the first probe but
 //! died after is reported. Each probe costs the kubelet a line in its log (a TLS handshake
@@ -34,6 +39,9 @@ use crate::{cluster::ClusterStore, config::DeadNodeSettings};
 
 /// How often a node held dead is probed again.
 const RECHECK: Duration = Duration::from_secs(5);
+/// How long a probe's finding stands as evidence: a suspect probed this recently is not probed
+/// again when the gossip declares it dead.
+const FRESH: Duration = Duration::from_secs(1);
 /// Longest wait between two writes the store refused.
 const RETRY_CAP: Duration = Duration::from_secs(5);
 
@@ -60,15 +68,22 @@ pub enum Probe {
 pub async fn run(mut inputs: Inputs) {
     let mut published: Option<Vec<PeerDown>> = None;
     let mut verdicts: BTreeMap<String, Probe> = BTreeMap::new();
+    let mut findings = Findings::default();
     let mut backoff = Backoff::new(RETRY_CAP);
     loop {
         let open = *inputs.fence.borrow_and_update() == FenceState::Open;
-        let down = if open {
-            inputs.membership.borrow_and_update().down.clone()
+        let (down, suspect) = if open {
+            let membership = inputs.membership.borrow_and_update();
+            (membership.down.clone(), membership.suspect.clone())
         } else {
-            BTreeMap::new()
+            (BTreeMap::new(), BTreeMap::new())
         };
-        let probes = probe_all(&down, &inputs.settings).await;
+        let now = tokio::time::Instant::now();
+        findings.forget_all_but(&down, &suspect);
+        let stale = findings.to_probe(&down, &suspect, now);
+        let probed = probe_all(&stale, &inputs.settings).await;
+        findings.note(probed, now);
+        let probes = findings.of(&down);
         log_changes(&inputs.node, &mut verdicts, &probes);
         let reports = reports_of(&probes);
         let mut wait = if down.is_empty() { None } else { Some(RECHECK) };
@@ -106,6 +121,54 @@ pub async fn run(mut inputs: Inputs) {
             changed = inputs.membership.changed() => if changed.is_err() { return },
             changed = inputs.fence.changed() => if changed.is_err() { return },
         }
+    }
+}
+
+/// What the probes found, and when: of the nodes the gossip suspects or holds dead.
+#[derive(Default)]
+struct Findings(BTreeMap<String, (tokio::time::Instant, Probe)>);
+
+impl Findings {
+    /// Forgets the nodes neither suspected nor held dead.
+    fn forget_all_but(
+        &mut self,
+        down: &BTreeMap<String, Vec<IpAddr>>,
+        suspect: &BTreeMap<String, Vec<IpAddr>>,
+    ) {
+        self.0
+            .retain(|node, _| down.contains_key(node) || suspect.contains_key(node));
+    }
+
+    /// The nodes to probe now: those held dead or suspected without a finding within `FRESH`.
+    fn to_probe(
+        &self,
+        down: &BTreeMap<String, Vec<IpAddr>>,
+        suspect: &BTreeMap<String, Vec<IpAddr>>,
+        now: tokio::time::Instant,
+    ) -> BTreeMap<String, Vec<IpAddr>> {
+        down.iter()
+            .chain(suspect)
+            .filter(|(node, _)| {
+                self.0
+                    .get(*node)
+                    .is_none_or(|(at, _)| now.duration_since(*at) >= FRESH)
+            })
+            .map(|(node, addresses)| (node.clone(), addresses.clone()))
+            .collect()
+    }
+
+    /// Notes what the probes started at `at` found.
+    fn note(&mut self, probed: BTreeMap<String, Probe>, at: tokio::time::Instant) {
+        for (node, probe) in probed {
+            self.0.insert(node, (at, probe));
+        }
+    }
+
+    /// The findings of the nodes held dead.
+    fn of(&self, down: &BTreeMap<String, Vec<IpAddr>>) -> BTreeMap<String, Probe> {
+        down.keys()
+            .filter_map(|node| Some((node.clone(), self.0.get(node)?.1.clone())))
+            .collect()
     }
 }
 
@@ -308,6 +371,33 @@ mod tests {
             Probe::Answered(a) if a.contains("refused")
         ));
         assert_eq!(probe(&[], open, timeout).await, Probe::NoAddress);
+    }
+
+    /// A suspect probed at once is not probed again when it is declared dead within `FRESH`,
+    /// and its finding is the verdict's evidence; later, or once it is neither suspected nor
+    /// dead, it is probed anew.
+    #[test]
+    fn a_suspect_s_probe_stands_for_its_verdict_while_fresh() {
+        let addresses = vec!["10.0.0.3".parse().unwrap()];
+        let one = |node: &str| BTreeMap::from([(node.to_owned(), addresses.clone())]);
+        let none = BTreeMap::new();
+        let start = tokio::time::Instant::now();
+        let mut findings = Findings::default();
+        assert_eq!(findings.to_probe(&none, &one("c"), start).len(), 1);
+        let silent = Probe::Silent("kubelet 10.0.0.3:10250: no answer".into());
+        findings.note(BTreeMap::from([("c".to_owned(), silent.clone())]), start);
+
+        let declared = start + FRESH / 2;
+        findings.forget_all_but(&one("c"), &none);
+        assert!(findings.to_probe(&one("c"), &none, declared).is_empty());
+        assert_eq!(
+            findings.of(&one("c")),
+            BTreeMap::from([("c".to_owned(), silent)])
+        );
+
+        assert_eq!(findings.to_probe(&one("c"), &none, start + FRESH).len(), 1);
+        findings.forget_all_but(&none, &none);
+        assert!(findings.of(&one("c")).is_empty());
     }
 
     #[test]

@@ -730,6 +730,10 @@ pub struct ClientLoad {
     samples: Arc<Mutex<Vec<Sample>>>,
     /// Each failed request: when it was sent (from `start`) and why it failed.
     pub failures: Arc<Mutex<Vec<(Duration, String)>>>,
+    /// The client's neighbour entry for the IP each time it changed (read every 100 ms): when
+    /// (from `start`), and its state and MAC as `ip neigh` shows them.
+    pub neighbour: Arc<Mutex<Vec<(Duration, String)>>>,
+    watcher: Option<std::thread::JoinHandle<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -752,21 +756,57 @@ impl ClientLoad {
                 });
             })
         };
+        let neighbour = Arc::new(Mutex::new(Vec::new()));
+        let watcher = {
+            let (done, neighbour) = (done.clone(), neighbour.clone());
+            let client = cluster.client.path();
+            std::thread::spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    let entry = super::output_of(crate::netns::command_in(&client, "ip").args([
+                        "neigh",
+                        "show",
+                        &ip.to_string(),
+                    ]))
+                    .unwrap_or_default();
+                    let entry = entry.trim().to_owned();
+                    let mut seen = neighbour.lock().unwrap();
+                    if seen.last().is_none_or(|(_, last)| *last != entry) {
+                        seen.push((start.elapsed(), entry));
+                    }
+                    drop(seen);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
         Self {
             start,
             done,
             samples,
             failures,
+            neighbour,
+            watcher: Some(watcher),
             thread: Some(thread),
         }
     }
 
     pub fn stop(mut self) -> Vec<Sample> {
         self.done.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in [self.thread.take(), self.watcher.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
         std::mem::take(&mut *self.samples.lock().unwrap())
+    }
+
+    /// The client's neighbour entry for the IP at `at` (from `start`), as last read before.
+    pub fn neighbour_at(neighbour: &[(Duration, String)], at: Duration) -> String {
+        neighbour
+            .iter()
+            .take_while(|(when, _)| *when <= at)
+            .last()
+            .map_or_else(String::new, |(_, entry)| entry.clone())
     }
 }
 

@@ -562,8 +562,9 @@ pub fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let failures = load.failures.clone();
+    let (failures, neighbour) = (load.failures.clone(), load.neighbour.clone());
     let samples = load.stop();
+    let neighbour = neighbour.lock().unwrap();
     let mut loss = checks::loss_figures(&samples, lost_at, LOSS_WINDOW);
     loss.endpoints_out_s = endpoints_out_s;
     loss.late_failure_causes = failures
@@ -572,7 +573,9 @@ pub fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
         .iter()
         .filter_map(|(sent, why)| {
             let after = sent.checked_sub(lost_at)?.as_secs_f64();
-            (after > loss.failover_s).then(|| (after, why.clone()))
+            // With the client's neighbour entry for the IP when it was sent.
+            let entry = ClientLoad::neighbour_at(&neighbour, *sent);
+            (after > loss.failover_s).then(|| (after, format!("{why}; neighbour: {entry}")))
         })
         .collect();
     let now = cluster.wait_for(

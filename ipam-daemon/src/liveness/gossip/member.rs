@@ -3,7 +3,7 @@
 //! and keeps the metrics and the `ipamctl members` snapshot current (`report`).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     net::SocketAddr,
     sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
@@ -258,22 +258,37 @@ impl Member {
         );
         // Without the takeover hold: that delay is for answering IPs; evidence is gathered at
         // once.
-        let down = self
-            .directory
-            .nodes_of(
-                self.peer
-                    .members()
-                    .filter(|(_, state)| *state == State::Down)
-                    .map(|(id, _)| id.addr),
-            )
-            .into_iter()
-            .filter(|node| !active.contains(node))
-            .map(|node| {
-                let addresses = self.directory.addresses_of(&node);
-                (node, addresses)
-            })
-            .collect();
-        let fresh = Membership { live, down };
+        // The nodes with a member in `wanted` and none in a state of `better`.
+        let in_state = |wanted: State, better: &BTreeSet<String>| {
+            self.directory
+                .nodes_of(
+                    self.peer
+                        .members()
+                        .filter(|(_, state)| *state == wanted)
+                        .map(|(id, _)| id.addr),
+                )
+                .into_iter()
+                .filter(|node| !better.contains(node))
+                .map(|node| {
+                    let addresses = self.directory.addresses_of(&node);
+                    (node, addresses)
+                })
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let alive = self.directory.nodes_of(
+            self.peer
+                .members()
+                .filter(|(_, state)| *state == State::Alive)
+                .map(|(id, _)| id.addr),
+        );
+        // Active members are the alive and the suspected ones.
+        let down = in_state(State::Down, &active);
+        let suspect = in_state(State::Suspect, &alive);
+        let fresh = Membership {
+            live,
+            down,
+            suspect,
+        };
         self.membership.send_if_modified(|m| {
             let changed = *m != fresh;
             if changed {

@@ -46,6 +46,9 @@ pub struct Membership {
     /// Declared dead (and not back as a newer generation), with their addresses between nodes
     /// from their records: where `dead_peers` looks for a second signal.
     pub down: BTreeMap<String, Vec<IpAddr>>,
+    /// Suspected and not yet declared dead, with their addresses: `dead_peers` probes them at
+    /// once, so that its evidence is ready when the verdict comes.
+    pub suspect: BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// What the gossip needs.

@@ -823,6 +823,9 @@ pub struct Loss {
     /// Seconds until the Service's EndpointSlices showed none of the dead node's endpoints
     /// ready (as kube-proxy reads them), if within the window.
     pub endpoints_out_s: Option<f64>,
+    /// The node answering's conntrack entries for the IP still in SYN_SENT at the end of the
+    /// window (connections that never got an answer, sent to pods that are gone), if read.
+    pub stale_conntrack: Option<usize>,
     /// The requests that failed after the IP answered again: when they were sent (seconds
     /// after the loss) and why they failed.
     pub late_failure_causes: Vec<(f64, String)>,
@@ -862,6 +865,7 @@ pub fn loss_figures(samples: &[Sample], lost_at: Duration, window: Duration) -> 
         failed_pct: 100.0 * failed as f64 / after.len().max(1) as f64,
         late_failures_s,
         endpoints_out_s: None,
+        stale_conntrack: None,
         late_failure_causes: Vec::new(),
     }
 }
@@ -887,4 +891,25 @@ pub fn ready_endpoints_on(
             .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
             .any(|e| e["nodeName"] == node && e["conditions"]["ready"] != false),
     )
+}
+
+/// Node `i`'s conntrack entries for TCP to `ip` still in SYN_SENT (`conntrack -L` in its
+/// namespace; `None` when it cannot be read).
+pub fn syn_sent_entries(cluster: &KubeCluster, i: usize, ip: IpAddr) -> Option<usize> {
+    let out = cluster.nodes[i]
+        .command("conntrack")
+        .args([
+            "-L",
+            "-p",
+            "tcp",
+            "--orig-dst",
+            &ip.to_string(),
+            "--state",
+            "SYN_SENT",
+        ])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).lines().count())
 }

@@ -237,9 +237,13 @@ pub fn second_half(loss: &Loss) -> String {
         .map(|s| format!("{s:.2} ({})", cause(*s)))
         .collect();
     let more = after_out.len().saturating_sub(shown.len());
+    let conntrack = match loss.stale_conntrack {
+        Some(n) => format!("; {n} conntrack entries for the IP still in SYN_SENT at the end"),
+        None => String::new(),
+    };
     format!(
         "{endpoints}; {} requests failed after the IP answered again, {} of them after the \
-         endpoints were out, at [{}]{} s",
+         endpoints were out, at [{}]{} s{conntrack}",
         loss.late_failures_s.len(),
         after_out.len(),
         shown.join(", "),
@@ -588,6 +592,7 @@ pub fn power_loss(cluster: &mut KubeCluster, ip: IpAddr) -> (Loss, usize) {
         "{ip} is still resolved to {}, which lost power",
         cluster.nodes[owner].name
     );
+    loss.stale_conntrack = checks::syn_sent_entries(cluster, now, ip);
     (loss, owner)
 }
 

@@ -79,36 +79,7 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
     ));
 
     let mut figures = Figures::default();
-    for n in 1..=losses {
-        let (loss, owner) = scenario::power_loss(cluster, ip);
-        let dead = cluster.nodes[owner].name.clone();
-        let on_dead = figures.check_not_ready(cluster, Some(&dead), &format!("in power loss {n}"));
-        say(&format!(
-            "power loss {n}/{losses}: answered again after {:.2} s, errors stop after {:.2} s, \
-             {:.1} % of requests failed; {on_dead} pods of {dead} set not ready on the agents' \
-             reports; {}",
-            loss.failover_s,
-            loss.errors_stop_s,
-            loss.failed_pct,
-            scenario::second_half(&loss)
-        ));
-        figures.losses.push(loss);
-        figures.set_not_ready.push(on_dead);
-        scenario::power_back(cluster, owner);
-        cluster.wait_for(
-            Duration::from_secs(60),
-            &format!("{dead}'s kubelet to make its pods ready again after its return"),
-            |c| {
-                checks::pods_set_not_ready_by_peers(c)
-                    .is_empty()
-                    .then_some(())
-            },
-        );
-        say(&format!(
-            "{dead} back: its pods made anew by the other CNI and ready again, and reached \
-             from the other nodes' pods"
-        ));
-    }
+    scenario::power_losses(cluster, ip, losses, &mut figures, say);
     figures
 }
 

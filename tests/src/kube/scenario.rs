@@ -135,37 +135,7 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
          DNAT, to pods of the same node and of others): answering nodes {answered:?}"
     ));
 
-    for n in 1..=losses {
-        let (loss, owner) = power_loss(cluster, ip);
-        let dead = cluster.nodes[owner].name.clone();
-        let on_dead = figures.check_not_ready(cluster, Some(&dead), &format!("in power loss {n}"));
-        say(&format!(
-            "power loss {n}/{losses}: answered again after {:.2} s, errors stop after {:.2} s, \
-             {:.1} % of requests failed in the {} s after; {on_dead} pods of {dead} set not \
-             ready on the agents' reports; {}",
-            loss.failover_s,
-            loss.errors_stop_s,
-            loss.failed_pct,
-            LOSS_WINDOW.as_secs(),
-            second_half(&loss)
-        ));
-        figures.losses.push(loss);
-        figures.set_not_ready.push(on_dead);
-        power_back(cluster, owner);
-        cluster.wait_for(
-            Duration::from_secs(60),
-            &format!("{dead}'s kubelet to make its pods ready again after its return"),
-            |c| {
-                checks::pods_set_not_ready_by_peers(c)
-                    .is_empty()
-                    .then_some(())
-            },
-        );
-        say(&format!(
-            "{dead} back: its pods made anew and ready again, and reached from the other nodes' \
-             pods"
-        ));
-    }
+    power_losses(cluster, ip, losses, &mut figures, say);
 
     figures.rollout = Some(rollout_restart(cluster, ip));
     figures.check_not_ready(cluster, None, "after the agents' rollout");
@@ -203,6 +173,48 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
          controller manager)"
     ));
     figures
+}
+
+/// `losses` power losses of the node answering for `ip`, each measured into `figures` and
+/// said, then the node's return with its pods ready again.
+pub fn power_losses(
+    cluster: &mut KubeCluster,
+    ip: IpAddr,
+    losses: usize,
+    figures: &mut Figures,
+    say: &dyn Fn(&str),
+) {
+    for n in 1..=losses {
+        let (loss, owner) = power_loss(cluster, ip);
+        let dead = cluster.nodes[owner].name.clone();
+        let on_dead = figures.check_not_ready(cluster, Some(&dead), &format!("in power loss {n}"));
+        say(&format!(
+            "power loss {n}/{losses}: answered again after {:.2} s, errors stop after {:.2} s, \
+             {:.1} % of requests failed in the {} s after; {on_dead} pods of {dead} set not \
+             ready on the agents' reports; {}",
+            loss.failover_s,
+            loss.errors_stop_s,
+            loss.failed_pct,
+            LOSS_WINDOW.as_secs(),
+            second_half(&loss)
+        ));
+        figures.losses.push(loss);
+        figures.set_not_ready.push(on_dead);
+        power_back(cluster, owner);
+        cluster.wait_for(
+            Duration::from_secs(60),
+            &format!("{dead}'s kubelet to make its pods ready again after its return"),
+            |c| {
+                checks::pods_set_not_ready_by_peers(c)
+                    .is_empty()
+                    .then_some(())
+            },
+        );
+        say(&format!(
+            "{dead} back: its pods made anew and ready again, and reached from the other nodes' \
+             pods"
+        ));
+    }
 }
 
 /// The second half of a loss in words: when the EndpointSlices dropped the dead node's

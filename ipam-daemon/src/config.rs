@@ -78,8 +78,10 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeadNodeSettings {
-    /// Operator: act on the reports. Off, the agents still report (`ipamctl` and the node
-    /// records show what they hold) and Kubernetes' own grace period applies.
+    /// Take a dead node's pods out of their Services: the operator sets them not ready, and
+    /// each agent deletes its unanswered connections to them (`liveness::dead_flows`). Off,
+    /// the agents still report (`ipamctl` and the node records show what they hold) and
+    /// Kubernetes' own grace period applies.
     pub mark_pods_not_ready: bool,
     /// Agent: the port of the kubelet on every node, probed as the second signal.
     pub kubelet_port: u16,

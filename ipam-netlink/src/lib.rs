@@ -18,8 +18,10 @@
 //! | [`route`]     | routes out of a link, via a gateway, blackholes; dumps    |
 //! | [`neighbour`] | permanent neighbour entries                               |
 //! | [`netns`]     | named network namespaces under `/run/netns`               |
+//! | [`conntrack`] | connection tracking: list flows, delete unanswered ones   |
 
 pub mod address;
+pub mod conntrack;
 pub mod link;
 pub mod neighbour;
 pub mod netns;
@@ -78,28 +80,37 @@ impl Netlink {
     /// A connection to the network namespace at `netns` (e.g. `/var/run/netns/<name>` or
     /// `/proc/<pid>/ns/net`).
     pub fn open_in(netns: &Path) -> Result<Self, NetlinkError> {
-        let file = open_netns(netns)?;
-        let made = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(io::Error::from)?;
-                    RouteSocket::open()
-                })
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("netns thread panicked")))
-        });
-        let socket = made.map_err(|e| {
-            NetlinkError::new(
-                format!(
-                    "cannot open netlink in network namespace {}",
-                    netns.display()
-                ),
-                e,
-            )
-        })?;
+        let socket = in_netns(netns, RouteSocket::open)?;
         Ok(Self { socket })
     }
+}
+
+/// Runs `make` on a short-lived thread that has entered the network namespace at `netns`: a
+/// socket made there stays bound to that namespace.
+pub(crate) fn in_netns<T: Send>(
+    netns: &Path,
+    make: impl FnOnce() -> io::Result<T> + Send,
+) -> Result<T, NetlinkError> {
+    let file = open_netns(netns)?;
+    let made = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(io::Error::from)?;
+                make()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("netns thread panicked")))
+    });
+    made.map_err(|e| {
+        NetlinkError::new(
+            format!(
+                "cannot open netlink in network namespace {}",
+                netns.display()
+            ),
+            e,
+        )
+    })
 }
 
 fn open_netns(path: &Path) -> Result<File, NetlinkError> {

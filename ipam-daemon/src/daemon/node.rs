@@ -9,6 +9,7 @@
 //!  Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat (silenced at once when it closes)
 //!  liveness::lease ──▶ store                              (the node's lease: who holds blocks)
 //!  Membership ──▶ liveness::dead_peers ──▶ node record    (dead peers whose kubelet is silent)
+//!           liveness::dead_peers ──Reported──▶ dead_flows ──▶ conntrack (their unanswered flows)
 //!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json, node record
 //!  store ──▶ routes ──▶ route map
 //!  announce::node_record ──▶ node record                  (add-on mode: no [ipam], no pod_ipam)
@@ -365,13 +366,22 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
         metrics: observed.metrics.clone(),
     });
     if let ClusterStore::Kubernetes(_) = store {
+        let (reported, reported_rx) = watch::channel(Default::default());
         tokio::spawn(liveness::dead_peers::run(liveness::dead_peers::Inputs {
             store: store.clone(),
             node: config.node.name.clone(),
             settings: config.dead_nodes.clone(),
             membership: gossip.membership.clone(),
             fence: gossip.fence.clone(),
+            reported,
         }));
+        if config.dead_nodes.mark_pods_not_ready {
+            tokio::spawn(liveness::dead_flows::run(
+                store.clone(),
+                config.node.name.clone(),
+                reported_rx,
+            ));
+        }
     }
     Some(gossip)
 }

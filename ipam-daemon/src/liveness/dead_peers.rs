@@ -1,7 +1,8 @@
 //! The agent's half of taking a dead node's pods out of their Services' endpoints: the nodes
 //! the gossip declared dead, checked on a second, independent signal (their kubelet's port),
 //! published in this node's record (`spec.peersDown`), where the operator counts the reports
-//! (`cluster::dead_nodes`).
+//! (`cluster::dead_nodes`), and handed to `dead_flows`, which deletes this node's unanswered
+//! connections to their pods.
 //!
 //! Two rules keep a report from being wrong:
 //! - only while this node's fence is open, that is while it hears a majority: a node cut off
@@ -51,6 +52,8 @@ pub struct Inputs {
     pub settings: DeadNodeSettings,
     pub membership: watch::Receiver<Membership>,
     pub fence: watch::Receiver<FenceState>,
+    /// The nodes this node reports, with their addresses: where `dead_flows` sweeps.
+    pub reported: watch::Sender<super::dead_flows::Reported>,
 }
 
 /// What the probe of one node's kubelet found.
@@ -86,6 +89,20 @@ pub async fn run(mut inputs: Inputs) {
         let probes = findings.of(&down);
         log_changes(&inputs.node, &mut verdicts, &probes);
         let reports = reports_of(&probes);
+        inputs.reported.send_if_modified(|held| {
+            let now: super::dead_flows::Reported = reports
+                .iter()
+                .map(|r| {
+                    (
+                        r.node.clone(),
+                        down.get(&r.node).cloned().unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let changed = *held != now;
+            *held = now;
+            changed
+        });
         let mut wait = if down.is_empty() { None } else { Some(RECHECK) };
         if published.as_ref() != Some(&reports) {
             match publish(&inputs.store, &inputs.node, &reports).await {

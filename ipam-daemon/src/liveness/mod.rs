@@ -8,7 +8,9 @@
 //!   responders silenced at once when it closes;
 //! - `peers`: which other nodes are alive, from their leases or from the gossip;
 //! - `dead_peers`: the nodes the gossip declared dead whose kubelet is silent too, reported in
-//!   this node's record for the operator (on Kubernetes).
+//!   this node's record for the operator (on Kubernetes);
+//! - `dead_flows`: the connections this node's kernel still sends to those nodes' pods, deleted
+//!   while they never got an answer.
 //!
 //! The two delays, with leases: this node stops answering once its lease is half a lease old
 //! (plus the responders' `liveness_timeout`, kept below half a lease by the configuration
@@ -20,6 +22,7 @@
 //! dead before `suspect_to_down` (400 ms) after it stopped answering, and the configuration
 //! check keeps both delays below that one. docs/liveness.md has the reasoning and the figures.
 
+pub mod dead_flows;
 pub mod dead_peers;
 pub mod fence;
 pub mod gossip;

@@ -198,6 +198,14 @@ pub fn power_losses(
             LOSS_WINDOW.as_secs(),
             second_half(&loss)
         ));
+        // The agents delete the connections sent to the dead pods that never got an answer:
+        // none is left for a client reusing its port to follow there.
+        if let Some(stale) = loss.stale_conntrack {
+            assert_eq!(
+                stale, 0,
+                "power loss {n}: the node answering for {ip} still holds {stale} connections                  to it in SYN_SENT at the end of the window (sent to {dead}'s pods, which never                  answered); the agents' sweep (liveness::dead_flows) should have deleted them"
+            );
+        }
         figures.losses.push(loss);
         figures.set_not_ready.push(on_dead);
         power_back(cluster, owner);
@@ -285,23 +293,39 @@ pub fn failover_setup(cluster: &KubeCluster, say: &dyn Fn(&str)) -> IpAddr {
     ip
 }
 
-/// Turns the operators' marking of dead nodes' pods on or off (`[dead_nodes]
-/// mark_pods_not_ready` in their ConfigMap) and restarts them to read it.
+/// Turns the taking of dead nodes' pods out of their Services on or off (`[dead_nodes]
+/// mark_pods_not_ready` in the operators' and the agents' configuration: the operators' marking
+/// and the agents' deletion of unanswered connections) and restarts both to read it.
 pub fn set_mark_pods_not_ready(cluster: &KubeCluster, on: bool) {
     let mut config = cluster.get_json(&in_namespace(SYSTEM, &["configmap", "ipam-config"]));
-    let operator = config["data"]["operator.toml"]
-        .as_str()
-        .expect("the operators' configuration")
-        .to_owned();
-    let kept: String = match operator.find("\n[dead_nodes]\n") {
-        Some(at) => operator[..at + 1].to_owned(),
-        None => operator,
-    };
-    config["data"]["operator.toml"] =
-        format!("{kept}\n[dead_nodes]\nmark_pods_not_ready = {on}\n").into();
+    for key in ["operator.toml", "agent.toml"] {
+        let toml = config["data"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("{key} in the ConfigMap"))
+            .to_owned();
+        let kept: String = match toml.find("\n[dead_nodes]\n") {
+            Some(at) => toml[..at + 1].to_owned(),
+            None => toml,
+        };
+        config["data"][key] = format!("{kept}\n[dead_nodes]\nmark_pods_not_ready = {on}\n").into();
+    }
     let file = cluster.dir.0.join("operator-config.json");
     std::fs::write(&file, config.to_string()).expect("write the ConfigMap");
     cluster.kubectl_ok(&["replace", "-f", &file.display().to_string()]);
+    cluster.kubectl_ok(&in_namespace(
+        SYSTEM,
+        &["rollout", "restart", "daemonset", "ipam-agent"],
+    ));
+    cluster.kubectl_ok(&in_namespace(
+        SYSTEM,
+        &[
+            "rollout",
+            "status",
+            "daemonset",
+            "ipam-agent",
+            "--timeout=300s",
+        ],
+    ));
     cluster.kubectl_ok(&in_namespace(
         SYSTEM,
         &["rollout", "restart", "deployment", "ipam-operator"],

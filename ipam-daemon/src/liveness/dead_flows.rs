@@ -1,0 +1,243 @@
+//! The connections this node's kernel still sends to a dead node's pods. kube-proxy picks a
+//! Service connection's endpoint once, in the flow's conntrack entry; a connection sent to a
+//! pod on a node that has just died is never answered, and its entry stays in SYN_SENT for two
+//! minutes. A new connection from the same client address and port (clients reuse ports) goes
+//! to the dead pod again through that entry, long after the EndpointSlices and kube-proxy's
+//! rules dropped it. kube-proxy clears such entries for UDP only.
+//!
+//! So while this node reports a node dead (`dead_peers`), it deletes the flows that never got
+//! an answer from that node's pods: at once, every `FAST_EVERY` for `FAST_FOR` (kube-proxy's
+//! rules change during that time, and until they do new entries keep coming), then every
+//! `SLOW_EVERY` while the report stands (the endpoints may leave later, with the node lifecycle
+//! controller). Only unanswered flows: a flow that had an answer is left to end as it would.
+//! A report that was wrong costs at most handshakes in flight, which the client resends.
+//!
+//! The dead node's pods: the blocks in its record (this project's pod IPAM), and the kernel
+//! routes through its addresses (another CNI's routes to its pods, in the add-on mode).
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use ipam_core::{Cidr, resources::NodeIpam, store::TypedStore as _};
+use ipam_netlink::{Netlink, conntrack::Conntrack};
+use tokio::sync::watch;
+
+use crate::cluster::ClusterStore;
+
+const FAST_EVERY: Duration = Duration::from_secs(1);
+const FAST_FOR: Duration = Duration::from_secs(30);
+const SLOW_EVERY: Duration = Duration::from_secs(10);
+
+/// The nodes this node reports dead, with their addresses between nodes.
+pub type Reported = BTreeMap<String, Vec<IpAddr>>;
+
+/// A node held dead, as the sweep needs it.
+struct Held {
+    since: Instant,
+    addresses: Vec<IpAddr>,
+    /// The blocks in its record when it was first reported.
+    blocks: Vec<Cidr>,
+    deleted: usize,
+}
+
+/// Sweeps for the life of the daemon.
+pub async fn run(store: ClusterStore, node: String, mut reported: watch::Receiver<Reported>) {
+    let mut held: BTreeMap<String, Held> = BTreeMap::new();
+    let mut conntrack: Option<Conntrack> = None;
+    let mut said: Option<String> = None;
+    loop {
+        let now = reported.borrow_and_update().clone();
+        follow(&store, &node, &mut held, now).await;
+        if !held.is_empty() {
+            let (opened, outcome) = sweep(conntrack.take(), &held).await;
+            conntrack = opened;
+            match outcome {
+                Ok(by_node) => {
+                    said = None;
+                    for (dead, deleted) in by_node.into_iter().filter(|(_, n)| *n > 0) {
+                        let entry = held.get_mut(&dead).expect("swept only held nodes");
+                        entry.deleted += deleted;
+                        tracing::info!(
+                            node = node.as_str(),
+                            peer = dead.as_str(),
+                            deleted,
+                            "deleted {deleted} connections sent to dead node {dead}'s pods that \
+                             never got an answer, so the clients' next connections from those \
+                             ports follow kube-proxy's current rules"
+                        );
+                    }
+                }
+                Err(e) if said.as_ref() != Some(&e) => {
+                    tracing::warn!(
+                        node = node.as_str(),
+                        "cannot delete the connections sent to dead nodes' pods; clients \
+                         reusing their ports may still reach those pods until the kernel's \
+                         SYN_SENT timeout: {e}"
+                    );
+                    said = Some(e);
+                }
+                Err(_) => {}
+            }
+        }
+        let next = held
+            .values()
+            .map(|h| {
+                if h.since.elapsed() < FAST_FOR {
+                    FAST_EVERY
+                } else {
+                    SLOW_EVERY
+                }
+            })
+            .min();
+        let again = async {
+            match next {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = again => {}
+            changed = reported.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Brings `held` in line with `reported`: a new node's blocks are read from its record once.
+async fn follow(
+    store: &ClusterStore,
+    me: &str,
+    held: &mut BTreeMap<String, Held>,
+    reported: Reported,
+) {
+    held.retain(|dead, h| {
+        let stays = reported.contains_key(dead);
+        if !stays && h.deleted > 0 {
+            tracing::info!(
+                node = me,
+                peer = dead.as_str(),
+                deleted = h.deleted,
+                "no longer reporting {dead} dead: stopped deleting unanswered connections to \
+                 its pods ({} deleted)",
+                h.deleted
+            );
+        }
+        stays
+    });
+    for (dead, addresses) in reported {
+        if held.contains_key(&dead) {
+            continue;
+        }
+        let blocks = match store.get_typed::<NodeIpam>(&dead).await {
+            Ok(Some(record)) => blocks_of(&record.value),
+            Ok(None) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(
+                    node = me,
+                    peer = dead.as_str(),
+                    "cannot read {dead}'s record in {} for its pods' blocks; deleting \
+                     unanswered connections only through its routes: {e}",
+                    store.describe()
+                );
+                Vec::new()
+            }
+        };
+        held.insert(
+            dead,
+            Held {
+                since: Instant::now(),
+                addresses,
+                blocks,
+                deleted: 0,
+            },
+        );
+    }
+}
+
+/// A node's pod blocks in its record: those it holds, and its Node's podCIDRs.
+pub fn blocks_of(record: &NodeIpam) -> Vec<Cidr> {
+    record
+        .status
+        .allocated
+        .iter()
+        .map(|b| b.cidr)
+        .chain(record.spec.pod_cidrs.iter().copied())
+        .collect()
+}
+
+/// One sweep, on a blocking thread (netlink requests block); hands the conntrack connection
+/// back for the next, and says how many flows it deleted per node.
+async fn sweep(
+    conntrack: Option<Conntrack>,
+    held: &BTreeMap<String, Held>,
+) -> (Option<Conntrack>, Result<BTreeMap<String, usize>, String>) {
+    let targets: Vec<(String, Vec<Cidr>, Vec<IpAddr>)> = held
+        .iter()
+        .map(|(n, h)| (n.clone(), h.blocks.clone(), h.addresses.clone()))
+        .collect();
+    let swept = tokio::task::spawn_blocking(move || {
+        let conntrack = match conntrack {
+            Some(c) => c,
+            None => match Conntrack::open() {
+                Ok(c) => c,
+                Err(e) => return (None, Err(e.to_string())),
+            },
+        };
+        let outcome = sweep_now(&conntrack, &targets);
+        (Some(conntrack), outcome)
+    })
+    .await;
+    swept.unwrap_or_else(|e| (None, Err(format!("the sweep's thread failed: {e}"))))
+}
+
+fn sweep_now(
+    conntrack: &Conntrack,
+    targets: &[(String, Vec<Cidr>, Vec<IpAddr>)],
+) -> Result<BTreeMap<String, usize>, String> {
+    let routes = routes_through(targets).map_err(|e| e.to_string())?;
+    let pods: Vec<(&str, Vec<Cidr>)> = targets
+        .iter()
+        .zip(routes)
+        .map(|((node, blocks, _), via)| {
+            (node.as_str(), blocks.iter().copied().chain(via).collect())
+        })
+        .collect();
+    let node_of = |ip: IpAddr| {
+        pods.iter()
+            .find(|(_, cidrs)| cidrs.iter().any(|c| c.contains(ip)))
+            .map(|(node, _)| *node)
+    };
+    let deleted = conntrack
+        .delete_unreplied(|ip| node_of(ip).is_some())
+        .map_err(|e| e.to_string())?;
+    let mut by_node = BTreeMap::new();
+    for flow in deleted {
+        if let Some(node) = node_of(flow.reply.source) {
+            *by_node.entry(node.to_owned()).or_insert(0) += 1;
+        }
+    }
+    Ok(by_node)
+}
+
+/// For each target, the destinations of the main table's routes through one of its addresses
+/// (a default route through a node is not a route to its pods).
+fn routes_through(
+    targets: &[(String, Vec<Cidr>, Vec<IpAddr>)],
+) -> Result<Vec<Vec<Cidr>>, ipam_netlink::NetlinkError> {
+    let netlink = Netlink::open()?;
+    let mut routes = netlink.routes(false)?;
+    routes.extend(netlink.routes(true)?);
+    Ok(targets
+        .iter()
+        .map(|(_, _, addresses)| {
+            routes
+                .iter()
+                .filter(|r| r.prefix_len > 0)
+                .filter(|r| r.gateway.is_some_and(|g| addresses.contains(&g)))
+                .filter_map(|r| Cidr::new(r.destination, r.prefix_len).ok())
+                .collect()
+        })
+        .collect())
+}

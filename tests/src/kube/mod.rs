@@ -339,6 +339,9 @@ impl KubeCluster {
             &[
                 "--config".into(),
                 etc.join("kube-proxy.yaml").display().to_string(),
+                // Each sync of its rules in its log, with the time: when a dead node's
+                // endpoints left the node's rules.
+                "--v=2".into(),
             ],
         );
     }

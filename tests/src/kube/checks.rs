@@ -837,15 +837,7 @@ pub fn loss_figures(samples: &[Sample], lost_at: Duration, window: Duration) -> 
         .iter()
         .filter(|s| s.at >= lost_at && s.at <= lost_at + window)
         .collect();
-    let first_failure = after.iter().find(|s| s.node.is_none()).map(|s| s.at);
-    let failover_s = match first_failure {
-        // No request failed: the IP answered throughout.
-        None => 0.0,
-        Some(from) => after
-            .iter()
-            .find(|s| s.at > from && s.node.is_some())
-            .map_or(window.as_secs_f64(), |s| (s.at - lost_at).as_secs_f64()),
-    };
+    let failover_s = answered_again_after(&after, lost_at, window);
     let errors_stop_s = after
         .iter()
         .rev()
@@ -868,6 +860,36 @@ pub fn loss_figures(samples: &[Sample], lost_at: Duration, window: Duration) -> 
         stale_conntrack: None,
         late_failure_causes: Vec::new(),
     }
+}
+
+/// Seconds from `lost_at` until the IP answered again: the end of the longest run of requests
+/// without an answer. Not the first answer after the first failure: the node's own pods die a
+/// moment before its link does, so a request sent to one of them fails while the next, sent
+/// to another node's pod through the node still linked, is answered. Failures of that kind
+/// come between answers; while the IP answers nowhere, nothing is answered. 0 when nothing
+/// failed; the whole window when nothing was answered after a failure.
+fn answered_again_after(after: &[&Sample], lost_at: Duration, window: Duration) -> f64 {
+    let mut last_answer = lost_at;
+    let mut failed_since = false;
+    let mut longest = Duration::ZERO;
+    let mut answered_again = 0.0;
+    for sample in after {
+        if sample.node.is_none() {
+            failed_since = true;
+            continue;
+        }
+        let span = sample.at - last_answer;
+        if failed_since && span > longest {
+            longest = span;
+            answered_again = (sample.at - lost_at).as_secs_f64();
+        }
+        last_answer = sample.at;
+        failed_since = false;
+    }
+    if failed_since && lost_at + window - last_answer > longest {
+        answered_again = window.as_secs_f64();
+    }
+    answered_again
 }
 
 /// Whether any endpoint of Service `service`'s EndpointSlices on `node` is ready, as kube-proxy
@@ -912,4 +934,43 @@ pub fn syn_sent_entries(cluster: &KubeCluster, i: usize, ip: IpAddr) -> Option<u
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).lines().count())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests every 50 ms from 0; `failed` lists the indices that failed.
+    fn samples(count: u64, failed: &[u64]) -> Vec<Sample> {
+        (0..count)
+            .map(|i| Sample {
+                at: Duration::from_millis(50 * i),
+                node: (!failed.contains(&i)).then(|| "node-2".to_owned()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_ip_answers_again_where_the_longest_silence_ends() {
+        let window = Duration::from_secs(5);
+        // A dead pod's failure at once, an answer through the still-linked node, then the IP
+        // answers nowhere from 0.10 s to 1.00 s, then dead pods' failures among answers.
+        let mut failed = vec![0];
+        failed.extend(2..20);
+        failed.extend([25, 28]);
+        let loss = loss_figures(&samples(100, &failed), Duration::ZERO, window);
+        assert_eq!(loss.failover_s, 1.0);
+        assert_eq!(loss.errors_stop_s, 1.4);
+        assert_eq!(loss.late_failures_s, [1.25, 1.4]);
+
+        assert_eq!(
+            loss_figures(&samples(100, &[]), Duration::ZERO, window).failover_s,
+            0.0
+        );
+        let never = loss_figures(&samples(100, &[60, 61, 62]), Duration::ZERO, window);
+        assert_eq!(never.failover_s, 3.15);
+        let to_the_end: Vec<u64> = (90..100).collect();
+        let silent = loss_figures(&samples(100, &to_the_end), Duration::ZERO, window);
+        assert_eq!(silent.failover_s, 5.0);
+    }
 }

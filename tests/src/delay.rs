@@ -26,6 +26,21 @@ use rand::Rng;
 
 use crate::netns::{Netns, command_in};
 
+/// iptables' match and target that drop a random share (`probability`, "0.2") of the packets
+/// a rule matches: netem's `loss`, which this kernel lacks too.
+pub fn random_loss(probability: &str) -> [&str; 8] {
+    [
+        "-m",
+        "statistic",
+        "--mode",
+        "random",
+        "--probability",
+        probability,
+        "-j",
+        "DROP",
+    ]
+}
+
 /// Where a [`Delay`] catches packets: UDP to its port, entering and leaving the namespace (the
 /// gossip sends from and to the same port, so this is both directions of it).
 const CHAINS: [(&str, &str); 2] = [("INPUT", "--dport"), ("OUTPUT", "--dport")];

@@ -134,15 +134,7 @@ fn a_lossy_link_moves_nothing(rig: &FailoverRig) {
                 .ns
                 .command("iptables")
                 .args([action, chain, "-p", "udp", port, "7946"])
-                .args([
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    "0.2",
-                ])
-                .args(["-j", "DROP"])
+                .args(ipam_tests::delay::random_loss("0.2"))
                 .status()
                 .expect("run iptables");
             assert!(status.success(), "iptables {action} {chain}");

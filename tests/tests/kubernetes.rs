@@ -1925,22 +1925,8 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     // A lossy link: a fifth of every packet the node sends or receives on its uplink lost
     // (the peers' kubelet probes too), the gossip's held for 0-100 ms besides (netem's `loss
     // 20% delay 50ms 50ms`).
-    let lossy =
-        [["INPUT", "-i", "up0"], ["OUTPUT", "-o", "up0"]].map(|[chain, direction, device]| {
-            [
-                chain,
-                direction,
-                device,
-                "-m",
-                "statistic",
-                "--mode",
-                "random",
-                "--probability",
-                "0.2",
-                "-j",
-                "DROP",
-            ]
-        });
+    let lossy = [["INPUT", "-i", "up0"], ["OUTPUT", "-o", "up0"]]
+        .map(|link| [link.as_slice(), &ipam_tests::delay::random_loss("0.2")].concat());
     for rule in &lossy {
         iptables("-A", rule);
     }

@@ -229,34 +229,22 @@ fn replies_take_the_stack_when_their_requests_did() {
 
     // Pod A asked a Service that the stack DNATed to remote pod R: R's reply comes in on the
     // uplink and takes the stack (which undoes the DNAT); R's other packets go straight to A.
-    assert_eq!(
-        h.run(PodProgram::ToUplink, &tcp4(A_V4, 50000, R_V4, 53)).0,
-        TC_ACT_OK
-    );
-    let reply = tcp4(R_V4, 53, A_V4, 50000);
-    assert_eq!(h.run(PodProgram::FromUplink, &reply).0, TC_ACT_OK);
-    assert_eq!(
-        h.run(PodProgram::FromUplink, &tcp4(R_V4, 53, A_V4, 50001))
-            .0,
-        TC_ACT_REDIRECT
+    assert_noted_flow_takes_the_stack(
+        &mut h,
+        (PodProgram::ToUplink, &tcp4(A_V4, 50000, R_V4, 53)),
+        PodProgram::FromUplink,
+        &tcp4(R_V4, 53, A_V4, 50000),
+        &tcp4(R_V4, 53, A_V4, 50001),
     );
 
     // Pod B asked a Service that the stack DNATed to pod A, both on this node: A's reply, which
     // would otherwise be handed straight to B, takes the stack as well.
-    assert_eq!(
-        h.run(PodProgram::ToContainer, &tcp4(B_V4, 40003, A_V4, 8080))
-            .0,
-        TC_ACT_OK
-    );
-    assert_eq!(
-        h.run(PodProgram::FromContainer, &tcp4(A_V4, 8080, B_V4, 40003))
-            .0,
-        TC_ACT_OK
-    );
-    assert_eq!(
-        h.run(PodProgram::FromContainer, &tcp4(A_V4, 8080, B_V4, 40004))
-            .0,
-        TC_ACT_REDIRECT
+    assert_noted_flow_takes_the_stack(
+        &mut h,
+        (PodProgram::ToContainer, &tcp4(B_V4, 40003, A_V4, 8080)),
+        PodProgram::FromContainer,
+        &tcp4(A_V4, 8080, B_V4, 40003),
+        &tcp4(A_V4, 8080, B_V4, 40004),
     );
 
     // What the stack sends a pod from another host is not noted: its reply goes to a host,
@@ -265,6 +253,29 @@ fn replies_take_the_stack_when_their_requests_did() {
         h.run(PodProgram::ToContainer, &tcp4(HOST_V4, 40005, A_V4, 8080))
             .0,
         TC_ACT_OK
+    );
+}
+
+/// The stack passed `request` to `program` (a flow the programs note), so its `reply`, seen by
+/// `back`, takes the stack too, while `other`, a flow on the same path that was not noted, is
+/// redirected.
+fn assert_noted_flow_takes_the_stack(
+    h: &mut Harness,
+    (program, request): (PodProgram, &[u8]),
+    back: PodProgram,
+    reply: &[u8],
+    other: &[u8],
+) {
+    assert_eq!(
+        h.run(program, request).0,
+        TC_ACT_OK,
+        "{program:?}: the request"
+    );
+    assert_eq!(h.run(back, reply).0, TC_ACT_OK, "{back:?}: its reply");
+    assert_eq!(
+        h.run(back, other).0,
+        TC_ACT_REDIRECT,
+        "{back:?}: another flow"
     );
 }
 

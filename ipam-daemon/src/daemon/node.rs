@@ -380,6 +380,7 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
                 store.clone(),
                 config.node.name.clone(),
                 reported_rx,
+                observed.metrics.clone(),
             ));
         }
     }

@@ -18,6 +18,7 @@
 use std::{
     collections::BTreeMap,
     net::IpAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -25,7 +26,7 @@ use ipam_core::{Cidr, resources::NodeIpam, store::TypedStore as _};
 use ipam_netlink::{Netlink, conntrack::Conntrack};
 use tokio::sync::watch;
 
-use crate::cluster::ClusterStore;
+use crate::{cluster::ClusterStore, metrics::Metrics};
 
 const FAST_EVERY: Duration = Duration::from_secs(1);
 const FAST_FOR: Duration = Duration::from_secs(30);
@@ -44,7 +45,12 @@ struct Held {
 }
 
 /// Sweeps for the life of the daemon.
-pub async fn run(store: ClusterStore, node: String, mut reported: watch::Receiver<Reported>) {
+pub async fn run(
+    store: ClusterStore,
+    node: String,
+    mut reported: watch::Receiver<Reported>,
+    metrics: Arc<Metrics>,
+) {
     let mut held: BTreeMap<String, Held> = BTreeMap::new();
     let mut conntrack: Option<Conntrack> = None;
     let mut said: Option<String> = None;
@@ -60,6 +66,7 @@ pub async fn run(store: ClusterStore, node: String, mut reported: watch::Receive
                     for (dead, deleted) in by_node.into_iter().filter(|(_, n)| *n > 0) {
                         let entry = held.get_mut(&dead).expect("swept only held nodes");
                         entry.deleted += deleted;
+                        metrics.dead_node_connections_deleted.inc_by(deleted as u64);
                         tracing::info!(
                             node = node.as_str(),
                             peer = dead.as_str(),

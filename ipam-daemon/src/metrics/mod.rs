@@ -82,6 +82,7 @@ pub struct Metrics {
     pub node_lease_renew_seconds: Histogram,
     pub service_ips_announced: Gauge,
     pub service_ip_takeovers: Counter,
+    pub dead_node_connections_deleted: Counter,
     pub store_errors: Family<KindLabel, Counter>,
     pub operator_leader: Gauge,
     pub pod_datapath_packets: Family<CounterLabel, Counter>,
@@ -120,6 +121,7 @@ impl Metrics {
             ),
             service_ips_announced: Gauge::default(),
             service_ip_takeovers: Counter::default(),
+            dead_node_connections_deleted: Counter::default(),
             store_errors: Family::default(),
             operator_leader: Gauge::default(),
             pod_datapath_packets: Family::default(),
@@ -209,6 +211,11 @@ impl Metrics {
             "service_ip_takeovers",
             "Service IPs this node took over (started answering for)",
             self.service_ip_takeovers.clone(),
+        );
+        registry.register(
+            "dead_node_connections_deleted",
+            "Connections to dead nodes' pods that never got an answer, deleted from this node's conntrack table so that clients reusing their ports follow kube-proxy's current rules",
+            self.dead_node_connections_deleted.clone(),
         );
         registry.register(
             "store_errors",

@@ -5,7 +5,8 @@
 //! Each half is `IPAM_BENCH_LOSSES` power losses (3 unless set) of the node answering for the
 //! Service's IP while a client outside the cluster requests every 50 ms, a new connection
 //! each; then `kubectl rollout restart daemonset ipam-agent` with the client running. Pods of
-//! live nodes set not ready are counted after every step.
+//! live nodes set not ready are counted after every step. `IPAM_LAB_KUBE_PROXY_MIN_SYNC`
+//! (`100ms`, say) sets kube-proxy's `minSyncPeriod` on every node instead of its 1 s default.
 //!
 //! Needs the Kubernetes binaries in `KUBEBUILDER_ASSETS` and the project's image (`cargo xtask
 //! bench kube-failover` builds it); without them it says why and exits with 2.
@@ -64,13 +65,14 @@ fn main() {
          rollout_failed_requests={rollout_failed} rollout_requests={rollout_total} \
          rollout_ip_moves={moves} false_not_ready_pods={} losses={losses} \
          seed_failover_s={SEED_FAILOVER_S} seed_errors_stop_s={SEED_ERRORS_STOP_S} \
-         seed_failed_requests_pct={SEED_FAILED_PCT}",
+         seed_failed_requests_pct={SEED_FAILED_PCT} kube_proxy_min_sync_period={}",
         median(&with, |l| l.failover_s),
         median(&with, |l| l.errors_stop_s),
         median(&with, |l| l.failed_pct),
         median(&without, |l| l.errors_stop_s),
         median(&without, |l| l.failed_pct),
         figures.false_not_ready.len(),
+        ipam_tests::kube::proxy_min_sync_period().unwrap_or_else(|| "1s".into()),
     );
 }
 

@@ -433,7 +433,12 @@ pub fn kube_proxy_config(
     ip: Ipv4Addr,
     mode: &str,
     cluster_cidr: &str,
+    min_sync_period: Option<&str>,
 ) -> String {
+    let iptables = match min_sync_period {
+        Some(period) => format!("iptables: {{minSyncPeriod: {period}}}\n"),
+        None => String::new(),
+    };
     format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
@@ -445,6 +450,6 @@ clusterCIDR: {cluster_cidr}
 conntrack: {{maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
 metricsBindAddress: 127.0.0.1:10249
 ipvs: {{strictARP: true}}
-"
+{iptables}"
     )
 }

@@ -45,7 +45,8 @@ const TEST_PACKAGES: &[(&str, &str)] = &[
     ),
     (
         "iptables",
-        "iptables: the gossip test drops a fifth of a node's gossip packets (statistic match)",
+        "iptables, ip6tables: the gossip test drops a fifth of a node's gossip packets \
+         (statistic match); the netlink test DNATs as kube-proxy does and reads conntrack",
     ),
     (
         "etcd-server",

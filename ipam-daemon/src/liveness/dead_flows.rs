@@ -228,8 +228,7 @@ fn sweep_now(
     Ok(by_node)
 }
 
-/// For each target, the destinations of the main table's routes through one of its addresses
-/// (a default route through a node is not a route to its pods).
+/// For each target, the destinations of the main table's routes through one of its addresses.
 fn routes_through(
     targets: &[(String, Vec<Cidr>, Vec<IpAddr>)],
 ) -> Result<Vec<Vec<Cidr>>, ipam_netlink::NetlinkError> {
@@ -238,13 +237,52 @@ fn routes_through(
     routes.extend(netlink.routes(true)?);
     Ok(targets
         .iter()
-        .map(|(_, _, addresses)| {
-            routes
-                .iter()
-                .filter(|r| r.prefix_len > 0)
-                .filter(|r| r.gateway.is_some_and(|g| addresses.contains(&g)))
-                .filter_map(|r| Cidr::new(r.destination, r.prefix_len).ok())
-                .collect()
-        })
+        .map(|(_, _, addresses)| reached_through(&routes, addresses))
         .collect())
+}
+
+/// The destinations of `routes` whose gateway is one of `addresses`: another CNI's routes to a
+/// node's pods. A default route through the node is not a route to its pods.
+fn reached_through(routes: &[ipam_netlink::RouteInfo], addresses: &[IpAddr]) -> Vec<Cidr> {
+    routes
+        .iter()
+        .filter(|r| r.prefix_len > 0)
+        .filter(|r| r.gateway.is_some_and(|g| addresses.contains(&g)))
+        .filter_map(|r| Cidr::new(r.destination, r.prefix_len).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(destination: &str, prefix_len: u8, gateway: Option<&str>) -> ipam_netlink::RouteInfo {
+        ipam_netlink::RouteInfo {
+            destination: destination.parse().unwrap(),
+            prefix_len,
+            gateway: gateway.map(|g| g.parse().unwrap()),
+            output: Some(2),
+            blackhole: false,
+            protocol: 4,
+        }
+    }
+
+    /// The add-on mode's view of a dead node's pods: the other CNI's routes through its
+    /// addresses, of both families, and nothing else.
+    #[test]
+    fn a_dead_node_s_pods_are_the_routes_through_its_addresses_but_a_default_route() {
+        let routes = [
+            route("10.200.3.0", 24, Some("10.77.0.13")),
+            route("fd00:200:3::", 64, Some("fd77::13")),
+            route("10.200.2.0", 24, Some("10.77.0.12")),
+            route("0.0.0.0", 0, Some("10.77.0.13")),
+            route("10.77.0.0", 24, None),
+        ];
+        let dead: Vec<IpAddr> = vec!["10.77.0.13".parse().unwrap(), "fd77::13".parse().unwrap()];
+        let pods: Vec<String> = reached_through(&routes, &dead)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(pods, ["10.200.3.0/24", "fd00:200:3::/64"]);
+    }
 }

@@ -108,6 +108,16 @@ impl NodeIpam {
             .iter()
             .any(|c| c.kind == LEASE_LAPSED && c.status)
     }
+
+    /// The node's pod blocks as its record shows them: those it holds from the pools, and in
+    /// kubernetes mode its Node's podCIDRs. Where other nodes route its pods' traffic.
+    pub fn pod_blocks(&self) -> impl Iterator<Item = Cidr> + '_ {
+        self.status
+            .allocated
+            .iter()
+            .map(|b| b.cidr)
+            .chain(self.spec.pod_cidrs.iter().copied())
+    }
 }
 
 impl Resource for NodeIpam {

@@ -44,13 +44,7 @@ pub fn desired_routes(
 ) -> BTreeMap<Cidr, RouteTarget> {
     let mut out = BTreeMap::new();
     for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
-        let blocks = record
-            .status
-            .allocated
-            .iter()
-            .map(|b| b.cidr)
-            .chain(record.spec.pod_cidrs.iter().copied());
-        for cidr in blocks {
+        for cidr in record.pod_blocks() {
             let Some(next_hop) = record
                 .spec
                 .addresses

@@ -38,10 +38,17 @@ pub type Reported = BTreeMap<String, Vec<IpAddr>>;
 /// A node held dead, as the sweep needs it.
 struct Held {
     since: Instant,
-    addresses: Vec<IpAddr>,
-    /// The blocks in its record when it was first reported.
-    blocks: Vec<Cidr>,
+    target: Target,
     deleted: usize,
+}
+
+/// Where a dead node's pods are: the blocks in its record when it was first reported, and its
+/// addresses (the kernel's routes through them lead to its pods too).
+#[derive(Clone)]
+struct Target {
+    node: String,
+    blocks: Vec<Cidr>,
+    addresses: Vec<IpAddr>,
 }
 
 /// Sweeps for the life of the daemon.
@@ -138,7 +145,7 @@ async fn follow(
             continue;
         }
         let blocks = match store.get_typed::<NodeIpam>(&dead).await {
-            Ok(Some(record)) => blocks_of(&record.value),
+            Ok(Some(record)) => record.value.pod_blocks().collect(),
             Ok(None) => Vec::new(),
             Err(e) => {
                 tracing::warn!(
@@ -151,27 +158,20 @@ async fn follow(
                 Vec::new()
             }
         };
+        let target = Target {
+            node: dead.clone(),
+            blocks,
+            addresses,
+        };
         held.insert(
             dead,
             Held {
                 since: Instant::now(),
-                addresses,
-                blocks,
+                target,
                 deleted: 0,
             },
         );
     }
-}
-
-/// A node's pod blocks in its record: those it holds, and its Node's podCIDRs.
-pub fn blocks_of(record: &NodeIpam) -> Vec<Cidr> {
-    record
-        .status
-        .allocated
-        .iter()
-        .map(|b| b.cidr)
-        .chain(record.spec.pod_cidrs.iter().copied())
-        .collect()
 }
 
 /// One sweep, on a blocking thread (netlink requests block); hands the conntrack connection
@@ -180,10 +180,7 @@ async fn sweep(
     conntrack: Option<Conntrack>,
     held: &BTreeMap<String, Held>,
 ) -> (Option<Conntrack>, Result<BTreeMap<String, usize>, String>) {
-    let targets: Vec<(String, Vec<Cidr>, Vec<IpAddr>)> = held
-        .iter()
-        .map(|(n, h)| (n.clone(), h.blocks.clone(), h.addresses.clone()))
-        .collect();
+    let targets: Vec<Target> = held.values().map(|h| h.target.clone()).collect();
     let swept = tokio::task::spawn_blocking(move || {
         let conntrack = match conntrack {
             Some(c) => c,
@@ -199,16 +196,14 @@ async fn sweep(
     swept.unwrap_or_else(|e| (None, Err(format!("the sweep's thread failed: {e}"))))
 }
 
-fn sweep_now(
-    conntrack: &Conntrack,
-    targets: &[(String, Vec<Cidr>, Vec<IpAddr>)],
-) -> Result<BTreeMap<String, usize>, String> {
+fn sweep_now(conntrack: &Conntrack, targets: &[Target]) -> Result<BTreeMap<String, usize>, String> {
     let routes = routes_through(targets).map_err(|e| e.to_string())?;
     let pods: Vec<(&str, Vec<Cidr>)> = targets
         .iter()
         .zip(routes)
-        .map(|((node, blocks, _), via)| {
-            (node.as_str(), blocks.iter().copied().chain(via).collect())
+        .map(|(target, via)| {
+            let cidrs = target.blocks.iter().copied().chain(via).collect();
+            (target.node.as_str(), cidrs)
         })
         .collect();
     let node_of = |ip: IpAddr| {
@@ -229,15 +224,13 @@ fn sweep_now(
 }
 
 /// For each target, the destinations of the main table's routes through one of its addresses.
-fn routes_through(
-    targets: &[(String, Vec<Cidr>, Vec<IpAddr>)],
-) -> Result<Vec<Vec<Cidr>>, ipam_netlink::NetlinkError> {
+fn routes_through(targets: &[Target]) -> Result<Vec<Vec<Cidr>>, ipam_netlink::NetlinkError> {
     let netlink = Netlink::open()?;
     let mut routes = netlink.routes(false)?;
     routes.extend(netlink.routes(true)?);
     Ok(targets
         .iter()
-        .map(|(_, _, addresses)| reached_through(&routes, addresses))
+        .map(|target| reached_through(&routes, &target.addresses))
         .collect())
 }
 

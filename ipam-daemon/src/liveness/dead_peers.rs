@@ -89,18 +89,18 @@ pub async fn run(mut inputs: Inputs) {
         let probes = findings.of(&down);
         log_changes(&inputs.node, &mut verdicts, &probes);
         let reports = reports_of(&probes);
+        let reported: super::dead_flows::Reported = reports
+            .iter()
+            .map(|r| {
+                (
+                    r.node.clone(),
+                    down.get(&r.node).cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
         inputs.reported.send_if_modified(|held| {
-            let now: super::dead_flows::Reported = reports
-                .iter()
-                .map(|r| {
-                    (
-                        r.node.clone(),
-                        down.get(&r.node).cloned().unwrap_or_default(),
-                    )
-                })
-                .collect();
-            let changed = *held != now;
-            *held = now;
+            let changed = *held != reported;
+            *held = reported;
             changed
         });
         let mut wait = if down.is_empty() { None } else { Some(RECHECK) };

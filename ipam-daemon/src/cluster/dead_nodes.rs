@@ -17,8 +17,12 @@
 //!   own kubelet's status sync.
 //!
 //! Every operator replica runs this, not only the leader: the leader may have died with the
-//! node, and a new one is elected only after `operator_lease_ms`. The patches test the
-//! condition they change, so two replicas acting on the same reports mark each pod once.
+//! node, and a new one is elected only after `operator_lease_ms`. A replica that does not lead
+//! leaves the marking to the leader for `FOLLOWER_BACKUP_AFTER` when the lease names the leader's
+//! node and that node is not the dead one (the default identity is `<node>-<pid>`); otherwise
+//! it marks at once. The patches test the condition they change, so two replicas acting on the
+//! same reports mark each pod once; the wait only keeps the follower's patches from doubling
+//! the API server's work in the tenth of a second the marking is timed by.
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
@@ -32,11 +36,34 @@ use tokio::{sync::watch, time::Instant};
 use super::{
     cache::{Cache, watch_until_it_works},
     events::Events,
+    operator::Leader,
 };
 use crate::config::DeadNodeSettings;
 
 /// Longest wait before a marking the API refused is tried again.
 const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// How long a replica that does not lead leaves a dead node's pods to a leader on another
+/// node before marking them itself (finding them marked, it changes nothing): many times the
+/// marking's own time (under 0.2 s), so only a leader that is stuck or cut off from the API
+/// server leaves it the work.
+const FOLLOWER_BACKUP_AFTER: Duration = Duration::from_secs(1);
+
+/// The node an operator's identity names, for the default identity `<node>-<pid>`; `None` for
+/// an identity set by hand in another form.
+fn identity_node(identity: &str) -> Option<&str> {
+    let (node, pid) = identity.rsplit_once('-')?;
+    (!node.is_empty() && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(node)
+}
+
+/// Whether this replica leaves `dead`'s pods to the leader for a while: only when another
+/// replica leads from a node known to be another than `dead`.
+fn leave_to_leader(leader: &Leader, dead: &str) -> bool {
+    match leader {
+        Leader::Other(holder) => identity_node(holder).is_some_and(|node| node != dead),
+        Leader::Us | Leader::Unknown => false,
+    }
+}
 
 /// One node's report of another: who reports it, and the evidence.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +153,10 @@ struct Marking {
     marked: BTreeSet<String>,
     /// Nodes confirmed but not acted on (the setting off, or the rate limit), said once.
     held_back: BTreeSet<String>,
+    /// Who leads the operators.
+    leader: watch::Receiver<Leader>,
+    /// Nodes left to the leader, since when.
+    left_to_leader: BTreeMap<String, Instant>,
 }
 
 /// Follows the node records for as long as the operator runs, marking the pods of the nodes
@@ -134,6 +165,7 @@ pub async fn run(
     store: KubeStore,
     settings: DeadNodeSettings,
     events: Events,
+    leader: watch::Receiver<Leader>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "dead nodes' reports").await;
@@ -146,6 +178,8 @@ pub async fn run(
         backoff: Backoff::new(RETRY_CAP),
         marked: BTreeSet::new(),
         held_back: BTreeSet::new(),
+        leader,
+        left_to_leader: BTreeMap::new(),
     };
     loop {
         let confirmed = confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
@@ -177,6 +211,7 @@ impl Marking {
         }
         self.marked.retain(|n| dead.contains_key(n));
         self.held_back.retain(|n| dead.contains_key(n));
+        self.left_to_leader.retain(|n, _| dead.contains_key(n));
         let mut again: Option<Duration> = None;
         for (node, reports) in dead {
             if self.marked.contains(node) {
@@ -209,6 +244,10 @@ impl Marking {
                 again = Some(again.map_or(wait, |a| a.min(wait)));
                 continue;
             }
+            if let Some(wait) = self.leave_to_leader(node) {
+                again = Some(again.map_or(wait, |a| a.min(wait)));
+                continue;
+            }
             match self.mark(node, &why).await {
                 Ok(()) => {
                     self.backoff.reset();
@@ -228,6 +267,32 @@ impl Marking {
         again
     }
 
+    /// How much longer `node`'s pods are left to the leader; `None` when this replica marks
+    /// them now.
+    fn leave_to_leader(&mut self, node: &str) -> Option<Duration> {
+        let leader = self.leader.borrow().clone();
+        if !leave_to_leader(&leader, node) {
+            return None;
+        }
+        let now = Instant::now();
+        let since = *self
+            .left_to_leader
+            .entry(node.to_owned())
+            .or_insert_with(|| {
+                tracing::info!(
+                    node,
+                    leader = ?leader,
+                    "leaving the marking of node {node}'s pods to the leading operator; marking \
+                     them here in {} ms if it has not",
+                    FOLLOWER_BACKUP_AFTER.as_millis()
+                );
+                now
+            });
+        FOLLOWER_BACKUP_AFTER
+            .checked_sub(now.duration_since(since))
+            .filter(|w| !w.is_zero())
+    }
+
     async fn mark(&mut self, node: &str, why: &str) -> Result<(), kube::Error> {
         let message = format!(
             "{why}; set not ready by ipam-operator. If the node runs, its kubelet restores \
@@ -237,23 +302,32 @@ impl Marking {
         let marked = pod_readiness::mark_pods_not_ready(&self.store, node, &message).await?;
         self.limit.record(Instant::now());
         self.marked.insert(node.to_owned());
+        let took_ms = started.elapsed().as_millis() as u64;
+        if marked.pods.is_empty() {
+            // Another replica (or the node lifecycle controller) was first, or no pod was ready.
+            tracing::info!(
+                node,
+                left_alone = marked.left_alone,
+                took_ms,
+                "{why}; none of its pods is ready any more: nothing to mark"
+            );
+            return Ok(());
+        }
         tracing::warn!(
             node,
             pods = marked.pods.len(),
             left_alone = marked.left_alone,
-            took_ms = started.elapsed().as_millis() as u64,
+            took_ms,
             "{why}; set its {} ready pods not ready, so their Services stop sending them \
              traffic",
             marked.pods.len()
         );
-        if !marked.pods.is_empty() {
-            let note = format!(
-                "{why}; set {} pods not ready: {}",
-                marked.pods.len(),
-                marked.pods.join(", ")
-            );
-            self.events.pods_marked_not_ready(node, &note).await;
-        }
+        let note = format!(
+            "{why}; set {} pods not ready: {}",
+            marked.pods.len(),
+            marked.pods.join(", ")
+        );
+        self.events.pods_marked_not_ready(node, &note).await;
         Ok(())
     }
 }
@@ -295,6 +369,24 @@ mod tests {
             .dead
             .into_keys()
             .collect()
+    }
+
+    #[test]
+    fn a_follower_leaves_the_marking_to_a_leader_on_another_node() {
+        let leader = |holder: &str| Leader::Other(holder.to_owned());
+        // The default identity names the node: the leader on node-2 marks node-1's pods.
+        assert!(leave_to_leader(&leader("node-2-4711"), "node-1"));
+        // The leader died with the node: the follower marks at once.
+        assert!(!leave_to_leader(&leader("node-1-4711"), "node-1"));
+        // A node name that is a prefix of another is not confused with it.
+        assert!(leave_to_leader(&leader("node-10-4711"), "node-1"));
+        assert!(!leave_to_leader(&leader("node-1-5-88"), "node-1-5"));
+        // An identity set by hand says no node: the follower cannot know, and marks at once.
+        assert!(!leave_to_leader(&leader("operator-a"), "node-1"));
+        assert!(!leave_to_leader(&leader("4711"), "node-1"));
+        // Leading, or not knowing who leads: mark at once.
+        assert!(!leave_to_leader(&Leader::Us, "node-1"));
+        assert!(!leave_to_leader(&Leader::Unknown, "node-1"));
     }
 
     #[test]

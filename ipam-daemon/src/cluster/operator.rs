@@ -41,6 +41,18 @@ pub struct OperatorSettings {
     pub elect: bool,
 }
 
+/// Who leads the operators, as this replica last saw the lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Leader {
+    /// Not yet seen, or the lease could not be read.
+    #[default]
+    Unknown,
+    /// This replica.
+    Us,
+    /// Another replica: the identity holding the lease.
+    Other(String),
+}
+
 /// The cluster's pod IPAM, as the operator runs it.
 #[derive(Debug, Clone)]
 pub struct PodIpamSettings {
@@ -50,10 +62,12 @@ pub struct PodIpamSettings {
 }
 
 /// Runs the operator until `stop` turns true; on a clean stop it hands leadership over.
+/// Who leads goes to `leader` at each step of the election.
 pub async fn run<S: Store + Clone + 'static>(
     store: S,
     settings: OperatorSettings,
     mut pools: watch::Receiver<Vec<PoolConfig>>,
+    leader: watch::Sender<Leader>,
     mut stop: watch::Receiver<bool>,
     observed: crate::metrics::Observed,
     events: super::events::Events,
@@ -92,7 +106,7 @@ pub async fn run<S: Store + Clone + 'static>(
         tokio::select! {
             () = settled => due.dirty = true,
             _ = elect_tick.tick(), if settings.elect => {
-                let reached = step_election(&store, &mut election, &mut operator, &settings, &identity).await;
+                let reached = step_election(&store, &mut election, &mut operator, &settings, &leader).await;
                 observed.health.set("store", reached);
                 due.dirty |= operator.is_some();
                 observed.metrics.operator_leader.set(i64::from(election.is_leading()));
@@ -342,9 +356,17 @@ async fn step_election<S: Store>(
     election: &mut LeaderElection,
     operator: &mut Option<Term>,
     settings: &OperatorSettings,
-    identity: &str,
+    leader: &watch::Sender<Leader>,
 ) -> Result<(), String> {
-    match election.step(store).await {
+    let identity = election.identity().to_owned();
+    let identity = identity.as_str();
+    let stepped = election.step(store).await;
+    leader.send_replace(match &stepped {
+        Ok(Leadership::Leading { .. }) => Leader::Us,
+        Ok(Leadership::Following { holder }) if !holder.is_empty() => Leader::Other(holder.clone()),
+        Ok(Leadership::Following { .. }) | Err(_) => Leader::Unknown,
+    });
+    match stepped {
         Ok(Leadership::Leading { acquired: true }) => {
             tracing::info!(
                 identity,

@@ -28,6 +28,7 @@ impl OperatorTask {
         let pod_ip_pools = config.ipam.as_ref().map(|i| i.pools.clone());
         let (pools, pools_rx) = watch::channel(pod_ip_pools.unwrap_or_default());
         let (stop, stop_rx) = watch::channel(false);
+        let (leader, leader_rx) = watch::channel(operator::Leader::Unknown);
         let settings = OperatorSettings {
             pod_ipam: config.ipam.as_ref().map(|ipam| PodIpamSettings {
                 mode: ipam.mode,
@@ -49,12 +50,13 @@ impl OperatorTask {
                 kube.clone(),
                 config.dead_nodes.clone(),
                 events,
+                leader_rx,
                 stop_rx.clone(),
             ));
         }
         let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());
         let handle = tokio::spawn(operator::run(
-            store, settings, pools_rx, stop_rx, observed, events,
+            store, settings, pools_rx, leader, stop_rx, observed, events,
         ));
         Self {
             pools,

@@ -8,6 +8,7 @@
 //! - `lb`: Service IPs, LB-IPAM (which Service gets which IP) and which node announces each;
 //! - `resources`: the stored IPAM objects (pools, node records, the cluster configuration);
 //!   the LoadBalancer objects are in `lb::resources`;
+//! - `meta`: what every kind of object shares (label selectors, status conditions);
 //! - `store`: the resource store every controller is written against, and its stores;
 //! - `cidr`: CIDR arithmetic and the errors users see for bad ones;
 //! - `count`: address counts beyond 64 bits, as JSON;
@@ -21,6 +22,7 @@ pub mod backoff;
 pub mod cidr;
 pub mod count;
 pub mod lb;
+pub mod meta;
 pub mod names;
 pub mod pod;
 pub mod resources;

@@ -5,29 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Cidr, Family,
+    meta::Condition,
     pod::pool::{IpamMode, PodIpPoolSpec},
 };
 use crate::store::Resource;
-
-/// A status condition: `type` is true or false, with a message saying why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct Condition {
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub status: bool,
-    pub message: String,
-}
-
-impl Condition {
-    pub fn new(kind: &str, status: bool, message: impl Into<String>) -> Self {
-        Self {
-            kind: kind.to_owned(),
-            status,
-            message: message.into(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -9,7 +9,8 @@ use std::{sync::Arc, time::Duration};
 
 use ipam_core::{
     lb::resources::LbIpPool,
-    resources::{Condition, NodeIpam, NodeIpamStatus},
+    meta::Condition,
+    resources::{NodeIpam, NodeIpamStatus},
     store::{Store, TypedStore as _, WatchEvent, conformance},
 };
 use ipam_kube::{KubeStore, store::Layout, test_api::TestApi};

@@ -16,10 +16,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_core::lb::resources::{
-    IpFamilyPolicy, L2AnnouncementPolicy, L2PolicySpec, LbIpBlock, LbIpPool, LbIpPoolSpec,
-    LbIpPoolStatus, Protocol, Selector, Service, ServicePort, ServiceSpec, ServiceStatus,
-    ServiceType,
+use ipam_core::{
+    lb::resources::{
+        IpFamilyPolicy, L2AnnouncementPolicy, L2PolicySpec, LbIpBlock, LbIpPool, LbIpPoolSpec,
+        LbIpPoolStatus, Protocol, Service, ServicePort, ServiceSpec, ServiceStatus, ServiceType,
+    },
+    meta::Selector,
 };
 use ipam_daemon::net::frames::ARP_REPLY;
 

@@ -332,7 +332,7 @@ fn advertisement(value: serde_json::Value) -> ipam_core::lb::bgp::BgpAdvertiseme
     serde_json::from_value(value).expect("a BGPAdvertisement")
 }
 
-fn selector(value: serde_json::Value) -> ipam_core::lb::resources::Selector {
+fn selector(value: serde_json::Value) -> ipam_core::meta::Selector {
     serde_json::from_value(value).expect("a selector")
 }
 

@@ -13,9 +13,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_core::lb::resources::{
-    LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Selector, Service, ServiceEndpoint,
-    ServiceEndpoints, ServiceEndpointsSpec, TrafficPolicy,
+use ipam_core::{
+    lb::resources::{
+        LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Service, ServiceEndpoint,
+        ServiceEndpoints, ServiceEndpointsSpec, TrafficPolicy,
+    },
+    meta::Selector,
 };
 use ipam_tests::{
     arp_watch::{ArpWatch, double_answers},
@@ -701,7 +704,7 @@ fn announced_condition(c: &Cluster, service: &str) -> Option<(bool, String)> {
 /// kube-proxy's IPVS mode runs without strictARP (a `kube-ipvs0` device made by hand, with
 /// `arp_ignore` left at 0 by an agent told not to set it: `strict_arp = false`) turns the
 /// Service's condition false with what to do, and back once strictARP's sysctl is set. NotReady and cordoned Nodes need a Kubernetes store: their
-/// reading is tested on Node objects (ipam-kube) and their rule in `announce::eligibility`.
+/// reading is tested on Node objects (ipam-kube) and their rule in `node_record::eligibility`.
 #[test]
 fn excluded_nodes_never_answer_and_a_node_s_ipvs_without_strict_arp_is_reported() {
     let mut c = Cluster::start_add_on("ex", 1);

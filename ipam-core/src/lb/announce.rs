@@ -343,7 +343,8 @@ mod tests {
     use super::*;
     use crate::{
         Family,
-        lb::resources::{IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, Selector, ServiceType},
+        lb::resources::{IpFamilyPolicy, LbIpBlock, LbIpPoolSpec, ServiceType},
+        meta::Selector,
     };
 
     fn node(name: &str, zone: &str, ifaces: &[(&str, &str)]) -> NodeView {

@@ -39,7 +39,7 @@ use super::resources::{LbFamilyCount, LbIpPoolSpec, LbIpPoolStatus, ServiceSpec,
 use crate::{
     Cidr, Family,
     cidr::{ip_to_u128, u128_to_ip},
-    resources::Condition,
+    meta::Condition,
 };
 
 /// The condition types LB-IPAM writes.

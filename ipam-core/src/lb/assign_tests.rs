@@ -9,7 +9,7 @@ use super::{
         ServiceSpec, ServiceStatus, ServiceType,
     },
 };
-use crate::{Family, resources::Condition};
+use crate::{Family, meta::Condition};
 
 fn cidr_pool(cidrs: &[&str]) -> LbIpPoolSpec {
     LbIpPoolSpec {
@@ -865,7 +865,8 @@ fn pools_are_chosen_by_priority_then_name_and_held_ips_stay() {
 /// another namespace is told why. In v4 and v6.
 #[test]
 fn a_pool_with_a_namespace_selector_serves_only_the_namespaces_it_selects() {
-    use super::resources::{Namespace, SelectorOperator, SelectorRequirement};
+    use super::resources::Namespace;
+    use crate::meta::{SelectorOperator, SelectorRequirement};
     let known: std::collections::BTreeMap<String, Namespace> = [
         ("gold", [("tier", "gold")]),
         ("gold-too", [("tier", "gold")]),

@@ -15,14 +15,12 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     announce::ReadyNodes,
-    resources::{
-        LbIpPool, Selector, ServiceSpec, ServiceStatus, TrafficPolicy, in_chosen_pool, pool_chosen,
-    },
+    resources::{LbIpPool, ServiceSpec, ServiceStatus, TrafficPolicy, in_chosen_pool, pool_chosen},
 };
 use crate::{
     Cidr, Family,
     cidr::{ip_to_u128, u128_to_ip},
-    resources::Condition,
+    meta::{Condition, Selector},
     store::Resource,
 };
 

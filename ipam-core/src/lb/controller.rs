@@ -13,7 +13,8 @@ use super::{
 use std::time::{Duration, Instant};
 
 use crate::{
-    resources::{Condition, NodeIpam},
+    meta::Condition,
+    resources::NodeIpam,
     store::{StoreError, TypedStore, Versioned},
 };
 

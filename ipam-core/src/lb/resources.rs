@@ -6,50 +6,17 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Family, resources::Condition, store::Resource};
+use crate::{
+    Family,
+    meta::{Condition, Selector},
+    store::Resource,
+};
 
 /// The `loadBalancerClass` this project serves; services without a class are served too.
 pub const LB_CLASS: &str = "ipam-ebpf.io/l2";
 
-/// A label selector (Kubernetes' `matchLabels` and `matchExpressions`); empty matches all.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[serde(rename_all = "camelCase")]
-pub struct Selector {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub match_labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub match_expressions: Vec<SelectorRequirement>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub struct SelectorRequirement {
-    pub key: String,
-    pub operator: SelectorOperator,
-    #[serde(default)]
-    pub values: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-pub enum SelectorOperator {
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-}
-
+/// The Service-specific half of `Selector`: Cilium's two labels of every Service.
 impl Selector {
-    /// Selects everything.
-    pub fn is_empty(&self) -> bool {
-        self.match_labels.is_empty() && self.match_expressions.is_empty()
-    }
-
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.matches_by(|key| labels.get(key).map(String::as_str))
-    }
-
     /// Whether it selects `service` (`namespace/name`) with `labels`: over its labels and the
     /// two Cilium adds to every Service (`SERVICE_NAMESPACE_LABEL`, `SERVICE_NAME_LABEL`), so a
     /// Cilium user's selector keeps its meaning. Those two always come from the Service's
@@ -63,23 +30,6 @@ impl Selector {
             SERVICE_NAME_LABEL => Some(name),
             _ => labels.get(key).map(String::as_str),
         })
-    }
-
-    /// Whether it matches the labels `label` looks up by key.
-    fn matches_by<'v>(&self, label: impl Fn(&str) -> Option<&'v str>) -> bool {
-        self.match_labels
-            .iter()
-            .all(|(k, v)| label(k) == Some(v.as_str()))
-            && self.match_expressions.iter().all(|r| {
-                let value = label(&r.key);
-                let listed = |v: &str| r.values.iter().any(|listed| listed == v);
-                match r.operator {
-                    SelectorOperator::In => value.is_some_and(listed),
-                    SelectorOperator::NotIn => value.is_none_or(|v| !listed(v)),
-                    SelectorOperator::Exists => value.is_some(),
-                    SelectorOperator::DoesNotExist => value.is_none(),
-                }
-            })
     }
 }
 

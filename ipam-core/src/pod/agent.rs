@@ -498,14 +498,11 @@ mod tests {
         assert!(facts.published_in(&record.value));
         assert!(record.value.spec.pools.is_empty() && record.value.status.allocated.is_empty());
         let mut lapsed = record.value.clone();
-        lapsed
-            .status
-            .conditions
-            .push(crate::resources::Condition::new(
-                "Checked",
-                true,
-                "by the operator",
-            ));
+        lapsed.status.conditions.push(crate::meta::Condition::new(
+            "Checked",
+            true,
+            "by the operator",
+        ));
         store
             .update_typed("n1", &lapsed, &record.revision)
             .await

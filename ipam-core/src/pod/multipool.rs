@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use crate::{
     Cidr, Family,
-    lb::resources::Selector,
+    meta::Selector,
     pod::{node::NodeAllocator, pool::PodIpPoolSpec},
 };
 

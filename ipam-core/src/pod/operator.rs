@@ -17,10 +17,11 @@ use crate::store::{
 };
 use crate::{
     Family,
+    meta::Condition,
     pod::blocks::{BlockAllocator, BlockError},
     pod::pool::{IpamMode, ModeMismatch, Pool, check_mode, check_no_overlap, validate},
     resources::{
-        AllocatedBlock, CLUSTER, ClusterNode, Condition, FamilyUsageStatus, IpamConfig, NodeIpam,
+        AllocatedBlock, CLUSTER, ClusterNode, FamilyUsageStatus, IpamConfig, NodeIpam,
         NodeIpamStatus, PodIpPool, PoolStatus, node_lease_name,
     },
 };

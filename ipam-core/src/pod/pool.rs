@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::{Cidr, CidrError, Family, lb::resources::Selector};
+use crate::{Cidr, CidrError, Family, meta::Selector};
 
 /// How pod IPs are managed cluster-wide. Recorded in cluster state on first start; a daemon
 /// configured with another mode refuses to start (see `check_mode`).

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use ipam_core::{
     lb::bgp::{BgpPeer, BgpSessionStatus, NodeAdvertisements},
-    resources::Condition,
+    meta::Condition,
     store::{StoreError, TypedStore},
 };
 

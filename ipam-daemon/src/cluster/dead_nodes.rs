@@ -348,7 +348,10 @@ fn describe(node: &str, reports: &[Report], nodes: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use ipam_core::resources::{Condition, LEASE_LAPSED, PeerDown};
+    use ipam_core::{
+        meta::Condition,
+        resources::{LEASE_LAPSED, PeerDown},
+    };
 
     use super::*;
 

@@ -274,7 +274,7 @@ impl PodPools {
 
 #[cfg(test)]
 mod tests {
-    use ipam_core::lb::resources::Selector;
+    use ipam_core::meta::Selector;
 
     use super::*;
 

@@ -5,9 +5,7 @@ use std::{collections::BTreeMap, io, net::IpAddr, path::Path};
 
 use ipam_core::pod::agent::NodeAgent;
 use ipam_core::{
-    Cidr, Family, atomic_file,
-    pod::pool::IpamMode,
-    resources::{Condition, FamilyUsageStatus},
+    Cidr, Family, atomic_file, meta::Condition, pod::pool::IpamMode, resources::FamilyUsageStatus,
 };
 use serde::{Deserialize, Serialize};
 
@@ -59,7 +57,7 @@ pub(super) struct StatusView {
     pub(super) published: Option<PublishedStatus>,
     /// The pools and the node's conditions as last read from the store.
     pub(super) pools: Vec<PoolSummary>,
-    pub(super) node_conditions: Vec<ipam_core::resources::Condition>,
+    pub(super) node_conditions: Vec<ipam_core::meta::Condition>,
 }
 
 impl PodIpam {

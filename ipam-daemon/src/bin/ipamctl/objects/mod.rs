@@ -11,7 +11,8 @@ use ipam_core::{
         bgp::{BgpAdvertisement, BgpPeer},
         resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
     },
-    resources::{Condition, NodeIpam, PodIpPool},
+    meta::Condition,
+    resources::{NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _, Versioned},
 };
 use ipam_daemon::{cluster::ClusterStore, config::Config};

@@ -4,16 +4,17 @@
 //! From the top down (a module uses only those below it):
 //! - `daemon`: the roles, wiring the controllers together and handling signals;
 //! - the node's controllers, peers of each other: `pod_ipam` (pod addresses, the local API's
-//!   allocations, the host network), `announce` (which IPs this node answers for), `liveness`
-//!   (its lease, the fence, who else is alive), `routes` (routes to other nodes' pods),
-//!   `endpoints` (the pods' interfaces as the datapath knows them); and the operator's, in
-//!   `cluster::operator`;
-//! - `l2`: answering ARP/NDP on the links for the wanted announcements;
+//!   allocations, the host network), `l2` (which Service IPs this node answers for, and
+//!   answering ARP/NDP for them on the links), `bgp` (advertising them to routers),
+//!   `liveness` (its lease, the fence, who else is alive), `routes` (routes to other nodes'
+//!   pods), `endpoints` (the pods' interfaces as the datapath knows them); and the operator's,
+//!   in `cluster::operator`;
+//! - `node_record`: this node's record as the announcers read it (eligibility, its facts);
 //! - `cluster`: the store the daemon runs on, the watches that wake controllers, events;
 //! - `config`, `api` (the local API's server), `metrics` (with the readiness checks);
-//! - `datapath` (eBPF programs and maps), `net` (interfaces and frames), `logging`, `clock`.
+//! - `datapath` (eBPF programs and maps), `net` (interfaces, frames, the Service IPs on `lo`),
+//!   `logging`, `clock`.
 
-pub mod announce;
 pub mod api;
 pub mod bgp;
 pub mod clock;
@@ -27,5 +28,6 @@ pub mod liveness;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod node_record;
 pub mod pod_ipam;
 pub mod routes;

@@ -35,13 +35,13 @@ use super::{
     status::Reports,
 };
 use crate::{
-    announce::local_address::{Holder, LocalAddresses},
     cluster::{
         ClusterStore,
         cache::{Cache, watch_until_it_works},
     },
     config::BgpSettings,
     metrics::{Health, Metrics},
+    net::local_address::{Holder, LocalAddresses},
 };
 
 /// Changes are gathered this long before BIRD is reconfigured: a burst of Service writes

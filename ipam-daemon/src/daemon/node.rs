@@ -1,9 +1,9 @@
 //! The node's controllers, wired together. What flows between them:
 //!
 //! ```text
-//!  config ──Configured──▶ announce ──Announcements──▶ l2::responder ──▶ responder maps, frames
+//!  config ──Configured──▶ l2::configured ──Announcements──▶ l2::responder ──▶ maps, frames
 //!                            ▲
-//!  store ──▶ announce::service_ips ──OwnedIps──┘       (owners over liveness::LivePeers)
+//!  store ──▶ l2::owners ──OwnedIps──┘                  (owners over liveness::LivePeers)
 //!  UDP ◀─▶ liveness::gossip ──Membership──▶ LivePeers     ([gossip]; else the nodes' leases)
 //!           liveness::gossip ──FenceState──▶ Fence       ([gossip]; else the node's lease)
 //!  Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat (silenced at once when it closes)
@@ -12,7 +12,7 @@
 //!           liveness::dead_peers ──Reported──▶ dead_flows ──▶ conntrack (their unanswered flows)
 //!  store ──▶ pod_ipam ──▶ local API (ipam-cni), host network, status.json, node record
 //!  store ──▶ routes ──▶ route map
-//!  announce::node_record ──▶ node record                  (add-on mode: no [ipam], no pod_ipam)
+//!  node_record ──▶ node record                            (add-on mode: no [ipam], no pod_ipam)
 //!  store ──▶ bgp::announcer ──▶ BIRD ──▶ routers           ([bgp]: routes per Service IP)
 //! ```
 //!
@@ -30,12 +30,11 @@ use super::{
     signals::{SignalEvent, Signals},
 };
 use crate::{
-    announce::{self, Configured, OwnedIps, local_address::LocalAddresses},
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
     config::{Config, IpamSettings, NodeSettings},
     datapath::{self, Datapath},
-    l2::{self, announcer::AnnounceError},
+    l2::{self, Configured, OwnedIps, announcer::AnnounceError},
     liveness::{
         self, Fence, LeaseFence,
         gossip::{self, Gossip},
@@ -43,6 +42,7 @@ use crate::{
         peers::PeersSource,
     },
     metrics::Observed,
+    net::local_address::LocalAddresses,
     pod_ipam::PodIpam,
 };
 
@@ -247,7 +247,7 @@ impl NodeControllers {
                 gossip = start_gossip(config, &store, &observed);
                 let (settings, settings_rx) = watch::channel(config.node.clone());
                 node_settings = Some(settings);
-                tokio::spawn(announce::node_record::run(
+                tokio::spawn(crate::node_record::run(
                     store.clone(),
                     settings_rx,
                     observed.health.clone(),
@@ -258,7 +258,11 @@ impl NodeControllers {
             }
             None => ClusterSide::standalone(),
         };
-        tokio::spawn(announce::run(configured_rx, cluster.owned, announcements));
+        tokio::spawn(l2::configured::run(
+            configured_rx,
+            cluster.owned,
+            announcements,
+        ));
         let (timing, timing_rx) = watch::channel(timing(config));
         tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
         Ok(Self {
@@ -443,8 +447,8 @@ fn start_cluster_side(
     };
     let (owned_tx, owned) = watch::channel(OwnedIps::new());
     let events = Events::for_store(&store, "ipam-agent", &config.node.name);
-    tokio::spawn(announce::service_ips::run(
-        announce::service_ips::Inputs {
+    tokio::spawn(l2::owners::run(
+        l2::owners::Inputs {
             store,
             node: config.node.name.clone(),
             peers,

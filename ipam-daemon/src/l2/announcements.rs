@@ -1,6 +1,6 @@
 //! What this node answers ARP/NDP for: (IP, interface) pairs grouped by interface, with how the
-//! responder is attached there. One producer builds it (the announcement controller, from the
-//! configured IPs and the service IPs this node owns); the responder controller reads it.
+//! responder is attached there. One producer builds it (`configured`, from the configured IPs
+//! and the service IPs this node owns, `OwnedIps`); the responder controller reads it.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -8,6 +8,16 @@ use std::{
 };
 
 use crate::datapath::AttachMode;
+
+/// The service IPs this node owns (`owners` decides them).
+pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;
+
+/// A service IP this node owns: whose it is, and the interfaces to answer on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedIp {
+    pub service: String,
+    pub interfaces: Vec<String>,
+}
 
 /// The IPs answered on one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

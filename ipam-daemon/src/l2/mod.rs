@@ -1,6 +1,12 @@
-//! L2 announcements on this node's links: the datapath side of answering ARP/NDP for IPs.
+//! L2 announcements: which Service IPs this node answers ARP/NDP for, and answering them on its
+//! links.
 //!
-//! - `announcements`: the value every producer of announced IPs agrees on: which IPs to answer
+//! - `owners`: the cluster's Service IPs this node owns (rendezvous hashing over the live
+//!   nodes, the same answer on every node), and the address each needs on `lo`;
+//! - `handover`: break before make, when an IP moves from a node that is still alive;
+//! - `configured`: the one producer of `Announcements`, from the IPs configured in the daemon's
+//!   file and the owned service IPs;
+//! - `announcements`: the values they agree on: the owned service IPs, and which IPs to answer
 //!   on which interface, attached how;
 //! - `announcer`: brings the responder maps and attachments in line with it, by difference;
 //! - `responder`: the controller that runs the announcer whenever the value changes, retries
@@ -12,8 +18,12 @@
 
 pub mod announcements;
 pub mod announcer;
+pub mod configured;
 pub mod gratuitous;
+pub mod handover;
 pub mod multicast;
+pub mod owners;
 pub mod responder;
 
-pub use announcements::Announcements;
+pub use announcements::{Announcements, OwnedIp, OwnedIps};
+pub use configured::Configured;

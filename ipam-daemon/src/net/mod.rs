@@ -1,5 +1,7 @@
-//! Host networking helpers: interfaces, raw frames on a link, and the frame formats of ARP/NDP.
+//! Host networking helpers: interfaces, raw frames on a link, the frame formats of ARP/NDP, and
+//! the Service IPs on `lo` that make the node accept their traffic.
 
 pub mod frames;
 pub mod iface;
+pub mod local_address;
 pub mod packet_socket;

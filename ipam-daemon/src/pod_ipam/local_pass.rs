@@ -47,7 +47,7 @@ impl PodIpam {
         if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 || self.facts_reloaded {
             self.facts_reloaded = false;
             let facts = self.node_facts();
-            crate::announce::eligibility::report(
+            crate::node_record::eligibility::report(
                 &self.settings.node_name,
                 &self.agents.facts.announcing,
                 &facts.announcing,

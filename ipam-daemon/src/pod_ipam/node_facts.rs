@@ -80,7 +80,7 @@ impl PodIpam {
                 .unwrap_or_default()
         };
         let host = &self.settings.host_device;
-        crate::announce::node_record::facts_of(
+        crate::node_record::facts_of(
             addresses,
             &self.settings.node_labels,
             &self.settings.announce,

@@ -2,7 +2,7 @@
 //! (`ipam_gossip`) over UDP on its address between nodes, and the store sees none of it.
 //!
 //! What the task publishes:
-//! - `Membership`: the other nodes the gossip holds alive, which `announce::service_ips` hashes
+//! - `Membership`: the other nodes the gossip holds alive, which `l2::owners` hashes
 //!   the service IPs over (through `LivePeers::Gossip`);
 //! - `FenceState`: whether this node may answer, which `heartbeat` follows at once;
 //! - a `GossipMembers` snapshot for `ipamctl members`, and the gossip metrics.

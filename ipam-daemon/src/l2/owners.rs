@@ -4,7 +4,7 @@
 //! records, and the live nodes as `liveness::LivePeers` reports them: from the gossip, or from
 //! the nodes' leases) with rendezvous hashing
 //! (`ipam_core::lb::announce`), so a node's death moves its IPs with no per-service write. An IP
-//! this node takes over is put on `lo` (see `local_address`) and published in `OwnedIps`; the
+//! this node takes over is put on `lo` (`net::local_address`) and published in `OwnedIps`; the
 //! responder controller answers for it and tells the link. An IP another live node may still
 //! answer for is taken only after it let go (`handover`).
 
@@ -26,8 +26,8 @@ use ipam_core::{
 use tokio::sync::watch;
 
 use super::{
+    announcements::{OwnedIp, OwnedIps},
     handover::{Handover, Previous},
-    local_address::{Holder, LocalAddresses},
 };
 use crate::{
     cluster::{
@@ -37,6 +37,7 @@ use crate::{
     },
     liveness::{LivePeers, peers::PeersSource},
     metrics::Metrics,
+    net::local_address::{Holder, LocalAddresses},
 };
 
 /// How often ownership is recomputed (lease lapses change nothing in the store to wake us; a
@@ -45,16 +46,6 @@ const TICK: Duration = Duration::from_millis(100);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
 const STARTING: Duration = Duration::from_secs(30);
-
-/// The service IPs this node owns.
-pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;
-
-/// A service IP this node owns: whose it is, and the interfaces to answer on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedIp {
-    pub service: String,
-    pub interfaces: Vec<String>,
-}
 
 /// What the controller reads.
 pub struct Inputs {

@@ -1,16 +1,20 @@
-//! The add-on mode's node record: with no pod IPAM to keep it, this controller writes what the
-//! other nodes decide Service IP ownership and the gossip from (the node's labels, its
-//! interfaces with their subnets, its address between nodes) and keeps it current.
+//! This node's record as every announcer reads it: whether it may announce Service IPs
+//! (`eligibility`), and the facts the others decide ownership and the gossip from (its labels,
+//! its interfaces with their subnets, its address between nodes). L2 and BGP both read the
+//! records; pod IPAM and this module write them.
 //!
-//! With `[ipam]` the pod IPAM controller writes the same facts beside the node's blocks
-//! (`pod_ipam::node_facts`); exactly one of the two runs on a node.
+//! This module's controller is the add-on mode's writer: with no pod IPAM to keep the record,
+//! it writes the facts and keeps them current. With `[ipam]` the pod IPAM controller writes the
+//! same facts beside the node's blocks (`pod_ipam::node_facts`); exactly one of the two runs on
+//! a node.
+
+pub mod eligibility;
 
 use std::{net::IpAddr, time::Duration};
 
 use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
 use tokio::sync::watch;
 
-use super::eligibility;
 use crate::{
     cluster::ClusterStore,
     config::{AnnounceSettings, NodeSettings},

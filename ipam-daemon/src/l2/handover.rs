@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::service_ips::OwnedIps;
+use super::announcements::OwnedIps;
 
 /// How long the new owner of an IP waits when its previous owner is alive: above the other
 /// nodes' lag in seeing the same change (their tick, 100 ms, plus a watch's delivery).
@@ -84,7 +84,7 @@ impl Handover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::announce::OwnedIp;
+    use crate::l2::announcements::OwnedIp;
 
     fn owned(ips: &[&str]) -> OwnedIps {
         ips.iter()

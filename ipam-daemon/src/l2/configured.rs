@@ -1,30 +1,15 @@
-//! Service announcement: which IPs this node answers for, as one `Announcements` value.
-//!
-//! - `service_ips`: the cluster's Service IPs this node owns (rendezvous hashing over the live
-//!   nodes, the same answer on every node), and the address each needs on `lo`;
-//! - `handover`: break before make, when an IP moves from a node that is still alive;
-//! - this module: the one producer of `Announcements`, from the IPs configured in the daemon's
-//!   file and the service IPs, for the responder controller (`l2::responder`) to apply.
-//!
-//! Announcing over another protocol (BGP) would be a sibling of `l2::responder` reading the
-//! service IPs; pod IPAM is not involved.
-
-pub mod eligibility;
-pub mod handover;
-pub mod local_address;
-pub mod node_record;
-pub mod service_ips;
+//! The one producer of `Announcements`: the IPs configured in the daemon's file and the service
+//! IPs this node owns (`owners`), merged with each interface's attach mode, for the responder
+//! controller (`responder`) to apply.
 
 use std::collections::BTreeMap;
 
 use tokio::sync::watch;
 
-pub use service_ips::{OwnedIp, OwnedIps};
-
+use super::announcements::{Announcements, OwnedIps};
 use crate::{
     config::{AnnouncementConfig, Config},
     datapath::AttachMode,
-    l2::Announcements,
 };
 
 /// What the daemon's configuration says about announcing: the IPs it lists, and how the
@@ -117,6 +102,7 @@ async fn changed_or_never<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::l2::announcements::OwnedIp;
 
     #[test]
     fn configured_and_owned_ips_merge_with_the_interfaces_attach_modes() {

@@ -10,9 +10,10 @@ use ipam_core::lb::{
     resources::{LbIpPoolStatus, Namespace, Service, ServiceStatus, ServiceType, namespace_of},
 };
 use ipam_daemon::cluster::ClusterStore;
+use ipam_migrate::{Migration, Target};
 use serde::Serialize;
 
-use super::{EXIT_RENUMBERED, Migration, Target};
+use super::EXIT_RENUMBERED;
 use crate::{
     objects::named,
     output::{Output, emit, joined, table},

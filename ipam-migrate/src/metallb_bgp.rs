@@ -3,16 +3,19 @@
 
 use std::collections::BTreeMap;
 
-use ipam_core::lb::{
-    bgp::{Bfd, BgpAdvertisementSpec, BgpPeerSpec, GracefulRestart, SecretKeyRef, parse_community},
-    resources::Selector,
+use ipam_core::{
+    lb::bgp::{
+        Bfd, BgpAdvertisementSpec, BgpPeerSpec, GracefulRestart, SecretKeyRef, parse_community,
+    },
+    meta::Selector,
 };
 use serde_yaml_ng::Value;
 
-use super::{
-    Pools, Report, Source,
+use crate::{
     fields::{Bad, Fields},
     metallb,
+    migration::Report,
+    source::{Pools, Source},
 };
 
 /// The BFDProfiles and Community aliases of the input.

@@ -1,13 +1,14 @@
 //! Cilium's LB-IPAM, L2 announcement and multi-pool IPAM resources.
 
 use ipam_core::{
-    lb::resources::{L2PolicySpec, LbIpBlock, LbIpPoolSpec, Selector},
+    lb::resources::{L2PolicySpec, LbIpBlock, LbIpPoolSpec},
+    meta::Selector,
     pod::pool::{FamilySpec, PodIpPoolSpec},
 };
 
-use super::{
-    Report,
+use crate::{
     fields::{Bad, Fields, canonical_cidr, canonical_ip, selector},
+    migration::Report,
 };
 
 /// A CiliumLoadBalancerIPPool (`cilium.io/v2alpha1` or `v2`).

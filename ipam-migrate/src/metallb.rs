@@ -4,12 +4,14 @@ use std::net::IpAddr;
 
 use ipam_core::{
     Cidr,
-    lb::resources::{L2PolicySpec, LbIpBlock, LbIpPoolSpec, Selector},
+    lb::resources::{L2PolicySpec, LbIpBlock, LbIpPoolSpec},
+    meta::Selector,
 };
 
-use super::{
-    Pools, Report,
+use crate::{
     fields::{Bad, Fields, canonical_ip, selector},
+    migration::Report,
+    source::Pools,
 };
 
 /// An IPAddressPool.

@@ -15,15 +15,15 @@ mod peering_policy;
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use ipam_core::lb::{
-    bgp::{BgpPeerSpec, Community, GracefulRestart, SecretKeyRef, parse_community},
-    resources::Selector,
+use ipam_core::{
+    lb::bgp::{BgpPeerSpec, Community, GracefulRestart, SecretKeyRef, parse_community},
+    meta::Selector,
 };
 use serde_yaml_ng::Value;
 
-use super::{
-    Report,
+use crate::{
     fields::{self, Bad, Fields, selector},
+    migration::Report,
 };
 
 pub(crate) use control_plane::{Index, advertisement, cluster_config, peer_config_object};

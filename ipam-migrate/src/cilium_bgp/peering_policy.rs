@@ -1,7 +1,7 @@
 //! Cilium's older CiliumBGPPeeringPolicy (`cilium.io/v2alpha1`): peers and what they carry in
 //! one object, per virtual router.
 
-use ipam_core::lb::{bgp::BgpAdvertisementSpec, resources::Selector};
+use ipam_core::{lb::bgp::BgpAdvertisementSpec, meta::Selector};
 use serde_yaml_ng::Value;
 
 use super::{
@@ -9,9 +9,9 @@ use super::{
     read_families, read_graceful_restart, read_multihop, read_secret_reference, read_timers,
     u16_field,
 };
-use crate::migrate::{
-    Report, Target,
+use crate::{
     fields::{Bad, Fields, selector},
+    migration::{Report, Target},
 };
 
 /// A CiliumBGPPeeringPolicy: a BGPPeer per neighbour, and per virtual router a BGPAdvertisement

@@ -4,9 +4,9 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use ipam_core::lb::{
-    bgp::{BgpAdvertisementSpec, BgpPeerSpec},
-    resources::Selector,
+use ipam_core::{
+    lb::bgp::{BgpAdvertisementSpec, BgpPeerSpec},
+    meta::Selector,
 };
 use serde_yaml_ng::Value;
 
@@ -15,9 +15,10 @@ use super::{
     read_families, read_graceful_restart, read_multihop, read_secret_reference, read_timers,
     u16_field,
 };
-use crate::migrate::{
-    Migration, Pools, Report, Source,
+use crate::{
     fields::{Bad, Fields, selector},
+    migration::{Migration, Report},
+    source::{Pools, Source},
 };
 
 /// A peer of a CiliumBGPClusterConfig, as the index knows it.
@@ -52,10 +53,7 @@ impl Index {
         for source in sources.iter().filter(|s| is_cilium(s)) {
             match source.kind.as_str() {
                 "CiliumBGPPeerConfig" => {
-                    let mut report = Report {
-                        from: String::new(),
-                        migration: &mut scratch,
-                    };
+                    let mut report = Report::new(String::new(), &mut scratch);
                     let config = Fields::of("spec", source.spec.clone())
                         .and_then(|spec| peer_config(spec, &mut report))
                         .ok();

@@ -169,10 +169,7 @@ pub(crate) fn string(path: &str, value: Value) -> Result<String, Bad> {
 }
 
 /// A label selector (`matchLabels`, `matchExpressions`), as Kubernetes writes it.
-pub(crate) fn selector(
-    path: &str,
-    value: Value,
-) -> Result<ipam_core::lb::resources::Selector, Bad> {
+pub(crate) fn selector(path: &str, value: Value) -> Result<ipam_core::meta::Selector, Bad> {
     serde_yaml_ng::from_value(value)
         .map_err(|e| Bad::new(path, format!("not a label selector: {e}")))
 }

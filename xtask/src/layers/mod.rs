@@ -1,6 +1,7 @@
 //! `cargo xtask layers`: the import graph between the top-level modules of each crate, checked
-//! for circles, and the order it allows printed from the top down. `lint` runs it, so a change
-//! that makes two modules need each other fails CI with the references that tie them.
+//! for circles, and the order it allows printed from the top down; then the same between files
+//! (`files`). `lint` runs it, so a change that makes two modules or two files need each other
+//! fails CI with the references that tie them.
 //!
 //! It reads source text, not the compiler's view: an edge `a -> b` is a reference to `crate::b`
 //! from a file of module `a` (a `use` line or a path in the code; comments are skipped). Test
@@ -15,6 +16,8 @@ use anyhow::{Context as _, bail};
 
 use crate::cmd::workspace_root;
 
+mod files;
+
 /// The crates whose modules are checked (each crate's `src/`).
 const CRATES: &[&str] = &[
     "ipam-common",
@@ -25,8 +28,13 @@ const CRATES: &[&str] = &[
     "ipam-netlink",
     "ipam-gossip",
     "ipam-cni",
+    "ipam-migrate",
     "ipam-daemon",
 ];
+
+/// Crates whose files are checked for circles but whose modules are not layered (tools and the
+/// test kit, with no layers to keep).
+const FILES_ONLY: &[&str] = &["xtask", "tests"];
 
 /// For each module, the modules it references, with one file that does for each.
 type Graph = BTreeMap<String, BTreeMap<String, PathBuf>>;
@@ -49,6 +57,19 @@ pub(crate) fn run() -> anyhow::Result<()> {
         );
     }
     println!("layers: no circle between the top-level modules of any crate");
+    let mut file_circles = Vec::new();
+    for name in CRATES.iter().chain(FILES_ONLY) {
+        let src = root.join(name).join("src");
+        file_circles
+            .extend(files::circles(&src).with_context(|| format!("reading {}", src.display()))?);
+    }
+    if !file_circles.is_empty() {
+        bail!(
+            "files that need each other (move what both need into a file below them):\n{}",
+            file_circles.join("\n")
+        );
+    }
+    println!("layers: no circle between the files of any crate");
     Ok(())
 }
 

@@ -154,6 +154,21 @@ fn counters_follow_what_was_done_and_promtool_accepts_them() {
         );
     }
     assert!(text.contains("ipam_pod_datapath_packets_total"), "{text}");
+    // One store watch per kind for the whole daemon, however many controllers follow it: the
+    // node records feed at least pod IPAM and the operator beside it (standalone).
+    let watches: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ipam_store_watches{"))
+        .collect();
+    assert!(!watches.is_empty(), "{text}");
+    for line in &watches {
+        assert!(
+            line.ends_with(" 1"),
+            "more than one store watch of a kind: {line}"
+        );
+    }
+    let node_records = sample(&text, "ipam_store_watch_subscribers{kind=\"NodeIPAM\"}");
+    assert!(node_records >= Some(2.0), "{text}");
 
     // The same node through `ipamctl -o json`: the published status and the pod datapath.
     let state_dir = node.dir.0.join("node").display().to_string();

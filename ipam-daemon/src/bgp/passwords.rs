@@ -93,7 +93,7 @@ async fn read(
     namespace: &str,
     reference: &SecretKeyRef,
 ) -> Result<String, String> {
-    let ClusterStore::Kubernetes(kube) = store else {
+    let Some(kube) = store.kube() else {
         return Err(format!(
             "passwordSecretRef ({}) needs the Kubernetes store: on {} give the password in \
              spec.password",
@@ -125,7 +125,7 @@ mod tests {
     };
 
     use super::Passwords;
-    use crate::cluster::ClusterStore;
+    use crate::cluster::{Backend, ClusterStore};
 
     fn peer(secret: Option<&str>) -> BgpPeerSpec {
         let mut spec = serde_json::json!({
@@ -142,7 +142,9 @@ mod tests {
     #[tokio::test]
     async fn a_peer_whose_password_cannot_be_had_is_held_back_with_why() {
         let dir = tempfile_dir();
-        let store = ClusterStore::Embedded(EmbeddedStore::open(&dir.join("state")).unwrap());
+        let store = ClusterStore::from(Backend::Embedded(
+            EmbeddedStore::open(&dir.join("state")).unwrap(),
+        ));
         let ip = "198.51.100.1/32".parse().unwrap();
         let mut wanted = NodeAdvertisements::default();
         for (name, secret) in [("plain", None), ("guarded", Some("bgp-guarded"))] {

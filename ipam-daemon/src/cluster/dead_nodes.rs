@@ -34,6 +34,7 @@ use ipam_kube::{KubeStore, pod_readiness};
 use tokio::{sync::watch, time::Instant};
 
 use super::{
+    ClusterStore,
     cache::{Cache, watch_until_it_works},
     events::Events,
     operator::Leader,
@@ -160,18 +161,21 @@ struct Marking {
 }
 
 /// Follows the node records for as long as the operator runs, marking the pods of the nodes
-/// a majority reports dead.
+/// a majority reports dead. Only on Kubernetes: on another store it returns at once.
 pub async fn run(
-    store: KubeStore,
+    store: ClusterStore,
     settings: DeadNodeSettings,
     events: Events,
     leader: watch::Receiver<Leader>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let Some(kube) = store.kube().cloned() else {
+        return;
+    };
     let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "dead nodes' reports").await;
     let mut records = Cache::<NodeIpam>::new(&watch.initial);
     let mut marking = Marking {
-        store,
+        store: kube,
         limit: RateLimit::new(settings.max_nodes_per_window, settings.rate_window()),
         settings,
         events,

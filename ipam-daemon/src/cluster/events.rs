@@ -19,11 +19,9 @@ pub enum Events {
 impl Events {
     /// Events for `store`, reported by `controller` replica `instance`.
     pub fn for_store(store: &ClusterStore, controller: &str, instance: &str) -> Self {
-        match store {
-            ClusterStore::Kubernetes(s) => {
-                Self::Kubernetes(Box::new(EventPublisher::new(s, controller, instance)))
-            }
-            _ => Self::None,
+        match store.kube() {
+            Some(s) => Self::Kubernetes(Box::new(EventPublisher::new(s, controller, instance))),
+            None => Self::None,
         }
     }
 

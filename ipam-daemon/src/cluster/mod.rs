@@ -1,11 +1,13 @@
 //! What the daemon needs to run as one of many: the store it shares with the other nodes and
-//! operator replicas, the watches that wake its controllers, and the operator role.
+//! operator replicas (one watch per kind, shared: `shared_watch`), the watches that wake its
+//! controllers, and the operator role.
 
 pub mod cache;
 pub mod changes;
 pub mod dead_nodes;
 pub mod events;
 pub mod operator;
+pub mod shared_watch;
 pub mod store;
 
-pub use store::ClusterStore;
+pub use store::{Backend, ClusterStore};

@@ -1,17 +1,32 @@
 //! The store the daemon runs on, as chosen in the configuration: the embedded database file
-//! (one node, the default), etcd, or the Kubernetes API (many nodes sharing pools).
+//! (one node, the default), etcd, or the Kubernetes API (many nodes sharing pools). Every clone
+//! of one `ClusterStore` shares one watch per kind (`shared_watch`).
+
+use std::sync::Arc;
 
 use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch, embedded::EmbeddedStore};
 use ipam_etcd::{EtcdError, EtcdStore};
 use ipam_kube::KubeStore;
 
-use crate::config::{StoreKind, StoreSettings, default_store};
+use super::shared_watch::SharedWatches;
+use crate::{
+    config::{StoreKind, StoreSettings, default_store},
+    metrics::Metrics,
+};
 
+/// The store, cloned into every controller; its watches are shared among the clones.
 #[derive(Clone)]
-pub enum ClusterStore {
+pub struct ClusterStore {
+    backend: Backend,
+    watches: Arc<SharedWatches>,
+}
+
+/// Which store it is.
+#[derive(Clone)]
+pub enum Backend {
     Embedded(EmbeddedStore),
     /// Boxed: the etcd client is large, and the store is cloned into every task.
-    Etcd(std::sync::Arc<EtcdStore>),
+    Etcd(Arc<EtcdStore>),
     Kubernetes(KubeStore),
 }
 
@@ -33,8 +48,65 @@ pub enum OpenStoreError {
     },
 }
 
+impl From<Backend> for ClusterStore {
+    fn from(backend: Backend) -> Self {
+        Self {
+            backend,
+            watches: Arc::default(),
+        }
+    }
+}
+
 impl ClusterStore {
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The Kubernetes store, when it is one (for what only Kubernetes has: Nodes, Pods,
+    /// Events, Secrets).
+    pub fn kube(&self) -> Option<&KubeStore> {
+        match &self.backend {
+            Backend::Kubernetes(s) => Some(s),
+            Backend::Embedded(_) | Backend::Etcd(_) => None,
+        }
+    }
+
+    /// Counts the shared watches in `metrics` (`ipam_store_watches`).
+    pub fn count_watches_in(&self, metrics: &Metrics) {
+        self.watches.count_in(metrics);
+    }
+
     pub async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {
+        Backend::open(settings).await.map(Self::from)
+    }
+
+    /// A second connection to the same store, for a task that must not share the first one's
+    /// runtime (the node lease, renewed from a thread of its own): its watches are its own too.
+    pub async fn connect_again(&self) -> Result<Self, OpenStoreError> {
+        self.backend.connect_again().await.map(Self::from)
+    }
+
+    /// Whether other processes (other nodes, operator replicas) share this store.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Etcd(_) | Backend::Kubernetes(_))
+    }
+
+    /// Where the state lives, for logs and `ipamctl`.
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Embedded(_) => "embedded store".to_owned(),
+            Backend::Etcd(s) => format!(
+                "etcd {} (prefix {})",
+                s.config().endpoint_list(),
+                s.config().prefix
+            ),
+            Backend::Kubernetes(s) => s.describe(),
+        }
+    }
+}
+
+impl Backend {
+    async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {
         match settings.kind {
             StoreKind::Embedded => {
                 let path = settings.path.clone().unwrap_or_else(default_store);
@@ -51,9 +123,7 @@ impl ClusterStore {
                     .etcd
                     .clone()
                     .expect("configuration validation requires [store.etcd] for kind etcd");
-                Ok(Self::Etcd(std::sync::Arc::new(
-                    EtcdStore::connect(config).await?,
-                )))
+                Ok(Self::Etcd(Arc::new(EtcdStore::connect(config).await?)))
             }
             StoreKind::Kubernetes => {
                 // In a pod its service account, else KUBECONFIG or ~/.kube/config.
@@ -68,12 +138,10 @@ impl ClusterStore {
         }
     }
 
-    /// A second connection to the same store, for a task that must not share the first one's
-    /// runtime (the node lease, renewed from a thread of its own).
-    pub async fn connect_again(&self) -> Result<Self, OpenStoreError> {
+    async fn connect_again(&self) -> Result<Self, OpenStoreError> {
         match self {
             Self::Embedded(s) => Ok(Self::Embedded(s.clone())),
-            Self::Etcd(s) => Ok(Self::Etcd(std::sync::Arc::new(
+            Self::Etcd(s) => Ok(Self::Etcd(Arc::new(
                 EtcdStore::connect(s.config().clone()).await?,
             ))),
             // A client of its own: a clone would share connections driven by the first
@@ -89,27 +157,9 @@ impl ClusterStore {
             }
         }
     }
-
-    /// Whether other processes (other nodes, operator replicas) share this store.
-    pub fn is_shared(&self) -> bool {
-        matches!(self, Self::Etcd(_) | Self::Kubernetes(_))
-    }
-
-    /// Where the state lives, for logs and `ipamctl`.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Embedded(_) => "embedded store".to_owned(),
-            Self::Etcd(s) => format!(
-                "etcd {} (prefix {})",
-                s.config().endpoint_list(),
-                s.config().prefix
-            ),
-            Self::Kubernetes(s) => s.describe(),
-        }
-    }
 }
 
-impl Store for ClusterStore {
+impl Store for Backend {
     async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
         match self {
             Self::Embedded(s) => s.get(kind, name).await,
@@ -181,5 +231,55 @@ impl Store for ClusterStore {
             Self::Etcd(s) => s.watch(kind).await,
             Self::Kubernetes(s) => s.watch(kind).await,
         }
+    }
+}
+
+/// Everything goes to the backend, but for `watch`: the kind's shared watch.
+impl Store for ClusterStore {
+    async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
+        self.backend.get(kind, name).await
+    }
+
+    async fn list(&self, kind: &str) -> Result<Vec<RawObject>, StoreError> {
+        self.backend.list(kind).await
+    }
+
+    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
+        self.backend.create(kind, name, value).await
+    }
+
+    async fn update(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
+        self.backend.update(kind, name, value, expected).await
+    }
+
+    async fn update_status(
+        &self,
+        kind: &str,
+        name: &str,
+        value: Vec<u8>,
+        expected: &Revision,
+    ) -> Result<Revision, StoreError> {
+        self.backend
+            .update_status(kind, name, value, expected)
+            .await
+    }
+
+    async fn delete(
+        &self,
+        kind: &str,
+        name: &str,
+        expected: Option<&Revision>,
+    ) -> Result<(), StoreError> {
+        self.backend.delete(kind, name, expected).await
+    }
+
+    async fn watch(&self, kind: &str) -> Result<Watch, StoreError> {
+        self.watches.watch(&self.backend, kind).await
     }
 }

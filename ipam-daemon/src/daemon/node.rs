@@ -212,6 +212,7 @@ impl NodeControllers {
         let cluster = match config.ipam.clone() {
             Some(settings) => {
                 let store = ClusterStore::open(&config.store_settings()).await?;
+                store.count_watches_in(&observed.metrics);
                 check_mode(&store, settings.mode).await?;
                 if role == Role::Standalone {
                     operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
@@ -235,6 +236,7 @@ impl NodeControllers {
             // writes for itself.
             None if config.is_add_on() => {
                 let store = ClusterStore::open(&config.store_settings()).await?;
+                store.count_watches_in(&observed.metrics);
                 check_add_on(&store).await?;
                 tracing::info!(
                     node = config.node.name.as_str(),
@@ -369,7 +371,7 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
         node: config.node.name.clone(),
         metrics: observed.metrics.clone(),
     });
-    if let ClusterStore::Kubernetes(_) = store {
+    if store.kube().is_some() {
         let (reported, reported_rx) = watch::channel(Default::default());
         tokio::spawn(liveness::dead_peers::run(liveness::dead_peers::Inputs {
             store: store.clone(),

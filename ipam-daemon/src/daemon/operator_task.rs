@@ -43,11 +43,11 @@ impl OperatorTask {
             pod_ipam = settings.pod_ipam.is_some(),
             "operator starting"
         );
-        if let ClusterStore::Kubernetes(kube) = &store {
+        if store.kube().is_some() {
             // Every replica, not only the leader (`dead_nodes` says why).
             let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());
             tokio::spawn(dead_nodes::run(
-                kube.clone(),
+                store.clone(),
                 config.dead_nodes.clone(),
                 events,
                 leader_rx,

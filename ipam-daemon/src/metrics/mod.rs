@@ -84,6 +84,8 @@ pub struct Metrics {
     pub service_ip_takeovers: Counter,
     pub dead_node_connections_deleted: Counter,
     pub store_errors: Family<KindLabel, Counter>,
+    pub store_watches: Family<KindLabel, Gauge>,
+    pub store_watch_subscribers: Family<KindLabel, Gauge>,
     pub operator_leader: Gauge,
     pub pod_datapath_packets: Family<CounterLabel, Counter>,
     pub l2_replies: Family<IpLabel, Counter>,
@@ -123,6 +125,8 @@ impl Metrics {
             service_ip_takeovers: Counter::default(),
             dead_node_connections_deleted: Counter::default(),
             store_errors: Family::default(),
+            store_watches: Family::default(),
+            store_watch_subscribers: Family::default(),
             operator_leader: Gauge::default(),
             pod_datapath_packets: Family::default(),
             l2_replies: Family::default(),
@@ -221,6 +225,16 @@ impl Metrics {
             "store_errors",
             "Failed store passes by kind of failure",
             self.store_errors.clone(),
+        );
+        registry.register(
+            "store_watches",
+            "Watches this process holds on the store, by kind: one per kind, shared by every controller that follows it",
+            self.store_watches.clone(),
+        );
+        registry.register(
+            "store_watch_subscribers",
+            "Controllers following each kind through the process's one watch of it",
+            self.store_watch_subscribers.clone(),
         );
         registry.register(
             "operator_leader",

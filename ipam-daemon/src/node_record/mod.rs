@@ -35,10 +35,7 @@ pub async fn run(
     health: std::sync::Arc<Health>,
 ) {
     let mut node = settings.borrow_and_update().clone();
-    let mut kube_node = match &store {
-        ClusterStore::Kubernetes(s) => Some(s.follow_node(&node.name)),
-        _ => None,
-    };
+    let mut kube_node = store.kube().map(|s| s.follow_node(&node.name));
     let mut published: Option<NodeFacts> = None;
     let mut backoff = Backoff::new(RETRY_CAP);
     let mut said_no_address = false;

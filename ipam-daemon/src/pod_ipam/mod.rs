@@ -125,10 +125,7 @@ impl PodIpam {
         mkdir(&settings.state_dir)?;
         // The pods of this node, for their annotations: the pool they name (multi-pool mode)
         // and the addresses they ask for (every mode).
-        let directory = match &store {
-            ClusterStore::Kubernetes(s) => Some(s.follow_pods(&settings.node_name)),
-            _ => None,
-        };
+        let directory = store.kube().map(|s| s.follow_pods(&settings.node_name));
         let pod_pools = Arc::new(PodPools::new(
             &settings.infra_pool,
             settings.mode == IpamMode::MultiPool,
@@ -150,10 +147,7 @@ impl PodIpam {
         log_endpoint_report(&endpoints);
         observed.health.set("restored", Ok(()));
         let kube_node = KubeNode {
-            node: match &store {
-                ClusterStore::Kubernetes(s) => Some(s.follow_node(&settings.node_name)),
-                _ => None,
-            },
+            node: store.kube().map(|s| s.follow_node(&settings.node_name)),
             pod_cidrs: None,
         };
         let runtime = Self {

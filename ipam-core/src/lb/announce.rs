@@ -297,45 +297,50 @@ pub fn unreachable_pools(
                 subnets.entry(*s).or_default().push(where_.clone());
             }
         }
-        let spec = &pool.spec;
-        let mut outside = Vec::new();
-        for block in &spec.blocks {
-            let Some((family, first, last)) = block.bounds() else {
-                continue;
-            };
-            let (first, last) = (
-                crate::cidr::u128_to_ip(family, first),
-                crate::cidr::u128_to_ip(family, last),
-            );
-            let inside = subnets
-                .keys()
-                .any(|s| s.contains(first) && s.contains(last));
-            if !inside {
-                outside.push(format!("{first}-{last}"));
-            }
-        }
-        if !outside.is_empty() {
-            let announced: Vec<String> = subnets
-                .iter()
-                .map(|(s, on)| format!("{s} ({})", on.join(", ")))
-                .collect();
-            out.insert(
-                name.clone(),
-                format!(
-                    "addresses {} are outside the subnet of every interface an L2 announcement \
-                     policy announces them on ({}): clients on those links will not reach them; use \
-                     a range inside one of those subnets",
-                    outside.join(", "),
-                    if announced.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        announced.join("; ")
-                    }
-                ),
-            );
+        if let Some(why) = outside_every_subnet(pool, &subnets) {
+            out.insert(name.clone(), why);
         }
     }
     (out, bad)
+}
+
+/// Why the pool's addresses outside every subnet in `subnets` (with where each is announced)
+/// will not be reached; `None` when every block is inside one.
+fn outside_every_subnet(pool: &LbIpPool, subnets: &BTreeMap<Cidr, Vec<String>>) -> Option<String> {
+    let mut outside = Vec::new();
+    for block in &pool.spec.blocks {
+        let Some((family, first, last)) = block.bounds() else {
+            continue;
+        };
+        let (first, last) = (
+            crate::cidr::u128_to_ip(family, first),
+            crate::cidr::u128_to_ip(family, last),
+        );
+        let inside = subnets
+            .keys()
+            .any(|s| s.contains(first) && s.contains(last));
+        if !inside {
+            outside.push(format!("{first}-{last}"));
+        }
+    }
+    if outside.is_empty() {
+        return None;
+    }
+    let announced: Vec<String> = subnets
+        .iter()
+        .map(|(s, on)| format!("{s} ({})", on.join(", ")))
+        .collect();
+    Some(format!(
+        "addresses {} are outside the subnet of every interface an L2 announcement policy \
+         announces them on ({}): clients on those links will not reach them; use a range \
+         inside one of those subnets",
+        outside.join(", "),
+        if announced.is_empty() {
+            "none".to_owned()
+        } else {
+            announced.join("; ")
+        }
+    ))
 }
 
 #[cfg(test)]

@@ -512,73 +512,91 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
             out.refused.push((format!("BGPAdvertisement {name}"), why));
             continue;
         }
-        if !ad.node_selector.matches(inputs.labels) {
-            continue;
-        }
-        let communities: BTreeSet<Community> = ad
-            .communities
-            .iter()
-            .filter_map(|c| parse_community(c).ok())
-            .collect();
-        let to: Vec<&String> = out
-            .peers
-            .keys()
-            .filter(|p| ad.peers.is_empty() || ad.peers.contains(p))
-            .collect();
-        for (service, spec, status) in inputs.services {
-            if !ad.service_selector.matches_service(service, &spec.labels) {
-                continue;
-            }
-            if spec.external_traffic_policy == TrafficPolicy::Local
-                && !inputs
-                    .ready
-                    .get(service)
-                    .is_some_and(|r| r.contains(inputs.node))
-            {
-                continue;
-            }
-            let local = spec.external_traffic_policy == TrafficPolicy::Local;
-            // A Local Service keeps its host route: an aggregate from a node without its
-            // endpoints would draw its traffic there, where kube-proxy drops it; the longer
-            // prefix from the nodes with endpoints wins at the router.
-            let lb = status
-                .ingress
-                .iter()
-                .filter(|_| ad.load_balancer_ips && spec.is_ours())
-                .filter(|ip| in_chosen_pool(**ip, &ad.ip_pools, &ad.ip_pool_selector, inputs.pools))
-                .map(|ip| {
-                    let length = if local {
-                        Family::of(*ip).bits()
-                    } else {
-                        ad.aggregation(Family::of(*ip))
-                    };
-                    (*ip, aggregate(*ip, length))
-                });
-            let external = spec
-                .external_ips
-                .iter()
-                .filter(|_| ad.external_ips)
-                .map(|ip| (*ip, host_route(*ip)));
-            for (ip, prefix) in lb.chain(external) {
-                for peer in &to {
-                    if !same_family(ip, out.peers[*peer].peer_address) {
-                        continue;
-                    }
-                    let route = out
-                        .routes
-                        .entry((*peer).clone())
-                        .or_default()
-                        .entry(prefix)
-                        .or_default();
-                    route.communities.extend(communities.iter().copied());
-                    route.local_preference = route.local_preference.max(ad.local_preference);
-                    route.services.insert(service.clone());
-                    route.ips.insert(ip);
-                }
-            }
+        if ad.node_selector.matches(inputs.labels) {
+            advertise(ad, inputs, &mut out);
         }
     }
     out
+}
+
+/// The routes one advertisement of this node gives its peers: every selected Service's IPs
+/// (its pool's aggregate, or a host route), to each peer of the IP's family it names.
+fn advertise(ad: &BgpAdvertisementSpec, inputs: &Inputs, out: &mut NodeAdvertisements) {
+    let communities: BTreeSet<Community> = ad
+        .communities
+        .iter()
+        .filter_map(|c| parse_community(c).ok())
+        .collect();
+    let to: Vec<String> = out
+        .peers
+        .keys()
+        .filter(|p| ad.peers.is_empty() || ad.peers.contains(p))
+        .cloned()
+        .collect();
+    for (service, spec, status) in inputs.services {
+        if !ad.service_selector.matches_service(service, &spec.labels) {
+            continue;
+        }
+        let local = spec.external_traffic_policy == TrafficPolicy::Local;
+        if local
+            && !inputs
+                .ready
+                .get(service)
+                .is_some_and(|r| r.contains(inputs.node))
+        {
+            continue;
+        }
+        for (ip, prefix) in service_routes(ad, inputs.pools, spec, status, local) {
+            for peer in &to {
+                if !same_family(ip, out.peers[peer].peer_address) {
+                    continue;
+                }
+                let route = out
+                    .routes
+                    .entry(peer.clone())
+                    .or_default()
+                    .entry(prefix)
+                    .or_default();
+                route.communities.extend(communities.iter().copied());
+                route.local_preference = route.local_preference.max(ad.local_preference);
+                route.services.insert(service.clone());
+                route.ips.insert(ip);
+            }
+        }
+    }
+}
+
+/// A selected Service's (IP, route) pairs under `ad`: its LoadBalancer IPs from the chosen
+/// pools, as the advertisement's aggregate, and its external IPs as host routes. A `Local`
+/// Service keeps its host route: an aggregate from a node without its endpoints would draw
+/// its traffic there, where kube-proxy drops it; the longer prefix from the nodes with
+/// endpoints wins at the router.
+fn service_routes<'a>(
+    ad: &'a BgpAdvertisementSpec,
+    pools: &'a [(String, LbIpPool)],
+    spec: &'a ServiceSpec,
+    status: &'a ServiceStatus,
+    local: bool,
+) -> impl Iterator<Item = (IpAddr, Cidr)> + 'a {
+    let lb = status
+        .ingress
+        .iter()
+        .filter(move |_| ad.load_balancer_ips && spec.is_ours())
+        .filter(move |ip| in_chosen_pool(**ip, &ad.ip_pools, &ad.ip_pool_selector, pools))
+        .map(move |ip| {
+            let length = if local {
+                Family::of(*ip).bits()
+            } else {
+                ad.aggregation(Family::of(*ip))
+            };
+            (*ip, aggregate(*ip, length))
+        });
+    let external = spec
+        .external_ips
+        .iter()
+        .filter(move |_| ad.external_ips)
+        .map(|ip| (*ip, host_route(*ip)));
+    lb.chain(external)
 }
 
 fn same_family(a: IpAddr, b: IpAddr) -> bool {

@@ -2,15 +2,20 @@
 //! store, runs the assignment, and writes what changed: each service's IPs and condition, each
 //! pool's counts and conditions, and the warning for pools no announced interface reaches.
 
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
 use super::{
     announce::{announce_problems, unreachable_pools},
-    assign::assign_settling,
+    assign::{Assignment, assign_settling},
     resources::{
-        L2AnnouncementPolicy, LbIpPool, LbIpPoolSpec, Namespace, Service, ServiceEndpoints,
+        L2AnnouncementPolicy, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Namespace, Service,
+        ServiceEndpoints, ServiceStatus,
     },
     rows,
 };
-use std::time::{Duration, Instant};
 
 use crate::{
     meta::Condition,
@@ -91,66 +96,29 @@ pub async fn reconcile<S: TypedStore>(
     let policies = store.list_typed::<L2AnnouncementPolicy>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
     let endpoints = store.list_typed::<ServiceEndpoints>().await?;
-    let pool_specs = rows::pools(&pools);
-    let policy_specs = rows::policies(&policies);
-    let settling_until = settling.observe(&pool_specs, Instant::now());
     let namespaces = store.list_typed::<Namespace>().await?;
+    let settling_until = settling.observe(&rows::pools(&pools), Instant::now());
     let mut decided = assign_settling(
         &rows::pools_with_status(&pools),
         &rows::services_in(&services, &namespaces),
         settling_until.is_some(),
     );
-    let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
-    let labelled = rows::labelled_pools(&pools);
-    let (unreachable, bad_policies) = unreachable_pools(&labelled, &policy_specs, &node_views);
-    // Judged on the statuses this pass decides, so a new IP is judged as it is written.
-    let decided_rows: Vec<_> = rows::services(&services)
-        .into_iter()
-        .map(|(name, spec, status)| {
-            let status = decided.services.get(&name).cloned().unwrap_or(status);
-            (name, spec, status)
-        })
-        .collect();
-    let unannounced = announce_problems(
-        &policy_specs,
-        &labelled,
-        &decided_rows,
-        &rows::ready_nodes(&endpoints),
-        &node_views,
-    );
+    let reach = Reach::judge(&pools, &services, &policies, &nodes, &endpoints, &decided);
     let mut report = LbReport {
         settling_until,
         ..LbReport::default()
     };
-    for (policy, message) in bad_policies {
+    for (policy, message) in &reach.bad_policies {
         report
             .problems
-            .push((format!("L2AnnouncementPolicy {policy}"), message));
+            .push((format!("L2AnnouncementPolicy {policy}"), message.clone()));
     }
-    // Policies decide reachability only once there are some: without any, nothing is announced.
-    let judge_reach = !policy_specs.is_empty();
     for p in &pools {
         let Some(mut status) = decided.pools.remove(&p.name) else {
             continue;
         };
-        if judge_reach {
-            status.conditions.push(match unreachable.get(&p.name) {
-                Some(message) => Condition::new(REACHABLE, false, message.clone()),
-                None => Condition::new(REACHABLE, true, "inside an announced subnet"),
-            });
-        }
-        for c in status
-            .conditions
-            .iter()
-            .filter(|c| c.kind != "Conflict" && !c.status)
-        {
-            report
-                .problems
-                .push((format!("LoadBalancerIPPool {}", p.name), c.message.clone()));
-        }
-        report
-            .pool_counts
-            .push((p.name.clone(), status.counts.clone()));
+        reach.pool_conditions(&p.name, &mut status);
+        report.note_pool(&p.name, &status);
         if status != p.value.status {
             let mut updated = p.value.clone();
             updated.status = status;
@@ -164,52 +132,10 @@ pub async fn reconcile<S: TypedStore>(
         let Some(mut status) = decided.services.remove(&s.name) else {
             continue;
         };
-        if judge_reach {
-            // The seed's silent failure made loud: an assigned IP nothing on the link reaches.
-            let unreachable_pool = pools.iter().find(|p| {
-                unreachable.contains_key(&p.name)
-                    && status.ingress.iter().any(|ip| p.value.spec.contains(*ip))
-            });
-            if let Some(p) = unreachable_pool {
-                status.conditions.push(Condition::new(
-                    REACHABLE,
-                    false,
-                    format!(
-                        "its IP comes from pool {}: {}",
-                        p.name, unreachable[&p.name]
-                    ),
-                ));
-            }
-            if !status.ingress.is_empty() {
-                status.conditions.push(match unannounced.get(&s.name) {
-                    Some(problem) => Condition::new(ANNOUNCED, false, problem.clone()),
-                    None => Condition::new(ANNOUNCED, true, "a node may answer for its IPs"),
-                });
-            }
-        }
-        if let Some(conflict) = &s.value.spec.conflict {
-            status
-                .conditions
-                .push(Condition::new(ANNOTATIONS_AGREE, false, conflict.clone()));
-        }
-        if let Some(ignored) =
-            super::resources::reserved_labels_ignored(&s.name, &s.value.spec.labels)
-        {
-            status
-                .conditions
-                .push(Condition::new(LABELS_ACCEPTED, false, ignored));
-        }
-        for c in status.conditions.iter().filter(|c| !c.status) {
-            report
-                .problems
-                .push((format!("Service {}", s.name), c.message.clone()));
-        }
+        reach.service_conditions(s, &pools, &mut status);
+        service_conditions(s, &mut status);
+        report.note_service(s, &status);
         if status != s.value.status {
-            if status.ingress != s.value.status.ingress {
-                report
-                    .assigned
-                    .push((s.name.clone(), status.ingress.clone()));
-            }
             let mut updated = s.value.clone();
             updated.status = status;
             writes.push((s, updated));
@@ -217,6 +143,148 @@ pub async fn reconcile<S: TypedStore>(
     }
     write_statuses(store, writes).await?;
     Ok(report)
+}
+
+/// Whether the IPs can be reached, as this pass judges it: pools no announced subnet reaches,
+/// policies that cannot be read, Services no node may answer for. Judged only once there are
+/// policies: without any, nothing is announced.
+struct Reach {
+    judged: bool,
+    /// Pool -> why nothing announced reaches it.
+    unreachable: BTreeMap<String, String>,
+    /// (policy, why it cannot be used).
+    bad_policies: Vec<(String, String)>,
+    /// Service -> why no node may answer for its IPs.
+    unannounced: BTreeMap<String, String>,
+}
+
+impl Reach {
+    fn judge(
+        pools: &[Versioned<LbIpPool>],
+        services: &[Versioned<Service>],
+        policies: &[Versioned<L2AnnouncementPolicy>],
+        nodes: &[Versioned<NodeIpam>],
+        endpoints: &[Versioned<ServiceEndpoints>],
+        decided: &Assignment,
+    ) -> Self {
+        let policy_specs = rows::policies(policies);
+        let node_views: Vec<_> = nodes.iter().map(rows::node).collect();
+        let labelled = rows::labelled_pools(pools);
+        let (unreachable, bad_policies) = unreachable_pools(&labelled, &policy_specs, &node_views);
+        // Judged on the statuses this pass decides, so a new IP is judged as it is written.
+        let decided_rows: Vec<_> = rows::services(services)
+            .into_iter()
+            .map(|(name, spec, status)| {
+                let status = decided.services.get(&name).cloned().unwrap_or(status);
+                (name, spec, status)
+            })
+            .collect();
+        let unannounced = announce_problems(
+            &policy_specs,
+            &labelled,
+            &decided_rows,
+            &rows::ready_nodes(endpoints),
+            &node_views,
+        );
+        Self {
+            judged: !policy_specs.is_empty(),
+            unreachable,
+            bad_policies,
+            unannounced,
+        }
+    }
+
+    /// A pool's `Reachable` condition.
+    fn pool_conditions(&self, pool: &str, status: &mut LbIpPoolStatus) {
+        if !self.judged {
+            return;
+        }
+        status.conditions.push(match self.unreachable.get(pool) {
+            Some(message) => Condition::new(REACHABLE, false, message.clone()),
+            None => Condition::new(REACHABLE, true, "inside an announced subnet"),
+        });
+    }
+
+    /// A Service's `Reachable` (when its IP comes from a pool nothing reaches) and `Announced`
+    /// conditions.
+    fn service_conditions(
+        &self,
+        service: &Versioned<Service>,
+        pools: &[Versioned<LbIpPool>],
+        status: &mut ServiceStatus,
+    ) {
+        if !self.judged {
+            return;
+        }
+        // The seed's silent failure made loud: an assigned IP nothing on the link reaches.
+        let unreachable_pool = pools.iter().find(|p| {
+            self.unreachable.contains_key(&p.name)
+                && status.ingress.iter().any(|ip| p.value.spec.contains(*ip))
+        });
+        if let Some(p) = unreachable_pool {
+            status.conditions.push(Condition::new(
+                REACHABLE,
+                false,
+                format!(
+                    "its IP comes from pool {}: {}",
+                    p.name, self.unreachable[&p.name]
+                ),
+            ));
+        }
+        if !status.ingress.is_empty() {
+            status
+                .conditions
+                .push(match self.unannounced.get(&service.name) {
+                    Some(problem) => Condition::new(ANNOUNCED, false, problem.clone()),
+                    None => Condition::new(ANNOUNCED, true, "a node may answer for its IPs"),
+                });
+        }
+    }
+}
+
+/// A Service's conditions about its own spec: annotations that disagree, reserved labels set
+/// by hand.
+fn service_conditions(service: &Versioned<Service>, status: &mut ServiceStatus) {
+    if let Some(conflict) = &service.value.spec.conflict {
+        status
+            .conditions
+            .push(Condition::new(ANNOTATIONS_AGREE, false, conflict.clone()));
+    }
+    if let Some(ignored) =
+        super::resources::reserved_labels_ignored(&service.name, &service.value.spec.labels)
+    {
+        status
+            .conditions
+            .push(Condition::new(LABELS_ACCEPTED, false, ignored));
+    }
+}
+
+impl LbReport {
+    /// A pool's counts, and its false conditions but `Conflict` as problems.
+    fn note_pool(&mut self, pool: &str, status: &LbIpPoolStatus) {
+        for c in status
+            .conditions
+            .iter()
+            .filter(|c| c.kind != "Conflict" && !c.status)
+        {
+            self.problems
+                .push((format!("LoadBalancerIPPool {pool}"), c.message.clone()));
+        }
+        self.pool_counts
+            .push((pool.to_owned(), status.counts.clone()));
+    }
+
+    /// A Service's false conditions as problems, and its IPs when they change.
+    fn note_service(&mut self, service: &Versioned<Service>, status: &ServiceStatus) {
+        for c in status.conditions.iter().filter(|c| !c.status) {
+            self.problems
+                .push((format!("Service {}", service.name), c.message.clone()));
+        }
+        if status.ingress != service.value.status.ingress {
+            self.assigned
+                .push((service.name.clone(), status.ingress.clone()));
+        }
+    }
 }
 
 /// How many Services' status writes are in flight at once. Each waits for the store's commit

@@ -244,7 +244,8 @@ async fn connection(stream: UnixStream, handler: Handler) -> std::io::Result<()>
     let response = match serde_json::from_str::<Envelope<Request>>(&line) {
         Ok(envelope) if envelope.version == API_VERSION => {
             let body = envelope.body;
-            tokio::task::spawn_blocking(move || handler(body))
+            let span = request_span(&body);
+            tokio::task::spawn_blocking(move || span.in_scope(|| handler(body)))
                 .await
                 .unwrap_or_else(|e| Response::Error {
                     code: ErrorCode::Failed,
@@ -271,6 +272,31 @@ async fn connection(stream: UnixStream, handler: Handler) -> std::io::Result<()>
     .expect("responses serialise");
     out.push(b'\n');
     write.write_all(&out).await
+}
+
+/// The span a request is handled in: what it asks, and for which attachment (the container
+/// and interface a CNI call names), so every log line of its handling says whose it was.
+fn request_span(request: &Request) -> tracing::Span {
+    let (op, attachment) = match request {
+        Request::Allocate(a) => ("allocate", Some(&a.id)),
+        Request::Release(a) => ("release", Some(&a.id)),
+        Request::Check(a) => ("check", Some(&a.id)),
+        Request::Gc { .. } => ("gc", None),
+        Request::Status => ("status", None),
+        Request::RegisterEndpoint(e) => ("register-endpoint", Some(&e.id)),
+        Request::RemoveEndpoint(id) => ("remove-endpoint", Some(id)),
+        Request::Endpoints => ("endpoints", None),
+        Request::Members => ("members", None),
+    };
+    match attachment {
+        Some(id) => tracing::info_span!(
+            "api_request",
+            op,
+            container = id.container_id.as_str(),
+            ifname = id.ifname.as_str()
+        ),
+        None => tracing::info_span!("api_request", op),
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use ipam_core::{
     resources::NodeIpam,
 };
 use tokio::sync::oneshot;
+use tracing::Instrument as _;
 
 use super::{
     bird::{Bird, BirdError},
@@ -123,15 +124,7 @@ impl Seen {
 }
 
 async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
-    let Inputs {
-        store,
-        node,
-        addresses,
-        settings,
-        metrics,
-        health,
-        local_addresses,
-    } = inputs;
+    let store = inputs.store.clone();
     let mut peers_watch = watch_until_it_works::<BgpPeer, _>(&store, "BGP").await;
     let mut ads_watch = watch_until_it_works::<BgpAdvertisement, _>(&store, "BGP").await;
     let mut pools_watch = watch_until_it_works::<LbIpPool, _>(&store, "BGP").await;
@@ -146,15 +139,10 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
         endpoints: Cache::new(&endpoints_watch.initial),
         nodes: Cache::new(&nodes_watch.initial),
     };
-    let configured_id = settings.router_id.or_else(|| first_v4(&addresses));
-    let mut speaker = Speaker::new(settings.clone(), node.clone(), metrics.clone());
-    let mut addresses = OnLo::new(local_addresses);
-    let mut reports = Reports::new(node.clone(), store.clone(), metrics.clone());
-    let mut passwords = Passwords::new(&settings.secret_namespace);
-    // The peers held back for want of their password, with why.
-    let mut held = BTreeMap::new();
-    let mut status_tick =
-        crate::clock::ticker(Duration::from_millis(settings.status_interval_ms.max(100)));
+    let mut status_tick = crate::clock::ticker(Duration::from_millis(
+        inputs.settings.status_interval_ms.max(100),
+    ));
+    let mut announcer = Announcer::new(inputs);
     // When the gathered changes are applied: set by the first change after an apply, not
     // pushed back by later ones (a steady stream of changes must not starve BIRD of them).
     let mut apply_at = Some(tokio::time::Instant::now());
@@ -171,55 +159,119 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
             e = endpoints_watch.next() => { seen.endpoints.apply(e); apply_at = changed(apply_at); }
             e = nodes_watch.next() => { seen.nodes.apply(e); apply_at = changed(apply_at); }
             () = tokio::time::sleep_until(due), if apply_at.is_some() => {
-                let mut wanted = seen.decide(&node);
-                held = passwords.resolve(&store, &mut wanted).await;
-                for (what, why) in &wanted.refused {
-                    tracing::warn!("BGP: {what} left out: {why}");
-                }
-                // New addresses on `lo` before BIRD hears of their routes (a router may send
-                // traffic the moment a route reaches it); old ones off only once BIRD has
-                // withdrawn theirs.
-                let ips = wanted.ips();
-                addresses.add_new(&ips).await;
-                // The router ID: configured, else the node's first IPv4 address (its record
-                // has the Node's on Kubernetes), else BIRD's choice.
-                let record = seen.nodes.get(&node).map(|r| r.value.spec.addresses.as_slice());
-                let router_id = configured_id.or_else(|| first_v4(record.unwrap_or_default()));
-                match speaker.apply(wanted, router_id).await {
-                    Ok(()) => {
-                        addresses.remove_others(&ips);
-                        apply_at = None;
-                        health.set("bgp", Ok(()));
-                    }
-                    Err(e) => {
-                        let wait = speaker.backoff.next_delay();
-                        tracing::error!("BGP: {e}; trying again in {wait:?}");
-                        health.set("bgp", Err(e.to_string()));
-                        apply_at = Some(tokio::time::Instant::now() + wait);
-                    }
-                }
+                let span = tracing::info_span!("bgp_apply");
+                apply_at = announcer.apply(&seen).instrument(span).await;
             }
             _ = status_tick.tick() => {
-                if speaker.exited() {
+                if announcer.look(&seen).await {
                     apply_at = changed(apply_at);
-                    continue;
-                }
-                if passwords.stale() {
-                    apply_at = changed(apply_at);
-                }
-                if let Some(sessions) = speaker.sessions().await {
-                    reports.publish(&speaker.wanted, &held, &sessions, &seen.peers).await;
                 }
             }
             done = &mut stop => {
-                speaker.stop().await;
-                addresses.remove_others(&BTreeSet::new());
+                announcer.stop().await;
                 if let Ok(done) = done {
                     let _ = done.send(());
                 }
                 return;
             }
         }
+    }
+}
+
+/// What the announcer keeps between passes: BIRD, the addresses on `lo`, the reports, the
+/// peers' passwords.
+struct Announcer {
+    store: ClusterStore,
+    node: String,
+    /// `[bgp] router_id`, else the node's first configured IPv4 address.
+    configured_id: Option<Ipv4Addr>,
+    speaker: Speaker,
+    addresses: OnLo,
+    reports: Reports,
+    passwords: Passwords,
+    /// The peers held back for want of their password, with why.
+    held: BTreeMap<String, String>,
+    health: Arc<Health>,
+}
+
+impl Announcer {
+    fn new(inputs: Inputs) -> Self {
+        let Inputs {
+            store,
+            node,
+            addresses,
+            settings,
+            metrics,
+            health,
+            local_addresses,
+        } = inputs;
+        Self {
+            configured_id: settings.router_id.or_else(|| first_v4(&addresses)),
+            speaker: Speaker::new(settings.clone(), node.clone(), metrics.clone()),
+            addresses: OnLo::new(local_addresses),
+            reports: Reports::new(node.clone(), store.clone(), metrics),
+            passwords: Passwords::new(&settings.secret_namespace),
+            held: BTreeMap::new(),
+            store,
+            node,
+            health,
+        }
+    }
+
+    /// Tells BIRD what `seen` asks of this node now; when to try again if it could not.
+    async fn apply(&mut self, seen: &Seen) -> Option<tokio::time::Instant> {
+        let mut wanted = seen.decide(&self.node);
+        self.held = self.passwords.resolve(&self.store, &mut wanted).await;
+        for (what, why) in &wanted.refused {
+            tracing::warn!("BGP: {what} left out: {why}");
+        }
+        // New addresses on `lo` before BIRD hears of their routes (a router may send traffic
+        // the moment a route reaches it); old ones off only once BIRD has withdrawn theirs.
+        let ips = wanted.ips();
+        self.addresses.add_new(&ips).await;
+        // The router ID: configured, else the node's first IPv4 address (its record has the
+        // Node's on Kubernetes), else BIRD's choice.
+        let record = seen
+            .nodes
+            .get(&self.node)
+            .map(|r| r.value.spec.addresses.as_slice());
+        let router_id = self
+            .configured_id
+            .or_else(|| first_v4(record.unwrap_or_default()));
+        match self.speaker.apply(wanted, router_id).await {
+            Ok(()) => {
+                self.addresses.remove_others(&ips);
+                self.health.set("bgp", Ok(()));
+                None
+            }
+            Err(e) => {
+                let wait = self.speaker.backoff.next_delay();
+                tracing::error!("BGP: {e}; trying again in {wait:?}");
+                self.health.set("bgp", Err(e.to_string()));
+                Some(tokio::time::Instant::now() + wait)
+            }
+        }
+    }
+
+    /// Looks at BIRD and the sessions, and reports them; whether an apply is due (BIRD
+    /// exited, or a password may have changed).
+    async fn look(&mut self, seen: &Seen) -> bool {
+        if self.speaker.exited() {
+            return true;
+        }
+        let due = self.passwords.stale();
+        if let Some(sessions) = self.speaker.sessions().await {
+            self.reports
+                .publish(&self.speaker.wanted, &self.held, &sessions, &seen.peers)
+                .await;
+        }
+        due
+    }
+
+    /// BIRD stopped, the addresses off `lo`.
+    async fn stop(&mut self) {
+        self.speaker.stop().await;
+        self.addresses.remove_others(&BTreeSet::new());
     }
 }
 

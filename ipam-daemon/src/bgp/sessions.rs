@@ -119,83 +119,76 @@ pub fn why_down(
     } else {
         format!(" (BIRD: {error})")
     };
-    if error.contains("Bad peer AS") {
-        return (
-            DownReason::AsnMismatch,
-            format!(
-                "the router and this node disagree on an AS number: check peerASN against the \
-                 router's own AS and localASN against what the router expects of this node{said}"
-            ),
-        );
-    }
-    if auth_failures && has_password {
-        return (
+    let (reason, message) = match ERRORS.iter().find(|(pattern, ..)| error.contains(pattern)) {
+        // BIRD names the AS mismatch itself, whatever the kernel saw.
+        Some((_, reason @ DownReason::AsnMismatch, message)) => (*reason, *message),
+        _ if auth_failures && has_password => (
             DownReason::AuthenticationFailed,
-            format!(
-                "the kernel dropped the router's TCP segments for a wrong or missing MD5 \
-                 signature: the password differs from the router's{said}"
-            ),
-        );
-    }
-    if auth_failures {
-        return (
-            DownReason::AuthenticationFailed,
-            format!(
-                "the router signs its TCP segments (TCP MD5) and this peer has no password: \
-                 set the router's password in the BGPPeer{said}"
-            ),
-        );
-    }
-    if error.contains("Invalid next hop") {
-        return (
-            DownReason::NotDirectlyConnected,
-            format!(
-                "the router's address is on none of this node's networks: set ebgpMultihop \
-                 for a router more than one hop away, or use its address on the nodes' \
-                 segment{said}"
-            ),
-        );
-    }
-    if error.contains("Connection refused") {
-        return (
-            DownReason::ConnectionRefused,
-            format!(
-                "the router refuses the connection: it does not listen for BGP on that \
-                 address and port, or has no neighbour configured for this node's address{said}"
-            ),
-        );
-    }
-    if error.contains("unreachable") || error.contains("No route") {
-        return (
-            DownReason::Unreachable,
-            format!("no route to the router's address from this node{said}"),
-        );
-    }
-    if error.contains("Hold timer expired") || error.contains("BFD session down") {
-        return (
-            DownReason::SessionLost,
-            format!(
-                "the session was up and the router stopped answering; it is being reopened{said}"
-            ),
-        );
-    }
-    if has_password {
-        return (
-            DownReason::NoAnswer,
-            format!(
-                "the router does not answer; with a password set, a router without this \
-                 password (TCP MD5 drops such segments silently) is the likeliest cause, \
-                 else the router is down or filtered{said}"
-            ),
-        );
-    }
-    (
-        DownReason::NoAnswer,
-        format!(
-            "the router does not answer: it is down, filtered, or not configured for this node{said}"
+            "the kernel dropped the router's TCP segments for a wrong or missing MD5 \
+             signature: the password differs from the router's",
         ),
-    )
+        _ if auth_failures => (
+            DownReason::AuthenticationFailed,
+            "the router signs its TCP segments (TCP MD5) and this peer has no password: set \
+             the router's password in the BGPPeer",
+        ),
+        Some((_, reason, message)) => (*reason, *message),
+        None if has_password => (
+            DownReason::NoAnswer,
+            "the router does not answer; with a password set, a router without this password \
+             (TCP MD5 drops such segments silently) is the likeliest cause, else the router is \
+             down or filtered",
+        ),
+        None => (
+            DownReason::NoAnswer,
+            "the router does not answer: it is down, filtered, or not configured for this node",
+        ),
+    };
+    (reason, format!("{message}{said}"))
 }
+
+/// What BIRD's last error says, in the order it is looked for: a pattern of the error, the
+/// reason, and what to do.
+const ERRORS: &[(&str, DownReason, &str)] = &[
+    (
+        "Bad peer AS",
+        DownReason::AsnMismatch,
+        "the router and this node disagree on an AS number: check peerASN against the \
+         router's own AS and localASN against what the router expects of this node",
+    ),
+    (
+        "Invalid next hop",
+        DownReason::NotDirectlyConnected,
+        "the router's address is on none of this node's networks: set ebgpMultihop for a \
+         router more than one hop away, or use its address on the nodes' segment",
+    ),
+    (
+        "Connection refused",
+        DownReason::ConnectionRefused,
+        "the router refuses the connection: it does not listen for BGP on that address and \
+         port, or has no neighbour configured for this node's address",
+    ),
+    (
+        "unreachable",
+        DownReason::Unreachable,
+        "no route to the router's address from this node",
+    ),
+    (
+        "No route",
+        DownReason::Unreachable,
+        "no route to the router's address from this node",
+    ),
+    (
+        "Hold timer expired",
+        DownReason::SessionLost,
+        "the session was up and the router stopped answering; it is being reopened",
+    ),
+    (
+        "BFD session down",
+        DownReason::SessionLost,
+        "the session was up and the router stopped answering; it is being reopened",
+    ),
+];
 
 /// The kernel's count of TCP segments dropped for MD5 signatures (`TcpExt` in
 /// /proc/net/netstat: not found, unexpected, failed), in this network namespace.

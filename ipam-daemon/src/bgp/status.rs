@@ -58,10 +58,6 @@ impl Reports {
         self.md5_drops = drops;
         let mut now = BTreeMap::new();
         let mut down_now = BTreeMap::new();
-        let idle = || Session {
-            state: "Idle".into(),
-            ..Session::default()
-        };
         let reported = wanted
             .peers
             .iter()
@@ -71,39 +67,16 @@ impl Reports {
             let session = sessions
                 .get(&protocol_name(name))
                 .cloned()
-                .unwrap_or_else(idle);
+                .unwrap_or_else(|| Session {
+                    state: "Idle".into(),
+                    ..Session::default()
+                });
             let down = match spec {
                 // Held back: no session is opened without its password.
                 None => Some((DownReason::PasswordUnavailable, held[name].clone())),
-                Some(spec) => (!session.is_established())
-                    .then(|| sessions::why_down(&session, spec.password.is_some(), auth_failures)),
+                Some(spec) => self.why_down(name, &session, spec.password.is_some(), auth_failures),
             };
-            // A session still being opened keeps an authentication failure as its reason: the
-            // kernel's counters show one per attempt, not on every look.
-            let down = match (down, self.down.get(name)) {
-                (Some((DownReason::NoAnswer, _)), Some(before))
-                    if before.0 == DownReason::AuthenticationFailed =>
-                {
-                    Some(before.clone())
-                }
-                (down, _) => down,
-            };
-            let label = PeerLabel { peer: name.clone() };
-            let m = &self.metrics.bgp;
-            m.established
-                .get_or_create(&label)
-                .set(i64::from(session.is_established()));
-            m.routes_advertised
-                .get_or_create(&label)
-                .set(i64::from(session.routes_exported));
-            for reason in DownReason::ALL {
-                m.session_down
-                    .get_or_create(&PeerReasonLabel {
-                        peer: name.clone(),
-                        reason: reason.name().to_owned(),
-                    })
-                    .set(i64::from(down.as_ref().is_some_and(|d| d.0 == reason)));
-            }
+            self.count(name, &session, down.as_ref());
             let status = BgpSessionStatus {
                 node: self.node.clone(),
                 state: session.state.clone(),
@@ -118,26 +91,90 @@ impl Reports {
             }
             now.insert(name.clone(), status);
         }
-        for (name, status) in &now {
+        self.log_changes(&now);
+        self.write_changes(&now, peers).await;
+        self.last = now;
+        self.down = down_now;
+    }
+
+    /// Why a session that should be up is not; `None` when it is established. A session
+    /// still being opened keeps an authentication failure as its reason: the kernel's counters
+    /// show one per attempt, not on every look.
+    fn why_down(
+        &self,
+        peer: &str,
+        session: &Session,
+        has_password: bool,
+        auth_failures: bool,
+    ) -> Option<(DownReason, String)> {
+        if session.is_established() {
+            return None;
+        }
+        let down = sessions::why_down(session, has_password, auth_failures);
+        match self.down.get(peer) {
+            Some(before)
+                if down.0 == DownReason::NoAnswer
+                    && before.0 == DownReason::AuthenticationFailed =>
+            {
+                Some(before.clone())
+            }
+            _ => Some(down),
+        }
+    }
+
+    /// The peer's session in the metrics: established, routes, and the reason it is down.
+    fn count(&self, peer: &str, session: &Session, down: Option<&(DownReason, String)>) {
+        let label = PeerLabel {
+            peer: peer.to_owned(),
+        };
+        let m = &self.metrics.bgp;
+        m.established
+            .get_or_create(&label)
+            .set(i64::from(session.is_established()));
+        m.routes_advertised
+            .get_or_create(&label)
+            .set(i64::from(session.routes_exported));
+        for reason in DownReason::ALL {
+            m.session_down
+                .get_or_create(&PeerReasonLabel {
+                    peer: peer.to_owned(),
+                    reason: reason.name().to_owned(),
+                })
+                .set(i64::from(down.is_some_and(|d| d.0 == reason)));
+        }
+    }
+
+    /// A log line for each session whose state or reason changed since the last look.
+    fn log_changes(&self, now: &BTreeMap<String, BgpSessionStatus>) {
+        for (name, status) in now {
             let before = self.last.get(name);
-            if before.map(|b| (&b.state, &b.reason)) != Some((&status.state, &status.reason)) {
-                if status.state == "Established" {
-                    tracing::info!(
-                        peer = name.as_str(),
-                        routes = status.routes_advertised,
-                        "BGP session established"
-                    );
-                } else {
-                    tracing::warn!(
-                        peer = name.as_str(),
-                        state = status.state.as_str(),
-                        "BGP session not established: {}",
-                        status.reason
-                    );
-                }
+            if before.map(|b| (&b.state, &b.reason)) == Some((&status.state, &status.reason)) {
+                continue;
+            }
+            if status.state == "Established" {
+                tracing::info!(
+                    peer = name.as_str(),
+                    routes = status.routes_advertised,
+                    "BGP session established"
+                );
+            } else {
+                tracing::warn!(
+                    peer = name.as_str(),
+                    state = status.state.as_str(),
+                    "BGP session not established: {}",
+                    status.reason
+                );
             }
         }
-        for (name, status) in &now {
+    }
+
+    /// This node's entry in each peer's status, written where the stored one differs.
+    async fn write_changes(
+        &self,
+        now: &BTreeMap<String, BgpSessionStatus>,
+        peers: &Cache<BgpPeer>,
+    ) {
+        for (name, status) in now {
             let stored = peers.get(name).and_then(|p| {
                 p.value
                     .status
@@ -155,8 +192,6 @@ impl Reports {
                 );
             }
         }
-        self.last = now;
-        self.down = down_now;
     }
 
     /// Puts this node's session into the peer's status, and the peer's condition over all its

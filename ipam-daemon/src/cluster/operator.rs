@@ -80,8 +80,7 @@ pub async fn run<S: Store + Clone + 'static>(
     let wake = wake_on_inputs(&store);
     let mut election =
         LeaderElection::new(OPERATOR_LEASE, &identity, settings.cluster.operator_lease());
-    let mut elect_tick = tokio::time::interval(election.renew_interval());
-    elect_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut elect_tick = crate::clock::ticker(election.renew_interval());
     // Node leases lapse without any change to wake us: look at them this often.
     let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
     let mut resync = tokio::time::interval(settings.cluster.resync());
@@ -89,20 +88,14 @@ pub async fn run<S: Store + Clone + 'static>(
     let mut last_lb = LastLb::default();
     let mut due = Due::default();
     loop {
-        let retry = async {
-            match due.retry_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
+        let retry = sleep_until(due.retry_at);
         // A pass that kept IPs while the pools settled is followed by one after.
-        let settle_at = operator.as_ref().and_then(|t| t.lb_settling.awaiting());
-        let settled = async {
-            match settle_at {
-                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-                None => std::future::pending().await,
-            }
-        };
+        let settled = sleep_until(
+            operator
+                .as_ref()
+                .and_then(|t| t.lb_settling.awaiting())
+                .map(tokio::time::Instant::from_std),
+        );
         tokio::select! {
             () = settled => due.dirty = true,
             _ = elect_tick.tick(), if settings.elect => {
@@ -118,15 +111,7 @@ pub async fn run<S: Store + Clone + 'static>(
             changed = pools.changed() => {
                 if changed.is_err() { return; }
                 let new = pools.borrow_and_update().clone();
-                if settings.pod_ipam.is_none() {
-                    if !new.is_empty() {
-                        tracing::error!("not writing the reloaded pod IP pools: this operator started without [ipam] (the add-on mode); restart it to run pod IPAM");
-                    }
-                    continue;
-                }
-                if let Err(e) = apply_pools(&store, &new).await {
-                    tracing::error!("cannot write the reloaded pools, keeping the old ones: {e}");
-                }
+                reload_pools(&store, &settings, &new).await;
             }
             _ = stop.changed() => {
                 if settings.elect && election.is_leading() {
@@ -141,19 +126,9 @@ pub async fn run<S: Store + Clone + 'static>(
         if !due.now() {
             continue;
         }
-        let Some(term) = operator.as_mut() else {
+        let Some(term) = acting_term(&mut operator, &election, settings.elect) else {
             continue;
         };
-        if settings.elect && !election.is_leading() {
-            continue;
-        }
-        if let Some(op) = term.pod_ipam.as_mut() {
-            op.set_deadline(if settings.elect {
-                election.leading_until()
-            } else {
-                None
-            });
-        }
         let reports = Reports {
             observed: &observed,
             events: &events,
@@ -166,6 +141,51 @@ pub async fn run<S: Store + Clone + 'static>(
             ))
             .await;
         due.settle(passed, &observed);
+    }
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The term that may act now: the one in office, while this replica leads (always without an
+/// election), with its pod IPAM's deadline set to the end of the leadership.
+fn acting_term<'t>(
+    operator: &'t mut Option<Term>,
+    election: &LeaderElection,
+    elect: bool,
+) -> Option<&'t mut Term> {
+    let term = operator.as_mut()?;
+    if elect && !election.is_leading() {
+        return None;
+    }
+    if let Some(op) = term.pod_ipam.as_mut() {
+        op.set_deadline(if elect {
+            election.leading_until()
+        } else {
+            None
+        });
+    }
+    Some(term)
+}
+
+/// Writes the pools of a reloaded configuration; an operator without `[ipam]` refuses them.
+async fn reload_pools<S: Store>(store: &S, settings: &OperatorSettings, pools: &[PoolConfig]) {
+    if settings.pod_ipam.is_none() {
+        if !pools.is_empty() {
+            tracing::error!(
+                "not writing the reloaded pod IP pools: this operator started without [ipam] \
+                 (the add-on mode); restart it to run pod IPAM"
+            );
+        }
+        return;
+    }
+    if let Err(e) = apply_pools(store, pools).await {
+        tracing::error!("cannot write the reloaded pools, keeping the old ones: {e}");
     }
 }
 

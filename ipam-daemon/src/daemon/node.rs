@@ -199,64 +199,38 @@ impl NodeControllers {
         let (announcements, announcements_rx) = watch::channel(seed);
         // The responder first: configured announcements are answered before the store is.
         let responder = tokio::spawn(l2::responder::run(datapath.clone(), announcements_rx));
-        let mut operator = None;
-        let mut gossip = None;
-        let mut ipam = None;
-        let mut bgp = None;
-        let mut node_settings = None;
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
         let local_addresses = LocalAddresses::start(config.node.announce.strict_arp);
         if !config.announcements.is_empty() {
             local_addresses.ensure_strict_arp();
         }
+        let mut on_store = OnTheStore::default();
         let cluster = match config.ipam.clone() {
             Some(settings) => {
-                let store = ClusterStore::open(&config.store_settings()).await?;
-                store.count_watches_in(&observed.metrics);
+                let store = open_store(config, &observed).await?;
                 check_mode(&store, settings.mode).await?;
-                if role == Role::Standalone {
-                    operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
-                }
-                gossip = start_gossip(config, &store, &observed);
-                ipam = Some(
-                    start_pod_ipam(
+                on_store.start_operator_and_gossip(config, role, &store, &observed);
+                on_store
+                    .start_with_pod_ipam(
                         config,
                         &settings,
-                        &store,
+                        store,
                         &datapath,
                         &observed,
-                        gossip.as_ref(),
+                        local_addresses,
                     )
-                    .await?,
-                );
-                bgp = start_bgp(config, &store, &observed, &local_addresses);
-                start_cluster_side(config, store, &observed, gossip.as_ref(), local_addresses)
+                    .await?
             }
-            // The add-on mode: Service IPs beside another CNI; the node's record is all it
-            // writes for itself.
             None if config.is_add_on() => {
-                let store = ClusterStore::open(&config.store_settings()).await?;
-                store.count_watches_in(&observed.metrics);
+                let store = open_store(config, &observed).await?;
                 check_add_on(&store).await?;
                 tracing::info!(
                     node = config.node.name.as_str(),
                     "add-on mode (no [ipam]): answering for the cluster's Service IPs only; no \
                      pod IPAM, no CNI, no pod datapath"
                 );
-                if role == Role::Standalone {
-                    operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
-                }
-                gossip = start_gossip(config, &store, &observed);
-                let (settings, settings_rx) = watch::channel(config.node.clone());
-                node_settings = Some(settings);
-                tokio::spawn(crate::node_record::run(
-                    store.clone(),
-                    settings_rx,
-                    observed.health.clone(),
-                ));
-                serve_add_on_api(config, gossip.as_ref())?;
-                bgp = start_bgp(config, &store, &observed, &local_addresses);
-                start_cluster_side(config, store, &observed, gossip.as_ref(), local_addresses)
+                on_store.start_operator_and_gossip(config, role, &store, &observed);
+                on_store.start_add_on(config, store, &observed, local_addresses)?
             }
             None => ClusterSide::standalone(),
         };
@@ -267,6 +241,13 @@ impl NodeControllers {
         ));
         let (timing, timing_rx) = watch::channel(timing(config));
         tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
+        let OnTheStore {
+            ipam,
+            node_settings,
+            operator,
+            gossip,
+            bgp,
+        } = on_store;
         Ok(Self {
             configured,
             timing,
@@ -291,6 +272,97 @@ impl NodeControllers {
         }
         self.configured.send_replace(Configured::of(new));
         self.timing.send_replace(timing(new));
+    }
+}
+
+/// The store, with its shared watches counted in the metrics.
+async fn open_store(config: &Config, observed: &Observed) -> Result<ClusterStore, DaemonError> {
+    let store = ClusterStore::open(&config.store_settings()).await?;
+    store.count_watches_in(&observed.metrics);
+    Ok(store)
+}
+
+/// The controllers that run over the store, as they were started.
+#[derive(Default)]
+struct OnTheStore {
+    ipam: Option<watch::Sender<IpamSettings>>,
+    node_settings: Option<watch::Sender<NodeSettings>>,
+    operator: Option<OperatorTask>,
+    gossip: Option<Gossip>,
+    bgp: Option<BgpAnnouncer>,
+}
+
+impl OnTheStore {
+    /// The operator beside the node (standalone role), and the gossip (`[gossip]`).
+    fn start_operator_and_gossip(
+        &mut self,
+        config: &Config,
+        role: Role,
+        store: &ClusterStore,
+        observed: &Observed,
+    ) {
+        if role == Role::Standalone {
+            self.operator = Some(OperatorTask::spawn(store.clone(), config, observed.clone()));
+        }
+        self.gossip = start_gossip(config, store, observed);
+    }
+
+    /// With `[ipam]`: pod IPAM, BGP and the cluster side.
+    async fn start_with_pod_ipam(
+        &mut self,
+        config: &Config,
+        settings: &IpamSettings,
+        store: ClusterStore,
+        datapath: &Arc<Mutex<Datapath>>,
+        observed: &Observed,
+        local_addresses: LocalAddresses,
+    ) -> Result<ClusterSide, DaemonError> {
+        self.ipam = Some(
+            start_pod_ipam(
+                config,
+                settings,
+                &store,
+                datapath,
+                observed,
+                self.gossip.as_ref(),
+            )
+            .await?,
+        );
+        self.bgp = start_bgp(config, &store, observed, &local_addresses);
+        Ok(start_cluster_side(
+            config,
+            store,
+            observed,
+            self.gossip.as_ref(),
+            local_addresses,
+        ))
+    }
+
+    /// The add-on mode: Service IPs beside another CNI; the node's record is all it writes
+    /// for itself.
+    fn start_add_on(
+        &mut self,
+        config: &Config,
+        store: ClusterStore,
+        observed: &Observed,
+        local_addresses: LocalAddresses,
+    ) -> Result<ClusterSide, DaemonError> {
+        let (settings, settings_rx) = watch::channel(config.node.clone());
+        self.node_settings = Some(settings);
+        tokio::spawn(crate::node_record::run(
+            store.clone(),
+            settings_rx,
+            observed.health.clone(),
+        ));
+        serve_add_on_api(config, self.gossip.as_ref())?;
+        self.bgp = start_bgp(config, &store, observed, &local_addresses);
+        Ok(start_cluster_side(
+            config,
+            store,
+            observed,
+            self.gossip.as_ref(),
+            local_addresses,
+        ))
     }
 }
 

@@ -117,18 +117,21 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         nodes: Cache::new(&nodes_watch.initial),
     };
     seen.endpoints_changed();
-    let mut owned = Owned {
-        addresses: local_addresses,
-        ips: OwnedIps::new(),
+    let mut ownership = Ownership {
+        owned: Owned {
+            addresses: local_addresses,
+            ips: OwnedIps::new(),
+        },
+        before: BTreeMap::new(),
+        was_live: false,
+        handover: Handover::default(),
+        since: Instant::now(),
+        node,
+        metrics,
+        events,
+        out,
     };
     let mut tick = crate::clock::ticker(TICK);
-    // Every IP's owner at the previous decision, and whether this node was live in it: who
-    // held an IP this node takes decides whether it waits (`handover`) and what its Service is
-    // told.
-    let mut before: BTreeMap<IpAddr, String> = BTreeMap::new();
-    let mut was_live = false;
-    let mut handover = Handover::default();
-    let since = Instant::now();
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -146,34 +149,64 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
             decide_now = peers.changed() => if !decide_now { continue },
             _ = tick.tick() => {}
         }
+        ownership.pass(&seen, &mut peers);
+    }
+}
+
+/// What the controller remembers between passes.
+struct Ownership {
+    node: String,
+    owned: Owned,
+    /// Every IP's owner at the previous decision, and whether this node was live in it: who
+    /// held an IP this node takes decides whether it waits (`handover`) and what its Service
+    /// is told.
+    before: BTreeMap<IpAddr, String>,
+    was_live: bool,
+    handover: Handover,
+    /// When the controller started: IPs taken soon after are told as taken at the start.
+    since: Instant,
+    metrics: Arc<Metrics>,
+    events: Arc<Events>,
+    out: watch::Sender<OwnedIps>,
+}
+
+impl Ownership {
+    /// One decision: every IP's owner, this node's IPs admitted by the hand-over rules, and
+    /// what changed put on `lo`, published and told.
+    fn pass(&mut self, seen: &Seen, peers: &mut LivePeers) {
         let started = Instant::now();
-        let all = tracing::debug_span!("service_ip_pass", node = node.as_str())
-            .in_scope(|| decide(&seen, &mut peers, started));
-        let (mine, previous) = handover.admit(
-            mine(&all, &node),
-            &owned.ips,
-            |ip| previous_owner(ip, &before, was_live, &node, &mut peers, started),
+        let node = self.node.as_str();
+        let all =
+            tracing::debug_span!("service_ip_pass", node).in_scope(|| decide(seen, peers, started));
+        let (before, was_live) = (&self.before, self.was_live);
+        let (mine, previous) = self.handover.admit(
+            mine(&all, node),
+            &self.owned.ips,
+            |ip| previous_owner(ip, before, was_live, node, peers, started),
             started,
         );
-        if mine != owned.ips {
-            let starting = started.duration_since(since) < STARTING;
-            let taken: Vec<_> = owned
+        if mine != self.owned.ips {
+            let starting = started.duration_since(self.since) < STARTING;
+            let taken: Vec<_> = self
+                .owned
                 .follow(mine)
                 .into_iter()
                 .map(|(ip, ip_owned)| {
-                    let why = why_taken(&previous[&ip], &ip_owned, &seen, starting);
+                    let why = why_taken(&previous[&ip], &ip_owned, seen, starting);
                     (ip, ip_owned, why)
                 })
                 .collect();
-            metrics.service_ip_takeovers.inc_by(taken.len() as u64);
-            tell_users(&events, &node, taken);
-            metrics.service_ips_announced.set(owned.ips.len() as i64);
-            out.send_replace(owned.ips.clone());
+            self.metrics.service_ip_takeovers.inc_by(taken.len() as u64);
+            tell_users(&self.events, node, taken);
+            self.metrics
+                .service_ips_announced
+                .set(self.owned.ips.len() as i64);
+            self.out.send_replace(self.owned.ips.clone());
         }
-        if all_changed(&before, &all) {
-            before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+        if all_changed(&self.before, &all) {
+            self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
         }
-        was_live = peers.is_live(&node, started);
+        self.was_live = peers.is_live(node, started);
         if started.elapsed() > Duration::from_millis(20) {
             tracing::debug!(
                 took_ms = started.elapsed().as_millis() as u64,

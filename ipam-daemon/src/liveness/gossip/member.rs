@@ -131,11 +131,15 @@ impl Member {
                 _ = housekeeping.tick() => self.housekeeping(),
             }
             self.send().await;
-            self.absorb_events();
-            if self.takeover.release(self.origin.elapsed()) {
-                self.publish_membership();
-            }
-            self.judge_fence();
+            // What the gossip decided this step: deaths and returns, the take-overs they allow,
+            // the fence.
+            tracing::debug_span!("gossip_decision").in_scope(|| {
+                self.absorb_events();
+                if self.takeover.release(self.origin.elapsed()) {
+                    self.publish_membership();
+                }
+                self.judge_fence();
+            });
         }
     }
 

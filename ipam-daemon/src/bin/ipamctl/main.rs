@@ -241,13 +241,7 @@ fn main() -> anyhow::Result<()> {
         }),
         Command::Migrate { file, check, store } => {
             let code = if check {
-                let migration = migrate::load(&file)?;
-                let mut code = 0;
-                with_store(&store.config, async |s| {
-                    code = migrate::check(&s, &migration, output).await?;
-                    Ok(())
-                })?;
-                code
+                migrate_check(&file, &store.config, output)?
             } else {
                 migrate::run(&file)?
             };
@@ -266,13 +260,23 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Man => {
             use clap::CommandFactory as _;
-            clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout())?;
-            Ok(())
+            Ok(clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout())?)
         }
         Command::Datapath {
             command: DatapathCommand::Remove,
         } => remove_pins(&args.bpffs_root, output),
     }
+}
+
+/// `ipamctl migrate --check`: the exit code of the verdicts on the store's Services.
+fn migrate_check(file: &Path, config: &Path, output: Output) -> anyhow::Result<i32> {
+    let migration = migrate::load(file)?;
+    let mut code = 0;
+    with_store(config, async |s| {
+        code = migrate::check(&s, &migration, output).await?;
+        Ok(())
+    })?;
+    Ok(code)
 }
 
 fn remove_pins(root: &Path, output: Output) -> anyhow::Result<()> {

@@ -2,6 +2,7 @@
 //! the daemon's configuration.
 
 pub(crate) mod parse;
+mod tables;
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -11,14 +12,13 @@ use ipam_core::{
         bgp::{BgpAdvertisement, BgpPeer},
         resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
     },
-    meta::Condition,
     resources::{NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _, Versioned},
 };
 use ipam_daemon::{cluster::ClusterStore, config::Config};
 use serde::Serialize;
 
-use crate::output::{Output, emit, table, usage_bar};
+use crate::output::{Output, emit, usage_bar};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub(crate) enum ObjectKind {
@@ -155,15 +155,6 @@ pub(crate) async fn named<T: Resource>(
 }
 
 /// The condition to show in a table: the first failing one, else the first.
-fn condition(c: &[Condition]) -> String {
-    c.iter()
-        .find(|c| !c.status)
-        .or(c.first())
-        .map_or(String::new(), |c| {
-            format!("{}={}: {}", c.kind, c.status, c.message)
-        })
-}
-
 /// `get`: JSON and YAML give every object whole, by name, as stored.
 pub(crate) async fn get(
     store: &ClusterStore,
@@ -175,136 +166,31 @@ pub(crate) async fn get(
             let items = named::<Service>(store).await?;
             let announcing = parse::announcing_nodes(store).await?;
             emit(output, &items, |items| {
-                let mut rows = table(["SERVICE", "IPS", "ANNOUNCED BY", "CONDITION"]);
-                for (name, s) in items {
-                    let ips: Vec<String> =
-                        s.status.ingress.iter().map(ToString::to_string).collect();
-                    let by: Vec<String> = s
-                        .status
-                        .ingress
-                        .iter()
-                        .map(|ip| announcing.get(ip).cloned().unwrap_or_else(|| "-".into()))
-                        .collect();
-                    rows.add_row([
-                        name.clone(),
-                        if ips.is_empty() {
-                            "<pending>".into()
-                        } else {
-                            ips.join(",")
-                        },
-                        by.join(","),
-                        condition(&s.status.conditions),
-                    ]);
-                }
-                println!("{rows}");
+                tables::services(items, &announcing);
                 println!(
                     "(read from {}; the announcing node is derived from the node leases' renew times)",
                     store.describe()
                 );
             })
         }
-        ObjectKind::ServiceEndpoints => {
-            emit(output, &named::<ServiceEndpoints>(store).await?, |items| {
-                let mut rows = table(["ENDPOINTS", "SERVICE", "READY ON", "NOT READY ON"]);
-                for (name, e) in items {
-                    let on = |ready: bool| {
-                        let nodes: Vec<&str> = e
-                            .spec
-                            .endpoints
-                            .iter()
-                            .filter(|p| p.ready == ready)
-                            .map(|p| p.node_name.as_str())
-                            .collect();
-                        nodes.join(",")
-                    };
-                    rows.add_row([name.clone(), e.spec.service.clone(), on(true), on(false)]);
-                }
-                println!("{rows}");
-            })
-        }
-        ObjectKind::Lbpools => emit(output, &named::<LbIpPool>(store).await?, |items| {
-            let mut rows = table(["POOL", "DISABLED", "USED/TOTAL", "CONDITION"]);
-            for (name, p) in items {
-                let counts: Vec<String> = p
-                    .status
-                    .counts
-                    .iter()
-                    .map(|c| format!("{} {}/{}", c.family.name(), c.used, c.total))
-                    .collect();
-                rows.add_row([
-                    name.clone(),
-                    p.spec.disabled.to_string(),
-                    counts.join(", "),
-                    condition(&p.status.conditions),
-                ]);
-            }
-            println!("{rows}");
-        }),
+        ObjectKind::ServiceEndpoints => emit(
+            output,
+            &named::<ServiceEndpoints>(store).await?,
+            tables::service_endpoints,
+        ),
+        ObjectKind::Lbpools => emit(output, &named::<LbIpPool>(store).await?, tables::lb_pools),
         ObjectKind::L2policies => emit(
             output,
             &named::<L2AnnouncementPolicy>(store).await?,
-            |items| {
-                let mut rows = table(["POLICY", "INTERFACES", "LB IPS", "EXTERNAL IPS"]);
-                for (name, p) in items {
-                    rows.add_row([
-                        name.clone(),
-                        p.spec.interfaces.join(","),
-                        p.spec.load_balancer_ips.to_string(),
-                        p.spec.external_ips.to_string(),
-                    ]);
-                }
-                println!("{rows}");
-            },
+            tables::l2_policies,
         ),
-        ObjectKind::Bgppeers => emit(output, &named::<BgpPeer>(store).await?, |items| {
-            let mut rows = table([
-                "PEER",
-                "ADDRESS",
-                "PEER ASN",
-                "LOCAL ASN",
-                "BFD",
-                "CONDITION",
-            ]);
-            for (name, p) in items {
-                rows.add_row([
-                    name.clone(),
-                    p.spec.peer_address.to_string(),
-                    p.spec.peer_asn.to_string(),
-                    p.spec.local_asn.to_string(),
-                    p.spec.bfd.is_some().to_string(),
-                    condition(&p.status.conditions),
-                ]);
-            }
-            println!("{rows}");
-        }),
-        ObjectKind::Bgpadvertisements => {
-            emit(output, &named::<BgpAdvertisement>(store).await?, |items| {
-                let mut rows = table(["ADVERTISEMENT", "POOLS", "PEERS", "COMMUNITIES"]);
-                let all = |list: &[String]| {
-                    if list.is_empty() {
-                        "(all)".to_owned()
-                    } else {
-                        list.join(",")
-                    }
-                };
-                for (name, a) in items {
-                    rows.add_row([
-                        name.clone(),
-                        all(&a.spec.ip_pools),
-                        all(&a.spec.peers),
-                        a.spec.communities.join(","),
-                    ]);
-                }
-                println!("{rows}");
-            })
-        }
-        ObjectKind::Podpools => emit(output, &named::<PodIpPool>(store).await?, |items| {
-            let mut rows = table(["POOL", "CONDITION"]);
-            for (name, p) in items {
-                rows.add_row([name.clone(), condition(&p.status.conditions)]);
-            }
-            println!("{rows}");
-        }),
+        ObjectKind::Bgppeers => emit(output, &named::<BgpPeer>(store).await?, tables::bgp_peers),
+        ObjectKind::Bgpadvertisements => emit(
+            output,
+            &named::<BgpAdvertisement>(store).await?,
+            tables::bgp_advertisements,
+        ),
+        ObjectKind::Podpools => emit(output, &named::<PodIpPool>(store).await?, tables::pod_pools),
     }
 }
 

@@ -220,153 +220,187 @@ pub(crate) fn parse(
     for (index, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         // Counted from 1, as editors count lines (and `ipamctl migrate` its documents).
         let index = index + 1;
-        let yaml = |source| ObjectError::Yaml {
+        let value = serde_yaml_ng::Value::deserialize(doc).map_err(|source| ObjectError::Yaml {
             file: file.to_owned(),
             index,
             source,
-        };
-        let value = serde_yaml_ng::Value::deserialize(doc).map_err(yaml)?;
+        })?;
         if value.is_null() {
             continue;
         }
-        let mut unknown = Vec::new();
-        let doc: Document = serde_ignored::deserialize(value, |path| {
-            let path = field_path(&path);
-            if !SERVER_METADATA
-                .iter()
-                .any(|m| path == format!("metadata.{m}"))
-            {
-                unknown.push(path);
-            }
-        })
-        .map_err(yaml)?;
-        let kind = doc.kind.clone();
-        // Services and their endpoints are namespaced (`namespace/name`); the project's own
-        // kinds are cluster-wide.
-        let namespaced = kind == Service::KIND || kind == ServiceEndpoints::KIND;
-        let name = if namespaced {
-            let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
-            format!("{namespace}/{}", doc.metadata.name)
-        } else {
-            doc.metadata.name.clone()
-        };
-        let at = Place {
-            file,
-            index,
-            kind: &kind,
-            name: &name,
-        };
-        if let Some(why) = ipam_core::names::invalid_name(&name) {
-            return Err(ObjectError::BadName {
-                file: file.to_owned(),
-                index,
-                kind,
-                name,
-                why,
-            });
-        }
-        if let Some(field) = unknown.into_iter().next() {
-            return Err(at.unknown(field));
-        }
-        parsed.notes.extend(at.old_spellings(&doc.spec));
-        let object = match kind.as_str() {
-            "LoadBalancerIPPool" => Object::LbPool(
-                name.clone(),
-                LbIpPool {
-                    labels: doc.metadata.labels.clone(),
-                    spec: at.spec(doc.spec)?,
-                    status: Default::default(),
-                },
-            ),
-            "Service" => {
-                let mut spec: ServiceSpec = at.spec(doc.spec)?;
-                let asked = annotations::read(&doc.metadata.annotations, sources);
-                annotated(&mut spec, asked).map_err(|why| ObjectError::Annotation {
-                    file: file.to_owned(),
-                    index,
-                    name: name.clone(),
-                    why,
-                })?;
-                if !spec.labels.is_empty() {
-                    if !doc.metadata.labels.is_empty() && doc.metadata.labels != spec.labels {
-                        return Err(ObjectError::LabelsDisagree {
-                            file: file.to_owned(),
-                            index,
-                            name,
-                        });
-                    }
-                    parsed.notes.push(format!(
-                        "{file}: document {index} (Service {name}): spec.labels is deprecated \
-                         and still read; move the labels to metadata.labels, where Kubernetes \
-                         keeps a Service's labels"
-                    ));
-                } else {
-                    spec.labels = doc.metadata.labels.clone();
-                }
-                Object::Service(
-                    name.clone(),
-                    Service {
-                        spec,
-                        status: Default::default(),
-                    },
-                )
-            }
-            "ServiceEndpoints" => {
-                let mut spec: ServiceEndpointsSpec = at.spec(doc.spec)?;
-                let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
-                spec.service = match spec.service.as_str() {
-                    "" => name.clone(),
-                    qualified if qualified.contains('/') => qualified.to_owned(),
-                    bare => format!("{namespace}/{bare}"),
-                };
-                Object::Endpoints(name.clone(), ServiceEndpoints { spec })
-            }
-            "L2AnnouncementPolicy" => Object::L2Policy(
-                name.clone(),
-                L2AnnouncementPolicy {
-                    spec: at.spec(doc.spec)?,
-                },
-            ),
-            "BGPPeer" => {
-                let spec = at.spec(doc.spec)?;
-                bgp::check_peer(&spec).map_err(|why| at.invalid(why))?;
-                Object::BgpPeer(
-                    name.clone(),
-                    BgpPeer {
-                        spec,
-                        status: Default::default(),
-                    },
-                )
-            }
-            "BGPAdvertisement" => {
-                let spec = at.spec(doc.spec)?;
-                bgp::check_advertisement(&spec).map_err(|why| at.invalid(why))?;
-                Object::BgpAdvertisement(name.clone(), BgpAdvertisement { spec })
-            }
-            "Namespace" => Object::Namespace(
-                name.clone(),
-                Namespace {
-                    labels: doc.metadata.labels.clone(),
-                },
-            ),
-            "PodIPPool" => Object::PodPool(
-                name.clone(),
-                PodIpPool {
-                    spec: at.spec::<PodIpPoolSpec>(doc.spec)?,
-                    status: Default::default(),
-                },
-            ),
-            other => {
-                return Err(ObjectError::Kind {
-                    file: file.to_owned(),
-                    index,
-                    kind: other.to_owned(),
-                });
-            }
-        };
+        let object = document(file, index, value, sources, &mut parsed.notes)?;
         parsed.objects.push(object);
     }
     Ok(parsed)
+}
+
+/// One document: its fields, kind and name checked, then read as the object of its kind.
+fn document(
+    file: &str,
+    index: usize,
+    value: serde_yaml_ng::Value,
+    sources: &AnnotationSources,
+    notes: &mut Vec<String>,
+) -> Result<Object, ObjectError> {
+    let mut unknown = Vec::new();
+    let doc: Document = serde_ignored::deserialize(value, |path| {
+        let path = field_path(&path);
+        if !SERVER_METADATA
+            .iter()
+            .any(|m| path == format!("metadata.{m}"))
+        {
+            unknown.push(path);
+        }
+    })
+    .map_err(|source| ObjectError::Yaml {
+        file: file.to_owned(),
+        index,
+        source,
+    })?;
+    let kind = doc.kind.clone();
+    // Services and their endpoints are namespaced (`namespace/name`); the project's own
+    // kinds are cluster-wide.
+    let namespaced = kind == Service::KIND || kind == ServiceEndpoints::KIND;
+    let name = if namespaced {
+        let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
+        format!("{namespace}/{}", doc.metadata.name)
+    } else {
+        doc.metadata.name.clone()
+    };
+    let at = Place {
+        file,
+        index,
+        kind: &kind,
+        name: &name,
+    };
+    if let Some(why) = ipam_core::names::invalid_name(&name) {
+        return Err(ObjectError::BadName {
+            file: file.to_owned(),
+            index,
+            kind,
+            name,
+            why,
+        });
+    }
+    if let Some(field) = unknown.into_iter().next() {
+        return Err(at.unknown(field));
+    }
+    notes.extend(at.old_spellings(&doc.spec));
+    object(&at, doc, sources, notes)
+}
+
+/// The object of a checked document, by its kind.
+fn object(
+    at: &Place,
+    doc: Document,
+    sources: &AnnotationSources,
+    notes: &mut Vec<String>,
+) -> Result<Object, ObjectError> {
+    let name = at.name.to_owned();
+    Ok(match at.kind {
+        "LoadBalancerIPPool" => Object::LbPool(
+            name,
+            LbIpPool {
+                labels: doc.metadata.labels.clone(),
+                spec: at.spec(doc.spec)?,
+                status: Default::default(),
+            },
+        ),
+        "Service" => service(at, doc, sources, notes)?,
+        "ServiceEndpoints" => {
+            let mut spec: ServiceEndpointsSpec = at.spec(doc.spec)?;
+            let namespace = doc.metadata.namespace.as_deref().unwrap_or("default");
+            spec.service = match spec.service.as_str() {
+                "" => name.clone(),
+                qualified if qualified.contains('/') => qualified.to_owned(),
+                bare => format!("{namespace}/{bare}"),
+            };
+            Object::Endpoints(name, ServiceEndpoints { spec })
+        }
+        "L2AnnouncementPolicy" => Object::L2Policy(
+            name,
+            L2AnnouncementPolicy {
+                spec: at.spec(doc.spec)?,
+            },
+        ),
+        "BGPPeer" => {
+            let spec = at.spec(doc.spec)?;
+            bgp::check_peer(&spec).map_err(|why| at.invalid(why))?;
+            Object::BgpPeer(
+                name,
+                BgpPeer {
+                    spec,
+                    status: Default::default(),
+                },
+            )
+        }
+        "BGPAdvertisement" => {
+            let spec = at.spec(doc.spec)?;
+            bgp::check_advertisement(&spec).map_err(|why| at.invalid(why))?;
+            Object::BgpAdvertisement(name, BgpAdvertisement { spec })
+        }
+        "Namespace" => Object::Namespace(
+            name,
+            Namespace {
+                labels: doc.metadata.labels.clone(),
+            },
+        ),
+        "PodIPPool" => Object::PodPool(
+            name,
+            PodIpPool {
+                spec: at.spec::<PodIpPoolSpec>(doc.spec)?,
+                status: Default::default(),
+            },
+        ),
+        other => {
+            return Err(ObjectError::Kind {
+                file: at.file.to_owned(),
+                index: at.index,
+                kind: other.to_owned(),
+            });
+        }
+    })
+}
+
+/// A Service: its spec, what its annotations ask, and its labels (from `metadata.labels`;
+/// `spec.labels`, the older place, still read with a note).
+fn service(
+    at: &Place,
+    doc: Document,
+    sources: &AnnotationSources,
+    notes: &mut Vec<String>,
+) -> Result<Object, ObjectError> {
+    let (file, index, name) = (at.file, at.index, at.name);
+    let mut spec: ServiceSpec = at.spec(doc.spec)?;
+    let asked = annotations::read(&doc.metadata.annotations, sources);
+    annotated(&mut spec, asked).map_err(|why| ObjectError::Annotation {
+        file: file.to_owned(),
+        index,
+        name: name.to_owned(),
+        why,
+    })?;
+    if !spec.labels.is_empty() {
+        if !doc.metadata.labels.is_empty() && doc.metadata.labels != spec.labels {
+            return Err(ObjectError::LabelsDisagree {
+                file: file.to_owned(),
+                index,
+                name: name.to_owned(),
+            });
+        }
+        notes.push(format!(
+            "{file}: document {index} (Service {name}): spec.labels is deprecated and still \
+             read; move the labels to metadata.labels, where Kubernetes keeps a Service's labels"
+        ));
+    } else {
+        spec.labels = doc.metadata.labels.clone();
+    }
+    Ok(Object::Service(
+        name.to_owned(),
+        Service {
+            spec,
+            status: Default::default(),
+        },
+    ))
 }
 
 /// Fills the fields of `spec` that the document leaves empty from what its annotations ask;

@@ -123,29 +123,10 @@ pub(super) fn peer(
     let keep_alive_time_seconds = duration(&mut spec, "keepaliveTime")?;
     let connect_retry_time_seconds = duration(&mut spec, "connectTime")?.unwrap_or(5);
     let password = spec.string("password")?;
-    let password_secret_ref =
-        match spec.fields("passwordSecret")? {
-            None => None,
-            Some(mut secret) => {
-                let path = secret.path_of("name");
-                let name = secret
-                    .string("name")?
-                    .ok_or_else(|| Bad::new(path, "a Secret reference needs the Secret's name"))?;
-                let namespace = secret.string("namespace")?.unwrap_or_default();
-                report.rest(secret);
-                report.note(format!(
-                "spec.passwordSecret: the password is read from the Secret {name} (key password) \
-                 in the namespace set aside for BGP passwords ([bgp] secret_namespace, \
-                 ipam-bgp-secrets by default); \
-                 MetalLB read it from {}: copy the Secret there",
-                if namespace.is_empty() { "its own namespace".to_owned() } else { namespace }
-            ));
-                Some(SecretKeyRef {
-                    name,
-                    key: "password".into(),
-                })
-            }
-        };
+    let password_secret_ref = match spec.fields("passwordSecret")? {
+        None => None,
+        Some(secret) => Some(password_secret(secret, report)?),
+    };
     let ebgp_multihop = spec.bool("ebgpMultiHop")?.unwrap_or(false).then_some(255);
     let graceful_restart = spec
         .bool("enableGracefulRestart")?
@@ -161,6 +142,53 @@ pub(super) fn peer(
         }
     };
     let node_selector = one_node_selector(&mut spec, report)?;
+    report_dropped_peer_fields(&mut spec, report);
+    report.rest(spec);
+    Ok(BgpPeerSpec {
+        peer_address,
+        peer_asn,
+        local_asn,
+        peer_port,
+        password,
+        password_secret_ref,
+        ttl_security: false,
+        ebgp_multihop,
+        node_selector,
+        hold_time_seconds,
+        keep_alive_time_seconds,
+        connect_retry_time_seconds,
+        graceful_restart,
+        bfd,
+    })
+}
+
+/// A BGPPeer's `passwordSecret`: the Secret is read from the namespace set aside for BGP
+/// passwords, with a note saying where MetalLB read it.
+fn password_secret(mut secret: Fields, report: &mut Report) -> Result<SecretKeyRef, Bad> {
+    let path = secret.path_of("name");
+    let name = secret
+        .string("name")?
+        .ok_or_else(|| Bad::new(path, "a Secret reference needs the Secret's name"))?;
+    let namespace = secret.string("namespace")?.unwrap_or_default();
+    report.rest(secret);
+    report.note(format!(
+        "spec.passwordSecret: the password is read from the Secret {name} (key password) in \
+         the namespace set aside for BGP passwords ([bgp] secret_namespace, ipam-bgp-secrets \
+         by default); MetalLB read it from {}: copy the Secret there",
+        if namespace.is_empty() {
+            "its own namespace".to_owned()
+        } else {
+            namespace
+        }
+    ));
+    Ok(SecretKeyRef {
+        name,
+        key: "password".into(),
+    })
+}
+
+/// A BGPPeer's fields with no counterpart here, each reported with why.
+fn report_dropped_peer_fields(spec: &mut Fields, report: &mut Report) {
     for (key, why) in [
         (
             "sourceAddress",
@@ -181,23 +209,6 @@ pub(super) fn peer(
             report.dropped(path, why);
         }
     }
-    report.rest(spec);
-    Ok(BgpPeerSpec {
-        peer_address,
-        peer_asn,
-        local_asn,
-        peer_port,
-        password,
-        password_secret_ref,
-        ttl_security: false,
-        ebgp_multihop,
-        node_selector,
-        hold_time_seconds,
-        keep_alive_time_seconds,
-        connect_retry_time_seconds,
-        graceful_restart,
-        bfd,
-    })
 }
 
 /// The BFDProfile `name`: its intervals and multiplier; the rest reported as dropped.

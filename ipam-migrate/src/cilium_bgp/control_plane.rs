@@ -261,79 +261,91 @@ pub(crate) fn advertisement(
         .filter(|(_, e)| e.get("advertisementType").and_then(Value::as_str) == Some("Service"))
         .count();
     for (i, (path, entry)) in entries.into_iter().enumerate() {
-        let mut entry = Fields::of(&path, entry)?;
-        let type_path = entry.path_of("advertisementType");
-        let kind = entry
-            .string("advertisementType")?
-            .ok_or_else(|| Bad::new(type_path, "needed: Service, PodCIDR, ..."))?;
-        if kind != "Service" {
-            report.dropped(
-                path,
-                format!(
-                    "{kind} routes are not advertised here: only Service IPs are (pods are \
-                     routed between the nodes by the datapath)"
-                ),
-            );
-            continue;
-        }
-        let (load_balancer_ips, external_ips) = match entry.fields("service")? {
-            Some(mut service) => {
-                let kinds =
-                    address_kinds_of(&mut service, "addresses", report)?.unwrap_or((false, false));
-                report.rest(service);
-                kinds
-            }
-            None => (false, false),
-        };
-        let service_selector = entry
-            .take("selector")
-            .map(|(path, v)| selector(&path, v))
-            .transpose()?;
-        let (communities, local_preference) = match entry.fields("attributes")? {
-            Some(attributes) => read_attributes(attributes, report)?,
-            None => (Vec::new(), None),
-        };
-        report.rest(entry);
-        let Some(service_selector) = service_selector else {
-            report.note(format!(
-                "{path}: no selector, so it matches no Service in Cilium: not converted"
-            ));
+        let entry = Fields::of(&path, entry)?;
+        let Some(spec) = service_entry(&path, entry, &peers, report)? else {
             continue;
         };
-        if !load_balancer_ips && !external_ips {
-            report.note(format!(
-                "{path}: advertises neither LoadBalancerIP nor ExternalIP: not converted"
-            ));
-            continue;
-        }
-        if peers.is_empty() {
-            report.note(format!(
-                "{path}: no peer's CiliumBGPPeerConfig in the input selects this object, so it \
-                 goes to no peer: not converted (convert it together with the \
-                 CiliumBGPClusterConfig and CiliumBGPPeerConfigs)"
-            ));
-            continue;
-        }
         let name = if services == 1 {
             name.to_owned()
         } else {
             format!("{name}-{i}")
         };
-        converted.push((
-            name,
-            BgpAdvertisementSpec {
-                ip_pools: Vec::new(),
-                service_selector,
-                node_selector: Selector::default(),
-                peers: peers.clone(),
-                communities,
-                local_preference,
-                load_balancer_ips,
-                external_ips,
-                ..BgpAdvertisementSpec::default()
-            },
-        ));
+        converted.push((name, spec));
     }
     report.rest(spec);
     Ok(converted)
+}
+
+/// One entry of a CiliumBGPAdvertisement: a BGPAdvertisement to `peers` for a `Service`
+/// entry with a selector and an address kind; `None`, with a note or what was dropped, for
+/// anything else.
+fn service_entry(
+    path: &str,
+    mut entry: Fields,
+    peers: &[String],
+    report: &mut Report,
+) -> Result<Option<BgpAdvertisementSpec>, Bad> {
+    let type_path = entry.path_of("advertisementType");
+    let kind = entry
+        .string("advertisementType")?
+        .ok_or_else(|| Bad::new(type_path, "needed: Service, PodCIDR, ..."))?;
+    if kind != "Service" {
+        report.dropped(
+            path,
+            format!(
+                "{kind} routes are not advertised here: only Service IPs are (pods are routed \
+                 between the nodes by the datapath)"
+            ),
+        );
+        return Ok(None);
+    }
+    let (load_balancer_ips, external_ips) = match entry.fields("service")? {
+        Some(mut service) => {
+            let kinds =
+                address_kinds_of(&mut service, "addresses", report)?.unwrap_or((false, false));
+            report.rest(service);
+            kinds
+        }
+        None => (false, false),
+    };
+    let service_selector = entry
+        .take("selector")
+        .map(|(path, v)| selector(&path, v))
+        .transpose()?;
+    let (communities, local_preference) = match entry.fields("attributes")? {
+        Some(attributes) => read_attributes(attributes, report)?,
+        None => (Vec::new(), None),
+    };
+    report.rest(entry);
+    let Some(service_selector) = service_selector else {
+        report.note(format!(
+            "{path}: no selector, so it matches no Service in Cilium: not converted"
+        ));
+        return Ok(None);
+    };
+    if !load_balancer_ips && !external_ips {
+        report.note(format!(
+            "{path}: advertises neither LoadBalancerIP nor ExternalIP: not converted"
+        ));
+        return Ok(None);
+    }
+    if peers.is_empty() {
+        report.note(format!(
+            "{path}: no peer's CiliumBGPPeerConfig in the input selects this object, so it goes \
+             to no peer: not converted (convert it together with the CiliumBGPClusterConfig and \
+             CiliumBGPPeerConfigs)"
+        ));
+        return Ok(None);
+    }
+    Ok(Some(BgpAdvertisementSpec {
+        ip_pools: Vec::new(),
+        service_selector,
+        node_selector: Selector::default(),
+        peers: peers.to_vec(),
+        communities,
+        local_preference,
+        load_balancer_ips,
+        external_ips,
+        ..BgpAdvertisementSpec::default()
+    }))
 }

@@ -1,7 +1,10 @@
 //! Cilium's older CiliumBGPPeeringPolicy (`cilium.io/v2alpha1`): peers and what they carry in
 //! one object, per virtual router.
 
-use ipam_core::{lb::bgp::BgpAdvertisementSpec, meta::Selector};
+use ipam_core::{
+    lb::bgp::{BgpAdvertisementSpec, BgpPeerSpec},
+    meta::Selector,
+};
 use serde_yaml_ng::Value;
 
 use super::{
@@ -27,10 +30,38 @@ pub(crate) fn peering_policy(
         None => Selector::default(),
     };
     let routers = spec.list("virtualRouters")?;
-    let several = routers.len() > 1;
+    let policy = Policy {
+        name: policy,
+        node_selector,
+        several_routers: routers.len() > 1,
+        index,
+    };
     let mut out = Vec::new();
     for (path, router) in routers {
-        let mut router = Fields::of(&path, router)?;
+        let router = Fields::of(&path, router)?;
+        out.extend(policy.virtual_router(&path, router, report)?);
+    }
+    report.rest(spec);
+    Ok(out)
+}
+
+/// What every virtual router of one policy shares.
+struct Policy<'a> {
+    name: &'a str,
+    node_selector: Selector,
+    /// Several routers: each advertisement is named after its router's ASN.
+    several_routers: bool,
+    index: &'a Index,
+}
+
+impl Policy<'_> {
+    /// One virtual router: a BGPPeer per neighbour, and the advertisements of its Services.
+    fn virtual_router(
+        &self,
+        path: &str,
+        mut router: Fields,
+        report: &mut Report,
+    ) -> Result<Vec<(String, Target)>, Bad> {
         let local_asn = local_asn(&mut router)?;
         for key in ["exportPodCIDR", "podIPPoolSelector"] {
             if let Some((path, value)) = router.take(key)
@@ -50,33 +81,15 @@ pub(crate) fn peering_policy(
         let (load_balancer_ips, external_ips) =
             address_kinds_of(&mut router, "serviceAdvertisements", report)?
                 .unwrap_or((true, false));
+        let mut out = Vec::new();
         let mut neighbours = Vec::new();
         let mut attributed = Vec::new();
         for (path, neighbour) in router.list("neighbors")? {
-            let mut neighbour = Fields::of(&path, neighbour)?;
-            let address = address_field(&mut neighbour, "peerAddress")?;
-            let peer_asn = peer_asn(&mut neighbour)?;
-            let mut config = PeerConfig::default();
-            if let Some(port) = u16_field(&mut neighbour, "peerPort")? {
-                config.peer_port = port;
-            }
-            read_timers(&mut neighbour, &mut config)?;
-            config.password_secret_ref = read_secret_reference(&mut neighbour, report)?;
-            config.graceful_restart = read_graceful_restart(&mut neighbour, report)?;
-            config.ebgp_multihop = read_multihop(&mut neighbour, "eBGPMultihopTTL")?;
-            config.families = read_families(&mut neighbour, report)?;
-            config.report_other_families(&path, address, report);
-            let name = format!("{policy}-{}", address.to_string().replace(['.', ':'], "-"));
-            for (path, attributes) in neighbour.list("advertisedPathAttributes")? {
-                if let Some(ad) = path_attributes(&path, attributes, &name, index, report)? {
-                    attributed.push(ad);
-                }
-            }
-            report.rest(neighbour);
-            let mut spec = config.spec(address, peer_asn, local_asn);
-            spec.node_selector = node_selector.clone();
+            let neighbour = Fields::of(&path, neighbour)?;
+            let (name, spec, attributes) = self.neighbour(&path, neighbour, local_asn, report)?;
             out.push((name.clone(), Target::BgpPeer(Box::new(spec))));
             neighbours.push(name);
+            attributed.extend(attributes);
         }
         report.rest(router);
         let Some(service_selector) = service_selector else {
@@ -84,16 +97,11 @@ pub(crate) fn peering_policy(
                 "{path}: no serviceSelector, so it advertises no Service in Cilium: no \
                  BGPAdvertisement"
             ));
-            continue;
+            return Ok(out);
         };
         if neighbours.is_empty() || !(load_balancer_ips || external_ips) {
-            continue;
+            return Ok(out);
         }
-        let ad_name = if several {
-            format!("{policy}-{local_asn}")
-        } else {
-            policy.to_owned()
-        };
         let base = BgpAdvertisementSpec {
             ip_pools: Vec::new(),
             service_selector,
@@ -119,10 +127,52 @@ pub(crate) fn peering_policy(
             };
             out.push((attributes.name, Target::BgpAdvertisement(spec)));
         }
+        let ad_name = if self.several_routers {
+            format!("{}-{local_asn}", self.name)
+        } else {
+            self.name.to_owned()
+        };
         out.push((ad_name, Target::BgpAdvertisement(base)));
+        Ok(out)
     }
-    report.rest(spec);
-    Ok(out)
+
+    /// One neighbour: its BGPPeer (named `<policy>-<address>`), and the path attributes it
+    /// asks for some pools' routes.
+    fn neighbour(
+        &self,
+        path: &str,
+        mut neighbour: Fields,
+        local_asn: u32,
+        report: &mut Report,
+    ) -> Result<(String, BgpPeerSpec, Vec<PathAttributes>), Bad> {
+        let address = address_field(&mut neighbour, "peerAddress")?;
+        let peer_asn = peer_asn(&mut neighbour)?;
+        let mut config = PeerConfig::default();
+        if let Some(port) = u16_field(&mut neighbour, "peerPort")? {
+            config.peer_port = port;
+        }
+        read_timers(&mut neighbour, &mut config)?;
+        config.password_secret_ref = read_secret_reference(&mut neighbour, report)?;
+        config.graceful_restart = read_graceful_restart(&mut neighbour, report)?;
+        config.ebgp_multihop = read_multihop(&mut neighbour, "eBGPMultihopTTL")?;
+        config.families = read_families(&mut neighbour, report)?;
+        config.report_other_families(path, address, report);
+        let name = format!(
+            "{}-{}",
+            self.name,
+            address.to_string().replace(['.', ':'], "-")
+        );
+        let mut attributed = Vec::new();
+        for (path, attributes) in neighbour.list("advertisedPathAttributes")? {
+            if let Some(ad) = path_attributes(&path, attributes, &name, self.index, report)? {
+                attributed.push(ad);
+            }
+        }
+        report.rest(neighbour);
+        let mut spec = config.spec(address, peer_asn, local_asn);
+        spec.node_selector = self.node_selector.clone();
+        Ok((name, spec, attributed))
+    }
 }
 
 /// A neighbour's path attributes for the routes of some LoadBalancer pools.

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::{
-    invocation::{Command, Invocation, NetConf, Role},
+    invocation::{Command, Invocation, NetConf, PluginSettings, Role},
     pod_network,
     result::{CniError, Code, SUPPORTED_VERSIONS, ipam_result, version_result},
 };
@@ -77,9 +77,46 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
         ipam_api::types::check_network_name(&conf.name)
             .map_err(|why| CniError::new(Code::InvalidConfig, why))?;
     }
-    let network = conf.name.as_str();
-    let call = |request: Request| -> Result<Response, CniError> {
-        client::call(&settings.socket, &request, settings.timeout).map_err(|e| match e {
+    let run = Run {
+        inv,
+        conf,
+        network: conf.name.as_str(),
+        requested: match inv.command {
+            Command::Add => conf.requested_ips(inv)?,
+            _ => Vec::new(),
+        },
+        main_mtu: match settings.role {
+            Role::Main { mtu } => Some(mtu),
+            Role::Ipam => None,
+        },
+        settings,
+    };
+    match inv.command {
+        Command::Add => run.add(),
+        Command::Del => run.del(),
+        Command::Check => run.check(),
+        Command::Gc => run.gc(),
+        Command::Status => run.status(),
+        Command::Version => unreachable!("answered before reading the configuration"),
+    }
+}
+
+/// One invocation, carried out against the daemon's local API.
+struct Run<'a> {
+    inv: &'a Invocation,
+    conf: &'a NetConf,
+    /// The network's name, which keys its allocations.
+    network: &'a str,
+    settings: PluginSettings,
+    /// The addresses the runtime asks for (ADD only).
+    requested: Vec<std::net::IpAddr>,
+    /// The pod interface's MTU when this is the main plugin; `None` as an IPAM plugin.
+    main_mtu: Option<u32>,
+}
+
+impl Run<'_> {
+    fn call(&self, request: Request) -> Result<Response, CniError> {
+        client::call(&self.settings.socket, &request, self.settings.timeout).map_err(|e| match e {
             // The daemon is down, slow or went away mid-request: the runtime should retry,
             // not give up.
             ClientError::Unreachable { .. }
@@ -87,99 +124,110 @@ fn handle(inv: &Invocation, conf: &NetConf) -> Result<Option<Value>, CniError> {
             | ClientError::Disconnected { .. } => CniError::new(Code::TryAgainLater, e.to_string()),
             ClientError::Protocol { .. } => CniError::new(Code::Io, e.to_string()),
         })
-    };
-    let requested = match inv.command {
-        Command::Add => conf.requested_ips(inv)?,
-        _ => Vec::new(),
-    };
-    let attachment = || Attachment {
-        id: inv.attachment(network),
-        pod: inv.pod(),
-        pool: settings.pool.clone(),
-        ips: requested.clone(),
-    };
-    let main_mtu = match settings.role {
-        Role::Main { mtu } => Some(mtu),
-        Role::Ipam => None,
-    };
-    match inv.command {
-        Command::Add => {
-            let ips = match call(Request::Allocate(attachment()))? {
-                Response::Allocated { ips } => ips,
+    }
+
+    fn attachment(&self) -> Attachment {
+        Attachment {
+            id: self.inv.attachment(self.network),
+            pod: self.inv.pod(),
+            pool: self.settings.pool.clone(),
+            ips: self.requested.clone(),
+        }
+    }
+
+    /// ADD: the addresses; as the main plugin also the pod's interface and its endpoint in the
+    /// datapath, undone if the datapath does not take it.
+    fn add(&self) -> Result<Option<Value>, CniError> {
+        let ips = match self.call(Request::Allocate(self.attachment()))? {
+            Response::Allocated { ips } => ips,
+            other => return Err(from_response(other)),
+        };
+        let cni_version = &self.conf.cni_version;
+        let Some(mtu) = self.main_mtu else {
+            return Ok(Some(printed(&ipam_result(cni_version, &ips))));
+        };
+        let id = self.inv.attachment(self.network);
+        let netns = netns(self.inv)?;
+        let iface = pod_network::set_up(&id, netns, mtu, &ips)?;
+        let endpoint = pod_network::endpoint(self.inv, self.network, netns, &iface, &ips);
+        match self.call(Request::RegisterEndpoint(endpoint)) {
+            Ok(Response::Registered) => Ok(Some(printed(&pod_network::result(
+                cni_version,
+                netns,
+                &iface,
+                &ips,
+            )))),
+            other => {
+                // The datapath does not know the pod: do not leave it half connected.
+                let _ = pod_network::tear_down(&id);
+                Err(match other {
+                    Ok(response) => from_response(response),
+                    Err(e) => e,
+                })
+            }
+        }
+    }
+
+    /// DEL: the endpoint and interface (main plugin), then the addresses.
+    fn del(&self) -> Result<Option<Value>, CniError> {
+        if self.main_mtu.is_some() {
+            let id = self.inv.attachment(self.network);
+            match self.call(Request::RemoveEndpoint(id.clone()))? {
+                Response::EndpointRemoved { .. } => {}
                 other => return Err(from_response(other)),
-            };
-            let Some(mtu) = main_mtu else {
-                return Ok(Some(printed(&ipam_result(&conf.cni_version, &ips))));
-            };
-            let netns = netns(inv)?;
-            let iface = pod_network::set_up(&inv.attachment(network), netns, mtu, &ips)?;
-            let endpoint = pod_network::endpoint(inv, network, netns, &iface, &ips);
-            match call(Request::RegisterEndpoint(endpoint)) {
-                Ok(Response::Registered) => Ok(Some(printed(&pod_network::result(
-                    &conf.cni_version,
-                    netns,
-                    &iface,
-                    &ips,
-                )))),
-                other => {
-                    // The datapath does not know the pod: do not leave it half connected.
-                    let _ = pod_network::tear_down(&inv.attachment(network));
-                    Err(match other {
-                        Ok(response) => from_response(response),
-                        Err(e) => e,
-                    })
-                }
             }
+            pod_network::tear_down(&id)?;
         }
-        Command::Del => {
-            if main_mtu.is_some() {
-                match call(Request::RemoveEndpoint(inv.attachment(network)))? {
-                    Response::EndpointRemoved { .. } => {}
-                    other => return Err(from_response(other)),
-                }
-                pod_network::tear_down(&inv.attachment(network))?;
-            }
-            match call(Request::Release(attachment()))? {
-                Response::Released { .. } => Ok(None),
-                other => Err(from_response(other)),
-            }
+        match self.call(Request::Release(self.attachment()))? {
+            Response::Released { .. } => Ok(None),
+            other => Err(from_response(other)),
         }
-        Command::Check => match call(Request::Check(attachment()))? {
+    }
+
+    /// CHECK: the daemon's addresses against the previous result, and the pod's interface.
+    fn check(&self) -> Result<Option<Value>, CniError> {
+        match self.call(Request::Check(self.attachment()))? {
             Response::Checked { ips } => {
                 check_against_prev_result(
-                    conf,
+                    self.conf,
                     &ips.iter()
                         .map(|i| format!("{}/{}", i.address, i.prefix_len))
                         .collect::<Vec<_>>(),
                 )?;
-                if main_mtu.is_some() {
-                    pod_network::check(&inv.attachment(network), netns(inv)?, &ips)?;
+                if self.main_mtu.is_some() {
+                    pod_network::check(&self.inv.attachment(self.network), netns(self.inv)?, &ips)?;
                 }
                 Ok(None)
             }
             other => Err(from_response(other)),
-        },
-        Command::Gc => {
-            let valid = conf
-                .valid_attachments
-                .iter()
-                .map(|v| v.in_network(network))
-                .collect();
-            match call(Request::Gc {
-                network: network.to_owned(),
-                valid,
-            })? {
-                Response::Collected { .. } => Ok(None),
-                other => Err(from_response(other)),
-            }
         }
-        Command::Status => match call(Request::Status) {
+    }
+
+    /// GC: this network's allocations the runtime no longer lists are freed.
+    fn gc(&self) -> Result<Option<Value>, CniError> {
+        let valid = self
+            .conf
+            .valid_attachments
+            .iter()
+            .map(|v| v.in_network(self.network))
+            .collect();
+        match self.call(Request::Gc {
+            network: self.network.to_owned(),
+            valid,
+        })? {
+            Response::Collected { .. } => Ok(None),
+            other => Err(from_response(other)),
+        }
+    }
+
+    /// STATUS: whether the daemon can hand out addresses.
+    fn status(&self) -> Result<Option<Value>, CniError> {
+        match self.call(Request::Status) {
             Ok(Response::Ready) => Ok(None),
             Ok(Response::Error { message, .. }) => Err(CniError::new(Code::NotAvailable, message)),
             Ok(other) => Err(from_response(other)),
             Err(e) => Err(CniError::new(Code::NotAvailable, e.msg)),
-        },
-        Command::Version => unreachable!("answered before reading the configuration"),
+        }
     }
 }
 

@@ -56,73 +56,9 @@ impl RealApiServer {
         std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
         write_pki(&dir)?;
         let [etcd_client, etcd_peer, secure] = free_ports()?;
-        let etcd_bin = Some(assets.join("etcd"))
-            .filter(|p| p.is_file())
-            .unwrap_or_else(|| PathBuf::from("etcd"));
         let etcd_endpoint = format!("http://127.0.0.1:{etcd_client}");
-        let etcd = Command::new(&etcd_bin)
-            .arg("--data-dir")
-            .arg(dir.join("etcd"))
-            .args(["--listen-client-urls", &etcd_endpoint])
-            .args(["--advertise-client-urls", &etcd_endpoint])
-            .args([
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{etcd_peer}"),
-            ])
-            .args([
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{etcd_peer}"),
-            ])
-            .args([
-                "--initial-cluster",
-                &format!("default=http://127.0.0.1:{etcd_peer}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(log_file(&dir, "etcd.log")?)
-            .spawn()
-            .map_err(|e| err(format!("cannot start {}: {e}", etcd_bin.display())))?;
-        let d = |name: &str| dir.join(name).display().to_string();
-        let args: Vec<String> = [
-            "--etcd-servers",
-            &etcd_endpoint,
-            "--bind-address",
-            "127.0.0.1",
-            "--advertise-address",
-            "127.0.0.1",
-            "--secure-port",
-            &secure.to_string(),
-            "--tls-cert-file",
-            &d("server.pem"),
-            "--tls-private-key-file",
-            &d("server-key.pem"),
-            "--client-ca-file",
-            &d("ca.pem"),
-            "--token-auth-file",
-            &d("tokens.csv"),
-            "--authorization-mode",
-            "RBAC",
-            "--allow-privileged=true",
-            "--service-account-issuer",
-            "https://kubernetes.default.svc",
-            "--service-account-key-file",
-            &d("sa.pem"),
-            "--service-account-signing-key-file",
-            &d("sa-key.pem"),
-            "--api-audiences",
-            "https://kubernetes.default.svc",
-            "--service-cluster-ip-range",
-            "10.96.0.0/16",
-            // Every request's verb, resource and user, for the tests' checks of rights.
-            "--audit-policy-file",
-            &d("audit-policy.yaml"),
-            "--audit-log-path",
-            &d("audit.log"),
-            "--audit-log-format",
-            "json",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let etcd = spawn_etcd(assets, &dir, &etcd_endpoint, etcd_peer)?;
+        let args = apiserver_args(&dir, &etcd_endpoint, secure);
         let binary = assets.join("kube-apiserver");
         let apiserver = match spawn_apiserver(&binary, &args, &dir) {
             Ok(child) => child,
@@ -401,6 +337,77 @@ static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new
 
 fn http_get(path: &str) -> Result<http::Request<Vec<u8>>, http::Error> {
     http::Request::get(path).body(Vec::new())
+}
+
+/// etcd for the server: `assets`' own, else Debian's on the PATH; one member on loopback.
+fn spawn_etcd(
+    assets: &Path,
+    dir: &Path,
+    endpoint: &str,
+    peer_port: u16,
+) -> Result<Child, RealApiError> {
+    let etcd_bin = Some(assets.join("etcd"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("etcd"));
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    Command::new(&etcd_bin)
+        .arg("--data-dir")
+        .arg(dir.join("etcd"))
+        .args(["--listen-client-urls", endpoint])
+        .args(["--advertise-client-urls", endpoint])
+        .args(["--listen-peer-urls", &peer])
+        .args(["--initial-advertise-peer-urls", &peer])
+        .args(["--initial-cluster", &format!("default={peer}")])
+        .stdout(Stdio::null())
+        .stderr(log_file(dir, "etcd.log")?)
+        .spawn()
+        .map_err(|e| err(format!("cannot start {}: {e}", etcd_bin.display())))
+}
+
+/// kube-apiserver's arguments: as a cluster runs it (TLS, RBAC, service-account tokens),
+/// with an audit log of every request for the tests' checks of rights.
+fn apiserver_args(dir: &Path, etcd_endpoint: &str, secure_port: u16) -> Vec<String> {
+    let d = |name: &str| dir.join(name).display().to_string();
+    [
+        "--etcd-servers",
+        etcd_endpoint,
+        "--bind-address",
+        "127.0.0.1",
+        "--advertise-address",
+        "127.0.0.1",
+        "--secure-port",
+        &secure_port.to_string(),
+        "--tls-cert-file",
+        &d("server.pem"),
+        "--tls-private-key-file",
+        &d("server-key.pem"),
+        "--client-ca-file",
+        &d("ca.pem"),
+        "--token-auth-file",
+        &d("tokens.csv"),
+        "--authorization-mode",
+        "RBAC",
+        "--allow-privileged=true",
+        "--service-account-issuer",
+        "https://kubernetes.default.svc",
+        "--service-account-key-file",
+        &d("sa.pem"),
+        "--service-account-signing-key-file",
+        &d("sa-key.pem"),
+        "--api-audiences",
+        "https://kubernetes.default.svc",
+        "--service-cluster-ip-range",
+        "10.96.0.0/16",
+        "--audit-policy-file",
+        &d("audit-policy.yaml"),
+        "--audit-log-path",
+        &d("audit.log"),
+        "--audit-log-format",
+        "json",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
 }
 
 fn spawn_apiserver(binary: &Path, args: &[String], dir: &Path) -> Result<Child, RealApiError> {

@@ -825,13 +825,38 @@ impl Store for KubeStore {
         let mut events = watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
-        // The first listing is the watch's snapshot.
+        let initial = self.first_listing(kind, &mapping, &mut events).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let follower = Follower {
+            store: self.clone(),
+            kind: kind.to_owned(),
+            mapping,
+            relisting: None,
+        };
+        tokio::spawn(follower.run(events, tx));
+        // kube-runtime's watcher does not expose the listing's resourceVersion.
+        Ok(Watch::new(initial, Revision::Opaque(String::new()), rx))
+    }
+}
+
+/// What kube-runtime's watcher yields for one kind.
+type WatchEvents =
+    futures_util::stream::BoxStream<'static, Result<watcher::Event<DynamicObject>, watcher::Error>>;
+
+impl KubeStore {
+    /// The watch's snapshot: its first listing, sorted by name.
+    async fn first_listing(
+        &self,
+        kind: &str,
+        mapping: &Mapping,
+        events: &mut WatchEvents,
+    ) -> Result<Vec<RawObject>, StoreError> {
         let mut initial = Vec::new();
         loop {
             match events.next().await {
                 Some(Ok(watcher::Event::Init)) => initial.clear(),
                 Some(Ok(watcher::Event::InitApply(o))) => {
-                    initial.extend(self.raw(kind, &mapping, &o));
+                    initial.extend(self.raw(kind, mapping, &o));
                 }
                 Some(Ok(watcher::Event::InitDone)) => break,
                 Some(Ok(_)) => {}
@@ -850,66 +875,76 @@ impl Store for KubeStore {
             }
         }
         initial.sort_by(|a, b| a.name.cmp(&b.name));
-        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
-        let store = self.clone();
-        let kind = kind.to_owned();
-        tokio::spawn(async move {
-            let mut relisting: Option<Vec<RawObject>> = None;
-            while let Some(event) = events.next().await {
-                let out = match event {
-                    Ok(watcher::Event::Apply(o)) => {
-                        store.raw(&kind, &mapping, &o).map(WatchEvent::Put)
-                    }
-                    Ok(watcher::Event::Delete(o)) => {
-                        store.raw(&kind, &mapping, &o).map(|r| WatchEvent::Deleted {
-                            kind: r.kind,
-                            name: r.name,
-                            revision: r.revision,
-                        })
-                    }
-                    // A relist (after 410 Gone, or a broken watch): the whole kind again.
-                    Ok(watcher::Event::Init) => {
-                        relisting = Some(Vec::new());
-                        None
-                    }
-                    Ok(watcher::Event::InitApply(o)) => {
-                        if let (Some(list), Some(r)) =
-                            (relisting.as_mut(), store.raw(&kind, &mapping, &o))
-                        {
-                            list.push(r);
-                        }
-                        None
-                    }
-                    Ok(watcher::Event::InitDone) => {
-                        relisting.take().map(|objects| WatchEvent::Resync {
-                            kind: kind.clone(),
-                            revision: Revision::Opaque(String::new()),
-                            objects,
-                        })
-                    }
-                    Err(e) => {
-                        if tx
-                            .send(Err(StoreError::Backend {
-                                location: store.describe(),
-                                source: Box::new(e),
-                            }))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                        None
-                    }
-                };
-                if let Some(event) = out
-                    && tx.send(Ok(event)).await.is_err()
-                {
-                    return;
-                }
+        Ok(initial)
+    }
+}
+
+/// Turns the watcher's events after the first listing into the store's, for one kind.
+struct Follower {
+    store: KubeStore,
+    kind: String,
+    mapping: Mapping,
+    /// A relist in progress (after 410 Gone, or a broken watch): the objects so far.
+    relisting: Option<Vec<RawObject>>,
+}
+
+impl Follower {
+    async fn run(
+        mut self,
+        mut events: WatchEvents,
+        tx: tokio::sync::mpsc::Sender<Result<WatchEvent, StoreError>>,
+    ) {
+        while let Some(event) = events.next().await {
+            if let Some(out) = self.translate(event)
+                && tx.send(out).await.is_err()
+            {
+                return;
             }
-        });
-        // kube-runtime's watcher does not expose the listing's resourceVersion.
-        Ok(Watch::new(initial, Revision::Opaque(String::new()), rx))
+        }
+    }
+
+    /// The store's event for one of the watcher's, if it makes one.
+    fn translate(
+        &mut self,
+        event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    ) -> Option<Result<WatchEvent, StoreError>> {
+        let (store, kind, mapping) = (&self.store, self.kind.as_str(), &self.mapping);
+        match event {
+            Ok(watcher::Event::Apply(o)) => {
+                store.raw(kind, mapping, &o).map(WatchEvent::Put).map(Ok)
+            }
+            Ok(watcher::Event::Delete(o)) => store.raw(kind, mapping, &o).map(|r| {
+                Ok(WatchEvent::Deleted {
+                    kind: r.kind,
+                    name: r.name,
+                    revision: r.revision,
+                })
+            }),
+            // A relist: the whole kind again.
+            Ok(watcher::Event::Init) => {
+                self.relisting = Some(Vec::new());
+                None
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                if let (Some(list), Some(r)) =
+                    (self.relisting.as_mut(), store.raw(kind, mapping, &o))
+                {
+                    list.push(r);
+                }
+                None
+            }
+            Ok(watcher::Event::InitDone) => self.relisting.take().map(|objects| {
+                Ok(WatchEvent::Resync {
+                    kind: kind.to_owned(),
+                    revision: Revision::Opaque(String::new()),
+                    objects,
+                })
+            }),
+            Err(e) => Some(Err(StoreError::Backend {
+                location: store.describe(),
+                source: Box::new(e),
+            })),
+        }
     }
 }
 

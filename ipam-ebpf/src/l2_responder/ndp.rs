@@ -80,49 +80,9 @@ fn respond_sized<const LEN: usize>(
     };
     // SAFETY: `ptr_at` checked that the message lies within the frame; `eth` was checked before.
     let (eth, msg) = unsafe { (&mut *eth, &mut (*msg).bytes) };
-
-    // RFC 4861 7.1.1 validity checks.
-    if ip6.hop_limit != 255 || msg[1] != 0 || !checksum_ok(ip6, msg) {
-        count(ResponderStat::Malformed);
-        debug!(
-            &(),
-            "NS on ifindex {}: fails RFC 4861 validity checks (hop limit, code, checksum)", ifindex
-        );
+    let Some(target) = solicited_target::<LEN>(ip6, msg, ifindex) else {
         return Verdict::Pass;
-    }
-    // Duplicate address detection: the sender has no address yet and is not asking us.
-    if ip6.src_addr == [0; 16] {
-        return Verdict::Pass;
-    }
-    let target: [u8; 16] = sub16(msg, 8);
-    let multicast_dst = ip6.dst_addr[0] == 0xff;
-    if ip6.src_addr[0] == 0xff || target[0] == 0xff {
-        count(ResponderStat::Malformed);
-        debug!(&(), "NS on ifindex {}: multicast source or target", ifindex);
-        return Verdict::Pass;
-    }
-    if LEN == 32 {
-        if msg[24] != OPT_SOURCE_LLADDR || msg[25] != 1 {
-            return Verdict::Pass;
-        }
-    } else if multicast_dst {
-        // A multicast solicitation from a specified source must carry its link-layer address.
-        count(ResponderStat::Malformed);
-        debug!(
-            &(),
-            "NS on ifindex {}: multicast without source link-layer address", ifindex
-        );
-        return Verdict::Pass;
-    }
-    let addressed_to_target = if multicast_dst {
-        is_solicited_node(&ip6.dst_addr, &target)
-    } else {
-        ip6.dst_addr == target
     };
-    if !addressed_to_target {
-        return Verdict::Pass;
-    }
-
     let key = ResponderKey::v6(target, ifindex);
     let Some(entry) = L2_RESPONDER.get_ptr_mut(key) else {
         return Verdict::Pass;
@@ -139,9 +99,72 @@ fn respond_sized<const LEN: usize>(
     if !eth_for_us || !liveness::daemon_alive() {
         return Verdict::Pass;
     }
+    advertise::<LEN>(eth, ip6, msg, target, entry.mac);
+    entry.replies += 1;
+    count(ResponderStat::NdpReplies);
+    Verdict::Reply
+}
 
+/// The target of a valid neighbour solicitation (RFC 4861 7.1.1) addressed to it (its
+/// solicited-node group, or itself); `None` for anything else, counted when malformed.
+#[inline(always)]
+fn solicited_target<const LEN: usize>(
+    ip6: &Ipv6Hdr,
+    msg: &[u8; LEN],
+    ifindex: u32,
+) -> Option<[u8; 16]> {
+    if ip6.hop_limit != 255 || msg[1] != 0 || !checksum_ok(ip6, msg) {
+        count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "NS on ifindex {}: fails RFC 4861 validity checks (hop limit, code, checksum)", ifindex
+        );
+        return None;
+    }
+    // Duplicate address detection: the sender has no address yet and is not asking us.
+    if ip6.src_addr == [0; 16] {
+        return None;
+    }
+    let target: [u8; 16] = sub16(msg, 8);
+    let multicast_dst = ip6.dst_addr[0] == 0xff;
+    if ip6.src_addr[0] == 0xff || target[0] == 0xff {
+        count(ResponderStat::Malformed);
+        debug!(&(), "NS on ifindex {}: multicast source or target", ifindex);
+        return None;
+    }
+    if LEN == 32 {
+        if msg[24] != OPT_SOURCE_LLADDR || msg[25] != 1 {
+            return None;
+        }
+    } else if multicast_dst {
+        // A multicast solicitation from a specified source must carry its link-layer address.
+        count(ResponderStat::Malformed);
+        debug!(
+            &(),
+            "NS on ifindex {}: multicast without source link-layer address", ifindex
+        );
+        return None;
+    }
+    let addressed_to_target = if multicast_dst {
+        is_solicited_node(&ip6.dst_addr, &target)
+    } else {
+        ip6.dst_addr == target
+    };
+    addressed_to_target.then_some(target)
+}
+
+/// Turns the solicitation into the advertisement of `target` at `mac`, in place, back to its
+/// sender (with the target link-layer address option when the solicitation had room for it).
+#[inline(always)]
+fn advertise<const LEN: usize>(
+    eth: &mut EthHdr,
+    ip6: &mut Ipv6Hdr,
+    msg: &mut [u8; LEN],
+    target: [u8; 16],
+    mac: [u8; 6],
+) {
     eth.dst_addr = eth.src_addr;
-    eth.src_addr = entry.mac;
+    eth.src_addr = mac;
     ip6.vcf = [0x60, 0, 0, 0];
     ip6.hop_limit = 255;
     ip6.dst_addr = ip6.src_addr;
@@ -156,21 +179,17 @@ fn respond_sized<const LEN: usize>(
     if LEN == 32 {
         msg[24] = OPT_TARGET_LLADDR;
         msg[25] = 1;
-        msg[26] = entry.mac[0];
-        msg[27] = entry.mac[1];
-        msg[28] = entry.mac[2];
-        msg[29] = entry.mac[3];
-        msg[30] = entry.mac[4];
-        msg[31] = entry.mac[5];
+        msg[26] = mac[0];
+        msg[27] = mac[1];
+        msg[28] = mac[2];
+        msg[29] = mac[3];
+        msg[30] = mac[4];
+        msg[31] = mac[5];
     }
     let sum = !fold(icmpv6_sum(ip6, msg));
     let sum = sum.to_be_bytes();
     msg[2] = sum[0];
     msg[3] = sum[1];
-
-    entry.replies += 1;
-    count(ResponderStat::NdpReplies);
-    Verdict::Reply
 }
 
 /// `ff02::1:ffXX:XXXX` formed from the low 24 bits of `target` (RFC 4291 2.7.1).

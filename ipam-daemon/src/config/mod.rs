@@ -14,18 +14,39 @@
 //! ip = "192.0.2.10"
 //! interface = "eth0"
 //! ```
+//!
+//! The file is read and validated in one place (`Config::load`, below); each section's
+//! settings are a file of this folder, next to the defaults they document.
 
-use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::Duration};
+mod bgp;
+mod cluster;
+mod datapath;
+mod dead_nodes;
+mod gossip;
+mod ipam;
+mod metrics;
+mod node;
+mod store;
+
+pub use bgp::BgpSettings;
+pub use cluster::ClusterSettings;
+pub use datapath::{AnnouncementConfig, DatapathConfig, InterfaceConfig};
+pub use dead_nodes::DeadNodeSettings;
+pub use gossip::{DEFAULT_GOSSIP_PORT, GossipSettings};
+use ipam::default_socket;
+pub(crate) use ipam::default_store;
+pub use ipam::{IpamSettings, PoolConfig};
+pub use metrics::MetricsSettings;
+use node::default_node_name;
+pub use node::{AnnounceSettings, NodeSettings};
+pub use store::{KubernetesStoreSettings, StoreKind, StoreSettings};
+
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
 
-use ipam_core::{
-    Cidr, Family,
-    pod::pool::{IpamMode, PodIpPoolSpec},
-};
-
-use crate::datapath::{AttachMode, EbpfLogLevel};
+use crate::datapath::AttachMode;
 
 /// Default bpffs directory that holds every map, program and link pin of the daemon.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
@@ -69,578 +90,6 @@ pub struct Config {
     /// Kubernetes with `[gossip]` (docs/kubernetes.md, "Dead nodes' endpoints").
     #[serde(default)]
     pub dead_nodes: DeadNodeSettings,
-}
-
-/// The `[dead_nodes]` section. The agents report the nodes the gossip declared dead whose
-/// kubelet's port gives no answer either; the operator marks the pods of a node that a majority
-/// of the nodes report not ready, as the node lifecycle controller does after its grace period,
-/// so kube-proxy stops sending them traffic within seconds instead of about a minute.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DeadNodeSettings {
-    /// Take a dead node's pods out of their Services: the operator sets them not ready, and
-    /// each agent deletes its unanswered connections to them (`liveness::dead_flows`). Off,
-    /// the agents still report (`ipamctl` and the node records show what they hold) and
-    /// Kubernetes' own grace period applies.
-    pub mark_pods_not_ready: bool,
-    /// Agent: the port of the kubelet on every node, probed as the second signal.
-    pub kubelet_port: u16,
-    /// Agent: how long the probe waits for the kubelet's port to answer; silence that long is
-    /// the evidence (a refusal is an answer: the node's kernel runs).
-    pub probe_timeout_ms: u64,
-    /// Operator: at most this many nodes' pods marked within `rate_window_ms`; more dead nodes
-    /// wait for the window (or for the node lifecycle controller).
-    pub max_nodes_per_window: usize,
-    pub rate_window_ms: u64,
-}
-
-impl Default for DeadNodeSettings {
-    fn default() -> Self {
-        Self {
-            mark_pods_not_ready: true,
-            kubelet_port: 10250,
-            probe_timeout_ms: 200,
-            // The node lifecycle controller's own pace (`--node-eviction-rate`, 0.1 node/s).
-            max_nodes_per_window: 1,
-            rate_window_ms: 10_000,
-        }
-    }
-}
-
-impl DeadNodeSettings {
-    fn validate(&self, path: &std::path::Path) -> Result<(), ConfigError> {
-        let refuse = |field, problem| ConfigError::DeadNodes {
-            path: path.to_owned(),
-            field,
-            problem,
-        };
-        if !(1..=10_000).contains(&self.probe_timeout_ms) {
-            return Err(refuse(
-                "probe_timeout_ms",
-                "must be between 1 and 10000: a kubelet's port on the network between nodes \
-                 answers within milliseconds, and the probe delays the removal",
-            ));
-        }
-        if self.kubelet_port == 0 {
-            return Err(refuse(
-                "kubelet_port",
-                "must be the kubelet's port (10250 by default)",
-            ));
-        }
-        if self.mark_pods_not_ready && (self.max_nodes_per_window == 0 || self.rate_window_ms == 0)
-        {
-            return Err(refuse(
-                "max_nodes_per_window",
-                "and rate_window_ms must be above 0 while mark_pods_not_ready is on; set \
-                 mark_pods_not_ready = false to never act",
-            ));
-        }
-        Ok(())
-    }
-
-    pub fn probe_timeout(&self) -> Duration {
-        Duration::from_millis(self.probe_timeout_ms)
-    }
-
-    pub fn rate_window(&self) -> Duration {
-        Duration::from_millis(self.rate_window_ms)
-    }
-}
-
-/// The `[bgp]` section: where the BIRD the agent runs lives, and its working directory.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BgpSettings {
-    /// The BIRD 2 daemon (Debian: bird2).
-    #[serde(default = "default_bird")]
-    pub bird: PathBuf,
-    /// Its control client.
-    #[serde(default = "default_birdc")]
-    pub birdc: PathBuf,
-    /// BIRD's configuration, control socket and pid file; root-only (it holds passwords).
-    #[serde(default = "default_bgp_run_dir")]
-    pub run_dir: PathBuf,
-    /// The BGP router ID; by default the node's first IPv4 address (`[node] addresses`), else
-    /// BIRD's choice (the lowest IPv4 address of the node's interfaces).
-    #[serde(default)]
-    pub router_id: Option<std::net::Ipv4Addr>,
-    /// How often the sessions' state is read for status, metrics and conditions.
-    #[serde(default = "default_bgp_status_ms")]
-    pub status_interval_ms: u64,
-    /// The namespace of the Secrets BGPPeers name in `passwordSecretRef` (Kubernetes store):
-    /// one that holds those Secrets alone, so the agents' `get` on Secrets reaches no other.
-    #[serde(default = "default_bgp_secret_namespace")]
-    pub secret_namespace: String,
-}
-
-fn default_bird() -> PathBuf {
-    PathBuf::from("bird")
-}
-fn default_birdc() -> PathBuf {
-    PathBuf::from("birdc")
-}
-fn default_bgp_run_dir() -> PathBuf {
-    PathBuf::from("/run/ipam/bgp")
-}
-fn default_bgp_status_ms() -> u64 {
-    1000
-}
-fn default_bgp_secret_namespace() -> String {
-    "ipam-bgp-secrets".to_owned()
-}
-
-/// The `[gossip]` section: agents tell each other who is alive over UDP, authenticated with a
-/// cluster key, and the store keeps only a slow lease per node (docs/liveness.md).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GossipSettings {
-    /// The UDP port every agent listens on, on its address between nodes.
-    #[serde(default = "default_gossip_port")]
-    pub port: u16,
-    /// The address this agent gossips on; by default the first of its record's addresses
-    /// (`[ipam] node_addresses`, else its Node's or its first uplink's).
-    #[serde(default)]
-    pub address: Option<IpAddr>,
-    /// The cluster key this agent signs with (at least 32 bytes; a file mounted from a Secret).
-    pub key_file: PathBuf,
-    /// Keys accepted besides `key_file`'s, for a rotation (docs/liveness.md).
-    #[serde(default)]
-    pub also_accept_key_files: Vec<PathBuf>,
-    #[serde(default = "default_probe_period_ms")]
-    pub probe_period_ms: u64,
-    #[serde(default = "default_probe_rtt_ms")]
-    pub probe_rtt_ms: u64,
-    #[serde(default = "default_indirect_probes")]
-    pub indirect_probes: usize,
-    /// A probed member that did not answer is declared dead this long later, unless it refutes.
-    #[serde(default = "default_suspect_to_down_ms")]
-    pub suspect_to_down_ms: u64,
-    /// This agent's responders go silent after hearing no other member for this long; below
-    /// `suspect_to_down_ms`, so a node cut off is silent before anyone takes its IPs over.
-    #[serde(default = "default_fence_quiet_ms")]
-    pub fence_quiet_ms: u64,
-    /// ... or while most of its probes within this window went unanswered (a minority).
-    #[serde(default = "default_fence_window_ms")]
-    pub fence_window_ms: u64,
-    /// The others wait this long after declaring a member dead before answering its IPs: a
-    /// member cut off with a minority has gone silent by then.
-    #[serde(default = "default_takeover_hold_ms")]
-    pub takeover_hold_ms: u64,
-}
-
-pub const DEFAULT_GOSSIP_PORT: u16 = 7946;
-
-fn default_gossip_port() -> u16 {
-    DEFAULT_GOSSIP_PORT
-}
-fn default_probe_period_ms() -> u64 {
-    millis(ipam_gossip::Timing::default().probe_period)
-}
-fn default_probe_rtt_ms() -> u64 {
-    millis(ipam_gossip::Timing::default().probe_rtt)
-}
-fn default_indirect_probes() -> usize {
-    ipam_gossip::Timing::default().indirect_probes
-}
-fn default_suspect_to_down_ms() -> u64 {
-    millis(ipam_gossip::Timing::default().suspect_to_down)
-}
-fn default_fence_quiet_ms() -> u64 {
-    millis(ipam_gossip::Timing::default().fence_quiet)
-}
-fn default_fence_window_ms() -> u64 {
-    millis(ipam_gossip::Timing::default().fence_window)
-}
-fn default_takeover_hold_ms() -> u64 {
-    millis(ipam_gossip::Timing::default().takeover_hold)
-}
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-impl GossipSettings {
-    /// The protocol's timings as configured.
-    pub fn timing(&self) -> ipam_gossip::Timing {
-        ipam_gossip::Timing {
-            probe_period: Duration::from_millis(self.probe_period_ms),
-            probe_rtt: Duration::from_millis(self.probe_rtt_ms),
-            indirect_probes: self.indirect_probes,
-            suspect_to_down: Duration::from_millis(self.suspect_to_down_ms),
-            fence_quiet: Duration::from_millis(self.fence_quiet_ms),
-            fence_window: Duration::from_millis(self.fence_window_ms),
-            takeover_hold: Duration::from_millis(self.takeover_hold_ms),
-            ..ipam_gossip::Timing::default()
-        }
-    }
-}
-
-/// The `[metrics]` section: off unless `listen` is set (loopback is the usual choice; a
-/// DaemonSet's probes reach the host's loopback).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetricsSettings {
-    /// Where to serve `/metrics`, `/healthz` and `/readyz`, e.g. `127.0.0.1:9963`.
-    #[serde(default)]
-    pub listen: Option<std::net::SocketAddr>,
-}
-
-/// The `[store]` section.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoreSettings {
-    #[serde(default)]
-    pub kind: StoreKind,
-    /// The embedded store's file (`[ipam] store` sets it too, for older files).
-    #[serde(default)]
-    pub path: Option<PathBuf>,
-    /// Required for `kind = "etcd"`.
-    #[serde(default)]
-    pub etcd: Option<ipam_etcd::EtcdConfig>,
-    /// For `kind = "kubernetes"` (optional: the defaults suit the manifests in deploy/).
-    #[serde(default)]
-    pub kubernetes: KubernetesStoreSettings,
-    /// Whose annotations on a Service are read, by prefix (default: this project's, Cilium
-    /// LB-IPAM's and MetalLB's); the precedence is fixed (docs/migration.md).
-    #[serde(default)]
-    pub service_annotations: ipam_core::lb::annotations::AnnotationSources,
-}
-
-/// `[store.kubernetes]`: the API server is found by the usual rules (in a pod, its service
-/// account; elsewhere `KUBECONFIG` or `~/.kube/config`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubernetesStoreSettings {
-    /// The namespace of the project's Leases and ConfigMap (where it is deployed).
-    pub namespace: String,
-}
-
-impl Default for KubernetesStoreSettings {
-    fn default() -> Self {
-        Self {
-            namespace: "ipam-system".to_owned(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StoreKind {
-    /// A database file on this node: one node, or a cluster run from one host.
-    #[default]
-    Embedded,
-    /// etcd v3: several nodes and operator replicas share the state.
-    Etcd,
-    /// The Kubernetes API: custom resources (deploy/base/crds.yaml) and Leases.
-    Kubernetes,
-}
-
-impl StoreKind {
-    /// Whether other processes (nodes, operator replicas) can share the store.
-    pub fn is_shared(self) -> bool {
-        matches!(self, Self::Etcd | Self::Kubernetes)
-    }
-}
-
-/// The `[cluster]` section: timings of the agent and operator roles.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClusterSettings {
-    /// A node's liveness lease lasts this long; the agent renews it three times as often (once
-    /// every `node_renew_ms` with `[gossip]`).
-    pub node_lease_ms: u64,
-    /// With `[gossip]`, the lease is a slow backstop (who holds blocks), renewed this often.
-    pub node_renew_ms: u64,
-    /// A node whose lease stays unrenewed this long loses its blocks.
-    pub node_grace_ms: u64,
-    /// The leading operator's lease; another replica takes over this long after the leader
-    /// stopped renewing it.
-    pub operator_lease_ms: u64,
-    /// Controllers react to the store's watches, and run a full pass this often regardless.
-    pub resync_ms: u64,
-    /// This operator replica's name in the election; defaults to host name and process id.
-    pub identity: Option<String>,
-}
-
-impl Default for ClusterSettings {
-    fn default() -> Self {
-        Self {
-            node_lease_ms: 15_000,
-            node_renew_ms: 10_000,
-            node_grace_ms: 60_000,
-            operator_lease_ms: 15_000,
-            resync_ms: 30_000,
-            identity: None,
-        }
-    }
-}
-
-impl ClusterSettings {
-    pub fn node_lease(&self) -> Duration {
-        Duration::from_millis(self.node_lease_ms)
-    }
-
-    /// How often the agent renews its lease: a third of it, or `node_renew_ms` when the lease
-    /// only backs the gossip up.
-    pub fn node_renew_interval(&self, gossip: bool) -> Duration {
-        if gossip {
-            Duration::from_millis(self.node_renew_ms)
-        } else {
-            self.node_lease() / 3
-        }
-    }
-
-    pub fn node_grace(&self) -> Duration {
-        Duration::from_millis(self.node_grace_ms)
-    }
-
-    pub fn operator_lease(&self) -> Duration {
-        Duration::from_millis(self.operator_lease_ms)
-    }
-
-    pub fn resync(&self) -> Duration {
-        Duration::from_millis(self.resync_ms)
-    }
-
-    pub fn identity(&self) -> String {
-        self.identity
-            .clone()
-            .unwrap_or_else(|| format!("{}-{}", default_node_name(), std::process::id()))
-    }
-}
-
-/// The `[node]` section: who this node is, for the Service IPs it may answer for and for the
-/// gossip. With `[ipam]` the same three may be given there as `node_name`, `node_labels` and
-/// `node_addresses` (the older spelling); each in one place only.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodeSettings {
-    /// The node's name in the cluster state; defaults to `NODE_NAME`, else the host name.
-    #[serde(default)]
-    pub name: String,
-    /// The node's labels: L2 announcement policies select the nodes that may announce by them
-    /// (on a Kubernetes store, added over its Node's labels).
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// The node's addresses on the network between nodes (one per family): where the others
-    /// gossip with it. By default its Kubernetes Node's InternalIPs (or, with `[ipam]`, its
-    /// first uplink's addresses).
-    #[serde(default)]
-    pub addresses: Vec<IpAddr>,
-    /// The local API socket (`ipamctl`, and with `[ipam]` `ipam-cni`); its directory must be
-    /// root-only. Defaults to /run/ipam/ipamd.sock.
-    #[serde(default)]
-    pub socket: PathBuf,
-    /// The gid of a group whose members may use the local API besides root (the socket is
-    /// then mode 0660 and of that group). Leave it out for root only.
-    #[serde(default)]
-    pub socket_group: Option<u32>,
-    /// When the node stops announcing Service IPs (`[node.announce]`).
-    #[serde(default)]
-    pub announce: AnnounceSettings,
-}
-
-impl NodeSettings {
-    /// Who besides root may use the local API.
-    pub fn api_access(&self) -> crate::api::server::Access {
-        crate::api::server::Access {
-            group: self.socket_group,
-        }
-    }
-}
-
-/// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.
-/// The defaults are MetalLB's, so a cluster moving over behaves the same.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AnnounceSettings {
-    /// Honour the label `node.kubernetes.io/exclude-from-external-load-balancers` (MetalLB
-    /// does, unless started with `--ignore-exclude-lb`).
-    pub exclusion_label: bool,
-    /// Stop while the Kubernetes Node's `NetworkUnavailable` condition is True (MetalLB does).
-    pub exclude_network_unavailable: bool,
-    /// Stop while the Kubernetes Node is NotReady (MetalLB does not: its speakers' liveness
-    /// decides, as the gossip does here).
-    pub exclude_not_ready: bool,
-    /// Stop while the Kubernetes Node is cordoned, as when it is drained (MetalLB does not).
-    pub exclude_cordoned: bool,
-    /// Set `net.ipv4.conf.all.arp_ignore = 1` and `arp_announce = 2` (what kube-proxy's
-    /// strictARP sets) when the first Service IP goes on `lo`, so the kernel never answers ARP
-    /// for it on any interface and never sends it as an ARP request's sender: only the
-    /// responder of the one owner answers. With `false` the agent leaves the sysctls to you
-    /// (and still reports kube-proxy's IPVS mode without strictARP on every Service).
-    pub strict_arp: bool,
-}
-
-impl Default for AnnounceSettings {
-    fn default() -> Self {
-        Self {
-            exclusion_label: true,
-            exclude_network_unavailable: true,
-            exclude_not_ready: false,
-            exclude_cordoned: false,
-            strict_arp: true,
-        }
-    }
-}
-
-/// The `[ipam]` section (standalone role: operator and agent in this process, embedded store).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IpamSettings {
-    pub mode: IpamMode,
-    /// This node's name in the cluster state (`[node] name`, which see; resolved on load).
-    #[serde(default)]
-    pub node_name: String,
-    /// The embedded store (cluster state: pools, node records, mode).
-    #[serde(default = "default_store")]
-    pub store: PathBuf,
-    /// Node-local allocation state and the published status (`status.json`).
-    #[serde(default = "default_state_dir")]
-    pub state_dir: PathBuf,
-    /// The local API socket (`[node] socket`, which see; resolved on load).
-    #[serde(default)]
-    pub socket: PathBuf,
-    /// Pool the router and health addresses come from (and, for now, pod addresses).
-    #[serde(default = "default_infra_pool")]
-    pub infra_pool: String,
-    /// Families the node needs router and health addresses in.
-    #[serde(default = "default_families")]
-    pub families: Vec<Family>,
-    /// Also allocate an ingress address per family (for an ingress/gateway proxy on the node).
-    #[serde(default)]
-    pub ingress: bool,
-    /// Multi-pool: free addresses kept ready per family (0: blocks only on demand).
-    #[serde(default)]
-    pub pre_allocate: u64,
-    /// Multi-pool: `pre_allocate` for the pools named here (Cilium's
-    /// `ipam-multi-pool-pre-allocation`), the others keep `pre_allocate`: a busy tenant's pool
-    /// keeps more addresses ready, a rarely used one none.
-    #[serde(default)]
-    pub pre_allocate_by_pool: BTreeMap<String, u64>,
-    /// Kubernetes mode: the node's blocks (Node.spec.podCIDRs).
-    #[serde(default)]
-    pub pod_cidrs: Vec<Cidr>,
-    /// The device the daemon creates and keeps that holds the node's router addresses (the pods'
-    /// gateway), like Cilium's `cilium_host`.
-    #[serde(default = "default_host_device")]
-    pub host_device: String,
-    /// Interfaces where traffic for local pods arrives from other hosts; the pod datapath is
-    /// attached there so it reaches pods without the host's routing.
-    #[serde(default)]
-    pub uplinks: Vec<String>,
-    /// The node's addresses on the network between nodes (one per family), where the other
-    /// nodes route this node's pod CIDRs; by default the first uplink's addresses. Resolved
-    /// with `[node] addresses` on load.
-    #[serde(default)]
-    pub node_addresses: Vec<IpAddr>,
-    /// The node's labels (`[node] labels`, which see; resolved on load).
-    #[serde(default)]
-    pub node_labels: BTreeMap<String, String>,
-    /// `[node.announce]`, for the node's record (resolved on load; not read from `[ipam]`).
-    #[serde(skip)]
-    pub announce: AnnounceSettings,
-    /// Pools written to the store on start and on reload.
-    #[serde(default, rename = "pool")]
-    pub pools: Vec<PoolConfig>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolConfig {
-    pub name: String,
-    #[serde(flatten)]
-    pub spec: PodIpPoolSpec,
-}
-
-/// `NODE_NAME` when set (the DaemonSet passes the Kubernetes node name down: it need not be
-/// the host name), else the host name.
-fn default_node_name() -> String {
-    if let Some(name) = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
-        return name;
-    }
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "node".to_owned())
-}
-
-fn default_host_device() -> String {
-    "ipam_host".to_owned()
-}
-
-fn default_socket() -> PathBuf {
-    PathBuf::from(ipam_api::DEFAULT_SOCKET)
-}
-
-pub(crate) fn default_store() -> PathBuf {
-    PathBuf::from("/var/lib/ipam/store.redb")
-}
-
-impl IpamSettings {
-    /// The free addresses the node keeps ready in `pool`, per family.
-    pub fn pre_allocate_for(&self, pool: &str) -> u64 {
-        self.pre_allocate_by_pool
-            .get(pool)
-            .copied()
-            .unwrap_or(self.pre_allocate)
-    }
-}
-
-fn default_state_dir() -> PathBuf {
-    PathBuf::from("/var/lib/ipam/node")
-}
-
-fn default_infra_pool() -> String {
-    "default".to_owned()
-}
-
-fn default_families() -> Vec<Family> {
-    vec![Family::V4]
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DatapathConfig {
-    pub bpffs_root: PathBuf,
-    pub liveness_timeout_ms: u64,
-    pub heartbeat_interval_ms: u64,
-    /// Which log statements of the eBPF programs are kept (off, error, warn, info, debug,
-    /// trace); applied when the programs are loaded, so a change needs a restart.
-    pub ebpf_log_level: EbpfLogLevel,
-}
-
-impl Default for DatapathConfig {
-    fn default() -> Self {
-        Self {
-            bpffs_root: PathBuf::from(DEFAULT_BPFFS_ROOT),
-            liveness_timeout_ms: 3_000,
-            heartbeat_interval_ms: 500,
-            ebpf_log_level: EbpfLogLevel::Off,
-        }
-    }
-}
-
-impl DatapathConfig {
-    pub fn liveness_timeout(&self) -> Duration {
-        Duration::from_millis(self.liveness_timeout_ms)
-    }
-
-    pub fn heartbeat_interval(&self) -> Duration {
-        Duration::from_millis(self.heartbeat_interval_ms)
-    }
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InterfaceConfig {
-    #[serde(default)]
-    pub attach: AttachMode,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AnnouncementConfig {
-    pub ip: IpAddr,
-    pub interface: String,
 }
 
 #[derive(Debug, Error)]
@@ -960,8 +409,11 @@ fn not_announceable(ip: IpAddr) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    use std::{path::Path, time::Duration};
+
+    use ipam_core::{Family, pod::pool::IpamMode};
+
     use super::*;
-    use std::path::Path;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(std::path::Path::new("test.toml"), text)
@@ -1243,7 +695,7 @@ mod tests {
     /// The configuration the README shows must stay valid.
     #[test]
     fn readme_example_parses() {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../../../README.md");
         let start = readme
             .find("# /etc/ipam/ipamd.toml")
             .expect("README shows a config");

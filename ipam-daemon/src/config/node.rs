@@ -1,0 +1,91 @@
+//! `[node]`: who this node is, and `[node.announce]`: when it may announce Service IPs.
+
+use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
+
+use serde::Deserialize;
+
+/// The `[node]` section: who this node is, for the Service IPs it may answer for and for the
+/// gossip. With `[ipam]` the same three may be given there as `node_name`, `node_labels` and
+/// `node_addresses` (the older spelling); each in one place only.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSettings {
+    /// The node's name in the cluster state; defaults to `NODE_NAME`, else the host name.
+    #[serde(default)]
+    pub name: String,
+    /// The node's labels: L2 announcement policies select the nodes that may announce by them
+    /// (on a Kubernetes store, added over its Node's labels).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The node's addresses on the network between nodes (one per family): where the others
+    /// gossip with it. By default its Kubernetes Node's InternalIPs (or, with `[ipam]`, its
+    /// first uplink's addresses).
+    #[serde(default)]
+    pub addresses: Vec<IpAddr>,
+    /// The local API socket (`ipamctl`, and with `[ipam]` `ipam-cni`); its directory must be
+    /// root-only. Defaults to /run/ipam/ipamd.sock.
+    #[serde(default)]
+    pub socket: PathBuf,
+    /// The gid of a group whose members may use the local API besides root (the socket is
+    /// then mode 0660 and of that group). Leave it out for root only.
+    #[serde(default)]
+    pub socket_group: Option<u32>,
+    /// When the node stops announcing Service IPs (`[node.announce]`).
+    #[serde(default)]
+    pub announce: AnnounceSettings,
+}
+
+impl NodeSettings {
+    /// Who besides root may use the local API.
+    pub fn api_access(&self) -> crate::api::server::Access {
+        crate::api::server::Access {
+            group: self.socket_group,
+        }
+    }
+}
+
+/// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.
+/// The defaults are MetalLB's, so a cluster moving over behaves the same.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnnounceSettings {
+    /// Honour the label `node.kubernetes.io/exclude-from-external-load-balancers` (MetalLB
+    /// does, unless started with `--ignore-exclude-lb`).
+    pub exclusion_label: bool,
+    /// Stop while the Kubernetes Node's `NetworkUnavailable` condition is True (MetalLB does).
+    pub exclude_network_unavailable: bool,
+    /// Stop while the Kubernetes Node is NotReady (MetalLB does not: its speakers' liveness
+    /// decides, as the gossip does here).
+    pub exclude_not_ready: bool,
+    /// Stop while the Kubernetes Node is cordoned, as when it is drained (MetalLB does not).
+    pub exclude_cordoned: bool,
+    /// Set `net.ipv4.conf.all.arp_ignore = 1` and `arp_announce = 2` (what kube-proxy's
+    /// strictARP sets) when the first Service IP goes on `lo`, so the kernel never answers ARP
+    /// for it on any interface and never sends it as an ARP request's sender: only the
+    /// responder of the one owner answers. With `false` the agent leaves the sysctls to you
+    /// (and still reports kube-proxy's IPVS mode without strictARP on every Service).
+    pub strict_arp: bool,
+}
+
+impl Default for AnnounceSettings {
+    fn default() -> Self {
+        Self {
+            exclusion_label: true,
+            exclude_network_unavailable: true,
+            exclude_not_ready: false,
+            exclude_cordoned: false,
+            strict_arp: true,
+        }
+    }
+}
+
+/// `NODE_NAME` when set (the DaemonSet passes the Kubernetes node name down: it need not be
+/// the host name), else the host name.
+pub(super) fn default_node_name() -> String {
+    if let Some(name) = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) {
+        return name;
+    }
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "node".to_owned())
+}

@@ -211,15 +211,9 @@ impl NodeControllers {
                 check_mode(&store, settings.mode).await?;
                 on_store.start_operator_and_gossip(config, role, &store, &observed);
                 on_store
-                    .start_with_pod_ipam(
-                        config,
-                        &settings,
-                        store,
-                        &datapath,
-                        &observed,
-                        local_addresses,
-                    )
-                    .await?
+                    .start_pod_ipam(config, &settings, &store, &datapath, &observed)
+                    .await?;
+                on_store.start_announcers(config, store, &observed, local_addresses)
             }
             None if config.is_add_on() => {
                 let store = open_store(config, &observed).await?;
@@ -230,7 +224,8 @@ impl NodeControllers {
                      pod IPAM, no CNI, no pod datapath"
                 );
                 on_store.start_operator_and_gossip(config, role, &store, &observed);
-                on_store.start_add_on(config, store, &observed, local_addresses)?
+                on_store.start_node_record(config, &store, &observed)?;
+                on_store.start_announcers(config, store, &observed, local_addresses)
             }
             None => ClusterSide::standalone(),
         };
@@ -307,46 +302,29 @@ impl OnTheStore {
         self.gossip = start_gossip(config, store, observed);
     }
 
-    /// With `[ipam]`: pod IPAM, BGP and the cluster side.
-    async fn start_with_pod_ipam(
+    /// With `[ipam]`: pod IPAM.
+    async fn start_pod_ipam(
         &mut self,
         config: &Config,
         settings: &IpamSettings,
-        store: ClusterStore,
+        store: &ClusterStore,
         datapath: &Arc<Mutex<Datapath>>,
         observed: &Observed,
-        local_addresses: LocalAddresses,
-    ) -> Result<ClusterSide, DaemonError> {
-        self.ipam = Some(
-            start_pod_ipam(
-                config,
-                settings,
-                &store,
-                datapath,
-                observed,
-                self.gossip.as_ref(),
-            )
-            .await?,
-        );
-        self.bgp = start_bgp(config, &store, observed, &local_addresses);
-        Ok(start_cluster_side(
-            config,
-            store,
-            observed,
-            self.gossip.as_ref(),
-            local_addresses,
-        ))
+    ) -> Result<(), DaemonError> {
+        let gossip = self.gossip.as_ref();
+        self.ipam =
+            Some(start_pod_ipam(config, settings, store, datapath, observed, gossip).await?);
+        Ok(())
     }
 
     /// The add-on mode: Service IPs beside another CNI; the node's record is all it writes
     /// for itself.
-    fn start_add_on(
+    fn start_node_record(
         &mut self,
         config: &Config,
-        store: ClusterStore,
+        store: &ClusterStore,
         observed: &Observed,
-        local_addresses: LocalAddresses,
-    ) -> Result<ClusterSide, DaemonError> {
+    ) -> Result<(), DaemonError> {
         let (settings, settings_rx) = watch::channel(config.node.clone());
         self.node_settings = Some(settings);
         tokio::spawn(crate::node_record::run(
@@ -355,14 +333,25 @@ impl OnTheStore {
             observed.health.clone(),
         ));
         serve_add_on_api(config, self.gossip.as_ref())?;
+        Ok(())
+    }
+
+    /// BGP, and the cluster side of the L2 announcements and liveness (every mode on a store).
+    fn start_announcers(
+        &mut self,
+        config: &Config,
+        store: ClusterStore,
+        observed: &Observed,
+        local_addresses: LocalAddresses,
+    ) -> ClusterSide {
         self.bgp = start_bgp(config, &store, observed, &local_addresses);
-        Ok(start_cluster_side(
+        start_cluster_side(
             config,
             store,
             observed,
             self.gossip.as_ref(),
             local_addresses,
-        ))
+        )
     }
 }
 

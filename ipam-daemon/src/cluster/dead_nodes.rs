@@ -248,7 +248,7 @@ impl Marking {
                 again = Some(again.map_or(wait, |a| a.min(wait)));
                 continue;
             }
-            if let Some(wait) = self.leave_to_leader(node) {
+            if let Some(wait) = self.left_to_leader_for(node) {
                 again = Some(again.map_or(wait, |a| a.min(wait)));
                 continue;
             }
@@ -273,7 +273,7 @@ impl Marking {
 
     /// How much longer `node`'s pods are left to the leader; `None` when this replica marks
     /// them now.
-    fn leave_to_leader(&mut self, node: &str) -> Option<Duration> {
+    fn left_to_leader_for(&mut self, node: &str) -> Option<Duration> {
         let leader = self.leader.borrow().clone();
         if !leave_to_leader(&leader, node) {
             return None;

@@ -163,12 +163,19 @@ pub async fn run(config_path: PathBuf, role: Role) -> Result<(), DaemonError> {
     node::run(config_path, config, role, observed).await
 }
 
+/// The store of either role, with its shared watches counted in the metrics.
+async fn open_store(config: &Config, observed: &Observed) -> Result<ClusterStore, DaemonError> {
+    let store = ClusterStore::open(&config.store_settings()).await?;
+    store.count_watches_in(&observed.metrics);
+    Ok(store)
+}
+
 async fn run_operator(
     config_path: PathBuf,
     mut config: Config,
     observed: Observed,
 ) -> Result<(), DaemonError> {
-    let store = ClusterStore::open(&config.store_settings()).await?;
+    let store = open_store(&config, &observed).await?;
     match &config.ipam {
         Some(ipam) => check_mode(&store, ipam.mode).await?,
         None => {

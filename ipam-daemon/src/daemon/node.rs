@@ -26,7 +26,7 @@ use std::{
 use tokio::{sync::watch, task::JoinHandle};
 
 use super::{
-    DaemonError, OperatorTask, Role, check_add_on, check_mode,
+    DaemonError, OperatorTask, Role, check_add_on, check_mode, open_store,
     signals::{SignalEvent, Signals},
 };
 use crate::{
@@ -268,13 +268,6 @@ impl NodeControllers {
         self.configured.send_replace(Configured::of(new));
         self.timing.send_replace(timing(new));
     }
-}
-
-/// The store, with its shared watches counted in the metrics.
-async fn open_store(config: &Config, observed: &Observed) -> Result<ClusterStore, DaemonError> {
-    let store = ClusterStore::open(&config.store_settings()).await?;
-    store.count_watches_in(&observed.metrics);
-    Ok(store)
 }
 
 /// The controllers that run over the store, as they were started.

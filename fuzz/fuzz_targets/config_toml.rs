@@ -1,7 +1,7 @@
 //! ipamd's configuration file: any text is accepted or refused with an error, never a panic.
 #![no_main]
 
-use ipam_daemon::config::Config;
+use ipam_config::Config;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -6,6 +6,7 @@
 //! links it starts fast.
 
 pub mod client;
+pub mod endpoint_table;
 pub mod types;
 
 /// Default path of the daemon's socket.

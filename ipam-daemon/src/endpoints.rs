@@ -12,17 +12,16 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use ipam_api::types::{AttachmentId, Endpoint};
+use ipam_api::{
+    endpoint_table,
+    types::{AttachmentId, Endpoint},
+};
 use ipam_common::pod::{PodEndpoint, PodStat};
 use ipam_core::atomic_file;
 use thiserror::Error;
 
-use crate::{
-    datapath::{Datapath, DatapathError, PodProgram, pinned_pod_links},
-    net::iface,
-};
-
-const ENDPOINTS_FILE: &str = "endpoints.json";
+use ipam_datapath::{Datapath, DatapathError, PodProgram, pinned_pod_links};
+use ipam_netlink::iface;
 
 /// The registered endpoints of this node, keyed by owner (`AttachmentId::owner`).
 pub struct Endpoints {
@@ -85,8 +84,8 @@ impl EndpointError {
 impl Endpoints {
     /// Loads the persisted table (an absent file is an empty table).
     pub fn open(datapath: Arc<Mutex<Datapath>>, state_dir: &Path) -> io::Result<Self> {
-        let file = state_dir.join(ENDPOINTS_FILE);
-        let table = read_table(state_dir)
+        let file = state_dir.join(endpoint_table::FILE);
+        let table = endpoint_table::read(state_dir)
             .map_err(|e| {
                 io::Error::new(
                     e.kind(),
@@ -325,17 +324,6 @@ fn unprogram(
         }
     }
     Ok(())
-}
-
-/// The endpoint table as the daemon last persisted it under `state_dir` (for `ipamctl`); no file
-/// is an empty table.
-pub fn read_table(state_dir: &Path) -> io::Result<Vec<Endpoint>> {
-    match std::fs::read(state_dir.join(ENDPOINTS_FILE)) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
 }
 
 fn persist(file: &Path, table: &BTreeMap<String, Endpoint>) -> Result<(), EndpointError> {

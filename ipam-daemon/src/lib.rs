@@ -1,5 +1,6 @@
-//! The IPAM node daemon as a library: the binaries (`ipamd`, `ipamctl`), the tests and the
-//! benchmarks all call these functions.
+//! The IPAM node daemon as a library: its binary (`ipamd`), the tests and the benchmarks all
+//! call these functions. The configuration (`ipam-config`), the datapath (`ipam-datapath`) and
+//! the store (`ipam-store`) are crates of their own, shared with `ipamctl`.
 //!
 //! From the top down (a module uses only those below it):
 //! - `daemon`: the roles, wiring the controllers together and handling signals;
@@ -11,17 +12,14 @@
 //!   in `cluster::operator`;
 //! - `node_record`: this node's record as the announcers read it (eligibility, its facts);
 //! - `cluster`: the store the daemon runs on, the watches that wake controllers, events;
-//! - `config`, `api` (the local API's server), `metrics` (with the readiness checks);
-//! - `datapath` (eBPF programs and maps), `net` (interfaces, frames, the Service IPs on `lo`),
-//!   `logging`, `clock`.
+//! - `api` (the local API's server), `metrics` (with the readiness checks);
+//! - `net` (frames, raw sockets, the Service IPs on `lo`), `logging`, `clock`.
 
 pub mod api;
 pub mod bgp;
 pub mod clock;
 pub mod cluster;
-pub mod config;
 pub mod daemon;
-pub mod datapath;
 pub mod endpoints;
 pub mod l2;
 pub mod liveness;

@@ -21,14 +21,12 @@ use std::{
 };
 
 use ipam_core::{Cidr, Family, resources::NodeIpam};
+use ipam_datapath::{Datapath, RouteTarget};
+use ipam_netlink::iface;
 
-use crate::{
-    cluster::{
-        ClusterStore,
-        cache::{Cache, watch_until_it_works},
-    },
-    datapath::{Datapath, RouteTarget},
-    net::iface,
+use crate::cluster::{
+    ClusterStore,
+    cache::{Cache, watch_until_it_works},
 };
 
 /// How often the map is checked against the records even without changes (an uplink that

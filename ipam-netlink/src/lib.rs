@@ -19,9 +19,11 @@
 //! | [`neighbour`] | permanent neighbour entries                               |
 //! | [`netns`]     | named network namespaces under `/run/netns`               |
 //! | [`conntrack`] | connection tracking: list flows, delete unanswered ones   |
+//! | [`iface`]     | interfaces by name and index, hardware address, driver    |
 
 pub mod address;
 pub mod conntrack;
+pub mod iface;
 pub mod link;
 pub mod neighbour;
 pub mod netns;

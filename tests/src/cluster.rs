@@ -555,8 +555,8 @@ impl ClusterNode {
     }
 
     /// The node's published status (`ipamctl ipam status` reads the same file).
-    pub fn status(&self) -> Option<ipam_daemon::pod_ipam::status::PublishedStatus> {
-        ipam_daemon::pod_ipam::status::read_status(&self.dir.0.join("node")).ok()
+    pub fn status(&self) -> Option<ipam_core::pod::published::PublishedStatus> {
+        ipam_core::pod::published::read_status(&self.dir.0.join("node")).ok()
     }
 
     pub fn bpffs_root(&self) -> &std::path::Path {

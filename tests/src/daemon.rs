@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_daemon::datapath::ResponderMaps;
+use ipam_datapath::ResponderMaps;
 
 use crate::{netns::Netns, workspace_binary};
 

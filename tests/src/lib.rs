@@ -28,7 +28,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use ipam_daemon::datapath::Datapath;
+use ipam_datapath::Datapath;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 

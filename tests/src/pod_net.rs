@@ -120,7 +120,7 @@ impl PodNode {
 
     /// A datapath counter read straight from the pinned map (works with the daemon stopped).
     pub fn stat_from_pins(&self, name: &str) -> u64 {
-        let stats = ipam_daemon::datapath::PodMaps::from_pins(self.ipam.bpffs_root())
+        let stats = ipam_datapath::PodMaps::from_pins(self.ipam.bpffs_root())
             .expect("pinned pod maps")
             .stats()
             .expect("pod stats");

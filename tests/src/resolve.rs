@@ -7,9 +7,9 @@ use std::{
 
 use ipam_daemon::net::{
     frames::{ARP_REPLY, ArpFrame, ETH_P_ARP, ETH_P_IPV6, ICMPV6_NA, NdpFrame},
-    iface,
     packet_socket::PacketSocket,
 };
+use ipam_netlink::iface;
 
 /// A neighbour on one interface of the current thread's namespace.
 pub struct Resolver {

@@ -5,10 +5,10 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipam_common::l2::ResponderStat;
-use ipam_daemon::{
-    datapath::Datapath,
-    net::frames::{ARP_REPLY, ArpFrame, ICMPV6_NA, ICMPV6_NS, NA_SOLICITED_OVERRIDE, NdpFrame},
+use ipam_daemon::net::frames::{
+    ARP_REPLY, ArpFrame, ICMPV6_NA, ICMPV6_NS, NA_SOLICITED_OVERRIDE, NdpFrame,
 };
+use ipam_datapath::Datapath;
 
 use crate::{BpffsRoot, oracle, test_run};
 

@@ -97,7 +97,7 @@ fn a_cluster_over_etcd_survives_its_faults() {
     // They went through the route map: the pod program redirects them before the host's table
     // is consulted.
     for node in &c.nodes {
-        let forwarded = ipam_daemon::datapath::RouteMaps::from_pins(node.bpffs_root())
+        let forwarded = ipam_datapath::RouteMaps::from_pins(node.bpffs_root())
             .unwrap()
             .stats()
             .unwrap()[ipam_common::pod::RouteStat::Forwarded as usize];
@@ -263,10 +263,10 @@ fn a_cluster_over_etcd_survives_its_faults() {
     }
     // A node answering has its responder's link pinned (TC form: the uplinks are veths).
     let answering = |node: &ipam_tests::cluster::ClusterNode| {
-        ipam_daemon::datapath::pinned_attachments(node.bpffs_root())
+        ipam_datapath::pinned_attachments(node.bpffs_root())
             .unwrap_or_default()
             .iter()
-            .any(|a| a.interface == "up0" && a.form == ipam_daemon::datapath::AttachForm::Tc)
+            .any(|a| a.interface == "up0" && a.form == ipam_datapath::AttachForm::Tc)
     };
     wait_until(
         Duration::from_secs(20),
@@ -406,7 +406,7 @@ fn a_cluster_over_etcd_survives_its_faults() {
     // Routes to the removed node leave the others' datapath at their next pass over the
     // records (which watch the store: the freed blocks reach them a moment after the store).
     let routes = || {
-        ipam_daemon::datapath::RouteMaps::from_pins(c.nodes[0].bpffs_root())
+        ipam_datapath::RouteMaps::from_pins(c.nodes[0].bpffs_root())
             .unwrap()
             .list()
             .unwrap()

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use ipam_daemon::pod_ipam::status::{PublishedStatus, read_status};
+use ipam_core::pod::published::{PublishedStatus, read_status};
 use ipam_tests::{BpffsRoot, TempFile, daemon::Daemon, netns::Netns, unique};
 
 struct Setup {

@@ -7,10 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_daemon::{
-    datapath::{AttachMode, ResponderMaps},
-    net::frames::{ARP_REPLY, NA_SOLICITED_OVERRIDE},
-};
+use ipam_daemon::net::frames::{ARP_REPLY, NA_SOLICITED_OVERRIDE};
+use ipam_datapath::{AttachMode, ResponderMaps};
 use ipam_tests::{
     BpffsRoot, TempFile,
     daemon::{Daemon, wait_for_maps},
@@ -235,7 +233,7 @@ fn withdrawn_ip_stops_being_answered_after_reload() {
         },
         || daemon.log_text(),
     );
-    let maps = ipam_daemon::datapath::ResponderMaps::from_pins(&lab.root.0).unwrap();
+    let maps = ipam_datapath::ResponderMaps::from_pins(&lab.root.0).unwrap();
     assert_eq!(maps.list().unwrap().len(), 1);
     assert!(
         daemon
@@ -303,7 +301,7 @@ fn every_attach_form_answers() {
             // which passes every frame.
             let root = peer_root.0.clone();
             lab.client.run(move || {
-                let mut peer = ipam_daemon::datapath::Datapath::open(&root).expect("peer datapath");
+                let mut peer = ipam_datapath::Datapath::open(&root).expect("peer datapath");
                 peer.attach_responder("c0", AttachMode::XdpNative)
                     .expect("peer XDP");
             });

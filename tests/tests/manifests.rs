@@ -69,8 +69,7 @@ fn the_add_on_overlay_runs_no_pod_ipam_and_installs_no_cni() {
     for key in ["operator.toml", "agent.toml"] {
         let file = ipam_tests::TempFile::new("deploy-add-on", "toml");
         std::fs::write(&file.0, config["data"][key].as_str().unwrap()).unwrap();
-        let config =
-            ipam_daemon::config::Config::load(&file.0).unwrap_or_else(|e| panic!("{key}: {e}"));
+        let config = ipam_config::Config::load(&file.0).unwrap_or_else(|e| panic!("{key}: {e}"));
         assert!(config.is_add_on(), "{key}: no [ipam] on a shared store");
     }
     assert!(
@@ -119,7 +118,7 @@ fn configurations_are_valid_for_ipamd() {
             let file = ipam_tests::TempFile::new("deploy-config", "toml");
             std::fs::write(&file.0, text).unwrap();
             let config =
-                ipam_daemon::config::Config::load(&file.0).unwrap_or_else(|e| panic!("{key}: {e}"));
+                ipam_config::Config::load(&file.0).unwrap_or_else(|e| panic!("{key}: {e}"));
             assert!(config.store.kind.is_shared(), "{key}");
         }
     }
@@ -198,7 +197,7 @@ fn the_agents_gossip_with_the_mounted_key_on_the_declared_port() {
         .to_owned();
     let file = ipam_tests::TempFile::new("deploy-agent", "toml");
     std::fs::write(&file.0, &text).unwrap();
-    let config = ipam_daemon::config::Config::load(&file.0).unwrap();
+    let config = ipam_config::Config::load(&file.0).unwrap();
     config.check_fencing(&file.0).unwrap();
     let gossip = config.gossip.expect("the agents gossip");
     let agent = &find(&objects, "DaemonSet", "ipam-agent")["spec"]["template"]["spec"];

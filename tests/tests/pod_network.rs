@@ -8,7 +8,7 @@ use ipam_api::{
     client::call,
     types::{AttachmentId, Request, Response},
 };
-use ipam_daemon::datapath::PodMaps;
+use ipam_datapath::PodMaps;
 use ipam_tests::pod_net::{CLIENT_V4, CLIENT_V6, Pod, PodNode, reaches, reaches_from};
 use serde_json::json;
 

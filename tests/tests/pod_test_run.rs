@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipam_common::pod::{PodEndpoint, PodStat};
-use ipam_daemon::datapath::{Datapath, PodProgram, RouteTarget};
+use ipam_datapath::{Datapath, PodProgram, RouteTarget};
 use ipam_tests::BpffsRoot;
 
 const TC_ACT_OK: u32 = 0;

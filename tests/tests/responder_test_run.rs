@@ -318,7 +318,7 @@ fn a_liveness_gate_pinned_by_an_older_version_is_replaced() {
             "L2_RESPONDER_C",
         ],
     );
-    let mut datapath = ipam_daemon::datapath::Datapath::open(&root.0)
+    let mut datapath = ipam_datapath::Datapath::open(&root.0)
         .expect("an outdated liveness gate does not stop the datapath from loading");
     datapath
         .heartbeat(std::time::Duration::from_secs(3))

@@ -220,7 +220,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         Duration::from_secs(15),
         "the returning node to answer for its IPs again",
         || {
-            ipam_daemon::datapath::ResponderMaps::from_pins(c.nodes[cut].bpffs_root())
+            ipam_datapath::ResponderMaps::from_pins(c.nodes[cut].bpffs_root())
                 .and_then(|m| m.list())
                 .is_ok_and(|l| {
                     cut_ips
@@ -264,7 +264,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         || {
             live.iter()
                 .map(|i| {
-                    ipam_daemon::datapath::ResponderMaps::from_pins(c.nodes[*i].bpffs_root())
+                    ipam_datapath::ResponderMaps::from_pins(c.nodes[*i].bpffs_root())
                         .and_then(|m| m.list())
                         .map(|l| l.len())
                         .unwrap_or(0)
@@ -275,7 +275,7 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         String::new,
     );
     for i in &live {
-        let n = ipam_daemon::datapath::ResponderMaps::from_pins(c.nodes[*i].bpffs_root())
+        let n = ipam_datapath::ResponderMaps::from_pins(c.nodes[*i].bpffs_root())
             .unwrap()
             .list()
             .unwrap()

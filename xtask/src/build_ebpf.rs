@@ -1,4 +1,4 @@
-//! `cargo xtask build-ebpf`: the eBPF object alone, with the flags the daemon's build.rs uses.
+//! `cargo xtask build-ebpf`: the eBPF object alone, with the flags ipam-datapath's build.rs uses.
 
 use crate::cmd::{exec, workspace_root};
 

@@ -41,7 +41,15 @@ pub(crate) fn run(tag: &str, local_base: bool) -> anyhow::Result<()> {
     let out = context.join("out");
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
 
-    exec(cargo().args(["build", "--release", "-p", "ipam-daemon", "--bins"]))?;
+    exec(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "ipam-daemon",
+        "-p",
+        "ipamctl",
+        "--bins",
+    ]))?;
     let cni = build_cni::run()?;
     let release = target.join("release");
     for (from, name) in [

@@ -11,7 +11,8 @@
 //! - `agent`: the node agent's controller over its record and its allocator;
 //! - `multipool`: which pool a pod's address comes from, and when a node asks for a block;
 //! - `fixed`: the addresses a pod asks for (annotations, the CNI `ips` capability);
-//! - `infra`: the router, health and ingress addresses a node needs before any pod.
+//! - `infra`: the router, health and ingress addresses a node needs before any pod;
+//! - `published`: the status a node's agent publishes for `ipamctl ipam status`.
 
 pub mod agent;
 pub mod alloclog;
@@ -24,3 +25,4 @@ pub mod node;
 pub mod operator;
 pub mod owners;
 pub mod pool;
+pub mod published;

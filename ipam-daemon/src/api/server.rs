@@ -60,6 +60,15 @@ pub struct Access {
     pub group: Option<u32>,
 }
 
+impl Access {
+    /// The access `[node]` grants (`socket_group`).
+    pub fn of(node: &ipam_config::NodeSettings) -> Self {
+        Self {
+            group: node.socket_group,
+        }
+    }
+}
+
 /// A bound socket and who may use it.
 #[derive(Debug)]
 pub struct Listener {

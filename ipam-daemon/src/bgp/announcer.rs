@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use ipam_config::BgpSettings;
 use ipam_core::{
     backoff::Backoff,
     lb::{
@@ -40,7 +41,6 @@ use crate::{
         ClusterStore,
         cache::{Cache, watch_until_it_works},
     },
-    config::BgpSettings,
     metrics::{Health, Metrics},
     net::local_address::{Holder, LocalAddresses},
 };

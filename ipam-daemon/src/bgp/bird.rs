@@ -15,6 +15,7 @@ use std::{
     time::Duration,
 };
 
+use ipam_config::BgpSettings;
 use thiserror::Error;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -22,7 +23,6 @@ use tokio::{
 };
 
 use super::sessions::{self, Session};
-use crate::config::BgpSettings;
 
 #[derive(Debug, Error)]
 pub enum BirdError {

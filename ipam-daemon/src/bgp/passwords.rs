@@ -123,9 +123,11 @@ mod tests {
         lb::bgp::{BgpPeerSpec, NodeAdvertisements, RouteAttributes},
         store::embedded::EmbeddedStore,
     };
+    use ipam_store::AnyStore;
 
     use super::Passwords;
-    use crate::cluster::{Backend, ClusterStore};
+
+    use crate::cluster::ClusterStore;
 
     fn peer(secret: Option<&str>) -> BgpPeerSpec {
         let mut spec = serde_json::json!({
@@ -142,7 +144,7 @@ mod tests {
     #[tokio::test]
     async fn a_peer_whose_password_cannot_be_had_is_held_back_with_why() {
         let dir = tempfile_dir();
-        let store = ClusterStore::from(Backend::Embedded(
+        let store = ClusterStore::from(AnyStore::Embedded(
             EmbeddedStore::open(&dir.join("state")).unwrap(),
         ));
         let ip = "198.51.100.1/32".parse().unwrap();

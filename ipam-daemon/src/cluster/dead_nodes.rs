@@ -29,6 +29,7 @@ use std::{
     time::Duration,
 };
 
+use ipam_config::DeadNodeSettings;
 use ipam_core::{backoff::Backoff, resources::NodeIpam};
 use ipam_kube::{KubeStore, pod_readiness};
 use tokio::{sync::watch, time::Instant};
@@ -39,7 +40,6 @@ use super::{
     events::Events,
     operator::Leader,
 };
-use crate::config::DeadNodeSettings;
 
 /// Longest wait before a marking the API refused is tried again.
 const RETRY_CAP: Duration = Duration::from_secs(10);

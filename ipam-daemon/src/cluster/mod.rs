@@ -10,4 +10,4 @@ pub mod operator;
 pub mod shared_watch;
 pub mod store;
 
-pub use store::{Backend, ClusterStore};
+pub use store::ClusterStore;

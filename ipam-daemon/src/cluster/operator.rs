@@ -8,6 +8,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use ipam_config::{ClusterSettings, PoolConfig};
 use ipam_core::{
     backoff::Backoff,
     lb::{
@@ -26,7 +27,6 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument as _;
 
 use super::changes::{Interest, wake_on_changes};
-use crate::config::{ClusterSettings, PoolConfig};
 
 /// Longest wait between two attempts while the store is unreachable.
 const RETRY_CAP: Duration = Duration::from_secs(10);

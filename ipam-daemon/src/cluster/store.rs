@@ -1,74 +1,37 @@
-//! The store the daemon runs on, as chosen in the configuration: the embedded database file
-//! (one node, the default), etcd, or the Kubernetes API (many nodes sharing pools). Every clone
-//! of one `ClusterStore` shares one watch per kind (`shared_watch`).
+//! The store the daemon runs on (`ipam_store::AnyStore`, as the configuration names it), with
+//! one watch per kind shared by every clone (`shared_watch`).
 
 use std::sync::Arc;
 
-use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch, embedded::EmbeddedStore};
-use ipam_etcd::{EtcdError, EtcdStore};
+use ipam_config::StoreSettings;
+use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch};
 use ipam_kube::KubeStore;
+use ipam_store::{AnyStore, OpenStoreError};
 
 use super::shared_watch::SharedWatches;
-use crate::{
-    config::{StoreKind, StoreSettings, default_store},
-    metrics::Metrics,
-};
+use crate::metrics::Metrics;
 
 /// The store, cloned into every controller; its watches are shared among the clones.
 #[derive(Clone)]
 pub struct ClusterStore {
-    backend: Backend,
+    store: AnyStore,
     watches: Arc<SharedWatches>,
 }
 
-/// Which store it is.
-#[derive(Clone)]
-pub enum Backend {
-    Embedded(EmbeddedStore),
-    /// Boxed: the etcd client is large, and the store is cloned into every task.
-    Etcd(Arc<EtcdStore>),
-    Kubernetes(KubeStore),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum OpenStoreError {
-    #[error(transparent)]
-    Embedded(#[from] StoreError),
-    #[error("cannot use the etcd store: {0}")]
-    Etcd(#[from] EtcdError),
-    #[error(
-        "cannot reach the Kubernetes API: {0}; in a pod, check its service account; elsewhere \
-         set KUBECONFIG or write ~/.kube/config"
-    )]
-    Kubernetes(#[source] kube::Error),
-    #[error("cannot create the directory of the embedded store {path}: {source}")]
-    Dir {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-}
-
-impl From<Backend> for ClusterStore {
-    fn from(backend: Backend) -> Self {
+impl From<AnyStore> for ClusterStore {
+    fn from(store: AnyStore) -> Self {
         Self {
-            backend,
+            store,
             watches: Arc::default(),
         }
     }
 }
 
 impl ClusterStore {
-    pub fn backend(&self) -> &Backend {
-        &self.backend
-    }
-
     /// The Kubernetes store, when it is one (for what only Kubernetes has: Nodes, Pods,
     /// Events, Secrets).
     pub fn kube(&self) -> Option<&KubeStore> {
-        match &self.backend {
-            Backend::Kubernetes(s) => Some(s),
-            Backend::Embedded(_) | Backend::Etcd(_) => None,
-        }
+        self.store.kube()
     }
 
     /// Counts the shared watches in `metrics` (`ipam_store_watches`).
@@ -77,175 +40,38 @@ impl ClusterStore {
     }
 
     pub async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {
-        Backend::open(settings).await.map(Self::from)
+        AnyStore::open(settings).await.map(Self::from)
     }
 
     /// A second connection to the same store, for a task that must not share the first one's
     /// runtime (the node lease, renewed from a thread of its own): its watches are its own too.
     pub async fn connect_again(&self) -> Result<Self, OpenStoreError> {
-        self.backend.connect_again().await.map(Self::from)
+        self.store.connect_again().await.map(Self::from)
     }
 
     /// Whether other processes (other nodes, operator replicas) share this store.
     pub fn is_shared(&self) -> bool {
-        matches!(self.backend, Backend::Etcd(_) | Backend::Kubernetes(_))
+        self.store.is_shared()
     }
 
     /// Where the state lives, for logs and `ipamctl`.
     pub fn describe(&self) -> String {
-        match &self.backend {
-            Backend::Embedded(_) => "embedded store".to_owned(),
-            Backend::Etcd(s) => format!(
-                "etcd {} (prefix {})",
-                s.config().endpoint_list(),
-                s.config().prefix
-            ),
-            Backend::Kubernetes(s) => s.describe(),
-        }
-    }
-}
-
-impl Backend {
-    async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {
-        match settings.kind {
-            StoreKind::Embedded => {
-                let path = settings.path.clone().unwrap_or_else(default_store);
-                if let Some(dir) = path.parent() {
-                    std::fs::create_dir_all(dir).map_err(|source| OpenStoreError::Dir {
-                        path: dir.to_owned(),
-                        source,
-                    })?;
-                }
-                Ok(Self::Embedded(EmbeddedStore::open(&path)?))
-            }
-            StoreKind::Etcd => {
-                let config = settings
-                    .etcd
-                    .clone()
-                    .expect("configuration validation requires [store.etcd] for kind etcd");
-                Ok(Self::Etcd(Arc::new(EtcdStore::connect(config).await?)))
-            }
-            StoreKind::Kubernetes => {
-                // In a pod its service account, else KUBECONFIG or ~/.kube/config.
-                let client = kube::Client::try_default()
-                    .await
-                    .map_err(OpenStoreError::Kubernetes)?;
-                Ok(Self::Kubernetes(
-                    KubeStore::new(client, &settings.kubernetes.namespace)
-                        .with_service_annotations(settings.service_annotations.clone()),
-                ))
-            }
-        }
-    }
-
-    async fn connect_again(&self) -> Result<Self, OpenStoreError> {
-        match self {
-            Self::Embedded(s) => Ok(Self::Embedded(s.clone())),
-            Self::Etcd(s) => Ok(Self::Etcd(Arc::new(
-                EtcdStore::connect(s.config().clone()).await?,
-            ))),
-            // A client of its own: a clone would share connections driven by the first
-            // client's runtime.
-            Self::Kubernetes(s) => {
-                let client = kube::Client::try_default()
-                    .await
-                    .map_err(OpenStoreError::Kubernetes)?;
-                Ok(Self::Kubernetes(
-                    KubeStore::new(client, s.namespace())
-                        .with_service_annotations(s.service_annotations().clone()),
-                ))
-            }
-        }
-    }
-}
-
-impl Store for Backend {
-    async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
-        match self {
-            Self::Embedded(s) => s.get(kind, name).await,
-            Self::Etcd(s) => s.get(kind, name).await,
-            Self::Kubernetes(s) => s.get(kind, name).await,
-        }
-    }
-
-    async fn list(&self, kind: &str) -> Result<Vec<RawObject>, StoreError> {
-        match self {
-            Self::Embedded(s) => s.list(kind).await,
-            Self::Etcd(s) => s.list(kind).await,
-            Self::Kubernetes(s) => s.list(kind).await,
-        }
-    }
-
-    async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
-        match self {
-            Self::Embedded(s) => s.create(kind, name, value).await,
-            Self::Etcd(s) => s.create(kind, name, value).await,
-            Self::Kubernetes(s) => s.create(kind, name, value).await,
-        }
-    }
-
-    async fn update(
-        &self,
-        kind: &str,
-        name: &str,
-        value: Vec<u8>,
-        expected: &Revision,
-    ) -> Result<Revision, StoreError> {
-        match self {
-            Self::Embedded(s) => s.update(kind, name, value, expected).await,
-            Self::Etcd(s) => s.update(kind, name, value, expected).await,
-            Self::Kubernetes(s) => s.update(kind, name, value, expected).await,
-        }
-    }
-
-    async fn update_status(
-        &self,
-        kind: &str,
-        name: &str,
-        value: Vec<u8>,
-        expected: &Revision,
-    ) -> Result<Revision, StoreError> {
-        match self {
-            Self::Embedded(s) => s.update_status(kind, name, value, expected).await,
-            Self::Etcd(s) => s.update_status(kind, name, value, expected).await,
-            Self::Kubernetes(s) => s.update_status(kind, name, value, expected).await,
-        }
-    }
-
-    async fn delete(
-        &self,
-        kind: &str,
-        name: &str,
-        expected: Option<&Revision>,
-    ) -> Result<(), StoreError> {
-        match self {
-            Self::Embedded(s) => s.delete(kind, name, expected).await,
-            Self::Etcd(s) => s.delete(kind, name, expected).await,
-            Self::Kubernetes(s) => s.delete(kind, name, expected).await,
-        }
-    }
-
-    async fn watch(&self, kind: &str) -> Result<Watch, StoreError> {
-        match self {
-            Self::Embedded(s) => s.watch(kind).await,
-            Self::Etcd(s) => s.watch(kind).await,
-            Self::Kubernetes(s) => s.watch(kind).await,
-        }
+        self.store.describe()
     }
 }
 
 /// Everything goes to the backend, but for `watch`: the kind's shared watch.
 impl Store for ClusterStore {
     async fn get(&self, kind: &str, name: &str) -> Result<Option<RawObject>, StoreError> {
-        self.backend.get(kind, name).await
+        self.store.get(kind, name).await
     }
 
     async fn list(&self, kind: &str) -> Result<Vec<RawObject>, StoreError> {
-        self.backend.list(kind).await
+        self.store.list(kind).await
     }
 
     async fn create(&self, kind: &str, name: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
-        self.backend.create(kind, name, value).await
+        self.store.create(kind, name, value).await
     }
 
     async fn update(
@@ -255,7 +81,7 @@ impl Store for ClusterStore {
         value: Vec<u8>,
         expected: &Revision,
     ) -> Result<Revision, StoreError> {
-        self.backend.update(kind, name, value, expected).await
+        self.store.update(kind, name, value, expected).await
     }
 
     async fn update_status(
@@ -265,9 +91,7 @@ impl Store for ClusterStore {
         value: Vec<u8>,
         expected: &Revision,
     ) -> Result<Revision, StoreError> {
-        self.backend
-            .update_status(kind, name, value, expected)
-            .await
+        self.store.update_status(kind, name, value, expected).await
     }
 
     async fn delete(
@@ -276,10 +100,10 @@ impl Store for ClusterStore {
         name: &str,
         expected: Option<&Revision>,
     ) -> Result<(), StoreError> {
-        self.backend.delete(kind, name, expected).await
+        self.store.delete(kind, name, expected).await
     }
 
     async fn watch(&self, kind: &str) -> Result<Watch, StoreError> {
-        self.watches.watch(&self.backend, kind).await
+        self.watches.watch(&self.store, kind).await
     }
 }

@@ -14,19 +14,16 @@ mod signals;
 
 use std::path::PathBuf;
 
+use ipam_config::{Config, ConfigError};
+use ipam_datapath::DatapathError;
+use ipam_store::OpenStoreError;
 use thiserror::Error;
 
 use self::{
     operator_task::OperatorTask,
     signals::{SignalEvent, Signals},
 };
-use crate::{
-    cluster::{ClusterStore, store::OpenStoreError},
-    config::{Config, ConfigError},
-    datapath::DatapathError,
-    l2::announcer::AnnounceError,
-    metrics::Observed,
-};
+use crate::{cluster::ClusterStore, l2::announcer::AnnounceError, metrics::Observed};
 
 #[derive(Debug, Error)]
 pub enum DaemonError {

@@ -23,6 +23,8 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use ipam_config::{Config, IpamSettings, NodeSettings};
+use ipam_datapath::Datapath;
 use tokio::{sync::watch, task::JoinHandle};
 
 use super::{
@@ -32,8 +34,6 @@ use super::{
 use crate::{
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
-    config::{Config, IpamSettings, NodeSettings},
-    datapath::{self, Datapath},
     l2::{self, Configured, OwnedIps, announcer::AnnounceError},
     liveness::{
         self, Fence, LeaseFence,
@@ -118,7 +118,7 @@ fn open_datapath(
     );
     observed.health.set("datapath", Ok(()));
     if let Some(log) = datapath.take_log() {
-        tokio::spawn(datapath::ebpf_log::drain(log));
+        tokio::spawn(ipam_datapath::ebpf_log::drain(log));
     }
     // Shared with the API (pod endpoints); every use is a few syscalls under the lock.
     Ok(Arc::new(Mutex::new(datapath)))
@@ -375,7 +375,10 @@ async fn start_pod_ipam(
     )
     .await?;
     // State is restored by now: every answer of the API reflects it.
-    let listener = crate::api::server::bind(&settings.socket, config.node.api_access())?;
+    let listener = crate::api::server::bind(
+        &settings.socket,
+        crate::api::server::Access::of(&config.node),
+    )?;
     let handler = match gossip {
         Some(gossip) => gossip.api_handler(pod_ipam.api_handler()),
         None => pod_ipam.api_handler(),
@@ -409,7 +412,10 @@ fn serve_add_on_api(config: &Config, gossip: Option<&Gossip>) -> Result<(), Daem
         Some(gossip) => gossip.api_handler(no_pod_ipam),
         None => no_pod_ipam,
     };
-    let listener = crate::api::server::bind(&config.node.socket, config.node.api_access())?;
+    let listener = crate::api::server::bind(
+        &config.node.socket,
+        crate::api::server::Access::of(&config.node),
+    )?;
     tokio::spawn(crate::api::server::serve(listener, handler));
     tracing::info!(socket = %config.node.socket.display(), "API listening");
     Ok(())

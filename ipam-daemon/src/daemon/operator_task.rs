@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use ipam_config::{Config, PoolConfig};
 use tokio::sync::watch;
 
 use crate::{
@@ -11,7 +12,6 @@ use crate::{
         events::Events,
         operator::{self, OperatorSettings, PodIpamSettings},
     },
-    config::{Config, PoolConfig},
     metrics::Observed,
 };
 

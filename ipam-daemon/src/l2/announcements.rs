@@ -7,7 +7,7 @@ use std::{
     net::IpAddr,
 };
 
-use crate::datapath::AttachMode;
+use ipam_datapath::AttachMode;
 
 /// The service IPs this node owns (`owners` decides them).
 pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;

@@ -7,13 +7,11 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
+use ipam_datapath::{Attachment, Datapath, DatapathError};
+use ipam_netlink::iface;
 use thiserror::Error;
 
 use super::Announcements;
-use crate::{
-    datapath::{Attachment, Datapath, DatapathError},
-    net::iface,
-};
 
 /// An IP newly answered on an interface.
 #[derive(Debug, Clone, PartialEq, Eq)]

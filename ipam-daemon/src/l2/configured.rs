@@ -4,13 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use ipam_config::{AnnouncementConfig, Config};
+use ipam_datapath::AttachMode;
 use tokio::sync::watch;
 
 use super::announcements::{Announcements, OwnedIps};
-use crate::{
-    config::{AnnouncementConfig, Config},
-    datapath::AttachMode,
-};
 
 /// What the daemon's configuration says about announcing: the IPs it lists, and how the
 /// responder is attached on each interface.

@@ -14,9 +14,10 @@ use std::{
     net::{IpAddr, Ipv6Addr, UdpSocket},
 };
 
+use ipam_netlink::iface;
 use thiserror::Error;
 
-use crate::net::{frames::solicited_node, iface};
+use crate::net::frames::solicited_node;
 
 #[derive(Debug, Error)]
 pub enum MembershipError {

@@ -9,6 +9,8 @@ use std::{
 };
 
 use ipam_core::backoff::Backoff;
+use ipam_datapath::Datapath;
+use ipam_netlink::iface;
 use tokio::{sync::watch, time::Instant};
 
 use super::{
@@ -17,7 +19,6 @@ use super::{
     gratuitous::Repeats,
     multicast::SolicitedNodeGroups,
 };
-use crate::{datapath::Datapath, net::iface};
 
 /// Longest wait between two attempts at an interface that is not there yet.
 const RETRY_CAP: Duration = Duration::from_secs(10);

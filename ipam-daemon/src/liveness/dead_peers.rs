@@ -28,6 +28,7 @@ use std::{
     time::Duration,
 };
 
+use ipam_config::DeadNodeSettings;
 use ipam_core::{
     backoff::Backoff,
     resources::{NodeIpam, PeerDown},
@@ -36,7 +37,7 @@ use ipam_core::{
 use tokio::sync::watch;
 
 use super::{fence::FenceState, gossip::Membership};
-use crate::{cluster::ClusterStore, config::DeadNodeSettings};
+use crate::cluster::ClusterStore;
 
 /// How often a node held dead is probed again.
 const RECHECK: Duration = Duration::from_secs(5);

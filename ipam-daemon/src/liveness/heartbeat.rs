@@ -9,10 +9,10 @@ use std::{
     time::Duration,
 };
 
+use ipam_datapath::Datapath;
 use tokio::sync::watch;
 
 use super::Fence;
-use crate::datapath::Datapath;
 
 /// Waits for the fence to change, or forever without one.
 async fn fence_changed(fence: Option<&mut Fence>) {

@@ -25,7 +25,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc},
 };
 
-use crate::net::iface;
+use ipam_netlink::iface;
 
 /// Who holds a service IP on `lo`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -6,10 +6,11 @@
 
 use std::collections::BTreeMap;
 
+use ipam_config::AnnounceSettings;
 use ipam_core::resources::NodeAnnouncing;
 use ipam_kube::node::NodeInfo;
 
-use crate::{config::AnnounceSettings, metrics::Health};
+use crate::metrics::Health;
 
 /// The label Kubernetes' service controllers (and MetalLB) leave out of load balancing.
 pub const EXCLUSION_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -56,7 +57,7 @@ fn excluded(
 /// `arp_ignore` for all interfaces, the kernel answers ARP for those IPs on every interface,
 /// and clients reach nodes that do not own the IP.
 fn ipvs_without_strict_arp() -> Option<String> {
-    if crate::net::iface::index(IPVS_DEVICE).is_err() {
+    if ipam_netlink::iface::index(IPVS_DEVICE).is_err() {
         return None;
     }
     let arp_ignore = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/arp_ignore").ok()?;

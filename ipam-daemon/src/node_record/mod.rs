@@ -12,14 +12,11 @@ pub mod eligibility;
 
 use std::{net::IpAddr, time::Duration};
 
+use ipam_config::{AnnounceSettings, NodeSettings};
 use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
 use tokio::sync::watch;
 
-use crate::{
-    cluster::ClusterStore,
-    config::{AnnounceSettings, NodeSettings},
-    metrics::Health,
-};
+use crate::{cluster::ClusterStore, metrics::Health};
 
 /// How often the interfaces are looked at again (an address added by hand wakes nothing).
 const RECHECK: Duration = Duration::from_secs(10);

@@ -19,10 +19,8 @@ use ipam_common::Family;
 use ipam_netlink::{Netlink, NetlinkError};
 use thiserror::Error;
 
-use crate::{
-    datapath::{Datapath, PodProgram},
-    net::iface,
-};
+use ipam_datapath::{Datapath, PodProgram};
+use ipam_netlink::iface;
 
 /// Why the host device is not complete yet; every case is retried on the next pass.
 #[derive(Debug, Error)]
@@ -107,7 +105,7 @@ impl HostNetwork {
                 PodProgram::UPLINK
                     .into_iter()
                     .try_fold(false, |adopted, program| {
-                        Ok::<_, crate::datapath::DatapathError>(
+                        Ok::<_, ipam_datapath::DatapathError>(
                             datapath.attach_pod_program(program, &uplink, ifindex)? || adopted,
                         )
                     })

@@ -34,6 +34,7 @@ use std::{
     time::Duration,
 };
 
+use ipam_config::IpamSettings;
 use ipam_core::{
     pod::{
         agent::{AgentError, NodeAgent, NodeFacts},
@@ -42,6 +43,7 @@ use ipam_core::{
     resources::{NodeIpam, PodIpPool},
     store::{Resource as _, StoreError},
 };
+use ipam_datapath::Datapath;
 use tokio::sync::{Notify, watch};
 use tracing::Instrument as _;
 
@@ -60,8 +62,6 @@ use crate::{
         ClusterStore,
         changes::{Interest, wake_on_changes},
     },
-    config::IpamSettings,
-    datapath::Datapath,
     endpoints::Endpoints,
     metrics::Observed,
 };

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
+use ipam_config::IpamSettings;
 use ipam_core::pod::{agent::NodeAgent, multipool::Watermarks, pool::IpamMode};
 
 use super::IpamRuntimeError;
-use crate::config::IpamSettings;
 
 pub(super) fn mkdir(path: &Path) -> Result<(), IpamRuntimeError> {
     std::fs::create_dir_all(path).map_err(|source| IpamRuntimeError::Dir {

@@ -6,12 +6,12 @@ use std::time::Duration;
 use ipam_core::{
     backoff::Backoff,
     lb::resources::Namespace,
-    pod::{agent::AgentError, multipool::Tenants},
+    pod::{agent::AgentError, multipool::Tenants, published::PoolSummary},
     resources::{NodeIpam, PodIpPool, PoolStatus},
     store::{StoreError, TypedStore as _},
 };
 
-use super::{IpamRuntimeError, PodIpam, status::PoolSummary};
+use super::{IpamRuntimeError, PodIpam};
 
 /// Longest wait between two store passes while the store is unreachable.
 const STORE_RETRY_CAP: Duration = Duration::from_secs(10);

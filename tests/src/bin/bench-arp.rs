@@ -24,10 +24,12 @@ use std::{
 };
 
 use aya::programs::{TestRun, TestRunOptions};
-use ipam_daemon::{
-    datapath::{AttachMode, Datapath, EbpfLogLevel},
-    net::{frames::ArpFrame, frames::ETH_P_ARP, iface, packet_socket::PacketSocket},
+use ipam_daemon::net::{
+    frames::{ArpFrame, ETH_P_ARP},
+    packet_socket::PacketSocket,
 };
+use ipam_datapath::{AttachMode, Datapath, EbpfLogLevel};
+use ipam_netlink::iface;
 use ipam_tests::{
     BpffsRoot,
     netns::{Netns, veth},

@@ -25,7 +25,7 @@ use ipam_core::{
     resources::NodeIpam,
     store::{Resource as _, TypedStore as _, lease::Lease},
 };
-use ipam_daemon::datapath::{RouteMaps, pinned_pod_links, unpin_pod_link};
+use ipam_datapath::{RouteMaps, pinned_pod_links, unpin_pod_link};
 use ipam_tests::{
     cluster::{Cluster, ClusterPod, OPERATOR_LEASE_MS, wait_until},
     tcp_bench::{RUN, median, tcp_rr, throughput},

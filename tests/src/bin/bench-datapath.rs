@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use ipam_daemon::datapath::{pinned_pod_links, unpin_pod_link};
+use ipam_datapath::{pinned_pod_links, unpin_pod_link};
 use ipam_tests::{
     pod_net::{Pod, PodNode},
     tcp_bench::{RUN, median, tcp_rr, throughput},

@@ -182,7 +182,7 @@ fn main() {
         pods[1].v4
     );
     for node in &c.nodes {
-        let routes = ipam_daemon::datapath::RouteMaps::from_pins(node.bpffs_root())
+        let routes = ipam_datapath::RouteMaps::from_pins(node.bpffs_root())
             .and_then(|m| m.list())
             .unwrap_or_default();
         let shown: Vec<String> = routes

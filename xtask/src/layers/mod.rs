@@ -29,7 +29,11 @@ const CRATES: &[&str] = &[
     "ipam-gossip",
     "ipam-cni",
     "ipam-migrate",
+    "ipam-config",
+    "ipam-store",
+    "ipam-datapath",
     "ipam-daemon",
+    "ipamctl",
 ];
 
 /// Crates whose files are checked for circles but whose modules are not layered (tools and the

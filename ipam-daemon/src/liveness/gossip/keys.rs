@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use ipam_gossip::{KeyError, Keyring};
 use thiserror::Error;
 
-use crate::config::GossipSettings;
+use ipam_config::GossipSettings;
 
 #[derive(Debug, Error)]
 pub(super) enum KeyFileError {

@@ -31,12 +31,11 @@ use std::{
 };
 
 use ipam_api::types::{GossipMembers, Request, Response};
+use ipam_config::GossipSettings;
 use tokio::sync::{oneshot, watch};
 
 use super::fence::FenceState;
-use crate::{
-    api::server::Handler, cluster::ClusterStore, config::GossipSettings, metrics::Metrics,
-};
+use crate::{api::server::Handler, cluster::ClusterStore, metrics::Metrics};
 
 /// The other nodes the gossip holds alive (suspects included), and those it declared dead, by
 /// node name.

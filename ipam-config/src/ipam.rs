@@ -88,7 +88,7 @@ pub(super) fn default_socket() -> PathBuf {
     PathBuf::from(ipam_api::DEFAULT_SOCKET)
 }
 
-pub(crate) fn default_store() -> PathBuf {
+pub fn default_store() -> PathBuf {
     PathBuf::from("/var/lib/ipam/store.redb")
 }
 

@@ -3,16 +3,14 @@
 
 use std::{net::IpAddr, path::Path};
 
+use ipam_config::Config;
+use ipam_core::pod::published::{PublishedStatus, read_status};
 use ipam_core::{
     Cidr,
     resources::{NodeIpam, OPERATOR_LEASE},
     store::{TypedStore as _, lease::Lease},
 };
-use ipam_daemon::{
-    cluster::ClusterStore,
-    config::Config,
-    pod_ipam::status::{PublishedStatus, read_status},
-};
+use ipam_store::AnyStore;
 use serde::Serialize;
 
 use crate::output::{Output, emit, joined, table};
@@ -167,7 +165,7 @@ fn cluster_view(config: &Config) -> anyhow::Result<ClusterView> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let store = ClusterStore::open(&config.store_settings()).await?;
+        let store = AnyStore::open(&config.store_settings()).await?;
         let nodes = store.list_typed::<NodeIpam>().await?;
         let leading_operator = store
             .get_typed::<Lease>(OPERATOR_LEASE)

@@ -9,47 +9,29 @@
 
 use aya::{Ebpf, EbpfLoader};
 use aya_log::EbpfLogger;
-use serde::Deserialize;
-
-/// Which eBPF log statements are kept, by level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EbpfLogLevel {
-    /// None: every log statement is removed at load time.
-    #[default]
-    Off,
-    Error,
-    /// Spoofed packets dropped by the pod datapath.
-    Warn,
-    Info,
-    /// Also malformed ARP/NDP frames seen by the responder.
-    Debug,
-    Trace,
-}
-
-impl EbpfLogLevel {
-    /// The value aya-log-ebpf compares its statements' levels with (0 keeps none). A `'static`
-    /// reference because the loader keeps what it is given until it loads.
-    fn as_global(self) -> &'static u8 {
-        const _: () = assert!(
-            aya_log::Level::Error as u8 == 1 && aya_log::Level::Trace as u8 == 5,
-            "aya-log's level numbering changed"
-        );
-        match self {
-            Self::Off => &0,
-            Self::Error => &1,
-            Self::Warn => &2,
-            Self::Info => &3,
-            Self::Debug => &4,
-            Self::Trace => &5,
-        }
-    }
-}
+use ipam_config::EbpfLogLevel;
 
 /// Sets the level the object is loaded with.
 pub(super) fn set_level(loader: &mut EbpfLoader<'_>, level: EbpfLogLevel) {
     // Frozen read-only data: the verifier sees the level as a constant.
-    loader.override_global(aya_log::LEVEL, level.as_global(), true);
+    loader.override_global(aya_log::LEVEL, as_global(level), true);
+}
+
+/// The value aya-log-ebpf compares its statements' levels with (0 keeps none). A `'static`
+/// reference because the loader keeps what it is given until it loads.
+fn as_global(level: EbpfLogLevel) -> &'static u8 {
+    const _: () = assert!(
+        aya_log::Level::Error as u8 == 1 && aya_log::Level::Trace as u8 == 5,
+        "aya-log's level numbering changed"
+    );
+    match level {
+        EbpfLogLevel::Off => &0,
+        EbpfLogLevel::Error => &1,
+        EbpfLogLevel::Warn => &2,
+        EbpfLogLevel::Info => &3,
+        EbpfLogLevel::Debug => &4,
+        EbpfLogLevel::Trace => &5,
+    }
 }
 
 /// The reader of the programs' log ring buffer. It must live as long as the programs: dropping

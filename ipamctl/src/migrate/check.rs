@@ -9,8 +9,8 @@ use ipam_core::lb::{
     assign::assign,
     resources::{LbIpPoolStatus, Namespace, Service, ServiceStatus, ServiceType, namespace_of},
 };
-use ipam_daemon::cluster::ClusterStore;
 use ipam_migrate::{Migration, Target};
+use ipam_store::AnyStore;
 use serde::Serialize;
 
 use super::EXIT_RENUMBERED;
@@ -121,7 +121,7 @@ fn why_not(current: &[IpAddr], new: &ServiceStatus) -> Option<String> {
 
 /// Prints the verdicts; the exit code (`EXIT_RENUMBERED` over `EXIT_DROPPED` over 0).
 pub(crate) async fn check(
-    store: &ClusterStore,
+    store: &AnyStore,
     migration: &Migration,
     output: Output,
 ) -> anyhow::Result<i32> {

@@ -6,7 +6,6 @@ use std::{net::IpAddr, path::PathBuf, time::Duration};
 use serde::Deserialize;
 
 use super::DEFAULT_BPFFS_ROOT;
-use crate::datapath::{AttachMode, EbpfLogLevel};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -52,4 +51,37 @@ pub struct InterfaceConfig {
 pub struct AnnouncementConfig {
     pub ip: IpAddr,
     pub interface: String,
+}
+
+/// How the operator wants the responder attached to an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttachMode {
+    /// TC on virtual devices (veth, bridges: measured faster there, see docs/datapath.md);
+    /// native XDP on physical NICs, falling back to TC when the driver has no native XDP.
+    #[default]
+    Auto,
+    /// XDP in the driver. On a veth, replies reach the peer only if the peer runs an XDP
+    /// program of its own (GRO alone was not enough on kernel 6.18; see docs/datapath.md).
+    XdpNative,
+    /// XDP in generic (skb) mode: works everywhere, slower than both other forms.
+    XdpGeneric,
+    /// TC ingress (tcx link), replies redirected back out of the same interface.
+    Tc,
+}
+
+/// Which eBPF log statements are kept, by level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EbpfLogLevel {
+    /// None: every log statement is removed at load time.
+    #[default]
+    Off,
+    Error,
+    /// Spoofed packets dropped by the pod datapath.
+    Warn,
+    Info,
+    /// Also malformed ARP/NDP frames seen by the responder.
+    Debug,
+    Trace,
 }

@@ -30,7 +30,7 @@ pub fn exists(ifindex: u32) -> bool {
 /// The hardware address of `name`, from route netlink in the caller's network namespace (sysfs
 /// shows the namespace it was mounted in, not necessarily ours).
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
-    let netlink = ipam_netlink::Netlink::open().map_err(io::Error::other)?;
+    let netlink = crate::Netlink::open().map_err(io::Error::other)?;
     match netlink.link_by_name(name) {
         Ok(Some(link)) => Ok(link.mac),
         Ok(None) => Err(io::Error::new(

@@ -35,15 +35,6 @@ pub struct NodeSettings {
     pub announce: AnnounceSettings,
 }
 
-impl NodeSettings {
-    /// Who besides root may use the local API.
-    pub fn api_access(&self) -> crate::api::server::Access {
-        crate::api::server::Access {
-            group: self.socket_group,
-        }
-    }
-}
-
 /// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.
 /// The defaults are MetalLB's, so a cluster moving over behaves the same.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]

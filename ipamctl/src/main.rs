@@ -12,10 +12,8 @@ mod who_has;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
-use ipam_daemon::{
-    config::{Config, DEFAULT_BPFFS_ROOT},
-    datapath::Datapath,
-};
+use ipam_config::{Config, DEFAULT_BPFFS_ROOT};
+use ipam_datapath::Datapath;
 
 use crate::{
     objects::{ObjectKind, with_store},

@@ -13,7 +13,8 @@ use ipam_core::{
 };
 use serde::Serialize;
 
-use ipam_daemon::{endpoints::read_table, pod_ipam::status::read_status};
+use ipam_api::endpoint_table;
+use ipam_core::pod::published::read_status;
 
 /// One thing that knows the address.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -96,7 +97,7 @@ pub(crate) fn local(ip: IpAddr, state_dir: &Path) -> Vec<Finding> {
     let node = status
         .as_ref()
         .map_or_else(|| "(this node)".to_owned(), |s| s.node.clone());
-    for e in read_table(state_dir).unwrap_or_default() {
+    for e in endpoint_table::read(state_dir).unwrap_or_default() {
         if e.ips.contains(&ip) {
             out.push(Finding::Pod {
                 node: node.clone(),

@@ -3,14 +3,11 @@
 
 use std::{collections::BTreeMap, net::IpAddr, path::Path, time::Duration};
 
+use ipam_api::endpoint_table;
 use ipam_api::types::Mac;
 use ipam_common::{l2::ResponderStat, pod::PodStat};
-use ipam_daemon::{
-    clock,
-    datapath::{PodMaps, ResponderMaps, pinned_attachments},
-    endpoints::read_table,
-    net::iface,
-};
+use ipam_datapath::{PodMaps, ResponderMaps, clock, pinned_attachments};
+use ipam_netlink::iface;
 use serde::Serialize;
 
 use crate::output::{Output, emit, table};
@@ -76,7 +73,7 @@ struct Endpoints {
 
 pub(crate) fn endpoints(root: &Path, state_dir: &Path, output: Output) -> anyhow::Result<()> {
     let maps = PodMaps::from_pins(root)?;
-    let persisted = read_table(state_dir).unwrap_or_else(|e| {
+    let persisted = endpoint_table::read(state_dir).unwrap_or_else(|e| {
         eprintln!(
             "(cannot read the endpoint table under {}: {e}; owners not shown)",
             state_dir.display()

@@ -4,7 +4,7 @@ use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, bail};
 use ipam_api::types::{Request, Response};
-use ipam_daemon::config::Config;
+use ipam_config::Config;
 
 use crate::output::{Output, emit, table};
 

@@ -30,11 +30,11 @@ mod store;
 
 pub use bgp::BgpSettings;
 pub use cluster::ClusterSettings;
-pub use datapath::{AnnouncementConfig, DatapathConfig, InterfaceConfig};
+pub use datapath::{AnnouncementConfig, AttachMode, DatapathConfig, EbpfLogLevel, InterfaceConfig};
 pub use dead_nodes::DeadNodeSettings;
 pub use gossip::{DEFAULT_GOSSIP_PORT, GossipSettings};
 use ipam::default_socket;
-pub(crate) use ipam::default_store;
+pub use ipam::default_store;
 pub use ipam::{IpamSettings, PoolConfig};
 pub use metrics::MetricsSettings;
 use node::default_node_name;
@@ -45,8 +45,6 @@ use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
-
-use crate::datapath::AttachMode;
 
 /// Default bpffs directory that holds every map, program and link pin of the daemon.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
@@ -695,7 +693,7 @@ mod tests {
     /// The configuration the README shows must stay valid.
     #[test]
     fn readme_example_parses() {
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../README.md");
         let start = readme
             .find("# /etc/ipam/ipamd.toml")
             .expect("README shows a config");

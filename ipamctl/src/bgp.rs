@@ -2,7 +2,7 @@
 //! BGPPeers' status (each agent writes its own sessions there when they change).
 
 use ipam_core::{lb::bgp::BgpPeer, store::TypedStore as _};
-use ipam_daemon::cluster::ClusterStore;
+use ipam_store::AnyStore;
 use serde::Serialize;
 
 use crate::output::{Output, emit, table};
@@ -29,7 +29,7 @@ struct View {
     without_sessions: Vec<String>,
 }
 
-pub(crate) async fn run(store: &ClusterStore, output: Output) -> anyhow::Result<()> {
+pub(crate) async fn run(store: &AnyStore, output: Output) -> anyhow::Result<()> {
     let peers = store.list_typed::<BgpPeer>().await?;
     let mut view = View {
         read: store.describe(),

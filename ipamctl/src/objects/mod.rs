@@ -6,6 +6,7 @@ mod tables;
 
 use std::{collections::BTreeMap, path::Path};
 
+use ipam_config::Config;
 use ipam_core::{
     lb::annotations::AnnotationSources,
     lb::{
@@ -15,7 +16,7 @@ use ipam_core::{
     resources::{NodeIpam, PodIpPool},
     store::{Resource, Store as _, TypedStore as _, Versioned},
 };
-use ipam_daemon::{cluster::ClusterStore, config::Config};
+use ipam_store::AnyStore;
 use serde::Serialize;
 
 use crate::output::{Output, emit, usage_bar};
@@ -49,14 +50,14 @@ impl ObjectKind {
 /// Opens the store of the daemon's configuration and runs `f` on it.
 pub(crate) fn with_store(
     config: &Path,
-    f: impl AsyncFnOnce(ClusterStore) -> anyhow::Result<()>,
+    f: impl AsyncFnOnce(AnyStore) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let config = Config::load(config)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let store = ClusterStore::open(&config.store_settings())
+        let store = AnyStore::open(&config.store_settings())
             .await
             .map_err(|e| {
                 anyhow::anyhow!(
@@ -92,7 +93,7 @@ pub(crate) fn read_input(file: &Path) -> anyhow::Result<(String, String)> {
 }
 
 pub(crate) async fn apply(
-    store: &ClusterStore,
+    store: &AnyStore,
     file: &Path,
     sources: &AnnotationSources,
     output: Output,
@@ -127,7 +128,7 @@ struct Deleted<'a> {
 }
 
 pub(crate) async fn delete(
-    store: &ClusterStore,
+    store: &AnyStore,
     kind: ObjectKind,
     name: &str,
     output: Output,
@@ -143,9 +144,7 @@ pub(crate) async fn delete(
 }
 
 /// Every object of `T`'s kind, by name.
-pub(crate) async fn named<T: Resource>(
-    store: &ClusterStore,
-) -> anyhow::Result<BTreeMap<String, T>> {
+pub(crate) async fn named<T: Resource>(store: &AnyStore) -> anyhow::Result<BTreeMap<String, T>> {
     Ok(store
         .list_typed::<T>()
         .await?
@@ -156,11 +155,7 @@ pub(crate) async fn named<T: Resource>(
 
 /// The condition to show in a table: the first failing one, else the first.
 /// `get`: JSON and YAML give every object whole, by name, as stored.
-pub(crate) async fn get(
-    store: &ClusterStore,
-    kind: ObjectKind,
-    output: Output,
-) -> anyhow::Result<()> {
+pub(crate) async fn get(store: &AnyStore, kind: ObjectKind, output: Output) -> anyhow::Result<()> {
     match kind {
         ObjectKind::Services => {
             let items = named::<Service>(store).await?;
@@ -300,7 +295,7 @@ fn lb_pool_view(p: &Versioned<LbIpPool>) -> PoolView {
     }
 }
 
-pub(crate) async fn pools(store: &ClusterStore, output: Output) -> anyhow::Result<()> {
+pub(crate) async fn pools(store: &AnyStore, output: Output) -> anyhow::Result<()> {
     let pod_pools = store.list_typed::<PodIpPool>().await?;
     let nodes = store.list_typed::<NodeIpam>().await?;
     let lb_pools = store.list_typed::<LbIpPool>().await?;

@@ -1,6 +1,7 @@
-//! The datapath: loads the eBPF object, keeps every map, program link and pin under one bpffs
-//! root owned by the daemon, and reuses those pins on restart so answers never stop while the
-//! daemon restarts or upgrades.
+//! The datapath: loads the eBPF object (built from `ipam-ebpf` by this crate's `build.rs`),
+//! keeps every map, program link and pin under one bpffs root owned by the daemon, and reuses
+//! those pins on restart so answers never stop while the daemon restarts or upgrades. `ipamctl`
+//! reads the same pins (`from_pins`), with the daemon running or not.
 //!
 //! Layout under the root (default `/sys/fs/bpf/ipam`):
 //! - `maps/<MAP_NAME>`: maps, reused as they are by the next daemon (state survives restarts);
@@ -10,6 +11,7 @@
 
 mod attach;
 mod bpffs;
+pub mod clock;
 pub mod ebpf_log;
 mod error;
 mod links;
@@ -29,11 +31,10 @@ use aya::{
 };
 use ipam_common::{map_names, program_names};
 
-use crate::clock;
-
-pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
-pub use ebpf_log::{EbpfLog, EbpfLogLevel};
+pub use attach::{AttachForm, Attachment, pinned_attachments};
+pub use ebpf_log::EbpfLog;
 pub use error::DatapathError;
+pub use ipam_config::{AttachMode, EbpfLogLevel};
 pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
 pub use pod_attach::{PodLink, PodProgram, pinned_pod_links, unpin_pod_link};
 pub use pod_maps::{PodMaps, PodStats, endpoint_key};

@@ -5,7 +5,8 @@ mod find;
 
 use std::{net::IpAddr, path::PathBuf};
 
-use ipam_daemon::{cluster::ClusterStore, config::Config};
+use ipam_config::Config;
+use ipam_store::AnyStore;
 use serde::Serialize;
 
 use crate::output::{Output, emit};
@@ -32,7 +33,7 @@ pub(crate) fn run(
             .enable_all()
             .build()?;
         runtime.block_on(async {
-            let s = ClusterStore::open(&c.store_settings()).await?;
+            let s = AnyStore::open(&c.store_settings()).await?;
             read.push(s.describe());
             for f in find::cluster(&s, ip).await? {
                 if !findings.contains(&f) {

@@ -11,30 +11,13 @@ use aya::programs::{
     links::{FdLink, PinnedLink},
     xdp::{XdpLink, XdpMode},
 };
-use serde::Deserialize;
+use ipam_config::AttachMode;
+use ipam_netlink::iface;
 
 use super::{
     Datapath, DatapathError,
     links::{self, AdoptError, LinkPin, LinkedProgram},
 };
-use crate::net::iface;
-
-/// How the operator wants the responder attached to an interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AttachMode {
-    /// TC on virtual devices (veth, bridges: measured faster there, see docs/datapath.md);
-    /// native XDP on physical NICs, falling back to TC when the driver has no native XDP.
-    #[default]
-    Auto,
-    /// XDP in the driver. On a veth, replies reach the peer only if the peer runs an XDP
-    /// program of its own (GRO alone was not enough on kernel 6.18; see docs/datapath.md).
-    XdpNative,
-    /// XDP in generic (skb) mode: works everywhere, slower than both other forms.
-    XdpGeneric,
-    /// TC ingress (tcx link), replies redirected back out of the same interface.
-    Tc,
-}
 
 /// The concrete form an attachment took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,9 @@
 //!
 //! Addresses: the segment is 10.77.0.0/24 and fd77::/64 (node i at .i+1 / ::i+1, the fabric
 //! and etcd at .254 / ::fe); pods come from 10.240.0.0/16 (/24 blocks) and fd00:240::/104
-//! (/120 blocks). Everything is the test's own and goes away on drop.
+//! (/120 blocks). A cluster of more nodes than the /24 holds beside its Service IPs and client
+//! (`widen_segment`) puts its nodes in 10.77.1.0 and up, the segment a /16, and their IPv6
+//! addresses at fd77::1:<i+1>. Everything is the test's own and goes away on drop.
 
 use std::{
     collections::BTreeMap,
@@ -53,6 +55,8 @@ pub struct Cluster {
     pod_ipam: bool,
     /// More L2 segments (`add_segment`) every node added later has a port on.
     segments: Vec<Segment>,
+    /// Nodes are in 10.77.1.0/16 and up (`widen_segment`).
+    wide: bool,
     _dir: TempDir,
 }
 
@@ -127,6 +131,7 @@ impl Cluster {
             gossip_key: None,
             pod_ipam: ipam.is_some(),
             segments: Vec::new(),
+            wide: false,
             _dir: dir,
         };
         for _ in 0..operators {
@@ -159,6 +164,29 @@ impl Cluster {
         self.gossip_key.as_ref().map(|k| k.0.as_path())
     }
 
+    /// Makes room for hundreds of nodes on the segment: nodes added from now on are at
+    /// `wide_node_addresses`, the segment a /16 (the fabric gets an address in it), while
+    /// Service IPs and clients keep 10.77.0.0/24.
+    pub fn widen_segment(&mut self) {
+        assert!(
+            self.nodes.is_empty(),
+            "widen the segment before adding nodes"
+        );
+        self.fabric.add_address("br0", "10.77.255.254/16");
+        self.wide = true;
+    }
+
+    /// Node `index`'s addresses on the segment, and the v4 prefix length.
+    pub fn node_addresses_of(&self, index: usize) -> (String, String, u8) {
+        if self.wide {
+            let (v4, v6) = wide_node_addresses(index);
+            (v4, v6, 16)
+        } else {
+            let (v4, v6) = node_addresses(index);
+            (v4, v6, 24)
+        }
+    }
+
     /// Adds node `index` (a namespace on the bridge) and starts its agent.
     pub fn add_node(&mut self, tag: &str) -> usize {
         self.add_node_with(tag, "")
@@ -166,13 +194,21 @@ impl Cluster {
 
     /// As `add_node`, with more configuration (`[[announcement]]` tables, say) for its agent.
     pub fn add_node_with(&mut self, tag: &str, extra_config: &str) -> usize {
+        let index = self.prepare_node(tag, extra_config);
+        self.nodes[index].start();
+        index
+    }
+
+    /// Adds node `index` (its namespace on the bridge, its configuration with `extra_config`)
+    /// without starting its agent: for starting many at once (`ClusterNode::launch`).
+    pub fn prepare_node(&mut self, tag: &str, extra_config: &str) -> usize {
         let index = self.nodes.len();
         let name = format!("node-{index}");
         let ns = Netns::new(&format!("{tag}n{index}"));
         veth(&ns, UPLINK, &self.fabric, &format!("p{index}"));
         self.fabric.add_port(&format!("p{index}"), "br0");
-        let (v4, v6) = node_addresses(index);
-        ns.add_address(UPLINK, &format!("{v4}/24"));
+        let (v4, v6, v4_prefix) = self.node_addresses_of(index);
+        ns.add_address(UPLINK, &format!("{v4}/{v4_prefix}"));
         ns.add_address(UPLINK, &format!("{v6}/64"));
         for (k, segment) in self.segments.iter().enumerate() {
             let port = format!("s{k}p{index}");
@@ -217,16 +253,14 @@ impl Cluster {
             ),
         )
         .expect("write agent config");
-        let mut node = ClusterNode {
+        self.nodes.push(ClusterNode {
             name,
             ns,
             dir,
             config,
             root,
             daemon: None,
-        };
-        node.start();
-        self.nodes.push(node);
+        });
         index
     }
 
@@ -462,7 +496,7 @@ impl Cluster {
             .iter()
             .flat_map(|g| outside.iter().flat_map(move |o| [(*g, *o), (*o, *g)]))
         {
-            let (v4, v6) = node_addresses(to);
+            let (v4, v6, _) = self.node_addresses_of(to);
             route(&self.nodes[from].ns, &format!("{v4}/32"));
             route(&self.nodes[from].ns, &format!("{v6}/128"));
         }
@@ -490,21 +524,50 @@ impl Cluster {
 impl ClusterNode {
     /// Starts (or restarts) the node's agent and waits until its API answers.
     pub fn start(&mut self) {
-        let daemon = Daemon::start_with(&self.ns, &self.config.0, &["--role", "agent"]);
+        self.launch();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.api_answers() {
             assert!(
                 Instant::now() < deadline,
                 "{}: agent never answered:\n{}",
                 self.name,
-                daemon.log_text()
+                self.log()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        self.daemon = Some(daemon);
     }
 
-    fn api_answers(&self) -> bool {
+    /// Starts the node's agent without waiting for it.
+    pub fn launch(&mut self) {
+        self.daemon = Some(Daemon::start_with(
+            &self.ns,
+            &self.config.0,
+            &["--role", "agent"],
+        ));
+    }
+
+    /// The agent's metrics (`[metrics] listen` must be `127.0.0.1:<port>`), or `None` while
+    /// they do not answer.
+    pub fn metrics(&self, port: u16) -> Option<String> {
+        self.ns.run(move || {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let timeout = Duration::from_secs(2);
+            let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+            s.set_read_timeout(Some(timeout)).ok()?;
+            std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+            let mut answer = String::new();
+            std::io::Read::read_to_string(&mut s, &mut answer).ok()?;
+            let (head, body) = answer.split_once("\r\n\r\n")?;
+            head.contains(" 200 ").then(|| body.to_owned())
+        })
+    }
+
+    /// The agent's process id, while it runs.
+    pub fn pid(&self) -> Option<i32> {
+        self.daemon.as_ref().map(Daemon::pid)
+    }
+
+    pub fn api_answers(&self) -> bool {
         ipam_api::client::call(
             &self.socket(),
             &ipam_api::types::Request::Status,
@@ -611,6 +674,15 @@ pub fn node_addresses(index: usize) -> (String, String) {
     (
         format!("10.77.0.{}", index + 1),
         format!("fd77::{}", index + 1),
+    )
+}
+
+/// Node `index`'s addresses on a widened segment (`Cluster::widen_segment`): 250 nodes per
+/// /24 from 10.77.1.0.
+pub fn wide_node_addresses(index: usize) -> (String, String) {
+    (
+        format!("10.77.{}.{}", 1 + index / 250, 1 + index % 250),
+        format!("fd77::1:{:x}", index + 1),
     )
 }
 

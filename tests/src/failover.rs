@@ -380,6 +380,12 @@ impl FailoverRig {
         for _ in 0..3 {
             c.add_node(tag);
         }
+        Self::around(c, tag)
+    }
+
+    /// The rig around a cluster whose agents run already: the segment's pool, the policy, the
+    /// Service, a backend on every node and the client.
+    pub fn around(c: Cluster, tag: &str) -> Self {
         wait_until(
             Duration::from_secs(30),
             "every agent ready",

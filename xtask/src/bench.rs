@@ -27,6 +27,9 @@ pub(crate) enum Name {
     /// Node liveness between peers, simulated: 5,000 members at 1 % loss, time until a killed
     /// member is declared dead by all, false suspicions, gossip bytes per node.
     Liveness,
+    /// Real agents at two sizes (50 and 200 by default) over etcd, gossiping: RSS, CPU, gossip
+    /// packets and store writes per agent at rest, cold start, failover.
+    Scale,
     /// The seed's failover on a real Kubernetes cluster (as `lab kube`), with the dead nodes'
     /// pods set not ready on the agents' reports and without; needs KUBEBUILDER_ASSETS.
     KubeFailover,
@@ -48,6 +51,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Failover => "bench-failover",
         Name::Liveness => "bench-liveness",
         Name::Bgp => "bench-bgp",
+        Name::Scale => "bench-scale",
         Name::KubeFailover => unreachable!("run above"),
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.

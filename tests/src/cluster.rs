@@ -50,8 +50,7 @@ pub struct Cluster {
     operator_config: TempFile,
     /// The cluster key of the agents' gossip, once `enable_gossip` was called.
     gossip_key: Option<TempFile>,
-    /// More `[gossip]` settings for the nodes (its timings), from `enable_gossip_with`.
-    gossip_settings: String,
+
     /// Whether the agents and operators run pod IPAM (`[ipam]`), or only Service IPs (the
     /// add-on mode, beside another CNI).
     pod_ipam: bool,
@@ -131,7 +130,7 @@ impl Cluster {
             operators: Vec::new(),
             operator_config,
             gossip_key: None,
-            gossip_settings: String::new(),
+
             pod_ipam: ipam.is_some(),
             segments: Vec::new(),
             wide: false,
@@ -157,15 +156,9 @@ impl Cluster {
     /// the cluster's own and the responders' timings below the suspicion delay) instead of
     /// through their leases.
     pub fn enable_gossip(&mut self) {
-        self.enable_gossip_with("");
-    }
-
-    /// As `enable_gossip`, with more `[gossip]` settings (`key = value` lines: its timings).
-    pub fn enable_gossip_with(&mut self, settings: &str) {
         let key = TempFile::new("gossip-key", "key");
         std::fs::write(&key.0, random_key_hex() + "\n").expect("write the gossip key");
         self.gossip_key = Some(key);
-        self.gossip_settings = settings.to_owned();
     }
 
     /// The gossip key file, when the cluster gossips.
@@ -236,11 +229,7 @@ impl Cluster {
         let (timeout, gossip) = match &self.gossip_key {
             Some(key) => (
                 300,
-                format!(
-                    "[gossip]\nkey_file = \"{}\"\n{}",
-                    key.0.display(),
-                    self.gossip_settings
-                ),
+                format!("[gossip]\nkey_file = \"{}\"\n", key.0.display()),
             ),
             None => (500, String::new()),
         };

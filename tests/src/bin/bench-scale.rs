@@ -38,17 +38,11 @@ use ipam_tests::{
 const METRICS_PORT: u16 = 9963;
 /// As the failover lab with gossip: the node lease renewed every 10 s (the default).
 const GRACE_MS: u64 = 30_000;
-/// The gossip's timings five times the defaults. The defaults are made for nodes with CPUs of
-/// their own: a probe answered within 30 ms, a silent member suspected for 400 ms. Here every
-/// agent shares this machine's CPUs with all the others, and the first run with the defaults
-/// showed what that does: 50 agents starting at once kept both CPUs busy (the verifier, the
-/// joins), probes missed their 30 ms, the suspicions and their refutations filled the gossip
-/// (128 packets/s per agent instead of 10), which kept the CPUs busy: the membership never
-/// settled. Five times slower timings leave room for the machine's scheduling delays; the
-/// failover measured with them is slower by as much (docs/benchmarks.md).
-const SHARED_MACHINE_GOSSIP: &str = "probe_period_ms = 1000\nprobe_rtt_ms = 150\n\
-    suspect_to_down_ms = 2000\nfence_quiet_ms = 1750\nfence_window_ms = 2250\n\
-    takeover_hold_ms = 1000\n";
+/// The kernel's neighbour tables are one per host, shared by every namespace: each agent that
+/// gossips with N others holds N entries, so N agents on one host need N² (the default limit,
+/// 1,024, overflowed at 50 agents and the membership never settled). Raised for the run
+/// (`NeighbourLimits`) and put back after: a limit of the one kernel, not of the nodes.
+const NEIGHBOURS: u64 = 131_072;
 const KILLS: usize = 3;
 const BEFORE: Duration = Duration::from_secs(3);
 const AFTER: Duration = Duration::from_secs(15);
@@ -98,14 +92,17 @@ fn main() {
             .unwrap_or(60),
     );
     println!(
-        "machine: {} CPUs, {} MB of memory; agents gossip (timings five times the defaults: \
-         probe every 1 s, suspicion 2 s), lease renewed every {} s; at rest for {} s",
+        "machine: {} CPUs, {} MB of memory; agents gossip (default timings), lease renewed \
+         every {} s; at rest for {} s; the host's neighbour tables raised to {NEIGHBOURS} \
+         entries for the run",
         std::thread::available_parallelism().map_or(0, usize::from),
         mem_total_mb(),
         GRACE_MS / 3000,
         rest.as_secs()
     );
+    let limits = NeighbourLimits::raise(NEIGHBOURS);
     let figures: Vec<Figures> = sizes.iter().map(|&n| measure(n, rest)).collect();
+    drop(limits);
     let largest = figures.last().expect("one size at least");
     println!(
         "\n{:>7} {:>8} {:>7} {:>9} {:>10} {:>10} {:>10}",
@@ -139,7 +136,7 @@ fn measure(agents: usize, rest: Duration) -> Figures {
     println!("\n== {agents} agents");
     let tag = format!("bs{agents}");
     let mut c = Cluster::start_with(&tag, 1, POOLS, GRACE_MS);
-    c.enable_gossip_with(SHARED_MACHINE_GOSSIP);
+    c.enable_gossip();
     c.widen_segment();
     let made = Instant::now();
     let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{METRICS_PORT}\"\n");
@@ -162,6 +159,35 @@ fn measure(agents: usize, rest: Duration) -> Figures {
         cold_start_s,
         failover_s: kills.failover_s,
         ..at_rest
+    }
+}
+
+/// The host's neighbour table limits (`gc_thresh1..3` of IPv4 and IPv6), raised while it
+/// lives and put back on drop.
+struct NeighbourLimits {
+    saved: Vec<(String, String)>,
+}
+
+impl NeighbourLimits {
+    fn raise(to: u64) -> Self {
+        let mut saved = Vec::new();
+        for family in ["ipv4", "ipv6"] {
+            for (k, value) in [(1, to / 4), (2, to / 2), (3, to)] {
+                let file = format!("/proc/sys/net/{family}/neigh/default/gc_thresh{k}");
+                let old = std::fs::read_to_string(&file).expect("read a neighbour limit");
+                std::fs::write(&file, value.to_string()).expect("raise a neighbour limit");
+                saved.push((file, old.trim().to_owned()));
+            }
+        }
+        Self { saved }
+    }
+}
+
+impl Drop for NeighbourLimits {
+    fn drop(&mut self) {
+        for (file, old) in self.saved.iter().rev() {
+            let _ = std::fs::write(file, old);
+        }
     }
 }
 

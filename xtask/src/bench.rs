@@ -27,7 +27,7 @@ pub(crate) enum Name {
     /// Node liveness between peers, simulated: 5,000 members at 1 % loss, time until a killed
     /// member is declared dead by all, false suspicions, gossip bytes per node.
     Liveness,
-    /// Real agents at two sizes (50 and 200 by default) over etcd, gossiping: RSS, CPU, gossip
+    /// Real agents at two sizes (50 and 100 by default) over etcd, gossiping: RSS, CPU, gossip
     /// packets and store writes per agent at rest, cold start, failover.
     Scale,
     /// The seed's failover on a real Kubernetes cluster (as `lab kube`), with the dead nodes'

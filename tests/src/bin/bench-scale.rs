@@ -19,7 +19,9 @@
 //! The segment is widened to a /16 for the nodes (`Cluster::widen_segment`), which makes
 //! room for 250 nodes per /24 from 10.77.1.0.
 //!
-//! Sizes: `IPAM_BENCH_SCALE_AGENTS` (default `50,200`), the largest last. Last line:
+//! Sizes: `IPAM_BENCH_SCALE_AGENTS` (default `50,100`, what a 2-CPU machine holds: 200 agents
+//! sharing two CPUs never settled, docs/benchmarks.md; give a larger machine `50,200`), the
+//! largest last. Last line:
 //! `agents=<n> rss_mb_per_agent=… cpu_pct_per_agent=… packets_per_agent_per_s=…
 //! store_writes_per_node_per_s=… cold_start_s=… failover_s=…`, then the same keys at each smaller
 //! size with `_at_<n>` appended, so the ratio is visible.
@@ -77,7 +79,7 @@ impl Figures {
 
 fn main() {
     let mut sizes: Vec<usize> = std::env::var("IPAM_BENCH_SCALE_AGENTS")
-        .unwrap_or_else(|_| "50,200".into())
+        .unwrap_or_else(|_| "50,100".into())
         .split(',')
         .map(|n| {
             n.trim()

@@ -49,6 +49,9 @@ use thiserror::Error;
 /// Default bpffs directory that holds every map, program and link pin of the daemon.
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/ipam";
 
+/// Where ipamd and ipamctl read the configuration file unless told otherwise.
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/ipam/ipamd.toml";
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {

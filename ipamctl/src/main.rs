@@ -152,7 +152,7 @@ struct StoreArgs {
         short,
         long,
         env = "IPAMD_CONFIG",
-        default_value = "/etc/ipam/ipamd.toml"
+        default_value = ipam_config::DEFAULT_CONFIG_FILE
     )]
     config: PathBuf,
 }

@@ -553,14 +553,7 @@ impl ClusterNode {
     pub fn metrics(&self, port: u16) -> Option<String> {
         self.ns.run(move || {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            let timeout = Duration::from_secs(2);
-            let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-            s.set_read_timeout(Some(timeout)).ok()?;
-            std::io::Write::write_all(&mut s, b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-            let mut answer = String::new();
-            std::io::Read::read_to_string(&mut s, &mut answer).ok()?;
-            let (head, body) = answer.split_once("\r\n\r\n")?;
-            head.contains(" 200 ").then(|| body.to_owned())
+            crate::kube::checks::http_get_path(addr, "/metrics", Duration::from_secs(2)).ok()
         })
     }
 

@@ -25,7 +25,7 @@ struct Args {
         short,
         long,
         env = "IPAMD_CONFIG",
-        default_value = "/etc/ipam/ipamd.toml"
+        default_value = ipam_config::DEFAULT_CONFIG_FILE
     )]
     config: PathBuf,
     /// Which part of the system this process is.

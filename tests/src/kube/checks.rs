@@ -392,6 +392,11 @@ pub fn http_get(addr: SocketAddr, timeout: Duration) -> Option<String> {
 /// [`http_get`], or why it failed as the client saw it: at which step (connect, send, read),
 /// how (timed out, refused, reset), and when within the request.
 pub fn http_get_or_why(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+    http_get_path(addr, "/", timeout)
+}
+
+/// As [`http_get_or_why`], for `path` (`/metrics`, say).
+pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String, String> {
     let started = Instant::now();
     let failed = |step: &str, e: std::io::Error| {
         let how = match e.kind() {
@@ -405,7 +410,7 @@ pub fn http_get_or_why(addr: SocketAddr, timeout: Duration) -> Result<String, St
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| failed("connect", e))?;
     s.set_read_timeout(Some(timeout))
         .map_err(|e| failed("socket", e))?;
-    s.write_all(b"GET / HTTP/1.0\r\n\r\n")
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
         .map_err(|e| failed("send", e))?;
     let mut answer = String::new();
     s.read_to_string(&mut answer)

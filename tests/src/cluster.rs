@@ -553,7 +553,7 @@ impl ClusterNode {
     pub fn metrics(&self, port: u16) -> Option<String> {
         self.ns.run(move || {
             let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-            crate::kube::checks::http_get_path(addr, "/metrics", Duration::from_secs(2)).ok()
+            crate::http::http_get_path(addr, "/metrics", Duration::from_secs(2)).ok()
         })
     }
 

@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod delay;
 pub mod deploy;
 pub mod failover;
+pub mod http;
 pub mod ipam_node;
 pub mod kube;
 pub mod netns;

@@ -3,8 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{Read as _, Write as _},
-    net::{IpAddr, SocketAddr, TcpStream},
+    net::{IpAddr, SocketAddr},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -16,7 +15,10 @@ use ipam_core::Cidr;
 use serde_json::Value;
 
 use super::{KubeCluster, in_namespace};
-use crate::failover::Sample;
+use crate::{
+    failover::Sample,
+    http::{http_get, http_get_or_why},
+};
 
 pub const SYSTEM: &str = "ipam-system";
 const WEB_PORT: u16 = 80;
@@ -381,49 +383,6 @@ pub fn assert_addresses_from_node_blocks(
             );
             assert!(seen.insert(*ip), "address {ip} is given twice");
         }
-    }
-}
-
-/// One HTTP request to `addr` on a new connection: the body (the answering pod's node).
-pub fn http_get(addr: SocketAddr, timeout: Duration) -> Option<String> {
-    http_get_or_why(addr, timeout).ok()
-}
-
-/// [`http_get`], or why it failed as the client saw it: at which step (connect, send, read),
-/// how (timed out, refused, reset), and when within the request.
-pub fn http_get_or_why(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
-    http_get_path(addr, "/", timeout)
-}
-
-/// As [`http_get_or_why`], for `path` (`/metrics`, say).
-pub fn http_get_path(addr: SocketAddr, path: &str, timeout: Duration) -> Result<String, String> {
-    let started = Instant::now();
-    let failed = |step: &str, e: std::io::Error| {
-        let how = match e.kind() {
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => "timed out".into(),
-            std::io::ErrorKind::ConnectionRefused => "refused".into(),
-            std::io::ErrorKind::ConnectionReset => "reset".into(),
-            _ => e.to_string(),
-        };
-        format!("{step} {how} after {} ms", started.elapsed().as_millis())
-    };
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| failed("connect", e))?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| failed("socket", e))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-        .map_err(|e| failed("send", e))?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .map_err(|e| failed("read", e))?;
-    match answer.split_once("\r\n\r\n") {
-        Some((head, body)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
-            Ok(body.trim().to_owned())
-        }
-        _ => Err(format!(
-            "answer {:?} after {} ms",
-            answer.lines().next().unwrap_or_default(),
-            started.elapsed().as_millis()
-        )),
     }
 }
 

@@ -267,6 +267,23 @@ impl Peer {
             .map(|m| (*m.id(), m.state()))
     }
 
+    /// A summary of [`Peer::members`] that changes whenever a member joins, leaves, is renamed
+    /// or changes state, whatever the order foca keeps them in: the daemon rebuilds what it
+    /// derives from the membership (the fence's view, who is live) only when this changes,
+    /// not after every packet. A sum of one hash per member: no allocation, no order.
+    pub fn membership_digest(&self) -> u64 {
+        use std::hash::{BuildHasher as _, BuildHasherDefault, DefaultHasher};
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        self.protocol.iter_membership_state().fold(0u64, |sum, m| {
+            let state: u8 = match m.state() {
+                State::Alive => 0,
+                State::Suspect => 1,
+                State::Down => 2,
+            };
+            sum.wrapping_add(hasher.hash_one((m.id(), state)))
+        })
+    }
+
     /// Peers this member holds alive (suspects included: SWIM counts them alive until they
     /// are declared dead).
     pub fn active(&self) -> impl Iterator<Item = PeerId> + '_ {

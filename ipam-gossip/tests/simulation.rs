@@ -94,6 +94,49 @@ fn a_clean_stop_is_known_at_once_and_a_restart_comes_back_as_a_new_generation() 
 }
 
 #[test]
+fn the_membership_digest_stays_put_at_rest_and_moves_with_every_change_of_state() {
+    let mut sim = cluster(30, NetworkModel::default(), 9);
+    sim.run_for(secs(1.0));
+    let digest = |s: &Simulation| s.peer(0).unwrap().membership_digest();
+    // At rest foca reorders its members every probe round; the digest does not move.
+    let at_rest = digest(&sim);
+    for _ in 0..20 {
+        sim.run_for(secs(0.25));
+        assert_eq!(
+            digest(&sim),
+            at_rest,
+            "the digest moved with nothing changed"
+        );
+    }
+    // Suspected, then declared dead: each state a digest of its own.
+    let victim = sim.id(7);
+    sim.kill(7);
+    let mut seen = vec![at_rest];
+    let states = |s: &Simulation| {
+        s.peer(0)
+            .unwrap()
+            .members()
+            .find(|(id, _)| *id == victim)
+            .map(|(_, state)| state)
+    };
+    let mut last_state = states(&sim);
+    assert!(sim.run_until(secs(10.0), secs(0.01), |s| {
+        let state = states(s);
+        if state != last_state {
+            last_state = state;
+            let now = digest(s);
+            assert!(
+                !seen.contains(&now),
+                "{victim} now {state:?}: digest seen before"
+            );
+            seen.push(now);
+        }
+        matches!(state, Some(State::Down) | None)
+    }));
+    assert!(seen.len() >= 2, "the death never changed the digest");
+}
+
+#[test]
 fn a_member_on_a_lossy_jittery_link_is_suspected_but_never_declared_dead() {
     let mut sim = cluster(50, NetworkModel::default(), 4);
     // netem's "loss 20% delay 50ms 50ms" on one node's interface.

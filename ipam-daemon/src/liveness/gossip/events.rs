@@ -7,14 +7,14 @@ use ipam_gossip::{Event, Peer, PeerId};
 use super::directory::Directory;
 use crate::metrics::gossip::GossipMetrics;
 
-/// Logs `event`; `true` when who is alive may have changed.
+/// Logs `event`.
 pub(super) fn log_event(
     event: &Event,
     peer: &Peer,
     directory: &Directory,
     now: Duration,
     metrics: &GossipMetrics,
-) -> bool {
+) {
     let node = |id: &PeerId| {
         directory
             .node_at(id.addr)
@@ -51,10 +51,8 @@ pub(super) fn log_event(
         ),
         Event::Suspected(id) => {
             tracing::debug!(node = node(id), member = %id.addr, "probe unanswered: suspect");
-            return false;
         }
         Event::Connected => tracing::info!("joined the gossip"),
         Event::Alone => tracing::warn!("no other gossip member is alive"),
     }
-    true
 }

@@ -12,7 +12,7 @@ use std::{
 use ipam_api::types::GossipMembers;
 
 use ipam_core::store::Watch;
-use ipam_gossip::{Event, Now, Peer, PeerId, Settings, State};
+use ipam_gossip::{Event, Now, Peer, PeerId, Settings, State, View};
 use tokio::{
     net::UdpSocket,
     sync::{oneshot, watch},
@@ -58,6 +58,12 @@ struct Member {
     fence: FenceKeeper,
     takeover: TakeoverHold,
     membership: watch::Sender<Membership>,
+    /// What the membership was last derived from (`Peer::membership_digest`), and the fence's
+    /// view derived with it: rebuilt when the members' states, the records or the takeover
+    /// hold change, not after every packet (that rebuild, O(members) allocations 50 times a
+    /// second, was the agent's CPU that grew with the cluster).
+    derived_from: Option<u64>,
+    view: View,
     members: Arc<Mutex<GossipMembers>>,
     report: Report,
     /// Where the next join starts in the list of seeds, and when each kind of trouble was last
@@ -101,6 +107,11 @@ impl Member {
             fence: FenceKeeper::new(&timing, fence),
             takeover: TakeoverHold::new(timing.takeover_hold),
             membership,
+            derived_from: None,
+            view: View {
+                members: 1,
+                alive: 1,
+            },
             members,
             report: Report::new(inputs.metrics.clone()),
             next_seed: 0,
@@ -111,6 +122,7 @@ impl Member {
     async fn run(&mut self, mut stop: oneshot::Receiver<()>) {
         let mut buf = vec![0; MAX_PACKET];
         let mut housekeeping = crate::clock::ticker(HOUSEKEEPING);
+        self.derive(Rebuild::Always);
         self.judge_fence();
         loop {
             let wake = self.next_wakeup();
@@ -126,7 +138,7 @@ impl Member {
                 () = tokio::time::sleep_until(wake.into()) => self.peer.advance(self.now()),
                 event = self.records.next() => {
                     self.directory.apply(event);
-                    self.publish_membership();
+                    self.derive(Rebuild::Always);
                 }
                 _ = housekeeping.tick() => self.housekeeping(),
             }
@@ -135,9 +147,12 @@ impl Member {
             // the fence.
             tracing::debug_span!("gossip_decision").in_scope(|| {
                 self.absorb_events();
-                if self.takeover.release(self.origin.elapsed()) {
-                    self.publish_membership();
-                }
+                let released = self.takeover.release(self.origin.elapsed());
+                self.derive(if released {
+                    Rebuild::Always
+                } else {
+                    Rebuild::IfChanged
+                });
                 self.judge_fence();
             });
         }
@@ -219,16 +234,17 @@ impl Member {
         }
     }
 
+    /// Deaths and returns: logged, counted, and held for the takeover. What they change in
+    /// the membership is derived after (`derive`).
     fn absorb_events(&mut self) {
         let now = self.origin.elapsed();
-        let mut changed = false;
         for event in self.peer.take_events() {
             match &event {
                 Event::Down(id) => self.takeover.declared_dead(id.addr, now),
                 Event::Up(id) | Event::Renamed { after: id, .. } => self.takeover.back(id.addr),
                 _ => {}
             }
-            changed |= log_event(
+            log_event(
                 &event,
                 &self.peer,
                 &self.directory,
@@ -236,9 +252,19 @@ impl Member {
                 self.report.metrics(),
             );
         }
-        if changed {
-            self.publish_membership();
+    }
+
+    /// Derives the fence's view and the membership again, when what they come from changed
+    /// (or `Rebuild::Always`: the records or the takeover hold changed, which the digest does
+    /// not cover).
+    fn derive(&mut self, rebuild: Rebuild) {
+        let digest = self.peer.membership_digest();
+        if rebuild == Rebuild::IfChanged && self.derived_from == Some(digest) {
+            return;
         }
+        self.derived_from = Some(digest);
+        self.view = self.directory.view(self.alive_members());
+        self.publish_membership();
     }
 
     /// The members held alive and unsuspected.
@@ -303,11 +329,10 @@ impl Member {
     }
 
     fn judge_fence(&mut self) {
-        let view = self.directory.view(self.alive_members());
         self.fence.judge(
             self.peer.contact(),
             self.origin.elapsed(),
-            view,
+            self.view,
             self.report.metrics(),
         );
     }
@@ -324,7 +349,8 @@ impl Member {
         if self.peer.active().next().is_none() && self.directory.view([]).members > 1 {
             self.join();
         }
-        self.publish_membership();
+        // Once a second whatever the digest says: a change it cannot see lasts a second at most.
+        self.derive(Rebuild::Always);
         self.report.count(&self.peer);
         let view = snapshot(
             &self.peer,
@@ -342,4 +368,11 @@ impl Member {
         self.send().await;
         tracing::info!("left the gossip");
     }
+}
+
+/// Whether `Member::derive` may skip the work when the members' states did not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rebuild {
+    IfChanged,
+    Always,
 }

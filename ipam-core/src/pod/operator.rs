@@ -158,6 +158,12 @@ impl Operator {
         }
     }
 
+    /// Whether the pools and blocks were restored from the store (on the first pass): until
+    /// then a pass must read what the store holds, not a copy that may be behind it.
+    pub fn restored(&self) -> bool {
+        self.restored
+    }
+
     pub fn blocks(&self) -> &BlockAllocator {
         &self.blocks
     }

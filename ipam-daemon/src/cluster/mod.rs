@@ -9,5 +9,6 @@ pub mod events;
 pub mod operator;
 pub mod shared_watch;
 pub mod store;
+pub mod watched_reads;
 
 pub use store::ClusterStore;

@@ -6,7 +6,7 @@
 //! and every block held from the store before it decides anything, and it frees no node's
 //! blocks before it has itself seen that node's lease unrenewed for the whole grace period.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use ipam_config::{ClusterSettings, PoolConfig};
 use ipam_core::{
@@ -20,13 +20,13 @@ use ipam_core::{
     resources::{NodeIpam, OPERATOR_LEASE, PodIpPool},
     store::{
         Resource as _, Store, TypedStore,
-        lease::{LeaderElection, Leadership},
+        lease::{LeaderElection, Leadership, Lease},
     },
 };
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tracing::Instrument as _;
 
-use super::changes::{Interest, wake_on_changes};
+use super::watched_reads::{Followed, WatchedReads};
 
 /// Longest wait between two attempts while the store is unreachable.
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -77,7 +77,7 @@ pub async fn run<S: Store + Clone + 'static>(
     if !prepare(&store, &settings, &mut stop).await {
         return;
     }
-    let wake = wake_on_inputs(&store);
+    let (reads, wake) = WatchedReads::follow(store.clone(), FOLLOWED);
     let mut election =
         LeaderElection::new(OPERATOR_LEASE, &identity, settings.cluster.operator_lease());
     let mut elect_tick = crate::clock::ticker(election.renew_interval());
@@ -100,8 +100,10 @@ pub async fn run<S: Store + Clone + 'static>(
             () = settled => due.dirty = true,
             _ = elect_tick.tick(), if settings.elect => {
                 let reached = step_election(&store, &mut election, &mut operator, &settings, &leader).await;
-                observed.health.set("store", reached);
-                due.dirty |= operator.is_some();
+                // A new term starts with a pass (it restores before deciding); a renewal needs
+                // none: what changed woke a pass already.
+                due.dirty |= matches!(reached, Ok(true));
+                observed.health.set("store", reached.map(|_| ()));
                 observed.metrics.operator_leader.set(i64::from(election.is_leading()));
             }
             () = wake.notified() => due.dirty = true,
@@ -134,7 +136,7 @@ pub async fn run<S: Store + Clone + 'static>(
             events: &events,
             last_lb: &mut last_lb,
         };
-        let passed = pass(&store, term, reports)
+        let passed = pass(&reads, term, reports)
             .instrument(tracing::info_span!(
                 "operator_pass",
                 identity = identity.as_str()
@@ -189,22 +191,45 @@ async fn reload_pools<S: Store>(store: &S, settings: &OperatorSettings, pools: &
     }
 }
 
-/// Signalled when anything the operator decides from changes.
-fn wake_on_inputs<S: Store + Clone + 'static>(store: &S) -> Arc<Notify> {
-    wake_on_changes(
-        store.clone(),
-        vec![
-            Interest::All(PodIpPool::KIND),
-            Interest::All(NodeIpam::KIND),
-            Interest::All(LbIpPool::KIND),
-            Interest::All(Service::KIND),
-            Interest::All(ServiceEndpoints::KIND),
-            Interest::All(L2AnnouncementPolicy::KIND),
-            // Their labels, which pools' namespaceSelectors select.
-            Interest::All(Namespace::KIND),
-        ],
-    )
-}
+/// What the operator's passes read, each followed by one watch whose copy the passes list
+/// from (`WatchedReads`); a change of one that `wakes` is reason for a pass.
+const FOLLOWED: &[Followed] = &[
+    Followed {
+        kind: PodIpPool::KIND,
+        wakes: true,
+    },
+    Followed {
+        kind: NodeIpam::KIND,
+        wakes: true,
+    },
+    Followed {
+        kind: LbIpPool::KIND,
+        wakes: true,
+    },
+    Followed {
+        kind: Service::KIND,
+        wakes: true,
+    },
+    Followed {
+        kind: ServiceEndpoints::KIND,
+        wakes: true,
+    },
+    Followed {
+        kind: L2AnnouncementPolicy::KIND,
+        wakes: true,
+    },
+    // Their labels, which pools' namespaceSelectors select.
+    Followed {
+        kind: Namespace::KIND,
+        wakes: true,
+    },
+    // The node leases, renewed every few seconds each: read for lapses, which the liveness
+    // timer looks for; a renewal is no reason for a pass.
+    Followed {
+        kind: Lease::KIND,
+        wakes: false,
+    },
+];
 
 /// Whether a pass is due: something changed since the last good one, and no failed one's
 /// backoff is running.
@@ -310,16 +335,19 @@ struct Term {
 }
 
 /// One pass of the leading operator: pod IPAM, then LB-IPAM, and what they found reported.
-async fn pass<S: Store>(
-    store: &S,
+/// Reads come from the watches' copies, except a new term's first pod IPAM pass, which
+/// restores from the store itself.
+async fn pass<S: Store + Clone + 'static>(
+    reads: &WatchedReads<S>,
     term: &mut Term,
     reports: Reports<'_>,
 ) -> Result<(), OperatorError> {
     let report = match term.pod_ipam.as_mut() {
-        Some(op) => Some(op.reconcile(store).await?),
+        Some(op) if op.restored() => Some(op.reconcile(reads).await?),
+        Some(op) => Some(op.reconcile(&reads.reading_the_store()).await?),
         None => None,
     };
-    let lb = lb_ipam::reconcile(store, &mut term.lb_settling).await?;
+    let lb = lb_ipam::reconcile(reads, &mut term.lb_settling).await?;
     let Reports {
         observed,
         events,
@@ -371,13 +399,14 @@ fn new_term(settings: &OperatorSettings) -> Term {
     }
 }
 
+/// One step of the election; `Ok(true)` when this replica just began a term of leadership.
 async fn step_election<S: Store>(
     store: &S,
     election: &mut LeaderElection,
     operator: &mut Option<Term>,
     settings: &OperatorSettings,
     leader: &watch::Sender<Leader>,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let identity = election.identity().to_owned();
     let identity = identity.as_str();
     let stepped = election.step(store).await;
@@ -386,8 +415,10 @@ async fn step_election<S: Store>(
         Ok(Leadership::Following { holder }) if !holder.is_empty() => Leader::Other(holder.clone()),
         Ok(Leadership::Following { .. }) | Err(_) => Leader::Unknown,
     });
+    let mut began = false;
     match stepped {
         Ok(Leadership::Leading { acquired: true }) => {
+            began = true;
             tracing::info!(
                 identity,
                 "leading the operators; restoring state before deciding"
@@ -417,7 +448,7 @@ async fn step_election<S: Store>(
             return Err(format!("cannot reach the store: {e}"));
         }
     }
-    Ok(())
+    Ok(began)
 }
 
 fn log_report(report: &Report) {

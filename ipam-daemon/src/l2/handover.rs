@@ -48,6 +48,12 @@ pub struct Handover {
 }
 
 impl Handover {
+    /// Whether an IP waits for its hand-over: the next decision may admit it with nothing
+    /// else changed.
+    pub fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// What this node answers for now, of `mine` (what it owns by the last decision), given
     /// what it answers for already (`answering`) and who held each new IP (`previous`). The
     /// second part names, for each IP newly answered, who held it before the wait began.

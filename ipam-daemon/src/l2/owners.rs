@@ -40,8 +40,10 @@ use crate::{
     net::local_address::{Holder, LocalAddresses},
 };
 
-/// How often ownership is recomputed (lease lapses change nothing in the store to wake us; a
-/// change of the gossip's membership does, at once).
+/// How often ownership is decided again when something changed (a burst of changes costs
+/// one decision per tick), or while time alone may change it (lease lapses, which change
+/// nothing in the store to wake us; a hand-over's wait). A change of the gossip's membership
+/// is decided at once; at rest, with the gossip, nothing is decided.
 const TICK: Duration = Duration::from_millis(100);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
@@ -132,23 +134,36 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         out,
     };
     let mut tick = crate::clock::ticker(TICK);
+    // Whether anything changed since the last decision (the first one is due).
+    let mut changed = true;
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
         // A death or a return in the gossip is decided at once: it is what failover waits on.
+        // A tick with nothing changed decides only while time alone may change the outcome:
+        // at 10,000 Services a decision is thousands of owners, ten times a second per agent.
         tokio::select! {
-            e = services_watch.next() => { seen.services.apply(e); continue; }
+            e = services_watch.next() => { seen.services.apply(e); changed = true; continue; }
             e = endpoints_watch.next() => {
                 seen.endpoints.apply(e);
                 seen.endpoints_changed();
+                changed = true;
                 continue;
             }
-            e = policies_watch.next() => { seen.policies.apply(e); continue; }
-            e = pools_watch.next() => { seen.pools.apply(e); continue; }
-            e = nodes_watch.next() => { seen.nodes.apply(e); continue; }
-            decide_now = peers.changed() => if !decide_now { continue },
-            _ = tick.tick() => {}
+            e = policies_watch.next() => { seen.policies.apply(e); changed = true; continue; }
+            e = pools_watch.next() => { seen.pools.apply(e); changed = true; continue; }
+            e = nodes_watch.next() => { seen.nodes.apply(e); changed = true; continue; }
+            decide_now = peers.changed() => {
+                changed = true;
+                if !decide_now { continue }
+            }
+            _ = tick.tick() => {
+                if !(changed || peers.decays() || ownership.handover.is_waiting()) {
+                    continue;
+                }
+            }
         }
+        changed = false;
         ownership.pass(&seen, &mut peers);
     }
 }

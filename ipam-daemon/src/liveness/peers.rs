@@ -67,6 +67,12 @@ impl LivePeers {
         }
     }
 
+    /// Whether who is alive changes with time alone (a lease lapses with no event), so that
+    /// the same inputs may decide differently later; the gossip says each change.
+    pub fn decays(&self) -> bool {
+        matches!(self, Self::Leases(_))
+    }
+
     /// Whether `node` counts as alive at `now`.
     pub fn is_live(&mut self, node: &str, now: Instant) -> bool {
         match self {

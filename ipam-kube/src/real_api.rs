@@ -270,27 +270,59 @@ impl RealApiServer {
     /// Every kind of request the tests' clients made so far, from the server's audit log: the
     /// server's own clients (users `system:...` other than service accounts) left out.
     pub fn requests(&self) -> std::collections::BTreeSet<crate::testing::Served> {
-        let log = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
-        log.lines()
+        self.request_counts_since(0).into_keys().collect()
+    }
+
+    /// Where the audit log ends now: `request_counts_since` counts from there.
+    pub fn audit_mark(&self) -> u64 {
+        std::fs::metadata(self.dir.join("audit.log")).map_or(0, |m| m.len())
+    }
+
+    /// How many requests of each kind the tests' clients made since `mark` (an
+    /// `audit_mark`), from the audit log: each request once (a watch logs its start and its
+    /// end), the server's own clients left out.
+    pub fn request_counts_since(
+        &self,
+        mark: u64,
+    ) -> std::collections::BTreeMap<crate::testing::Served, u64> {
+        use std::io::{Read as _, Seek as _};
+        let mut log = String::new();
+        if let Ok(mut file) = std::fs::File::open(self.dir.join("audit.log")) {
+            let _ = file.seek(std::io::SeekFrom::Start(mark));
+            let _ = file.read_to_string(&mut log);
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        let mut counts = std::collections::BTreeMap::new();
+        let events = log
+            .lines()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter_map(|event| {
-                let user = event["user"]["username"].as_str()?.to_owned();
-                if user.starts_with("system:") && !user.starts_with("system:serviceaccount:") {
-                    return None;
-                }
-                let object = &event["objectRef"];
-                let resource = object["resource"].as_str()?;
-                Some(crate::testing::Served {
-                    user,
-                    verb: event["verb"].as_str()?.to_owned(),
-                    group: object["apiGroup"].as_str().unwrap_or("").to_owned(),
-                    resource: match object["subresource"].as_str() {
-                        Some(sub) => format!("{resource}/{sub}"),
-                        None => resource.to_owned(),
-                    },
-                })
-            })
-            .collect()
+            .filter(|event| {
+                let id = event["auditID"].as_str().unwrap_or_default().to_owned();
+                seen.insert(id)
+            });
+        for served in events.filter_map(|event| Self::served(&event)) {
+            *counts.entry(served).or_default() += 1;
+        }
+        counts
+    }
+
+    /// The request one audit event records, unless the server made it itself.
+    fn served(event: &serde_json::Value) -> Option<crate::testing::Served> {
+        let user = event["user"]["username"].as_str()?.to_owned();
+        if user.starts_with("system:") && !user.starts_with("system:serviceaccount:") {
+            return None;
+        }
+        let object = &event["objectRef"];
+        let resource = object["resource"].as_str()?;
+        Some(crate::testing::Served {
+            user,
+            verb: event["verb"].as_str()?.to_owned(),
+            group: object["apiGroup"].as_str().unwrap_or("").to_owned(),
+            resource: match object["subresource"].as_str() {
+                Some(sub) => format!("{resource}/{sub}"),
+                None => resource.to_owned(),
+            },
+        })
     }
 
     /// Compacts etcd's history up to now and restarts kube-apiserver: every open watch ends, and

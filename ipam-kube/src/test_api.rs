@@ -3,6 +3,13 @@
 
 use crate::{real_api::RealApiServer, testing::StandIn};
 
+/// Where a count of requests starts (`TestApi::request_mark`).
+pub enum RequestMark {
+    StandIn(std::collections::BTreeMap<crate::testing::Served, u64>),
+    /// The audit log's length.
+    Real(u64),
+}
+
 pub enum TestApi {
     StandIn(StandIn),
     Real(RealApiServer),
@@ -97,6 +104,35 @@ impl TestApi {
         match self {
             Self::StandIn(api) => api.requests(),
             Self::Real(api) => api.requests(),
+        }
+    }
+
+    /// Where the count of requests stands now, for `request_counts_since`.
+    pub fn request_mark(&self) -> RequestMark {
+        match self {
+            Self::StandIn(api) => RequestMark::StandIn(api.request_counts()),
+            Self::Real(api) => RequestMark::Real(api.audit_mark()),
+        }
+    }
+
+    /// How many requests of each kind (user, verb, group, resource) the clients made since
+    /// `mark`: the real server's from its audit log, the stand-in's as it served them.
+    pub fn request_counts_since(
+        &self,
+        mark: &RequestMark,
+    ) -> std::collections::BTreeMap<crate::testing::Served, u64> {
+        match (self, mark) {
+            (Self::Real(api), RequestMark::Real(offset)) => api.request_counts_since(*offset),
+            (Self::StandIn(api), RequestMark::StandIn(before)) => api
+                .request_counts()
+                .into_iter()
+                .map(|(served, n)| {
+                    let earlier = before.get(&served).copied().unwrap_or(0);
+                    (served, n - earlier)
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            _ => panic!("a request mark of another server"),
         }
     }
 

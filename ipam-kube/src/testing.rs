@@ -52,8 +52,8 @@ pub struct StandIn {
 
 struct Shared {
     store: Mutex<Objects>,
-    /// Every kind of request served, for RBAC checks.
-    requests: Mutex<std::collections::BTreeSet<Served>>,
+    /// Every kind of request served (for RBAC checks), with how many of each.
+    requests: Mutex<BTreeMap<Served, u64>>,
     changes: broadcast::Sender<Change>,
     /// Bumped to end every open watch (as a restarting API server does).
     cut: tokio::sync::watch::Sender<u64>,
@@ -151,6 +151,11 @@ impl StandIn {
 
     /// Every kind of request served so far.
     pub fn requests(&self) -> std::collections::BTreeSet<Served> {
+        self.request_counts().into_keys().collect()
+    }
+
+    /// How many requests of each kind were served so far.
+    pub fn request_counts(&self) -> BTreeMap<Served, u64> {
         self.state.requests.lock().expect("stand-in lock").clone()
     }
 
@@ -295,16 +300,17 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("anonymous")
         .to_owned();
-    state
+    *state
         .requests
         .lock()
         .expect("stand-in lock")
-        .insert(Served {
+        .entry(Served {
             user,
             verb: verb.to_owned(),
             group: target.group.clone(),
             resource: target.resource.clone(),
-        });
+        })
+        .or_default() += 1;
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)

@@ -12,35 +12,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_api::types::{Attachment, AttachmentId, ErrorCode, Request, Response};
+use ipam_api::types::{ErrorCode, Request, Response};
 use ipam_core::{
     resources::{NodeIpam, PodIpPool},
     store::{TypedStore as _, lease::Lease},
 };
 use ipam_kube::{KubeStore, test_api::TestApi};
-use ipam_tests::{TempFile, daemon::Daemon, workspace_binary};
+use ipam_tests::{
+    TempFile,
+    daemon::Daemon,
+    kube_api::{AgentNode, Who, attachment, kubeconfig_for, start_api},
+    workspace_binary,
+};
 use k8s_openapi::api::core::v1::Pod;
 
 const POOLS: &str = "[[ipam.pool]]\nname = \"default\"\n\
     ipv4 = { cidrs = [\"10.243.0.0/24\"], maskSize = 26 }\n";
-
-/// The API server for `test`: on a real one, with what `kubectl apply -k deploy` installs
-/// (namespace, CRDs, RBAC, admission policy; the workloads would find no kubelet to run them).
-async fn start_api(test: &str) -> TestApi {
-    let api = TestApi::start(test, &[]).await;
-    if let TestApi::Real(real) = &api {
-        let deploy = ipam_tests::deploy::dir();
-        let files =
-            ["namespace.yaml", "crds.yaml", "rbac.yaml", "admission.yaml"].map(|f| deploy.join(f));
-        real.kubectl_apply(
-            &files
-                .iter()
-                .map(std::path::PathBuf::as_path)
-                .collect::<Vec<_>>(),
-        );
-    }
-    api
-}
 
 /// The operator's configuration: the Kubernetes store, short leases, and `ipam` (the mode and
 /// the pools) as its `[ipam]` section.
@@ -101,84 +88,6 @@ fn ipamctl_apply(
         "{}",
         String::from_utf8_lossy(&applied.stderr)
     );
-}
-
-/// Who a client is.
-#[derive(Clone, Copy)]
-enum Who {
-    Operator,
-    /// The agent on this node.
-    Agent(&'static str),
-    Ipamctl,
-}
-
-impl Who {
-    /// The name RBAC knows the client by: the stand-in records the token, which is the label.
-    fn user(self, api: &TestApi) -> String {
-        match (api, self) {
-            (TestApi::Real(_), Self::Operator) => {
-                "system:serviceaccount:ipam-system:ipam-operator".into()
-            }
-            (TestApi::Real(_), Self::Agent(_)) => {
-                "system:serviceaccount:ipam-system:ipam-agent".into()
-            }
-            (_, Self::Operator) => "operator".into(),
-            (_, Self::Agent(_)) => "agent".into(),
-            (_, Self::Ipamctl) => "ipamctl".into(),
-        }
-    }
-
-    /// The token the client presents. On a real server: the operator's service account; the
-    /// agent's, bound to a pod of its DaemonSet on its node (so the token names the node, as
-    /// the admission policy requires); an admin's for ipamctl.
-    async fn token(self, api: &TestApi) -> String {
-        let TestApi::Real(real) = api else {
-            return self.user(api);
-        };
-        match self {
-            Self::Operator => {
-                real.service_account_token("ipam-system", "ipam-operator", None)
-                    .await
-            }
-            Self::Ipamctl => real.admin_token().to_owned(),
-            Self::Agent(node) => {
-                let client = api.client().await;
-                let create = kube::api::PostParams::default();
-                // The Node, if the test did not make it, and the agent's pod on it.
-                let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
-                if nodes.get_opt(node).await.ok().flatten().is_none() {
-                    let n =
-                        serde_json::from_value(serde_json::json!({ "metadata": { "name": node } }))
-                            .unwrap();
-                    nodes.create(&create, &n).await.expect("create the Node");
-                }
-                let pod = format!("ipam-agent-{node}");
-                let manifest = serde_json::from_value(serde_json::json!({
-                    "metadata": { "name": pod, "namespace": "ipam-system" },
-                    "spec": { "nodeName": node, "serviceAccountName": "ipam-agent",
-                        "containers": [{ "name": "agent", "image": "registry.invalid/ipam" }] },
-                }))
-                .unwrap();
-                kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, "ipam-system")
-                    .create(&create, &manifest)
-                    .await
-                    .expect("create the agent's pod");
-                real.service_account_token("ipam-system", "ipam-agent", Some(&pod))
-                    .await
-            }
-        }
-    }
-}
-
-/// A kubeconfig for `who` on the server's own address.
-async fn kubeconfig_for(api: &TestApi, who: Who) -> TempFile {
-    let file = TempFile::new("kubeconfig", "yaml");
-    std::fs::write(
-        &file.0,
-        api.kubeconfig(api.address(), &who.token(api).await),
-    )
-    .expect("write the kubeconfig");
-    file
 }
 
 /// The (API group, resource, verb) a role of deploy/base/rbac.yaml grants.
@@ -797,136 +706,6 @@ async fn agents_on_the_kubernetes_api() {
         Who::Agent("kn-1"),
         "ipam-agent",
     );
-}
-
-/// An agent's node namespace, with the API served on its loopback, and a kubeconfig that
-/// reaches it there as the agent of `node`.
-struct AgentNode {
-    ns: ipam_tests::netns::Netns,
-    kubeconfig: TempFile,
-    /// The token the agent presents.
-    token: String,
-    dir: ipam_tests::TempDir,
-    root: ipam_tests::BpffsRoot,
-}
-
-impl AgentNode {
-    async fn new(api: &TestApi, tag: &str, node: &'static str) -> Self {
-        let ns = ipam_tests::netns::Netns::new(tag);
-        // The agent reaches the API server on its own namespace's loopback.
-        let listener = ns.run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"));
-        let inside = api
-            .listen_also(listener)
-            .expect("serve in the node's namespace");
-        let kubeconfig = TempFile::new("kubeconfig-agent", "yaml");
-        let token = Who::Agent(node).token(api).await;
-        std::fs::write(&kubeconfig.0, api.kubeconfig(inside, &token)).unwrap();
-        Self {
-            ns,
-            kubeconfig,
-            token,
-            dir: ipam_tests::TempDir::new(&format!("{tag}-")),
-            root: ipam_tests::BpffsRoot::new(),
-        }
-    }
-
-    /// The agent's configuration as deploy/ has it: the Kubernetes store, liveness between the
-    /// agents (`[gossip]`, on the namespace's loopback and a key of its own: the test runs one
-    /// agent), and `ipam` (the mode and the node's name) in the `[ipam]` section.
-    fn config(&self, ipam: &str) -> TempFile {
-        let key = self.dir.0.join("gossip.key");
-        std::fs::write(&key, ipam_tests::cluster::random_key_hex()).unwrap();
-        self.config_gossiping(ipam, "127.0.0.1", &key)
-    }
-
-    /// As `config`, gossiping on `address` with the cluster key in `key`.
-    fn config_gossiping(&self, ipam: &str, address: &str, key: &std::path::Path) -> TempFile {
-        let config = TempFile::new("kube-agent", "toml");
-        std::fs::write(
-            &config.0,
-            format!(
-                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 300\n\
-                 heartbeat_interval_ms = 100\n\n\
-                 [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-                 [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\nnode_renew_ms = 1000\n\n\
-                 [gossip]\naddress = \"{address}\"\nkey_file = \"{}\"\n\n\
-                 [node.announce]\nexclude_cordoned = true\nexclude_not_ready = true\n\n\
-                 [ipam]\n{ipam}\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
-                 families = [\"v4\"]\n",
-                self.root.0.display(),
-                key.display(),
-                d = self.dir.0.display()
-            ),
-        )
-        .unwrap();
-        config
-    }
-
-    fn start(&self, config: &TempFile) -> Daemon {
-        Daemon::start_in(
-            &self.ns,
-            &config.0,
-            &["--role", "agent"],
-            &[("KUBECONFIG", &self.kubeconfig.0)],
-        )
-    }
-
-    /// A request to the agent's local API, as `ipam-cni` makes it.
-    fn call(&self, request: &Request) -> Response {
-        ipam_api::client::call(
-            &self.dir.0.join("api/ipamd.sock"),
-            request,
-            Duration::from_secs(5),
-        )
-        .unwrap_or_else(|e| Response::error(ErrorCode::Failed, e.to_string()))
-    }
-
-    /// `ipam-cni`, the main plugin, run as the runtime on the node runs it for `pod`
-    /// (`namespace`, `name`) in `pod_ns`.
-    fn cni(
-        &self,
-        command: &str,
-        container: &str,
-        pod: (&str, &str),
-        pod_ns: &ipam_tests::netns::Netns,
-    ) -> (bool, serde_json::Value) {
-        let conf = serde_json::json!({
-            "cniVersion": "1.1.0", "name": "podnet", "type": "ipam-cni",
-            "socket": self.dir.0.join("api/ipamd.sock"), "timeoutMs": 5000, "mtu": 1500,
-        });
-        let target = ipam_tests::cni::CniTarget {
-            container,
-            ifname: "eth0",
-            pod,
-        };
-        ipam_tests::cni::run_cni_for(
-            &workspace_binary("ipam-cni"),
-            Some(&self.ns),
-            command,
-            &target,
-            Some(pod_ns),
-            &conf,
-        )
-    }
-
-    /// A pod's ADD, with the pod's `namespace/name` when the runtime passed it
-    /// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`).
-    fn add(&self, container: &str, pod: Option<&str>) -> Response {
-        self.call(&Request::Allocate(attachment(container, pod)))
-    }
-}
-
-fn attachment(container: &str, pod: Option<&str>) -> Attachment {
-    Attachment {
-        ips: Vec::new(),
-        id: AttachmentId {
-            network: "podnet".into(),
-            container_id: container.into(),
-            ifname: "eth0".into(),
-        },
-        pod: pod.map(str::to_owned),
-        pool: None,
-    }
 }
 
 /// The first address of a successful ADD or CHECK.

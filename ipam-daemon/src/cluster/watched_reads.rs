@@ -491,7 +491,13 @@ mod tests {
 
         store.create_typed("x", &Thing { size: 7 }).await.unwrap();
         assert_eq!(
-            sizes(&reads.reading_the_store().list_typed::<Thing>().await.unwrap()),
+            sizes(
+                &reads
+                    .reading_the_store()
+                    .list_typed::<Thing>()
+                    .await
+                    .unwrap()
+            ),
             [("x".into(), 7)],
             "read from the store itself"
         );
@@ -506,6 +512,10 @@ mod tests {
             sizes(&reads.list_typed::<Thing>().await.unwrap()),
             [("x".into(), 7)]
         );
-        assert_eq!(store.lists.load(Ordering::Relaxed), 1, "only the direct read");
+        assert_eq!(
+            store.lists.load(Ordering::Relaxed),
+            1,
+            "only the direct read"
+        );
     }
 }

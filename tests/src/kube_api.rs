@@ -112,6 +112,26 @@ pub async fn kubeconfig_for(api: &TestApi, who: Who<'_>) -> TempFile {
     file
 }
 
+/// An agent's liveness timings: lines of its `[datapath]` and `[cluster]` sections.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    pub datapath: &'static str,
+    pub cluster: &'static str,
+}
+
+/// The tests' timings: a node's lease and its responders' liveness in a second or two.
+pub const TEST_TIMINGS: Timings = Timings {
+    datapath: "liveness_timeout_ms = 300\nheartbeat_interval_ms = 100\n",
+    cluster: "node_lease_ms = 1500\nnode_grace_ms = 600000\nnode_renew_ms = 1000\n",
+};
+
+/// As deploy/ sets them: the responders' liveness the gossip needs (deploy/base/config.yaml),
+/// the `[cluster]` defaults (a lease renewed every 10 s).
+pub const DEPLOY_TIMINGS: Timings = Timings {
+    datapath: "liveness_timeout_ms = 300\nheartbeat_interval_ms = 100\n",
+    cluster: "",
+};
+
 /// An agent's node namespace, with the API served on its loopback (through a relay that
 /// counts the agent's traffic), and a kubeconfig that reaches it there as the agent of `node`.
 pub struct AgentNode {
@@ -156,19 +176,32 @@ impl AgentNode {
 
     /// As `config`, gossiping on `address` with the cluster key in `key`.
     pub fn config_gossiping(&self, ipam: &str, address: &str, key: &std::path::Path) -> TempFile {
+        self.config_timed(ipam, address, key, TEST_TIMINGS)
+    }
+
+    /// As `config_gossiping`, with the timings `timings` (the `[datapath]` liveness and the
+    /// `[cluster]` section's settings; `DEPLOY_TIMINGS` for deploy/'s).
+    pub fn config_timed(
+        &self,
+        ipam: &str,
+        address: &str,
+        key: &std::path::Path,
+        timings: Timings,
+    ) -> TempFile {
         let config = TempFile::new("kube-agent", "toml");
         std::fs::write(
             &config.0,
             format!(
-                "[datapath]\nbpffs_root = \"{}\"\nliveness_timeout_ms = 300\n\
-                 heartbeat_interval_ms = 100\n\n\
+                "[datapath]\nbpffs_root = \"{}\"\n{}\n\
                  [store]\nkind = \"kubernetes\"\n[store.kubernetes]\nnamespace = \"ipam-system\"\n\n\
-                 [cluster]\nnode_lease_ms = 1500\nnode_grace_ms = 600000\nnode_renew_ms = 1000\n\n\
+                 [cluster]\n{}\n\
                  [gossip]\naddress = \"{address}\"\nkey_file = \"{}\"\n\n\
                  [node.announce]\nexclude_cordoned = true\nexclude_not_ready = true\n\n\
                  [ipam]\n{ipam}\nstate_dir = \"{d}/node\"\nsocket = \"{d}/api/ipamd.sock\"\n\
                  families = [\"v4\"]\n",
                 self.root.0.display(),
+                timings.datapath,
+                timings.cluster,
                 key.display(),
                 d = self.dir.0.display()
             ),

@@ -39,6 +39,9 @@ pub struct LbReport {
     /// The pools changed a moment ago: IPs in no pool are kept until then, when a pass must
     /// run again (`PoolSettling`).
     pub settling_until: Option<Instant>,
+    /// More Services' statuses were due than one pass writes (`WRITES_PER_PASS`): another
+    /// pass must follow at once.
+    pub unfinished: bool,
 }
 
 /// How long after the set of pools last changed an IP a Service holds in no pool at all is still
@@ -134,11 +137,16 @@ pub async fn reconcile<S: TypedStore>(
         };
         reach.service_conditions(s, &pools, &mut status);
         service_conditions(s, &mut status);
-        report.note_service(s, &status);
-        if status != s.value.status {
+        if status == s.value.status {
+            report.note_service(s, &status);
+        } else if writes.len() < WRITES_PER_PASS {
+            report.note_service(s, &status);
             let mut updated = s.value.clone();
             updated.status = status;
             writes.push((s, updated));
+        } else {
+            // Decided again, from the statuses written meanwhile, by the pass that follows.
+            report.unfinished = true;
         }
     }
     write_statuses(store, writes).await?;
@@ -286,6 +294,12 @@ impl LbReport {
         }
     }
 }
+
+/// The most Services' statuses one pass writes. A pass holds the operator's loop, which also
+/// renews its leadership: 10,000 new Services written in one pass took minutes on an API
+/// server that takes 50 writes a second, longer than the lease, and the operator lost its
+/// leadership in the middle. The rest are decided again by the next pass, at once.
+pub const WRITES_PER_PASS: usize = 256;
 
 /// How many Services' status writes are in flight at once. Each waits for the store's commit
 /// (an fsync on etcd): one at a time, a burst of 1,000 new Services took 3.5 s to write; a few

@@ -254,11 +254,12 @@ impl Due {
         self.dirty && self.retry_at.is_none()
     }
 
-    /// Takes a pass's result: done, or retried after the backoff.
-    fn settle(&mut self, passed: Result<(), OperatorError>, observed: &crate::metrics::Observed) {
+    /// Takes a pass's result: done (or another due at once, `Ok(true)`), or retried after the
+    /// backoff.
+    fn settle(&mut self, passed: Result<bool, OperatorError>, observed: &crate::metrics::Observed) {
         match passed {
-            Ok(()) => {
-                self.dirty = false;
+            Ok(more) => {
+                self.dirty = more;
                 self.backoff.reset();
             }
             Err(OperatorError::NotLeading) => {
@@ -332,22 +333,46 @@ struct LastLb {
 struct Term {
     pod_ipam: Option<Operator>,
     lb_settling: lb_ipam::PoolSettling,
+    /// The generation of LB-IPAM's inputs its last complete pass decided from: a pass with the
+    /// same inputs is skipped (at 10,000 Services a pass is seconds of CPU, and the liveness
+    /// timer and pod IPAM's changes wake the operator often).
+    lb_decided: Option<u64>,
 }
+
+/// What LB-IPAM decides from.
+const LB_INPUTS: &[&str] = &[
+    LbIpPool::KIND,
+    Service::KIND,
+    ServiceEndpoints::KIND,
+    L2AnnouncementPolicy::KIND,
+    NodeIpam::KIND,
+    Namespace::KIND,
+];
 
 /// One pass of the leading operator: pod IPAM, then LB-IPAM, and what they found reported.
 /// Reads come from the watches' copies, except a new term's first pod IPAM pass, which
-/// restores from the store itself.
+/// restores from the store itself. `Ok(true)` when another pass is due at once (LB-IPAM wrote
+/// as many statuses as one pass writes, and more are due).
 async fn pass<S: Store + Clone + 'static>(
     reads: &WatchedReads<S>,
     term: &mut Term,
     reports: Reports<'_>,
-) -> Result<(), OperatorError> {
+) -> Result<bool, OperatorError> {
     let report = match term.pod_ipam.as_mut() {
         Some(op) if op.restored() => Some(op.reconcile(reads).await?),
         Some(op) => Some(op.reconcile(&reads.reading_the_store()).await?),
         None => None,
     };
-    let lb = lb_ipam::reconcile(reads, &mut term.lb_settling).await?;
+    let inputs = reads.generation(LB_INPUTS);
+    let unchanged =
+        inputs.is_some() && inputs == term.lb_decided && term.lb_settling.awaiting().is_none();
+    let lb = if unchanged {
+        lb_ipam::LbReport::default()
+    } else {
+        let lb = lb_ipam::reconcile(reads, &mut term.lb_settling).await?;
+        term.lb_decided = inputs.filter(|_| !lb.unfinished);
+        lb
+    };
     let Reports {
         observed,
         events,
@@ -364,11 +389,14 @@ async fn pass<S: Store + Clone + 'static>(
             events.pool_event(event).await;
         }
     }
+    if unchanged {
+        return Ok(false);
+    }
     observed.metrics.set_lb_pool_counts(&lb.pool_counts);
     for (object, problem) in log_lb_report(&lb, last_lb) {
         events.lb_problem(&object, &problem).await;
     }
-    Ok(())
+    Ok(lb.unfinished)
 }
 
 /// Gives the operator lease up on a clean stop, so another replica leads at once.
@@ -396,6 +424,7 @@ fn new_term(settings: &OperatorSettings) -> Term {
     Term {
         pod_ipam,
         lb_settling: lb_ipam::PoolSettling::default(),
+        lb_decided: None,
     }
 }
 

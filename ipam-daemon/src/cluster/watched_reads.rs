@@ -57,11 +57,15 @@ struct KindCopy {
 
 #[derive(Default)]
 struct KindState {
-    /// False until the watch's first list arrived.
+    /// Whether the copy follows the store: false until the watch's first list arrived, and
+    /// from a watch error until the watch delivers again (a watch refused for good, a 403,
+    /// say, must not leave the operator deciding from a copy that stopped changing).
     synced: bool,
     objects: BTreeMap<String, RawObject>,
     /// Writes made through `WatchedReads` that the watch has not shown yet.
     awaited: BTreeMap<String, Awaited>,
+    /// Changes the watch delivered so far.
+    generation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,11 +75,11 @@ enum Awaited {
 }
 
 impl KindState {
-    fn caught_up(&self) -> bool {
-        self.synced && self.awaited.is_empty()
-    }
-
+    /// Takes one event in. A store's watch resumes where it was after an error, or resyncs:
+    /// either way the copy follows the store again.
     fn apply(&mut self, event: WatchEvent) {
+        self.synced = true;
+        self.generation += 1;
         match event {
             WatchEvent::Put(object) => {
                 let awaited = Awaited::Revision(object.revision.clone());
@@ -97,6 +101,7 @@ impl KindState {
     /// The whole kind afresh (the watch's first list, or a resync after it fell behind): what
     /// was awaited is in it or was overtaken.
     fn replace(&mut self, objects: Vec<RawObject>) {
+        self.generation += 1;
         self.objects = objects.into_iter().map(|o| (o.name.clone(), o)).collect();
         self.awaited.clear();
         self.synced = true;
@@ -168,10 +173,14 @@ async fn feed<S: Store>(store: S, followed: Followed, copy: KindCopy, wake: Arc<
                     wake.notify_one();
                 }
             }
-            Err(e) => tracing::warn!(
-                kind = followed.kind,
-                "store watch interrupted, resuming where it was: {e}"
-            ),
+            Err(e) => {
+                // Until the watch delivers again, lists read the store itself.
+                copy.update(|state| state.synced = false);
+                tracing::warn!(
+                    kind = followed.kind,
+                    "store watch interrupted, reading the store itself until it resumes: {e}"
+                );
+            }
         }
     }
 }
@@ -205,14 +214,17 @@ impl KindCopy {
     }
 
     /// The kind's objects once the copy holds every write made through it, or `None` when it
-    /// did not within `CATCH_UP`.
+    /// did not within `CATCH_UP`, or does not follow the store now.
     async fn caught_up_list(&self) -> Option<Vec<RawObject>> {
         let mut changed = self.changed.subscribe();
         let waited = tokio::time::timeout(CATCH_UP, async {
             loop {
-                if let Some(objects) =
-                    self.with(|s| s.caught_up().then(|| s.objects.values().cloned().collect()))
-                {
+                let now = self.with(|s| match (s.synced, s.awaited.is_empty()) {
+                    (false, _) => Some(None),
+                    (true, true) => Some(Some(s.objects.values().cloned().collect())),
+                    (true, false) => None,
+                });
+                if let Some(objects) = now {
                     return objects;
                 }
                 if changed.changed().await.is_err() {
@@ -221,11 +233,21 @@ impl KindCopy {
             }
         })
         .await;
-        waited.ok()
+        waited.ok().flatten()
     }
 }
 
 impl<S: Store> WatchedReads<S> {
+    /// A number that changes whenever the watch of one of `kinds` delivers a change, or `None`
+    /// when one of them is not followed now (not yet synced, or its watch in trouble): a
+    /// controller may skip a pass whose inputs have the same generation as its last one.
+    pub fn generation(&self, kinds: &[&str]) -> Option<u64> {
+        kinds.iter().try_fold(0u64, |sum, kind| {
+            let copy = self.copies.get(kind)?;
+            copy.with(|s| s.synced.then_some(sum.wrapping_add(s.generation)))
+        })
+    }
+
     fn copy(&self, kind: &str) -> Option<&KindCopy> {
         if self.direct {
             return None;
@@ -252,11 +274,11 @@ impl<S: Store> Store for WatchedReads<S> {
             match copy.caught_up_list().await {
                 // In name order, as the stores list.
                 Some(objects) => return Ok(objects),
-                None => tracing::info!(
+                None => tracing::debug!(
                     kind,
-                    waited_ms = CATCH_UP.as_millis() as u64,
-                    "the watch has not shown this operator's last writes yet: listing from the \
-                     store"
+                    "the watch does not follow the store now, or has not shown this operator's \
+                     last writes within {} s: listing from the store",
+                    CATCH_UP.as_secs()
                 ),
             }
         }
@@ -345,7 +367,11 @@ mod tests {
     struct LateWatches {
         store: EmbeddedStore,
         lists: Arc<AtomicUsize>,
+        /// Where each watch's events are fed, for a test to add an error of its own.
+        feeds: Arc<Mutex<Vec<Feed>>>,
     }
+
+    type Feed = tokio::sync::mpsc::Sender<Result<WatchEvent, StoreError>>;
 
     const LATE: Duration = Duration::from_millis(300);
 
@@ -396,6 +422,7 @@ mod tests {
             let (tx, rx) = tokio::sync::mpsc::channel(64);
             let initial = std::mem::take(&mut inner.initial);
             let revision = inner.revision.clone();
+            self.feeds.lock().unwrap().push(tx.clone());
             tokio::spawn(async move {
                 loop {
                     let event = inner.next().await;
@@ -413,6 +440,7 @@ mod tests {
         LateWatches {
             store: EmbeddedStore::open(&dir.path().join("state.redb")).unwrap(),
             lists: Arc::default(),
+            feeds: Arc::default(),
         }
     }
 
@@ -430,13 +458,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = late_store(&dir).await;
         store.create_typed("a", &Thing { size: 1 }).await.unwrap();
-        let (reads, _wake) = WatchedReads::follow(
+        let (reads, wake) = WatchedReads::follow(
             store.clone(),
             &[Followed {
                 kind: Thing::KIND,
                 wakes: true,
             }],
         );
+        // Until the watch's first list, lists read the store; from then on, the copy.
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .unwrap();
         assert_eq!(
             sizes(&reads.list_typed::<Thing>().await.unwrap()),
             [("a".into(), 1)]
@@ -516,6 +548,54 @@ mod tests {
             store.lists.load(Ordering::Relaxed),
             1,
             "only the direct read"
+        );
+    }
+
+    /// A watch in trouble (a refused watch, a lost connection) makes lists read the store
+    /// itself until it delivers again: a copy that stopped changing is not decided from.
+    #[tokio::test]
+    async fn lists_read_the_store_while_the_watch_is_in_trouble() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = late_store(&dir).await;
+        let (reads, wake) = WatchedReads::follow(
+            store.clone(),
+            &[Followed {
+                kind: Thing::KIND,
+                wakes: true,
+            }],
+        );
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .unwrap();
+        reads.list_typed::<Thing>().await.unwrap();
+        assert_eq!(store.lists.load(Ordering::Relaxed), 0);
+
+        let feed = store.feeds.lock().unwrap()[0].clone();
+        let refused = StoreError::Backend {
+            location: "the test".into(),
+            source: "watch refused".into(),
+        };
+        feed.send(Err(refused)).await.unwrap();
+        // The error comes `LATE` after it was fed, as every event here.
+        tokio::time::sleep(LATE * 2).await;
+        store.create_typed("y", &Thing { size: 9 }).await.unwrap();
+        assert_eq!(
+            sizes(&reads.list_typed::<Thing>().await.unwrap()),
+            [("y".into(), 9)],
+            "read from the store while the watch is in trouble"
+        );
+        assert_eq!(store.lists.load(Ordering::Relaxed), 1);
+
+        // The watch delivers again (the create's event): the copy serves once more.
+        tokio::time::sleep(LATE * 2).await;
+        assert_eq!(
+            sizes(&reads.list_typed::<Thing>().await.unwrap()),
+            [("y".into(), 9)]
+        );
+        assert_eq!(
+            store.lists.load(Ordering::Relaxed),
+            1,
+            "served from the copy"
         );
     }
 }

@@ -1,30 +1,21 @@
-//! `cargo xtask bench scale`: what one node's agent costs at rest, and whether anything grows
-//! with the cluster, measured on real processes: at each size, that many `ipamd --role agent`
-//! processes, each in its own network namespace on one bridge, over real etcd (three members),
-//! gossiping (`[gossip]`), with pod IPAM and one operator, exactly as the failover lab runs
-//! them (docs/benchmarks.md, `scale`).
+//! The etcd half: at each size, that many `ipamd --role agent` processes, each in its own
+//! network namespace on one bridge, over real etcd (three members), gossiping (`[gossip]`),
+//! with pod IPAM and one operator, exactly as the failover lab runs them.
 //!
 //! At each size:
 //! - `cold_start_s`: every agent started at once; seconds until every node holds a block of
 //!   the pool and every agent holds every other one alive in its gossip;
-//! - at rest for `IPAM_BENCH_SCALE_REST_S` seconds (60 by default), from /proc and the agents'
-//!   own metrics: `rss_mb_per_agent` (VmRSS at the end, mean), `cpu_pct_per_agent` (user +
-//!   system time over the window, mean, in % of one core), `packets_per_agent_per_s` (gossip
-//!   packets sent), and from the store: `store_writes_per_node_per_s` (every write by a node,
-//!   counted by a watch on every key; the operator's own lease renewal apart);
+//! - at rest for the rest window, from /proc and the agents' own metrics: `rss_mb_per_agent`
+//!   (VmRSS at the end, mean), `cpu_pct_per_agent` (user + system time over the window, mean,
+//!   in % of one core), `packets_per_agent_per_s` (gossip packets sent), and from the store:
+//!   `store_writes_per_node_per_s` (every write by a node, counted by a watch on every key;
+//!   the operator's own lease renewal apart);
 //! - `failover_s`: a LoadBalancer Service's IP answered by one node, a client requesting every
 //!   50 ms; its owner loses power (agent SIGKILLed, link cut); seconds until the client's
 //!   requests are answered again, median of 3 losses.
 //!
 //! The segment is widened to a /16 for the nodes (`Cluster::widen_segment`), which makes
 //! room for 250 nodes per /24 from 10.77.1.0.
-//!
-//! Sizes: `IPAM_BENCH_SCALE_AGENTS` (default `50,100`, what a 2-CPU machine holds: 200 agents
-//! sharing two CPUs never settled, docs/benchmarks.md; give a larger machine `50,200`), the
-//! largest last. Last line:
-//! `agents=<n> rss_mb_per_agent=… cpu_pct_per_agent=… packets_per_agent_per_s=…
-//! store_writes_per_node_per_s=… cold_start_s=… failover_s=…`, then the same keys at each smaller
-//! size with `_at_<n>` appended, so the ratio is visible.
 
 use std::{
     collections::BTreeMap,
@@ -35,6 +26,8 @@ use ipam_tests::{
     cluster::{Cluster, POOLS, wait_until},
     failover::FailoverRig,
 };
+
+use crate::procfs::{cpu_pct, cpu_ticks, mean, metric, rss_mb, spread};
 
 /// Where every agent serves its metrics, in its own namespace.
 const METRICS_PORT: u16 = 9963;
@@ -51,8 +44,8 @@ const AFTER: Duration = Duration::from_secs(15);
 
 /// One size's figures.
 #[derive(Debug, Clone)]
-struct Figures {
-    agents: usize,
+pub(crate) struct Figures {
+    pub(crate) agents: usize,
     rss_mb_per_agent: f64,
     cpu_pct_per_agent: f64,
     packets_per_agent_per_s: f64,
@@ -62,7 +55,7 @@ struct Figures {
 }
 
 impl Figures {
-    fn keys(&self, suffix: &str) -> String {
+    pub(crate) fn keys(&self, suffix: &str) -> String {
         format!(
             "rss_mb_per_agent{suffix}={:.1} cpu_pct_per_agent{suffix}={:.2} \
              packets_per_agent_per_s{suffix}={:.2} store_writes_per_node_per_s{suffix}={:.3} \
@@ -77,35 +70,17 @@ impl Figures {
     }
 }
 
-fn main() {
-    let mut sizes: Vec<usize> = std::env::var("IPAM_BENCH_SCALE_AGENTS")
-        .unwrap_or_else(|_| "50,100".into())
-        .split(',')
-        .map(|n| {
-            n.trim()
-                .parse()
-                .expect("IPAM_BENCH_SCALE_AGENTS: sizes such as 50,200")
-        })
-        .collect();
-    sizes.sort_unstable();
-    let rest = Duration::from_secs(
-        std::env::var("IPAM_BENCH_SCALE_REST_S")
-            .map(|s| s.parse().expect("IPAM_BENCH_SCALE_REST_S: seconds"))
-            .unwrap_or(60),
-    );
+/// Every size in `sizes` (smallest first), each at rest for `rest`; prints the table.
+pub(crate) fn run(sizes: &[usize], rest: Duration) -> Vec<Figures> {
     println!(
-        "machine: {} CPUs, {} MB of memory; agents gossip (default timings), lease renewed \
-         every {} s; at rest for {} s; the host's neighbour tables raised to {NEIGHBOURS} \
-         entries for the run",
-        std::thread::available_parallelism().map_or(0, usize::from),
-        mem_total_mb(),
+        "etcd: agents gossip (default timings), lease renewed every {} s; at rest for {} s; \
+         the host's neighbour tables raised to {NEIGHBOURS} entries for the run",
         GRACE_MS / 3000,
         rest.as_secs()
     );
     let limits = NeighbourLimits::raise(NEIGHBOURS);
     let figures: Vec<Figures> = sizes.iter().map(|&n| measure(n, rest)).collect();
     drop(limits);
-    let largest = figures.last().expect("one size at least");
     println!(
         "\n{:>7} {:>8} {:>7} {:>9} {:>10} {:>10} {:>10}",
         "agents", "RSS MB", "CPU %", "packets/s", "writes/s", "cold s", "failover s"
@@ -122,16 +97,7 @@ fn main() {
             f.failover_s
         );
     }
-    let smaller: Vec<String> = figures[..figures.len() - 1]
-        .iter()
-        .map(|f| f.keys(&format!("_at_{}", f.agents)))
-        .collect();
-    println!(
-        "agents={} {} {}",
-        largest.agents,
-        largest.keys(""),
-        smaller.join(" ")
-    );
+    figures
 }
 
 fn measure(agents: usize, rest: Duration) -> Figures {
@@ -273,17 +239,7 @@ fn at_rest(c: &Cluster, window: Duration) -> Figures {
         after = (cpu_ticks(&pids), sent(c), suspicions(c));
     });
     let seconds = started.elapsed().as_secs_f64();
-    // SAFETY: sysconf reads a constant of the system; no memory is passed.
-    let ticks_per_s = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
-        t if t > 0 => t as f64,
-        _ => 100.0,
-    };
-    let cpu: Vec<f64> = before
-        .0
-        .iter()
-        .zip(&after.0)
-        .map(|(b, a)| 100.0 * (a - b) as f64 / ticks_per_s / seconds)
-        .collect();
+    let cpu = cpu_pct(&before.0, &after.0, seconds);
     let packets: Vec<f64> = before
         .1
         .iter()
@@ -333,58 +289,6 @@ fn alive_peers(metrics: &str) -> f64 {
     metric(metrics, "ipam_gossip_members", "state=\"alive\"")
 }
 
-/// The sum of `name`'s samples whose labels contain `labels` (all of them for "").
-fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            n == name && rest.contains(labels)
-        })
-        .filter_map(|(_, v)| v.parse::<f64>().ok())
-        .sum()
-}
-
-/// utime + stime of each process, in clock ticks.
-fn cpu_ticks(pids: &[i32]) -> Vec<u64> {
-    pids.iter()
-        .map(|p| {
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
-            // The fields after the command name, which is in parentheses and may hold spaces.
-            let fields: Vec<&str> = stat
-                .rsplit_once(')')
-                .map(|(_, rest)| rest.split_whitespace().collect())
-                .unwrap_or_default();
-            // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-            let field = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|f| f.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            field(11) + field(12)
-        })
-        .collect()
-}
-
-fn rss_mb(pid: i32) -> f64 {
-    proc_status_kb(&format!("/proc/{pid}/status"), "VmRSS:") / 1024.0
-}
-
-fn mem_total_mb() -> u64 {
-    (proc_status_kb("/proc/meminfo", "MemTotal:") / 1024.0) as u64
-}
-
-fn proc_status_kb(file: &str, key: &str) -> f64 {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 fn by_kind(writes: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     let mut kinds = BTreeMap::new();
     for (key, n) in writes {
@@ -396,15 +300,4 @@ fn by_kind(writes: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
         *kinds.entry(kind.to_owned()).or_default() += n;
     }
     kinds
-}
-
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
-/// "mean (min–max)".
-fn spread(v: &[f64]) -> String {
-    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let max = v.iter().copied().fold(0.0, f64::max);
-    format!("{:.2} ({min:.2}–{max:.2})", mean(v))
 }

@@ -252,6 +252,10 @@ fn namespaces_disagree(
 #[derive(Default)]
 struct Holders<'a> {
     by_ip: BTreeMap<IpAddr, Vec<(&'a str, &'a ServiceSpec)>>,
+    /// Per range (family, first, last): below this address every one is held or avoided.
+    /// Holders only grow within a pass, so the search for a free address resumes there: from
+    /// the range's start each time, 10,000 new Services cost 50 million lookups a pass.
+    searched_to: std::cell::RefCell<BTreeMap<(bool, u128, u128), u128>>,
 }
 
 impl<'a> Holders<'a> {
@@ -289,6 +293,22 @@ impl<'a> Holders<'a> {
             }
         }
         None
+    }
+
+    /// Where the search for a free address of `range` may start.
+    fn search_from(&self, range: &Range) -> u128 {
+        let key = (range.family == Family::V4, range.first, range.last);
+        self.searched_to
+            .borrow()
+            .get(&key)
+            .copied()
+            .unwrap_or(range.first)
+    }
+
+    /// Every address of `range` below `n` is held or avoided.
+    fn searched(&self, range: &Range, n: u128) {
+        let key = (range.family == Family::V4, range.first, range.last);
+        self.searched_to.borrow_mut().insert(key, n);
     }
 
     fn hold(&mut self, ip: IpAddr, name: &'a str, spec: &'a ServiceSpec) {
@@ -777,14 +797,16 @@ fn new_ip(
     }
     for pool in &candidates {
         for range in pool.ranges.iter().filter(|r| r.family == family) {
-            let mut n = range.first;
+            let mut n = holders.search_from(range);
             loop {
                 let ip = u128_to_ip(family, n);
                 let avoided = pool.spec.avoid_buggy_ips && buggy(ip);
                 if !avoided && !holders.by_ip.contains_key(&ip) {
+                    holders.searched(range, n);
                     return Ok(ip);
                 }
                 if n == range.last {
+                    holders.searched(range, n);
                     break;
                 }
                 n += 1;

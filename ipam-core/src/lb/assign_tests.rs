@@ -1177,3 +1177,49 @@ fn a_service_claiming_another_namespace_by_label_gets_nothing_from_its_pool() {
         "the label's own value is no problem"
     );
 }
+
+/// Thousands of new Services in one pass each take the lowest free address, around the ones
+/// already held, and none twice (the search for a free address resumes where the last one
+/// ended, which must skip no hole).
+#[test]
+fn many_new_services_fill_the_holes_first_then_take_the_lowest_free_in_order() {
+    let pools = [("big", cidr_pool(&["10.96.0.0/18"]))];
+    let held = ["10.96.0.1", "10.96.0.3", "10.96.0.4", "10.96.0.9"];
+    let mut services: Vec<(String, ServiceSpec, Vec<&str>)> = held
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (format!("a-held-{i}"), svc(Family::V4), vec![*ip]))
+        .collect();
+    services.extend((0..5000).map(|i| (format!("b-new-{i:05}"), svc(Family::V4), vec![])));
+    let services: Vec<(&str, ServiceSpec, Vec<&str>)> = services
+        .iter()
+        .map(|(n, s, h)| (n.as_str(), s.clone(), h.clone()))
+        .collect();
+    let (rows, _) = run(&pools, &services);
+    let new: Vec<IpAddr> = rows
+        .iter()
+        .filter(|r| r.0.starts_with("b-new-"))
+        .map(|r| ip(&r.1[0]))
+        .collect();
+    assert_eq!(new.len(), 5000);
+    // The network address is not handed out; then the holes between the held ones.
+    let first: Vec<IpAddr> = [
+        "10.96.0.2",
+        "10.96.0.5",
+        "10.96.0.6",
+        "10.96.0.7",
+        "10.96.0.8",
+    ]
+    .map(ip)
+    .to_vec();
+    assert_eq!(new[..5], first[..]);
+    assert_eq!(new[5], ip("10.96.0.10"));
+    let mut distinct = new.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 5000, "an address given twice");
+    assert!(
+        new.windows(2).all(|w| w[0] < w[1]),
+        "taken lowest first, in order"
+    );
+}

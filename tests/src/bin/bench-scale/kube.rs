@@ -22,7 +22,10 @@
 //!   client, verb and resource (its audit log, or the stand-in's count), and each real agent's
 //!   bytes to and from the API (the relay), CPU and RSS; the operator's CPU and RSS;
 //! - `lb_assign_s`: the Services created first with no LB pool (they wait, as in the seed's
-//!   crash loop, but nothing crashes), then the pool: seconds until all of them hold an IP;
+//!   crash loop, but nothing crashes), then the pool: seconds until all of them hold an IP.
+//!   Each IP is one status write to the API server; `api_write_limit_s` is how long the same
+//!   server took to take as many writes from the bench (the Services' creation, 32 in
+//!   flight), the floor under `lb_assign_s` on this machine;
 //! - `agent_mb_for_services`: what one agent received while the Services arrived.
 
 use std::{
@@ -104,7 +107,8 @@ impl KubeFigures {
         let (e, f) = (&self.empty, &self.full);
         format!(
             "kube_api={} kube_nodes={} kube_services={} kube_blocks_s={:.2} lb_assign_s={:.2} \
-             services_created_per_s={:.0} operator_rss_mb={:.1} operator_cpu_pct_at_rest={:.2} \
+             api_write_limit_s={:.2} services_created_per_s={:.0} operator_rss_mb={:.1} \
+             operator_cpu_pct_at_rest={:.2} \
              api_requests_per_s_at_rest={:.2} api_requests_per_s_at_rest_no_services={:.2} \
              agent_requests_per_s_at_rest={:.3} agent_rx_bytes_per_s_at_rest={:.0} \
              agent_rx_bytes_per_s_at_rest_no_services={:.0} agent_mb_for_services={:.1} \
@@ -114,6 +118,7 @@ impl KubeFigures {
             self.services,
             self.blocks_s,
             self.assign_s,
+            self.services as f64 / self.services_created_per_s,
             self.services_created_per_s,
             f.operator_rss_mb,
             f.operator_cpu_pct,

@@ -140,7 +140,6 @@ pub async fn reconcile<S: TypedStore>(
         if status == s.value.status {
             report.note_service(s, &status);
         } else if writes.len() < WRITES_PER_PASS {
-            report.note_service(s, &status);
             let mut updated = s.value.clone();
             updated.status = status;
             writes.push((s, updated));
@@ -149,7 +148,12 @@ pub async fn reconcile<S: TypedStore>(
             report.unfinished = true;
         }
     }
-    write_statuses(store, writes).await?;
+    let until = Instant::now() + WRITING_PER_PASS;
+    let issued = write_statuses(store, &writes, until).await?;
+    for (s, updated) in &writes[..issued] {
+        report.note_service(s, &updated.status);
+    }
+    report.unfinished |= issued < writes.len();
     Ok(report)
 }
 
@@ -301,28 +305,36 @@ impl LbReport {
 /// leadership in the middle. The rest are decided again by the next pass, at once.
 pub const WRITES_PER_PASS: usize = 256;
 
+/// How long one pass starts new status writes for: on an API server that takes 50 writes a
+/// second, 256 of them are five seconds, and the renewal of the leadership waits for the pass.
+pub const WRITING_PER_PASS: Duration = Duration::from_secs(2);
+
 /// How many Services' status writes are in flight at once. Each waits for the store's commit
 /// (an fsync on etcd): one at a time, a burst of 1,000 new Services took 3.5 s to write; a few
 /// dozen at once share the commits without flooding the store.
 const WRITES_IN_FLIGHT: usize = 32;
 
 /// Writes each Service's new status (unless the Service changed meanwhile: the next pass
-/// decides again), `WRITES_IN_FLIGHT` at a time; every write is tried, the first error returned.
+/// decides again), `WRITES_IN_FLIGHT` at a time, starting none after `until`; returns how many
+/// were started (the first ones), each of them tried, or the first error.
 async fn write_statuses<S: TypedStore>(
     store: &S,
-    writes: Vec<(&Versioned<Service>, Service)>,
-) -> Result<(), StoreError> {
+    writes: &[(&Versioned<Service>, Service)],
+    until: Instant,
+) -> Result<usize, StoreError> {
     use futures_util::{StreamExt as _, stream::FuturesUnordered};
     // Filled by hand rather than through a stream combinator's closure: the operator's task
     // must stay `Send`, which rustc cannot prove through such a closure's borrows.
     let mut pending = FuturesUnordered::new();
     let mut next = writes.iter();
     let mut first_error = None;
+    let mut issued = 0;
     loop {
-        while pending.len() < WRITES_IN_FLIGHT {
+        while pending.len() < WRITES_IN_FLIGHT && (issued == 0 || Instant::now() < until) {
             let Some((s, updated)) = next.next() else {
                 break;
             };
+            issued += 1;
             pending.push(store.update_status_unless_changed(&s.name, updated, &s.revision));
         }
         match pending.next().await {
@@ -333,7 +345,7 @@ async fn write_statuses<S: TypedStore>(
             None => break,
         }
     }
-    first_error.map_or(Ok(()), Err)
+    first_error.map_or(Ok(issued), Err)
 }
 
 #[cfg(test)]

@@ -97,6 +97,10 @@ pub async fn run<S: Store + Clone + 'static>(
                 .map(tokio::time::Instant::from_std),
         );
         tokio::select! {
+            // A pass left work for the next (LB-IPAM's writes per pass): at once, with the
+            // election's tick as likely to be taken first when it is due.
+            () = std::future::ready(()), if due.now() && operator.is_some()
+                && (!settings.elect || election.is_leading()) => {}
             () = settled => due.dirty = true,
             _ = elect_tick.tick(), if settings.elect => {
                 let reached = step_election(&store, &mut election, &mut operator, &settings, &leader).await;

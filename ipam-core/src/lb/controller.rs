@@ -299,15 +299,16 @@ impl LbReport {
     }
 }
 
-/// The most Services' statuses one pass writes. A pass holds the operator's loop, which also
-/// renews its leadership: 10,000 new Services written in one pass took minutes on an API
-/// server that takes 50 writes a second, longer than the lease, and the operator lost its
-/// leadership in the middle. The rest are decided again by the next pass, at once.
-pub const WRITES_PER_PASS: usize = 256;
+/// The most Services' statuses one pass writes; the rest are decided again by the next pass,
+/// at once. A pass checks the leadership when it starts: 10,000 new Services written in one
+/// pass took minutes on an API server that takes 50 writes a second, and the writes went on
+/// whether the operator still led or not.
+pub const WRITES_PER_PASS: usize = 1024;
 
-/// How long one pass starts new status writes for: on an API server that takes 50 writes a
-/// second, 256 of them are five seconds, and the renewal of the leadership waits for the pass.
-pub const WRITING_PER_PASS: Duration = Duration::from_secs(2);
+/// How long one pass starts new status writes for: well inside the gap between the leader's
+/// renewal deadline and another replica's takeover (a third of the operator lease, 5 s by
+/// default), so writes begun while leading end before anyone else may lead.
+pub const WRITING_PER_PASS: Duration = Duration::from_secs(3);
 
 /// How many Services' status writes are in flight at once. Each waits for the store's commit
 /// (an fsync on etcd): one at a time, a burst of 1,000 new Services took 3.5 s to write; a few

@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod changes;
 pub mod dead_nodes;
+pub mod election;
 pub mod events;
 pub mod operator;
 pub mod shared_watch;

@@ -17,16 +17,16 @@ use ipam_core::{
     },
     pod::operator::{Operator, OperatorError, PoolEvent, Report, record_mode},
     pod::pool::IpamMode,
-    resources::{NodeIpam, OPERATOR_LEASE, PodIpPool},
-    store::{
-        Resource as _, Store, TypedStore,
-        lease::{LeaderElection, Leadership, Lease},
-    },
+    resources::{NodeIpam, PodIpPool},
+    store::{Resource as _, Store, TypedStore, lease::Lease},
 };
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
-use super::watched_reads::{Followed, WatchedReads};
+use super::{
+    election::{self, Elected, Election},
+    watched_reads::{Followed, WatchedReads},
+};
 
 /// Longest wait between two attempts while the store is unreachable.
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -78,9 +78,23 @@ pub async fn run<S: Store + Clone + 'static>(
         return;
     }
     let (reads, wake) = WatchedReads::follow(store.clone(), FOLLOWED);
-    let mut election =
-        LeaderElection::new(OPERATOR_LEASE, &identity, settings.cluster.operator_lease());
-    let mut elect_tick = crate::clock::ticker(election.renew_interval());
+    // Without an election (a single operator) nothing is elected and the term never ends.
+    let Election {
+        mut elected,
+        task: election,
+    } = if settings.elect {
+        election::spawn(
+            store.clone(),
+            identity.clone(),
+            settings.cluster.operator_lease(),
+            leader,
+            observed.clone(),
+            stop.clone(),
+        )
+    } else {
+        Election::none()
+    };
+    let mut term_of: Option<u64> = None;
     // Node leases lapse without any change to wake us: look at them this often.
     let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
     let mut resync = tokio::time::interval(settings.cluster.resync());
@@ -100,15 +114,21 @@ pub async fn run<S: Store + Clone + 'static>(
             // A pass left work for the next (LB-IPAM's writes per pass): at once, with the
             // election's tick as likely to be taken first when it is due.
             () = std::future::ready(()), if due.now() && operator.is_some()
-                && (!settings.elect || election.is_leading()) => {}
+                && (!settings.elect || elected.borrow().leading()) => {}
             () = settled => due.dirty = true,
-            _ = elect_tick.tick(), if settings.elect => {
-                let reached = step_election(&store, &mut election, &mut operator, &settings, &leader).await;
-                // A new term starts with a pass (it restores before deciding); a renewal needs
-                // none: what changed woke a pass already.
-                due.dirty |= matches!(reached, Ok(true));
-                observed.health.set("store", reached.map(|_| ()));
-                observed.metrics.operator_leader.set(i64::from(election.is_leading()));
+            changed = elected.changed(), if settings.elect => {
+                if changed.is_err() { return; }
+                let now = *elected.borrow_and_update();
+                if !now.leading() {
+                    operator = None;
+                } else if term_of != Some(now.term) {
+                    // A fresh controller: it restores pools and blocks from the store on its
+                    // first pass, whatever a previous term of ours left in memory. A new term
+                    // starts with a pass; a renewal needs none.
+                    term_of = Some(now.term);
+                    operator = Some(new_term(&settings));
+                    due.dirty = true;
+                }
             }
             () = wake.notified() => due.dirty = true,
             _ = liveness_tick.tick() => due.dirty = true,
@@ -120,9 +140,8 @@ pub async fn run<S: Store + Clone + 'static>(
                 reload_pools(&store, &settings, &new).await;
             }
             _ = stop.changed() => {
-                if settings.elect && election.is_leading() {
-                    hand_over(&store, &mut election).await;
-                }
+                // The election hands the lease over before it ends.
+                let _ = election.await;
                 return;
             }
         }
@@ -132,7 +151,7 @@ pub async fn run<S: Store + Clone + 'static>(
         if !due.now() {
             continue;
         }
-        let Some(term) = acting_term(&mut operator, &election, settings.elect) else {
+        let Some(term) = acting_term(&mut operator, &elected.borrow(), settings.elect) else {
             continue;
         };
         let reports = Reports {
@@ -162,19 +181,15 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 /// election), with its pod IPAM's deadline set to the end of the leadership.
 fn acting_term<'t>(
     operator: &'t mut Option<Term>,
-    election: &LeaderElection,
+    elected: &Elected,
     elect: bool,
 ) -> Option<&'t mut Term> {
     let term = operator.as_mut()?;
-    if elect && !election.is_leading() {
+    if elect && !elected.leading() {
         return None;
     }
     if let Some(op) = term.pod_ipam.as_mut() {
-        op.set_deadline(if elect {
-            election.leading_until()
-        } else {
-            None
-        });
+        op.set_deadline(if elect { elected.until } else { None });
     }
     Some(term)
 }
@@ -403,19 +418,6 @@ async fn pass<S: Store + Clone + 'static>(
     Ok(lb.unfinished)
 }
 
-/// Gives the operator lease up on a clean stop, so another replica leads at once.
-async fn hand_over<S: Store>(store: &S, election: &mut LeaderElection) {
-    match election.release(store).await {
-        Ok(()) => tracing::info!(
-            identity = election.identity(),
-            "operator leadership handed over"
-        ),
-        Err(e) => tracing::warn!(
-            "cannot release the operator lease, another replica takes over when it lapses: {e}"
-        ),
-    }
-}
-
 fn new_term(settings: &OperatorSettings) -> Term {
     let pod_ipam = settings.pod_ipam.as_ref().map(|pod| {
         let op = Operator::new(pod.mode);
@@ -430,58 +432,6 @@ fn new_term(settings: &OperatorSettings) -> Term {
         lb_settling: lb_ipam::PoolSettling::default(),
         lb_decided: None,
     }
-}
-
-/// One step of the election; `Ok(true)` when this replica just began a term of leadership.
-async fn step_election<S: Store>(
-    store: &S,
-    election: &mut LeaderElection,
-    operator: &mut Option<Term>,
-    settings: &OperatorSettings,
-    leader: &watch::Sender<Leader>,
-) -> Result<bool, String> {
-    let identity = election.identity().to_owned();
-    let identity = identity.as_str();
-    let stepped = election.step(store).await;
-    leader.send_replace(match &stepped {
-        Ok(Leadership::Leading { .. }) => Leader::Us,
-        Ok(Leadership::Following { holder }) if !holder.is_empty() => Leader::Other(holder.clone()),
-        Ok(Leadership::Following { .. }) | Err(_) => Leader::Unknown,
-    });
-    let mut began = false;
-    match stepped {
-        Ok(Leadership::Leading { acquired: true }) => {
-            began = true;
-            tracing::info!(
-                identity,
-                "leading the operators; restoring state before deciding"
-            );
-            // A fresh controller: it restores pools and blocks from the store on its first
-            // pass, whatever a previous term of ours left in memory.
-            *operator = Some(new_term(settings));
-        }
-        Ok(Leadership::Leading { acquired: false }) => {}
-        Ok(Leadership::Following { holder }) => {
-            if operator.take().is_some() {
-                tracing::warn!(
-                    identity,
-                    leader = holder.as_str(),
-                    "no longer leading the operators"
-                );
-            }
-        }
-        Err(e) => {
-            tracing::warn!(identity, "cannot renew the operator lease: {e}");
-            if !election.is_leading() && operator.take().is_some() {
-                tracing::warn!(
-                    identity,
-                    "stopped leading: the lease could not be renewed in time"
-                );
-            }
-            return Err(format!("cannot reach the store: {e}"));
-        }
-    }
-    Ok(began)
 }
 
 fn log_report(report: &Report) {

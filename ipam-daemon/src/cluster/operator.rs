@@ -23,6 +23,7 @@ use ipam_core::{
 use tokio::sync::watch;
 use tracing::Instrument as _;
 
+pub use super::election::Leader;
 use super::{
     election::{self, Elected, Election},
     watched_reads::{Followed, WatchedReads},
@@ -39,18 +40,6 @@ pub struct OperatorSettings {
     pub cluster: ClusterSettings,
     /// Whether other replicas may run: then it leads only while it holds the lease.
     pub elect: bool,
-}
-
-/// Who leads the operators, as this replica last saw the lease.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Leader {
-    /// Not yet seen, or the lease could not be read.
-    #[default]
-    Unknown,
-    /// This replica.
-    Us,
-    /// Another replica: the identity holding the lease.
-    Other(String),
 }
 
 /// The cluster's pod IPAM, as the operator runs it.

@@ -247,26 +247,6 @@ impl RealApiServer {
             .to_owned()
     }
 
-    /// Serves the API on `listener` too, by relaying its connections to the server: one bound in
-    /// another network namespace lets a daemon there reach the server on its own loopback (the
-    /// certificate names 127.0.0.1, so TLS holds).
-    pub fn listen_also(&self, listener: TcpListener) -> std::io::Result<SocketAddr> {
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let address = listener.local_addr()?;
-        let server = self.address;
-        tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(server).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-            }
-        });
-        Ok(address)
-    }
-
     /// Every kind of request the tests' clients made so far, from the server's audit log: the
     /// server's own clients (users `system:...` other than service accounts) left out.
     pub fn requests(&self) -> std::collections::BTreeSet<crate::testing::Served> {

@@ -63,8 +63,8 @@ impl TestApi {
         }
     }
 
-    /// A kubeconfig for a client that reaches the server at `server` (its own address, or one
-    /// from `listen_also`) and presents `token`. The stand-in takes any token as the user's name.
+    /// A kubeconfig for a client that reaches the server at `server` (its own address, or a
+    /// relay to it in another network namespace) and presents `token`. The stand-in takes any token as the user's name.
     pub fn kubeconfig(&self, server: std::net::SocketAddr, token: &str) -> String {
         match self {
             Self::StandIn(_) => format!(
@@ -85,17 +85,6 @@ impl TestApi {
         match self {
             Self::StandIn(api) => api.address,
             Self::Real(api) => api.address,
-        }
-    }
-
-    /// Serves the API on `listener` too (bound in another network namespace, say).
-    pub fn listen_also(
-        &self,
-        listener: std::net::TcpListener,
-    ) -> std::io::Result<std::net::SocketAddr> {
-        match self {
-            Self::StandIn(api) => api.listen_also(listener),
-            Self::Real(api) => api.listen_also(listener),
         }
     }
 

@@ -116,21 +116,6 @@ impl StandIn {
         })
     }
 
-    /// Serves the same API on `listener` too: one bound in another network namespace lets a
-    /// daemon there reach the stand-in on its own loopback.
-    pub fn listen_also(&self, listener: std::net::TcpListener) -> std::io::Result<SocketAddr> {
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let address = listener.local_addr()?;
-        let app = axum::Router::new()
-            .fallback(handle)
-            .with_state(self.state.clone());
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(address)
-    }
-
     /// A kube client for it.
     pub fn client(&self) -> kube::Client {
         let url: http::Uri = format!("http://{}", self.address)

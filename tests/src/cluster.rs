@@ -18,7 +18,7 @@ use std::{
 use ipam_core::{
     Cidr,
     resources::NodeIpam,
-    store::{TypedStore as _, Versioned},
+    store::{TypedStore, Versioned},
 };
 use ipam_etcd::{EtcdConfig, EtcdStore, testing::EtcdCluster};
 use serde_json::{Value, json};
@@ -709,6 +709,16 @@ pub fn random_key_hex() -> String {
     )
     .expect("read /dev/urandom");
     key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// How many node records whose name starts with `prefix` hold a block, in `store` (any store:
+/// the benches ask etcd and the Kubernetes API); none while the store does not answer.
+pub async fn nodes_holding_blocks<S: TypedStore>(store: &S, prefix: &str) -> usize {
+    store.list_typed::<NodeIpam>().await.map_or(0, |all| {
+        all.iter()
+            .filter(|r| r.name.starts_with(prefix) && !r.value.status.allocated.is_empty())
+            .count()
+    })
 }
 
 /// Waits until `done` holds, or panics after `timeout` with `what` and `context()`.

@@ -14,14 +14,19 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// Starts watching `T`'s kind, retrying with backoff (and saying so) until the store answers.
 pub async fn watch_until_it_works<T: Resource, S: Store>(store: &S, for_what: &str) -> Watch {
+    watch_kind_until_it_works(store, T::KIND, for_what).await
+}
+
+/// Starts watching `kind`, retrying with backoff (and saying so) until the store answers.
+pub async fn watch_kind_until_it_works<S: Store>(store: &S, kind: &str, for_what: &str) -> Watch {
     let mut backoff = Backoff::new(RETRY_CAP);
     loop {
-        match store.watch(T::KIND).await {
+        match store.watch(kind).await {
             Ok(w) => return w,
             Err(e) => {
                 let delay = backoff.next_delay();
                 tracing::warn!(
-                    kind = T::KIND,
+                    kind,
                     retry_in_ms = delay.as_millis() as u64,
                     "cannot follow the store for {for_what} yet: {e}"
                 );

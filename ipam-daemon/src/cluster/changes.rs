@@ -2,16 +2,10 @@
 //! watch and signals a `Notify`. Controllers then run a pass (which reads what they need), so
 //! bursts of changes cost one pass, and a periodic resync covers anything a watch could miss.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use ipam_core::{
-    backoff::Backoff,
-    store::{Store, WatchEvent},
-};
+use ipam_core::store::{Store, WatchEvent};
 use tokio::sync::Notify;
-
-/// Longest wait between two attempts to start a watch while the store is unreachable.
-const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// Which changes of a kind wake the controller.
 #[derive(Debug, Clone)]
@@ -51,21 +45,9 @@ pub fn wake_on_changes<S: Store + Clone + 'static>(
 }
 
 async fn follow<S: Store>(store: S, interest: Interest, notify: Arc<Notify>) {
-    let mut backoff = Backoff::new(RETRY_CAP);
-    let mut watch = loop {
-        match store.watch(interest.kind()).await {
-            Ok(w) => break w,
-            Err(e) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(
-                    kind = interest.kind(),
-                    retry_in_ms = delay.as_millis() as u64,
-                    "cannot watch the store, waiting: {e}"
-                );
-                tokio::time::sleep(delay).await;
-            }
-        }
-    };
+    let mut watch =
+        super::cache::watch_kind_until_it_works(&store, interest.kind(), "a controller's pass")
+            .await;
     // Whatever happened before the watch started is covered by the first pass.
     notify.notify_one();
     loop {

@@ -19,16 +19,13 @@ use std::{
     time::Duration,
 };
 
-use ipam_core::{
-    backoff::Backoff,
-    store::{RawObject, Revision, Store, StoreError, Watch, WatchEvent},
-};
+use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch, WatchEvent};
 use tokio::sync::{Notify, watch};
+
+use super::cache::watch_kind_until_it_works;
 
 /// How long a list waits for the watch to show the writes before it reads the store itself.
 const CATCH_UP: Duration = Duration::from_secs(5);
-/// Longest wait between two attempts to start a watch while the store is unreachable.
-const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// A kind the operator reads, and whether a change of it is reason for a pass (a node lease
 /// renewed every few seconds is not: lapses are looked for on a timer).
@@ -162,7 +159,7 @@ impl<S: Store + Clone + 'static> WatchedReads<S> {
 
 /// Follows one kind's watch into its copy until the process ends.
 async fn feed<S: Store>(store: S, followed: Followed, copy: KindCopy, wake: Arc<Notify>) {
-    let mut watch = start_watch(&store, followed.kind).await;
+    let mut watch = watch_kind_until_it_works(&store, followed.kind, "the operator").await;
     copy.update(|state| state.replace(std::mem::take(&mut watch.initial)));
     wake.notify_one();
     loop {
@@ -180,24 +177,6 @@ async fn feed<S: Store>(store: S, followed: Followed, copy: KindCopy, wake: Arc<
                     kind = followed.kind,
                     "store watch interrupted, reading the store itself until it resumes: {e}"
                 );
-            }
-        }
-    }
-}
-
-async fn start_watch<S: Store>(store: &S, kind: &str) -> Watch {
-    let mut backoff = Backoff::new(RETRY_CAP);
-    loop {
-        match store.watch(kind).await {
-            Ok(w) => return w,
-            Err(e) => {
-                let delay = backoff.next_delay();
-                tracing::warn!(
-                    kind,
-                    retry_in_ms = delay.as_millis() as u64,
-                    "cannot watch the store, waiting: {e}"
-                );
-                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -444,6 +423,22 @@ mod tests {
         }
     }
 
+    /// `Thing`s followed on `store`, once the watch's first list is in: until then lists read
+    /// the store, from then on the copy.
+    async fn following_things(store: &LateWatches) -> (WatchedReads<LateWatches>, Arc<Notify>) {
+        let (reads, wake) = WatchedReads::follow(
+            store.clone(),
+            &[Followed {
+                kind: Thing::KIND,
+                wakes: true,
+            }],
+        );
+        tokio::time::timeout(Duration::from_secs(5), wake.notified())
+            .await
+            .expect("the watch starts");
+        (reads, wake)
+    }
+
     fn sizes(things: &[ipam_core::store::Versioned<Thing>]) -> Vec<(String, u32)> {
         things
             .iter()
@@ -458,17 +453,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = late_store(&dir).await;
         store.create_typed("a", &Thing { size: 1 }).await.unwrap();
-        let (reads, wake) = WatchedReads::follow(
-            store.clone(),
-            &[Followed {
-                kind: Thing::KIND,
-                wakes: true,
-            }],
-        );
-        // Until the watch's first list, lists read the store; from then on, the copy.
-        tokio::time::timeout(Duration::from_secs(5), wake.notified())
-            .await
-            .unwrap();
+        let (reads, _wake) = following_things(&store).await;
         assert_eq!(
             sizes(&reads.list_typed::<Thing>().await.unwrap()),
             [("a".into(), 1)]
@@ -508,17 +493,7 @@ mod tests {
     async fn another_writers_change_shows_with_its_event_and_wakes() {
         let dir = tempfile::tempdir().unwrap();
         let store = late_store(&dir).await;
-        let (reads, wake) = WatchedReads::follow(
-            store.clone(),
-            &[Followed {
-                kind: Thing::KIND,
-                wakes: true,
-            }],
-        );
-        // The first wake: the watch started.
-        tokio::time::timeout(Duration::from_secs(5), wake.notified())
-            .await
-            .unwrap();
+        let (reads, wake) = following_things(&store).await;
         assert!(reads.list_typed::<Thing>().await.unwrap().is_empty());
 
         store.create_typed("x", &Thing { size: 7 }).await.unwrap();
@@ -557,16 +532,7 @@ mod tests {
     async fn lists_read_the_store_while_the_watch_is_in_trouble() {
         let dir = tempfile::tempdir().unwrap();
         let store = late_store(&dir).await;
-        let (reads, wake) = WatchedReads::follow(
-            store.clone(),
-            &[Followed {
-                kind: Thing::KIND,
-                wakes: true,
-            }],
-        );
-        tokio::time::timeout(Duration::from_secs(5), wake.notified())
-            .await
-            .unwrap();
+        let (reads, _wake) = following_things(&store).await;
         reads.list_typed::<Thing>().await.unwrap();
         assert_eq!(store.lists.load(Ordering::Relaxed), 0);
 

@@ -27,7 +27,7 @@ use ipam_core::{
 };
 use ipam_datapath::{RouteMaps, pinned_pod_links, unpin_pod_link};
 use ipam_tests::{
-    cluster::{Cluster, ClusterPod, OPERATOR_LEASE_MS, wait_until},
+    cluster::{Cluster, ClusterPod, OPERATOR_LEASE_MS, nodes_holding_blocks, wait_until},
     tcp_bench::{RUN, median, tcp_rr, throughput},
 };
 
@@ -160,17 +160,7 @@ fn blocks_for_simulated_nodes(c: &Cluster) -> f64 {
         assert!(created.iter().all(Result::is_ok), "every record written");
         let written = started.elapsed();
         loop {
-            let served = store
-                .list_typed::<NodeIpam>()
-                .await
-                .map(|all| {
-                    all.iter()
-                        .filter(|r| {
-                            r.name.starts_with("sim-") && !r.value.status.allocated.is_empty()
-                        })
-                        .count()
-                })
-                .unwrap_or(0);
+            let served = nodes_holding_blocks(&store, "sim-").await;
             if served == SIMULATED_NODES {
                 break;
             }

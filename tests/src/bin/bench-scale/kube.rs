@@ -43,6 +43,7 @@ use ipam_core::{
 use ipam_kube::{KubeStore, test_api::TestApi};
 use ipam_tests::{
     TempFile,
+    cluster::nodes_holding_blocks,
     daemon::Daemon,
     failover::{segment_pool, uplink_policy},
     kube_api::{AgentNode, DEPLOY_TIMINGS, Who, kubeconfig_for, start_api},
@@ -98,7 +99,8 @@ impl Rest {
             .iter()
             .filter(|((c, _, _), _)| client.is_none_or(|want| c == want))
             .map(|(_, n)| n)
-            .sum()
+            // Not `sum`: the sum of no f64 is -0.0, printed "-0.000".
+            .fold(0.0, |total, n| total + n)
     }
 }
 
@@ -388,15 +390,7 @@ async fn wait_for_blocks(
     logs: impl Fn() -> String,
 ) -> f64 {
     loop {
-        let served = store
-            .list_typed::<NodeIpam>()
-            .await
-            .map(|all| {
-                all.iter()
-                    .filter(|r| !r.value.status.allocated.is_empty())
-                    .count()
-            })
-            .unwrap_or(0);
+        let served = nodes_holding_blocks(store, "").await;
         if served >= nodes {
             return since.elapsed().as_secs_f64();
         }
@@ -492,7 +486,8 @@ async fn at_rest(api: &TestApi, real: &RealAgents, operator: &Daemon, window: Du
     let mut pids = real.pids();
     pids.push(operator.pid());
     let mark = api.request_mark();
-    let bytes_before: Vec<(u64, u64)> = traffic.iter().map(|t| (t.received(), t.sent())).collect();
+    let received_before: Vec<u64> = traffic.iter().map(|t| t.received()).collect();
+    let sent_before: Vec<u64> = traffic.iter().map(|t| t.sent()).collect();
     let ticks_before = cpu_ticks(&pids);
     let started = Instant::now();
     tokio::time::sleep(window).await;
@@ -504,22 +499,21 @@ async fn at_rest(api: &TestApi, real: &RealAgents, operator: &Daemon, window: Du
         let key = (client(&served.user), served.verb, served.resource);
         *requests.entry(key).or_default() += n as f64 / seconds;
     }
-    let per_agent = |f: fn(&Traffic) -> u64, i: usize| {
-        traffic
+    // Each agent's bytes per second one way, from `before` to now, averaged over the agents.
+    let rate = |now: fn(&Traffic) -> u64, before: &[u64]| {
+        let rates: Vec<f64> = traffic
             .iter()
-            .zip(&bytes_before)
-            .map(|(t, before)| {
-                let was = if i == 0 { before.0 } else { before.1 };
-                (f(t) - was) as f64 / seconds
-            })
-            .collect::<Vec<_>>()
+            .zip(before)
+            .map(|(t, was)| (now(t) - was) as f64 / seconds)
+            .collect();
+        mean(&rates)
     };
     let agents = real.daemons.len();
     Rest {
         seconds,
         requests,
-        agent_rx_bytes_per_s: mean(&per_agent(Traffic::received, 0)),
-        agent_tx_bytes_per_s: mean(&per_agent(Traffic::sent, 1)),
+        agent_rx_bytes_per_s: rate(Traffic::received, &received_before),
+        agent_tx_bytes_per_s: rate(Traffic::sent, &sent_before),
         agent_cpu_pct: mean(&cpu[..agents]),
         agent_rss_mb: mean(&real.pids().into_iter().map(rss_mb).collect::<Vec<_>>()),
         operator_cpu_pct: cpu[agents],

@@ -67,57 +67,29 @@ pub async fn run<S: Store + Clone + 'static>(
         return;
     }
     let (reads, wake) = WatchedReads::follow(store.clone(), FOLLOWED);
-    // Without an election (a single operator) nothing is elected and the term never ends.
     let Election {
         mut elected,
         task: election,
-    } = if settings.elect {
-        election::spawn(
-            store.clone(),
-            identity.clone(),
-            settings.cluster.operator_lease(),
-            leader,
-            observed.clone(),
-            stop.clone(),
-        )
-    } else {
-        Election::none()
-    };
-    let mut term_of: Option<u64> = None;
+    } = start_election(&store, &settings, leader, &observed, &stop);
+    let mut office = Office::default();
     // Node leases lapse without any change to wake us: look at them this often.
     let mut liveness_tick = tokio::time::interval(settings.cluster.node_grace() / 4);
     let mut resync = tokio::time::interval(settings.cluster.resync());
-    let mut operator: Option<Term> = None;
     let mut last_lb = LastLb::default();
     let mut due = Due::default();
     loop {
         let retry = sleep_until(due.retry_at);
-        // A pass that kept IPs while the pools settled is followed by one after.
-        let settled = sleep_until(
-            operator
-                .as_ref()
-                .and_then(|t| t.lb_settling.awaiting())
-                .map(tokio::time::Instant::from_std),
-        );
+        let settled = sleep_until(office.settled_at());
         tokio::select! {
             // A pass left work for the next (LB-IPAM's writes per pass): at once, with the
             // election's tick as likely to be taken first when it is due.
-            () = std::future::ready(()), if due.now() && operator.is_some()
+            () = std::future::ready(()), if due.now() && office.term.is_some()
                 && (!settings.elect || elected.borrow().leading()) => {}
             () = settled => due.dirty = true,
             changed = elected.changed(), if settings.elect => {
                 if changed.is_err() { return; }
                 let now = *elected.borrow_and_update();
-                if !now.leading() {
-                    operator = None;
-                } else if term_of != Some(now.term) {
-                    // A fresh controller: it restores pools and blocks from the store on its
-                    // first pass, whatever a previous term of ours left in memory. A new term
-                    // starts with a pass; a renewal needs none.
-                    term_of = Some(now.term);
-                    operator = Some(new_term(&settings));
-                    due.dirty = true;
-                }
+                due.dirty |= office.follow(now, &settings);
             }
             () = wake.notified() => due.dirty = true,
             _ = liveness_tick.tick() => due.dirty = true,
@@ -134,13 +106,13 @@ pub async fn run<S: Store + Clone + 'static>(
                 return;
             }
         }
-        if !settings.elect && operator.is_none() {
-            operator = Some(new_term(&settings));
+        if !settings.elect && office.term.is_none() {
+            office.term = Some(new_term(&settings));
         }
         if !due.now() {
             continue;
         }
-        let Some(term) = acting_term(&mut operator, &elected.borrow(), settings.elect) else {
+        let Some(term) = acting_term(&mut office.term, &elected.borrow(), settings.elect) else {
             continue;
         };
         let reports = Reports {
@@ -155,6 +127,60 @@ pub async fn run<S: Store + Clone + 'static>(
             ))
             .await;
         due.settle(passed, &observed);
+    }
+}
+
+/// Starts the election, or without one (a single operator) nothing that is ever elected,
+/// and a term that never ends.
+fn start_election<S: Store + Clone + 'static>(
+    store: &S,
+    settings: &OperatorSettings,
+    leader: watch::Sender<Leader>,
+    observed: &crate::metrics::Observed,
+    stop: &watch::Receiver<bool>,
+) -> Election {
+    if !settings.elect {
+        return Election::none();
+    }
+    election::spawn(
+        store.clone(),
+        settings.cluster.identity(),
+        settings.cluster.operator_lease(),
+        leader,
+        observed.clone(),
+        stop.clone(),
+    )
+}
+
+/// The controller in office, and the election term it was started for.
+#[derive(Default)]
+struct Office {
+    term: Option<Term>,
+    elected_term: Option<u64>,
+}
+
+impl Office {
+    /// Follows the election; says whether a pass is due. Leadership lost ends the term; a
+    /// new election term starts a fresh controller, which restores pools and blocks from the
+    /// store on its first pass whatever a previous term of ours left in memory. A renewal
+    /// changes nothing.
+    fn follow(&mut self, now: Elected, settings: &OperatorSettings) -> bool {
+        if !now.leading() {
+            self.term = None;
+            return false;
+        }
+        if self.elected_term == Some(now.term) {
+            return false;
+        }
+        self.elected_term = Some(now.term);
+        self.term = Some(new_term(settings));
+        true
+    }
+
+    /// When the pools will have settled, if a pass kept IPs while they did: a pass follows.
+    fn settled_at(&self) -> Option<tokio::time::Instant> {
+        let settling = self.term.as_ref()?.lb_settling.awaiting()?;
+        Some(tokio::time::Instant::from_std(settling))
     }
 }
 

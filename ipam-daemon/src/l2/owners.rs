@@ -22,6 +22,7 @@ use ipam_core::{
         rows,
     },
     resources::NodeIpam,
+    store::Watch,
 };
 use tokio::sync::watch;
 
@@ -106,23 +107,9 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         events,
         local_addresses,
     } = inputs;
-    let mut services_watch = watch_until_it_works::<Service, _>(&store, "service IPs").await;
-    let mut endpoints_watch =
-        watch_until_it_works::<ServiceEndpoints, _>(&store, "service IPs").await;
-    let mut policies_watch =
-        watch_until_it_works::<L2AnnouncementPolicy, _>(&store, "service IPs").await;
-    let mut pools_watch = watch_until_it_works::<LbIpPool, _>(&store, "service IPs").await;
-    let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "service IPs").await;
+    let mut watches = Watches::open(&store).await;
     let mut peers = LivePeers::start(peers, &store, node.clone()).await;
-    let mut seen = Seen {
-        services: Cache::new(&services_watch.initial),
-        endpoints: Cache::new(&endpoints_watch.initial),
-        ready: ReadyNodes::new(),
-        policies: Cache::new(&policies_watch.initial),
-        pools: Cache::new(&pools_watch.initial),
-        nodes: Cache::new(&nodes_watch.initial),
-    };
-    seen.endpoints_changed();
+    let mut seen = watches.seen();
     let mut ownership = Ownership {
         owned: Owned {
             addresses: local_addresses,
@@ -138,47 +125,107 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         out,
     };
     let mut tick = crate::clock::ticker(TICK);
-    // Whether anything changed since the last decision (the first one is due), and until when
-    // a tick leaves a change for later.
-    let mut changed = true;
-    let mut rested_until = Instant::now();
+    let mut pace = Pace::new();
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
         // A death or a return in the gossip is decided at once: it is what failover waits on.
-        // A tick with nothing changed decides only while time alone may change the outcome:
-        // at 10,000 Services a decision is thousands of owners, ten times a second per agent.
         tokio::select! {
-            e = services_watch.next() => { seen.services.apply(e); changed = true; continue; }
-            e = endpoints_watch.next() => {
+            e = watches.services.next() => { seen.services.apply(e); pace.changed = true; continue; }
+            e = watches.endpoints.next() => {
                 seen.endpoints.apply(e);
                 seen.endpoints_changed();
-                changed = true;
+                pace.changed = true;
                 continue;
             }
-            e = policies_watch.next() => { seen.policies.apply(e); changed = true; continue; }
-            e = pools_watch.next() => { seen.pools.apply(e); changed = true; continue; }
-            e = nodes_watch.next() => { seen.nodes.apply(e); changed = true; continue; }
+            e = watches.policies.next() => { seen.policies.apply(e); pace.changed = true; continue; }
+            e = watches.pools.next() => { seen.pools.apply(e); pace.changed = true; continue; }
+            e = watches.nodes.next() => { seen.nodes.apply(e); pace.changed = true; continue; }
             decide_now = peers.changed() => {
-                changed = true;
+                pace.changed = true;
                 if !decide_now { continue }
             }
             _ = tick.tick() => {
-                if !(changed || peers.decays() || ownership.handover.is_waiting()) {
-                    continue;
-                }
-                // Under a stream of changes, decisions at most a tenth of the time: at 10,000
-                // Services one is tens of milliseconds, and ten a second took a core's tenth
-                // from every agent while LB-IPAM assigned them.
-                if Instant::now() < rested_until {
+                if !pace.tick_decides(peers.decays() || ownership.handover.is_waiting()) {
                     continue;
                 }
             }
         }
-        changed = false;
-        let started = Instant::now();
+        let started = pace.deciding();
         ownership.pass(&seen, &mut peers);
-        rested_until = Instant::now() + started.elapsed() * (DUTY - 1);
+        pace.decided(started);
+    }
+}
+
+/// The store watches the controller follows, one per kind it reads.
+struct Watches {
+    services: Watch,
+    endpoints: Watch,
+    policies: Watch,
+    pools: Watch,
+    nodes: Watch,
+}
+
+impl Watches {
+    async fn open(store: &ClusterStore) -> Self {
+        const FOR: &str = "service IPs";
+        Self {
+            services: watch_until_it_works::<Service, _>(store, FOR).await,
+            endpoints: watch_until_it_works::<ServiceEndpoints, _>(store, FOR).await,
+            policies: watch_until_it_works::<L2AnnouncementPolicy, _>(store, FOR).await,
+            pools: watch_until_it_works::<LbIpPool, _>(store, FOR).await,
+            nodes: watch_until_it_works::<NodeIpam, _>(store, FOR).await,
+        }
+    }
+
+    /// The copies, as the watches first listed them.
+    fn seen(&self) -> Seen {
+        let mut seen = Seen {
+            services: Cache::new(&self.services.initial),
+            endpoints: Cache::new(&self.endpoints.initial),
+            ready: ReadyNodes::new(),
+            policies: Cache::new(&self.policies.initial),
+            pools: Cache::new(&self.pools.initial),
+            nodes: Cache::new(&self.nodes.initial),
+        };
+        seen.endpoints_changed();
+        seen
+    }
+}
+
+/// When a tick decides: only after a change, or while time alone may change the outcome (at
+/// 10,000 Services a decision is thousands of owners, ten times a second per agent); and under
+/// a stream of changes at most a `DUTY`th of the time (ten a second took a core's tenth from
+/// every agent while LB-IPAM assigned them).
+struct Pace {
+    /// Whether anything changed since the last decision (the first one is due).
+    changed: bool,
+    /// Until when a tick leaves a change for later.
+    rested_until: Instant,
+}
+
+impl Pace {
+    fn new() -> Self {
+        Self {
+            changed: true,
+            rested_until: Instant::now(),
+        }
+    }
+
+    /// Whether this tick decides; `time_matters` when leases decay or a hand-over waits.
+    fn tick_decides(&self, time_matters: bool) -> bool {
+        (self.changed || time_matters) && Instant::now() >= self.rested_until
+    }
+
+    /// A decision starts: every change so far is in it.
+    fn deciding(&mut self) -> Instant {
+        self.changed = false;
+        Instant::now()
+    }
+
+    /// A decision that began at `started` ended: rest `DUTY - 1` times its length.
+    fn decided(&mut self, started: Instant) {
+        self.rested_until = Instant::now() + started.elapsed() * (DUTY - 1);
     }
 }
 

@@ -26,6 +26,7 @@ pub mod identity;
 pub mod peer;
 mod queue;
 pub mod sim;
+mod timers;
 pub mod timing;
 
 pub use contact::{Contact, Fence, Latch, Probes, Silenced, View};

@@ -15,7 +15,7 @@ use crate::{
     PeerId,
     contact::Contact,
     envelope::{Dropped, Envelope, Keyring},
-    queue::Queue,
+    timers::Timers,
 };
 
 /// What time it is, twice: the monotonic clock for the protocol's timers, the wall clock for the
@@ -96,7 +96,7 @@ type Protocol = Foca<PeerId, PostcardCodec, StdRng, NoCustomBroadcast>;
 pub struct Peer {
     protocol: Protocol,
     envelope: Envelope,
-    timers: Queue<Timer<PeerId>>,
+    timers: Timers,
     collected: Collected,
     stats: Stats,
     contact: Contact,
@@ -118,7 +118,7 @@ impl Peer {
         Self {
             protocol: Foca::new(id, settings.protocol, rng, PostcardCodec),
             envelope: Envelope::new(keyring, id.addr),
-            timers: Queue::new(),
+            timers: Timers::new(),
             collected: Collected::default(),
             stats: Stats::default(),
             contact: Contact::default(),
@@ -142,6 +142,7 @@ impl Peer {
             // Only an oversized message fails to be sent; an announce never is one.
             let _ = protocol.announce(seed, &mut sink);
         }
+        self.gossip_news(now);
     }
 
     /// Learns `members` as alive without telling anyone: a warm start from known state.
@@ -150,6 +151,7 @@ impl Peer {
         let members = members.into_iter().filter(|m| *m != me).map(Member::alive);
         let (protocol, mut sink) = self.split(now);
         let _ = protocol.apply_many(members, false, &mut sink);
+        self.gossip_news(now);
     }
 
     /// Hands a received packet to the member.
@@ -158,6 +160,7 @@ impl Peer {
         self.stats.received_bytes += packet.len() as u64;
         let events_before = self.collected.events.len();
         let outcome = self.open_and_handle(now, packet);
+        self.gossip_news(now);
         match outcome {
             Ok(from) => {
                 self.contact.heard(now.monotonic, from);
@@ -209,13 +212,26 @@ impl Peer {
 
     /// Runs every timer due by `now`.
     pub fn advance(&mut self, now: Now) {
-        while let Some(timer) = self.timers.pop_due(now.monotonic) {
+        while let Some(timer) = self.timers.pop_due(now.monotonic, self.has_news()) {
             if self.refuted(&timer) {
                 continue;
             }
             let (protocol, mut sink) = self.split(now);
             // Timer errors are about sending (oversized data), which foca's own messages are not.
             let _ = protocol.handle_timer(timer, &mut sink);
+        }
+        self.gossip_news(now);
+    }
+
+    /// Whether foca has changes to pass on.
+    fn has_news(&self) -> bool {
+        self.protocol.updates_backlog() > 0
+    }
+
+    /// A gossip round set aside for want of news is due again once there is some.
+    fn gossip_news(&mut self, now: Now) {
+        if self.has_news() {
+            self.timers.news(now.monotonic);
         }
     }
 
@@ -258,6 +274,7 @@ impl Peer {
     pub fn leave(&mut self, now: Now) {
         let (protocol, mut sink) = self.split(now);
         let _ = protocol.leave_cluster(&mut sink);
+        self.gossip_news(now);
     }
 
     /// Every peer this member knows of, with what it believes of each.
@@ -330,7 +347,7 @@ impl Peer {
 struct Sink<'a> {
     now: Now,
     envelope: &'a mut Envelope,
-    timers: &'a mut Queue<Timer<PeerId>>,
+    timers: &'a mut Timers,
     collected: &'a mut Collected,
     stats: &'a mut Stats,
     contact: &'a mut Contact,
@@ -383,6 +400,6 @@ impl Runtime<PeerId> for Sink<'_> {
     }
 
     fn submit_after(&mut self, timer: Timer<PeerId>, after: Duration) {
-        self.timers.push(self.now.monotonic + after, timer);
+        self.timers.submit(self.now.monotonic + after, timer);
     }
 }

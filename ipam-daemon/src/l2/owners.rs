@@ -130,6 +130,8 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
         // A death or a return in the gossip is decided at once: it is what failover waits on.
+        // At rest the tick is not even waited for (ten wake-ups a second for nothing).
+        let time_matters = peers.decays() || ownership.handover.is_waiting();
         tokio::select! {
             e = watches.services.next() => { seen.services.apply(e); pace.changed = true; continue; }
             e = watches.endpoints.next() => {
@@ -145,8 +147,8 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
                 pace.changed = true;
                 if !decide_now { continue }
             }
-            _ = tick.tick() => {
-                if !pace.tick_decides(peers.decays() || ownership.handover.is_waiting()) {
+            _ = tick.tick(), if pace.changed || time_matters => {
+                if !pace.rested() {
                     continue;
                 }
             }
@@ -212,9 +214,9 @@ impl Pace {
         }
     }
 
-    /// Whether this tick decides; `time_matters` when leases decay or a hand-over waits.
-    fn tick_decides(&self, time_matters: bool) -> bool {
-        (self.changed || time_matters) && Instant::now() >= self.rested_until
+    /// Whether the last decision has rested long enough for the next.
+    fn rested(&self) -> bool {
+        Instant::now() >= self.rested_until
     }
 
     /// A decision starts: every change so far is in it.

@@ -124,8 +124,16 @@ impl Member {
         let mut housekeeping = crate::clock::ticker(HOUSEKEEPING);
         self.derive(Rebuild::Always);
         self.judge_fence();
+        // One timer, moved only when the next deadline does: a new timer each step re-arms
+        // the runtime's clock and wakes the thread once more for nothing, dozens of times a
+        // second at rest.
+        let timer = tokio::time::sleep_until(self.next_wakeup().into());
+        tokio::pin!(timer);
         loop {
-            let wake = self.next_wakeup();
+            let wake = tokio::time::Instant::from_std(self.next_wakeup());
+            if timer.deadline() != wake {
+                timer.as_mut().reset(wake);
+            }
             tokio::select! {
                 _ = &mut stop => {
                     self.leave().await;
@@ -135,7 +143,7 @@ impl Member {
                     Ok((len, from)) => self.receive(&buf[..len], from),
                     Err(e) => self.log_trouble("recv", || format!("gossip socket: {e}")),
                 },
-                () = tokio::time::sleep_until(wake.into()) => self.peer.advance(self.now()),
+                () = &mut timer => self.peer.advance(self.now()),
                 event = self.records.next() => {
                     self.directory.apply(event);
                     self.derive(Rebuild::Always);

@@ -16,7 +16,7 @@
 //! `IPAM_BENCH_SCALE_KUBE_AGENTS` (1,000, 10,000 and 10 by default).
 //!
 //! Last line: `agents=<n> rss_mb_per_agent=… cpu_pct_per_agent=… packets_per_agent_per_s=…
-//! store_writes_per_node_per_s=… cold_start_s=… failover_s=…`, the same keys at each smaller
+//! store_writes_per_node_per_s=… cold_start_s=… cold_start_cpu_floor_s=… failover_s=…`, the same keys at each smaller
 //! size with `_at_<n>` appended (so the ratio is visible), then the Kubernetes half's keys
 //! (`kube_api=real|stand-in kube_nodes=… kube_services=… lb_assign_s=… operator_rss_mb=…
 //! api_requests_per_s_at_rest=… agent_rx_bytes_per_s_at_rest=…` and more).

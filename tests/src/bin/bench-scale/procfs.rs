@@ -65,14 +65,37 @@ pub(crate) fn spread(v: &[f64]) -> String {
 
 /// Each process's CPU between two `cpu_ticks` readings `seconds` apart, in % of one core.
 pub(crate) fn cpu_pct(before: &[u64], after: &[u64], seconds: f64) -> Vec<f64> {
-    // SAFETY: sysconf reads a constant of the system; no memory is passed.
-    let ticks_per_s = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
-        t if t > 0 => t as f64,
-        _ => 100.0,
-    };
+    let ticks_per_s = ticks_per_s();
     before
         .iter()
         .zip(after)
         .map(|(b, a)| 100.0 * a.saturating_sub(*b) as f64 / ticks_per_s / seconds)
         .collect()
+}
+
+/// Clock ticks per second, the unit of `cpu_ticks` and `machine_ticks`.
+pub(crate) fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
+        t if t > 0 => t as f64,
+        _ => 100.0,
+    }
+}
+
+/// All the machine's CPUs' time since boot as /proc/stat counts it, in ticks: (busy, all),
+/// busy being everything but idle and I/O wait.
+pub(crate) fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0, 0);
+    };
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let all: u64 = fields.iter().take(8).sum();
+    // user nice system idle iowait irq softirq steal
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (all.saturating_sub(idle), all)
 }

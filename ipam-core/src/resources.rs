@@ -131,6 +131,10 @@ pub struct NodeIpamSpec {
     /// Service IPs, and which subnets those reach.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<NodeInterface>,
+    /// Interfaces this node's agent saw up with an address since it started that are not any
+    /// more, with why: where it stopped answering for Service IPs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces_down: Vec<InterfaceDown>,
     /// Whether the node may announce Service IPs, as its own agent judged it.
     #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
     pub announcing: NodeAnnouncing,
@@ -240,6 +244,16 @@ pub struct NodeInterface {
     /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.
     #[serde(default)]
     pub addresses: Vec<String>,
+}
+
+/// An interface a node announced from that it cannot announce from any more.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub struct InterfaceDown {
+    pub name: String,
+    /// For people: `no carrier (the link is lost)`, `set down`, `no address`, `gone (removed
+    /// or renamed)`.
+    pub why: String,
 }
 
 impl NodeInterface {

@@ -19,10 +19,12 @@
 //! | [`neighbour`] | permanent neighbour entries                               |
 //! | [`netns`]     | named network namespaces under `/run/netns`               |
 //! | [`conntrack`] | connection tracking: list flows, delete unanswered ones   |
+//! | [`events`]    | link and address changes, as the kernel announces them   |
 //! | [`iface`]     | interfaces by name and index, hardware address, driver    |
 
 pub mod address;
 pub mod conntrack;
+pub mod events;
 pub mod iface;
 pub mod link;
 pub mod neighbour;
@@ -34,6 +36,7 @@ use std::{fs::File, io, os::fd::AsFd, path::Path};
 
 use thiserror::Error;
 
+pub use events::LinkEvents;
 pub use link::LinkInfo;
 pub use route::{IPAM_ROUTE_PROTOCOL, RouteInfo};
 use socket::RouteSocket;

@@ -24,6 +24,8 @@ pub struct LinkInfo {
     pub mtu: u32,
     /// Administratively up and with a carrier.
     pub up: bool,
+    /// Administratively up (`ip link set up`), with a carrier or not.
+    pub admin_up: bool,
     /// The bridge (or other controller) this link is a port of.
     pub controller: Option<u32>,
 }
@@ -192,6 +194,7 @@ fn link_info(msg: &LinkMessage) -> LinkInfo {
         mtu: 0,
         up: msg.header.flags.contains(LinkFlags::Up)
             && msg.header.flags.contains(LinkFlags::LowerUp),
+        admin_up: msg.header.flags.contains(LinkFlags::Up),
         controller: None,
     };
     for attr in &msg.attributes {

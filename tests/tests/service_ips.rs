@@ -21,7 +21,7 @@ use ipam_core::{
     meta::Selector,
 };
 use ipam_tests::{
-    arp_watch::{ArpWatch, double_answers},
+    arp_watch::{ArpSample, ArpWatch, double_answers},
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
     cni::{DEBIAN_CNI, run_cni},
     failover::{lb_service, uplink_policy},
@@ -1098,4 +1098,185 @@ fn l2_policies_by_pool_answer_each_ip_only_on_its_own_segment() {
             p.name
         );
     }
+}
+
+/// The node that answers, as the last answered sample of `samples` says.
+fn last_answer(samples: &[ArpSample], macs: &BTreeMap<[u8; 6], String>) -> Option<String> {
+    samples
+        .iter()
+        .rev()
+        .find_map(|s| s.macs.first())
+        .map(|m| node_of(macs, *m))
+}
+
+/// The first request after `from` that a node other than `owner` answered, and when.
+fn answered_elsewhere(
+    samples: &[ArpSample],
+    macs: &BTreeMap<[u8; 6], String>,
+    owner: &str,
+    from: Duration,
+) -> Option<(String, Duration)> {
+    samples.iter().filter(|s| s.at >= from).find_map(|s| {
+        let node = node_of(macs, *s.macs.first()?);
+        (node != owner).then(|| (node, s.at - from))
+    })
+}
+
+/// A dead NIC on a live node (Cilium's users report it: node alive, lease renewed, NIC dead):
+/// the owner's announcing interface loses its carrier (its switch port goes down; the gossip
+/// and the store still reach it over its other link), later its address. Each time another
+/// node answers the IP on that segment, never two MACs to one request; the owner says why in
+/// its record, its metrics and `ipamctl who-has`, and answers again once it can (the IP
+/// answered by exactly one node then too). The agents follow link and address changes through
+/// netlink's notifications, not their 10-second recheck: the IP moves within the few seconds
+/// the test allows.
+#[test]
+fn an_owner_whose_announcing_link_dies_hands_its_ip_to_another_node_and_says_why() {
+    const METRICS_PORT: u16 = 9964;
+    let mut c = Cluster::start_add_on("nic", 1);
+    c.enable_gossip();
+    c.add_segment("br1", "edge0", "10.79.0");
+    let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{METRICS_PORT}\"\n");
+    for _ in 0..3 {
+        c.add_node_with("nic", &metrics);
+    }
+    let macs: BTreeMap<[u8; 6], String> = c
+        .nodes
+        .iter()
+        .map(|n| (n.ns.mac("edge0"), n.name.clone()))
+        .collect();
+    c.put("edge", &pool(vec![range("10.79.0.30", "10.79.0.39")]));
+    let mut policy = uplink_policy();
+    policy.spec.interfaces = vec!["edge[0-9]+".into()];
+    c.put("edge-l2", &policy);
+    c.put("default/web", &lb_service(80));
+    wait_until(
+        Duration::from_secs(20),
+        "the Service's IP, announced",
+        || announced_condition(&c, "default/web").is_some_and(|(ok, _)| ok),
+        || format!("{:?}", announced_condition(&c, "default/web")),
+    );
+    let ip = service_ips(&c)["default/web"];
+    let client = c.add_client_on("nicc", "br1");
+    let sender = Ipv4Addr::new(10, 79, 0, 100);
+    let owner = {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while got.len() != 1 && Instant::now() < deadline {
+            got = answers_from(&client, sender, ip);
+        }
+        assert_eq!(got.len(), 1, "{ip} on the edge segment: {got:x?}");
+        node_of(&macs, got[0])
+    };
+    let at = c.nodes.iter().position(|n| n.name == owner).expect("owner");
+    let port = format!("s0p{at}");
+
+    // The link dies: the switch's side of the owner's edge0 goes down, edge0 loses its carrier.
+    let start = Instant::now();
+    let watch = ArpWatch::start(&client, sender, ip, start);
+    std::thread::sleep(Duration::from_millis(300));
+    let cut = start.elapsed();
+    c.fabric.down(&port);
+    wait_until(
+        Duration::from_secs(10),
+        "another node to answer for the IP",
+        || {
+            answers_from(&client, sender, ip)
+                .first()
+                .is_some_and(|m| node_of(&macs, *m) != owner)
+        },
+        || c.nodes[at].log(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let samples = watch.stop();
+    let doubles = double_answers(&samples);
+    assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
+    let (taker, after) = answered_elsewhere(&samples, &macs, &owner, cut)
+        .expect("answered by another node after the cut");
+    println!("{owner}'s edge0 lost its carrier: {ip} answered by {taker} after {after:?}");
+
+    // The owner says why, in its record, its metrics and who-has.
+    let down = c.records()[&owner].value.spec.interfaces_down.clone();
+    assert!(
+        down.iter()
+            .any(|d| d.name == "edge0" && d.why.contains("no carrier")),
+        "{owner}'s record: {down:?}"
+    );
+    let text = c.nodes[at].metrics(METRICS_PORT).unwrap_or_default();
+    assert!(
+        text.contains("ipam_interface_down{interface=\"edge0\"} 1"),
+        "{owner}'s metrics: {text}"
+    );
+    let ip_text = ip.to_string();
+    let who = c.ipamctl((at + 1) % 3, &["who-has", &ip_text]);
+    assert!(
+        who.contains(&format!("{owner}: edge0: no carrier")),
+        "who-has {ip}: {who}"
+    );
+
+    // The link is back: the owner may announce again; still one MAC per request.
+    let watch = ArpWatch::start(&client, sender, ip, Instant::now());
+    c.fabric.up(&port);
+    wait_until(
+        Duration::from_secs(10),
+        "the owner's record to list edge0 as usable again",
+        || c.records()[&owner].value.spec.interfaces_down.is_empty(),
+        || c.nodes[at].log(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let samples = watch.stop();
+    let doubles = double_answers(&samples);
+    assert!(
+        doubles.is_empty(),
+        "two MACs answered {ip} on the link's return: {doubles:x?}"
+    );
+    assert!(
+        last_answer(&samples, &macs).is_some(),
+        "{ip} answered after the return"
+    );
+    let text = c.nodes[at].metrics(METRICS_PORT).unwrap_or_default();
+    assert!(
+        text.contains("ipam_interface_down{interface=\"edge0\"} 0"),
+        "{owner}'s metrics after the return: {text}"
+    );
+
+    // The address goes (the link stays up): the same, with its own reason.
+    let owner = last_answer(&samples, &macs).expect("an owner");
+    let at = c.nodes.iter().position(|n| n.name == owner).expect("owner");
+    let address = format!("10.79.0.{}/24", at + 1);
+    let start = Instant::now();
+    let watch = ArpWatch::start(&client, sender, ip, start);
+    std::thread::sleep(Duration::from_millis(300));
+    let cut = start.elapsed();
+    c.nodes[at].ns.delete_address("edge0", &address);
+    wait_until(
+        Duration::from_secs(10),
+        "another node to answer for the IP once the owner's address is gone",
+        || {
+            answers_from(&client, sender, ip)
+                .first()
+                .is_some_and(|m| node_of(&macs, *m) != owner)
+        },
+        || c.nodes[at].log(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let samples = watch.stop();
+    let doubles = double_answers(&samples);
+    assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
+    let (taker, after) = answered_elsewhere(&samples, &macs, &owner, cut)
+        .expect("answered by another node after the address went");
+    println!("{owner}'s edge0 lost its address: {ip} answered by {taker} after {after:?}");
+    let down = c.records()[&owner].value.spec.interfaces_down.clone();
+    assert!(
+        down.iter()
+            .any(|d| d.name == "edge0" && d.why == "no address"),
+        "{owner}'s record: {down:?}"
+    );
+    c.nodes[at].ns.add_address("edge0", &address);
+    wait_until(
+        Duration::from_secs(10),
+        "the owner's record to list edge0 as usable again",
+        || c.records()[&owner].value.spec.interfaces_down.is_empty(),
+        || c.nodes[at].log(),
+    );
 }

@@ -52,6 +52,8 @@ pub struct NodeFacts {
     pub addresses: Vec<std::net::IpAddr>,
     pub labels: BTreeMap<String, String>,
     pub interfaces: Vec<crate::resources::NodeInterface>,
+    /// Interfaces it announced from that it cannot any more, with why.
+    pub interfaces_down: Vec<crate::resources::InterfaceDown>,
     /// Whether it may announce Service IPs, and what gets in the way.
     pub announcing: crate::resources::NodeAnnouncing,
 }
@@ -61,6 +63,7 @@ impl NodeFacts {
         self.addresses == record.spec.addresses
             && self.labels == record.spec.labels
             && self.interfaces == record.spec.interfaces
+            && self.interfaces_down == record.spec.interfaces_down
             && self.announcing == record.spec.announcing
     }
 
@@ -68,6 +71,7 @@ impl NodeFacts {
         record.spec.addresses = self.addresses.clone();
         record.spec.labels = self.labels.clone();
         record.spec.interfaces = self.interfaces.clone();
+        record.spec.interfaces_down = self.interfaces_down.clone();
         record.spec.announcing = self.announcing.clone();
     }
 
@@ -223,6 +227,7 @@ impl NodeAgent {
                 addresses: self.facts.addresses.clone(),
                 labels: self.facts.labels.clone(),
                 interfaces: self.facts.interfaces.clone(),
+                interfaces_down: self.facts.interfaces_down.clone(),
                 announcing: self.facts.announcing.clone(),
                 peers_down: Vec::new(),
             },
@@ -485,6 +490,7 @@ mod tests {
             addresses: vec!["10.0.0.1".parse().unwrap()],
             labels: BTreeMap::from([("zone".to_owned(), "a".to_owned())]),
             interfaces: Vec::new(),
+            interfaces_down: Vec::new(),
             announcing: Default::default(),
         };
         assert!(facts.sync_record(&store, "n1").await.unwrap());

@@ -197,8 +197,14 @@ impl NodeControllers {
         // previous run announced and this one still wants (answered without a gap).
         let seed = Configured::of(config).with(&OwnedIps::new());
         let (announcements, announcements_rx) = watch::channel(seed);
+        // The node's links and addresses, followed once for every controller that reads them.
+        let link_changes = crate::net::link_changes::follow();
         // The responder first: configured announcements are answered before the store is.
-        let responder = tokio::spawn(l2::responder::run(datapath.clone(), announcements_rx));
+        let responder = tokio::spawn(l2::responder::run(
+            datapath.clone(),
+            announcements_rx,
+            link_changes.clone(),
+        ));
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
         let local_addresses = LocalAddresses::start(config.node.announce.strict_arp);
         if !config.announcements.is_empty() {
@@ -211,7 +217,14 @@ impl NodeControllers {
                 check_mode(&store, settings.mode).await?;
                 on_store.start_operator_and_gossip(config, role, &store, &observed);
                 on_store
-                    .start_pod_ipam(config, &settings, &store, &datapath, &observed)
+                    .start_pod_ipam(
+                        config,
+                        &settings,
+                        &store,
+                        &datapath,
+                        &observed,
+                        link_changes,
+                    )
                     .await?;
                 on_store.start_announcers(config, store, &observed, local_addresses)
             }
@@ -224,7 +237,7 @@ impl NodeControllers {
                      pod IPAM, no CNI, no pod datapath"
                 );
                 on_store.start_operator_and_gossip(config, role, &store, &observed);
-                on_store.start_node_record(config, &store, &observed)?;
+                on_store.start_node_record(config, &store, &observed, link_changes)?;
                 on_store.start_announcers(config, store, &observed, local_addresses)
             }
             None => ClusterSide::standalone(),
@@ -303,10 +316,18 @@ impl OnTheStore {
         store: &ClusterStore,
         datapath: &Arc<Mutex<Datapath>>,
         observed: &Observed,
+        link_changes: watch::Receiver<u64>,
     ) -> Result<(), DaemonError> {
-        let gossip = self.gossip.as_ref();
-        self.ipam =
-            Some(start_pod_ipam(config, settings, store, datapath, observed, gossip).await?);
+        let pod_ipam = PodIpamStart {
+            config,
+            settings,
+            store,
+            datapath,
+            observed,
+            gossip: self.gossip.as_ref(),
+            link_changes,
+        };
+        self.ipam = Some(start_pod_ipam(pod_ipam).await?);
         Ok(())
     }
 
@@ -317,13 +338,15 @@ impl OnTheStore {
         config: &Config,
         store: &ClusterStore,
         observed: &Observed,
+        link_changes: watch::Receiver<u64>,
     ) -> Result<(), DaemonError> {
         let (settings, settings_rx) = watch::channel(config.node.clone());
         self.node_settings = Some(settings);
         tokio::spawn(crate::node_record::run(
             store.clone(),
             settings_rx,
-            observed.health.clone(),
+            observed.clone(),
+            link_changes,
         ));
         serve_add_on_api(config, self.gossip.as_ref())?;
         Ok(())
@@ -357,16 +380,31 @@ impl ClusterSide {
     }
 }
 
+/// What pod IPAM starts from.
+struct PodIpamStart<'a> {
+    config: &'a Config,
+    settings: &'a IpamSettings,
+    store: &'a ClusterStore,
+    datapath: &'a Arc<Mutex<Datapath>>,
+    observed: &'a Observed,
+    gossip: Option<&'a Gossip>,
+    link_changes: watch::Receiver<u64>,
+}
+
 /// Restores pod IPAM, serves the local API from it, and starts its passes and the routes
 /// between nodes. Returns where its settings go on a reload.
 async fn start_pod_ipam(
-    config: &Config,
-    settings: &IpamSettings,
-    store: &ClusterStore,
-    datapath: &Arc<Mutex<Datapath>>,
-    observed: &Observed,
-    gossip: Option<&Gossip>,
+    start: PodIpamStart<'_>,
 ) -> Result<watch::Sender<IpamSettings>, DaemonError> {
+    let PodIpamStart {
+        config,
+        settings,
+        store,
+        datapath,
+        observed,
+        gossip,
+        link_changes,
+    } = start;
     let pod_ipam = PodIpam::start(
         settings.clone(),
         store.clone(),
@@ -386,7 +424,7 @@ async fn start_pod_ipam(
     tokio::spawn(crate::api::server::serve(listener, handler));
     tracing::info!(socket = %settings.socket.display(), "API listening");
     let (tx, rx) = watch::channel(settings.clone());
-    tokio::spawn(pod_ipam.run(config.cluster.resync(), rx));
+    tokio::spawn(pod_ipam.run(config.cluster.resync(), rx, link_changes));
     if let Some(uplink) = settings.uplinks.first() {
         tokio::spawn(crate::routes::run(
             store.clone(),

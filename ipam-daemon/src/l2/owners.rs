@@ -91,6 +91,19 @@ impl Seen {
             .is_some_and(|s| s.value.spec.external_traffic_policy == TrafficPolicy::Local)
     }
 
+    /// Of the interfaces an IP is announced on here (`on`), those `node` announced from and
+    /// cannot any more, as its record says (`edge0: no carrier (the link is lost)`), if any.
+    fn interfaces_down(&self, node: &str, on: &[String]) -> Option<String> {
+        let record = &self.nodes.get(node)?.value.spec;
+        let down: Vec<String> = record
+            .interfaces_down
+            .iter()
+            .filter(|d| on.contains(&d.name))
+            .map(|d| format!("{}: {}", d.name, d.why))
+            .collect();
+        (!down.is_empty()).then(|| down.join(", "))
+    }
+
     /// Whether `service` is announced only where its endpoints run, and `node` has none.
     fn endpoints_left(&self, service: &str, node: &str) -> bool {
         self.is_local(service) && !self.ready.get(service).is_some_and(|r| r.contains(node))
@@ -375,6 +388,19 @@ fn why_taken(
                  endpoint (externalTrafficPolicy Local); this node has one"
             ),
         ),
+        Previous::Alive(previous)
+            if seen.interfaces_down(previous, &owned.interfaces).is_some() =>
+        {
+            (
+                "IPMoved",
+                format!(
+                    "took it over from {previous}, which still runs but cannot announce it \
+                     there: its interface {}",
+                    seen.interfaces_down(previous, &owned.interfaces)
+                        .unwrap_or_default()
+                ),
+            )
+        }
         Previous::Alive(previous) => (
             "IPMoved",
             format!(

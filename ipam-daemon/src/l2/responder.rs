@@ -1,6 +1,6 @@
 //! The responder controller: keeps the datapath answering exactly the wanted announcements. It
-//! reconciles whenever the wanted value changes, retries interfaces that are not there yet with
-//! backoff, tells the link about every IP it starts answering, and holds the multicast groups
+//! reconciles whenever the wanted value or the host's links change, retries interfaces that are
+//! not there yet with backoff, tells the link about every IP it starts answering, and holds the multicast groups
 //! the IPv6 ones need.
 
 use std::{
@@ -27,6 +27,7 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 pub async fn run(
     datapath: Arc<Mutex<Datapath>>,
     mut wanted: watch::Receiver<Announcements>,
+    mut link_changes: watch::Receiver<u64>,
 ) -> Result<(), AnnounceError> {
     let mut retry = Backoff::new(RETRY_CAP);
     let mut repeats = Repeats::default();
@@ -58,6 +59,8 @@ pub async fn run(
                     break;
                 }
                 () = sleep_until(retry_at) => break,
+                // An interface made anew (or renamed back) gets the responder again at once.
+                changed = link_changes.changed() => if changed.is_ok() { break },
                 () = sleep_until(repeats.next_due()) => repeats.send_due(),
             }
         }

@@ -65,6 +65,11 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceLabel {
+    pub interface: String,
+}
+
 /// Every metric of the daemon, shared by the parts that move them.
 pub struct Metrics {
     registry: Registry,
@@ -82,6 +87,7 @@ pub struct Metrics {
     pub node_lease_renew_seconds: Histogram,
     pub service_ips_announced: Gauge,
     pub service_ip_takeovers: Counter,
+    pub interfaces_down: Family<InterfaceLabel, Gauge>,
     pub dead_node_connections_deleted: Counter,
     pub store_errors: Family<KindLabel, Counter>,
     pub store_watches: Family<KindLabel, Gauge>,
@@ -123,6 +129,7 @@ impl Metrics {
             ),
             service_ips_announced: Gauge::default(),
             service_ip_takeovers: Counter::default(),
+            interfaces_down: Family::default(),
             dead_node_connections_deleted: Counter::default(),
             store_errors: Family::default(),
             store_watches: Family::default(),
@@ -215,6 +222,11 @@ impl Metrics {
             "service_ip_takeovers",
             "Service IPs this node took over (started answering for)",
             self.service_ip_takeovers.clone(),
+        );
+        registry.register(
+            "interface_down",
+            "1 while an interface this node announced Service IPs from is down, has no carrier, no address or is gone (its IPs answered by other nodes); 0 once it can announce again",
+            self.interfaces_down.clone(),
         );
         registry.register(
             "dead_node_connections_deleted",

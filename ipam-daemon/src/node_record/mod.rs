@@ -9,6 +9,7 @@
 //! a node.
 
 pub mod eligibility;
+pub mod interfaces;
 
 use std::{net::IpAddr, time::Duration};
 
@@ -16,9 +17,10 @@ use ipam_config::{AnnounceSettings, NodeSettings};
 use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
 use tokio::sync::watch;
 
-use crate::{cluster::ClusterStore, metrics::Health};
+use crate::{cluster::ClusterStore, metrics::Observed};
 
-/// How often the interfaces are looked at again (an address added by hand wakes nothing).
+/// How often the interfaces are looked at again without a link or address change (netlink
+/// says each one).
 const RECHECK: Duration = Duration::from_secs(10);
 /// Longest wait between two attempts while the store refuses the write.
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -29,21 +31,32 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 pub async fn run(
     store: ClusterStore,
     mut settings: watch::Receiver<NodeSettings>,
-    health: std::sync::Arc<Health>,
+    observed: Observed,
+    mut link_changes: watch::Receiver<u64>,
 ) {
     let mut node = settings.borrow_and_update().clone();
     let mut kube_node = store.kube().map(|s| s.follow_node(&node.name));
     let mut published: Option<NodeFacts> = None;
     let mut backoff = Backoff::new(RETRY_CAP);
     let mut said_no_address = false;
-    let mut verdict = Default::default();
+    let mut interfaces = interfaces::Interfaces::default();
+    let mut seen = NodeFacts::default();
     loop {
         let from_kube = kube_node
             .as_mut()
             .and_then(|n| n.borrow_and_update().clone());
-        let facts = facts(&node, from_kube);
-        eligibility::report(&node.name, &verdict, &facts.announcing, &health);
-        verdict = facts.announcing.clone();
+        let judged = interfaces
+            .look(&[])
+            .unwrap_or_else(|| interfaces::Judged::as_in(&seen));
+        let facts = facts(&node, from_kube, judged);
+        eligibility::report(
+            &node.name,
+            &seen.announcing,
+            &facts.announcing,
+            &observed.health,
+        );
+        report_interfaces(&node.name, &seen, &facts, &observed.metrics);
+        seen = facts.clone();
         if facts.addresses.is_empty() && !said_no_address {
             tracing::warn!(
                 node = node.name.as_str(),
@@ -85,6 +98,7 @@ pub async fn run(
         };
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
+            _ = link_changes.changed() => {}
             alive = node_changed => if !alive { kube_node = None },
             changed = settings.changed() => {
                 if changed.is_ok() {
@@ -115,7 +129,11 @@ fn reloaded(running: &NodeSettings, new: &NodeSettings) -> NodeSettings {
 /// The node's facts: the configured addresses, else its Kubernetes Node's InternalIPs; its
 /// Node's labels with the configured ones over them; every interface with an address but `lo`
 /// (where the Service IPs it answers for are put); whether it may announce.
-fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> NodeFacts {
+fn facts(
+    node: &NodeSettings,
+    from_kube: Option<ipam_kube::node::NodeInfo>,
+    interfaces: interfaces::Judged,
+) -> NodeFacts {
     let addresses: Vec<IpAddr> = if node.addresses.is_empty() {
         from_kube
             .as_ref()
@@ -129,33 +147,72 @@ fn facts(node: &NodeSettings, from_kube: Option<ipam_kube::node::NodeInfo>) -> N
         &node.labels,
         &node.announce,
         from_kube.as_ref(),
-        &[],
+        interfaces,
     )
 }
 
 /// What a node publishes about itself, whichever controller keeps its record: `addresses`
 /// between nodes, its Node's labels with the `configured` ones over them, whether it may
-/// announce (its agent's verdict, `eligibility`), and its interfaces with addresses but the
-/// loopback and those named in `skip` (pod IPAM's own devices).
+/// announce (its agent's verdict, `eligibility`), and its `interfaces` as judged.
 pub(crate) fn facts_of(
     addresses: Vec<IpAddr>,
     configured: &std::collections::BTreeMap<String, String>,
     announce: &AnnounceSettings,
     from_kube: Option<&ipam_kube::node::NodeInfo>,
-    skip: &[&str],
+    interfaces: interfaces::Judged,
 ) -> NodeFacts {
     let mut labels = from_kube.map(|n| n.labels.clone()).unwrap_or_default();
     labels.extend(configured.clone());
     let announcing = eligibility::judge(announce, &labels, from_kube);
-    let interfaces = crate::routes::interfaces_with_addresses()
-        .into_iter()
-        .filter(|i| i.name != "lo" && !skip.contains(&i.name.as_str()))
-        .collect();
     NodeFacts {
         addresses,
         labels,
-        interfaces,
+        interfaces: interfaces.usable,
+        interfaces_down: interfaces.down,
         announcing,
+    }
+}
+
+/// Says in the log and the metrics which interfaces stopped (or started again) letting this
+/// node announce.
+pub(crate) fn report_interfaces(
+    node: &str,
+    before: &NodeFacts,
+    now: &NodeFacts,
+    metrics: &crate::metrics::Metrics,
+) {
+    let gauge = |interface: &str| {
+        metrics
+            .interfaces_down
+            .get_or_create(&crate::metrics::InterfaceLabel {
+                interface: interface.to_owned(),
+            })
+            .clone()
+    };
+    for down in &now.interfaces_down {
+        gauge(&down.name).set(1);
+        if !before.interfaces_down.contains(down) {
+            tracing::warn!(
+                node,
+                interface = down.name.as_str(),
+                "interface {} is {}: this node announces no Service IP on it; the IPs it \
+                 answered there move to another node",
+                down.name,
+                down.why
+            );
+        }
+    }
+    for back in &before.interfaces_down {
+        let usable = now.interfaces.iter().any(|i| i.name == back.name);
+        if usable {
+            gauge(&back.name).set(0);
+            tracing::info!(
+                node,
+                interface = back.name.as_str(),
+                "interface {} may announce again",
+                back.name
+            );
+        }
     }
 }
 
@@ -199,7 +256,7 @@ mod tests {
             socket_group: None,
             announce: Default::default(),
         };
-        let f = facts(&node, Some(kube.clone()));
+        let f = facts(&node, Some(kube.clone()), Default::default());
         assert_eq!(
             f.addresses, kube.internal_addresses,
             "the Node's InternalIP"
@@ -211,7 +268,10 @@ mod tests {
         assert_eq!(f.labels["rack"], "1");
         assert!(f.interfaces.iter().all(|i| i.name != "lo"));
         node.addresses = vec!["192.0.2.7".parse().unwrap()];
-        assert_eq!(facts(&node, Some(kube)).addresses, node.addresses);
-        assert!(facts(&node, None).labels.len() == 1);
+        assert_eq!(
+            facts(&node, Some(kube), Default::default()).addresses,
+            node.addresses
+        );
+        assert!(facts(&node, None, Default::default()).labels.len() == 1);
     }
 }

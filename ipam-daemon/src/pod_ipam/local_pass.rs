@@ -44,14 +44,20 @@ impl PodIpam {
         if node_changed {
             self.take_pod_cidrs();
         }
-        if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 || self.facts_reloaded {
-            self.facts_reloaded = false;
+        if node_changed || self.passes % ADDRESS_CHECK_PASSES == 1 || self.facts_due {
+            self.facts_due = false;
             let facts = self.node_facts();
             crate::node_record::eligibility::report(
                 &self.settings.node_name,
                 &self.agents.facts.announcing,
                 &facts.announcing,
                 &self.observed.health,
+            );
+            crate::node_record::report_interfaces(
+                &self.settings.node_name,
+                &self.agents.facts,
+                &facts,
+                &self.observed.metrics,
             );
             if facts != self.agents.facts {
                 tracing::info!(

@@ -108,8 +108,11 @@ pub struct PodIpam {
     endpoints: Arc<Endpoints>,
     host: HostNetwork,
     passes: u64,
-    /// A reload changed what the node publishes about itself: look again on the next pass.
-    facts_reloaded: bool,
+    /// A reload or a link changed what the node publishes about itself: look again on the
+    /// next pass.
+    facts_due: bool,
+    /// The node's interfaces, as its record lists them.
+    interfaces: crate::node_record::interfaces::Interfaces,
 }
 
 impl PodIpam {
@@ -167,7 +170,8 @@ impl PodIpam {
             datapath,
             endpoints,
             passes: 0,
-            facts_reloaded: false,
+            facts_due: false,
+            interfaces: Default::default(),
         };
         runtime.spawn_infra();
         Ok(runtime)
@@ -204,7 +208,7 @@ impl PodIpam {
         self.settings.uplinks = settings.uplinks;
         // Published by the next local pass (the exclusion label drains the node without a
         // restart).
-        self.facts_reloaded = settings.node_labels != self.settings.node_labels
+        self.facts_due = settings.node_labels != self.settings.node_labels
             || settings.node_addresses != self.settings.node_addresses
             || settings.announce != self.settings.announce;
         self.settings.node_labels = settings.node_labels;
@@ -215,7 +219,12 @@ impl PodIpam {
     /// Runs the passes for the life of the daemon: the local pass twice a second, a store pass
     /// when the store has something for the node and on every resync. `settings` follows
     /// configuration reloads.
-    pub async fn run(mut self, resync: Duration, mut settings: watch::Receiver<IpamSettings>) {
+    pub async fn run(
+        mut self,
+        resync: Duration,
+        mut settings: watch::Receiver<IpamSettings>,
+        mut link_changes: watch::Receiver<u64>,
+    ) {
         let wake: Arc<Notify> = wake_on_changes(
             self.store.clone(),
             vec![
@@ -236,6 +245,14 @@ impl PodIpam {
                     if started.elapsed() > Duration::from_millis(20) {
                         tracing::debug!(took_ms = started.elapsed().as_millis() as u64, "slow local pass");
                     }
+                }
+                // A link or an address changed: the node's facts (where it may announce)
+                // and the host device are looked at now, not at the next recheck.
+                _ = link_changes.changed() => {
+                    self.facts_due = true;
+                    self.local_pass()
+                        .instrument(tracing::debug_span!("pod_ipam_local_pass", node = node.as_str()))
+                        .await;
                 }
                 () = wake.notified() => self.store_pass_traced().await,
                 _ = resync.tick() => self.store_pass_traced().await,

@@ -4,6 +4,7 @@
 use ipam_core::{pod::agent::NodeFacts, pod::pool::IpamMode};
 
 use super::PodIpam;
+use crate::node_record::interfaces::Judged;
 
 /// On a Kubernetes store: the node's Node (labels, addresses, `spec.podCIDRs`).
 #[derive(Default)]
@@ -62,7 +63,7 @@ impl PodIpam {
     /// addresses, else the first uplink's), its labels (its Node's, and the configured ones
     /// over them), and its interfaces with addresses (not the loopback, not the pods' gateway
     /// device).
-    pub(super) fn node_facts(&self) -> NodeFacts {
+    pub(super) fn node_facts(&mut self) -> NodeFacts {
         let node = self
             .kube_node
             .node
@@ -80,12 +81,16 @@ impl PodIpam {
                 .unwrap_or_default()
         };
         let host = &self.settings.host_device;
+        let interfaces = self
+            .interfaces
+            .look(&[host.as_str(), &format!("{host}_peer")])
+            .unwrap_or_else(|| Judged::as_in(&self.agents.facts));
         crate::node_record::facts_of(
             addresses,
             &self.settings.node_labels,
             &self.settings.announce,
             node.as_ref(),
-            &[host.as_str(), &format!("{host}_peer")],
+            interfaces,
         )
     }
 }

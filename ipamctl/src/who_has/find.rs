@@ -39,6 +39,9 @@ pub(crate) enum Finding {
     Service {
         service: String,
         announced_by: Option<String>,
+        /// Nodes that cannot announce from some interface they announced from before, with
+        /// which and why (`node-1: edge0: no carrier (the link is lost)`).
+        interfaces_down: Vec<String>,
     },
     /// Inside a block a node holds.
     Block {
@@ -70,13 +73,24 @@ impl std::fmt::Display for Finding {
             Self::Service {
                 service,
                 announced_by,
-            } => write!(
-                f,
-                "the IP of service {service}, announced by {}",
-                announced_by
-                    .as_deref()
-                    .unwrap_or("no node (none is live and eligible)")
-            ),
+                interfaces_down,
+            } => {
+                write!(
+                    f,
+                    "the IP of service {service}, announced by {}",
+                    announced_by
+                        .as_deref()
+                        .unwrap_or("no node (none is live and eligible)")
+                )?;
+                if !interfaces_down.is_empty() {
+                    write!(
+                        f,
+                        "; not announced where an interface is down ({})",
+                        interfaces_down.join("; ")
+                    )?;
+                }
+                Ok(())
+            }
             Self::Block { node, pool, block } => {
                 write!(f, "in block {block} of pool {pool}, held by node {node}")
             }
@@ -128,15 +142,26 @@ pub(crate) async fn cluster<S: TypedStore>(
     let mut out = Vec::new();
     let services = store.list_typed::<Service>().await?;
     let announcing = crate::objects::parse::announcing_nodes(store).await?;
+    let nodes = store.list_typed::<NodeIpam>().await?;
+    let interfaces_down: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| {
+            n.value
+                .spec
+                .interfaces_down
+                .iter()
+                .map(|d| format!("{}: {}: {}", n.name, d.name, d.why))
+        })
+        .collect();
     for s in &services {
         if s.value.status.ingress.contains(&ip) || s.value.spec.external_ips.contains(&ip) {
             out.push(Finding::Service {
                 service: s.name.clone(),
                 announced_by: announcing.get(&ip).cloned(),
+                interfaces_down: interfaces_down.clone(),
             });
         }
     }
-    let nodes = store.list_typed::<NodeIpam>().await?;
     let mut in_block = false;
     for n in &nodes {
         if n.value.spec.addresses.contains(&ip) {

@@ -25,7 +25,7 @@ use ipam_tests::{
     cluster::{Cluster, NODE_LEASE_MS, wait_until},
     cni::{DEBIAN_CNI, run_cni},
     failover::{lb_service, uplink_policy},
-    netns::Netns,
+    netns::{Netns, veth},
     resolve::Resolver,
 };
 
@@ -1169,7 +1169,7 @@ fn an_owner_whose_announcing_link_dies_hands_its_ip_to_another_node_and_says_why
         node_of(&macs, got[0])
     };
     let at = c.nodes.iter().position(|n| n.name == owner).expect("owner");
-    let port = format!("s0p{at}");
+    let port = port_of(at);
 
     // The link dies: the switch's side of the owner's edge0 goes down, edge0 loses its carrier.
     let start = Instant::now();
@@ -1279,4 +1279,49 @@ fn an_owner_whose_announcing_link_dies_hands_its_ip_to_another_node_and_says_why
         || c.records()[&owner].value.spec.interfaces_down.is_empty(),
         || c.nodes[at].log(),
     );
+
+    // The interface is made anew (deleted, then created again: a new MAC and ifindex): the
+    // node says it went, and once it is back the responder is attached to the new one, which
+    // answers when the IP comes back to its owner.
+    let deleted = c.nodes[at]
+        .ns
+        .command("ip")
+        .args(["link", "del", "edge0"])
+        .status()
+        .expect("run ip");
+    assert!(deleted.success());
+    wait_until(
+        Duration::from_secs(10),
+        "the owner's record to say edge0 went",
+        || {
+            c.records()[&owner]
+                .value
+                .spec
+                .interfaces_down
+                .iter()
+                .any(|d| d.name == "edge0" && d.why.starts_with("gone"))
+        },
+        || c.nodes[at].log(),
+    );
+    veth(&c.nodes[at].ns, "edge0", &c.fabric, &port_of(at));
+    c.fabric.add_port(&port_of(at), "br1");
+    c.nodes[at].ns.add_address("edge0", &address);
+    let new_mac = c.nodes[at].ns.mac("edge0");
+    wait_until(
+        Duration::from_secs(10),
+        "the owner's new edge0 to answer for the IP",
+        || answers_from(&client, sender, ip) == [new_mac],
+        || {
+            format!(
+                "answers: {:x?}, new MAC {new_mac:x?}\n{}",
+                answers_from(&client, sender, ip),
+                c.nodes[at].log()
+            )
+        },
+    );
+}
+
+/// The switch's side of node `at`'s first extra segment (`Cluster::add_segment`).
+fn port_of(at: usize) -> String {
+    format!("s0p{at}")
 }

@@ -38,7 +38,7 @@ pub use ipam::default_store;
 pub use ipam::{IpamSettings, PoolConfig};
 pub use metrics::MetricsSettings;
 use node::default_node_name;
-pub use node::{AnnounceSettings, NodeSettings};
+pub use node::{AnnounceSettings, NodeSettings, OnStop};
 pub use store::{KubernetesStoreSettings, StoreKind, StoreSettings};
 
 use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
@@ -631,6 +631,20 @@ mod tests {
         // Older files name the embedded store's file in [ipam].
         let c = parse("[ipam]\nmode = \"cluster-pool\"\nstore = \"/x/s.redb\"\n").unwrap();
         assert_eq!(c.store_settings().path.unwrap(), PathBuf::from("/x/s.redb"));
+    }
+
+    #[test]
+    fn a_stop_is_a_leave_unless_said_to_be_a_restart() {
+        assert_eq!(parse("").unwrap().node.on_stop, OnStop::Leave);
+        let c = parse("[node]\non_stop = \"restart\"\n").unwrap();
+        assert_eq!(c.node.on_stop, OnStop::Restart);
+        let e = parse("[node]\non_stop = \"reboot\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("reboot") && e.contains("leave") && e.contains("restart"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -33,6 +33,29 @@ pub struct NodeSettings {
     /// When the node stops announcing Service IPs (`[node.announce]`).
     #[serde(default)]
     pub announce: AnnounceSettings,
+    /// What a stop of the agent (SIGTERM) means for the routes it advertises over BGP.
+    #[serde(default)]
+    pub on_stop: OnStop,
+}
+
+/// What a stop of the agent means (`[node] on_stop`). The agent cannot tell an upgrade from an
+/// uninstall by its signal: say which stops are restarts. A configuration reload (SIGHUP)
+/// before the stop changes it for that stop.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnStop {
+    /// The node leaves (uninstall, drain, a node going away): BGP sessions close with a Cease
+    /// and routers withdraw its routes at once.
+    #[default]
+    Leave,
+    /// The agent comes back (an upgrade, a restart of the DaemonSet or the service): BIRD
+    /// stops without a Cease, so routers with graceful restart (`gracefulRestart` on the
+    /// BGPPeer, and the router's helper mode) keep this node's routes for the peer's
+    /// `restartTimeSeconds`; the Service IPs stay on `lo`, so the node goes on taking their
+    /// traffic; the next agent resumes with the same routes and ends the restart
+    /// (End-of-RIB). If no agent comes back, routers drop the routes when the restart time
+    /// runs out.
+    Restart,
 }
 
 /// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.

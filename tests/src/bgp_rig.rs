@@ -294,6 +294,42 @@ fn route_back(ns: &Netns) {
     }
 }
 
+/// The client requesting an IP again and again until stopped, as a user's traffic would.
+pub struct RequestLoop {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, Vec<Duration>)>,
+}
+
+impl RequestLoop {
+    /// Requests `ip` from the rig's client every `every` (each may take up to a second).
+    pub fn start(rig: &BgpRig, ip: IpAddr, every: Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            rig.client.spawn(move || {
+                let start = std::time::Instant::now();
+                let (mut answered, mut failed) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let at = start.elapsed();
+                    match request(ip, Duration::from_secs(1)) {
+                        Some(_) => answered += 1,
+                        None => failed.push(at),
+                    }
+                    std::thread::sleep(every);
+                }
+                (answered, failed)
+            })
+        };
+        Self { stop, thread }
+    }
+
+    /// Stops; how many requests were answered, and when each failed one was sent.
+    pub fn stop(self) -> (usize, Vec<Duration>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("request loop")
+    }
+}
+
 fn request(ip: IpAddr, timeout: Duration) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&SocketAddr::new(ip, PORT), timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;

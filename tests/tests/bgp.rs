@@ -12,17 +12,20 @@
 //! reach the router as one aggregate (`aggregationLength`) and no host route; an IP answered for over L2 by one node and
 //! advertised over BGP keeps its address on that node when BGP lets it go; a node drained by
 //! the exclusion label and a reload withdraws its routes but keeps its sessions; a wrong password or AS number leaves the session down with a
-//! condition saying so on the BGPPeer; a node that loses power is withdrawn by BFD, and one
-//! stopped cleanly at once.
+//! condition saying so on the BGPPeer; a restart of an agent said as one (`on_stop =
+//! "restart"`) with graceful restart on the peer costs no request to a Service only it
+//! advertises; a node that loses power is withdrawn by BFD, and one stopped cleanly at once.
 
 use std::{collections::BTreeSet, net::IpAddr, time::Duration};
 
+use ipam_core::lb::bgp::GracefulRestart;
 use ipam_core::lb::resources::{
     IpFamilyPolicy, ServiceEndpoint, ServiceEndpoints, ServiceEndpointsSpec, TrafficPolicy,
 };
 use ipam_tests::{
     bgp_rig::{
-        BgpRig, PASSWORD, PORT, ROUTER_V4, ROUTER_V6, established_condition, peer, session_of,
+        BgpRig, PASSWORD, PORT, ROUTER_V4, ROUTER_V6, RequestLoop, established_condition, peer,
+        session_of,
     },
     cluster::{node_addresses, wait_until},
     failover::{lb_service, uplink_policy},
@@ -192,6 +195,8 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         || established_condition(c, "tor").is_some_and(|(up, _)| up),
         || format!("{:?}", c.list::<ipam_core::lb::bgp::BgpPeer>()),
     );
+
+    planned_restart(&mut rig, local_ip);
 
     // Power loss of node-2 (link first, so BIRD cannot say goodbye): BFD withdraws it.
     let lost = std::time::Instant::now();
@@ -506,4 +511,128 @@ fn local_endpoint_on_node_1(ready: bool) -> ServiceEndpoints {
             }],
         },
     }
+}
+
+/// Sets `[node] on_stop` in node `index`'s configuration (`None`: the default, a leave) and
+/// reloads it (SIGHUP).
+fn set_on_stop(rig: &BgpRig, index: usize, on_stop: Option<&str>) {
+    let node = &rig.cluster.nodes[index];
+    let text = std::fs::read_to_string(node.config_path()).expect("read the node's config");
+    let mut kept: String = text
+        .lines()
+        .filter(|l| !l.starts_with("on_stop"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if let Some(on_stop) = on_stop {
+        kept = kept.replacen("[node]\n", &format!("[node]\non_stop = \"{on_stop}\"\n"), 1);
+    }
+    std::fs::write(node.config_path(), kept).expect("write the node's config");
+    let daemon = node.daemon.as_ref().expect("the agent runs");
+    let reloads = daemon.log_text().matches("configuration reloaded").count();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_until(
+        Duration::from_secs(10),
+        "the agent to reload its configuration",
+        || daemon.log_text().matches("configuration reloaded").count() > reloads,
+        || daemon.log_text(),
+    );
+}
+
+/// A restart of node-1's agent said as one (`[node] on_stop = "restart"`, by a reload), with
+/// graceful restart on the peer `tor` (and no BFD: a router drops a peer's routes when its BFD
+/// session goes down, unless it checks the control-plane-independent bit): BIRD stops without
+/// a Cease, the router keeps node-1's routes as stale while no agent runs (default/local's
+/// only route among them), and the next agent, its BIRD recovering, takes them up and ends the
+/// restart. Every request to default/local, one every 20 ms, is answered throughout. Then the
+/// peer and the node are put back as they were.
+fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
+    let mut tor = peer(ROUTER_V4, PASSWORD, 64512, false);
+    tor.spec.graceful_restart = Some(GracefulRestart {
+        restart_time_seconds: 30,
+    });
+    rig.cluster.put("tor", &tor);
+    let node_1 = node_addresses(1).0;
+    wait_until(
+        Duration::from_secs(20),
+        "the router to hear node-1 offer graceful restart",
+        || {
+            rig.router
+                .vtysh(&[&format!("show bgp neighbors {node_1}")])
+                .contains("Remote GR Mode: Restart")
+        },
+        || rig.router.vtysh(&[&format!("show bgp neighbors {node_1}")]),
+    );
+    rig.wait_for_hops(
+        local_ip,
+        &[1],
+        "default/local's route from node-1, with graceful restart",
+    );
+    set_on_stop(rig, 1, Some("restart"));
+
+    let requests = RequestLoop::start(rig, local_ip, Duration::from_millis(20));
+    std::thread::sleep(Duration::from_millis(500));
+    let stopped = std::time::Instant::now();
+    rig.cluster.nodes[1]
+        .daemon
+        .take()
+        .expect("node-1 runs")
+        .terminate();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        rig.router.next_hops(local_ip),
+        [node_1.parse::<IpAddr>().unwrap()],
+        "the router keeps node-1's route while its agent is away:\n{}",
+        rig.router.vtysh(&[&format!("show bgp neighbors {node_1}")])
+    );
+    rig.cluster.nodes[1].start();
+    let c = &rig.cluster;
+    wait_until(
+        Duration::from_secs(20),
+        "node-1's session established again",
+        || session_of(c, "tor", "node-1").is_some_and(|(state, _)| state == "Established"),
+        || c.nodes[1].log(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let away = stopped.elapsed();
+    let (answered, failed) = requests.stop();
+    println!(
+        "planned restart of node-1: {answered} requests answered, {} failed, over {away:?} \
+         (the agent away about 3 s)",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "requests to default/local failed during the restart at {failed:?}\n{}",
+        c.nodes[1].log()
+    );
+    assert!(
+        c.nodes[1]
+            .log()
+            .contains("BIRD resumes after a graceful restart"),
+        "{}",
+        c.nodes[1].log()
+    );
+
+    set_on_stop(rig, 1, None);
+    rig.cluster
+        .put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));
+    rig.wait_for_hops(
+        local_ip,
+        &[1],
+        "default/local's route from node-1, BFD back",
+    );
+    let nodes: Vec<String> = (0..3).map(|i| node_addresses(i).0).collect();
+    wait_until(
+        Duration::from_secs(20),
+        "the IPv4 sessions' BFD up again",
+        || {
+            let peers = rig.router.vtysh(&["show bfd peers brief"]);
+            nodes.iter().all(|n| {
+                peers
+                    .lines()
+                    .any(|l| l.split_whitespace().any(|w| w == n) && l.contains("up"))
+            })
+        },
+        || rig.router.vtysh(&["show bfd peers brief"]),
+    );
 }

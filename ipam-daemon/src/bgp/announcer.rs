@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use ipam_config::BgpSettings;
+use ipam_config::{BgpSettings, OnStop};
 use ipam_core::{
     backoff::Backoff,
     lb::{
@@ -62,9 +62,12 @@ pub struct Inputs {
     pub local_addresses: LocalAddresses,
 }
 
-/// The running announcer; `stop` closes the sessions with a Cease.
+/// A stop's request: what it means, and where to say it is done.
+type StopRequest = (OnStop, oneshot::Sender<()>);
+
+/// The running announcer; `stop` ends it as the stop means (`OnStop`).
 pub struct BgpAnnouncer {
-    stop: oneshot::Sender<oneshot::Sender<()>>,
+    stop: oneshot::Sender<StopRequest>,
 }
 
 impl BgpAnnouncer {
@@ -74,10 +77,12 @@ impl BgpAnnouncer {
         Self { stop }
     }
 
-    /// Stops BIRD (the routers withdraw this node's routes at once) and waits for it.
-    pub async fn stop(self) {
+    /// Stops BIRD and waits for it: for a leave with a Cease (the routers withdraw this node's
+    /// routes at once) and the Service IPs off `lo`; for a restart without one (routers with
+    /// graceful restart keep the routes) and the IPs left on `lo` for the traffic they bring.
+    pub async fn stop(self, on_stop: OnStop) {
         let (done, wait) = oneshot::channel();
-        if self.stop.send(done).is_ok() {
+        if self.stop.send((on_stop, done)).is_ok() {
             let _ = tokio::time::timeout(Duration::from_secs(6), wait).await;
         }
     }
@@ -123,7 +128,7 @@ impl Seen {
     }
 }
 
-async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
+async fn run(inputs: Inputs, mut stop: oneshot::Receiver<StopRequest>) {
     let store = inputs.store.clone();
     let mut peers_watch = watch_until_it_works::<BgpPeer, _>(&store, "BGP").await;
     let mut ads_watch = watch_until_it_works::<BgpAdvertisement, _>(&store, "BGP").await;
@@ -167,9 +172,13 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<oneshot::Sender<()>>) {
                     apply_at = changed(apply_at);
                 }
             }
-            done = &mut stop => {
-                announcer.stop().await;
-                if let Ok(done) = done {
+            request = &mut stop => {
+                let (on_stop, done) = match request {
+                    Ok((on_stop, done)) => (on_stop, Some(done)),
+                    Err(_) => (OnStop::Leave, None),
+                };
+                announcer.stop(on_stop).await;
+                if let Some(done) = done {
                     let _ = done.send(());
                 }
                 return;
@@ -268,10 +277,13 @@ impl Announcer {
         due
     }
 
-    /// BIRD stopped, the addresses off `lo`.
-    async fn stop(&mut self) {
-        self.speaker.stop().await;
-        self.addresses.remove_others(&BTreeSet::new());
+    /// BIRD stopped; for a leave the addresses off `lo` too. For a restart they stay: the
+    /// routers that keep this node's routes go on sending it their traffic.
+    async fn stop(&mut self, on_stop: OnStop) {
+        self.speaker.stop(on_stop).await;
+        if on_stop == OnStop::Leave {
+            self.addresses.remove_others(&BTreeSet::new());
+        }
     }
 }
 
@@ -364,9 +376,13 @@ impl Speaker {
         }
     }
 
-    async fn stop(&mut self) {
-        if let Some(bird) = self.bird.take() {
-            bird.stop().await;
+    async fn stop(&mut self, on_stop: OnStop) {
+        let Some(bird) = self.bird.take() else {
+            return;
+        };
+        match on_stop {
+            OnStop::Leave => bird.stop().await,
+            OnStop::Restart => bird.stop_for_restart().await,
         }
     }
 }

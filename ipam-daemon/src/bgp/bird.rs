@@ -1,7 +1,10 @@
 //! The BIRD routing daemon, run by the agent as its child: started with the node's
 //! configuration, reconfigured in place (`birdc configure`), asked for its sessions, and
 //! stopped with SIGTERM, on which BIRD closes every session with a Cease notification, so the
-//! routers withdraw this node's routes at once instead of waiting for a hold timer.
+//! routers withdraw this node's routes at once instead of waiting for a hold timer; or, for a
+//! restart of the agent (`[node] on_stop = "restart"`), with `birdc graceful restart`: no
+//! Cease, routers with graceful restart keep the routes, and the next BIRD starts in recovery
+//! (`bird -R`) and ends the restart with End-of-RIB.
 //!
 //! BIRD gets SIGTERM too if the agent itself dies (`PR_SET_PDEATHSIG`): a BIRD left behind
 //! would keep advertising for a node whose agent no longer follows its Services. Routers that
@@ -69,6 +72,11 @@ impl Bird {
         settings.run_dir.join("bird.ctl")
     }
 
+    /// Left by a stop for a restart: the next BIRD starts in graceful restart recovery.
+    fn restart_marker(settings: &BgpSettings) -> PathBuf {
+        settings.run_dir.join("graceful-restart")
+    }
+
     /// Starts BIRD with `config`; returns once it answers on its control socket.
     pub async fn start(settings: &BgpSettings, config: &str) -> Result<Self, BirdError> {
         let dir = &settings.run_dir;
@@ -89,7 +97,13 @@ impl Bird {
             dir: dir.clone(),
             source,
         })?;
+        // After a stop for a restart, BIRD starts in graceful restart recovery: it sends the
+        // routers its routes and then End-of-RIB, which ends the restart for them.
+        let recovering = Self::restart_marker(settings).exists();
         let mut command = Command::new(&settings.bird);
+        if recovering {
+            command.arg("-R");
+        }
         command
             .arg("-f")
             .arg("-c")
@@ -134,6 +148,13 @@ impl Bird {
                 return Err(BirdError::Exited { status });
             }
             if bird.birdc("show status").await.is_ok() {
+                if recovering {
+                    let _ = std::fs::remove_file(Self::restart_marker(settings));
+                    tracing::info!(
+                        "BGP: BIRD resumes after a graceful restart: routers that kept this \
+                         node's routes get them again, then End-of-RIB"
+                    );
+                }
                 return Ok(bird);
             }
             if tokio::time::Instant::now() > deadline {
@@ -193,6 +214,35 @@ impl Bird {
             Ok(_) => tracing::info!("BIRD stopped; its sessions closed with a Cease"),
             Err(_) => {
                 tracing::warn!("BIRD did not stop within 5 s of SIGTERM; killing it");
+                let _ = self.child.kill().await;
+            }
+        }
+    }
+
+    /// Stops BIRD for a restart of the agent: no Cease, so routers with graceful restart keep
+    /// this node's routes as stale for the restart time, and the next BIRD starts in recovery.
+    /// Should BIRD refuse, it is stopped as for a leave.
+    pub async fn stop_for_restart(mut self) {
+        let marker = Self::restart_marker(&self.settings);
+        if let Err(e) = std::fs::write(&marker, b"") {
+            tracing::warn!(
+                "cannot leave {} for the next BIRD ({e}): stopping BIRD as for a leave",
+                marker.display()
+            );
+            return self.stop().await;
+        }
+        if let Err(e) = self.birdc("graceful restart").await {
+            tracing::warn!("BIRD refused a graceful restart ({e}): stopping it as for a leave");
+            let _ = std::fs::remove_file(&marker);
+            return self.stop().await;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
+            Ok(_) => tracing::info!(
+                "BIRD stopped for a restart: no Cease; routers with graceful restart keep this \
+                 node's routes until the next agent resumes them"
+            ),
+            Err(_) => {
+                tracing::warn!("BIRD did not stop within 5 s of a graceful restart; killing it");
                 let _ = self.child.kill().await;
             }
         }

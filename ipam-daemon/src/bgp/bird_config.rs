@@ -49,6 +49,9 @@ fn fnv32(s: &str) -> u32 {
 }
 
 /// The whole configuration file for `node`.
+/// The longest a BIRD recovering from a restart waits for its peers before it sends routes.
+const GRACEFUL_RESTART_WAIT_S: u32 = 15;
+
 pub fn render(node: &str, router_id: Option<Ipv4Addr>, wanted: &NodeAdvertisements) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -57,6 +60,12 @@ pub fn render(node: &str, router_id: Option<Ipv4Addr>, wanted: &NodeAdvertisemen
     );
     if let Some(id) = router_id {
         let _ = writeln!(out, "router id {id};");
+    }
+    if wanted.peers.values().any(|p| p.graceful_restart.is_some()) {
+        // A BIRD started in recovery (after a restart of the agent) holds its routes back
+        // until its graceful-restart peers are back, at most this long: a router that is down
+        // must not keep them from the others.
+        let _ = writeln!(out, "graceful restart wait {GRACEFUL_RESTART_WAIT_S};");
     }
     out.push_str("protocol device { scan time 10; }\n");
     if wanted.peers.values().any(|p| p.bfd.is_some()) {

@@ -77,8 +77,9 @@ pub(super) async fn run(
         op.stop().await;
     }
     if let Some(bgp) = node.bgp {
-        // Closes the sessions with a Cease: the routers withdraw this node's routes now.
-        bgp.stop().await;
+        // A leave closes the sessions with a Cease: the routers withdraw this node's routes
+        // now. A restart keeps them at routers with graceful restart until the next agent.
+        bgp.stop(config.node.on_stop).await;
     }
     match node.gossip {
         // Leaving makes the others take the IPs over at once: this node must be silent first.

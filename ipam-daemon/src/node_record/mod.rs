@@ -255,6 +255,7 @@ mod tests {
             socket: Default::default(),
             socket_group: None,
             announce: Default::default(),
+            on_stop: Default::default(),
         };
         let f = facts(&node, Some(kube.clone()), Default::default());
         assert_eq!(

@@ -116,6 +116,12 @@ pub enum ConfigError {
         timeout: u64,
     },
     #[error(
+        "config file {path}: [node] restart_within_ms ({value}) must be between 1000 and 60000: \
+         long enough for an agent to start again, short enough that a node that does not come \
+         back is not answered for long"
+    )]
+    RestartWithin { path: PathBuf, value: u64 },
+    #[error(
         "config file {path}: [store] kind = \"etcd\" needs a [store.etcd] section with the \
          members' client URLs in endpoints"
     )]
@@ -290,6 +296,12 @@ impl Config {
         {
             return Err(ConfigError::EtcdMissing {
                 path: path.to_owned(),
+            });
+        }
+        if !node::RESTART_WITHIN_MS.contains(&self.node.restart_within_ms) {
+            return Err(ConfigError::RestartWithin {
+                path: path.to_owned(),
+                value: self.node.restart_within_ms,
             });
         }
         if self.gossip.is_some() && !self.store.kind.is_shared() {

@@ -7,7 +7,7 @@ use serde::Deserialize;
 /// The `[node]` section: who this node is, for the Service IPs it may answer for and for the
 /// gossip. With `[ipam]` the same three may be given there as `node_name`, `node_labels` and
 /// `node_addresses` (the older spelling); each in one place only.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSettings {
     /// The node's name in the cluster state; defaults to `NODE_NAME`, else the host name.
@@ -33,9 +33,28 @@ pub struct NodeSettings {
     /// When the node stops announcing Service IPs (`[node.announce]`).
     #[serde(default)]
     pub announce: AnnounceSettings,
-    /// What a stop of the agent (SIGTERM) means for the routes it advertises over BGP.
+    /// What a stop of the agent (SIGTERM) means: a leave, or a restart.
     #[serde(default)]
     pub on_stop: OnStop,
+    /// For a restart with `[gossip]`: how long the stopping agent's responders go on answering
+    /// for its Service IPs, and the other agents keep them where they are, waiting for the next
+    /// agent (1,000 to 60,000 ms).
+    #[serde(default = "default_restart_within_ms")]
+    pub restart_within_ms: u64,
+}
+
+/// The bounds of `[node] restart_within_ms`: long enough for an agent to start, short enough
+/// that a node that never comes back is not answered for long.
+pub(crate) const RESTART_WITHIN_MS: std::ops::RangeInclusive<u64> = 1_000..=60_000;
+
+fn default_restart_within_ms() -> u64 {
+    10_000
+}
+
+impl NodeSettings {
+    pub fn restart_within(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.restart_within_ms)
+    }
 }
 
 /// What a stop of the agent means (`[node] on_stop`). The agent cannot tell an upgrade from an
@@ -56,6 +75,21 @@ pub enum OnStop {
     /// (End-of-RIB). If no agent comes back, routers drop the routes when the restart time
     /// runs out.
     Restart,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            labels: BTreeMap::new(),
+            addresses: Vec::new(),
+            socket: PathBuf::new(),
+            socket_group: None,
+            announce: AnnounceSettings::default(),
+            on_stop: OnStop::default(),
+            restart_within_ms: default_restart_within_ms(),
+        }
+    }
 }
 
 /// The `[node.announce]` table: which states of the node keep it from announcing Service IPs.

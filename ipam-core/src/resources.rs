@@ -135,6 +135,10 @@ pub struct NodeIpamSpec {
     /// more, with why: where it stopped answering for Service IPs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces_down: Vec<InterfaceDown>,
+    /// Set by the node's agent as it stops for a restart (`[node] on_stop = "restart"`); the
+    /// next agent clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarting: Option<RestartNotice>,
     /// Whether the node may announce Service IPs, as its own agent judged it.
     #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
     pub announcing: NodeAnnouncing,
@@ -244,6 +248,20 @@ pub struct NodeInterface {
     /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.
     #[serde(default)]
     pub addresses: Vec<String>,
+}
+
+/// A node's agent stopping for a restart: its responders go on answering for its Service IPs
+/// for `withinMs`, and the other agents keep those IPs where they are for as long, counted
+/// from when each sees the notice (so no clock is compared), unless the node is back in the
+/// gossip sooner. If it is not back by then, they take its IPs over as from a dead node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct RestartNotice {
+    pub within_ms: u64,
+    /// When the agent stopped (Unix milliseconds, its clock): tells one restart from the next,
+    /// and people when it happened; not used for timing.
+    pub since_unix_ms: u64,
 }
 
 /// An interface a node announced from that it cannot announce from any more.

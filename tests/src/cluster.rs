@@ -605,6 +605,38 @@ impl ClusterNode {
         &self.config.0
     }
 
+    /// Sets `key` in the agent's `[node]` section to `value` (TOML), or takes it out with
+    /// `None`, and has the running agent reload its configuration (SIGHUP).
+    pub fn set_node_setting(&self, key: &str, value: Option<&str>) {
+        let text = std::fs::read_to_string(self.config_path()).expect("read the agent's config");
+        let prefix = format!("{key} =");
+        let mut kept: String = text
+            .lines()
+            .filter(|l| !l.starts_with(&prefix))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if let Some(value) = value {
+            if !kept.contains("[node]\n") {
+                kept.push_str("[node]\n");
+            }
+            kept = kept.replacen("[node]\n", &format!("[node]\n{key} = {value}\n"), 1);
+        }
+        std::fs::write(self.config_path(), kept).expect("write the agent's config");
+        let daemon = self.daemon.as_ref().expect("the agent runs");
+        let reloads = daemon.log_text().matches("configuration reloaded").count();
+        daemon.signal(nix::sys::signal::Signal::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemon.log_text().matches("configuration reloaded").count() <= reloads {
+            assert!(
+                Instant::now() < deadline,
+                "{}: no reload:\n{}",
+                self.name,
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log(&self) -> String {
         self.daemon
             .as_ref()

@@ -513,31 +513,6 @@ fn local_endpoint_on_node_1(ready: bool) -> ServiceEndpoints {
     }
 }
 
-/// Sets `[node] on_stop` in node `index`'s configuration (`None`: the default, a leave) and
-/// reloads it (SIGHUP).
-fn set_on_stop(rig: &BgpRig, index: usize, on_stop: Option<&str>) {
-    let node = &rig.cluster.nodes[index];
-    let text = std::fs::read_to_string(node.config_path()).expect("read the node's config");
-    let mut kept: String = text
-        .lines()
-        .filter(|l| !l.starts_with("on_stop"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    if let Some(on_stop) = on_stop {
-        kept = kept.replacen("[node]\n", &format!("[node]\non_stop = \"{on_stop}\"\n"), 1);
-    }
-    std::fs::write(node.config_path(), kept).expect("write the node's config");
-    let daemon = node.daemon.as_ref().expect("the agent runs");
-    let reloads = daemon.log_text().matches("configuration reloaded").count();
-    daemon.signal(nix::sys::signal::Signal::SIGHUP);
-    wait_until(
-        Duration::from_secs(10),
-        "the agent to reload its configuration",
-        || daemon.log_text().matches("configuration reloaded").count() > reloads,
-        || daemon.log_text(),
-    );
-}
-
 /// A restart of node-1's agent said as one (`[node] on_stop = "restart"`, by a reload), with
 /// graceful restart on the peer `tor` (and no BFD: a router drops a peer's routes when its BFD
 /// session goes down, unless it checks the control-plane-independent bit): BIRD stops without
@@ -567,7 +542,7 @@ fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
         &[1],
         "default/local's route from node-1, with graceful restart",
     );
-    set_on_stop(rig, 1, Some("restart"));
+    rig.cluster.nodes[1].set_node_setting("on_stop", Some("\"restart\""));
 
     let requests = RequestLoop::start(rig, local_ip, Duration::from_millis(20));
     std::thread::sleep(Duration::from_millis(500));
@@ -613,7 +588,7 @@ fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
         c.nodes[1].log()
     );
 
-    set_on_stop(rig, 1, None);
+    rig.cluster.nodes[1].set_node_setting("on_stop", None);
     rig.cluster
         .put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));
     rig.wait_for_hops(

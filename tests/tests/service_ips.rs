@@ -1325,3 +1325,138 @@ fn an_owner_whose_announcing_link_dies_hands_its_ip_to_another_node_and_says_why
 fn port_of(at: usize) -> String {
     format!("s0p{at}")
 }
+
+/// A rolling restart of every agent, each stop said to be a restart (`[node] on_stop =
+/// "restart"`, with the gossip): the stopping agent's responders go on answering, its record
+/// says it will be back, the others keep its IPs where they are, and the next agent takes them
+/// up without a hand-over. A client asking for every IP every 40 ms sees each answered by its
+/// one owner's MAC throughout: no request unanswered, no IP moved. Then an agent that stops for
+/// a restart and does not come back within its `restart_within_ms` is taken over as a dead
+/// node, with never two MACs to one request.
+#[test]
+fn a_rolling_restart_moves_no_service_ip_and_leaves_no_request_unanswered() {
+    let mut c = Cluster::start_add_on("rr", 1);
+    c.enable_gossip();
+    for _ in 0..3 {
+        c.add_node("rr");
+    }
+    for n in &c.nodes {
+        n.set_node_setting("on_stop", Some("\"restart\""));
+    }
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    c.put("lb", &pool(vec![range("10.77.0.40", "10.77.0.49")]));
+    c.put("uplinks", &uplink_policy());
+    let services = ["default/a", "default/b", "default/c", "default/d"];
+    for name in services {
+        c.put(name, &lb_service(80));
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "every Service's IP, announced",
+        || {
+            services
+                .iter()
+                .all(|s| announced_condition(&c, s).is_some_and(|(ok, _)| ok))
+        },
+        || format!("{:?}", services.map(|s| announced_condition(&c, s))),
+    );
+    let ips: Vec<Ipv4Addr> = service_ips(&c).into_values().collect();
+    let client = c.add_client("rrc");
+    let owners: BTreeMap<Ipv4Addr, String> = ips
+        .iter()
+        .map(|ip| (*ip, owner_of(&c, &client, &macs, *ip)))
+        .collect();
+
+    let start = Instant::now();
+    let watches: Vec<ArpWatch> = ips
+        .iter()
+        .map(|ip| ArpWatch::start(&client, CLIENT, *ip, start))
+        .collect();
+    for i in 0..c.nodes.len() {
+        c.nodes[i]
+            .daemon
+            .take()
+            .expect("the agent runs")
+            .terminate();
+        // Away for longer than the gossip takes to declare a silent member dead.
+        std::thread::sleep(Duration::from_millis(1500));
+        c.nodes[i].start();
+        let name = c.nodes[i].name.clone();
+        wait_until(
+            Duration::from_secs(10),
+            "the next agent to clear its node's restart notice",
+            || c.records()[&name].value.spec.restarting.is_none(),
+            || c.nodes[i].log(),
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for (ip, watch) in ips.iter().zip(watches) {
+        let samples = watch.stop();
+        let owner = &owners[ip];
+        let wrong: Vec<_> = samples
+            .iter()
+            .filter(|s| s.macs.len() != 1 || node_of(&macs, s.macs[0]) != *owner)
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{ip} (owned by {owner}) during the rolling restart, {} requests: {} not answered \
+             by {owner} alone: {:x?}\n{}",
+            samples.len(),
+            wrong.len(),
+            wrong.iter().take(10).collect::<Vec<_>>(),
+            c.nodes
+                .iter()
+                .map(ipam_tests::cluster::ClusterNode::log)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+    }
+    for n in &c.nodes {
+        assert!(
+            n.log()
+                .contains("answering its Service IPs on without a wait"),
+            "{}: {}",
+            n.name,
+            n.log()
+        );
+    }
+
+    // A restart that does not come back in time: taken over as a dead node.
+    let (ip, owner) = owners.iter().next().map(|(i, o)| (*i, o.clone())).unwrap();
+    let at = c.nodes.iter().position(|n| n.name == owner).unwrap();
+    c.nodes[at].set_node_setting("restart_within_ms", Some("2000"));
+    let start = Instant::now();
+    let watch = ArpWatch::start(&client, CLIENT, ip, start);
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = start.elapsed();
+    c.nodes[at]
+        .daemon
+        .take()
+        .expect("the agent runs")
+        .terminate();
+    wait_until(
+        Duration::from_secs(10),
+        "another node to answer for the IP of the node that did not come back",
+        || {
+            answers(&client, ip)
+                .first()
+                .is_some_and(|m| node_of(&macs, *m) != owner)
+        },
+        || c.nodes[(at + 1) % 3].log(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let samples = watch.stop();
+    let doubles = double_answers(&samples);
+    assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
+    let (taker, after) = answered_elsewhere(&samples, &macs, &owner, stopped)
+        .expect("answered elsewhere after the promise ran out");
+    println!(
+        "{owner} did not come back from its restart: {ip} answered by {taker} after {after:?}"
+    );
+    assert!(
+        after >= Duration::from_millis(1500),
+        "{ip} moved after {after:?}, before the promise (2 s) ran out"
+    );
+    c.nodes[at].start();
+}

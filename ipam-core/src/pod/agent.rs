@@ -65,6 +65,7 @@ impl NodeFacts {
             && self.interfaces == record.spec.interfaces
             && self.interfaces_down == record.spec.interfaces_down
             && self.announcing == record.spec.announcing
+            && record.spec.restarting.is_none()
     }
 
     fn publish(&self, record: &mut NodeIpam) {
@@ -73,6 +74,8 @@ impl NodeFacts {
         record.spec.interfaces = self.interfaces.clone();
         record.spec.interfaces_down = self.interfaces_down.clone();
         record.spec.announcing = self.announcing.clone();
+        // This agent runs: a restart notice of the one before it is over.
+        record.spec.restarting = None;
     }
 
     /// Writes the facts into `node`'s record, creating it (with no blocks) when there is none;
@@ -228,6 +231,7 @@ impl NodeAgent {
                 labels: self.facts.labels.clone(),
                 interfaces: self.facts.interfaces.clone(),
                 interfaces_down: self.facts.interfaces_down.clone(),
+                restarting: None,
                 announcing: self.facts.announcing.clone(),
                 peers_down: Vec::new(),
             },

@@ -100,6 +100,30 @@ impl Bird {
         // After a stop for a restart, BIRD starts in graceful restart recovery: it sends the
         // routers its routes and then End-of-RIB, which ends the restart for them.
         let recovering = Self::restart_marker(settings).exists();
+        let mut child = Self::command(settings, recovering)
+            .spawn()
+            .map_err(|source| BirdError::Spawn {
+                bird: settings.bird.clone(),
+                source,
+            })?;
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    tracing::info!(speaker = "bird", "{line}");
+                }
+            });
+        }
+        let bird = Self {
+            settings: settings.clone(),
+            child,
+        };
+        bird.until_it_answers(recovering).await
+    }
+
+    /// BIRD's command line: in the foreground, its files in the run directory, killed with the
+    /// agent.
+    fn command(settings: &BgpSettings, recovering: bool) -> Command {
         let mut command = Command::new(&settings.bird);
         if recovering {
             command.arg("-R");
@@ -111,7 +135,7 @@ impl Bird {
             .arg("-s")
             .arg(Self::socket(settings))
             .arg("-P")
-            .arg(dir.join("bird.pid"))
+            .arg(settings.run_dir.join("bird.pid"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -125,41 +149,30 @@ impl Bird {
                 Ok(())
             });
         }
-        let mut child = command.spawn().map_err(|source| BirdError::Spawn {
-            bird: settings.bird.clone(),
-            source,
-        })?;
-        if let Some(stderr) = child.stderr.take() {
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    tracing::info!(speaker = "bird", "{line}");
-                }
-            });
-        }
-        let mut bird = Self {
-            settings: settings.clone(),
-            child,
-        };
+        command
+    }
+
+    /// Waits until BIRD answers on its control socket (or exits, or 10 s pass).
+    async fn until_it_answers(mut self, recovering: bool) -> Result<Self, BirdError> {
         let waited = Duration::from_secs(10);
         let deadline = tokio::time::Instant::now() + waited;
         loop {
-            if let Some(status) = bird.exited() {
+            if let Some(status) = self.exited() {
                 return Err(BirdError::Exited { status });
             }
-            if bird.birdc("show status").await.is_ok() {
+            if self.birdc("show status").await.is_ok() {
                 if recovering {
-                    let _ = std::fs::remove_file(Self::restart_marker(settings));
+                    let _ = std::fs::remove_file(Self::restart_marker(&self.settings));
                     tracing::info!(
                         "BGP: BIRD resumes after a graceful restart: routers that kept this \
                          node's routes get them again, then End-of-RIB"
                     );
                 }
-                return Ok(bird);
+                return Ok(self);
             }
             if tokio::time::Instant::now() > deadline {
                 return Err(BirdError::NoSocket {
-                    socket: Self::socket(settings),
+                    socket: Self::socket(&self.settings),
                     waited,
                 });
             }

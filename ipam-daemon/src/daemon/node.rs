@@ -19,11 +19,13 @@
 //! Each arrow is a typed value; no controller reaches into another's state.
 
 use std::{
+    collections::BTreeSet,
+    net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
-use ipam_config::{Config, IpamSettings, NodeSettings};
+use ipam_config::{Config, IpamSettings, NodeSettings, OnStop};
 use ipam_datapath::Datapath;
 use tokio::{sync::watch, task::JoinHandle};
 
@@ -34,7 +36,7 @@ use super::{
 use crate::{
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
-    l2::{self, Configured, OwnedIps, announcer::AnnounceError},
+    l2::{self, Configured, OwnedIp, OwnedIps, announcer::AnnounceError},
     liveness::{
         self, Fence, LeaseFence,
         gossip::{self, Gossip},
@@ -56,8 +58,13 @@ pub(super) async fn run(
     observed: Observed,
 ) -> Result<(), DaemonError> {
     config.check_fencing(&config_path)?;
-    let datapath = open_datapath(&config, role, &observed)?;
-    let mut node = NodeControllers::start(&config, role, datapath.clone(), observed).await?;
+    // After a stop for a restart whose promise still runs, the responders answer on until the
+    // deadline the agent before left, and what they answer is this agent's to start from.
+    let restarting =
+        liveness::restart::promise_runs(&liveness::restart::promise_file(&config.node.socket));
+    let datapath = open_datapath(&config, role, &observed, restarting)?;
+    let mut node =
+        NodeControllers::start(&config, role, datapath.clone(), observed, restarting).await?;
     let mut signals = Signals::install()?;
     loop {
         tokio::select! {
@@ -73,32 +80,7 @@ pub(super) async fn run(
             },
         }
     }
-    if let Some(op) = node.operator {
-        op.stop().await;
-    }
-    if let Some(bgp) = node.bgp {
-        // A leave closes the sessions with a Cease: the routers withdraw this node's routes
-        // now. A restart keeps them at routers with graceful restart until the next agent.
-        bgp.stop(config.node.on_stop).await;
-    }
-    match node.gossip {
-        // Leaving makes the others take the IPs over at once: this node must be silent first.
-        Some(gossip) => {
-            if let Err(e) = datapath.lock().expect("datapath lock").silence() {
-                tracing::error!(
-                    "cannot silence the responders before leaving the gossip; they answer for up \
-                     to {} ms more: {e}",
-                    config.datapath.liveness_timeout_ms
-                );
-            }
-            gossip.leave().await;
-            tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
-        }
-        None => tracing::info!(
-            "stopping; responders keep answering for up to {} ms, until the liveness timeout",
-            config.datapath.liveness_timeout_ms
-        ),
-    }
+    node.stop(&config, &datapath).await;
     Ok(())
 }
 
@@ -107,10 +89,13 @@ fn open_datapath(
     config: &Config,
     role: Role,
     observed: &Observed,
+    restarting: bool,
 ) -> Result<Arc<Mutex<Datapath>>, DaemonError> {
     let mut datapath =
         Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
-    datapath.heartbeat(config.datapath.liveness_timeout())?;
+    if !restarting {
+        datapath.heartbeat(config.datapath.liveness_timeout())?;
+    }
     tracing::info!(
         role = role.name(),
         root = %datapath.root().display(),
@@ -178,6 +163,9 @@ struct NodeControllers {
     gossip: Option<Gossip>,
     bgp: Option<BgpAnnouncer>,
     responder: JoinHandle<Result<(), AnnounceError>>,
+    heartbeat: JoinHandle<()>,
+    /// The shared store, when the node runs on one.
+    store: Option<ClusterStore>,
 }
 
 /// What the cluster side of a node gives the announcement and liveness controllers.
@@ -192,11 +180,18 @@ impl NodeControllers {
         role: Role,
         datapath: Arc<Mutex<Datapath>>,
         observed: Observed,
+        restarting: bool,
     ) -> Result<Self, DaemonError> {
         let (configured, configured_rx) = watch::channel(Configured::of(config));
-        // Seeded with the configured IPs: the responder's first pass must not withdraw what a
-        // previous run announced and this one still wants (answered without a gap).
-        let seed = Configured::of(config).with(&OwnedIps::new());
+        let inherited = if restarting {
+            inherited_answers(config, &datapath)
+        } else {
+            OwnedIps::new()
+        };
+        // Seeded with the configured IPs (and after a restart those the agent before answered):
+        // the responder's first pass must not withdraw what a previous run announced and this
+        // one still wants (answered without a gap).
+        let seed = Configured::of(config).with(&inherited);
         let (announcements, announcements_rx) = watch::channel(seed);
         // The node's links and addresses, followed once for every controller that reads them.
         let link_changes = crate::net::link_changes::follow();
@@ -211,51 +206,32 @@ impl NodeControllers {
         if !config.announcements.is_empty() {
             local_addresses.ensure_strict_arp();
         }
-        let mut on_store = OnTheStore::default();
-        let cluster = match config.ipam.clone() {
-            Some(settings) => {
-                let store = open_store(config, &observed).await?;
-                check_mode(&store, settings.mode).await?;
-                on_store.start_operator_and_gossip(config, role, &store, &observed);
-                on_store
-                    .start_pod_ipam(
-                        config,
-                        &settings,
-                        &store,
-                        &datapath,
-                        &observed,
-                        link_changes,
-                    )
-                    .await?;
-                on_store.start_announcers(config, store, &observed, local_addresses)
-            }
-            None if config.is_add_on() => {
-                let store = open_store(config, &observed).await?;
-                check_add_on(&store).await?;
-                tracing::info!(
-                    node = config.node.name.as_str(),
-                    "add-on mode (no [ipam]): answering for the cluster's Service IPs only; no \
-                     pod IPAM, no CNI, no pod datapath"
-                );
-                on_store.start_operator_and_gossip(config, role, &store, &observed);
-                on_store.start_node_record(config, &store, &observed, link_changes)?;
-                on_store.start_announcers(config, store, &observed, local_addresses)
-            }
-            None => ClusterSide::standalone(),
-        };
+        let (on_store, cluster) = OnTheStore::start(
+            NodeStart {
+                config,
+                role,
+                datapath: &datapath,
+                observed: &observed,
+                link_changes,
+            },
+            local_addresses,
+            inherited,
+        )
+        .await?;
         tokio::spawn(l2::configured::run(
             configured_rx,
             cluster.owned,
             announcements,
         ));
         let (timing, timing_rx) = watch::channel(timing(config));
-        tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
+        let heartbeat = tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
         let OnTheStore {
             ipam,
             node_settings,
             operator,
             gossip,
             bgp,
+            store,
         } = on_store;
         Ok(Self {
             configured,
@@ -266,7 +242,76 @@ impl NodeControllers {
             gossip,
             bgp,
             responder,
+            heartbeat,
+            store,
         })
+    }
+
+    /// Stops as `[node] on_stop` says: for a leave, BGP withdrawn and the gossip left (the
+    /// others answer for this node's IPs at once, its responders silent first); for a restart
+    /// with the gossip, BGP kept at routers with graceful restart and the IPs where they are,
+    /// answered by the responders for the promised time (`liveness::restart`).
+    async fn stop(mut self, config: &Config, datapath: &Mutex<Datapath>) {
+        if let Some(op) = self.operator.take() {
+            op.stop().await;
+        }
+        if let Some(bgp) = self.bgp.take() {
+            bgp.stop(config.node.on_stop).await;
+        }
+        let restart = config.node.on_stop == OnStop::Restart;
+        match self.gossip.take() {
+            Some(gossip) if restart && self.promise_restart(config, datapath).await => {
+                gossip.abandon().await;
+                tracing::info!(
+                    "stopping for a restart: the responders answer for this node's Service IPs \
+                     for up to {} ms, and the other nodes keep them here until the next agent",
+                    config.node.restart_within_ms
+                );
+            }
+            // Leaving makes the others take the IPs over at once: this node must be silent
+            // first.
+            Some(gossip) => {
+                if let Err(e) = datapath.lock().expect("datapath lock").silence() {
+                    tracing::error!(
+                        "cannot silence the responders before leaving the gossip; they answer \
+                         for up to {} ms more: {e}",
+                        config.datapath.liveness_timeout_ms
+                    );
+                }
+                gossip.leave().await;
+                tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
+            }
+            None => tracing::info!(
+                "stopping; responders keep answering for up to {} ms, until the liveness timeout",
+                config.datapath.liveness_timeout_ms
+            ),
+        }
+    }
+
+    /// Promises the cluster to be back (`liveness::restart`), the heartbeat stopped first;
+    /// whether the promise stands (else the stop is a leave).
+    async fn promise_restart(&mut self, config: &Config, datapath: &Mutex<Datapath>) -> bool {
+        let Some(store) = &self.store else {
+            return false;
+        };
+        self.heartbeat.abort();
+        let _ = (&mut self.heartbeat).await;
+        let file = liveness::restart::promise_file(&config.node.socket);
+        let promised = liveness::restart::promise(
+            store,
+            &config.node.name,
+            datapath,
+            config.node.restart_within(),
+            &file,
+        )
+        .await;
+        if let Err(e) = &promised {
+            tracing::error!(
+                "cannot stop for a restart ({e}): stopping as for a leave; the other nodes take \
+                 this node's Service IPs over at once"
+            );
+        }
+        promised.is_ok()
     }
 
     fn reload(&self, new: &Config) {
@@ -292,9 +337,61 @@ struct OnTheStore {
     operator: Option<OperatorTask>,
     gossip: Option<Gossip>,
     bgp: Option<BgpAnnouncer>,
+    store: Option<ClusterStore>,
+}
+
+/// What every mode's controllers start from.
+struct NodeStart<'a> {
+    config: &'a Config,
+    role: Role,
+    datapath: &'a Arc<Mutex<Datapath>>,
+    observed: &'a Observed,
+    link_changes: watch::Receiver<u64>,
 }
 
 impl OnTheStore {
+    /// The controllers over the store, as the mode asks: pod IPAM and the announcers with
+    /// `[ipam]`, the node record and the announcers in the add-on mode, none standalone.
+    async fn start(
+        start: NodeStart<'_>,
+        local_addresses: LocalAddresses,
+        inherited: OwnedIps,
+    ) -> Result<(Self, ClusterSide), DaemonError> {
+        let NodeStart {
+            config,
+            role,
+            datapath,
+            observed,
+            link_changes,
+        } = start;
+        let mut on_store = Self::default();
+        let cluster = match config.ipam.clone() {
+            Some(settings) => {
+                let store = open_store(config, observed).await?;
+                check_mode(&store, settings.mode).await?;
+                on_store.start_operator_and_gossip(config, role, &store, observed);
+                on_store
+                    .start_pod_ipam(config, &settings, &store, datapath, observed, link_changes)
+                    .await?;
+                on_store.start_announcers(config, store, observed, local_addresses, inherited)
+            }
+            None if config.is_add_on() => {
+                let store = open_store(config, observed).await?;
+                check_add_on(&store).await?;
+                tracing::info!(
+                    node = config.node.name.as_str(),
+                    "add-on mode (no [ipam]): answering for the cluster's Service IPs only; no \
+                     pod IPAM, no CNI, no pod datapath"
+                );
+                on_store.start_operator_and_gossip(config, role, &store, observed);
+                on_store.start_node_record(config, &store, observed, link_changes)?;
+                on_store.start_announcers(config, store, observed, local_addresses, inherited)
+            }
+            None => ClusterSide::standalone(),
+        };
+        Ok((on_store, cluster))
+    }
+
     /// The operator beside the node (standalone role), and the gossip (`[gossip]`).
     fn start_operator_and_gossip(
         &mut self,
@@ -360,14 +457,16 @@ impl OnTheStore {
         store: ClusterStore,
         observed: &Observed,
         local_addresses: LocalAddresses,
+        inherited: OwnedIps,
     ) -> ClusterSide {
         self.bgp = start_bgp(config, &store, observed, &local_addresses);
+        self.store = Some(store.clone());
         start_cluster_side(
             config,
             store,
             observed,
             self.gossip.as_ref(),
-            local_addresses,
+            (local_addresses, inherited),
         )
     }
 }
@@ -522,7 +621,7 @@ fn start_cluster_side(
     store: ClusterStore,
     observed: &Observed,
     gossip: Option<&Gossip>,
-    local_addresses: LocalAddresses,
+    (local_addresses, inherited): (LocalAddresses, OwnedIps),
 ) -> ClusterSide {
     if !store.is_shared() {
         return ClusterSide::standalone();
@@ -546,7 +645,7 @@ fn start_cluster_side(
         (None, Some(lease)) => (Fence::Lease(lease.clone()), PeersSource::Leases(lease)),
         (None, None) => unreachable!("a lease fence exists whenever there is no gossip"),
     };
-    let (owned_tx, owned) = watch::channel(OwnedIps::new());
+    let (owned_tx, owned) = watch::channel(inherited.clone());
     let events = Events::for_store(&store, "ipam-agent", &config.node.name);
     tokio::spawn(l2::owners::run(
         l2::owners::Inputs {
@@ -556,6 +655,7 @@ fn start_cluster_side(
             metrics: observed.metrics.clone(),
             events: Arc::new(events),
             local_addresses,
+            inherited,
         },
         owned_tx,
     ));
@@ -563,4 +663,36 @@ fn start_cluster_side(
         fence: Some(fence),
         owned: Some(owned),
     }
+}
+
+/// What the responders answer now (the configured IPs apart), the agent before this one having
+/// stopped for a restart whose promise still runs (`liveness::restart`): this agent takes it
+/// up as its own until its first decision.
+fn inherited_answers(config: &Config, datapath: &Mutex<Datapath>) -> OwnedIps {
+    let entries = match datapath.lock().expect("datapath lock").responder().list() {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!("cannot read what the responders answer after the restart: {e}");
+            return OwnedIps::new();
+        }
+    };
+    let configured: BTreeSet<IpAddr> = config.announcements.iter().map(|a| a.ip).collect();
+    let mut inherited = OwnedIps::new();
+    for entry in entries.iter().filter(|e| !configured.contains(&e.ip)) {
+        let interface = ipam_netlink::iface::name(entry.ifindex);
+        inherited
+            .entry(entry.ip)
+            .or_insert_with(|| OwnedIp {
+                service: String::new(),
+                interfaces: Vec::new(),
+            })
+            .interfaces
+            .push(interface);
+    }
+    tracing::info!(
+        ips = inherited.len(),
+        "the agent before this one stopped for a restart: answering its Service IPs on without \
+         a wait until this one has decided"
+    );
+    inherited
 }

@@ -21,7 +21,7 @@ use ipam_core::{
         resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints, TrafficPolicy},
         rows,
     },
-    resources::NodeIpam,
+    resources::{NodeIpam, RestartNotice},
     store::Watch,
 };
 use tokio::sync::watch;
@@ -64,6 +64,10 @@ pub struct Inputs {
     pub events: Arc<Events>,
     /// The service IPs on `lo`, shared with the BGP announcer.
     pub local_addresses: LocalAddresses,
+    /// What the responders answer at the start because the agent before this one stopped for
+    /// a restart and its promise runs (`liveness::restart`): taken up as this node's own,
+    /// without a hand-over wait, until the first decision says otherwise. Empty otherwise.
+    pub inherited: OwnedIps,
 }
 
 /// The objects the decision is made from, kept current by their watches.
@@ -119,15 +123,20 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         metrics,
         events,
         local_addresses,
+        inherited,
     } = inputs;
     let mut watches = Watches::open(&store).await;
     let mut peers = LivePeers::start(peers, &store, node.clone()).await;
     let mut seen = watches.seen();
+    for ip in inherited.keys() {
+        local_addresses.add(Holder::L2, *ip);
+    }
     let mut ownership = Ownership {
         owned: Owned {
             addresses: local_addresses,
-            ips: OwnedIps::new(),
+            ips: inherited,
         },
+        restarts: Restarts::default(),
         before: BTreeMap::new(),
         was_live: false,
         handover: Handover::default(),
@@ -144,7 +153,8 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         // number of changes (a burst of service writes would otherwise cost a decision each).
         // A death or a return in the gossip is decided at once: it is what failover waits on.
         // At rest the tick is not even waited for (ten wake-ups a second for nothing).
-        let time_matters = peers.decays() || ownership.handover.is_waiting();
+        let time_matters =
+            peers.decays() || ownership.handover.is_waiting() || ownership.restarts.holding();
         tokio::select! {
             e = watches.services.next() => { seen.services.apply(e); pace.changed = true; continue; }
             e = watches.endpoints.next() => {
@@ -155,7 +165,12 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
             }
             e = watches.policies.next() => { seen.policies.apply(e); pace.changed = true; continue; }
             e = watches.pools.next() => { seen.pools.apply(e); pace.changed = true; continue; }
-            e = watches.nodes.next() => { seen.nodes.apply(e); pace.changed = true; continue; }
+            e = watches.nodes.next() => {
+                seen.nodes.apply(e);
+                ownership.restarts.follow(&seen.nodes, Instant::now());
+                pace.changed = true;
+                continue;
+            }
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
@@ -244,10 +259,78 @@ impl Pace {
     }
 }
 
+/// Nodes whose agents stopped for a restart (`spec.restarting` in their records), held live
+/// for the promised time from when this agent saw each notice, so their IPs stay where they
+/// are (`liveness::restart`), until they are live in the gossip again.
+#[derive(Debug, Default)]
+struct Restarts {
+    held: BTreeMap<String, (RestartNotice, Instant)>,
+}
+
+impl Restarts {
+    /// Takes in new notices from the records, each held from `now`.
+    fn follow(&mut self, nodes: &Cache<NodeIpam>, now: Instant) {
+        for record in nodes.iter() {
+            let Some(notice) = &record.value.spec.restarting else {
+                continue;
+            };
+            if self
+                .held
+                .get(&record.name)
+                .is_some_and(|(n, _)| n == notice)
+            {
+                continue;
+            }
+            let until = now + Duration::from_millis(notice.within_ms);
+            tracing::info!(
+                node = record.name.as_str(),
+                within_ms = notice.within_ms,
+                "node {}'s agent stops for a restart: its Service IPs stay with it for up to {} ms",
+                record.name,
+                notice.within_ms
+            );
+            self.held
+                .insert(record.name.clone(), (notice.clone(), until));
+        }
+    }
+
+    /// Drops the holds that ran out, and those of nodes back: live in the gossip, the notice
+    /// cleared by their next agent (a later death of theirs is one like any other).
+    fn prune(&mut self, nodes: &Cache<NodeIpam>, peers: &mut LivePeers, now: Instant) {
+        self.held.retain(|node, (_, until)| {
+            let back = nodes
+                .get(node)
+                .is_none_or(|r| r.value.spec.restarting.is_none())
+                && peers.is_live(node, now);
+            if now >= *until && !back {
+                tracing::warn!(
+                    node = node.as_str(),
+                    "node {node}'s agent did not come back from its restart in time: its \
+                     Service IPs move as from a dead node"
+                );
+            }
+            now < *until && !back
+        });
+    }
+
+    /// Whether `node` is held live at `now`.
+    fn holds(&self, node: &str, now: Instant) -> bool {
+        self.held.get(node).is_some_and(|(_, until)| now < *until)
+    }
+
+    /// Whether a hold is kept (running, or run out and not yet pruned by a decision): its end
+    /// changes who owns what with no event, so time matters.
+    fn holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
 /// What the controller remembers between passes.
 struct Ownership {
     node: String,
     owned: Owned,
+    /// Nodes held live while their agents restart.
+    restarts: Restarts,
     /// Every IP's owner at the previous decision, and whether this node was live in it: who
     /// held an IP this node takes decides whether it waits (`handover`) and what its Service
     /// is told.
@@ -267,8 +350,10 @@ impl Ownership {
     fn pass(&mut self, seen: &Seen, peers: &mut LivePeers) {
         let started = Instant::now();
         let node = self.node.as_str();
-        let all =
-            tracing::debug_span!("service_ip_pass", node).in_scope(|| decide(seen, peers, started));
+        self.restarts.prune(&seen.nodes, peers, started);
+        let restarts = &self.restarts;
+        let all = tracing::debug_span!("service_ip_pass", node)
+            .in_scope(|| decide(seen, peers, restarts, started));
         let (before, was_live) = (&self.before, self.was_live);
         let (mine, previous) = self.handover.admit(
             mine(&all, node),
@@ -308,11 +393,16 @@ impl Ownership {
 }
 
 /// Every Service IP's owner among the live nodes now.
-fn decide(seen: &Seen, peers: &mut LivePeers, now: Instant) -> Vec<Announcement> {
+fn decide(
+    seen: &Seen,
+    peers: &mut LivePeers,
+    restarts: &Restarts,
+    now: Instant,
+) -> Vec<Announcement> {
     let live: Vec<NodeView> = seen
         .nodes
         .iter()
-        .filter(|r| peers.is_live(&r.name, now))
+        .filter(|r| peers.is_live(&r.name, now) || restarts.holds(&r.name, now))
         .map(rows::node)
         .collect();
     owners(

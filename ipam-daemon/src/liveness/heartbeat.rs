@@ -38,6 +38,11 @@ pub async fn run(
     let mut current = *timing.borrow_and_update();
     let mut tick = crate::clock::ticker(current.interval);
     let mut silenced = false;
+    // Until the fence first opens (the agent starting), a closed fence neither beats nor
+    // silences: the responders answer until the deadline the previous agent left, which is
+    // long past after a crash, and the end of its promise after a stop for a restart
+    // (`liveness::restart`), which the other nodes keep to as well.
+    let mut opened_once = false;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -52,6 +57,9 @@ pub async fn run(
             }
         }
         if let Some(why) = fence.as_ref().and_then(Fence::why_silent) {
+            if !opened_once {
+                continue;
+            }
             if !silenced {
                 silenced = true;
                 let silence = datapath.lock().expect("datapath lock").silence();
@@ -67,6 +75,7 @@ pub async fn run(
             }
             continue;
         }
+        opened_once = true;
         if std::mem::take(&mut silenced) {
             tracing::info!("this node may answer again: responders answer");
         }

@@ -29,6 +29,7 @@ pub mod gossip;
 pub mod heartbeat;
 pub mod lease;
 pub mod peers;
+pub mod restart;
 
 pub use fence::{Fence, FenceState, LeaseFence};
 pub use peers::LivePeers;

@@ -251,11 +251,7 @@ mod tests {
         let mut node = NodeSettings {
             name: "n1".to_owned(),
             labels: BTreeMap::from([("zone".to_owned(), "b".to_owned())]),
-            addresses: Vec::new(),
-            socket: Default::default(),
-            socket_group: None,
-            announce: Default::default(),
-            on_stop: Default::default(),
+            ..NodeSettings::default()
         };
         let f = facts(&node, Some(kube.clone()), Default::default());
         assert_eq!(

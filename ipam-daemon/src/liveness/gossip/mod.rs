@@ -109,6 +109,16 @@ impl Gossip {
         })
     }
 
+    /// A stop for a restart: no goodbye, so the others find this member gone only when its
+    /// probes fail, and keep its IPs while its record's restart notice lasts
+    /// (`liveness::restart`).
+    pub async fn abandon(mut self) {
+        // Cancelled before the stop channel closes: a closed channel would make it leave.
+        self.task.abort();
+        let _ = (&mut self.task).await;
+        drop(self.stop.take());
+    }
+
     /// A clean stop: tells the cluster this node leaves, so the others take its IPs over at
     /// once instead of after the suspicion delay.
     pub async fn leave(mut self) {

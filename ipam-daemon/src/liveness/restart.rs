@@ -1,0 +1,129 @@
+//! A stop for a restart (`[node] on_stop = "restart"`) on the L2 side: the agent promises to be
+//! back within `[node] restart_within_ms`, and the cluster keeps its Service IPs where they are
+//! meanwhile, so a rolling upgrade moves no IP and costs no request.
+//!
+//! The promise is kept by both sides, with no clock compared between nodes:
+//! 1. the stopping agent extends its responders' deadline to `within` from now (one heartbeat
+//!    with that staleness), after the heartbeat task has stopped;
+//! 2. then writes the notice into its node's record (`spec.restarting`);
+//! 3. then leaves the gossip without a goodbye.
+//!
+//! Each other agent holds the node's IPs for `within` from when *it* sees the notice, which is
+//! after step 1: its hold ends no sooner than the responders fall silent, so two nodes never
+//! answer one IP. The next agent keeps the responders answering until its fence first opens
+//! (`heartbeat`), takes the IPs up as its own without a hand-over wait, and clears the notice;
+//! the others drop their hold once it is live in the gossip again. If it is not back in time,
+//! the responders fall silent and the others take the IPs over as from a dead node.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, SystemTime},
+};
+
+use ipam_core::{
+    resources::{NodeIpam, RestartNotice},
+    store::{StoreError, TypedStore},
+};
+use ipam_datapath::Datapath;
+
+use crate::cluster::ClusterStore;
+
+/// Attempts at writing the notice against concurrent writers of the record.
+const ATTEMPTS: usize = 3;
+
+/// Where a stopping agent leaves the end of its promise for the next one, beside the API
+/// socket (the node's private directory). In CLOCK_MONOTONIC nanoseconds, the same clock for
+/// every process of the host.
+pub fn promise_file(socket: &Path) -> PathBuf {
+    socket
+        .parent()
+        .unwrap_or(Path::new("/run/ipam"))
+        .join("restart-promise")
+}
+
+/// At the start: whether the agent before this one stopped for a restart and its promise still
+/// runs (its responders still answer: this agent takes up what they answer without a wait).
+/// The file goes either way.
+pub fn promise_runs(file: &Path) -> bool {
+    let until = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    let _ = std::fs::remove_file(file);
+    until.is_some_and(|until| ipam_datapath::clock::monotonic_ns() < until)
+}
+
+/// Steps 1 and 2 (the heartbeat task stopped first by the caller), and the promise left in
+/// `file` for the next agent. On an error the file is gone again and the caller stops as for a
+/// leave: it silences the responders, which undoes step 1.
+pub async fn promise(
+    store: &ClusterStore,
+    node: &str,
+    datapath: &Mutex<Datapath>,
+    within: Duration,
+    file: &Path,
+) -> Result<(), String> {
+    let made = make_promise(store, node, datapath, within, file).await;
+    if made.is_err() {
+        let _ = std::fs::remove_file(file);
+    }
+    made
+}
+
+async fn make_promise(
+    store: &ClusterStore,
+    node: &str,
+    datapath: &Mutex<Datapath>,
+    within: Duration,
+    file: &Path,
+) -> Result<(), String> {
+    let until = ipam_datapath::clock::monotonic_ns()
+        .saturating_add(u64::try_from(within.as_nanos()).unwrap_or(u64::MAX));
+    std::fs::write(file, format!("{until}\n"))
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    datapath
+        .lock()
+        .expect("datapath lock")
+        .heartbeat(within)
+        .map_err(|e| format!("cannot extend the responders' deadline: {e}"))?;
+    let notice = RestartNotice {
+        within_ms: u64::try_from(within.as_millis()).unwrap_or(u64::MAX),
+        since_unix_ms: SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    };
+    for _ in 0..ATTEMPTS {
+        match write_notice(store, node, &notice).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => continue,
+            Err(e) => {
+                return Err(format!(
+                    "cannot write the restart notice into node {node}'s record in {}: {e}",
+                    store.describe()
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "node {node}'s record kept changing while the restart notice was written"
+    ))
+}
+
+/// Whether the notice went in (`false`: the record changed meanwhile, try again).
+async fn write_notice(
+    store: &ClusterStore,
+    node: &str,
+    notice: &RestartNotice,
+) -> Result<bool, StoreError> {
+    let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
+        return Err(StoreError::NotFound {
+            kind: "NodeIPAM".into(),
+            name: node.to_owned(),
+        });
+    };
+    let mut updated = record.value;
+    updated.spec.restarting = Some(notice.clone());
+    store
+        .update_unless_changed(node, &updated, &record.revision)
+        .await
+}

@@ -1122,6 +1122,50 @@ fn answered_elsewhere(
     })
 }
 
+/// A client watching who answers an IP (asking as `sender`) while something happens.
+struct MoveWatch<'a> {
+    c: &'a Cluster,
+    client: &'a Netns,
+    sender: Ipv4Addr,
+    ip: Ipv4Addr,
+    macs: &'a BTreeMap<[u8; 6], String>,
+}
+
+impl MoveWatch<'_> {
+    /// Does `what` to `owner` with the client asking every 40 ms, until another node answers;
+    /// asserts that no request got two MACs, and returns who answered and how long after.
+    fn moved_from(&self, owner: &str, what: impl FnOnce()) -> (String, Duration) {
+        let (client, sender, ip, macs) = (self.client, self.sender, self.ip, self.macs);
+        let start = Instant::now();
+        let watch = ArpWatch::start(client, sender, ip, start);
+        std::thread::sleep(Duration::from_millis(300));
+        let cut = start.elapsed();
+        what();
+        wait_until(
+            Duration::from_secs(10),
+            "another node to answer for the IP",
+            || {
+                answers_from(client, sender, ip)
+                    .first()
+                    .is_some_and(|m| node_of(macs, *m) != owner)
+            },
+            || {
+                self.c
+                    .nodes
+                    .iter()
+                    .map(ipam_tests::cluster::ClusterNode::log)
+                    .collect::<Vec<_>>()
+                    .join("\n---\n")
+            },
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let samples = watch.stop();
+        let doubles = double_answers(&samples);
+        assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
+        answered_elsewhere(&samples, macs, owner, cut).expect("answered by another node")
+    }
+}
+
 /// A dead NIC on a live node (Cilium's users report it: node alive, lease renewed, NIC dead):
 /// the owner's announcing interface loses its carrier (its switch port goes down; the gossip
 /// and the store still reach it over its other link), later its address. Each time another
@@ -1172,27 +1216,14 @@ fn an_owner_whose_announcing_link_dies_hands_its_ip_to_another_node_and_says_why
     let port = port_of(at);
 
     // The link dies: the switch's side of the owner's edge0 goes down, edge0 loses its carrier.
-    let start = Instant::now();
-    let watch = ArpWatch::start(&client, sender, ip, start);
-    std::thread::sleep(Duration::from_millis(300));
-    let cut = start.elapsed();
-    c.fabric.down(&port);
-    wait_until(
-        Duration::from_secs(10),
-        "another node to answer for the IP",
-        || {
-            answers_from(&client, sender, ip)
-                .first()
-                .is_some_and(|m| node_of(&macs, *m) != owner)
-        },
-        || c.nodes[at].log(),
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let samples = watch.stop();
-    let doubles = double_answers(&samples);
-    assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
-    let (taker, after) = answered_elsewhere(&samples, &macs, &owner, cut)
-        .expect("answered by another node after the cut");
+    let watcher = MoveWatch {
+        c: &c,
+        client: &client,
+        sender,
+        ip,
+        macs: &macs,
+    };
+    let (taker, after) = watcher.moved_from(&owner, || c.fabric.down(&port));
     println!("{owner}'s edge0 lost its carrier: {ip} answered by {taker} after {after:?}");
 
     // The owner says why, in its record, its metrics and who-has.
@@ -1244,27 +1275,8 @@ fn an_owner_whose_announcing_link_dies_hands_its_ip_to_another_node_and_says_why
     let owner = last_answer(&samples, &macs).expect("an owner");
     let at = c.nodes.iter().position(|n| n.name == owner).expect("owner");
     let address = format!("10.79.0.{}/24", at + 1);
-    let start = Instant::now();
-    let watch = ArpWatch::start(&client, sender, ip, start);
-    std::thread::sleep(Duration::from_millis(300));
-    let cut = start.elapsed();
-    c.nodes[at].ns.delete_address("edge0", &address);
-    wait_until(
-        Duration::from_secs(10),
-        "another node to answer for the IP once the owner's address is gone",
-        || {
-            answers_from(&client, sender, ip)
-                .first()
-                .is_some_and(|m| node_of(&macs, *m) != owner)
-        },
-        || c.nodes[at].log(),
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    let samples = watch.stop();
-    let doubles = double_answers(&samples);
-    assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
-    let (taker, after) = answered_elsewhere(&samples, &macs, &owner, cut)
-        .expect("answered by another node after the address went");
+    let (taker, after) =
+        watcher.moved_from(&owner, || c.nodes[at].ns.delete_address("edge0", &address));
     println!("{owner}'s edge0 lost its address: {ip} answered by {taker} after {after:?}");
     let down = c.records()[&owner].value.spec.interfaces_down.clone();
     assert!(
@@ -1426,31 +1438,15 @@ fn a_rolling_restart_moves_no_service_ip_and_leaves_no_request_unanswered() {
     let (ip, owner) = owners.iter().next().map(|(i, o)| (*i, o.clone())).unwrap();
     let at = c.nodes.iter().position(|n| n.name == owner).unwrap();
     c.nodes[at].set_node_setting("restart_within_ms", Some("2000"));
-    let start = Instant::now();
-    let watch = ArpWatch::start(&client, CLIENT, ip, start);
-    std::thread::sleep(Duration::from_millis(300));
-    let stopped = start.elapsed();
-    c.nodes[at]
-        .daemon
-        .take()
-        .expect("the agent runs")
-        .terminate();
-    wait_until(
-        Duration::from_secs(10),
-        "another node to answer for the IP of the node that did not come back",
-        || {
-            answers(&client, ip)
-                .first()
-                .is_some_and(|m| node_of(&macs, *m) != owner)
-        },
-        || c.nodes[(at + 1) % 3].log(),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let samples = watch.stop();
-    let doubles = double_answers(&samples);
-    assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
-    let (taker, after) = answered_elsewhere(&samples, &macs, &owner, stopped)
-        .expect("answered elsewhere after the promise ran out");
+    let agent = c.nodes[at].daemon.take().expect("the agent runs");
+    let watcher = MoveWatch {
+        c: &c,
+        client: &client,
+        sender: CLIENT,
+        ip,
+        macs: &macs,
+    };
+    let (taker, after) = watcher.moved_from(&owner, || agent.terminate());
     println!(
         "{owner} did not come back from its restart: {ip} answered by {taker} after {after:?}"
     );

@@ -297,13 +297,14 @@ impl NodeControllers {
         self.heartbeat.abort();
         let _ = (&mut self.heartbeat).await;
         let file = liveness::restart::promise_file(&config.node.socket);
-        let promised = liveness::restart::promise(
+        let promised = liveness::restart::Promise {
             store,
-            &config.node.name,
+            node: &config.node.name,
             datapath,
-            config.node.restart_within(),
-            &file,
-        )
+            within: config.node.restart_within(),
+            file: &file,
+        }
+        .make()
         .await;
         if let Err(e) = &promised {
             tracing::error!(

@@ -53,60 +53,61 @@ pub fn promise_runs(file: &Path) -> bool {
     until.is_some_and(|until| ipam_datapath::clock::monotonic_ns() < until)
 }
 
-/// Steps 1 and 2 (the heartbeat task stopped first by the caller), and the promise left in
-/// `file` for the next agent. On an error the file is gone again and the caller stops as for a
-/// leave: it silences the responders, which undoes step 1.
-pub async fn promise(
-    store: &ClusterStore,
-    node: &str,
-    datapath: &Mutex<Datapath>,
-    within: Duration,
-    file: &Path,
-) -> Result<(), String> {
-    let made = make_promise(store, node, datapath, within, file).await;
-    if made.is_err() {
-        let _ = std::fs::remove_file(file);
-    }
-    made
+/// A promise to be back within `within`, made for `node` through `store` and `datapath`, and
+/// left in `file` for the next agent.
+pub struct Promise<'a> {
+    pub store: &'a ClusterStore,
+    pub node: &'a str,
+    pub datapath: &'a Mutex<Datapath>,
+    pub within: Duration,
+    pub file: &'a Path,
 }
 
-async fn make_promise(
-    store: &ClusterStore,
-    node: &str,
-    datapath: &Mutex<Datapath>,
-    within: Duration,
-    file: &Path,
-) -> Result<(), String> {
-    let until = ipam_datapath::clock::monotonic_ns()
-        .saturating_add(u64::try_from(within.as_nanos()).unwrap_or(u64::MAX));
-    std::fs::write(file, format!("{until}\n"))
-        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-    datapath
-        .lock()
-        .expect("datapath lock")
-        .heartbeat(within)
-        .map_err(|e| format!("cannot extend the responders' deadline: {e}"))?;
-    let notice = RestartNotice {
-        within_ms: u64::try_from(within.as_millis()).unwrap_or(u64::MAX),
-        since_unix_ms: SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-    };
-    for _ in 0..ATTEMPTS {
-        match write_notice(store, node, &notice).await {
-            Ok(true) => return Ok(()),
-            Ok(false) => continue,
-            Err(e) => {
-                return Err(format!(
-                    "cannot write the restart notice into node {node}'s record in {}: {e}",
-                    store.describe()
-                ));
+impl Promise<'_> {
+    /// Steps 1 and 2 (the heartbeat task stopped first by the caller), the file written first.
+    /// On an error the file is gone again and the caller stops as for a leave: it silences
+    /// the responders, which undoes step 1.
+    pub async fn make(&self) -> Result<(), String> {
+        let made = self.keep_promising().await;
+        if made.is_err() {
+            let _ = std::fs::remove_file(self.file);
+        }
+        made
+    }
+
+    async fn keep_promising(&self) -> Result<(), String> {
+        let (store, node, file) = (self.store, self.node, self.file);
+        let until = ipam_datapath::clock::monotonic_ns()
+            .saturating_add(u64::try_from(self.within.as_nanos()).unwrap_or(u64::MAX));
+        std::fs::write(file, format!("{until}\n"))
+            .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+        self.datapath
+            .lock()
+            .expect("datapath lock")
+            .heartbeat(self.within)
+            .map_err(|e| format!("cannot extend the responders' deadline: {e}"))?;
+        let notice = RestartNotice {
+            within_ms: u64::try_from(self.within.as_millis()).unwrap_or(u64::MAX),
+            since_unix_ms: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        };
+        for _ in 0..ATTEMPTS {
+            match write_notice(store, node, &notice).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => continue,
+                Err(e) => {
+                    return Err(format!(
+                        "cannot write the restart notice into node {node}'s record in {}: {e}",
+                        store.describe()
+                    ));
+                }
             }
         }
+        Err(format!(
+            "node {node}'s record kept changing while the restart notice was written"
+        ))
     }
-    Err(format!(
-        "node {node}'s record kept changing while the restart notice was written"
-    ))
 }
 
 /// Whether the notice went in (`false`: the record changed meanwhile, try again).

@@ -539,6 +539,15 @@ impl ClusterNode {
         }
     }
 
+    /// Stops the node's agent cleanly (SIGTERM) and waits until it is gone.
+    pub fn stop(&mut self) {
+        let name = &self.name;
+        self.daemon
+            .take()
+            .unwrap_or_else(|| panic!("{name}'s agent is not running"))
+            .terminate();
+    }
+
     /// Starts the node's agent without waiting for it.
     pub fn launch(&mut self) {
         self.daemon = Some(Daemon::start_with(

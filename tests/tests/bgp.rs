@@ -215,11 +215,7 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
     );
     // A clean stop of node-1: BIRD closes its sessions, the route goes at once.
     let stopped = std::time::Instant::now();
-    rig.cluster.nodes[1]
-        .daemon
-        .take()
-        .expect("node-1 runs")
-        .terminate();
+    rig.cluster.nodes[1].stop();
     rig.wait_for_hops(web_v4, &[0], "node-1's route withdrawn on its stop");
     println!("clean stop to withdrawal: {:?}", stopped.elapsed());
     assert!(
@@ -547,11 +543,7 @@ fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
     let requests = RequestLoop::start(rig, local_ip, Duration::from_millis(20));
     std::thread::sleep(Duration::from_millis(500));
     let stopped = std::time::Instant::now();
-    rig.cluster.nodes[1]
-        .daemon
-        .take()
-        .expect("node-1 runs")
-        .terminate();
+    rig.cluster.nodes[1].stop();
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(
         rig.router.next_hops(local_ip),

@@ -1386,11 +1386,7 @@ fn a_rolling_restart_moves_no_service_ip_and_leaves_no_request_unanswered() {
         .map(|ip| ArpWatch::start(&client, CLIENT, *ip, start))
         .collect();
     for i in 0..c.nodes.len() {
-        c.nodes[i]
-            .daemon
-            .take()
-            .expect("the agent runs")
-            .terminate();
+        c.nodes[i].stop();
         // Away for longer than the gossip takes to declare a silent member dead.
         std::thread::sleep(Duration::from_millis(1500));
         c.nodes[i].start();

@@ -40,8 +40,11 @@ pub struct NodeAgent {
     empty_since: BTreeMap<Cidr, Instant>,
     /// Blocks another node holds now, still in use here (logged once).
     retired: BTreeSet<Cidr>,
-    /// What the node publishes about itself in its record.
-    facts: NodeFacts,
+    /// What the node publishes about itself in its record; `None` until the node has looked
+    /// (a record is never overwritten with facts not yet known: at an agent's start that
+    /// emptied its interfaces and addresses for a moment, and every agent judged the node
+    /// unable to announce).
+    facts: Option<NodeFacts>,
     release_grace: Duration,
 }
 
@@ -147,7 +150,7 @@ impl NodeAgent {
                 releasing: BTreeSet::new(),
                 empty_since: BTreeMap::new(),
                 retired: BTreeSet::new(),
-                facts: NodeFacts::default(),
+                facts: None,
                 release_grace: RELEASE_GRACE,
             },
             report,
@@ -165,7 +168,19 @@ impl NodeAgent {
 
     /// What the node publishes about itself (written to its record on the next sync).
     pub fn set_facts(&mut self, facts: NodeFacts) {
-        self.facts = facts;
+        self.facts = Some(facts);
+    }
+
+    /// Whether `record` needs the node's facts written (never before they are known).
+    fn facts_stale(&self, record: &NodeIpam) -> bool {
+        self.facts.as_ref().is_some_and(|f| !f.published_in(record))
+    }
+
+    /// Writes the node's facts into `record`, when they are known.
+    fn put_facts(&self, record: &mut NodeIpam) {
+        if let Some(facts) = &self.facts {
+            facts.publish(record);
+        }
     }
 
     /// The node's blocks in the `kubernetes` mode, as the cluster assigned them (its Node's
@@ -207,12 +222,12 @@ impl NodeAgent {
         requests.sort_by(|a, b| (&a.pool, a.family).cmp(&(&b.pool, b.family)));
         if requests != record.value.spec.pools
             || reclaim != record.value.spec.reclaim
-            || !self.facts.published_in(&record.value)
+            || self.facts_stale(&record.value)
         {
             let mut updated = record.value.clone();
             updated.spec.pools = requests;
             updated.spec.reclaim = reclaim;
-            self.facts.publish(&mut updated);
+            self.put_facts(&mut updated);
             store
                 .update_unless_changed(&self.node, &updated, &record.revision)
                 .await?;
@@ -222,21 +237,14 @@ impl NodeAgent {
 
     /// The node's record, created with its facts (another agent of the node may have been first).
     async fn create_record<S: TypedStore>(&self, store: &S) -> Result<(), AgentError> {
-        let fresh = NodeIpam {
+        let mut fresh = NodeIpam {
             spec: NodeIpamSpec {
-                pools: Vec::new(),
                 pod_cidrs: self.pod_cidrs.clone(),
-                reclaim: Vec::new(),
-                addresses: self.facts.addresses.clone(),
-                labels: self.facts.labels.clone(),
-                interfaces: self.facts.interfaces.clone(),
-                interfaces_down: self.facts.interfaces_down.clone(),
-                restarting: None,
-                announcing: self.facts.announcing.clone(),
-                peers_down: Vec::new(),
+                ..NodeIpamSpec::default()
             },
             ..NodeIpam::default()
         };
+        self.put_facts(&mut fresh);
         match store.create_typed(&self.node, &fresh).await {
             Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
             Err(e) => return Err(e.into()),
@@ -281,16 +289,14 @@ impl NodeAgent {
     ) -> Result<(), AgentError> {
         let cidrs_changed =
             self.mode == IpamMode::Kubernetes && record.value.spec.pod_cidrs != self.pod_cidrs;
-        if reclaim != record.value.spec.reclaim
-            || !self.facts.published_in(&record.value)
-            || cidrs_changed
+        if reclaim != record.value.spec.reclaim || self.facts_stale(&record.value) || cidrs_changed
         {
             let mut updated = record.value.clone();
             updated.spec.reclaim = reclaim;
             if self.mode == IpamMode::Kubernetes {
                 updated.spec.pod_cidrs = self.pod_cidrs.clone();
             }
-            self.facts.publish(&mut updated);
+            self.put_facts(&mut updated);
             store
                 .update_unless_changed(&self.node, &updated, &record.revision)
                 .await?;

@@ -370,6 +370,10 @@ impl OnTheStore {
             Some(settings) => {
                 let store = open_store(config, observed).await?;
                 check_mode(&store, settings.mode).await?;
+                tokio::spawn(liveness::restart::clear_notice(
+                    store.clone(),
+                    config.node.name.clone(),
+                ));
                 on_store.start_operator_and_gossip(config, role, &store, observed);
                 on_store
                     .start_pod_ipam(config, &settings, &store, datapath, observed, link_changes)
@@ -379,6 +383,10 @@ impl OnTheStore {
             None if config.is_add_on() => {
                 let store = open_store(config, observed).await?;
                 check_add_on(&store).await?;
+                tokio::spawn(liveness::restart::clear_notice(
+                    store.clone(),
+                    config.node.name.clone(),
+                ));
                 tracing::info!(
                     node = config.node.name.as_str(),
                     "add-on mode (no [ipam]): answering for the cluster's Service IPs only; no \

@@ -50,6 +50,9 @@ const TICK: Duration = Duration::from_millis(100);
 /// the decisions take at most a `DUTY`th of a core. A death or a return in the gossip is
 /// decided at once all the same.
 const DUTY: u32 = 10;
+/// How long a restarted agent taking up its IPs waits for the gossip to join before it
+/// decides from what it knows.
+const JOINING: Duration = Duration::from_secs(3);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
 const STARTING: Duration = Duration::from_secs(30);
@@ -132,6 +135,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         local_addresses.add(Holder::L2, *ip);
     }
     let mut ownership = Ownership {
+        inherited: !inherited.is_empty(),
         owned: Owned {
             addresses: local_addresses,
             ips: inherited,
@@ -180,6 +184,11 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
                     continue;
                 }
             }
+        }
+        // Taking up a restarted agent's IPs, the first decision waits until the gossip has
+        // joined (tens of milliseconds): one made before would judge from this node alone.
+        if ownership.inherited && !peers.knows_others() && ownership.since.elapsed() < JOINING {
+            continue;
         }
         let started = pace.deciding();
         ownership.pass(&seen, &mut peers);
@@ -265,6 +274,10 @@ impl Pace {
 #[derive(Debug, Default)]
 struct Restarts {
     held: BTreeMap<String, (RestartNotice, Instant)>,
+    /// The last notice seen of each node: each is held once, from when it was first seen, not
+    /// again when a record that still carries it changes (a notice left behind must not hold
+    /// a node that died later).
+    seen: BTreeMap<String, RestartNotice>,
 }
 
 impl Restarts {
@@ -274,13 +287,10 @@ impl Restarts {
             let Some(notice) = &record.value.spec.restarting else {
                 continue;
             };
-            if self
-                .held
-                .get(&record.name)
-                .is_some_and(|(n, _)| n == notice)
-            {
+            if self.seen.get(&record.name) == Some(notice) {
                 continue;
             }
+            self.seen.insert(record.name.clone(), notice.clone());
             let until = now + Duration::from_millis(notice.within_ms);
             tracing::info!(
                 node = record.name.as_str(),
@@ -329,6 +339,8 @@ impl Restarts {
 struct Ownership {
     node: String,
     owned: Owned,
+    /// Whether it started from a restarted agent's IPs (`Inputs::inherited`).
+    inherited: bool,
     /// Nodes held live while their agents restart.
     restarts: Restarts,
     /// Every IP's owner at the previous decision, and whether this node was live in it: who
@@ -570,5 +582,55 @@ impl Owned {
         }
         self.ips = mine;
         taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ipam_core::{resources::NodeIpamSpec, store::RawObject};
+
+    use super::*;
+
+    fn records(notice: Option<RestartNotice>) -> Cache<NodeIpam> {
+        let record = NodeIpam {
+            spec: NodeIpamSpec {
+                restarting: notice,
+                ..NodeIpamSpec::default()
+            },
+            ..NodeIpam::default()
+        };
+        Cache::new(&[RawObject {
+            kind: "NodeIPAM".into(),
+            name: "node-1".into(),
+            revision: 1.into(),
+            value: serde_json::to_vec(&record).unwrap(),
+        }])
+    }
+
+    #[test]
+    fn a_restart_notice_holds_its_node_once_for_its_time_from_when_it_was_seen() {
+        let notice = RestartNotice {
+            within_ms: 2_000,
+            since_unix_ms: 1,
+        };
+        let mut restarts = Restarts::default();
+        let t0 = Instant::now();
+        restarts.follow(&records(Some(notice.clone())), t0);
+        assert!(restarts.holds("node-1", t0 + Duration::from_millis(1_999)));
+        assert!(!restarts.holds("node-1", t0 + Duration::from_millis(2_000)));
+        assert!(!restarts.holds("node-2", t0));
+        // The same notice seen again later (another change of the record) holds nothing anew:
+        // a notice left behind must not keep a node that died since.
+        restarts.held.clear();
+        restarts.follow(&records(Some(notice)), t0 + Duration::from_secs(60));
+        assert!(!restarts.holding());
+        // A new restart is held again.
+        let next = RestartNotice {
+            within_ms: 2_000,
+            since_unix_ms: 2,
+        };
+        let t1 = t0 + Duration::from_secs(120);
+        restarts.follow(&records(Some(next)), t1);
+        assert!(restarts.holds("node-1", t1 + Duration::from_secs(1)));
     }
 }

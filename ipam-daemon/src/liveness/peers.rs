@@ -67,6 +67,15 @@ impl LivePeers {
         }
     }
 
+    /// Whether this node has heard of any other alive yet: with the gossip, not before it has
+    /// joined (the leases are read from the store, and always count).
+    pub fn knows_others(&self) -> bool {
+        match self {
+            Self::Leases(_) => true,
+            Self::Gossip { me, membership } => membership.borrow().live.iter().any(|n| n != me),
+        }
+    }
+
     /// Whether who is alive changes with time alone (a lease lapses with no event), so that
     /// the same inputs may decide differently later; the gossip says each change.
     pub fn decays(&self) -> bool {

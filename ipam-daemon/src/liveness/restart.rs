@@ -128,3 +128,43 @@ async fn write_notice(
         .update_unless_changed(node, &updated, &record.revision)
         .await
 }
+
+/// At the start of every agent with a store: a restart notice left in the node's record (by the
+/// agent before, whether or not this one found its promise) is over, since this agent runs.
+/// The others drop their hold once this node is live in their gossip too.
+pub async fn clear_notice(store: ClusterStore, node: String) {
+    for _ in 0..ATTEMPTS {
+        let record = match store.get_typed::<NodeIpam>(&node).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(
+                    node = node.as_str(),
+                    "cannot read node {node}'s record to end its restart notice ({e}); its next \
+                     write of the record ends it"
+                );
+                return;
+            }
+        };
+        if record.value.spec.restarting.is_none() {
+            return;
+        }
+        let mut updated = record.value;
+        updated.spec.restarting = None;
+        match store
+            .update_unless_changed(&node, &updated, &record.revision)
+            .await
+        {
+            Ok(true) => return,
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(
+                    node = node.as_str(),
+                    "cannot end node {node}'s restart notice ({e}); its next write of the record \
+                     ends it"
+                );
+                return;
+            }
+        }
+    }
+}

@@ -245,42 +245,6 @@ fn routes_of_ours(
     Ok(out)
 }
 
-/// Every interface of the node that is up and has an address other than a link-local one, with
-/// those addresses (`ip/prefix`), sorted by name.
-pub fn interfaces_with_addresses() -> Vec<ipam_core::resources::NodeInterface> {
-    // From netlink, not /sys/class/net: a daemon entered into a namespace with `nsenter --net`
-    // still sees the host's /sys.
-    let Ok(netlink) = ipam_netlink::Netlink::open() else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for link in netlink
-        .links()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|l| l.up)
-    {
-        let addresses: Vec<String> = netlink
-            .addresses(link.index)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|(ip, _)| match ip {
-                IpAddr::V4(v4) => !v4.is_link_local(),
-                IpAddr::V6(v6) => !v6.is_unicast_link_local(),
-            })
-            .map(|(ip, prefix)| format!("{ip}/{prefix}"))
-            .collect();
-        if !addresses.is_empty() {
-            out.push(ipam_core::resources::NodeInterface {
-                name: link.name,
-                addresses,
-            });
-        }
-    }
-    out.sort();
-    out
-}
-
 /// The node's addresses between nodes: the global unicast addresses of `uplink`, one per
 /// family (the first the kernel lists).
 pub fn uplink_addresses(uplink: &str) -> Vec<IpAddr> {

@@ -634,16 +634,12 @@ impl ClusterNode {
         let daemon = self.daemon.as_ref().expect("the agent runs");
         let reloads = daemon.log_text().matches("configuration reloaded").count();
         daemon.signal(nix::sys::signal::Signal::SIGHUP);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while daemon.log_text().matches("configuration reloaded").count() <= reloads {
-            assert!(
-                Instant::now() < deadline,
-                "{}: no reload:\n{}",
-                self.name,
-                daemon.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(
+            Duration::from_secs(10),
+            "the agent to reload its configuration",
+            || daemon.log_text().matches("configuration reloaded").count() > reloads,
+            || daemon.log_text(),
+        );
     }
 
     pub fn log(&self) -> String {

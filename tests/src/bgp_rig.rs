@@ -3,15 +3,7 @@
 //! TCP MD5, hold time 3 s, BFD 3 x 100 ms where asked), a client behind the router on a subnet of
 //! its own, and a backend on every node answering with the node's name.
 
-use std::{
-    io::Read,
-    net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{net::IpAddr, time::Duration};
 
 use ipam_core::lb::{
     bgp::{BgpAdvertisement, BgpPeer},
@@ -23,11 +15,11 @@ use crate::{
     TempDir,
     bgp_router::FrrRouter,
     cluster::{Cluster, UPLINK, node_addresses, wait_until},
-    failover,
     netns::{Netns, veth},
+    traffic::{Backends, request},
 };
 
-pub const PORT: u16 = 8080;
+pub use crate::traffic::PORT;
 pub const ROUTER_V4: &str = "10.77.0.200";
 pub const ROUTER_V6: &str = "fd77::200";
 pub const PASSWORD: &str = "fabric-key-1";
@@ -294,50 +286,6 @@ fn route_back(ns: &Netns) {
     }
 }
 
-/// The client requesting an IP again and again until stopped, as a user's traffic would.
-pub struct RequestLoop {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<(usize, Vec<Duration>)>,
-}
-
-impl RequestLoop {
-    /// Requests `ip` from the rig's client every `every` (each may take up to a second).
-    pub fn start(rig: &BgpRig, ip: IpAddr, every: Duration) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let thread = {
-            let stop = stop.clone();
-            rig.client.spawn(move || {
-                let start = std::time::Instant::now();
-                let (mut answered, mut failed) = (0, Vec::new());
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    let at = start.elapsed();
-                    match request(ip, Duration::from_secs(1)) {
-                        Some(_) => answered += 1,
-                        None => failed.push(at),
-                    }
-                    std::thread::sleep(every);
-                }
-                (answered, failed)
-            })
-        };
-        Self { stop, thread }
-    }
-
-    /// Stops; how many requests were answered, and when each failed one was sent.
-    pub fn stop(self) -> (usize, Vec<Duration>) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.thread.join().expect("request loop")
-    }
-}
-
-fn request(ip: IpAddr, timeout: Duration) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&SocketAddr::new(ip, PORT), timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    let mut name = String::new();
-    s.read_to_string(&mut name).ok()?;
-    Some(name)
-}
-
 pub fn ip_of(c: &Cluster, service: &str, v6: bool) -> Option<IpAddr> {
     c.list::<Service>()
         .into_iter()
@@ -347,42 +295,6 @@ pub fn ip_of(c: &Cluster, service: &str, v6: bool) -> Option<IpAddr> {
         .ingress
         .into_iter()
         .find(|ip| ip.is_ipv6() == v6)
-}
-
-/// A backend in each node's namespace: answers every connection with the node's name.
-struct Backends {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Backends {
-    fn start(c: &Cluster) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let threads = c
-            .nodes
-            .iter()
-            .map(|node| {
-                let (name, stop) = (node.name.clone(), stop.clone());
-                // `[::]` takes both families (IPv4 as mapped addresses).
-                node.ns
-                    .spawn(move || failover::serve(Ipv6Addr::UNSPECIFIED.into(), &name, &stop))
-            })
-            .collect();
-        Self { stop, threads }
-    }
-
-    fn stop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for Backends {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// The state and reason of `node`'s session with `peer`, from the peer's status.

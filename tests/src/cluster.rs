@@ -617,18 +617,32 @@ impl ClusterNode {
     /// Sets `key` in the agent's `[node]` section to `value` (TOML), or takes it out with
     /// `None`, and has the running agent reload its configuration (SIGHUP).
     pub fn set_node_setting(&self, key: &str, value: Option<&str>) {
+        self.set_setting("node", key, value);
+    }
+
+    /// Gives the node the label `key` (`Some(value)`) or takes it away, by the agent's
+    /// `[node.labels]` and a reload, as a host's owner would: the exclusion label drains it.
+    pub fn set_node_label(&self, key: &str, value: Option<&str>) {
+        let value = value.map(|v| format!("{v:?}"));
+        self.set_setting("node.labels", &format!("{key:?}"), value.as_deref());
+    }
+
+    /// Sets `key` in the configuration's `[section]` to `value` (TOML), or takes it out with
+    /// `None`, and has the running agent reload its configuration (SIGHUP).
+    fn set_setting(&self, section: &str, key: &str, value: Option<&str>) {
         let text = std::fs::read_to_string(self.config_path()).expect("read the agent's config");
         let prefix = format!("{key} =");
+        let header = format!("[{section}]\n");
         let mut kept: String = text
             .lines()
             .filter(|l| !l.starts_with(&prefix))
             .map(|l| format!("{l}\n"))
             .collect();
         if let Some(value) = value {
-            if !kept.contains("[node]\n") {
-                kept.push_str("[node]\n");
+            if !kept.contains(&header) {
+                kept.push_str(&header);
             }
-            kept = kept.replacen("[node]\n", &format!("[node]\n{key} = {value}\n"), 1);
+            kept = kept.replacen(&header, &format!("{header}{key} = {value}\n"), 1);
         }
         std::fs::write(self.config_path(), kept).expect("write the agent's config");
         let daemon = self.daemon.as_ref().expect("the agent runs");

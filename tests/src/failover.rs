@@ -610,7 +610,15 @@ impl Drop for FailoverRig {
 
 /// A backend listening on `bind`, port 8080: answers every connection with the node's name.
 pub fn serve(bind: IpAddr, node: &str, stop: &AtomicBool) {
-    let listener = TcpListener::bind((bind, PORT)).expect("backend listens");
+    serve_on(
+        TcpListener::bind((bind, PORT)).expect("backend listens"),
+        node,
+        stop,
+    );
+}
+
+/// A backend on `listener`: answers every connection with the node's name until `stop`.
+pub fn serve_on(listener: TcpListener, node: &str, stop: &AtomicBool) {
     listener.set_nonblocking(true).expect("non-blocking");
     while !stop.load(Ordering::SeqCst) {
         match listener.accept() {

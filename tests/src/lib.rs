@@ -24,6 +24,7 @@ pub mod relay;
 pub mod resolve;
 pub mod responder_harness;
 pub mod tcp_bench;
+pub mod traffic;
 
 use std::{
     path::PathBuf,

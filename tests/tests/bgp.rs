@@ -24,11 +24,11 @@ use ipam_core::lb::resources::{
 };
 use ipam_tests::{
     bgp_rig::{
-        BgpRig, PASSWORD, PORT, ROUTER_V4, ROUTER_V6, RequestLoop, established_condition, peer,
-        session_of,
+        BgpRig, PASSWORD, PORT, ROUTER_V4, ROUTER_V6, established_condition, peer, session_of,
     },
     cluster::{node_addresses, wait_until},
     failover::{lb_service, uplink_policy},
+    traffic::RequestLoop,
 };
 use serde_json::json;
 
@@ -540,7 +540,7 @@ fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
     );
     rig.cluster.nodes[1].set_node_setting("on_stop", Some("\"restart\""));
 
-    let requests = RequestLoop::start(rig, local_ip, Duration::from_millis(20));
+    let requests = RequestLoop::start(&rig.client, local_ip, Duration::from_millis(20));
     std::thread::sleep(Duration::from_millis(500));
     let stopped = std::time::Instant::now();
     rig.cluster.nodes[1].stop();
@@ -561,15 +561,17 @@ fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
     );
     std::thread::sleep(Duration::from_secs(2));
     let away = stopped.elapsed();
-    let (answered, failed) = requests.stop();
+    let seen = requests.stop();
     println!(
-        "planned restart of node-1: {answered} requests answered, {} failed, over {away:?} \
+        "planned restart of node-1: {} requests answered, {} failed, over {away:?} \
          (the agent away about 3 s)",
-        failed.len()
+        seen.answered,
+        seen.failed.len()
     );
     assert!(
-        failed.is_empty(),
-        "requests to default/local failed during the restart at {failed:?}\n{}",
+        seen.failed.is_empty(),
+        "requests to default/local failed during the restart at {:?}\n{}",
+        seen.failed,
         c.nodes[1].log()
     );
     assert!(

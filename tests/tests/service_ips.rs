@@ -27,6 +27,7 @@ use ipam_tests::{
     failover::{lb_service, uplink_policy},
     netns::{Netns, veth},
     resolve::Resolver,
+    traffic::{Backends, PORT, RequestLoop},
 };
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
@@ -1453,4 +1454,173 @@ fn a_rolling_restart_moves_no_service_ip_and_leaves_no_request_unanswered() {
         "{ip} moved after {after:?}, before the promise (2 s) ran out"
     );
     c.nodes[at].start();
+}
+
+/// A drain and its undoing, the planned moves between live nodes: the node owning the most IPs
+/// gets the exclusion label (`node.kubernetes.io/exclude-from-external-load-balancers`, by a
+/// reload, as a host's owner drains a node) and its IPs go to the others; the label goes and
+/// they come back. A client requests every IP every 20 ms throughout, from a backend on every
+/// node: no request fails, and each of the drained node's IPs is served by it, by another node,
+/// then by it again (the old owner stops answering ARP first and accepts the IP's traffic for
+/// a while after, `l2::owners::LINGER`), while the others' never move; an ARP watch sees never
+/// two MACs for one request. The moves are counted by where they came from
+/// (`ipam_service_ips_taken_total{from="live_node"}`).
+#[test]
+fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
+    const METRICS_PORT: u16 = 9965;
+    const EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+    let mut c = Cluster::start("dr", 1);
+    c.enable_gossip();
+    let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{METRICS_PORT}\"\n");
+    for _ in 0..3 {
+        c.add_node_with("dr", &metrics);
+    }
+    let macs: BTreeMap<[u8; 6], String> =
+        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    // A range the rendezvous hash spreads over all three nodes (10.77.0.50-55 would all go to
+    // node-0, by chance).
+    c.put("lb", &pool(vec![range("10.77.0.70", "10.77.0.79")]));
+    c.put("uplinks", &uplink_policy());
+    let services: Vec<String> = (0..6).map(|i| format!("default/d{i}")).collect();
+    for name in &services {
+        c.put(name, &lb_service(PORT));
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "every Service's IP, announced",
+        || {
+            services
+                .iter()
+                .all(|s| announced_condition(&c, s).is_some_and(|(ok, _)| ok))
+        },
+        || format!("{:?}", services.iter().map(|s| announced_condition(&c, s))),
+    );
+    // The spread settled: every agent sees the two others alive (and has decided since).
+    for i in 0..c.nodes.len() {
+        wait_until(
+            Duration::from_secs(10),
+            "every agent seeing the two others alive",
+            || c.ipamctl(i, &["members"]).matches(" alive ").count() == 2,
+            || c.ipamctl(i, &["members"]),
+        );
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let ips: Vec<Ipv4Addr> = service_ips(&c).into_values().collect();
+    let client = c.add_client("drc");
+    let owners: BTreeMap<Ipv4Addr, String> = ips
+        .iter()
+        .map(|ip| (*ip, owner_of(&c, &client, &macs, *ip)))
+        .collect();
+    let drained = c
+        .nodes
+        .iter()
+        .max_by_key(|n| owners.values().filter(|o| **o == n.name).count())
+        .map(|n| n.name.clone())
+        .expect("nodes");
+    let at = c.nodes.iter().position(|n| n.name == drained).unwrap();
+    let theirs: Vec<Ipv4Addr> = ips
+        .iter()
+        .copied()
+        .filter(|ip| owners[ip] == drained)
+        .collect();
+
+    let _backends = Backends::start(&c);
+    let start = Instant::now();
+    let traffic: Vec<(Ipv4Addr, RequestLoop, ArpWatch)> = ips
+        .iter()
+        .map(|ip| {
+            let requests = RequestLoop::start(&client, (*ip).into(), Duration::from_millis(20));
+            (*ip, requests, ArpWatch::start(&client, CLIENT, *ip, start))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    c.nodes[at].set_node_label(EXCLUDE, Some("true"));
+    wait_until(
+        Duration::from_secs(10),
+        "the drained node's IPs answered by the others",
+        || {
+            theirs.iter().all(|ip| {
+                answers(&client, *ip)
+                    .first()
+                    .is_some_and(|m| macs[m] != drained)
+            })
+        },
+        || c.nodes[at].log(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    c.nodes[at].set_node_label(EXCLUDE, None);
+    wait_until(
+        Duration::from_secs(10),
+        "the drained node's IPs back with it",
+        || {
+            theirs.iter().all(|ip| {
+                answers(&client, *ip)
+                    .first()
+                    .is_some_and(|m| macs[m] == drained)
+            })
+        },
+        || c.nodes[at].log(),
+    );
+    // Past the linger of the IPs given back: a request lost when the other node lets go of
+    // them would show.
+    std::thread::sleep(ipam_daemon::l2::owners::LINGER + Duration::from_secs(1));
+
+    for (ip, requests, watch) in traffic {
+        let seen = requests.stop();
+        let samples = watch.stop();
+        let doubles = double_answers(&samples);
+        let unanswered = samples.iter().filter(|s| s.macs.is_empty()).count();
+        println!(
+            "{ip} (owned by {}): {} requests answered, {} failed, served by {:?}; ARP: {} \
+             requests, {unanswered} unanswered",
+            owners[&ip],
+            seen.answered,
+            seen.failed.len(),
+            seen.served_by,
+            samples.len()
+        );
+        assert!(
+            seen.failed.is_empty(),
+            "requests to {ip} failed at {:?} (drain of {drained})\n{}",
+            seen.failed,
+            c.nodes
+                .iter()
+                .map(ipam_tests::cluster::ClusterNode::log)
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
+        if owners[&ip] == drained {
+            assert_eq!(seen.moves(), 2, "{ip}: served by {:?}", seen.served_by);
+            assert_eq!(seen.served_by.first(), Some(&drained));
+            assert_eq!(seen.served_by.last(), Some(&drained));
+        } else {
+            assert_eq!(
+                seen.served_by,
+                [owners[&ip].clone()],
+                "{ip} moved though its owner was not drained"
+            );
+        }
+    }
+    let taken = |text: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with("ipam_service_ips_taken_total{from=\"live_node\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let text = c.nodes[at].metrics(METRICS_PORT).unwrap_or_default();
+    assert_eq!(
+        taken(&text) as usize,
+        theirs.len(),
+        "{drained} took its IPs back from live nodes: {text}"
+    );
+    let others: f64 = (0..c.nodes.len())
+        .filter(|i| *i != at)
+        .map(|i| taken(&c.nodes[i].metrics(METRICS_PORT).unwrap_or_default()))
+        .sum();
+    assert_eq!(
+        others as usize,
+        theirs.len(),
+        "the others took them from {drained}"
+    );
 }

@@ -35,6 +35,16 @@ pub enum Previous {
 }
 
 impl Previous {
+    /// Where the IP came from, for the moves metric: `dead_node`, `live_node`, or `none` (a
+    /// new IP, or one this node could not know the holder of).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Dead(_) => "dead_node",
+            Self::Alive(_) => "live_node",
+            Self::Nobody | Self::Unknown => "none",
+        }
+    }
+
     /// Whether taking the IP must wait for its previous owner to let go.
     fn must_wait(&self) -> bool {
         matches!(self, Self::Unknown | Self::Alive(_))

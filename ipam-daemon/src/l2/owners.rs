@@ -6,10 +6,12 @@
 //! (`ipam_core::lb::announce`), so a node's death moves its IPs with no per-service write. An IP
 //! this node takes over is put on `lo` (`net::local_address`) and published in `OwnedIps`; the
 //! responder controller answers for it and tells the link. An IP another live node may still
-//! answer for is taken only after it let go (`handover`).
+//! answer for is taken only after it let go (`handover`); the IP it gave up stays on its
+//! `lo` for [`LINGER`], so the clients still sending to it are served until they follow the new
+//! owner's gratuitous ARP: a move between live nodes costs no request.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     net::IpAddr,
     sync::Arc,
     time::{Duration, Instant},
@@ -53,6 +55,13 @@ const DUTY: u32 = 10;
 /// How long a restarted agent taking up its IPs waits for the gossip to join before it
 /// decides from what it knows.
 const JOINING: Duration = Duration::from_secs(3);
+/// How long an IP given up to another node stays on this node's `lo`, accepted but no longer
+/// answered for: the clients that resolved it here keep sending to this node until the new
+/// owner's gratuitous ARPs reach them (it answers `handover::HANDOVER` after deciding, and
+/// repeats them for 2 s, `l2::gratuitous`), or until their neighbour entry is probed again
+/// (unanswered here, so broadcast: the new owner answers). The old owner lets go of the ARP
+/// answers first (never two MACs) and of the traffic last (no request lost in between).
+pub const LINGER: Duration = Duration::from_secs(5);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
 const STARTING: Duration = Duration::from_secs(30);
@@ -139,6 +148,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         owned: Owned {
             addresses: local_addresses,
             ips: inherited,
+            lingering: BTreeMap::new(),
         },
         restarts: Restarts::default(),
         before: BTreeMap::new(),
@@ -157,8 +167,10 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         // number of changes (a burst of service writes would otherwise cost a decision each).
         // A death or a return in the gossip is decided at once: it is what failover waits on.
         // At rest the tick is not even waited for (ten wake-ups a second for nothing).
-        let time_matters =
-            peers.decays() || ownership.handover.is_waiting() || ownership.restarts.holding();
+        let time_matters = peers.decays()
+            || ownership.handover.is_waiting()
+            || ownership.restarts.holding()
+            || ownership.owned.lingers();
         tokio::select! {
             e = watches.services.next() => { seen.services.apply(e); pace.changed = true; continue; }
             e = watches.endpoints.next() => {
@@ -377,10 +389,12 @@ impl Ownership {
             let starting = started.duration_since(self.since) < STARTING;
             let taken: Vec<_> = self
                 .owned
-                .follow(mine)
+                .follow(mine, &owned_elsewhere(&all, node), started)
                 .into_iter()
                 .map(|(ip, ip_owned)| {
-                    let why = why_taken(&previous[&ip], &ip_owned, seen, starting);
+                    let from = &previous[&ip];
+                    self.metrics.count_service_ip_taken(from.kind());
+                    let why = why_taken(from, &ip_owned, seen, starting);
                     (ip, ip_owned, why)
                 })
                 .collect();
@@ -390,6 +404,10 @@ impl Ownership {
                 .service_ips_announced
                 .set(self.owned.ips.len() as i64);
             self.out.send_replace(self.owned.ips.clone());
+        }
+        if self.owned.lingers() {
+            self.owned
+                .let_go_of_lingering(&owned_elsewhere(&all, node), started);
         }
         if all_changed(&self.before, &all) {
             self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
@@ -432,6 +450,14 @@ fn all_changed(before: &BTreeMap<IpAddr, String>, all: &[Announcement]) -> bool 
         || all
             .iter()
             .any(|a| before.get(&a.ip).is_none_or(|owner| *owner != a.node))
+}
+
+/// The IPs of `all` that another node than `node` owns.
+fn owned_elsewhere(all: &[Announcement], node: &str) -> HashSet<IpAddr> {
+    all.iter()
+        .filter(|a| a.node != node)
+        .map(|a| a.ip)
+        .collect()
 }
 
 /// The IPs of `all` that `node` owns, with the service each belongs to.
@@ -558,15 +584,26 @@ fn tell_users(
 struct Owned {
     ips: OwnedIps,
     addresses: LocalAddresses,
+    /// IPs given up to another node, kept on `lo` until then ([`LINGER`]).
+    lingering: BTreeMap<IpAddr, Instant>,
 }
 
 impl Owned {
-    /// Follows what this node owns now; returns the IPs it took over.
-    fn follow(&mut self, mine: OwnedIps) -> Vec<(IpAddr, OwnedIp)> {
+    /// Follows what this node owns now; returns the IPs it took over. An IP given up that
+    /// another node owns now (`elsewhere`) lingers on `lo`; one that nobody owns any more (its
+    /// Service gone, say) comes off at once.
+    fn follow(
+        &mut self,
+        mine: OwnedIps,
+        elsewhere: &HashSet<IpAddr>,
+        now: Instant,
+    ) -> Vec<(IpAddr, OwnedIp)> {
         let mut taken = Vec::new();
         for (ip, owned) in &mine {
             if !self.ips.contains_key(ip) {
-                self.addresses.add(Holder::L2, *ip);
+                if self.lingering.remove(ip).is_none() {
+                    self.addresses.add(Holder::L2, *ip);
+                }
                 taken.push((*ip, owned.clone()));
                 tracing::info!(
                     %ip,
@@ -577,11 +614,41 @@ impl Owned {
             }
         }
         for ip in self.ips.keys().filter(|ip| !mine.contains_key(ip)) {
-            self.addresses.remove(Holder::L2, *ip);
-            tracing::info!(%ip, "service IP given up: another node answers for it now");
+            if elsewhere.contains(ip) {
+                self.lingering.insert(*ip, now + LINGER);
+                tracing::info!(
+                    %ip,
+                    linger_ms = LINGER.as_millis() as u64,
+                    "service IP given up: another node answers for it now; still accepted \
+                     here for {} ms, for the clients that have not followed yet",
+                    LINGER.as_millis()
+                );
+            } else {
+                self.addresses.remove(Holder::L2, *ip);
+                tracing::info!(%ip, "service IP given up: no node answers for it any more");
+            }
         }
         self.ips = mine;
         taken
+    }
+
+    /// Takes off `lo` the IPs given up that lingered their time, or that no other node owns
+    /// any more (`elsewhere`).
+    fn let_go_of_lingering(&mut self, elsewhere: &HashSet<IpAddr>, now: Instant) {
+        let addresses = &self.addresses;
+        self.lingering.retain(|ip, until| {
+            let kept = now < *until && elsewhere.contains(ip);
+            if !kept {
+                addresses.remove(Holder::L2, *ip);
+                tracing::debug!(%ip, "service IP given up earlier: off lo now");
+            }
+            kept
+        });
+    }
+
+    /// Whether an IP given up still lingers: its end is due with no event.
+    fn lingers(&self) -> bool {
+        !self.lingering.is_empty()
     }
 }
 

@@ -66,6 +66,11 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FromLabel {
+    pub from: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InterfaceLabel {
     pub interface: String,
 }
@@ -87,6 +92,7 @@ pub struct Metrics {
     pub node_lease_renew_seconds: Histogram,
     pub service_ips_announced: Gauge,
     pub service_ip_takeovers: Counter,
+    pub service_ips_taken: Family<FromLabel, Counter>,
     pub interfaces_down: Family<InterfaceLabel, Gauge>,
     pub dead_node_connections_deleted: Counter,
     pub store_errors: Family<KindLabel, Counter>,
@@ -129,6 +135,7 @@ impl Metrics {
             ),
             service_ips_announced: Gauge::default(),
             service_ip_takeovers: Counter::default(),
+            service_ips_taken: Family::default(),
             interfaces_down: Family::default(),
             dead_node_connections_deleted: Counter::default(),
             store_errors: Family::default(),
@@ -222,6 +229,11 @@ impl Metrics {
             "service_ip_takeovers",
             "Service IPs this node took over (started answering for)",
             self.service_ip_takeovers.clone(),
+        );
+        registry.register(
+            "service_ips_taken",
+            "Service IPs this node started answering for, by where each came from: dead_node (a failover), live_node (a move between live nodes: a node returned or joined, one was excluded, an endpoint or interface went), none (a new IP, or taken at the agent's start)",
+            self.service_ips_taken.clone(),
         );
         registry.register(
             "interface_down",
@@ -364,6 +376,16 @@ impl Metrics {
             .get_or_create(&PoolReason {
                 pool: event.pool().to_owned(),
                 reason: event.reason().to_owned(),
+            })
+            .inc();
+    }
+
+    /// A Service IP this node started answering for, taken from `from` (`dead_node`,
+    /// `live_node`, `none`).
+    pub fn count_service_ip_taken(&self, from: &str) {
+        self.service_ips_taken
+            .get_or_create(&FromLabel {
+                from: from.to_owned(),
             })
             .inc();
     }

@@ -94,7 +94,20 @@ impl BgpRig {
     /// `routed` (198.51.100.0/22, 2001:db8:100::/120), the peers `tor` and `tor6`, and the
     /// advertisement `all`; `extra` router neighbours for a reference speaker.
     pub fn start(tag: &str, nodes: usize, bfd: bool, extra: &[&str]) -> Self {
+        Self::start_prepared(tag, nodes, bfd, extra, |_| ())
+    }
+
+    /// As [`BgpRig::start`], with `prepare` done to the cluster before its agents are added
+    /// (the gossip enabled, another segment added).
+    pub fn start_prepared(
+        tag: &str,
+        nodes: usize,
+        bfd: bool,
+        extra: &[&str],
+        prepare: impl FnOnce(&mut Cluster),
+    ) -> Self {
         let mut cluster = Cluster::start_add_on(tag, 1);
+        prepare(&mut cluster);
         let router_ns = Netns::new(&format!("{tag}r"));
         veth(&router_ns, "up0", &cluster.fabric, &format!("{tag}rt"));
         cluster.fabric.add_port(&format!("{tag}rt"), "br0");

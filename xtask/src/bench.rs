@@ -30,6 +30,10 @@ pub(crate) enum Name {
     /// Real agents at two sizes (50 and 100 by default) over etcd, gossiping: RSS, CPU, gossip
     /// packets and store writes per agent at rest, cold start, failover.
     Scale,
+    /// Planned operations with both announcers: a rolling restart of every agent (failed
+    /// requests over L2 and BGP, IP moves) and a dead NIC on an L2 owner (failover, failed
+    /// requests).
+    Rollout,
     /// The seed's failover on a real Kubernetes cluster (as `lab kube`), with the dead nodes'
     /// pods set not ready on the agents' reports and without; needs KUBEBUILDER_ASSETS.
     KubeFailover,
@@ -52,6 +56,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Liveness => "bench-liveness",
         Name::Bgp => "bench-bgp",
         Name::Scale => "bench-scale",
+        Name::Rollout => "bench-rollout",
         Name::KubeFailover => unreachable!("run above"),
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.

@@ -142,6 +142,10 @@ pub struct NodeIpamSpec {
     /// Whether the node may announce Service IPs, as its own agent judged it.
     #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
     pub announcing: NodeAnnouncing,
+    /// The release of the agent that wrote the record (`0.1.0`): during a rolling upgrade, which
+    /// nodes run which. Absent from records written by releases before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
     /// Other nodes this node's agent holds dead: declared dead by the gossip while this node
     /// held a majority, and silent on a second, independent signal (their kubelet's port). The
     /// operator takes a node's pods out of their Services' endpoints once a majority of the

@@ -76,6 +76,9 @@ pub struct ClusterNode {
     config: TempFile,
     root: BpffsRoot,
     pub daemon: Option<Daemon>,
+    /// The `ipamd` its agent runs: this workspace's when `None`, another release's otherwise
+    /// (`previous_release_ipamd`).
+    pub binary: Option<PathBuf>,
 }
 
 /// One pod: its namespace, CNI identity and addresses.
@@ -262,6 +265,7 @@ impl Cluster {
             config,
             root,
             daemon: None,
+            binary: None,
         });
         index
     }
@@ -550,11 +554,11 @@ impl ClusterNode {
 
     /// Starts the node's agent without waiting for it.
     pub fn launch(&mut self) {
-        self.daemon = Some(Daemon::start_with(
-            &self.ns,
-            &self.config.0,
-            &["--role", "agent"],
-        ));
+        let args = ["--role", "agent"];
+        self.daemon = Some(match &self.binary {
+            Some(binary) => Daemon::start_binary(&self.ns, binary, &self.config.0, &args, &[]),
+            None => Daemon::start_with(&self.ns, &self.config.0, &args),
+        });
     }
 
     /// The agent's metrics (`[metrics] listen` must be `127.0.0.1:<port>`), or `None` while

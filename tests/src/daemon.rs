@@ -30,7 +30,18 @@ impl Daemon {
 
     /// As `start_with`, with `env` added (a `KUBECONFIG`, say).
     pub fn start_in(ns: &Netns, config: &Path, args: &[&str], env: &[(&str, &Path)]) -> Self {
-        let mut command = ns.command(workspace_binary("ipamd"));
+        Self::start_binary(ns, &workspace_binary("ipamd"), config, args, env)
+    }
+
+    /// As `start_in`, running `binary` rather than this workspace's `ipamd` (another release's).
+    pub fn start_binary(
+        ns: &Netns,
+        binary: &Path,
+        config: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Self {
+        let mut command = ns.command(binary);
         for (key, value) in env {
             command.env(key, value);
         }

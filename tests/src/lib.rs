@@ -36,7 +36,6 @@ use ipam_datapath::Datapath;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-/// A short name unique to this process and call (interface names are limited to 15 bytes).
 /// Says, in the test run's output (past the test harness's capture, which hides what a passing
 /// test prints), that `what` was not checked in this run and why: a check that cannot run here
 /// must not read as passed.
@@ -45,6 +44,7 @@ pub fn not_checked(what: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "NOT CHECKED in this run: {what}: {why}");
 }
 
+/// A short name unique to this process and call (interface names are limited to 15 bytes).
 pub fn unique(tag: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{tag}{}x{n}", std::process::id() % 100_000)
@@ -123,6 +123,27 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The previous release's `ipamd`, which `cargo xtask test` builds (xtask's `previous_release`)
+/// and names in `IPAM_PREVIOUS_IPAMD`; `None`, said as not checked, when it is not there.
+pub fn previous_release_ipamd(what: &str) -> Option<PathBuf> {
+    let binary = std::env::var_os("IPAM_PREVIOUS_IPAMD").map(PathBuf::from);
+    match binary {
+        Some(binary) if binary.exists() => Some(binary),
+        Some(binary) => {
+            not_checked(what, &format!("{} does not exist", binary.display()));
+            None
+        }
+        None => {
+            not_checked(
+                what,
+                "IPAM_PREVIOUS_IPAMD is not set: `cargo xtask test` builds the previous \
+                 release's ipamd and sets it (not in a shallow clone)",
+            );
+            None
+        }
     }
 }
 

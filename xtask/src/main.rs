@@ -12,6 +12,7 @@ mod image;
 mod lab;
 mod layers;
 mod lint;
+mod previous_release;
 mod setup;
 mod test;
 

@@ -59,7 +59,12 @@ pub struct NodeFacts {
     pub interfaces_down: Vec<crate::resources::InterfaceDown>,
     /// Whether it may announce Service IPs, and what gets in the way.
     pub announcing: crate::resources::NodeAnnouncing,
+    /// The agent's release ([`AGENT_VERSION`]).
+    pub agent_version: String,
 }
+
+/// The release of this build's agent, written into its node's record.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 impl NodeFacts {
     fn published_in(&self, record: &NodeIpam) -> bool {
@@ -68,6 +73,7 @@ impl NodeFacts {
             && self.interfaces == record.spec.interfaces
             && self.interfaces_down == record.spec.interfaces_down
             && self.announcing == record.spec.announcing
+            && record.spec.agent_version.as_ref() == Some(&self.agent_version)
             && record.spec.restarting.is_none()
     }
 
@@ -77,6 +83,7 @@ impl NodeFacts {
         record.spec.interfaces = self.interfaces.clone();
         record.spec.interfaces_down = self.interfaces_down.clone();
         record.spec.announcing = self.announcing.clone();
+        record.spec.agent_version = Some(self.agent_version.clone());
         // This agent runs: a restart notice of the one before it is over.
         record.spec.restarting = None;
     }
@@ -502,6 +509,7 @@ mod tests {
             interfaces: Vec::new(),
             interfaces_down: Vec::new(),
             announcing: Default::default(),
+            agent_version: AGENT_VERSION.into(),
         };
         assert!(facts.sync_record(&store, "n1").await.unwrap());
         let record = store.get_typed::<NodeIpam>("n1").await.unwrap().unwrap();

@@ -170,6 +170,7 @@ pub(crate) fn facts_of(
         interfaces: interfaces.usable,
         interfaces_down: interfaces.down,
         announcing,
+        agent_version: ipam_core::pod::agent::AGENT_VERSION.to_owned(),
     }
 }
 

@@ -657,6 +657,13 @@ mod tests {
             e.contains("reboot") && e.contains("leave") && e.contains("restart"),
             "{e}"
         );
+        // `auto`: a restart unless the node may not announce when it stops.
+        let auto = parse("[node]\non_stop = \"auto\"\n").unwrap().node.on_stop;
+        assert_eq!(auto, OnStop::Auto);
+        assert_eq!(auto.resolve(None), OnStop::Restart);
+        assert_eq!(auto.resolve(Some("its Node is cordoned")), OnStop::Leave);
+        assert_eq!(OnStop::Restart.resolve(Some("cordoned")), OnStop::Restart);
+        assert_eq!(OnStop::Leave.resolve(None), OnStop::Leave);
     }
 
     #[test]

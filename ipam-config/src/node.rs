@@ -36,7 +36,7 @@ pub struct NodeSettings {
     /// What a stop of the agent (SIGTERM) means: a leave, or a restart.
     #[serde(default)]
     pub on_stop: OnStop,
-    /// For a restart with `[gossip]`: how long the stopping agent's responders go on answering
+    /// For a restart (with the gossip or the leases): how long the stopping agent's responders go on answering
     /// for its Service IPs, and the other agents keep them where they are, waiting for the next
     /// agent (1,000 to 60,000 ms).
     #[serde(default = "default_restart_within_ms")]
@@ -75,6 +75,24 @@ pub enum OnStop {
     /// (End-of-RIB). If no agent comes back, routers drop the routes when the restart time
     /// runs out.
     Restart,
+    /// A restart, unless the node may not announce when its agent stops (its record's
+    /// `spec.announcing.excluded`: the exclusion label, or a cordoned, NotReady or
+    /// network-unavailable Node as `[node.announce]` says) or its record is gone: then a
+    /// leave. So a DaemonSet rollout restarts, and a node drained by the exclusion label (or
+    /// cordoned, with `exclude_cordoned`) before its agent stops leaves.
+    Auto,
+}
+
+impl OnStop {
+    /// What this stop is: `Leave` or `Restart`; for `Auto`, a leave when `excluded` says why
+    /// the node may not announce (or that its record is gone), a restart otherwise.
+    pub fn resolve(self, excluded: Option<&str>) -> Self {
+        match (self, excluded) {
+            (Self::Auto, Some(_)) => Self::Leave,
+            (Self::Auto, None) => Self::Restart,
+            (stop, _) => stop,
+        }
+    }
 }
 
 impl Default for NodeSettings {

@@ -1352,8 +1352,20 @@ fn a_rolling_restart_moves_no_service_ip_and_leaves_no_request_unanswered() {
     // writer of the restart notice's end, and the NIC test above runs it).
     let mut c = Cluster::start("rr", 1);
     c.enable_gossip();
+    rolling_restart(c, "rr");
+}
+
+/// The same without the gossip: the nodes' liveness from their store leases (a stopping
+/// agent's lease lapses while it is away; its restart notice holds its IPs all the same).
+#[test]
+fn a_rolling_restart_over_store_leases_moves_no_service_ip() {
+    rolling_restart(Cluster::start("rl", 1), "rl");
+}
+
+/// Three agents on `c` restarted one by one, then one not back in time (see above).
+fn rolling_restart(mut c: Cluster, tag: &str) {
     for _ in 0..3 {
-        c.add_node("rr");
+        c.add_node(tag);
     }
     for n in &c.nodes {
         n.set_node_setting("on_stop", Some("\"restart\""));
@@ -1377,7 +1389,7 @@ fn a_rolling_restart_moves_no_service_ip_and_leaves_no_request_unanswered() {
         || format!("{:?}", services.map(|s| announced_condition(&c, s))),
     );
     let ips: Vec<Ipv4Addr> = service_ips(&c).into_values().collect();
-    let client = c.add_client("rrc");
+    let client = c.add_client(&format!("{tag}c"));
     let owners: BTreeMap<Ipv4Addr, String> = ips
         .iter()
         .map(|ip| (*ip, owner_of(&c, &client, &macs, *ip)))
@@ -1622,6 +1634,47 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         others as usize,
         theirs.len(),
         "the others took them from {drained}"
+    );
+
+    // `on_stop = "auto"`: the drained node's agent stops as for a leave, another one's as for
+    // a restart (its IPs stay with it while it is away).
+    let other = (at + 1) % c.nodes.len();
+    for i in [at, other] {
+        c.nodes[i].set_node_setting("on_stop", Some("\"auto\""));
+    }
+    c.nodes[at].set_node_label(EXCLUDE, Some("true"));
+    wait_until(
+        Duration::from_secs(10),
+        "the drained node's record to say it may not announce",
+        || {
+            c.records()[&drained]
+                .value
+                .spec
+                .announcing
+                .excluded
+                .is_some()
+        },
+        || c.nodes[at].log(),
+    );
+    for (i, stop) in [(at, "a leave"), (other, "a restart")] {
+        let agent = c.nodes[i].daemon.take().expect("the agent runs");
+        agent.signal(nix::sys::signal::Signal::SIGTERM);
+        wait_until(
+            Duration::from_secs(10),
+            &format!("{} to stop as for {stop}", c.nodes[i].name),
+            || {
+                agent
+                    .log_text()
+                    .contains(&format!("stopping as for {stop}"))
+            },
+            || agent.log_text(),
+        );
+        agent.terminate();
+    }
+    let other_name = c.nodes[other].name.clone();
+    assert!(
+        c.records()[&other_name].value.spec.restarting.is_some(),
+        "{other_name} stopped for a restart"
     );
 }
 

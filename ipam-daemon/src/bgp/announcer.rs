@@ -281,7 +281,7 @@ impl Announcer {
     /// routers that keep this node's routes go on sending it their traffic.
     async fn stop(&mut self, on_stop: OnStop) {
         self.speaker.stop(on_stop).await;
-        if on_stop == OnStop::Leave {
+        if on_stop != OnStop::Restart {
             self.addresses.remove_others(&BTreeSet::new());
         }
     }
@@ -381,7 +381,8 @@ impl Speaker {
             return;
         };
         match on_stop {
-            OnStop::Leave => bird.stop().await,
+            // `auto` is resolved before the stop reaches here; unresolved, a leave.
+            OnStop::Leave | OnStop::Auto => bird.stop().await,
             OnStop::Restart => bird.stop_for_restart().await,
         }
     }

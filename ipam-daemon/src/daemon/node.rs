@@ -23,9 +23,11 @@ use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use ipam_config::{Config, IpamSettings, NodeSettings, OnStop};
+use ipam_core::store::TypedStore as _;
 use ipam_datapath::Datapath;
 use tokio::{sync::watch, task::JoinHandle};
 
@@ -248,20 +250,24 @@ impl NodeControllers {
     }
 
     /// Stops as `[node] on_stop` says: for a leave, BGP withdrawn and the gossip left (the
-    /// others answer for this node's IPs at once, its responders silent first); for a restart
-    /// with the gossip, BGP kept at routers with graceful restart and the IPs where they are,
-    /// answered by the responders for the promised time (`liveness::restart`).
+    /// others answer for this node's IPs at once, its responders silent first); for a restart,
+    /// BGP kept at routers with graceful restart and the IPs where they are, answered by the
+    /// responders for the promised time (`liveness::restart`), with the gossip or the leases.
     async fn stop(mut self, config: &Config, datapath: &Mutex<Datapath>) {
         if let Some(op) = self.operator.take() {
             op.stop().await;
         }
+        let on_stop = self.this_stop(config).await;
         if let Some(bgp) = self.bgp.take() {
-            bgp.stop(config.node.on_stop).await;
+            bgp.stop(on_stop).await;
         }
-        let restart = config.node.on_stop == OnStop::Restart;
-        match self.gossip.take() {
-            Some(gossip) if restart && self.promise_restart(config, datapath).await => {
-                gossip.abandon().await;
+        let restart = on_stop == OnStop::Restart;
+        let promised = restart && self.promise_restart(config, datapath).await;
+        match (self.gossip.take(), promised) {
+            (gossip, true) => {
+                if let Some(gossip) = gossip {
+                    gossip.abandon().await;
+                }
                 tracing::info!(
                     "stopping for a restart: the responders answer for this node's Service IPs \
                      for up to {} ms, and the other nodes keep them here until the next agent",
@@ -270,7 +276,7 @@ impl NodeControllers {
             }
             // Leaving makes the others take the IPs over at once: this node must be silent
             // first.
-            Some(gossip) => {
+            (Some(gossip), false) => {
                 if let Err(e) = datapath.lock().expect("datapath lock").silence() {
                     tracing::error!(
                         "cannot silence the responders before leaving the gossip; they answer \
@@ -281,11 +287,53 @@ impl NodeControllers {
                 gossip.leave().await;
                 tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
             }
-            None => tracing::info!(
+            (None, false) => tracing::info!(
                 "stopping; responders keep answering for up to {} ms, until the liveness timeout",
                 config.datapath.liveness_timeout_ms
             ),
         }
+    }
+
+    /// What this stop is (`[node] on_stop`); for `auto`, a leave when the node's record says it
+    /// may not announce or is gone, a restart otherwise (and when the record cannot be read in
+    /// time: a restart's promise needs the store, and falls back to a leave without it).
+    async fn this_stop(&self, config: &Config) -> OnStop {
+        let on_stop = config.node.on_stop;
+        let (OnStop::Auto, Some(store)) = (on_stop, &self.store) else {
+            return on_stop.resolve(None);
+        };
+        let node = config.node.name.as_str();
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            store.get_typed::<ipam_core::resources::NodeIpam>(node),
+        )
+        .await;
+        let excluded = match read {
+            Ok(Ok(Some(record))) => record.value.spec.announcing.excluded,
+            Ok(Ok(None)) => Some(format!("node {node}'s record is gone")),
+            Ok(Err(e)) => {
+                tracing::warn!(
+                    "on_stop = \"auto\": cannot read node {node}'s record ({e}); stopping as for a restart"
+                );
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "on_stop = \"auto\": node {node}'s record not read within 2 s; stopping as for a restart"
+                );
+                None
+            }
+        };
+        let resolved = on_stop.resolve(excluded.as_deref());
+        match &excluded {
+            Some(why) => tracing::info!(
+                "on_stop = \"auto\": the node may not announce ({why}): stopping as for a leave"
+            ),
+            None => tracing::info!(
+                "on_stop = \"auto\": the node may announce: stopping as for a restart"
+            ),
+        }
+        resolved
     }
 
     /// Promises the cluster to be back (`liveness::restart`), the heartbeat stopped first;

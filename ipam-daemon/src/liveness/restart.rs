@@ -6,14 +6,15 @@
 //! 1. the stopping agent extends its responders' deadline to `within` from now (one heartbeat
 //!    with that staleness), after the heartbeat task has stopped;
 //! 2. then writes the notice into its node's record (`spec.restarting`);
-//! 3. then leaves the gossip without a goodbye.
+//! 3. then leaves the gossip without a goodbye (with leases, its lease is left to lapse).
 //!
 //! Each other agent holds the node's IPs for `within` from when *it* sees the notice, which is
 //! after step 1: its hold ends no sooner than the responders fall silent, so two nodes never
 //! answer one IP. The next agent keeps the responders answering until its fence first opens
 //! (`heartbeat`), takes the IPs up as its own without a hand-over wait, and clears the notice;
-//! the others drop their hold once it is live in the gossip again. If it is not back in time,
-//! the responders fall silent and the others take the IPs over as from a dead node.
+//! the others drop their hold once it is live again (in the gossip, or its lease renewed). If it
+//! is not back in time, the responders fall silent and the others take the IPs over as from a
+//! dead node.
 
 use std::{
     path::{Path, PathBuf},

@@ -1487,42 +1487,12 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     for _ in 0..3 {
         c.add_node_with("dr", &metrics);
     }
-    let macs: BTreeMap<[u8; 6], String> =
-        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
-    // A range the rendezvous hash spreads over all three nodes (10.77.0.50-55 would all go to
-    // node-0, by chance).
-    c.put("lb", &pool(vec![range("10.77.0.70", "10.77.0.79")]));
-    c.put("uplinks", &uplink_policy());
-    let services: Vec<String> = (0..6).map(|i| format!("default/d{i}")).collect();
-    for name in &services {
-        c.put(name, &lb_service(PORT));
-    }
-    wait_until(
-        Duration::from_secs(20),
-        "every Service's IP, announced",
-        || {
-            services
-                .iter()
-                .all(|s| announced_condition(&c, s).is_some_and(|(ok, _)| ok))
-        },
-        || format!("{:?}", services.iter().map(|s| announced_condition(&c, s))),
-    );
-    // The spread settled: every agent sees the two others alive (and has decided since).
-    for i in 0..c.nodes.len() {
-        wait_until(
-            Duration::from_secs(10),
-            "every agent seeing the two others alive",
-            || c.ipamctl(i, &["members"]).matches(" alive ").count() == 2,
-            || c.ipamctl(i, &["members"]),
-        );
-    }
-    std::thread::sleep(Duration::from_secs(1));
-    let ips: Vec<Ipv4Addr> = service_ips(&c).into_values().collect();
-    let client = c.add_client("drc");
-    let owners: BTreeMap<Ipv4Addr, String> = ips
-        .iter()
-        .map(|ip| (*ip, owner_of(&c, &client, &macs, *ip)))
-        .collect();
+    let Settled {
+        macs,
+        ips,
+        client,
+        owners,
+    } = settled_services(&c, "d", 6);
     let drained = c
         .nodes
         .iter()
@@ -1537,14 +1507,7 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         .collect();
 
     let _backends = Backends::start(&c);
-    let start = Instant::now();
-    let traffic: Vec<(Ipv4Addr, RequestLoop, ArpWatch)> = ips
-        .iter()
-        .map(|ip| {
-            let requests = RequestLoop::start(&client, (*ip).into(), Duration::from_millis(20));
-            (*ip, requests, ArpWatch::start(&client, CLIENT, *ip, start))
-        })
-        .collect();
+    let traffic = traffic_to(&client, &ips);
     std::thread::sleep(Duration::from_millis(500));
     c.nodes[at].set_node_label(EXCLUDE, Some("true"));
     wait_until(
@@ -1636,46 +1599,88 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         "the others took them from {drained}"
     );
 
-    // `on_stop = "auto"`: the drained node's agent stops as for a leave, another one's as for
-    // a restart (its IPs stay with it while it is away).
-    let other = (at + 1) % c.nodes.len();
-    for i in [at, other] {
-        c.nodes[i].set_node_setting("on_stop", Some("\"auto\""));
-    }
+    // Stops that are not restarts, under the client's traffic. With `on_stop = "auto"`, the
+    // drained node's agent stops as for a leave; a node owning IPs stopped with "leave" hands
+    // them over at once (its responders silent first, its IPs left on `lo` for the clients
+    // still sending to it): no request lost, never two MACs. The last node, with "auto" and
+    // not drained, stops as for a restart.
+    let (leaving, last) = ((at + 1) % 3, (at + 2) % 3);
+    c.nodes[at].set_node_setting("on_stop", Some("\"auto\""));
+    c.nodes[leaving].set_node_setting("on_stop", Some("\"leave\""));
+    c.nodes[last].set_node_setting("on_stop", Some("\"auto\""));
     c.nodes[at].set_node_label(EXCLUDE, Some("true"));
     wait_until(
         Duration::from_secs(10),
-        "the drained node's record to say it may not announce",
+        "the drained node's IPs answered by the others",
         || {
-            c.records()[&drained]
-                .value
-                .spec
-                .announcing
-                .excluded
-                .is_some()
+            theirs.iter().all(|ip| {
+                answers(&client, *ip)
+                    .first()
+                    .is_some_and(|m| macs[m] != drained)
+            })
         },
         || c.nodes[at].log(),
     );
-    for (i, stop) in [(at, "a leave"), (other, "a restart")] {
-        let agent = c.nodes[i].daemon.take().expect("the agent runs");
-        agent.signal(nix::sys::signal::Signal::SIGTERM);
-        wait_until(
-            Duration::from_secs(10),
-            &format!("{} to stop as for {stop}", c.nodes[i].name),
-            || {
-                agent
-                    .log_text()
-                    .contains(&format!("stopping as for {stop}"))
-            },
-            || agent.log_text(),
-        );
-        agent.terminate();
-    }
-    let other_name = c.nodes[other].name.clone();
-    assert!(
-        c.records()[&other_name].value.spec.restarting.is_some(),
-        "{other_name} stopped for a restart"
+    std::thread::sleep(ipam_daemon::l2::owners::LINGER);
+    let traffic = traffic_to(&client, &ips);
+    std::thread::sleep(Duration::from_millis(500));
+    stop_as(&mut c, at, "a leave");
+    stop_as(&mut c, leaving, "a leave");
+    wait_until(
+        Duration::from_secs(10),
+        "every IP answered by the last node",
+        || {
+            ips.iter().all(|ip| {
+                answers(&client, *ip)
+                    .first()
+                    .is_some_and(|m| macs[m] == c.nodes[last].name)
+            })
+        },
+        || c.nodes[last].log(),
     );
+    std::thread::sleep(Duration::from_secs(2));
+    for (ip, requests, watch) in traffic {
+        let seen = requests.stop();
+        let samples = watch.stop();
+        println!(
+            "{ip} while two agents left: {} answered, {} failed, served by {:?}",
+            seen.answered,
+            seen.failed.len(),
+            seen.served_by
+        );
+        assert!(
+            seen.failed.is_empty(),
+            "requests to {ip} failed at {:?} as two agents left\n{}",
+            seen.failed,
+            c.nodes[last].log()
+        );
+        let doubles = double_answers(&samples);
+        assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
+    }
+    stop_as(&mut c, last, "a restart");
+    let last_name = c.nodes[last].name.clone();
+    assert!(
+        c.records()[&last_name].value.spec.restarting.is_some(),
+        "{last_name} stopped for a restart"
+    );
+}
+
+/// Stops node `i`'s agent (SIGTERM) and waits until its log says it stops as for `stop` ("a
+/// leave", "a restart").
+fn stop_as(c: &mut Cluster, i: usize, stop: &str) {
+    let agent = c.nodes[i].daemon.take().expect("the agent runs");
+    agent.signal(nix::sys::signal::Signal::SIGTERM);
+    wait_until(
+        Duration::from_secs(10),
+        &format!("{} to stop as for {stop}", c.nodes[i].name),
+        || {
+            agent
+                .log_text()
+                .contains(&format!("stopping as for {stop}"))
+        },
+        || agent.log_text(),
+    );
+    agent.terminate();
 }
 
 /// A rolling upgrade from the previous release (xtask/previous-release; `cargo xtask test`
@@ -1703,42 +1708,12 @@ fn a_rolling_upgrade_from_the_previous_release_moves_no_service_ip() {
     for n in &c.nodes {
         n.set_node_setting("on_stop", Some("\"restart\""));
     }
-    let macs: BTreeMap<[u8; 6], String> =
-        c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
-    c.put("lb", &pool(vec![range("10.77.0.70", "10.77.0.79")]));
-    c.put("uplinks", &uplink_policy());
-    let services: Vec<String> = (0..4).map(|i| format!("default/u{i}")).collect();
-    for name in &services {
-        c.put(name, &lb_service(PORT));
-    }
-    wait_until(
-        Duration::from_secs(20),
-        "every Service's IP, announced",
-        || {
-            services
-                .iter()
-                .all(|s| announced_condition(&c, s).is_some_and(|(ok, _)| ok))
-        },
-        || format!("{:?}", services.iter().map(|s| announced_condition(&c, s))),
-    );
-    let all_alive = |c: &Cluster| {
-        for i in 0..c.nodes.len() {
-            wait_until(
-                Duration::from_secs(10),
-                "every agent seeing the two others alive",
-                || c.ipamctl(i, &["members"]).matches(" alive ").count() == 2,
-                || format!("{}\n{}", c.ipamctl(i, &["members"]), c.nodes[i].log()),
-            );
-        }
-    };
-    all_alive(&c);
-    std::thread::sleep(Duration::from_secs(1));
-    let ips: Vec<Ipv4Addr> = service_ips(&c).into_values().collect();
-    let client = c.add_client("upc");
-    let owners: BTreeMap<Ipv4Addr, String> = ips
-        .iter()
-        .map(|ip| (*ip, owner_of(&c, &client, &macs, *ip)))
-        .collect();
+    let Settled {
+        macs,
+        ips,
+        client,
+        owners,
+    } = settled_services(&c, "u", 4);
     assert!(
         c.records()
             .values()
@@ -1747,14 +1722,7 @@ fn a_rolling_upgrade_from_the_previous_release_moves_no_service_ip() {
     );
 
     let _backends = Backends::start(&c);
-    let start = Instant::now();
-    let traffic: Vec<(Ipv4Addr, RequestLoop, ArpWatch)> = ips
-        .iter()
-        .map(|ip| {
-            let requests = RequestLoop::start(&client, (*ip).into(), Duration::from_millis(20));
-            (*ip, requests, ArpWatch::start(&client, CLIENT, *ip, start))
-        })
-        .collect();
+    let traffic = traffic_to(&client, &ips);
     for i in 0..c.nodes.len() {
         c.nodes[i].stop();
         c.nodes[i].binary = None;
@@ -1770,7 +1738,7 @@ fn a_rolling_upgrade_from_the_previous_release_moves_no_service_ip() {
             || c.nodes[i].log(),
         );
         // Two releases side by side: each hears the others.
-        all_alive(&c);
+        every_agent_sees_the_others_alive(&c);
         std::thread::sleep(Duration::from_secs(1));
     }
     for (ip, requests, watch) in traffic {
@@ -1813,4 +1781,77 @@ fn a_rolling_upgrade_from_the_previous_release_moves_no_service_ip() {
     }
     let version = c.records()["node-0"].value.spec.agent_version.clone();
     assert_eq!(version.as_deref(), Some(env!("CARGO_PKG_VERSION")));
+}
+
+/// What [`settled_services`] set up.
+struct Settled {
+    /// Each node's MAC on the segment, to its name.
+    macs: BTreeMap<[u8; 6], String>,
+    ips: Vec<Ipv4Addr>,
+    /// A client on the segment (`CLIENT`).
+    client: Netns,
+    /// The node answering for each IP once settled.
+    owners: BTreeMap<Ipv4Addr, String>,
+}
+
+/// `count` LoadBalancer Services (`default/<prefix>N`) from a pool the rendezvous hash spreads
+/// over three nodes (10.77.0.70-79; 10.77.0.50-55 would all go to node-0, by chance), announced
+/// on the uplinks; returned once every Service says so and every agent sees the others alive
+/// (and has decided since), with a client and each IP's owner.
+fn settled_services(c: &Cluster, prefix: &str, count: usize) -> Settled {
+    let macs = c.nodes.iter().map(|n| (n.mac(), n.name.clone())).collect();
+    c.put("lb", &pool(vec![range("10.77.0.70", "10.77.0.79")]));
+    c.put("uplinks", &uplink_policy());
+    let services: Vec<String> = (0..count).map(|i| format!("default/{prefix}{i}")).collect();
+    for name in &services {
+        c.put(name, &lb_service(PORT));
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "every Service's IP, announced",
+        || {
+            services
+                .iter()
+                .all(|s| announced_condition(c, s).is_some_and(|(ok, _)| ok))
+        },
+        || format!("{:?}", services.iter().map(|s| announced_condition(c, s))),
+    );
+    every_agent_sees_the_others_alive(c);
+    std::thread::sleep(Duration::from_secs(1));
+    let ips: Vec<Ipv4Addr> = service_ips(c).into_values().collect();
+    let client = c.add_client(&format!("{prefix}c"));
+    let owners = ips
+        .iter()
+        .map(|ip| (*ip, owner_of(c, &client, &macs, *ip)))
+        .collect();
+    Settled {
+        macs,
+        ips,
+        client,
+        owners,
+    }
+}
+
+/// Waits until every agent's gossip has every other member alive.
+fn every_agent_sees_the_others_alive(c: &Cluster) {
+    let others = c.nodes.len() - 1;
+    for i in 0..c.nodes.len() {
+        wait_until(
+            Duration::from_secs(10),
+            &format!("every agent seeing the {others} others alive"),
+            || c.ipamctl(i, &["members"]).matches(" alive ").count() == others,
+            || format!("{}\n{}", c.ipamctl(i, &["members"]), c.nodes[i].log()),
+        );
+    }
+}
+
+/// The client's traffic to each IP: a request every 20 ms and an ARP request every 40 ms.
+fn traffic_to(client: &Netns, ips: &[Ipv4Addr]) -> Vec<(Ipv4Addr, RequestLoop, ArpWatch)> {
+    let start = Instant::now();
+    ips.iter()
+        .map(|ip| {
+            let requests = RequestLoop::start(client, (*ip).into(), Duration::from_millis(20));
+            (*ip, requests, ArpWatch::start(client, CLIENT, *ip, start))
+        })
+        .collect()
 }

@@ -300,7 +300,12 @@ impl NodeControllers {
     async fn this_stop(&self, config: &Config) -> OnStop {
         let on_stop = config.node.on_stop;
         let (OnStop::Auto, Some(store)) = (on_stop, &self.store) else {
-            return on_stop.resolve(None);
+            let resolved = on_stop.resolve(None);
+            match resolved {
+                OnStop::Restart => tracing::info!("on_stop: stopping as for a restart"),
+                OnStop::Leave | OnStop::Auto => tracing::info!("on_stop: stopping as for a leave"),
+            }
+            return resolved;
         };
         let node = config.node.name.as_str();
         let read = tokio::time::timeout(

@@ -1248,7 +1248,8 @@ async fn pods_take_the_pool_their_annotations_name() -> TestApi {
 /// its IP back and loses power again: the Service's events say which node answers, and how
 /// often it started to. No agent lists or watches a Lease. With `externalTrafficPolicy: Local`
 /// only the node with the ready endpoint in the Service's EndpointSlice answers, and with
-/// none ready nobody does and the Service's condition says so.
+/// none ready nobody does and the Service's condition says so. First, a rolling restart of the
+/// agents (`on_stop = "auto"`) moves no IP: every request answered by its one owner.
 async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> TestApi {
     use ipam_tests::{
         arp_watch::{ArpWatch, double_answers},
@@ -1281,6 +1282,10 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         node.ns.add_address("up0", &format!("{address}/24"));
         let ipam = format!("mode = \"cluster-pool\"\nnode_name = \"{name}\"\nuplinks = [\"up0\"]");
         let config = node.config_gossiping(&ipam, &address, &key.0);
+        // As deploy/ says: a stop is a restart unless the node is drained.
+        let mut text = std::fs::read_to_string(&config.0).unwrap();
+        text.push_str("\n[node]\non_stop = \"auto\"\n");
+        std::fs::write(&config.0, text).unwrap();
         agents.lock().unwrap().push(Some(node.start(&config)));
         nodes.push((node, config));
     }
@@ -1361,6 +1366,39 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         &logs,
     )
     .await;
+
+    // A rolling restart of the three agents, as the DaemonSet's rollout goes: each stop is a
+    // restart (`auto`, no node drained), the IP stays with its owner and every request is
+    // answered by it alone; each next agent ends its node's restart notice.
+    let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
+    for i in 0..nodes.len() {
+        let stopping = agents.lock().unwrap()[i].take().expect("the agent runs");
+        // Its stop writes the notice through the API server, which runs on this runtime too.
+        tokio::task::block_in_place(|| stopping.terminate());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        agents.lock().unwrap()[i] = Some(nodes[i].0.start(&nodes[i].1));
+        wait_for(
+            &format!("{}'s next agent to end its restart notice", names[i]),
+            async || {
+                let record = store.get_typed::<NodeIpam>(names[i]).await.ok()??;
+                record.value.spec.restarting.is_none().then_some(())
+            },
+            &logs,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let samples = watch.stop();
+    let wrong: Vec<_> = samples.iter().filter(|s| s.macs != [macs[owner]]).collect();
+    assert!(
+        wrong.is_empty(),
+        "{ip} during the rolling restart: {} of {} requests not answered by {} alone: {:x?}\n{}",
+        wrong.len(),
+        samples.len(),
+        names[owner],
+        wrong.iter().take(10).collect::<Vec<_>>(),
+        logs()
+    );
 
     let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
     let killed = agents.lock().unwrap()[owner].take();

@@ -1524,30 +1524,22 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     let traffic = traffic_to(&client, &ips);
     std::thread::sleep(Duration::from_millis(500));
     c.nodes[at].set_node_label(EXCLUDE, Some("true"));
-    wait_until(
-        Duration::from_secs(10),
+    wait_until_answered(
+        &client,
+        &macs,
+        &theirs,
         "the drained node's IPs answered by the others",
-        || {
-            theirs.iter().all(|ip| {
-                answers(&client, *ip)
-                    .first()
-                    .is_some_and(|m| macs[m] != drained)
-            })
-        },
+        |node| node != drained,
         || c.nodes[at].log(),
     );
     std::thread::sleep(Duration::from_secs(2));
     c.nodes[at].set_node_label(EXCLUDE, None);
-    wait_until(
-        Duration::from_secs(10),
+    wait_until_answered(
+        &client,
+        &macs,
+        &theirs,
         "the drained node's IPs back with it",
-        || {
-            theirs.iter().all(|ip| {
-                answers(&client, *ip)
-                    .first()
-                    .is_some_and(|m| macs[m] == drained)
-            })
-        },
+        |node| node == drained,
         || c.nodes[at].log(),
     );
     // Past the linger of the IPs given back: a request lost when the other node lets go of
@@ -1623,16 +1615,12 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     c.nodes[leaving].set_node_setting("on_stop", Some("\"leave\""));
     c.nodes[last].set_node_setting("on_stop", Some("\"auto\""));
     c.nodes[at].set_node_label(EXCLUDE, Some("true"));
-    wait_until(
-        Duration::from_secs(10),
+    wait_until_answered(
+        &client,
+        &macs,
+        &theirs,
         "the drained node's IPs answered by the others",
-        || {
-            theirs.iter().all(|ip| {
-                answers(&client, *ip)
-                    .first()
-                    .is_some_and(|m| macs[m] != drained)
-            })
-        },
+        |node| node != drained,
         || c.nodes[at].log(),
     );
     std::thread::sleep(ipam_daemon::l2::owners::LINGER);
@@ -1640,16 +1628,12 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     std::thread::sleep(Duration::from_millis(500));
     stop_as(&mut c, at, "a leave");
     stop_as(&mut c, leaving, "a leave");
-    wait_until(
-        Duration::from_secs(10),
+    wait_until_answered(
+        &client,
+        &macs,
+        &ips,
         "every IP answered by the last node",
-        || {
-            ips.iter().all(|ip| {
-                answers(&client, *ip)
-                    .first()
-                    .is_some_and(|m| macs[m] == c.nodes[last].name)
-            })
-        },
+        |node| node == c.nodes[last].name,
         || c.nodes[last].log(),
     );
     std::thread::sleep(Duration::from_secs(2));
@@ -1676,6 +1660,29 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     assert!(
         c.records()[&last_name].value.spec.restarting.is_some(),
         "{last_name} stopped for a restart"
+    );
+}
+
+/// Waits until each of `ips` is answered by a node (by name) that `wanted` accepts.
+fn wait_until_answered(
+    client: &Netns,
+    macs: &BTreeMap<[u8; 6], String>,
+    ips: &[Ipv4Addr],
+    what: &str,
+    wanted: impl Fn(&str) -> bool,
+    log: impl Fn() -> String,
+) {
+    wait_until(
+        Duration::from_secs(10),
+        what,
+        || {
+            ips.iter().all(|ip| {
+                answers(client, *ip)
+                    .first()
+                    .is_some_and(|m| wanted(&macs[m]))
+            })
+        },
+        log,
     );
 }
 

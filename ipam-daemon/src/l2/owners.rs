@@ -385,11 +385,13 @@ impl Ownership {
             |ip| previous_owner(ip, before, was_live, node, peers, started),
             started,
         );
-        if mine != self.owned.ips {
+        let changed = mine != self.owned.ips;
+        let elsewhere = (changed || self.owned.lingers()).then(|| owned_elsewhere(&all, node));
+        if let Some(elsewhere) = elsewhere.as_ref().filter(|_| changed) {
             let starting = started.duration_since(self.since) < STARTING;
             let taken: Vec<_> = self
                 .owned
-                .follow(mine, &owned_elsewhere(&all, node), started)
+                .follow(mine, elsewhere, started)
                 .into_iter()
                 .map(|(ip, ip_owned)| {
                     let from = &previous[&ip];
@@ -405,9 +407,8 @@ impl Ownership {
                 .set(self.owned.ips.len() as i64);
             self.out.send_replace(self.owned.ips.clone());
         }
-        if self.owned.lingers() {
-            self.owned
-                .let_go_of_lingering(&owned_elsewhere(&all, node), started);
+        if let Some(elsewhere) = elsewhere.as_ref().filter(|_| self.owned.lingers()) {
+            self.owned.let_go_of_lingering(elsewhere, started);
         }
         if all_changed(&self.before, &all) {
             self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();

@@ -4,7 +4,7 @@
 //! sees, not what the agents say.
 
 use std::{
-    io::Read,
+    io::{ErrorKind, Read},
     net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     sync::{
         Arc,
@@ -62,8 +62,8 @@ impl Drop for Backends {
 pub struct Requests {
     /// Requests answered, by the node that answered.
     pub answered: usize,
-    /// When each failed request was sent, from the loop's start.
-    pub failed: Vec<Duration>,
+    /// Each failed request: when it was sent, from the loop's start, and why it failed.
+    pub failed: Vec<Failed>,
     /// The node that answered each request in turn, with runs of the same node counted once:
     /// `[a, b, a]` is two moves.
     pub served_by: Vec<String>,
@@ -74,6 +74,32 @@ impl Requests {
     pub fn moves(&self) -> usize {
         self.served_by.len().saturating_sub(1)
     }
+
+    /// The requests that failed other than by a reset of a connection in flight at a move:
+    /// nobody answered, or the connection was refused.
+    pub fn lost(&self) -> Vec<&Failed> {
+        self.failed.iter().filter(|f| !f.reset_in_flight).collect()
+    }
+
+    /// The connections reset because they were in flight as the client followed the IP to
+    /// another node.
+    pub fn reset_in_flight(&self) -> usize {
+        self.failed.iter().filter(|f| f.reset_in_flight).count()
+    }
+}
+
+/// A request that failed.
+#[derive(Debug, Clone)]
+pub struct Failed {
+    /// When it was sent, from the loop's start.
+    pub at: Duration,
+    /// Where it failed and the error.
+    pub why: String,
+    /// The connection was made and then reset: its packets went to two nodes, as when the
+    /// client follows a gratuitous ARP to the IP's new owner between opening a connection to
+    /// the old one and closing it, and the new owner, which knows no such connection, resets
+    /// it. A sequential client has at most one such connection at each move.
+    pub reset_in_flight: bool,
 }
 
 /// The client requesting an IP again and again until stopped, as a user's traffic would.
@@ -93,14 +119,18 @@ impl RequestLoop {
                 let mut seen = Requests::default();
                 while !stop.load(Ordering::SeqCst) {
                     let at = start.elapsed();
-                    match request(ip, Duration::from_secs(1)) {
-                        Some(node) => {
+                    match try_request(ip, Duration::from_secs(1)) {
+                        Ok(node) => {
                             seen.answered += 1;
                             if seen.served_by.last() != Some(&node) {
                                 seen.served_by.push(node);
                             }
                         }
-                        None => seen.failed.push(at),
+                        Err((why, reset_in_flight)) => seen.failed.push(Failed {
+                            at,
+                            why,
+                            reset_in_flight,
+                        }),
                     }
                     std::thread::sleep(every);
                 }
@@ -119,9 +149,28 @@ impl RequestLoop {
 
 /// One request to `ip`: the answering node's name.
 pub fn request(ip: IpAddr, timeout: Duration) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&SocketAddr::new(ip, PORT), timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
+    try_request(ip, timeout).ok()
+}
+
+/// One request to `ip`: the answering node's name, or where and why it failed and whether the
+/// connection, once made, was reset ([`Failed::reset_in_flight`]).
+pub fn try_request(ip: IpAddr, timeout: Duration) -> Result<String, (String, bool)> {
+    let mut s = TcpStream::connect_timeout(&SocketAddr::new(ip, PORT), timeout)
+        .map_err(|e| (format!("connect: {e}"), false))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| (format!("read timeout: {e}"), false))?;
     let mut name = String::new();
-    s.read_to_string(&mut name).ok()?;
-    (!name.is_empty()).then_some(name)
+    match s.read_to_string(&mut name) {
+        Err(e) => {
+            let reset = e.kind() == ErrorKind::ConnectionReset;
+            let why = if name.is_empty() {
+                format!("read: {e}")
+            } else {
+                format!("read: {e} after {name:?}")
+            };
+            Err((why, reset))
+        }
+        Ok(_) if name.is_empty() => Err(("closed with no answer".into(), false)),
+        Ok(_) => Ok(name),
+    }
 }

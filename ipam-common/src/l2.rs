@@ -60,6 +60,30 @@ impl L2Announcement {
     }
 }
 
+/// Maximum number of Service IPs (on one interface each) being handed over at once.
+pub const L2_HANDOVER_CAPACITY: usize = 4_096;
+/// Maximum number of TCP connections opened with this node during hand-overs that are
+/// remembered as its own (least recently used forgotten first).
+pub const L2_HANDOVER_FLOWS_CAPACITY: usize = 65_536;
+
+/// Value of the hand-over map, keyed by [`ResponderKey`]: an IP this node took from a node that
+/// still runs and keeps the IP on its `lo` for a while (the daemon's `l2::owners::LINGER`).
+/// Until `until_ns`, TCP segments to the IP on that interface of connections not opened with
+/// this node (no SYN seen here since the hand-over) go on to the old owner, at `mac`: the
+/// connections a client opened before it followed the new owner's gratuitous ARP live on
+/// there, instead of being reset here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct L2Handover {
+    /// The old owner's MAC on the segment.
+    pub mac: [u8; 6],
+    /// Explicit padding; always zero.
+    pub _pad: [u8; 2],
+    /// Until when (CLOCK_MONOTONIC nanoseconds, `bpf_ktime_get_ns`) segments go on.
+    pub until_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<L2Handover>() == 16);
+
 /// Liveness gate of the responder, at index 0 of its config map.
 ///
 /// The responder answers only while `jiffies <= deadline_jiffies`, so a hung daemon stops
@@ -130,4 +154,6 @@ mod user {
     unsafe impl aya::Pod for super::L2Announcement {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ResponderConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::L2Handover {}
 }

@@ -35,6 +35,12 @@ pub mod map_names {
     pub const L2_RESPONDER_CONFIG: &str = "L2_RESPONDER_CONFIG";
     /// Per-CPU counters indexed by `l2::ResponderStat`.
     pub const L2_RESPONDER_STATS: &str = "L2_RESPONDER_STATS";
+    /// LRU hash `(IP, ifindex) -> L2Handover`: IPs taken from a node that still runs, whose
+    /// open connections go on to it for a while.
+    pub const L2_HANDOVER: &str = "L2_HANDOVER";
+    /// LRU hash `pod::FlowKey -> u8`: TCP connections opened with this node during a
+    /// hand-over, which stay here.
+    pub const L2_HANDOVER_FLOWS: &str = "L2_HANDOVER_FLOWS";
     /// `pod address -> PodEndpoint`: the pods of this node and where they live.
     pub const POD_ENDPOINTS: &str = "POD_ENDPOINTS";
     /// Per-CPU counters indexed by `pod::PodStat`.
@@ -71,10 +77,12 @@ pub mod map_layouts {
     }
 
     /// Arrays are indexed by `u32`; counters are `u64` per CPU.
-    pub const ALL: [MapLayout; 8] = [
+    pub const ALL: [MapLayout; 10] = [
         layout::<l2::ResponderKey, l2::L2Announcement>(map_names::L2_RESPONDER),
         layout::<u32, l2::ResponderConfig>(map_names::L2_RESPONDER_CONFIG),
         layout::<u32, u64>(map_names::L2_RESPONDER_STATS),
+        layout::<l2::ResponderKey, l2::L2Handover>(map_names::L2_HANDOVER),
+        layout::<pod::FlowKey, u8>(map_names::L2_HANDOVER_FLOWS),
         layout::<pod::EndpointKey, pod::PodEndpoint>(map_names::POD_ENDPOINTS),
         layout::<u32, u64>(map_names::POD_DATAPATH_STATS),
         layout::<pod::RouteKey, pod::RemoteRoute>(map_names::POD_ROUTES),

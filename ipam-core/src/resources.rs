@@ -252,6 +252,11 @@ pub struct NodeInterface {
     /// Addresses with their prefix (`10.0.0.5/24`): what the interface's subnets are.
     #[serde(default)]
     pub addresses: Vec<String>,
+    /// Its MAC address (`02:00:0a:4d:00:01`): where a node that takes over one of this node's
+    /// Service IPs passes on the connections this node still holds. Absent from records
+    /// written by releases before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 /// A node's agent stopping for a restart: its responders go on answering for its Service IPs
@@ -279,6 +284,16 @@ pub struct InterfaceDown {
 }
 
 impl NodeInterface {
+    /// The MAC address, if the record has a well-formed one.
+    pub fn mac_octets(&self) -> Option<[u8; 6]> {
+        let mut octets = [0u8; 6];
+        let mut parts = self.mac.as_deref()?.split(':');
+        for octet in &mut octets {
+            *octet = u8::from_str_radix(parts.next()?, 16).ok()?;
+        }
+        parts.next().is_none().then_some(octets)
+    }
+
     /// The subnets the interface's addresses are in.
     pub fn subnets(&self) -> impl Iterator<Item = Cidr> + '_ {
         self.addresses.iter().filter_map(|a| {
@@ -288,5 +303,36 @@ impl NodeInterface {
             let net = ipnet::IpNet::new(ip, prefix).ok()?.trunc();
             format!("{net}").parse().ok()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_interface_s_mac_reads_back_only_when_well_formed() {
+        let with = |mac: Option<&str>| NodeInterface {
+            name: "eth0".into(),
+            addresses: vec!["10.0.0.5/24".into()],
+            mac: mac.map(str::to_owned),
+        };
+        assert_eq!(
+            with(Some("02:00:0a:4d:00:01")).mac_octets(),
+            Some([2, 0, 0x0a, 0x4d, 0, 1])
+        );
+        for bad in [
+            "02:00:0a:4d:00",
+            "02:00:0a:4d:00:01:02",
+            "02:00:0a:4d:00:zz",
+            "",
+        ] {
+            assert_eq!(with(Some(bad)).mac_octets(), None, "{bad}");
+        }
+        assert_eq!(with(None).mac_octets(), None);
+        // Records of releases before the field read as before.
+        let old: NodeInterface =
+            serde_json::from_str(r#"{"name":"eth0","addresses":["10.0.0.5/24"]}"#).unwrap();
+        assert_eq!(old, with(None));
     }
 }

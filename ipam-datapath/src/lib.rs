@@ -75,6 +75,8 @@ impl Datapath {
             map_names::L2_RESPONDER,
             map_names::L2_RESPONDER_CONFIG,
             map_names::L2_RESPONDER_STATS,
+            map_names::L2_HANDOVER,
+            map_names::L2_HANDOVER_FLOWS,
             map_names::POD_ENDPOINTS,
             map_names::POD_DATAPATH_STATS,
             map_names::POD_ROUTES,

@@ -6,9 +6,9 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use ipam_common::{
-    l2::{L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
+    l2::{L2Announcement, L2Handover, ResponderConfig, ResponderKey, ResponderStat},
     map_layouts, map_names,
 };
 
@@ -50,11 +50,13 @@ impl ResponderStats {
     }
 }
 
-/// The three maps of the L2 responder.
+/// The maps of the L2 responder the daemon writes or reads.
 pub struct ResponderMaps {
     announcements: PerCpuHashMap<MapData, ResponderKey, L2Announcement>,
     config: Array<MapData, ResponderConfig>,
     stats: PerCpuArray<MapData, u64>,
+    /// Absent from the pins of a release before hand-overs (read by `from_pins`).
+    handovers: Option<HashMap<MapData, ResponderKey, L2Handover>>,
     nr_cpus: usize,
 }
 
@@ -62,10 +64,13 @@ impl ResponderMaps {
     /// Takes the maps out of a freshly loaded object, checking that maps reused from pins have
     /// the layout this build expects.
     pub(super) fn take(ebpf: &mut aya::Ebpf, maps_dir: &Path) -> Result<Self, DatapathError> {
+        // Only the programs use the flows opened during hand-overs; its layout is checked.
+        take_checked(ebpf, maps_dir, map_names::L2_HANDOVER_FLOWS)?;
         Self::from_maps(
             take_checked(ebpf, maps_dir, map_names::L2_RESPONDER)?,
             take_checked(ebpf, maps_dir, map_names::L2_RESPONDER_CONFIG)?,
             take_checked(ebpf, maps_dir, map_names::L2_RESPONDER_STATS)?,
+            Some(take_checked(ebpf, maps_dir, map_names::L2_HANDOVER)?),
         )
     }
 
@@ -75,10 +80,16 @@ impl ResponderMaps {
             open_pinned(root, map_names::L2_RESPONDER)?,
             open_pinned(root, map_names::L2_RESPONDER_CONFIG)?,
             open_pinned(root, map_names::L2_RESPONDER_STATS)?,
+            open_pinned(root, map_names::L2_HANDOVER).ok(),
         )
     }
 
-    fn from_maps(announcements: Map, config: Map, stats: Map) -> Result<Self, DatapathError> {
+    fn from_maps(
+        announcements: Map,
+        config: Map,
+        stats: Map,
+        handovers: Option<Map>,
+    ) -> Result<Self, DatapathError> {
         let nr_cpus =
             aya::util::nr_cpus().map_err(|(what, source)| DatapathError::Cpus { what, source })?;
         Ok(Self {
@@ -88,6 +99,10 @@ impl ResponderMaps {
                 .map_err(|e| map_error(map_names::L2_RESPONDER_CONFIG, e))?,
             stats: PerCpuArray::try_from(stats)
                 .map_err(|e| map_error(map_names::L2_RESPONDER_STATS, e))?,
+            handovers: handovers
+                .map(HashMap::try_from)
+                .transpose()
+                .map_err(|e| map_error(map_names::L2_HANDOVER, e))?,
             nr_cpus,
         })
     }
@@ -125,6 +140,40 @@ impl ResponderMaps {
     pub fn withdraw(&mut self, ip: IpAddr, ifindex: u32) -> Result<(), DatapathError> {
         removed_or_absent(self.announcements.remove(&responder_key(ip, ifindex)))
             .map_err(|e| map_error(map_names::L2_RESPONDER, e))
+    }
+
+    /// Passes on to `old_owner` (its MAC on the segment), until CLOCK_MONOTONIC `until_ns`, the
+    /// TCP segments to `ip` on `ifindex` of connections not opened with this node: those the
+    /// old owner still holds (`ipam_common::l2::L2Handover`).
+    pub fn hand_over(
+        &mut self,
+        ip: IpAddr,
+        ifindex: u32,
+        old_owner: [u8; 6],
+        until_ns: u64,
+    ) -> Result<(), DatapathError> {
+        let value = L2Handover {
+            mac: old_owner,
+            _pad: [0; 2],
+            until_ns,
+        };
+        self.handovers_mut()?
+            .insert(responder_key(ip, ifindex), value, 0)
+            .map_err(|e| map_error(map_names::L2_HANDOVER, e))
+    }
+
+    /// Ends the hand-over of `ip` on `ifindex`, if any.
+    pub fn end_handover(&mut self, ip: IpAddr, ifindex: u32) -> Result<(), DatapathError> {
+        removed_or_absent(self.handovers_mut()?.remove(&responder_key(ip, ifindex)))
+            .map_err(|e| map_error(map_names::L2_HANDOVER, e))
+    }
+
+    fn handovers_mut(
+        &mut self,
+    ) -> Result<&mut HashMap<MapData, ResponderKey, L2Handover>, DatapathError> {
+        self.handovers.as_mut().ok_or(DatapathError::MissingMap {
+            name: map_names::L2_HANDOVER,
+        })
     }
 
     /// Every announcement with its reply count, sorted by interface then IP.
@@ -254,7 +303,8 @@ pub(super) fn check_layout(
     | Map::HashMap(data)
     | Map::Array(data)
     | Map::PerCpuArray(data)
-    | Map::LpmTrie(data)) = map
+    | Map::LpmTrie(data)
+    | Map::LruHashMap(data)) = map
     else {
         return Err(DatapathError::MissingMap { name });
     };

@@ -36,15 +36,16 @@ mod programs {
         pod_datapath,
     };
 
-    /// Longest prefix of a frame the responder reads: Ethernet + IPv6 + NS with one option.
-    const RESPONDER_HEADROOM: u32 = 14 + 40 + 32;
+    /// Longest prefix of a frame the responder reads: Ethernet + IPv6 + NS with one option, or
+    /// Ethernet + IPv4 with options + the start of TCP (a hand-over).
+    const RESPONDER_HEADROOM: u32 = 14 + 60 + 14;
 
     #[xdp]
     pub fn l2_responder_xdp(ctx: XdpContext) -> u32 {
         let mut frame = Frame::new(ctx.data(), ctx.data_end());
         match l2_responder::respond(&mut frame, ctx.ingress_ifindex() as u32) {
             Verdict::Pass => xdp_action::XDP_PASS,
-            Verdict::Reply => xdp_action::XDP_TX,
+            Verdict::Reply | Verdict::HandOn => xdp_action::XDP_TX,
         }
     }
 
@@ -82,7 +83,7 @@ mod programs {
             Verdict::Pass => TCX_NEXT,
             // Send the rewritten frame back out of the interface it came in on.
             // SAFETY: plain helper call; flags 0 means egress.
-            Verdict::Reply => unsafe { bpf_redirect(ifindex, 0) as i32 },
+            Verdict::Reply | Verdict::HandOn => unsafe { bpf_redirect(ifindex, 0) as i32 },
         }
     }
 

@@ -5,7 +5,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use ipam_common::{
-    l2::{L2_RESPONDER_CAPACITY, L2Announcement, ResponderConfig, ResponderKey, ResponderStat},
+    l2::{
+        L2_HANDOVER_CAPACITY, L2_HANDOVER_FLOWS_CAPACITY, L2_RESPONDER_CAPACITY, L2Announcement,
+        L2Handover, ResponderConfig, ResponderKey, ResponderStat,
+    },
     pod::{
         EndpointKey, FlowKey, POD_ENDPOINTS_CAPACITY, POD_ROUTES_CAPACITY, PodEndpoint, PodStat,
         RemoteRoute, RouteStat, STACK_FLOWS_CAPACITY, StackFlow,
@@ -30,6 +33,16 @@ pub fn count(stat: ResponderStat) {
         unsafe { *counter += 1 };
     }
 }
+
+/// IPs taken from a node that still runs: where their open connections go on to, until when.
+#[btf_map]
+pub static L2_HANDOVER: LruHashMap<ResponderKey, L2Handover, L2_HANDOVER_CAPACITY> =
+    LruHashMap::new();
+
+/// Connections opened with this node during a hand-over, which stay here.
+#[btf_map]
+pub static L2_HANDOVER_FLOWS: LruHashMap<FlowKey, u8, L2_HANDOVER_FLOWS_CAPACITY> =
+    LruHashMap::new();
 
 #[btf_map]
 pub static POD_ENDPOINTS: HashMap<EndpointKey, PodEndpoint, POD_ENDPOINTS_CAPACITY> =

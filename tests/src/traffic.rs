@@ -4,7 +4,7 @@
 //! sees, not what the agents say.
 
 use std::{
-    io::{ErrorKind, Read},
+    io::{BufRead, BufReader, ErrorKind, Read, Write},
     net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     sync::{
         Arc,
@@ -17,8 +17,12 @@ use crate::{cluster::Cluster, failover, netns::Netns};
 
 /// The port every backend listens on.
 pub const PORT: u16 = 8080;
+/// The port where every backend holds connections open, answering each line with its node's
+/// name ([`HeldConnection`]).
+pub const HELD_PORT: u16 = 8081;
 
-/// A backend in each node's namespace: answers every connection with the node's name.
+/// A backend in each node's namespace: answers every connection with the node's name (on
+/// [`PORT`]), and every line of a connection held open with it (on [`HELD_PORT`]).
 pub struct Backends {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -31,13 +35,21 @@ impl Backends {
         let threads = c
             .nodes
             .iter()
-            .map(|node| {
+            .flat_map(|node| {
                 let (name, stop) = (node.name.clone(), stop.clone());
                 // `[::]` takes both families (IPv4 as mapped addresses).
-                let listener = node.ns.run(|| {
-                    TcpListener::bind((Ipv6Addr::UNSPECIFIED, PORT)).expect("backend listens")
+                let (listener, held) = node.ns.run(|| {
+                    let bind = |port| {
+                        TcpListener::bind((Ipv6Addr::UNSPECIFIED, port)).expect("backend listens")
+                    };
+                    (bind(PORT), bind(HELD_PORT))
                 });
-                std::thread::spawn(move || failover::serve_on(listener, &name, &stop))
+                let serving = {
+                    let (name, stop) = (name.clone(), stop.clone());
+                    std::thread::spawn(move || failover::serve_on(listener, &name, &stop))
+                };
+                let holding = std::thread::spawn(move || hold_on(held, &name, &stop));
+                [serving, holding]
             })
             .collect();
         Self { stop, threads }
@@ -54,6 +66,79 @@ impl Backends {
 impl Drop for Backends {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Accepts connections on `listener` and answers every line of each with `node`, until `stop`.
+fn hold_on(listener: TcpListener, node: &str, stop: &Arc<AtomicBool>) {
+    listener.set_nonblocking(true).expect("non-blocking");
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                let (node, stop) = (node.to_owned(), stop.clone());
+                std::thread::spawn(move || answer_lines(conn, &node, &stop));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+fn answer_lines(conn: TcpStream, node: &str, stop: &AtomicBool) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut reader = BufReader::new(match conn.try_clone() {
+        Ok(c) => c,
+        Err(_) => return,
+    });
+    let mut writer = conn;
+    let mut line = String::new();
+    while !stop.load(Ordering::SeqCst) {
+        match reader.read_line(&mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                line.clear();
+                if writer.write_all(format!("{node}\n").as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// A connection held open to a backend through a Service IP, as a client's long-lived
+/// connection (a database session, a stream): asked again and again, each time answered by
+/// the node holding it.
+pub struct HeldConnection {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl HeldConnection {
+    /// Opens one from `client` to `ip` ([`HELD_PORT`]).
+    pub fn open(client: &Netns, ip: IpAddr) -> std::io::Result<Self> {
+        let writer = client.run(move || {
+            TcpStream::connect_timeout(&SocketAddr::new(ip, HELD_PORT), Duration::from_secs(1))
+        })?;
+        writer.set_read_timeout(Some(Duration::from_secs(1)))?;
+        Ok(Self {
+            reader: BufReader::new(writer.try_clone()?),
+            writer,
+        })
+    }
+
+    /// Asks once on the connection: the name of the node holding it, or why not.
+    pub fn ask(&mut self) -> std::io::Result<String> {
+        self.writer.write_all(b"?\n")?;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::new(
+                ErrorKind::UnexpectedEof,
+                "closed by the other end",
+            ));
+        }
+        Ok(line.trim_end().to_owned())
     }
 }
 

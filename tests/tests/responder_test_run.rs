@@ -331,3 +331,109 @@ fn a_liveness_gate_pinned_by_an_older_version_is_replaced() {
     assert_eq!(shown["bytes_value"], 32, "{shown}");
     assert!(datapath.responder().config().unwrap().deadline_jiffies > 0);
 }
+
+/// A TCP segment from the client to `dst`, port 80, from `port`, with `syn`/`ack` flags, sent
+/// from `src_mac` to this node's MAC.
+fn tcp_segment(src_mac: [u8; 6], dst: IpAddr, port: u16, syn: bool, ack: bool) -> Vec<u8> {
+    let builder = etherparse::PacketBuilder::ethernet2(src_mac, OUR_MAC);
+    let builder = match dst {
+        IpAddr::V4(dst) => builder.ipv4(CLIENT_V4.octets(), dst.octets(), 64),
+        IpAddr::V6(dst) => builder.ipv6(CLIENT_V6.octets(), dst.octets(), 64),
+    };
+    let mut builder = builder.tcp(port, 80, 1000, 64_000);
+    if syn {
+        builder = builder.syn();
+    }
+    if ack {
+        builder = builder.ack(1);
+    }
+    let payload = if syn {
+        &[][..]
+    } else {
+        b"GET / HTTP/1.1\r\n\r\n"
+    };
+    let mut frame = Vec::with_capacity(builder.size(payload.len()));
+    builder.write(&mut frame, payload).unwrap();
+    frame
+}
+
+/// After an IP moved here from a node that still runs (`L2_HANDOVER`), the segments of
+/// connections not opened here go on to the old owner's MAC, rewritten in the Ethernet header
+/// only; a connection opened here (its SYN seen) stays, and so does everything else.
+#[test]
+fn connections_an_ip_s_old_owner_holds_are_passed_on_to_it() {
+    const OLD_OWNER: [u8; 6] = [0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x02];
+    let mut h = Harness::new();
+    let until = |from_now: i64| {
+        (ipam_datapath::clock::monotonic_ns() as i64 + from_now * 1_000_000_000) as u64
+    };
+    let passed_on = |frame: &[u8]| {
+        let mut out = frame.to_vec();
+        out[0..6].copy_from_slice(&OLD_OWNER);
+        out[6..12].copy_from_slice(&OUR_MAC);
+        Outcome::Reply(out)
+    };
+    for ip in [IpAddr::V4(ANNOUNCED_V4), IpAddr::V6(ANNOUNCED_V6)] {
+        let old = tcp_segment(CLIENT_MAC, ip, 40_000, false, true);
+        // No hand-over: the kernel's.
+        assert_eq!(h.run(&old), Outcome::Pass, "{ip}");
+        h.datapath
+            .responder()
+            .hand_over(ip, LO, OLD_OWNER, until(10))
+            .unwrap();
+        assert_eq!(
+            h.run(&old),
+            passed_on(&old),
+            "{ip}: a connection opened there"
+        );
+        // A connection opened here: its SYN stays, and so do its later segments.
+        let syn = tcp_segment(CLIENT_MAC, ip, 40_001, true, false);
+        assert_eq!(h.run(&syn), Outcome::Pass, "{ip}: a SYN");
+        let mine = tcp_segment(CLIENT_MAC, ip, 40_001, false, true);
+        assert_eq!(
+            h.run(&mine),
+            Outcome::Pass,
+            "{ip}: a connection opened here"
+        );
+        // Never back to the old owner's own frames.
+        let from_old = tcp_segment(OLD_OWNER, ip, 40_000, false, true);
+        assert_eq!(h.run(&from_old), Outcome::Pass, "{ip}: from the old owner");
+        // Once the hand-over is over, or ended, the kernel's again.
+        h.datapath
+            .responder()
+            .hand_over(ip, LO, OLD_OWNER, until(-1))
+            .unwrap();
+        assert_eq!(h.run(&old), Outcome::Pass, "{ip}: after its time");
+        h.datapath
+            .responder()
+            .hand_over(ip, LO, OLD_OWNER, until(10))
+            .unwrap();
+        h.datapath.responder().end_handover(ip, LO).unwrap();
+        assert_eq!(h.run(&old), Outcome::Pass, "{ip}: ended");
+    }
+    // A node that does not answer for the IP passes nothing on (the old owner itself).
+    let other = IpAddr::V4(OTHER_V4);
+    h.datapath
+        .responder()
+        .hand_over(other, LO, OLD_OWNER, until(10))
+        .unwrap();
+    let old = tcp_segment(CLIENT_MAC, other, 40_000, false, true);
+    assert_eq!(h.run(&old), Outcome::Pass, "not answered here");
+    // A SYN seen while this node answered for the IP, before any hand-over, keeps its
+    // connection here when the IP comes back with one (moved away and back within the linger).
+    let ip = IpAddr::V4(ANNOUNCED_V4);
+    assert_eq!(
+        h.run(&tcp_segment(CLIENT_MAC, ip, 40_002, true, false)),
+        Outcome::Pass
+    );
+    h.datapath
+        .responder()
+        .hand_over(ip, LO, OLD_OWNER, until(10))
+        .unwrap();
+    let earlier = tcp_segment(CLIENT_MAC, ip, 40_002, false, true);
+    assert_eq!(
+        h.run(&earlier),
+        Outcome::Pass,
+        "opened here before the move"
+    );
+}

@@ -27,7 +27,7 @@ use ipam_tests::{
     failover::{lb_service, uplink_policy},
     netns::{Netns, veth},
     resolve::Resolver,
-    traffic::{Backends, PORT, RequestLoop, Requests},
+    traffic::{Backends, HeldConnection, PORT, RequestLoop, Requests},
 };
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
@@ -1485,11 +1485,12 @@ fn rolling_restart(mut c: Cluster, tag: &str) {
 /// gets the exclusion label (`node.kubernetes.io/exclude-from-external-load-balancers`, by a
 /// reload, as a host's owner drains a node) and its IPs go to the others; the label goes and
 /// they come back. A client requests every IP every 20 ms throughout, from a backend on every
-/// node: no request goes unanswered (a connection in flight at a move may be reset, at most one
-/// per move), and each of the drained node's IPs is served by it, by another node,
-/// then by it again (the old owner stops answering ARP first and accepts the IP's traffic for
-/// a while after, `l2::owners::LINGER`), while the others' never move; an ARP watch sees never
-/// two MACs for one request. The moves are counted by where they came from
+/// node: no request fails, and each of the drained node's IPs is served by it, by another
+/// node, then by it again (the old owner stops answering ARP first and accepts the IP's
+/// traffic for a while after, `l2::owners::LINGER`; the new owner passes it the segments of
+/// connections opened there), while the others' never move; an ARP watch sees never two MACs
+/// for one request. Connections held open across both moves stay with the node they were
+/// opened with. The moves are counted by where they came from
 /// (`ipam_service_ips_taken_total{from="live_node"}`).
 #[test]
 fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
@@ -1523,6 +1524,8 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
 
     let _backends = Backends::start(&c);
     let traffic = traffic_to(&client, &ips);
+    // Connections held open across the moves: each stays with the node it was opened with.
+    let mut held_before = open_held(&client, &theirs, &drained);
     std::thread::sleep(Duration::from_millis(500));
     c.nodes[at].set_node_label(EXCLUDE, Some("true"));
     wait_until_answered(
@@ -1533,6 +1536,16 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         |node| node != drained,
         || c.nodes[at].log(),
     );
+    still_held_by(&mut held_before, "after the drain", &c);
+    let mut held_during: Vec<_> = theirs
+        .iter()
+        .map(|ip| {
+            let mut held = HeldConnection::open(&client, (*ip).into())
+                .unwrap_or_else(|e| panic!("a connection to {ip} after the drain: {e}"));
+            let node = held.ask().expect("answered");
+            (*ip, node, held)
+        })
+        .collect();
     std::thread::sleep(Duration::from_secs(2));
     c.nodes[at].set_node_label(EXCLUDE, None);
     wait_until_answered(
@@ -1543,6 +1556,8 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         |node| node == drained,
         || c.nodes[at].log(),
     );
+    still_held_by(&mut held_during, "after the drain's undoing", &c);
+    still_held_by(&mut held_before, "after the drain and its undoing", &c);
     // Past the linger of the IPs given back: a request lost when the other node lets go of
     // them would show.
     std::thread::sleep(ipam_daemon::l2::owners::LINGER + Duration::from_secs(1));
@@ -1561,13 +1576,18 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
             seen.served_by,
             samples.len()
         );
-        none_lost_but_in_flight_at_a_move(&seen, &format!("{ip} (drain of {drained})"), || {
+        // Not even a connection in flight at a move is lost: the new owner passes its
+        // segments on to the old one.
+        assert!(
+            seen.failed.is_empty(),
+            "requests to {ip} failed: {:?} (drain of {drained})\n{}",
+            seen.failed,
             c.nodes
                 .iter()
                 .map(ipam_tests::cluster::ClusterNode::log)
                 .collect::<Vec<_>>()
                 .join("\n---\n")
-        });
+        );
         assert!(doubles.is_empty(), "two MACs answered {ip}: {doubles:x?}");
         if owners[&ip] == drained {
             assert_eq!(seen.moves(), 2, "{ip}: served by {:?}", seen.served_by);
@@ -1659,11 +1679,10 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
 }
 
 /// No request to an IP failed but the connections in flight at one of its moves, at most one
-/// per move. Such a connection was opened to the old owner and, as the client followed the new
-/// owner's gratuitous ARP, went on to the new one, which knows no such connection and resets it
-/// (or the other way round): every L2 announcer moving an IP has it, and the old owner's linger
-/// only serves the connections that stay with it (docs/service-ips.md, "Handing over between
-/// live nodes"). A request nobody answered, or one refused, is lost, and fails the test.
+/// per move, when the IP moved from a node whose agent left: nobody passes such a connection on
+/// (the new owner does only for an old owner that still runs, docs/service-ips.md, "Handing
+/// over between live nodes"), so its segments reach a node that knows no such connection and
+/// resets it. A request nobody answered, or one refused, is lost, and fails the test.
 fn none_lost_but_in_flight_at_a_move(seen: &Requests, what: &str, logs: impl Fn() -> String) {
     assert!(
         seen.lost().is_empty(),
@@ -1680,6 +1699,44 @@ fn none_lost_but_in_flight_at_a_move(seen: &Requests, what: &str, logs: impl Fn(
         seen.failed,
         logs()
     );
+}
+
+/// A connection held open to each of `ips` ([`HeldConnection`]), answered by `node` now.
+fn open_held(
+    client: &Netns,
+    ips: &[Ipv4Addr],
+    node: &str,
+) -> Vec<(Ipv4Addr, String, HeldConnection)> {
+    ips.iter()
+        .map(|ip| {
+            let mut held = HeldConnection::open(client, (*ip).into())
+                .unwrap_or_else(|e| panic!("a connection to {ip}: {e}"));
+            assert_eq!(held.ask().expect("answered"), node);
+            (*ip, node.to_owned(), held)
+        })
+        .collect()
+}
+
+/// Each held connection still answered by the node it was opened with, `when`: after its IP
+/// moved, the new owner passes its segments on to the old one, which keeps the IP on `lo`
+/// (docs/service-ips.md, "Handing over between live nodes").
+fn still_held_by(held: &mut [(Ipv4Addr, String, HeldConnection)], when: &str, c: &Cluster) {
+    for (ip, node, connection) in held {
+        match connection.ask() {
+            Ok(answer) => assert_eq!(
+                answer, *node,
+                "a connection to {ip} opened with {node} {when}"
+            ),
+            Err(e) => panic!(
+                "a connection to {ip} opened with {node}, {when}: {e}\n{}",
+                c.nodes
+                    .iter()
+                    .map(ipam_tests::cluster::ClusterNode::log)
+                    .collect::<Vec<_>>()
+                    .join("\n---\n")
+            ),
+        }
+    }
 }
 
 /// Waits until each of `ips` is answered by a node (by name) that `wanted` accepts.

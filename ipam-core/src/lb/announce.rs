@@ -361,6 +361,7 @@ mod tests {
                 .map(|(n, a)| NodeInterface {
                     name: (*n).into(),
                     addresses: vec![(*a).into()],
+                    mac: None,
                 })
                 .collect(),
             excluded: None,

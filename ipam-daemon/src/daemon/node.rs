@@ -38,7 +38,7 @@ use super::{
 use crate::{
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
-    l2::{self, Configured, OwnedIp, OwnedIps, announcer::AnnounceError},
+    l2::{self, Configured, HandedOver, OwnedIp, OwnedIps, announcer::AnnounceError},
     liveness::{
         self, Fence, LeaseFence,
         gossip::{self, Gossip},
@@ -170,6 +170,16 @@ struct NodeControllers {
     store: Option<ClusterStore>,
 }
 
+/// What the Service IP controllers start from and share with the responder.
+struct ServiceIpState {
+    /// The service IPs on `lo`, shared by both announcers.
+    local_addresses: LocalAddresses,
+    /// What the agent before this one answered, taken up as this node's own.
+    inherited: OwnedIps,
+    /// Where the owners controller tells the responder whose connections to pass on.
+    handed_over: watch::Sender<HandedOver>,
+}
+
 /// What the cluster side of a node gives the announcement and liveness controllers.
 struct ClusterSide {
     fence: Option<Fence>,
@@ -198,9 +208,11 @@ impl NodeControllers {
         // The node's links and addresses, followed once for every controller that reads them.
         let link_changes = crate::net::link_changes::follow();
         // The responder first: configured announcements are answered before the store is.
+        let (handed_over, handed_over_rx) = watch::channel(HandedOver::new());
         let responder = tokio::spawn(l2::responder::run(
             datapath.clone(),
             announcements_rx,
+            handed_over_rx,
             link_changes.clone(),
         ));
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
@@ -216,8 +228,11 @@ impl NodeControllers {
                 observed: &observed,
                 link_changes,
             },
-            local_addresses,
-            inherited,
+            ServiceIpState {
+                local_addresses,
+                inherited,
+                handed_over,
+            },
         )
         .await?;
         tokio::spawn(l2::configured::run(
@@ -408,8 +423,7 @@ impl OnTheStore {
     /// `[ipam]`, the node record and the announcers in the add-on mode, none standalone.
     async fn start(
         start: NodeStart<'_>,
-        local_addresses: LocalAddresses,
-        inherited: OwnedIps,
+        service_ips: ServiceIpState,
     ) -> Result<(Self, ClusterSide), DaemonError> {
         let NodeStart {
             config,
@@ -431,7 +445,7 @@ impl OnTheStore {
                 on_store
                     .start_pod_ipam(config, &settings, &store, datapath, observed, link_changes)
                     .await?;
-                on_store.start_announcers(config, store, observed, local_addresses, inherited)
+                on_store.start_announcers(config, store, observed, service_ips)
             }
             None if config.is_add_on() => {
                 let store = open_store(config, observed).await?;
@@ -447,7 +461,7 @@ impl OnTheStore {
                 );
                 on_store.start_operator_and_gossip(config, role, &store, observed);
                 on_store.start_node_record(config, &store, observed, link_changes)?;
-                on_store.start_announcers(config, store, observed, local_addresses, inherited)
+                on_store.start_announcers(config, store, observed, service_ips)
             }
             None => ClusterSide::standalone(),
         };
@@ -518,18 +532,11 @@ impl OnTheStore {
         config: &Config,
         store: ClusterStore,
         observed: &Observed,
-        local_addresses: LocalAddresses,
-        inherited: OwnedIps,
+        service_ips: ServiceIpState,
     ) -> ClusterSide {
-        self.bgp = start_bgp(config, &store, observed, &local_addresses);
+        self.bgp = start_bgp(config, &store, observed, &service_ips.local_addresses);
         self.store = Some(store.clone());
-        start_cluster_side(
-            config,
-            store,
-            observed,
-            self.gossip.as_ref(),
-            (local_addresses, inherited),
-        )
+        start_cluster_side(config, store, observed, self.gossip.as_ref(), service_ips)
     }
 }
 
@@ -683,8 +690,13 @@ fn start_cluster_side(
     store: ClusterStore,
     observed: &Observed,
     gossip: Option<&Gossip>,
-    (local_addresses, inherited): (LocalAddresses, OwnedIps),
+    service_ips: ServiceIpState,
 ) -> ClusterSide {
+    let ServiceIpState {
+        local_addresses,
+        inherited,
+        handed_over,
+    } = service_ips;
     if !store.is_shared() {
         return ClusterSide::standalone();
     }
@@ -719,7 +731,10 @@ fn start_cluster_side(
             local_addresses,
             inherited,
         },
-        owned_tx,
+        l2::owners::Outputs {
+            owned: owned_tx,
+            handed_over,
+        },
     ));
     ClusterSide {
         fence: Some(fence),

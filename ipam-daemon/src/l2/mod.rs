@@ -3,7 +3,9 @@
 //!
 //! - `owners`: the cluster's Service IPs this node owns (rendezvous hashing over the live
 //!   nodes, the same answer on every node), and the address each needs on `lo`;
-//! - `handover`: break before make, when an IP moves from a node that is still alive;
+//! - `handover`: break before make, when an IP moves from a node that is still alive (and the
+//!   connections the old owner still holds passed on to it for a while, `HandedOver`, which the
+//!   responder writes to the datapath);
 //! - `configured`: the one producer of `Announcements`, from the IPs configured in the daemon's
 //!   file and the owned service IPs;
 //! - `announcements`: the values they agree on: the owned service IPs, and which IPs to answer
@@ -25,5 +27,5 @@ pub mod multicast;
 pub mod owners;
 pub mod responder;
 
-pub use announcements::{Announcements, OwnedIp, OwnedIps};
+pub use announcements::{Announcements, HandOn, HandedOver, OwnedIp, OwnedIps};
 pub use configured::Configured;

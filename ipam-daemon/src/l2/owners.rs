@@ -24,12 +24,12 @@ use ipam_core::{
         rows,
     },
     resources::{NodeIpam, RestartNotice},
-    store::Watch,
+    store::{TypedStore, Watch},
 };
 use tokio::sync::watch;
 
 use super::{
-    announcements::{OwnedIp, OwnedIps},
+    announcements::{HandOn, HandedOver, OwnedIp, OwnedIps},
     handover::{Handover, Previous},
 };
 use crate::{
@@ -62,6 +62,9 @@ const JOINING: Duration = Duration::from_secs(3);
 /// (unanswered here, so broadcast: the new owner answers). The old owner lets go of the ARP
 /// answers first (never two MACs) and of the traffic last (no request lost in between).
 pub const LINGER: Duration = Duration::from_secs(5);
+/// How long the record of a node gone from the gossip may take to read before its IPs move
+/// ([`Ownership::confirm_restarts`]): what a failover waits at most for it.
+const CONFIRM_WITHIN: Duration = Duration::from_millis(200);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
 const STARTING: Duration = Duration::from_secs(30);
@@ -80,6 +83,16 @@ pub struct Inputs {
     /// a restart and its promise runs (`liveness::restart`): taken up as this node's own,
     /// without a hand-over wait, until the first decision says otherwise. Empty otherwise.
     pub inherited: OwnedIps,
+}
+
+/// What the controller tells the others.
+pub struct Outputs {
+    /// The service IPs this node owns, for the responder (through `configured`).
+    pub owned: watch::Sender<OwnedIps>,
+    /// The IPs taken from a node that still runs, whose open connections the responder passes
+    /// on to it while it lingers. Sent before `owned`, so the responder has it when it starts
+    /// answering.
+    pub handed_over: watch::Sender<HandedOver>,
 }
 
 /// The objects the decision is made from, kept current by their watches.
@@ -120,6 +133,29 @@ impl Seen {
         (!down.is_empty()).then(|| down.join(", "))
     }
 
+    /// `node`'s MAC on the segment of this node's (`me`) interface `interface`: that of its
+    /// interface with an address in one of the same subnets, as the records say.
+    fn mac_on_segment(&self, node: &str, me: &str, interface: &str) -> Option<[u8; 6]> {
+        let mine = self
+            .nodes
+            .get(me)?
+            .value
+            .spec
+            .interfaces
+            .iter()
+            .find(|i| i.name == interface)?
+            .subnets()
+            .collect::<Vec<_>>();
+        self.nodes
+            .get(node)?
+            .value
+            .spec
+            .interfaces
+            .iter()
+            .find(|i| i.subnets().any(|s| mine.contains(&s)))?
+            .mac_octets()
+    }
+
     /// Whether `service` is announced only where its endpoints run, and `node` has none.
     fn endpoints_left(&self, service: &str, node: &str) -> bool {
         self.is_local(service) && !self.ready.get(service).is_some_and(|r| r.contains(node))
@@ -127,7 +163,7 @@ impl Seen {
 }
 
 /// Runs the controller for the life of the daemon.
-pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
+pub async fn run(inputs: Inputs, outputs: Outputs) {
     let Inputs {
         store,
         node,
@@ -154,11 +190,12 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
         before: BTreeMap::new(),
         was_live: false,
         handover: Handover::default(),
+        handed_over: HandedOver::new(),
         since: Instant::now(),
         node,
         metrics,
         events,
-        out,
+        outputs,
     };
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
@@ -190,6 +227,7 @@ pub async fn run(inputs: Inputs, out: watch::Sender<OwnedIps>) {
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
+                ownership.confirm_restarts(&store, &mut peers).await;
             }
             _ = tick.tick(), if pace.changed || time_matters => {
                 if !pace.rested() {
@@ -296,24 +334,27 @@ impl Restarts {
     /// Takes in new notices from the records, each held from `now`.
     fn follow(&mut self, nodes: &Cache<NodeIpam>, now: Instant) {
         for record in nodes.iter() {
-            let Some(notice) = &record.value.spec.restarting else {
-                continue;
-            };
-            if self.seen.get(&record.name) == Some(notice) {
-                continue;
-            }
-            self.seen.insert(record.name.clone(), notice.clone());
-            let until = now + Duration::from_millis(notice.within_ms);
-            tracing::info!(
-                node = record.name.as_str(),
-                within_ms = notice.within_ms,
-                "node {}'s agent stops for a restart: its Service IPs stay with it for up to {} ms",
-                record.name,
-                notice.within_ms
-            );
-            self.held
-                .insert(record.name.clone(), (notice.clone(), until));
+            self.follow_one(&record.name, &record.value, now);
         }
+    }
+
+    /// Takes in `node`'s notice, if its record has a new one, held from `now`.
+    fn follow_one(&mut self, node: &str, record: &NodeIpam, now: Instant) {
+        let Some(notice) = &record.spec.restarting else {
+            return;
+        };
+        if self.seen.get(node) == Some(notice) {
+            return;
+        }
+        self.seen.insert(node.to_owned(), notice.clone());
+        let until = now + Duration::from_millis(notice.within_ms);
+        tracing::info!(
+            node,
+            within_ms = notice.within_ms,
+            "node {node}'s agent stops for a restart: its Service IPs stay with it for up to {} ms",
+            notice.within_ms
+        );
+        self.held.insert(node.to_owned(), (notice.clone(), until));
     }
 
     /// Drops the holds that ran out, and those of nodes back: live in the gossip, the notice
@@ -361,11 +402,13 @@ struct Ownership {
     before: BTreeMap<IpAddr, String>,
     was_live: bool,
     handover: Handover,
+    /// The IPs taken from a node that still runs, until their old owner lets go of them.
+    handed_over: HandedOver,
     /// When the controller started: IPs taken soon after are told as taken at the start.
     since: Instant,
     metrics: Arc<Metrics>,
     events: Arc<Events>,
-    out: watch::Sender<OwnedIps>,
+    outputs: Outputs,
 }
 
 impl Ownership {
@@ -400,12 +443,13 @@ impl Ownership {
                     (ip, ip_owned, why)
                 })
                 .collect();
+            self.hand_over(&taken, &previous, seen, started);
             self.metrics.service_ip_takeovers.inc_by(taken.len() as u64);
-            tell_users(&self.events, node, taken);
+            tell_users(&self.events, &self.node, taken);
             self.metrics
                 .service_ips_announced
                 .set(self.owned.ips.len() as i64);
-            self.out.send_replace(self.owned.ips.clone());
+            self.outputs.owned.send_replace(self.owned.ips.clone());
         }
         if let Some(elsewhere) = elsewhere.as_ref().filter(|_| self.owned.lingers()) {
             self.owned.let_go_of_lingering(elsewhere, started);
@@ -413,12 +457,94 @@ impl Ownership {
         if all_changed(&self.before, &all) {
             self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
         }
-        self.was_live = peers.is_live(node, started);
+        self.was_live = peers.is_live(&self.node, started);
         if started.elapsed() > Duration::from_millis(20) {
             tracing::debug!(
                 took_ms = started.elapsed().as_millis() as u64,
                 "slow service IP pass"
             );
+        }
+    }
+}
+
+impl Ownership {
+    /// A node gone from the gossip may have stopped for a restart: its agent wrote the notice
+    /// before it left, but this agent's watch can bring it later than the gossip's verdict
+    /// (a loaded store on a loaded node). Before the IPs of a node owning some are taken as
+    /// from a dead one, its record is read afresh, and a notice in it is held as if the watch
+    /// had brought it: two nodes never answer one IP for that race. A read that fails or takes
+    /// longer than [`CONFIRM_WITHIN`] leaves the decision to what the watch brought.
+    async fn confirm_restarts(&mut self, store: &ClusterStore, peers: &mut LivePeers) {
+        let now = Instant::now();
+        let owners: std::collections::BTreeSet<&String> = self.before.values().collect();
+        let gone: Vec<String> = owners
+            .into_iter()
+            .filter(|n| **n != self.node && !peers.is_live(n, now) && !self.restarts.holds(n, now))
+            .cloned()
+            .collect();
+        for node in gone {
+            let read = tokio::time::timeout(CONFIRM_WITHIN, store.get_typed::<NodeIpam>(&node));
+            match read.await {
+                Ok(Ok(Some(record))) => self.restarts.follow_one(&node, &record.value, now),
+                Ok(Ok(None)) => {}
+                Ok(Err(e)) => tracing::debug!(
+                    node = node.as_str(),
+                    "cannot read the record of a node gone from the gossip: {e}"
+                ),
+                Err(_) => tracing::debug!(
+                    node = node.as_str(),
+                    "the record of a node gone from the gossip took longer than {} ms to read",
+                    CONFIRM_WITHIN.as_millis()
+                ),
+            }
+        }
+    }
+
+    /// Follows which of this node's IPs came from a node that still runs: for as long as the
+    /// old owner keeps such an IP on its `lo` ([`LINGER`]), the responder passes on to it the
+    /// segments of connections opened there (`ipam_common::l2::L2Handover`), found by its MAC
+    /// on each interface's segment as its record says. Ended early for IPs this node let go.
+    fn hand_over(
+        &mut self,
+        taken: &[(IpAddr, OwnedIp, (&'static str, String))],
+        previous: &BTreeMap<IpAddr, Previous>,
+        seen: &Seen,
+        now: Instant,
+    ) {
+        let before = self.handed_over.clone();
+        let owned = &self.owned.ips;
+        self.handed_over
+            .retain(|(ip, _), hand_on| now < hand_on.until && owned.contains_key(ip));
+        for (ip, ip_owned, _) in taken {
+            let Some(Previous::Alive(old_owner)) = previous.get(ip) else {
+                continue;
+            };
+            for interface in &ip_owned.interfaces {
+                match seen.mac_on_segment(old_owner, &self.node, interface) {
+                    Some(mac) => {
+                        let until = now + LINGER;
+                        self.handed_over.insert(
+                            (*ip, interface.clone()),
+                            HandOn {
+                                old_owner: mac,
+                                until,
+                            },
+                        );
+                    }
+                    None => tracing::debug!(
+                        %ip,
+                        interface = interface.as_str(),
+                        old_owner = old_owner.as_str(),
+                        "no MAC of the old owner on this segment in its record: connections \
+                         it holds are not passed on"
+                    ),
+                }
+            }
+        }
+        if self.handed_over != before {
+            self.outputs
+                .handed_over
+                .send_replace(self.handed_over.clone());
         }
     }
 }

@@ -1,9 +1,13 @@
 //! The responder controller: keeps the datapath answering exactly the wanted announcements. It
 //! reconciles whenever the wanted value or the host's links change, retries interfaces that are
 //! not there yet with backoff, tells the link about every IP it starts answering, and holds the multicast groups
-//! the IPv6 ones need.
+//! the IPv6 ones need. It also writes the hand-overs (`HandedOver`) before the announcements
+//! they come with: the connections an IP's old owner still holds are passed on to it from the
+//! first frame this node answers.
 
 use std::{
+    collections::BTreeSet,
+    net::IpAddr,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -14,7 +18,7 @@ use ipam_netlink::iface;
 use tokio::{sync::watch, time::Instant};
 
 use super::{
-    Announcements,
+    Announcements, HandedOver,
     announcer::{self, AnnounceError, ReconcileReport},
     gratuitous::Repeats,
     multicast::SolicitedNodeGroups,
@@ -27,13 +31,21 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 pub async fn run(
     datapath: Arc<Mutex<Datapath>>,
     mut wanted: watch::Receiver<Announcements>,
+    mut handed_over: watch::Receiver<HandedOver>,
     mut link_changes: watch::Receiver<u64>,
 ) -> Result<(), AnnounceError> {
     let mut retry = Backoff::new(RETRY_CAP);
     let mut repeats = Repeats::default();
     let mut groups = SolicitedNodeGroups::default();
+    let mut handing_on = BTreeSet::new();
     loop {
         let current = wanted.borrow_and_update().clone();
+        let hand_ons = handed_over.borrow_and_update().clone();
+        hand_on(
+            &mut datapath.lock().expect("datapath lock"),
+            &hand_ons,
+            &mut handing_on,
+        );
         let span = tracing::debug_span!("responder_pass", pairs = current.len());
         let report = span.in_scope(|| {
             announcer::reconcile(&mut datapath.lock().expect("datapath lock"), &current)
@@ -58,6 +70,7 @@ pub async fn run(
                     }
                     break;
                 }
+                changed = handed_over.changed() => if changed.is_ok() { break },
                 () = sleep_until(retry_at) => break,
                 // An interface made anew (or renamed back) gets the responder again at once.
                 changed = link_changes.changed() => if changed.is_ok() { break },
@@ -65,6 +78,43 @@ pub async fn run(
             }
         }
     }
+}
+
+/// Writes the hand-overs to the datapath and ends those no longer wanted (`handing_on`: the
+/// (IP, ifindex) pairs written before). An error costs the connections of that one IP at
+/// worst; it is said and the rest go on.
+fn hand_on(datapath: &mut Datapath, wanted: &HandedOver, handing_on: &mut BTreeSet<(IpAddr, u32)>) {
+    let now = std::time::Instant::now();
+    let monotonic_now = ipam_datapath::clock::monotonic_ns();
+    let mut written = BTreeSet::new();
+    for ((ip, interface), hand_on) in wanted {
+        let Some(left) = hand_on.until.checked_duration_since(now) else {
+            continue;
+        };
+        let Ok(ifindex) = iface::index(interface) else {
+            continue;
+        };
+        let until_ns = monotonic_now + left.as_nanos() as u64;
+        match datapath
+            .responder()
+            .hand_over(*ip, ifindex, hand_on.old_owner, until_ns)
+        {
+            Ok(()) => {
+                written.insert((*ip, ifindex));
+            }
+            Err(e) => tracing::warn!(
+                %ip,
+                interface = interface.as_str(),
+                "connections the old owner holds are not passed on to it: {e}"
+            ),
+        }
+    }
+    for &(ip, ifindex) in handing_on.difference(&written) {
+        if let Err(e) = datapath.responder().end_handover(ip, ifindex) {
+            tracing::debug!(%ip, ifindex, "ending a hand-over: {e}");
+        }
+    }
+    *handing_on = written;
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -14,6 +14,7 @@ pub struct LinkState {
     pub name: String,
     pub admin_up: bool,
     pub carrier: bool,
+    pub mac: [u8; 6],
     /// `ip/prefix`.
     pub addresses: Vec<String>,
 }
@@ -68,6 +69,7 @@ impl Interfaces {
                     judged.usable.push(NodeInterface {
                         name: link.name,
                         addresses: link.addresses,
+                        mac: Some(mac_text(link.mac)),
                     });
                 }
                 Some(why) if self.seen_usable.contains(&link.name) => {
@@ -89,6 +91,11 @@ impl Interfaces {
         judged.down.sort();
         judged
     }
+}
+
+/// `02:00:0a:4d:00:01`.
+fn mac_text(mac: [u8; 6]) -> String {
+    mac.map(|o| format!("{o:02x}")).join(":")
 }
 
 fn why_unusable(link: &LinkState) -> Option<&'static str> {
@@ -129,6 +136,7 @@ fn links_now() -> Option<Vec<LinkState>> {
             name: link.name,
             admin_up: link.admin_up,
             carrier: link.up,
+            mac: link.mac,
             addresses,
         });
     }
@@ -144,6 +152,7 @@ mod tests {
             name: name.to_owned(),
             admin_up,
             carrier: admin_up && carrier,
+            mac: [2, 0, 0, 0, 0, 1],
             addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
         }
     }

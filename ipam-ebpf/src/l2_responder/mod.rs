@@ -1,13 +1,15 @@
 //! The L2 announcement responder: answers "who has IP X?" on an interface for the IPs announced
-//! there, and leaves every other frame to the kernel untouched.
+//! there, passes on to an IP's old owner the segments of connections it still holds for a
+//! moment after a move (`handover`), and leaves every other frame to the kernel untouched.
 //!
 //! Written against a [`Frame`] so the XDP and TC entry points share every line of it.
 
 mod arp;
+mod handover;
 mod liveness;
 mod ndp;
 
-use crate::packet::{ETH_P_ARP, ETH_P_IPV6, EthHdr, Frame};
+use crate::packet::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, EthHdr, Frame};
 
 /// Proves the daemon alive: the responder answers until the configured staleness has passed.
 #[inline(always)]
@@ -21,6 +23,9 @@ pub enum Verdict {
     Pass,
     /// The frame was rewritten in place into a reply: send it back out of its ingress interface.
     Reply,
+    /// The frame belongs to a connection the IP's old owner holds (`handover`): its Ethernet
+    /// header was rewritten for it, send it back out of its ingress interface.
+    HandOn,
 }
 
 /// Decides on one frame received on `ifindex`, rewriting it into a reply when it asks for an
@@ -36,7 +41,11 @@ pub fn respond(frame: &mut Frame, ifindex: u32) -> Verdict {
     // and a tagged request belongs to the VLAN sub-interface, which has its own attachment.
     match ethertype {
         ETH_P_ARP => arp::respond(frame, ifindex),
-        ETH_P_IPV6 => ndp::respond(frame, eth, ifindex),
+        ETH_P_IP => handover::ipv4(frame, eth, ifindex),
+        ETH_P_IPV6 => match handover::ipv6(frame, eth, ifindex) {
+            Verdict::Pass => ndp::respond(frame, eth, ifindex),
+            handed_on => handed_on,
+        },
         _ => Verdict::Pass,
     }
 }

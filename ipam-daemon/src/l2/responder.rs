@@ -38,6 +38,7 @@ pub async fn run(
     let mut repeats = Repeats::default();
     let mut groups = SolicitedNodeGroups::default();
     let mut handing_on = BTreeSet::new();
+    let mut handing_over = true;
     loop {
         let current = wanted.borrow_and_update().clone();
         let hand_ons = handed_over.borrow_and_update().clone();
@@ -70,7 +71,11 @@ pub async fn run(
                     }
                     break;
                 }
-                changed = handed_over.changed() => if changed.is_ok() { break },
+                // Standalone, no owners controller sends any: the channel closes at once.
+                changed = handed_over.changed(), if handing_over => match changed {
+                    Ok(()) => break,
+                    Err(_) => handing_over = false,
+                },
                 () = sleep_until(retry_at) => break,
                 // An interface made anew (or renamed back) gets the responder again at once.
                 changed = link_changes.changed() => if changed.is_ok() { break },

@@ -24,7 +24,7 @@ use ipam_core::{
         rows,
     },
     resources::{NodeIpam, RestartNotice},
-    store::{TypedStore, Watch},
+    store::Watch,
 };
 use tokio::sync::watch;
 
@@ -62,9 +62,6 @@ const JOINING: Duration = Duration::from_secs(3);
 /// (unanswered here, so broadcast: the new owner answers). The old owner lets go of the ARP
 /// answers first (never two MACs) and of the traffic last (no request lost in between).
 pub const LINGER: Duration = Duration::from_secs(5);
-/// How long the record of a node gone from the gossip may take to read before its IPs move
-/// ([`Ownership::confirm_restarts`]): what a failover waits at most for it.
-const CONFIRM_WITHIN: Duration = Duration::from_millis(200);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
 const STARTING: Duration = Duration::from_secs(30);
@@ -227,7 +224,6 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
-                ownership.confirm_restarts(&store, &mut peers).await;
             }
             _ = tick.tick(), if pace.changed || time_matters => {
                 if !pace.rested() {
@@ -468,38 +464,6 @@ impl Ownership {
 }
 
 impl Ownership {
-    /// A node gone from the gossip may have stopped for a restart: its agent wrote the notice
-    /// before it left, but this agent's watch can bring it later than the gossip's verdict
-    /// (a loaded store on a loaded node). Before the IPs of a node owning some are taken as
-    /// from a dead one, its record is read afresh, and a notice in it is held as if the watch
-    /// had brought it: two nodes never answer one IP for that race. A read that fails or takes
-    /// longer than [`CONFIRM_WITHIN`] leaves the decision to what the watch brought.
-    async fn confirm_restarts(&mut self, store: &ClusterStore, peers: &mut LivePeers) {
-        let now = Instant::now();
-        let owners: std::collections::BTreeSet<&String> = self.before.values().collect();
-        let gone: Vec<String> = owners
-            .into_iter()
-            .filter(|n| **n != self.node && !peers.is_live(n, now) && !self.restarts.holds(n, now))
-            .cloned()
-            .collect();
-        for node in gone {
-            let read = tokio::time::timeout(CONFIRM_WITHIN, store.get_typed::<NodeIpam>(&node));
-            match read.await {
-                Ok(Ok(Some(record))) => self.restarts.follow_one(&node, &record.value, now),
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::debug!(
-                    node = node.as_str(),
-                    "cannot read the record of a node gone from the gossip: {e}"
-                ),
-                Err(_) => tracing::debug!(
-                    node = node.as_str(),
-                    "the record of a node gone from the gossip took longer than {} ms to read",
-                    CONFIRM_WITHIN.as_millis()
-                ),
-            }
-        }
-    }
-
     /// Follows which of this node's IPs came from a node that still runs: for as long as the
     /// old owner keeps such an IP on its `lo` ([`LINGER`]), the responder passes on to it the
     /// segments of connections opened there (`ipam_common::l2::L2Handover`), found by its MAC

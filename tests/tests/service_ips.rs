@@ -1525,7 +1525,10 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     let _backends = Backends::start(&c);
     let traffic = traffic_to(&client, &ips);
     // Connections held open across the moves: each stays with the node it was opened with.
-    let mut held_before = open_held(&client, &theirs, &drained);
+    let mut held_before = open_held(&client, &theirs);
+    for (ip, node, _) in &held_before {
+        assert_eq!(*node, drained, "a connection to {ip} before the drain");
+    }
     std::thread::sleep(Duration::from_millis(500));
     c.nodes[at].set_node_label(EXCLUDE, Some("true"));
     wait_until_answered(
@@ -1537,15 +1540,7 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         || c.nodes[at].log(),
     );
     still_held_by(&mut held_before, "after the drain", &c);
-    let mut held_during: Vec<_> = theirs
-        .iter()
-        .map(|ip| {
-            let mut held = HeldConnection::open(&client, (*ip).into())
-                .unwrap_or_else(|e| panic!("a connection to {ip} after the drain: {e}"));
-            let node = held.ask().expect("answered");
-            (*ip, node, held)
-        })
-        .collect();
+    let mut held_during = open_held(&client, &theirs);
     std::thread::sleep(Duration::from_secs(2));
     c.nodes[at].set_node_label(EXCLUDE, None);
     wait_until_answered(
@@ -1701,18 +1696,16 @@ fn none_lost_but_in_flight_at_a_move(seen: &Requests, what: &str, logs: impl Fn(
     );
 }
 
-/// A connection held open to each of `ips` ([`HeldConnection`]), answered by `node` now.
-fn open_held(
-    client: &Netns,
-    ips: &[Ipv4Addr],
-    node: &str,
-) -> Vec<(Ipv4Addr, String, HeldConnection)> {
+/// A connection held open to each of `ips` ([`HeldConnection`]), with the node answering it.
+fn open_held(client: &Netns, ips: &[Ipv4Addr]) -> Vec<(Ipv4Addr, String, HeldConnection)> {
     ips.iter()
         .map(|ip| {
             let mut held = HeldConnection::open(client, (*ip).into())
                 .unwrap_or_else(|e| panic!("a connection to {ip}: {e}"));
-            assert_eq!(held.ask().expect("answered"), node);
-            (*ip, node.to_owned(), held)
+            let node = held
+                .ask()
+                .unwrap_or_else(|e| panic!("a connection to {ip} not answered: {e}"));
+            (*ip, node, held)
         })
         .collect()
 }

@@ -125,11 +125,18 @@ impl Netlink {
         self.created(name)
     }
 
-    /// Creates a bridge named `name`, up. Returns its link.
-    pub fn create_bridge(&self, name: &str) -> Result<LinkInfo, NetlinkError> {
+    /// Creates a bridge named `name`, up, with the MAC `address`. Returns its link.
+    ///
+    /// The address is given because a bridge left to choose takes the lowest of its ports'
+    /// MACs and changes it whenever a port with a lower one joins: the hosts on the segment
+    /// keep the old one in their neighbour tables, and the bridge's own traffic stalls
+    /// until they probe it again.
+    pub fn create_bridge(&self, name: &str, address: [u8; 6]) -> Result<LinkInfo, NetlinkError> {
         self.socket
             .request(
-                RouteNetlinkMessage::NewLink(LinkBridge::new(name).build()),
+                RouteNetlinkMessage::NewLink(
+                    LinkBridge::new(name).address(address.to_vec()).build(),
+                ),
                 NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
             )
             .map_err(|e| NetlinkError::new(format!("cannot create bridge {name}"), e))?;

@@ -76,6 +76,9 @@ pub struct ClusterNode {
     config: TempFile,
     root: BpffsRoot,
     pub daemon: Option<Daemon>,
+    /// The logs of the agents stopped here (through `stop` and `power_off`), oldest first:
+    /// a restart test's failure reads what the agent before the running one did.
+    earlier_logs: String,
     /// The `ipamd` its agent runs: this workspace's when `None`, another release's otherwise
     /// (`previous_release_ipamd`).
     pub binary: Option<PathBuf>,
@@ -265,6 +268,7 @@ impl Cluster {
             config,
             root,
             daemon: None,
+            earlier_logs: String::new(),
             binary: None,
         });
         index
@@ -546,10 +550,30 @@ impl ClusterNode {
     /// Stops the node's agent cleanly (SIGTERM) and waits until it is gone.
     pub fn stop(&mut self) {
         let name = &self.name;
-        self.daemon
+        let log = self
+            .daemon
             .take()
             .unwrap_or_else(|| panic!("{name}'s agent is not running"))
             .terminate();
+        self.keep_log(&log);
+    }
+
+    /// Kills the node's agent (SIGKILL) and waits until it is gone.
+    pub fn kill(&mut self) {
+        let name = &self.name;
+        let log = self
+            .daemon
+            .take()
+            .unwrap_or_else(|| panic!("{name}'s agent is not running"))
+            .kill();
+        self.keep_log(&log);
+    }
+
+    /// Keeps the log of an agent stopped here for `log()`.
+    fn keep_log(&mut self, log: &str) {
+        self.earlier_logs.push_str(log);
+        self.earlier_logs
+            .push_str("--- (the agent above stopped; the next one's log follows)\n");
     }
 
     /// Starts the node's agent without waiting for it.
@@ -587,7 +611,8 @@ impl ClusterNode {
     /// A power loss: the agent SIGKILLed and the node's link to the segment cut.
     pub fn power_off(&mut self) {
         if let Some(d) = self.daemon.take() {
-            d.kill();
+            let log = d.kill();
+            self.keep_log(&log);
         }
         self.ns.down(UPLINK);
     }
@@ -661,10 +686,12 @@ impl ClusterNode {
     }
 
     pub fn log(&self) -> String {
-        self.daemon
+        let current = self
+            .daemon
             .as_ref()
             .map(Daemon::log_text)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        format!("{}{current}", self.earlier_logs)
     }
 
     /// The node's published status (`ipamctl ipam status` reads the same file).

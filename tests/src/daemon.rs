@@ -84,16 +84,18 @@ impl Daemon {
             .expect("signal the daemon");
     }
 
-    /// SIGKILL, and wait until the process is gone.
-    pub fn kill(mut self) {
+    /// SIGKILL, and wait until the process is gone; its log (the file goes).
+    pub fn kill(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.log_text()
     }
 
-    /// SIGTERM (a clean stop), and wait until the process is gone.
-    pub fn terminate(mut self) {
+    /// SIGTERM (a clean stop), and wait until the process is gone; its log (the file goes).
+    pub fn terminate(mut self) -> String {
         self.signal(nix::sys::signal::Signal::SIGTERM);
         let _ = self.child.wait();
+        self.log_text()
     }
 
     pub fn log_text(&self) -> String {

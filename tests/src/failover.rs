@@ -500,8 +500,8 @@ impl FailoverRig {
         let node = &mut self.cluster.nodes[index];
         match fault {
             Fault::PowerOff => node.power_off(),
-            Fault::Kill => node.daemon.take().expect("the agent runs").kill(),
-            Fault::Stop => node.daemon.take().expect("the agent runs").terminate(),
+            Fault::Kill => node.kill(),
+            Fault::Stop => node.stop(),
             Fault::CutOff => self.cluster.partition(&[index]),
             Fault::Muted => mute_gossip(node, "-A"),
         }

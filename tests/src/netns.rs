@@ -75,7 +75,14 @@ impl Netns {
 
     /// A bridge named `name`, up.
     pub fn add_bridge(&self, name: &str) {
-        self.netlink(|nl| nl.create_bridge(name));
+        // A fixed, locally administered MAC from the name: a bridge left to choose follows
+        // the lowest MAC of its ports, and changed it when a test's client joined the segment
+        // after the nodes, stalling the nodes' connections to etcd behind it for seconds.
+        let mut mac = [0x02, 0x77, 0, 0, 0, 0];
+        for (i, byte) in name.bytes().enumerate() {
+            mac[2 + i % 4] ^= byte;
+        }
+        self.netlink(|nl| nl.create_bridge(name, mac));
     }
 
     /// Makes `dev` a port of the bridge `bridge`.

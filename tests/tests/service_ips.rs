@@ -1470,7 +1470,9 @@ fn rolling_restart(mut c: Cluster, tag: &str) {
         ip,
         macs: &macs,
     };
-    let (taker, after) = watcher.moved_from(&owner, || agent.terminate());
+    let (taker, after) = watcher.moved_from(&owner, || {
+        agent.terminate();
+    });
     println!(
         "{owner} did not come back from its restart: {ip} answered by {taker} after {after:?}"
     );

@@ -74,7 +74,6 @@ impl NodeFacts {
             && self.interfaces_down == record.spec.interfaces_down
             && self.announcing == record.spec.announcing
             && record.spec.agent_version.as_ref() == Some(&self.agent_version)
-            && record.spec.restarting.is_none()
     }
 
     fn publish(&self, record: &mut NodeIpam) {
@@ -84,8 +83,9 @@ impl NodeFacts {
         record.spec.interfaces_down = self.interfaces_down.clone();
         record.spec.announcing = self.announcing.clone();
         record.spec.agent_version = Some(self.agent_version.clone());
-        // This agent runs: a restart notice of the one before it is over.
-        record.spec.restarting = None;
+        // A restart notice of the agent before is left alone: the agent ends it once the
+        // others hear it (the daemon's `liveness::restart`), not at its first write, when
+        // they may still count the node live from the agent before.
     }
 
     /// Writes the facts into `node`'s record, creating it (with no blocks) when there is none;
@@ -527,6 +527,11 @@ mod tests {
             true,
             "by the operator",
         ));
+        // A restart notice is the agent's to end once the others hear it, not the facts'.
+        lapsed.spec.restarting = Some(crate::resources::RestartNotice {
+            within_ms: 10_000,
+            since_unix_ms: 1,
+        });
         store
             .update_typed("n1", &lapsed, &record.revision)
             .await
@@ -538,6 +543,10 @@ mod tests {
         assert_eq!(
             record.value.status, lapsed.status,
             "the status is the operator's"
+        );
+        assert_eq!(
+            record.value.spec.restarting, lapsed.spec.restarting,
+            "a restart notice outlives the next agent's first facts"
         );
     }
 

@@ -437,10 +437,6 @@ impl OnTheStore {
             Some(settings) => {
                 let store = open_store(config, observed).await?;
                 check_mode(&store, settings.mode).await?;
-                tokio::spawn(liveness::restart::clear_notice(
-                    store.clone(),
-                    config.node.name.clone(),
-                ));
                 on_store.start_operator_and_gossip(config, role, &store, observed);
                 on_store
                     .start_pod_ipam(config, &settings, &store, datapath, observed, link_changes)
@@ -450,10 +446,6 @@ impl OnTheStore {
             None if config.is_add_on() => {
                 let store = open_store(config, observed).await?;
                 check_add_on(&store).await?;
-                tokio::spawn(liveness::restart::clear_notice(
-                    store.clone(),
-                    config.node.name.clone(),
-                ));
                 tracing::info!(
                     node = config.node.name.as_str(),
                     "add-on mode (no [ipam]): answering for the cluster's Service IPs only; no \
@@ -698,6 +690,12 @@ fn start_cluster_side(
         handed_over,
     } = service_ips;
     if !store.is_shared() {
+        // No peers to hold the node's IPs: a notice left behind ends at once.
+        tokio::spawn(liveness::restart::clear_notice_once_live(
+            store,
+            config.node.name.clone(),
+            None,
+        ));
         return ClusterSide::standalone();
     }
     let lease_fence = gossip
@@ -719,6 +717,11 @@ fn start_cluster_side(
         (None, Some(lease)) => (Fence::Lease(lease.clone()), PeersSource::Leases(lease)),
         (None, None) => unreachable!("a lease fence exists whenever there is no gossip"),
     };
+    tokio::spawn(liveness::restart::clear_notice_once_live(
+        store.clone(),
+        config.node.name.clone(),
+        Some(fence.clone()),
+    ));
     let (owned_tx, owned) = watch::channel(inherited.clone());
     let events = Events::for_store(&store, "ipam-agent", &config.node.name);
     tokio::spawn(l2::owners::run(

@@ -176,14 +176,21 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     for ip in inherited.keys() {
         local_addresses.add(Holder::L2, *ip);
     }
+    let inherits = !inherited.is_empty();
+    let mut restarts = Restarts::new(&node, inherits);
+    // This node's own notice is in its record from the start. Others' notices already there
+    // are not held: one left by an agent that never came back would hold its node here alone.
+    if let Some(own) = seen.nodes.get(&node).filter(|_| inherits) {
+        restarts.follow_one(&node, &own.value, Instant::now());
+    }
     let mut ownership = Ownership {
-        inherited: !inherited.is_empty(),
+        inherited: inherits,
         owned: Owned {
             addresses: local_addresses,
             ips: inherited,
             lingering: BTreeMap::new(),
         },
-        restarts: Restarts::default(),
+        restarts,
         before: BTreeMap::new(),
         was_live: false,
         handover: Handover::default(),
@@ -217,7 +224,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             e = watches.pools.next() => { seen.pools.apply(e); pace.changed = true; continue; }
             e = watches.nodes.next() => {
                 seen.nodes.apply(e);
-                ownership.restarts.follow(&seen.nodes, Instant::now());
+                ownership.restarts.follow(&seen.nodes, &ownership.node, Instant::now());
                 pace.changed = true;
                 continue;
             }
@@ -319,6 +326,12 @@ impl Pace {
 /// are (`liveness::restart`), until they are live in the gossip again.
 #[derive(Debug, Default)]
 struct Restarts {
+    /// This node's name, when the agent before this one stopped for a restart and its promise
+    /// runs (`Inputs::inherited`): this node's own notice holds it live as well until its next
+    /// agent (this one) clears it, once its fence has opened. A notice of its own found
+    /// otherwise is left behind by an agent that did not keep its promise, and holds nothing:
+    /// the others hold it no more, and this node must not answer their IPs before they hear it.
+    own_promise: Option<String>,
     held: BTreeMap<String, (RestartNotice, Instant)>,
     /// The last notice seen of each node: each is held once, from when it was first seen, not
     /// again when a record that still carries it changes (a notice left behind must not hold
@@ -327,9 +340,18 @@ struct Restarts {
 }
 
 impl Restarts {
+    /// `node`'s holds, its own notice held if `inherited`.
+    fn new(node: &str, inherited: bool) -> Self {
+        Self {
+            own_promise: inherited.then(|| node.to_owned()),
+            ..Self::default()
+        }
+    }
+
     /// Takes in new notices from the records, each held from `now`.
-    fn follow(&mut self, nodes: &Cache<NodeIpam>, now: Instant) {
-        for record in nodes.iter() {
+    fn follow(&mut self, nodes: &Cache<NodeIpam>, me: &str, now: Instant) {
+        let own_held = self.own_promise.as_deref() == Some(me);
+        for record in nodes.iter().filter(|r| r.name != me || own_held) {
             self.follow_one(&record.name, &record.value, now);
         }
     }
@@ -773,14 +795,18 @@ mod tests {
         };
         let mut restarts = Restarts::default();
         let t0 = Instant::now();
-        restarts.follow(&records(Some(notice.clone())), t0);
+        restarts.follow(&records(Some(notice.clone())), "node-0", t0);
         assert!(restarts.holds("node-1", t0 + Duration::from_millis(1_999)));
         assert!(!restarts.holds("node-1", t0 + Duration::from_millis(2_000)));
         assert!(!restarts.holds("node-2", t0));
         // The same notice seen again later (another change of the record) holds nothing anew:
         // a notice left behind must not keep a node that died since.
         restarts.held.clear();
-        restarts.follow(&records(Some(notice)), t0 + Duration::from_secs(60));
+        restarts.follow(
+            &records(Some(notice)),
+            "node-0",
+            t0 + Duration::from_secs(60),
+        );
         assert!(!restarts.holding());
         // A new restart is held again.
         let next = RestartNotice {
@@ -788,7 +814,26 @@ mod tests {
             since_unix_ms: 2,
         };
         let t1 = t0 + Duration::from_secs(120);
-        restarts.follow(&records(Some(next)), t1);
+        restarts.follow(&records(Some(next)), "node-0", t1);
         assert!(restarts.holds("node-1", t1 + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn a_node_s_own_notice_holds_it_only_when_its_agent_took_up_the_promise() {
+        let notice = Some(RestartNotice {
+            within_ms: 2_000,
+            since_unix_ms: 1,
+        });
+        let t0 = Instant::now();
+        // The agent before promised and its responders answer on: this one holds its node
+        // live until its notice is cleared, as the others do.
+        let mut kept = Restarts::new("node-1", true);
+        kept.follow(&records(notice.clone()), "node-1", t0);
+        assert!(kept.holds("node-1", t0 + Duration::from_secs(1)));
+        // A notice left by an agent whose promise ran out: the others hold the node no more,
+        // and this one must not answer for its IPs before they hear it.
+        let mut lapsed = Restarts::new("node-1", false);
+        lapsed.follow(&records(notice), "node-1", t0);
+        assert!(!lapsed.holding());
     }
 }

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 /// Whether, and why not, this node may answer.
 #[derive(Debug, Clone)]
@@ -65,6 +65,30 @@ impl Fence {
             }
         }
     }
+
+    /// Waits until this node may answer (at once if it may already).
+    pub async fn opened(&mut self) {
+        loop {
+            match self {
+                Self::Lease(lease) => {
+                    // Registered before the check, so a renewal between the two is not missed.
+                    let renewal = lease.renewals.notified();
+                    if lease.may_answer() {
+                        return;
+                    }
+                    renewal.await;
+                }
+                Self::Gossip(state) => {
+                    if *state.borrow_and_update() == FenceState::Open {
+                        return;
+                    }
+                    if state.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// When this node last renewed its lease, and how long a lease lasts.
@@ -72,6 +96,8 @@ impl Fence {
 pub struct LeaseFence {
     renewed: Mutex<Option<Instant>>,
     lease: Duration,
+    /// Woken at every renewal, for those waiting for the fence to open.
+    renewals: Notify,
 }
 
 impl LeaseFence {
@@ -79,6 +105,7 @@ impl LeaseFence {
         Self {
             renewed: Mutex::new(None),
             lease,
+            renewals: Notify::new(),
         }
     }
 
@@ -86,6 +113,7 @@ impl LeaseFence {
     /// saw it, which is later).
     pub fn renewed(&self, asked_at: Instant) {
         *self.renewed.lock().expect("fence lock") = Some(asked_at);
+        self.renewals.notify_waiters();
     }
 
     /// Whether this node may answer for its service IPs now.
@@ -116,6 +144,32 @@ mod tests {
         assert!(fence.may_answer());
         fence.renewed(Instant::now() - Duration::from_secs(1));
         assert!(!fence.may_answer(), "half a lease old");
+    }
+
+    #[tokio::test]
+    async fn waiting_for_the_fence_to_open_ends_at_the_first_renewal_or_open_state() {
+        let lease = Arc::new(LeaseFence::new(Duration::from_secs(2)));
+        let mut fence = Fence::Lease(lease.clone());
+        let waiting = tokio::spawn(async move { fence.opened().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "never renewed");
+        lease.renewed(Instant::now());
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("opened at the renewal")
+            .unwrap();
+
+        let (tx, rx) = watch::channel(FenceState::Closed("gossip starting".into()));
+        let mut fence = Fence::Gossip(rx);
+        let waiting = tokio::spawn(async move { fence.opened().await });
+        tx.send_replace(FenceState::Closed("no other member heard from yet".into()));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "still closed");
+        tx.send_replace(FenceState::Open);
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("opened with the gossip's fence")
+            .unwrap();
     }
 
     #[test]

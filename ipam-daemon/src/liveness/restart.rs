@@ -11,10 +11,17 @@
 //! Each other agent holds the node's IPs for `within` from when *it* sees the notice, which is
 //! after step 1: its hold ends no sooner than the responders fall silent, so two nodes never
 //! answer one IP. The next agent keeps the responders answering until its fence first opens
-//! (`heartbeat`), takes the IPs up as its own without a hand-over wait, and clears the notice;
-//! the others drop their hold once it is live again (in the gossip, or its lease renewed). If it
-//! is not back in time, the responders fall silent and the others take the IPs over as from a
-//! dead node.
+//! (`heartbeat`), takes the IPs up as its own without a hand-over wait, and clears the notice
+//! once its fence has opened; the others drop their hold once the notice is cleared and the
+//! node is live. If it is not back in time, the responders fall silent and the others take the
+//! IPs over as from a dead node.
+//!
+//! Why the notice is cleared only once the fence has opened: until the others have heard the
+//! next agent (its gossip member answered, or its lease renewed), they may still count the node
+//! live from the agent before, whose silence they have not noticed yet. A notice cleared then
+//! ends their hold on that stale liveness, and when the silence is noticed (the gossip declares
+//! the old member dead, the old renewal lapses) they take the IPs over while the next agent
+//! answers them too: two MACs for one IP. An open fence means the others hear this agent.
 
 use std::{
     path::{Path, PathBuf},
@@ -23,15 +30,19 @@ use std::{
 };
 
 use ipam_core::{
+    backoff::Backoff,
     resources::{NodeIpam, RestartNotice},
     store::{StoreError, TypedStore},
 };
 use ipam_datapath::Datapath;
 
+use super::Fence;
 use crate::cluster::ClusterStore;
 
 /// Attempts at writing the notice against concurrent writers of the record.
 const ATTEMPTS: usize = 3;
+/// The longest wait between attempts at ending a notice the store did not take.
+const RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// Where a stopping agent leaves the end of its promise for the next one, beside the API
 /// socket (the node's private directory). In CLOCK_MONOTONIC nanoseconds, the same clock for
@@ -130,42 +141,61 @@ async fn write_notice(
         .await
 }
 
-/// At the start of every agent with a store: a restart notice left in the node's record (by the
-/// agent before, whether or not this one found its promise) is over, since this agent runs.
-/// The others drop their hold once this node is live in their gossip too.
-pub async fn clear_notice(store: ClusterStore, node: String) {
-    for _ in 0..ATTEMPTS {
-        let record = match store.get_typed::<NodeIpam>(&node).await {
-            Ok(Some(record)) => record,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(
-                    node = node.as_str(),
-                    "cannot read node {node}'s record to end its restart notice ({e}); its next \
-                     write of the record ends it"
-                );
-                return;
-            }
-        };
-        if record.value.spec.restarting.is_none() {
-            return;
-        }
-        let mut updated = record.value;
-        updated.spec.restarting = None;
-        match store
-            .update_unless_changed(&node, &updated, &record.revision)
-            .await
-        {
+/// At the start of every agent with a store, once this node may answer (`fence`, none without
+/// peers): a restart notice left in the node's record (by the agent before, whether or not this
+/// one found its promise) is over, since this agent runs and the others hear it. They drop
+/// their hold once this node is live in their view too. Until then the notice holds this node
+/// live in this agent's own view as well, as it promised.
+pub async fn clear_notice_once_live(store: ClusterStore, node: String, fence: Option<Fence>) {
+    if let Some(mut fence) = fence {
+        fence.opened().await;
+    }
+    clear_notice(&store, &node).await;
+}
+
+/// Clears `node`'s restart notice, if its record has one, retrying with backoff while the
+/// store cannot be reached (until then the others hold the node live, at most for the
+/// notice's time, and then follow its liveness as for any node).
+async fn clear_notice(store: &ClusterStore, node: &str) {
+    let mut backoff = Backoff::new(RETRY_CAP);
+    let mut said = false;
+    loop {
+        match try_clear_notice(store, node).await {
             Ok(true) => return,
             Ok(false) => continue,
             Err(e) => {
-                tracing::warn!(
-                    node = node.as_str(),
-                    "cannot end node {node}'s restart notice ({e}); its next write of the record \
-                     ends it"
-                );
-                return;
+                if !std::mem::replace(&mut said, true) {
+                    tracing::warn!(
+                        node,
+                        "cannot end node {node}'s restart notice in {} ({e}); retrying",
+                        store.describe()
+                    );
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     }
+}
+
+/// One attempt: `Ok(false)` when the record changed meanwhile (try again).
+async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<bool, StoreError> {
+    let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
+        return Ok(true);
+    };
+    if record.value.spec.restarting.is_none() {
+        return Ok(true);
+    }
+    let mut updated = record.value;
+    updated.spec.restarting = None;
+    let ended = store
+        .update_unless_changed(node, &updated, &record.revision)
+        .await?;
+    if ended {
+        tracing::info!(
+            node,
+            "node {node}'s restart notice ended: the others hear this agent, which answers for \
+             the node's Service IPs"
+        );
+    }
+    Ok(ended)
 }

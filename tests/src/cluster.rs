@@ -367,6 +367,15 @@ impl Cluster {
         });
     }
 
+    /// Deletes `name` of `T`'s kind (nothing if there is none).
+    pub fn delete<T: ipam_core::store::Resource + 'static>(&self, name: &str) {
+        let name = name.to_owned();
+        self.with_store(async move |s| {
+            ipam_core::store::Store::delete(&s, T::KIND, &name, None).await
+        })
+        .expect("delete");
+    }
+
     /// Every object of `T`'s kind.
     pub fn list<T: ipam_core::store::Resource + 'static>(&self) -> Vec<Versioned<T>> {
         self.with_store(async |s| s.list_typed::<T>().await)

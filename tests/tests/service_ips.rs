@@ -1480,7 +1480,41 @@ fn rolling_restart(mut c: Cluster, tag: &str) {
         after >= Duration::from_millis(1500),
         "{ip} moved after {after:?}, before the promise (2 s) ran out"
     );
+    // The agent that stopped for the restart left its IPs on `lo` (the responders answered
+    // them). Its IP's Service is deleted while no agent runs there: the next agent takes that
+    // address off `lo` once it has decided, and keeps those it owns again.
+    let (service, _) = service_ips(&c)
+        .into_iter()
+        .find(|(_, i)| *i == ip)
+        .expect("the IP's Service");
+    assert!(on_lo(&c.nodes[at], ip), "{owner} left {ip} on lo");
+    c.delete::<Service>(&service);
     c.nodes[at].start();
+    let kept: Vec<Ipv4Addr> = owners
+        .iter()
+        .filter(|(i, o)| **i != ip && **o == owner)
+        .map(|(i, _)| *i)
+        .collect();
+    wait_until(
+        Duration::from_secs(15),
+        &format!("{owner}'s next agent to take {ip} (Service {service} deleted) off lo"),
+        || !on_lo(&c.nodes[at], ip) && kept.iter().all(|k| on_lo(&c.nodes[at], *k)),
+        || {
+            format!(
+                "lo: {:?}\n{}",
+                c.nodes[at].ns.addresses("lo"),
+                c.nodes[at].log()
+            )
+        },
+    );
+}
+
+/// Whether `ip` is on `node`'s `lo`.
+fn on_lo(node: &ipam_tests::cluster::ClusterNode, ip: Ipv4Addr) -> bool {
+    node.ns
+        .addresses("lo")
+        .iter()
+        .any(|(a, _)| *a == IpAddr::V4(ip))
 }
 
 /// A drain and its undoing, the planned moves between live nodes: the node owning the most IPs

@@ -250,6 +250,7 @@ impl Announcer {
         match self.speaker.apply(wanted, router_id).await {
             Ok(()) => {
                 self.addresses.remove_others(&ips);
+                self.addresses.addresses.decided(Holder::Bgp);
                 self.health.set("bgp", Ok(()));
                 None
             }

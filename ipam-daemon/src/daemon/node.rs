@@ -46,7 +46,7 @@ use crate::{
         peers::PeersSource,
     },
     metrics::Observed,
-    net::local_address::LocalAddresses,
+    net::local_address::{Holder, LocalAddresses},
     pod_ipam::PodIpam,
 };
 
@@ -216,7 +216,10 @@ impl NodeControllers {
             link_changes.clone(),
         ));
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
-        let local_addresses = LocalAddresses::start(config.node.announce.strict_arp);
+        let local_addresses = LocalAddresses::start(
+            config.node.announce.strict_arp,
+            crate::net::local_address::record_file(&config.node.socket),
+        );
         if !config.announcements.is_empty() {
             local_addresses.ensure_strict_arp();
         }
@@ -229,12 +232,15 @@ impl NodeControllers {
                 link_changes,
             },
             ServiceIpState {
-                local_addresses,
+                local_addresses: local_addresses.clone(),
                 inherited,
                 handed_over,
             },
         )
         .await?;
+        // Every announcer that runs has said so: the IPs an agent before left on `lo` go once
+        // they have decided (at once with none).
+        local_addresses.expected_all();
         tokio::spawn(l2::configured::run(
             configured_rx,
             cluster.owned,
@@ -660,6 +666,7 @@ fn start_bgp(
     local_addresses: &LocalAddresses,
 ) -> Option<BgpAnnouncer> {
     let settings = config.bgp.clone()?;
+    local_addresses.expect(Holder::Bgp);
     tracing::info!(
         run_dir = %settings.run_dir.display(),
         "advertising Service IPs over BGP (BIRD) to the BGPPeers that select this node"
@@ -722,6 +729,7 @@ fn start_cluster_side(
         config.node.name.clone(),
         Some(fence.clone()),
     ));
+    local_addresses.expect(Holder::L2);
     let (owned_tx, owned) = watch::channel(inherited.clone());
     let events = Events::for_store(&store, "ipam-agent", &config.node.name);
     tokio::spawn(l2::owners::run(

@@ -246,6 +246,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         let started = pace.deciding();
         ownership.pass(&seen, &mut peers);
         pace.decided(started);
+        ownership.owned.addresses.decided(Holder::L2);
     }
 }
 

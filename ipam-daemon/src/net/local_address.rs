@@ -18,10 +18,19 @@
 //! tens of milliseconds, and the runtime has leases to keep. [`LocalAddresses::applied`] waits
 //! for the changes asked so far, for an announcer that must not draw traffic to an address
 //! before the node accepts it.
+//!
+//! What is on `lo` outlives the agent: a restart leaves it on purpose (the responders and the
+//! routers keep sending the traffic), a kill or a stop within an IP's linger by accident. So
+//! the address thread records the IPs it put there in a file of the node's directory, and the
+//! next agent takes those that no announcer took up off `lo` once every announcer that runs has
+//! decided once (`expect`, `decided`, `expected_all`): IPs of Services deleted, or moved
+//! elsewhere, while no agent ran. Addresses the agent did not put there (a host owner's, the
+//! static `[[announcement]]`s') are never in the file, and never touched.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc},
 };
 
@@ -56,24 +65,41 @@ struct Shared {
     /// Whether to set the strict-ARP sysctls, and whether that was done.
     strict_arp: bool,
     strict_arp_set: bool,
+    /// The IPs an agent before this one put on `lo`, until they are swept.
+    left: BTreeSet<IpAddr>,
+    /// The announcers that run and have not decided yet; `None` until all are named.
+    undecided: BTreeSet<Holder>,
+    all_named: bool,
+}
+
+/// Where the IPs this agent put on `lo` are recorded for the next one: beside the API socket,
+/// in the node's own directory (like the restart promise).
+pub fn record_file(socket: &Path) -> PathBuf {
+    socket
+        .parent()
+        .unwrap_or(Path::new("/run/ipam"))
+        .join("service-ips-on-lo")
 }
 
 impl LocalAddresses {
-    /// The set, empty; with `strict_arp` the first IP added sets the strict-ARP sysctls.
-    pub fn start(strict_arp: bool) -> Self {
+    /// The set, empty; with `strict_arp` the first IP added sets the strict-ARP sysctls. The
+    /// IPs put on `lo` are recorded in `record` (`record_file`), and those an agent before
+    /// left there are read from it, to be swept.
+    pub fn start(strict_arp: bool, record: PathBuf) -> Self {
+        let left = read_record(&record);
+        if !left.is_empty() {
+            tracing::info!(
+                ips = left.len(),
+                file = %record.display(),
+                "Service IPs an agent before this one left on lo: those no announcer takes up \
+                 again come off once every announcer has decided"
+            );
+        }
         let (changes, queue) = mpsc::channel::<Change>();
+        let on_lo = left.clone();
         let spawned = std::thread::Builder::new()
             .name("service-ips-lo".into())
-            .spawn(move || {
-                for change in queue {
-                    match change {
-                        Change::Set { ip, present } => set_on_lo(ip, present),
-                        Change::Applied(done) => {
-                            let _ = done.send(());
-                        }
-                    }
-                }
-            });
+            .spawn(move || apply_changes(&queue, on_lo, &record));
         if let Err(e) = spawned {
             tracing::error!("cannot start the service IP address thread: {e}");
         }
@@ -83,7 +109,53 @@ impl LocalAddresses {
                 holders: Holders::default(),
                 strict_arp,
                 strict_arp_set: false,
+                left,
+                undecided: BTreeSet::new(),
+                all_named: false,
             })),
+        }
+    }
+
+    /// `holder` runs on this node: the IPs left on `lo` wait for its first decision.
+    pub fn expect(&self, holder: Holder) {
+        self.lock().undecided.insert(holder);
+    }
+
+    /// Every announcer that runs was named (`expect`): with none, the IPs left go at once.
+    pub fn expected_all(&self) {
+        let mut shared = self.lock();
+        shared.all_named = true;
+        Self::sweep_when_decided(&mut shared);
+    }
+
+    /// `holder` has made its first decision (later calls change nothing).
+    pub fn decided(&self, holder: Holder) {
+        let mut shared = self.lock();
+        if shared.undecided.remove(&holder) {
+            Self::sweep_when_decided(&mut shared);
+        }
+    }
+
+    /// Once every announcer has decided: the IPs left on `lo` that none holds come off.
+    fn sweep_when_decided(shared: &mut Shared) {
+        if !shared.all_named || !shared.undecided.is_empty() || shared.left.is_empty() {
+            return;
+        }
+        let left = std::mem::take(&mut shared.left);
+        let swept: Vec<IpAddr> = left
+            .into_iter()
+            .filter(|ip| shared.holders.of(*ip).is_none())
+            .collect();
+        if swept.is_empty() {
+            return;
+        }
+        tracing::info!(
+            ips = ?swept,
+            "taking Service IPs off lo that an agent before this one left there and no \
+             announcer holds now"
+        );
+        for ip in swept {
+            let _ = shared.changes.send(Change::Set { ip, present: false });
         }
     }
 
@@ -172,7 +244,84 @@ impl Holders {
     }
 }
 
-fn set_on_lo(ip: IpAddr, present: bool) {
+/// The address thread: applies the changes in order, and after each burst records what is on
+/// `lo` in `record`.
+fn apply_changes(queue: &mpsc::Receiver<Change>, mut on_lo: BTreeSet<IpAddr>, record: &Path) {
+    let mut recorded = on_lo.clone();
+    while let Ok(first) = queue.recv() {
+        let mut next = Some(first);
+        while let Some(change) = next {
+            match change {
+                Change::Set { ip, present } => {
+                    // A removal that failed stays recorded: the next agent tries again.
+                    if set_on_lo(ip, present) {
+                        if present {
+                            on_lo.insert(ip);
+                        } else {
+                            on_lo.remove(&ip);
+                        }
+                    }
+                }
+                Change::Applied(done) => {
+                    let _ = done.send(());
+                }
+            }
+            next = queue.try_recv().ok();
+        }
+        if on_lo != recorded {
+            write_record(record, &on_lo);
+            recorded.clone_from(&on_lo);
+        }
+    }
+}
+
+/// The IPs recorded in `record`; none when it is missing or unreadable (said: the IPs left on
+/// `lo` then stay there).
+fn read_record(record: &Path) -> BTreeSet<IpAddr> {
+    let text = match std::fs::read_to_string(record) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeSet::new(),
+        Err(e) => {
+            tracing::warn!(
+                file = %record.display(),
+                "cannot read which Service IPs the agent before put on lo ({e}): any it left \
+                 there stay; remove them with `ip address del <ip>/32 dev lo`"
+            );
+            return BTreeSet::new();
+        }
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| match l.trim().parse() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                tracing::warn!(
+                    file = %record.display(),
+                    line = l,
+                    "not an IP address in the record of Service IPs on lo: line ignored"
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// Records `on_lo` in `record`, whole or not at all (written beside it, then renamed).
+fn write_record(record: &Path, on_lo: &BTreeSet<IpAddr>) {
+    let text: String = on_lo.iter().map(|ip| format!("{ip}\n")).collect();
+    let partial = record.with_extension("partial");
+    let written = std::fs::write(&partial, text).and_then(|()| std::fs::rename(&partial, record));
+    if let Err(e) = written {
+        tracing::warn!(
+            file = %record.display(),
+            "cannot record the Service IPs on lo ({e}): after a crash the next agent cannot \
+             take off those no longer wanted"
+        );
+    }
+}
+
+/// Whether the change was made (a failure is logged).
+fn set_on_lo(ip: IpAddr, present: bool) -> bool {
     let prefix = if ip.is_ipv4() { 32 } else { 128 };
     let done = ipam_netlink::Netlink::open().and_then(|nl| {
         let lo = iface::index("lo").map_err(|e| ipam_netlink::NetlinkError {
@@ -185,9 +334,10 @@ fn set_on_lo(ip: IpAddr, present: bool) {
             nl.delete_address(lo, ip, prefix)
         }
     });
-    if let Err(e) = done {
+    if let Err(e) = &done {
         tracing::warn!(%ip, "cannot {} the service IP on lo: {e}", if present { "add" } else { "remove" });
     }
+    done.is_ok()
 }
 
 /// Raises `net.ipv4.conf.all.arp_ignore` to 1 and `arp_announce` to 2 where they are lower
@@ -217,7 +367,28 @@ fn set_strict_arp() {
 
 #[cfg(test)]
 mod tests {
-    use super::{Holder, Holders};
+    use std::collections::BTreeSet;
+
+    use super::{Holder, Holders, read_record, write_record};
+
+    #[test]
+    fn the_record_of_ips_on_lo_reads_back_whole_and_skips_what_is_not_an_ip() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("service-ips-on-lo");
+        assert!(read_record(&record).is_empty(), "no record: nothing left");
+        let on_lo: BTreeSet<_> = ["198.51.100.7", "2001:db8::7"]
+            .iter()
+            .map(|ip| ip.parse().unwrap())
+            .collect();
+        write_record(&record, &on_lo);
+        assert_eq!(read_record(&record), on_lo);
+        assert!(!record.with_extension("partial").exists());
+        std::fs::write(&record, "198.51.100.8\nnot an address\n\n").unwrap();
+        assert_eq!(
+            read_record(&record),
+            BTreeSet::from(["198.51.100.8".parse().unwrap()])
+        );
+    }
 
     #[test]
     fn an_ip_held_by_both_announcers_stays_until_both_let_go() {

@@ -41,6 +41,10 @@ pub mod map_names {
     /// LRU hash `pod::FlowKey -> u8`: TCP connections opened with this node during a
     /// hand-over, which stay here.
     pub const L2_HANDOVER_FLOWS: &str = "L2_HANDOVER_FLOWS";
+    /// One `u32` at index 0, not 0 while `L2_HANDOVER` may hold a hand-over: the responder
+    /// looks a TCP segment up there only then (an array read the JIT inlines, instead of a
+    /// hash lookup on every segment at rest).
+    pub const L2_HANDOVER_GATE: &str = "L2_HANDOVER_GATE";
     /// `pod address -> PodEndpoint`: the pods of this node and where they live.
     pub const POD_ENDPOINTS: &str = "POD_ENDPOINTS";
     /// Per-CPU counters indexed by `pod::PodStat`.
@@ -77,12 +81,13 @@ pub mod map_layouts {
     }
 
     /// Arrays are indexed by `u32`; counters are `u64` per CPU.
-    pub const ALL: [MapLayout; 10] = [
+    pub const ALL: [MapLayout; 11] = [
         layout::<l2::ResponderKey, l2::L2Announcement>(map_names::L2_RESPONDER),
         layout::<u32, l2::ResponderConfig>(map_names::L2_RESPONDER_CONFIG),
         layout::<u32, u64>(map_names::L2_RESPONDER_STATS),
         layout::<l2::ResponderKey, l2::L2Handover>(map_names::L2_HANDOVER),
         layout::<pod::FlowKey, u8>(map_names::L2_HANDOVER_FLOWS),
+        layout::<u32, u32>(map_names::L2_HANDOVER_GATE),
         layout::<pod::EndpointKey, pod::PodEndpoint>(map_names::POD_ENDPOINTS),
         layout::<u32, u64>(map_names::POD_DATAPATH_STATS),
         layout::<pod::RouteKey, pod::RemoteRoute>(map_names::POD_ROUTES),

@@ -77,6 +77,7 @@ impl Datapath {
             map_names::L2_RESPONDER_STATS,
             map_names::L2_HANDOVER,
             map_names::L2_HANDOVER_FLOWS,
+            map_names::L2_HANDOVER_GATE,
             map_names::POD_ENDPOINTS,
             map_names::POD_DATAPATH_STATS,
             map_names::POD_ROUTES,

@@ -56,8 +56,14 @@ pub struct ResponderMaps {
     config: Array<MapData, ResponderConfig>,
     stats: PerCpuArray<MapData, u64>,
     /// Absent from the pins of a release before hand-overs (read by `from_pins`).
-    handovers: Option<HashMap<MapData, ResponderKey, L2Handover>>,
+    handovers: Option<Handovers>,
     nr_cpus: usize,
+}
+
+/// The hand-overs and their gate (both absent from the pins of releases before them).
+struct Handovers {
+    entries: HashMap<MapData, ResponderKey, L2Handover>,
+    gate: Array<MapData, u32>,
 }
 
 impl ResponderMaps {
@@ -70,7 +76,10 @@ impl ResponderMaps {
             take_checked(ebpf, maps_dir, map_names::L2_RESPONDER)?,
             take_checked(ebpf, maps_dir, map_names::L2_RESPONDER_CONFIG)?,
             take_checked(ebpf, maps_dir, map_names::L2_RESPONDER_STATS)?,
-            Some(take_checked(ebpf, maps_dir, map_names::L2_HANDOVER)?),
+            Some((
+                take_checked(ebpf, maps_dir, map_names::L2_HANDOVER)?,
+                take_checked(ebpf, maps_dir, map_names::L2_HANDOVER_GATE)?,
+            )),
         )
     }
 
@@ -80,7 +89,9 @@ impl ResponderMaps {
             open_pinned(root, map_names::L2_RESPONDER)?,
             open_pinned(root, map_names::L2_RESPONDER_CONFIG)?,
             open_pinned(root, map_names::L2_RESPONDER_STATS)?,
-            open_pinned(root, map_names::L2_HANDOVER).ok(),
+            open_pinned(root, map_names::L2_HANDOVER)
+                .ok()
+                .zip(open_pinned(root, map_names::L2_HANDOVER_GATE).ok()),
         )
     }
 
@@ -88,7 +99,7 @@ impl ResponderMaps {
         announcements: Map,
         config: Map,
         stats: Map,
-        handovers: Option<Map>,
+        handovers: Option<(Map, Map)>,
     ) -> Result<Self, DatapathError> {
         let nr_cpus =
             aya::util::nr_cpus().map_err(|(what, source)| DatapathError::Cpus { what, source })?;
@@ -99,10 +110,7 @@ impl ResponderMaps {
                 .map_err(|e| map_error(map_names::L2_RESPONDER_CONFIG, e))?,
             stats: PerCpuArray::try_from(stats)
                 .map_err(|e| map_error(map_names::L2_RESPONDER_STATS, e))?,
-            handovers: handovers
-                .map(HashMap::try_from)
-                .transpose()
-                .map_err(|e| map_error(map_names::L2_HANDOVER, e))?,
+            handovers: handovers.map(Handovers::try_from).transpose()?,
             nr_cpus,
         })
     }
@@ -157,23 +165,42 @@ impl ResponderMaps {
             _pad: [0; 2],
             until_ns,
         };
-        self.handovers_mut()?
+        let handovers = self.handovers_mut()?;
+        handovers
+            .entries
             .insert(responder_key(ip, ifindex), value, 0)
-            .map_err(|e| map_error(map_names::L2_HANDOVER, e))
+            .map_err(|e| map_error(map_names::L2_HANDOVER, e))?;
+        // Opened after the entry is in: a segment that finds the gate open finds the entry.
+        handovers.set_gate(true)
     }
 
-    /// Ends the hand-over of `ip` on `ifindex`, if any.
+    /// Ends the hand-over of `ip` on `ifindex`, if any; the gate closes with the last one.
     pub fn end_handover(&mut self, ip: IpAddr, ifindex: u32) -> Result<(), DatapathError> {
-        removed_or_absent(self.handovers_mut()?.remove(&responder_key(ip, ifindex)))
-            .map_err(|e| map_error(map_names::L2_HANDOVER, e))
+        let handovers = self.handovers_mut()?;
+        removed_or_absent(handovers.entries.remove(&responder_key(ip, ifindex)))
+            .map_err(|e| map_error(map_names::L2_HANDOVER, e))?;
+        if handovers.entries.keys().next().is_none() {
+            handovers.set_gate(false)?;
+        }
+        Ok(())
     }
 
-    fn handovers_mut(
-        &mut self,
-    ) -> Result<&mut HashMap<MapData, ResponderKey, L2Handover>, DatapathError> {
+    fn handovers_mut(&mut self) -> Result<&mut Handovers, DatapathError> {
         self.handovers.as_mut().ok_or(DatapathError::MissingMap {
             name: map_names::L2_HANDOVER,
         })
+    }
+
+    /// Whether the responder looks TCP segments up in the hand-overs (`false` without them).
+    pub fn handover_gate_open(&self) -> Result<bool, DatapathError> {
+        let Some(handovers) = &self.handovers else {
+            return Ok(false);
+        };
+        let open = handovers
+            .gate
+            .get(&0, 0)
+            .map_err(|e| map_error(map_names::L2_HANDOVER_GATE, e))?;
+        Ok(open != 0)
     }
 
     /// Every announcement with its reply count, sorted by interface then IP.
@@ -265,6 +292,26 @@ pub(super) fn replace_outdated_config(maps_dir: &Path) -> Result<(), DatapathErr
         "liveness gate pinned by an older version: replacing it"
     );
     std::fs::remove_file(&path).map_err(|source| DatapathError::PinDir { path, source })
+}
+
+impl TryFrom<(Map, Map)> for Handovers {
+    type Error = DatapathError;
+
+    fn try_from((entries, gate): (Map, Map)) -> Result<Self, DatapathError> {
+        Ok(Self {
+            entries: HashMap::try_from(entries)
+                .map_err(|e| map_error(map_names::L2_HANDOVER, e))?,
+            gate: Array::try_from(gate).map_err(|e| map_error(map_names::L2_HANDOVER_GATE, e))?,
+        })
+    }
+}
+
+impl Handovers {
+    fn set_gate(&mut self, open: bool) -> Result<(), DatapathError> {
+        self.gate
+            .set(0, u32::from(open), 0)
+            .map_err(|e| map_error(map_names::L2_HANDOVER_GATE, e))
+    }
 }
 
 /// Opens the map `name` pinned under `root` and checks its layout.

@@ -39,6 +39,11 @@ pub fn count(stat: ResponderStat) {
 pub static L2_HANDOVER: LruHashMap<ResponderKey, L2Handover, L2_HANDOVER_CAPACITY> =
     LruHashMap::new();
 
+/// Not 0 while `L2_HANDOVER` may hold a hand-over (the daemon opens it after writing one, and
+/// closes it once it ended the last).
+#[btf_map]
+pub static L2_HANDOVER_GATE: Array<u32, 1> = Array::new();
+
 /// Connections opened with this node during a hand-over, which stay here.
 #[btf_map]
 pub static L2_HANDOVER_FLOWS: LruHashMap<FlowKey, u8, L2_HANDOVER_FLOWS_CAPACITY> =

@@ -408,8 +408,13 @@ fn connections_an_ip_s_old_owner_holds_are_passed_on_to_it() {
             .responder()
             .hand_over(ip, LO, OLD_OWNER, until(10))
             .unwrap();
+        assert!(h.datapath.responder().handover_gate_open().unwrap());
         h.datapath.responder().end_handover(ip, LO).unwrap();
         assert_eq!(h.run(&old), Outcome::Pass, "{ip}: ended");
+        assert!(
+            !h.datapath.responder().handover_gate_open().unwrap(),
+            "{ip}: the last hand-over ended, segments skip the lookup"
+        );
     }
     // A node that does not answer for the IP passes nothing on (the old owner itself).
     let other = IpAddr::V4(OTHER_V4);

@@ -39,14 +39,29 @@ pub async fn run(
     let mut groups = SolicitedNodeGroups::default();
     let mut handing_on = BTreeSet::new();
     let mut handing_over = true;
+    // The hand-overs last written (with the links' generation they were resolved in): most
+    // passes change none, and rewriting them would cost map writes each time.
+    let mut written: Option<(HandedOver, u64)> = None;
     loop {
         let current = wanted.borrow_and_update().clone();
-        let hand_ons = handed_over.borrow_and_update().clone();
-        hand_on(
-            &mut datapath.lock().expect("datapath lock"),
-            &hand_ons,
-            &mut handing_on,
-        );
+        let now = std::time::Instant::now();
+        let hand_ons: HandedOver = handed_over
+            .borrow_and_update()
+            .iter()
+            .filter(|(_, h)| h.until > now)
+            .map(|(k, h)| (k.clone(), *h))
+            .collect();
+        let links = *link_changes.borrow();
+        if written.as_ref() != Some(&(hand_ons.clone(), links)) {
+            let all = hand_on(
+                &mut datapath.lock().expect("datapath lock"),
+                &hand_ons,
+                &mut handing_on,
+            );
+            written = all.then(|| (hand_ons.clone(), links));
+        }
+        // Ended when they run out (the gate closes with the last), not at the next change.
+        let handover_ends = hand_ons.values().map(|h| Instant::from_std(h.until)).min();
         let span = tracing::debug_span!("responder_pass", pairs = current.len());
         let report = span.in_scope(|| {
             announcer::reconcile(&mut datapath.lock().expect("datapath lock"), &current)
@@ -77,6 +92,7 @@ pub async fn run(
                     Err(_) => handing_over = false,
                 },
                 () = sleep_until(retry_at) => break,
+                () = sleep_until(handover_ends) => break,
                 // An interface made anew (or renamed back) gets the responder again at once.
                 changed = link_changes.changed() => if changed.is_ok() { break },
                 () = sleep_until(repeats.next_due()) => repeats.send_due(),
@@ -87,16 +103,22 @@ pub async fn run(
 
 /// Writes the hand-overs to the datapath and ends those no longer wanted (`handing_on`: the
 /// (IP, ifindex) pairs written before). An error costs the connections of that one IP at
-/// worst; it is said and the rest go on.
-fn hand_on(datapath: &mut Datapath, wanted: &HandedOver, handing_on: &mut BTreeSet<(IpAddr, u32)>) {
+/// worst; it is said and the rest go on. Whether every one was written.
+fn hand_on(
+    datapath: &mut Datapath,
+    wanted: &HandedOver,
+    handing_on: &mut BTreeSet<(IpAddr, u32)>,
+) -> bool {
     let now = std::time::Instant::now();
     let monotonic_now = ipam_datapath::clock::monotonic_ns();
     let mut written = BTreeSet::new();
+    let mut all = true;
     for ((ip, interface), hand_on) in wanted {
         let Some(left) = hand_on.until.checked_duration_since(now) else {
             continue;
         };
         let Ok(ifindex) = iface::index(interface) else {
+            all = false;
             continue;
         };
         let until_ns = monotonic_now + left.as_nanos() as u64;
@@ -107,19 +129,24 @@ fn hand_on(datapath: &mut Datapath, wanted: &HandedOver, handing_on: &mut BTreeS
             Ok(()) => {
                 written.insert((*ip, ifindex));
             }
-            Err(e) => tracing::warn!(
-                %ip,
-                interface = interface.as_str(),
-                "connections the old owner holds are not passed on to it: {e}"
-            ),
+            Err(e) => {
+                all = false;
+                tracing::warn!(
+                    %ip,
+                    interface = interface.as_str(),
+                    "connections the old owner holds are not passed on to it: {e}"
+                );
+            }
         }
     }
     for &(ip, ifindex) in handing_on.difference(&written) {
         if let Err(e) = datapath.responder().end_handover(ip, ifindex) {
+            all = false;
             tracing::debug!(%ip, ifindex, "ending a hand-over: {e}");
         }
     }
     *handing_on = written;
+    all
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -14,7 +14,7 @@ use ipam_common::{ipv4_mapped, l2::ResponderKey, pod::FlowKey};
 
 use super::Verdict;
 use crate::{
-    maps::{L2_HANDOVER, L2_HANDOVER_FLOWS, L2_RESPONDER},
+    maps::{L2_HANDOVER, L2_HANDOVER_FLOWS, L2_HANDOVER_GATE, L2_RESPONDER},
     packet::{ETH_HLEN, EthHdr, Frame, IPV6_HLEN, Ipv4Hdr, Ipv6Hdr, is_group_mac},
 };
 
@@ -46,9 +46,14 @@ pub fn ipv4(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
         return Verdict::Pass;
     }
     let key = ResponderKey::v4(ip.dst_addr, ifindex);
-    let flow = flow(ipv4_mapped(ip.src_addr), key.addr);
     let header_len = usize::from(ip.vihl & 0x0f) << 2;
-    hand_on(frame, eth, key, flow, ETH_HLEN + header_len)
+    hand_on(
+        frame,
+        eth,
+        key,
+        ipv4_mapped(ip.src_addr),
+        ETH_HLEN + header_len,
+    )
 }
 
 /// An IPv6 frame whose next header is TCP (no extension headers): as [`ipv4`].
@@ -63,17 +68,17 @@ pub fn ipv6(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
         return Verdict::Pass;
     }
     let key = ResponderKey::v6(ip6.dst_addr, ifindex);
-    let flow = flow(ip6.src_addr, key.addr);
-    hand_on(frame, eth, key, flow, ETH_HLEN + IPV6_HLEN)
+    hand_on(frame, eth, key, ip6.src_addr, ETH_HLEN + IPV6_HLEN)
 }
 
+/// The connection a segment from `src` to `key`'s IP belongs to.
 #[inline(always)]
-fn flow(src: [u8; 16], dst: [u8; 16]) -> FlowKey {
+fn flow(src: [u8; 16], key: &ResponderKey, tcp: &TcpStart) -> FlowKey {
     FlowKey {
         src,
-        dst,
-        src_port: [0; 2],
-        dst_port: [0; 2],
+        dst: key.addr,
+        src_port: tcp.ports[0],
+        dst_port: tcp.ports[1],
         proto: IPPROTO_TCP,
         _pad: [0; 3],
     }
@@ -84,7 +89,7 @@ fn hand_on(
     frame: &mut Frame,
     eth: *mut EthHdr,
     key: ResponderKey,
-    mut flow: FlowKey,
+    src: [u8; 16],
     tcp_at: usize,
 ) -> Verdict {
     let Some(tcp) = frame.ptr_at::<TcpStart>(tcp_at) else {
@@ -92,17 +97,22 @@ fn hand_on(
     };
     // SAFETY: `ptr_at` checked that the header lies within the frame.
     let tcp = unsafe { &*tcp };
-    flow.src_port = tcp.ports[0];
-    flow.dst_port = tcp.ports[1];
+    let handing_over = handovers_may_run();
     if tcp.flags & (TCP_SYN | TCP_ACK) == TCP_SYN {
+        let flow = flow(src, &key, tcp);
         // A connection opened with this node: it stays here. A full table forgets the
         // least recently used, so the insert cannot fail for room.
-        if L2_RESPONDER.get_ptr(key).is_some() || L2_HANDOVER.get_ptr(key).is_some() {
+        if L2_RESPONDER.get_ptr(key).is_some()
+            || (handing_over && L2_HANDOVER.get_ptr(key).is_some())
+        {
             let _ = L2_HANDOVER_FLOWS.insert(flow, 1u8, 0);
         }
         return Verdict::Pass;
     }
-    // Every other segment costs this one lookup when no hand-over runs.
+    // At rest every other segment costs the gate's read alone.
+    if !handing_over {
+        return Verdict::Pass;
+    }
     // SAFETY: the value is copied out at once.
     let Some(handover) = (unsafe { L2_HANDOVER.get(key) }).copied() else {
         return Verdict::Pass;
@@ -114,7 +124,7 @@ fn hand_on(
         return Verdict::Pass;
     }
     // SAFETY: only whether it is there is read.
-    if unsafe { L2_HANDOVER_FLOWS.get(flow) }.is_some() {
+    if unsafe { L2_HANDOVER_FLOWS.get(flow(src, &key, tcp)) }.is_some() {
         return Verdict::Pass;
     }
     // SAFETY: the caller's header pointer, checked by `ptr_at`.
@@ -126,4 +136,11 @@ fn hand_on(
     eth.src_addr = eth.dst_addr;
     eth.dst_addr = handover.mac;
     Verdict::HandOn
+}
+
+/// Whether a hand-over may run (`L2_HANDOVER_GATE`): a read of an array's one element, which
+/// the JIT inlines, where a hash lookup of the segment's IP costs tens of nanoseconds.
+#[inline(always)]
+fn handovers_may_run() -> bool {
+    L2_HANDOVER_GATE.get(0).is_some_and(|open| *open != 0)
 }

@@ -67,7 +67,7 @@ fn main() {
     println!("  request for an IP not announced (parse + lookup, passed): {miss_ns:.1} ns");
     println!("  non-ARP frame, passed at the first check (timer floor): {floor_ns:.1} ns");
     println!(
-        "  TCP segment to the announced IP, no hand-over (parse + one lookup, passed): \
+        "  TCP segment to the announced IP, no hand-over (parse + the gate, passed): \
          {tcp_ns:.1} ns ({:.1} ns above the floor)",
         tcp_ns - floor_ns
     );

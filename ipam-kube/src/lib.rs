@@ -18,6 +18,7 @@ pub mod store;
 pub mod test_api;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod workload;
 
 pub use endpoint_slices::SERVICE_NAME_LABEL;
 pub use service::{

@@ -219,6 +219,21 @@ impl AgentNode {
         )
     }
 
+    /// As `start`, as the DaemonSet's pod `namespace/name` (the downward API's `POD_NAMESPACE`
+    /// and `POD_NAME`).
+    pub fn start_as_pod(&self, config: &TempFile, namespace: &str, name: &str) -> Daemon {
+        Daemon::start_in(
+            &self.ns,
+            &config.0,
+            &["--role", "agent"],
+            &[
+                ("KUBECONFIG", &self.kubeconfig.0),
+                ("POD_NAMESPACE", std::path::Path::new(namespace)),
+                ("POD_NAME", std::path::Path::new(name)),
+            ],
+        )
+    }
+
     /// A request to the agent's local API, as `ipam-cni` makes it.
     pub fn call(&self, request: &Request) -> Response {
         ipam_api::client::call(

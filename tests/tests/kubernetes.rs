@@ -1368,15 +1368,21 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     .await;
 
     // A rolling restart of the three agents, as the DaemonSet's rollout goes: each stop is a
-    // restart (`auto`, no node drained), the IP stays with its owner and every request is
-    // answered by it alone; each next agent ends its node's restart notice.
+    // restart (`auto`, no node drained, the DaemonSet still there), the IP stays with its owner
+    // and every request is answered by it alone; each next agent ends its node's restart
+    // notice. The next agents run as the DaemonSet's pods (`POD_NAME`, `POD_NAMESPACE`).
+    let agent_pods = AgentPods::create(&api, &names).await;
     let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
     for i in 0..nodes.len() {
         let stopping = agents.lock().unwrap()[i].take().expect("the agent runs");
         // Its stop writes the notice through the API server, which runs on this runtime too.
         tokio::task::block_in_place(|| stopping.terminate());
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        agents.lock().unwrap()[i] = Some(nodes[i].0.start(&nodes[i].1));
+        agents.lock().unwrap()[i] = Some(nodes[i].0.start_as_pod(
+            &nodes[i].1,
+            SYSTEM,
+            &agent_pods.pod(i),
+        ));
         wait_for(
             &format!("{}'s next agent to end its restart notice", names[i]),
             async || {
@@ -1399,6 +1405,57 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         wrong.iter().take(10).collect::<Vec<_>>(),
         logs()
     );
+
+    // An agent that runs as the DaemonSet's pod stops as for a restart while the DaemonSet is
+    // there (a rollout)...
+    let leaving = (owner + 1) % names.len();
+    let stopping = agents.lock().unwrap()[leaving]
+        .take()
+        .expect("the agent runs");
+    let log = tokio::task::block_in_place(|| stopping.terminate());
+    assert!(
+        log.contains("on_stop = \"auto\": the node may announce: stopping as for a restart"),
+        "{}'s agent took a rollout's stop for something else:\n{log}",
+        names[leaving]
+    );
+    agents.lock().unwrap()[leaving] = Some(nodes[leaving].0.start_as_pod(
+        &nodes[leaving].1,
+        SYSTEM,
+        &agent_pods.pod(leaving),
+    ));
+    wait_for(
+        &format!("{}'s next agent to end its restart notice", names[leaving]),
+        async || {
+            let record = store.get_typed::<NodeIpam>(names[leaving]).await.ok()??;
+            record.value.spec.restarting.is_none().then_some(())
+        },
+        &logs,
+    )
+    .await;
+    // ...and as for a leave once it is deleted, an uninstall (no restart notice, the IPs
+    // handed over at once): the DaemonSet alone tells the two apart.
+    agent_pods.delete_daemon_set().await;
+    let stopping = agents.lock().unwrap()[leaving]
+        .take()
+        .expect("the agent runs");
+    let log = tokio::task::block_in_place(|| stopping.terminate());
+    assert!(
+        log.contains(&format!(
+            "DaemonSet {SYSTEM}/ipam-agent is gone: an uninstall: stopping as for a leave"
+        )),
+        "{}'s agent did not take its stop for an uninstall:\n{log}",
+        names[leaving]
+    );
+    let record = store
+        .get_typed::<NodeIpam>(names[leaving])
+        .await
+        .unwrap()
+        .expect("the record");
+    assert_eq!(
+        record.value.spec.restarting, None,
+        "an uninstall promises no return"
+    );
+    agents.lock().unwrap()[leaving] = Some(nodes[leaving].0.start(&nodes[leaving].1));
 
     let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
     let killed = agents.lock().unwrap()[owner].take();
@@ -1872,5 +1929,80 @@ async fn assert_pods_ready(pods: &kube::Api<Pod>, nodes: &[&str], dead: &[usize]
             ready.status, "True",
             "the pod of live node {node} was set not ready: {ready:?}"
         );
+    }
+}
+
+/// Where deploy/ runs the project (the agents' DaemonSet and its pods).
+const SYSTEM: &str = "ipam-system";
+
+/// The agents' DaemonSet and its pods, one per node, as a cluster holds them (no controller
+/// runs here to make them): what an agent reads at a stop with `on_stop = "auto"`.
+struct AgentPods {
+    client: kube::Client,
+    names: Vec<String>,
+}
+
+impl AgentPods {
+    async fn create(api: &TestApi, nodes: &[&str]) -> Self {
+        use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::Pod};
+        let client = api.client().await;
+        let template = serde_json::json!({
+            "metadata": { "labels": { "app": "ipam-agent" } },
+            "spec": { "containers": [{ "name": "agent", "image": "ipam-ebpf" }] },
+        });
+        let daemon_set: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "ipam-agent", "namespace": SYSTEM },
+            "spec": {
+                "selector": { "matchLabels": { "app": "ipam-agent" } },
+                "template": template,
+            },
+        }))
+        .unwrap();
+        let daemon_sets: kube::Api<DaemonSet> = kube::Api::namespaced(client.clone(), SYSTEM);
+        let created = daemon_sets
+            .create(&kube::api::PostParams::default(), &daemon_set)
+            .await
+            .expect("create the agents' DaemonSet");
+        let uid = created.metadata.uid.expect("a DaemonSet's uid");
+        let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), SYSTEM);
+        let mut names = Vec::new();
+        for node in nodes {
+            let name = format!("ipam-agent-{node}");
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {
+                    "name": name,
+                    "namespace": SYSTEM,
+                    "labels": { "app": "ipam-agent" },
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ipam-agent",
+                        "uid": uid, "controller": true,
+                    }],
+                },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{ "name": "agent", "image": "ipam-ebpf" }],
+                },
+            }))
+            .unwrap();
+            pods.create(&kube::api::PostParams::default(), &pod)
+                .await
+                .expect("create an agent's pod");
+            names.push(name);
+        }
+        Self { client, names }
+    }
+
+    /// The pod of the agent on the `i`th node.
+    fn pod(&self, i: usize) -> String {
+        self.names[i].clone()
+    }
+
+    async fn delete_daemon_set(&self) {
+        let daemon_sets: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
+            kube::Api::namespaced(self.client.clone(), SYSTEM);
+        daemon_sets
+            .delete("ipam-agent", &kube::api::DeleteParams::default())
+            .await
+            .expect("delete the agents' DaemonSet");
     }
 }

@@ -316,8 +316,9 @@ impl NodeControllers {
     }
 
     /// What this stop is (`[node] on_stop`); for `auto`, a leave when the node's record says it
-    /// may not announce or is gone, a restart otherwise (and when the record cannot be read in
-    /// time: a restart's promise needs the store, and falls back to a leave without it).
+    /// may not announce or is gone, or (on Kubernetes) when the agent's DaemonSet is gone or
+    /// being deleted (an uninstall); a restart otherwise (and when they cannot be read in time:
+    /// a restart's promise needs the store, and falls back to a leave without it).
     async fn this_stop(&self, config: &Config) -> OnStop {
         let on_stop = config.node.on_stop;
         let (OnStop::Auto, Some(store)) = (on_stop, &self.store) else {
@@ -335,7 +336,10 @@ impl NodeControllers {
         )
         .await;
         let excluded = match read {
-            Ok(Ok(Some(record))) => record.value.spec.announcing.excluded,
+            Ok(Ok(Some(record))) => match record.value.spec.announcing.excluded {
+                Some(why) => Some(format!("the node may not announce ({why})")),
+                None => uninstalling(store).await,
+            },
             Ok(Ok(None)) => Some(format!("node {node}'s record is gone")),
             Ok(Err(e)) => {
                 tracing::warn!(
@@ -352,9 +356,7 @@ impl NodeControllers {
         };
         let resolved = on_stop.resolve(excluded.as_deref());
         match &excluded {
-            Some(why) => tracing::info!(
-                "on_stop = \"auto\": the node may not announce ({why}): stopping as for a leave"
-            ),
+            Some(why) => tracing::info!("on_stop = \"auto\": {why}: stopping as for a leave"),
             None => tracing::info!(
                 "on_stop = \"auto\": the node may announce: stopping as for a restart"
             ),
@@ -750,6 +752,41 @@ fn start_cluster_side(
     ClusterSide {
         fence: Some(fence),
         owned: Some(owned),
+    }
+}
+
+/// On Kubernetes, why this stop is an uninstall (the agent's DaemonSet gone or being deleted),
+/// if it is; `None` for a rollout, off Kubernetes, or when it cannot be told (said in the log:
+/// `auto` then stops as for a restart, as before).
+async fn uninstalling(store: &ClusterStore) -> Option<String> {
+    let kube = store.kube()?;
+    let Some(pod) = ipam_kube::workload::OwnPod::from_env() else {
+        tracing::info!(
+            "on_stop = \"auto\": POD_NAME and POD_NAMESPACE are not set (deploy/ sets them from \
+             the downward API), so an uninstall cannot be told from a rollout"
+        );
+        return None;
+    };
+    match tokio::time::timeout(Duration::from_secs(2), kube.daemon_set_going(&pod)).await {
+        Ok(Ok(going)) => going.map(|why| format!("{why}: an uninstall")),
+        Ok(Err(e)) => {
+            tracing::warn!(
+                "on_stop = \"auto\": cannot read pod {}/{} or its DaemonSet ({e}); taking this \
+                 stop for a rollout's",
+                pod.namespace,
+                pod.name
+            );
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                "on_stop = \"auto\": pod {}/{} or its DaemonSet not read within 2 s; taking \
+                 this stop for a rollout's",
+                pod.namespace,
+                pod.name
+            );
+            None
+        }
     }
 }
 

@@ -558,23 +558,22 @@ impl ClusterNode {
 
     /// Stops the node's agent cleanly (SIGTERM) and waits until it is gone.
     pub fn stop(&mut self) {
-        let name = &self.name;
-        let log = self
-            .daemon
-            .take()
-            .unwrap_or_else(|| panic!("{name}'s agent is not running"))
-            .terminate();
-        self.keep_log(&log);
+        self.end_agent(Daemon::terminate);
     }
 
     /// Kills the node's agent (SIGKILL) and waits until it is gone.
     pub fn kill(&mut self) {
+        self.end_agent(Daemon::kill);
+    }
+
+    /// Ends the node's agent with `end`, keeping its log for `log()`.
+    fn end_agent(&mut self, end: impl FnOnce(Daemon) -> String) {
         let name = &self.name;
-        let log = self
+        let daemon = self
             .daemon
             .take()
-            .unwrap_or_else(|| panic!("{name}'s agent is not running"))
-            .kill();
+            .unwrap_or_else(|| panic!("{name}'s agent is not running"));
+        let log = end(daemon);
         self.keep_log(&log);
     }
 

@@ -1372,17 +1372,10 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     // and every request is answered by it alone; each next agent ends its node's restart
     // notice. The next agents run as the DaemonSet's pods (`POD_NAME`, `POD_NAMESPACE`).
     let agent_pods = AgentPods::create(&api, &names).await;
-    let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
-    for i in 0..nodes.len() {
-        let stopping = agents.lock().unwrap()[i].take().expect("the agent runs");
-        // Its stop writes the notice through the API server, which runs on this runtime too.
-        tokio::task::block_in_place(|| stopping.terminate());
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        agents.lock().unwrap()[i] = Some(nodes[i].0.start_as_pod(
-            &nodes[i].1,
-            SYSTEM,
-            &agent_pods.pod(i),
-        ));
+    // The next agent on node `i`, as the DaemonSet's pod, once it has ended its restart notice.
+    let next_agent_as_pod = async |i: usize| {
+        let pod = agent_pods.pod(i);
+        agents.lock().unwrap()[i] = Some(nodes[i].0.start_as_pod(&nodes[i].1, SYSTEM, &pod));
         wait_for(
             &format!("{}'s next agent to end its restart notice", names[i]),
             async || {
@@ -1392,6 +1385,14 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
             &logs,
         )
         .await;
+    };
+    let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
+    for i in 0..nodes.len() {
+        let stopping = agents.lock().unwrap()[i].take().expect("the agent runs");
+        // Its stop writes the notice through the API server, which runs on this runtime too.
+        tokio::task::block_in_place(|| stopping.terminate());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        next_agent_as_pod(i).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let samples = watch.stop();
@@ -1418,20 +1419,7 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         "{}'s agent took a rollout's stop for something else:\n{log}",
         names[leaving]
     );
-    agents.lock().unwrap()[leaving] = Some(nodes[leaving].0.start_as_pod(
-        &nodes[leaving].1,
-        SYSTEM,
-        &agent_pods.pod(leaving),
-    ));
-    wait_for(
-        &format!("{}'s next agent to end its restart notice", names[leaving]),
-        async || {
-            let record = store.get_typed::<NodeIpam>(names[leaving]).await.ok()??;
-            record.value.spec.restarting.is_none().then_some(())
-        },
-        &logs,
-    )
-    .await;
+    next_agent_as_pod(leaving).await;
     // ...and as for a leave once it is deleted, an uninstall (no restart notice, the IPs
     // handed over at once): the DaemonSet alone tells the two apart.
     agent_pods.delete_daemon_set().await;

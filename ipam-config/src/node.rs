@@ -1,6 +1,10 @@
 //! `[node]`: who this node is, and `[node.announce]`: when it may announce Service IPs.
 
-use std::{collections::BTreeMap, net::IpAddr, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
 
 use serde::Deserialize;
 
@@ -55,6 +59,15 @@ impl NodeSettings {
     pub fn restart_within(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.restart_within_ms)
     }
+
+    /// The file `name` in the node's private directory, beside the API socket: what one agent
+    /// leaves for the next (the restart promise, the Service IPs it put on `lo`).
+    pub fn private_file(&self, name: &str) -> PathBuf {
+        self.socket
+            .parent()
+            .unwrap_or(Path::new("/run/ipam"))
+            .join(name)
+    }
 }
 
 /// What a stop of the agent means (`[node] on_stop`). The agent cannot tell an upgrade from an
@@ -77,9 +90,10 @@ pub enum OnStop {
     Restart,
     /// A restart, unless the node may not announce when its agent stops (its record's
     /// `spec.announcing.excluded`: the exclusion label, or a cordoned, NotReady or
-    /// network-unavailable Node as `[node.announce]` says) or its record is gone: then a
-    /// leave. So a DaemonSet rollout restarts, and a node drained by the exclusion label (or
-    /// cordoned, with `exclude_cordoned`) before its agent stops leaves.
+    /// network-unavailable Node as `[node.announce]` says), or its record is gone, or (on
+    /// Kubernetes) the agent's DaemonSet is gone or being deleted: then a leave. So a
+    /// DaemonSet rollout restarts, and a node drained by the exclusion label (or cordoned,
+    /// with `exclude_cordoned`) before its agent stops, or an uninstall, leaves.
     Auto,
 }
 

@@ -63,7 +63,7 @@ pub(super) async fn run(
     // After a stop for a restart whose promise still runs, the responders answer on until the
     // deadline the agent before left, and what they answer is this agent's to start from.
     let restarting =
-        liveness::restart::promise_runs(&liveness::restart::promise_file(&config.node.socket));
+        liveness::restart::promise_runs(&config.node.private_file(liveness::restart::PROMISE_FILE));
     let datapath = open_datapath(&config, role, &observed, restarting)?;
     let mut node =
         NodeControllers::start(&config, role, datapath.clone(), observed, restarting).await?;
@@ -218,7 +218,9 @@ impl NodeControllers {
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
         let local_addresses = LocalAddresses::start(
             config.node.announce.strict_arp,
-            crate::net::local_address::record_file(&config.node.socket),
+            config
+                .node
+                .private_file(crate::net::local_address::RECORD_FILE),
         );
         if !config.announcements.is_empty() {
             local_addresses.ensure_strict_arp();
@@ -372,7 +374,7 @@ impl NodeControllers {
         };
         self.heartbeat.abort();
         let _ = (&mut self.heartbeat).await;
-        let file = liveness::restart::promise_file(&config.node.socket);
+        let file = config.node.private_file(liveness::restart::PROMISE_FILE);
         let promised = liveness::restart::Promise {
             store,
             node: &config.node.name,

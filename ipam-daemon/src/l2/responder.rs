@@ -52,7 +52,10 @@ pub async fn run(
             .map(|(k, h)| (k.clone(), *h))
             .collect();
         let links = *link_changes.borrow();
-        if written.as_ref() != Some(&(hand_ons.clone(), links)) {
+        if written
+            .as_ref()
+            .is_none_or(|(before, at)| *before != hand_ons || *at != links)
+        {
             let all = hand_on(
                 &mut datapath.lock().expect("datapath lock"),
                 &hand_ons,

@@ -24,7 +24,7 @@
 //! answers them too: two MACs for one IP. An open fence means the others hear this agent.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     sync::Mutex,
     time::{Duration, SystemTime},
 };
@@ -44,15 +44,10 @@ const ATTEMPTS: usize = 3;
 /// The longest wait between attempts at ending a notice the store did not take.
 const RETRY_CAP: Duration = Duration::from_secs(5);
 
-/// Where a stopping agent leaves the end of its promise for the next one, beside the API
-/// socket (the node's private directory). In CLOCK_MONOTONIC nanoseconds, the same clock for
-/// every process of the host.
-pub fn promise_file(socket: &Path) -> PathBuf {
-    socket
-        .parent()
-        .unwrap_or(Path::new("/run/ipam"))
-        .join("restart-promise")
-}
+/// Where a stopping agent leaves the end of its promise for the next one, in the node's
+/// private directory (`NodeSettings::private_file`). In CLOCK_MONOTONIC nanoseconds, the same
+/// clock for every process of the host.
+pub const PROMISE_FILE: &str = "restart-promise";
 
 /// At the start: whether the agent before this one stopped for a restart and its promise still
 /// runs (its responders still answer: this agent takes up what they answer without a wait).

@@ -67,23 +67,20 @@ struct Shared {
     strict_arp_set: bool,
     /// The IPs an agent before this one put on `lo`, until they are swept.
     left: BTreeSet<IpAddr>,
-    /// The announcers that run and have not decided yet; `None` until all are named.
+    /// The announcers that run and have not decided yet.
     undecided: BTreeSet<Holder>,
+    /// Whether every announcer that runs was named (`expected_all`): until then an empty
+    /// `undecided` does not mean they all decided.
     all_named: bool,
 }
 
-/// Where the IPs this agent put on `lo` are recorded for the next one: beside the API socket,
-/// in the node's own directory (like the restart promise).
-pub fn record_file(socket: &Path) -> PathBuf {
-    socket
-        .parent()
-        .unwrap_or(Path::new("/run/ipam"))
-        .join("service-ips-on-lo")
-}
+/// Where the IPs this agent put on `lo` are recorded for the next one, in the node's private
+/// directory (`NodeSettings::private_file`), beside the restart promise.
+pub const RECORD_FILE: &str = "service-ips-on-lo";
 
 impl LocalAddresses {
     /// The set, empty; with `strict_arp` the first IP added sets the strict-ARP sysctls. The
-    /// IPs put on `lo` are recorded in `record` (`record_file`), and those an agent before
+    /// IPs put on `lo` are recorded in `record` (`RECORD_FILE`), and those an agent before
     /// left there are read from it, to be swept.
     pub fn start(strict_arp: bool, record: PathBuf) -> Self {
         let left = read_record(&record);

@@ -95,6 +95,11 @@ impl Contact {
         }
     }
 
+    /// When another member was last heard from (`None`: never).
+    pub fn last_heard(&self) -> Option<Duration> {
+        self.last_heard
+    }
+
     /// How long ago another member was last heard from (`None`: never).
     pub fn heard_ago(&self, now: Duration) -> Option<Duration> {
         self.last_heard.map(|at| now.saturating_sub(at))
@@ -143,6 +148,45 @@ pub struct Fence {
     /// Silent while more probes failed than were answered within this window, of at least two
     /// different members.
     pub window: Duration,
+}
+
+/// The quiet rule seen from a healthy member: one that has heard nothing for `after` asks two
+/// members it holds alive for an answer, and again every `again` while the silence lasts, until
+/// `until` (the fence's `quiet`) has passed.
+///
+/// A member hears an answer to its own probe every probe period, and others' probes besides, so
+/// at rest its silences stay under a period and it never says hello. It goes longer without a
+/// word when its probe went to a member that no longer answers: with three members and one
+/// just stopped, the two left hear each other only through their probes of each other (every
+/// other period each) and through the indirect probes of the silent one, and when their phases
+/// line up the silence reached 400 ms, past `quiet`: a healthy node's fence closed. A hello is
+/// answered within a round trip (foca's announce, answered with a feed), so a member that can
+/// reach anyone is heard from before `quiet`; one cut off gets no answer and goes silent as
+/// before. Nothing is said once `quiet` has passed: then the probes do the asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    pub after: Duration,
+    pub again: Duration,
+    pub until: Duration,
+}
+
+impl Hello {
+    /// When the next hello is due, given when another member was last heard from and when this
+    /// member last said hello; `None` while it has never heard anyone (joining is another
+    /// matter) or once the silence has outlasted `until`.
+    pub fn next_at(
+        &self,
+        last_heard: Option<Duration>,
+        last_hello: Option<Duration>,
+    ) -> Option<Duration> {
+        let heard = last_heard?;
+        let at = match last_hello {
+            Some(said) if said >= heard && self.again.is_zero() => return None,
+            Some(said) if said >= heard => said + self.again,
+            _ => heard + self.after,
+        };
+        (at < heard + self.until).then_some(at)
+    }
 }
 
 /// The cluster as one member sees it, itself included: how many members there are (from the
@@ -360,6 +404,31 @@ mod tests {
                 failed: 1,
                 unanswering: 1
             }
+        );
+    }
+
+    #[test]
+    fn a_silent_member_says_hello_twice_before_the_quiet_rule_would_close_its_fence() {
+        let hello = Hello {
+            after: ms(230),
+            again: ms(60),
+            until: ms(350),
+        };
+        assert_eq!(hello.next_at(None, None), None, "never heard: joining");
+        assert_eq!(hello.next_at(Some(ms(1000)), None), Some(ms(1230)));
+        assert_eq!(
+            hello.next_at(Some(ms(1000)), Some(ms(900))),
+            Some(ms(1230)),
+            "a hello of an earlier silence"
+        );
+        assert_eq!(
+            hello.next_at(Some(ms(1000)), Some(ms(1230))),
+            Some(ms(1290))
+        );
+        assert_eq!(
+            hello.next_at(Some(ms(1000)), Some(ms(1290))),
+            None,
+            "past quiet the probes do the asking"
         );
     }
 

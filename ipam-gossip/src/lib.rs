@@ -29,7 +29,7 @@ pub mod sim;
 mod timers;
 pub mod timing;
 
-pub use contact::{Contact, Fence, Latch, Probes, Silenced, View};
+pub use contact::{Contact, Fence, Hello, Latch, Probes, Silenced, View};
 pub use envelope::{Dropped, KeyError, Keyring};
 pub use foca::State;
 pub use identity::PeerId;

@@ -13,7 +13,7 @@ use rand::{SeedableRng, rngs::StdRng};
 
 use crate::{
     PeerId,
-    contact::Contact,
+    contact::{Contact, Hello},
     envelope::{Dropped, Envelope, Keyring},
     timers::Timers,
 };
@@ -64,6 +64,8 @@ pub struct Stats {
     pub dropped: [u64; Dropped::ALL.len()],
     /// Probes that went unanswered, each making this member suspect the probed peer.
     pub suspicions: u64,
+    /// Hellos said after a silence (see [`Hello`]).
+    pub hellos: u64,
 }
 
 impl Stats {
@@ -76,6 +78,8 @@ impl Stats {
 /// choices (a fixed one makes a simulation repeat exactly).
 pub struct Settings {
     pub protocol: foca::Config,
+    /// When a member that has heard nothing asks a live member for an answer.
+    pub hello: Hello,
     pub seed: Option<u64>,
 }
 
@@ -83,6 +87,7 @@ impl Settings {
     pub fn new(timing: &crate::Timing, cluster_size: usize) -> Self {
         Self {
             protocol: timing.protocol(cluster_size),
+            hello: timing.hello(),
             seed: None,
         }
     }
@@ -90,6 +95,9 @@ impl Settings {
 
 /// Members a rejoined member announces itself to; any one answering is enough.
 const GREETINGS_AFTER_REJOIN: usize = 8;
+
+/// Members one hello goes to: any one answering is enough, two make a lost packet matter less.
+const HELLO_FANOUT: usize = 2;
 
 type Protocol = Foca<PeerId, PostcardCodec, StdRng, NoCustomBroadcast>;
 
@@ -100,6 +108,8 @@ pub struct Peer {
     collected: Collected,
     stats: Stats,
     contact: Contact,
+    hello: Hello,
+    last_hello: Option<Duration>,
 }
 
 /// What calls left for the driver.
@@ -122,6 +132,8 @@ impl Peer {
             collected: Collected::default(),
             stats: Stats::default(),
             contact: Contact::default(),
+            hello: settings.hello,
+            last_hello: None,
         }
     }
 
@@ -220,7 +232,41 @@ impl Peer {
             // Timer errors are about sending (oversized data), which foca's own messages are not.
             let _ = protocol.handle_timer(timer, &mut sink);
         }
+        self.say_hello_if_silent(now);
         self.gossip_news(now);
+    }
+
+    /// When this member is due to say hello next, if it is silent long enough.
+    fn next_hello(&self) -> Option<Duration> {
+        self.hello
+            .next_at(self.contact.last_heard(), self.last_hello)
+    }
+
+    /// Asks members held alive for an answer when nothing was heard for a while (see
+    /// [`Hello`]), taking the next ones in turn each time so that a second hello goes elsewhere
+    /// when it can.
+    fn say_hello_if_silent(&mut self, now: Now) {
+        if self.next_hello().is_none_or(|at| at > now.monotonic) {
+            return;
+        }
+        self.last_hello = Some(now.monotonic);
+        let alive = || {
+            self.protocol
+                .iter_membership_state()
+                .filter(|m| m.state() == State::Alive)
+                .map(|m| *m.id())
+        };
+        let count = alive().count();
+        let first = self.stats.hellos as usize;
+        let to: Vec<PeerId> = (0..HELLO_FANOUT.min(count))
+            .filter_map(|i| alive().nth((first + i) % count))
+            .collect();
+        let (protocol, mut sink) = self.split(now);
+        for member in to {
+            // Only an oversized message fails to be sent; an announce never is one.
+            let _ = protocol.announce(member, &mut sink);
+            sink.stats.hellos += 1;
+        }
     }
 
     /// Whether foca has changes to pass on.
@@ -258,7 +304,10 @@ impl Peer {
 
     /// When [`Peer::advance`] next has work.
     pub fn next_deadline(&self) -> Option<Duration> {
-        self.timers.next_at()
+        match (self.timers.next_at(), self.next_hello()) {
+            (Some(timer), Some(hello)) => Some(timer.min(hello)),
+            (timer, hello) => timer.or(hello),
+        }
     }
 
     pub fn take_outgoing(&mut self) -> Vec<Outgoing> {

@@ -132,6 +132,7 @@ impl Simulation {
             protocol: self
                 .timing
                 .protocol(self.members.capacity().max(self.members.len())),
+            hello: self.timing.hello(),
             seed: Some(self.seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         };
         Peer::new(id, settings, self.keyring.clone())

@@ -110,6 +110,20 @@ impl Timing {
         self.suspect_to_down + self.takeover_hold
     }
 
+    /// When a member that has heard nothing says hello ([`crate::Hello`]): once silent for
+    /// a probe period and a round trip's wait (longer than any silence at rest, where an
+    /// answer to its own probe comes every period), and again halfway to `fence_quiet`, so
+    /// that one lost hello or answer does not close a healthy member's fence. With the
+    /// defaults: at 230 and 290 ms, the fence's quiet rule at 350.
+    pub fn hello(&self) -> crate::Hello {
+        let after = (self.probe_period + self.probe_rtt).min(self.fence_quiet * 2 / 3);
+        crate::Hello {
+            after,
+            again: self.fence_quiet.saturating_sub(after) / 2,
+            until: self.fence_quiet,
+        }
+    }
+
     /// How long before anyone may take a silent member's IPs over, minus how long before that
     /// member has gone silent: no one declares a member dead before its suspicion runs out nor
     /// answers for it before the takeover hold has passed, and a member cut off is silent once

@@ -32,6 +32,11 @@ fn a_quiet_cluster_suspects_no_one_and_its_traffic_does_not_grow_with_its_size()
         sim.run_for(secs(10.0));
         assert_eq!(sim.suspicions_since(Duration::ZERO), 0);
         assert!(sim.deaths_since(Duration::ZERO).is_empty());
+        let hellos: u64 = (0..size).map(|m| sim.peer(m).unwrap().stats().hellos).sum();
+        assert_eq!(
+            hellos, 0,
+            "an answer to its own probe every period: no silence at rest"
+        );
         per_member.push(sim.traffic().bytes as f64 / size as f64 / 10.0);
     }
     let (small, large) = (per_member[0], per_member[1]);
@@ -233,9 +238,9 @@ fn an_owner_on_a_lossy_slow_link_among_three_stays_alive_and_rarely_silent() {
             "seed {seed}: {suspicions} suspicions, the owner silent {:?} of 300 s ({share:.4})",
             seen.closed
         );
-        // 0.7–1.5 % on these seeds: a link this bad leaves the owner unheard for the fence's
-        // quiet time now and then.
-        assert!(share < 0.03, "seed {seed}: silent {:?}", seen.closed);
+        // 0–0.6 % on these seeds (0.7–1.5 % before a silent member said hello): a link this
+        // bad leaves the owner's hellos, or their answers, lost or late now and then.
+        assert!(share < 0.015, "seed {seed}: silent {:?}", seen.closed);
     }
 }
 
@@ -423,7 +428,7 @@ fn a_member_cut_off_goes_silent_before_anyone_declares_it_dead() {
 #[test]
 fn a_minority_of_two_goes_silent_no_later_than_the_majority_declares_it_dead() {
     let hold = Timing::default().takeover_hold;
-    for seed in 0..40 {
+    for seed in 0..1000 {
         let mut sim = cluster(5, NetworkModel::default(), 200 + seed);
         sim.run_for(secs(1.0));
         let mut watch = FenceWatch::start(&mut sim, &[3, 4]);
@@ -535,17 +540,56 @@ fn the_fence_stays_open_on_a_lossy_jittery_link_and_a_quiet_cluster() {
     let members: Vec<usize> = (0..50).collect();
     let mut watch = FenceWatch::start(&mut sim, &members);
     let seen = watch.run(&mut sim, secs(60.0));
-    // A reachable member may find itself unheard for a moment (no one probed it while its own
-    // probe went to the slow member): its responders pause until the fence reopens, which
-    // takes `Timing::fence_reopen` (so that a minority never answers again early). Rare is
-    // the bar: a few pauses a minute among the fifty, a few thousandths of the time.
-    // Measured over seeds 1, 2 and 6: 0.0010-0.0016 of the time while the envelope dropped
-    // packets reordered by more than 64 µs as replays; over seeds 1-6, 0.0010-0.0027 since it
-    // takes them (each pause "nothing heard"; why taking the slow member's late packets adds
-    // pauses is not yet understood).
+    // A reachable member used to find itself unheard for a moment now and then (no one probed
+    // it while its own probe went to the slow member), and its responders paused until the
+    // fence reopened: 0.0010-0.0027 of the time over seeds 1-6. A member silent for a probe
+    // period now says hello and is answered: none over seeds 1-6.
     let closed: Duration = seen.iter().map(|s| s.closed).sum();
-    let share = closed.as_secs_f64() / (50.0 * 60.0);
-    println!("silent {closed:?} of 50 members x 60 s ({share:.5})");
-    assert!(share < 0.003, "silent {closed:?} of 50 members x 60 s");
+    println!("silent {closed:?} of 50 members x 60 s");
+    assert_eq!(closed, Duration::ZERO, "a reachable member went silent");
     assert_eq!(seen[7].first, None, "the member on the lossy link itself");
+}
+
+/// Three members, one stopping (killed, or away for a restart: it says nothing either way):
+/// the two left hear each other only through their probes of each other, every other period
+/// each, and the indirect probes of the silent one. When their phases lined up a healthy
+/// member heard nothing for 400 ms, past the fence's `quiet`, and its fence closed while the
+/// stopped member's IPs were not yet anyone else's (the rolling-restart test saw one IP
+/// unanswered for 640 ms). A member silent for a probe period says hello and is answered.
+#[test]
+fn two_members_left_of_three_keep_their_fences_open_while_the_third_is_declared_dead() {
+    let mut closed = Vec::new();
+    for seed in 0..1000 {
+        let mut sim = cluster(3, NetworkModel::default(), 900 + seed);
+        // A warm cluster's members probe in step; as in a rolling restart, member 0 comes back
+        // with a phase of its own, and the kill falls anywhere in the period.
+        sim.run_for(secs(1.0));
+        let generation = sim.id(0).generation;
+        sim.kill(0);
+        sim.run_for(secs(2.0) + Duration::from_millis(seed * 37 % 200));
+        sim.restart(0, generation + 1, &[1, 2]);
+        sim.run_for(secs(2.0) + Duration::from_millis(seed * 53 % 200));
+        let mut watch = FenceWatch::start(&mut sim, &[0, 1]);
+        let victim = sim.id(2);
+        let killed_at = sim.now();
+        sim.kill(2);
+        let seen = watch.run(&mut sim, secs(3.0));
+        first_declared_dead(&sim, victim, &[0, 1], killed_at);
+        for (member, seen) in [0, 1].into_iter().zip(seen) {
+            if let Some(first) = seen.first {
+                closed.push(format!(
+                    "seed {seed}: member {member} silent {:?} after the kill, for {:?} ({:?})",
+                    first - killed_at,
+                    seen.closed,
+                    sim.fence_verdict(member)
+                ));
+            }
+        }
+        let hellos: u64 = [0, 1]
+            .iter()
+            .map(|m| sim.peer(*m).unwrap().stats().hellos)
+            .sum();
+        assert!(hellos <= 20, "seed {seed}: {hellos} hellos in 3 s");
+    }
+    assert!(closed.is_empty(), "{closed:#?}");
 }

@@ -25,6 +25,7 @@ pub struct ReasonLabel {
 pub struct GossipMetrics {
     pub members: Family<StateLabel, Gauge>,
     pub suspicions: Counter,
+    pub hellos: Counter,
     pub packets: Family<DirectionLabel, Counter>,
     pub bytes: Family<DirectionLabel, Counter>,
     pub dropped: Family<ReasonLabel, Counter>,
@@ -47,6 +48,7 @@ impl GossipMetrics {
             ),
             members: Family::default(),
             suspicions: Counter::default(),
+            hellos: Counter::default(),
             packets: Family::default(),
             bytes: Family::default(),
             dropped: Family::default(),
@@ -66,6 +68,12 @@ impl GossipMetrics {
             "suspicions",
             "Probes of this node that went unanswered, each making it suspect the probed member",
             self.suspicions.clone(),
+        );
+        gossip.register(
+            "hellos",
+            "Hellos this node said after hearing no member for a probe period and more, each \
+             asking a live member for an answer before the fence's quiet rule would silence it",
+            self.hellos.clone(),
         );
         gossip.register(
             "packets",

@@ -63,6 +63,7 @@ impl Report {
         gossip
             .suspicions
             .inc_by(grew(stats.suspicions, before.suspicions));
+        gossip.hellos.inc_by(grew(stats.hellos, before.hellos));
         for reason in Dropped::ALL {
             let added = grew(stats.dropped(reason), before.dropped(reason));
             if added > 0 {

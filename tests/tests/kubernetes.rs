@@ -1936,7 +1936,10 @@ impl AgentPods {
         let client = api.client().await;
         let template = serde_json::json!({
             "metadata": { "labels": { "app": "ipam-agent" } },
-            "spec": { "containers": [{ "name": "agent", "image": "ipam-ebpf" }] },
+            "spec": {
+                "serviceAccountName": "ipam-agent",
+                "containers": [{ "name": "agent", "image": "ipam-ebpf" }],
+            },
         });
         let daemon_set: DaemonSet = serde_json::from_value(serde_json::json!({
             "metadata": { "name": "ipam-agent", "namespace": SYSTEM },
@@ -1956,25 +1959,46 @@ impl AgentPods {
         let mut names = Vec::new();
         for node in nodes {
             let name = format!("ipam-agent-{node}");
-            let pod: Pod = serde_json::from_value(serde_json::json!({
-                "metadata": {
-                    "name": name,
-                    "namespace": SYSTEM,
-                    "labels": { "app": "ipam-agent" },
-                    "ownerReferences": [{
-                        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ipam-agent",
-                        "uid": uid, "controller": true,
-                    }],
-                },
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{ "name": "agent", "image": "ipam-ebpf" }],
-                },
-            }))
-            .unwrap();
-            pods.create(&kube::api::PostParams::default(), &pod)
+            let metadata = serde_json::json!({
+                "name": name,
+                "namespace": SYSTEM,
+                "labels": { "app": "ipam-agent" },
+                "ownerReferences": [{
+                    "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ipam-agent",
+                    "uid": uid, "controller": true,
+                }],
+            });
+            // On a real server the agent's pod exists already: its service-account token is
+            // bound to it (`Who::Agent`). It becomes the DaemonSet's; replacing it would void
+            // the token.
+            if pods
+                .get_opt(&name)
                 .await
-                .expect("create an agent's pod");
+                .expect("read an agent's pod")
+                .is_some()
+            {
+                let patch = serde_json::json!({ "metadata": metadata });
+                pods.patch(
+                    &name,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+                .expect("make an agent's pod the DaemonSet's");
+            } else {
+                let pod: Pod = serde_json::from_value(serde_json::json!({
+                    "metadata": metadata,
+                    "spec": {
+                        "nodeName": node,
+                        "serviceAccountName": "ipam-agent",
+                        "containers": [{ "name": "agent", "image": "ipam-ebpf" }],
+                    },
+                }))
+                .unwrap();
+                pods.create(&kube::api::PostParams::default(), &pod)
+                    .await
+                    .expect("create an agent's pod");
+            }
             names.push(name);
         }
         Self { client, names }

@@ -410,23 +410,23 @@ mod tests {
     #[test]
     fn a_silent_member_says_hello_twice_before_the_quiet_rule_would_close_its_fence() {
         let hello = Hello {
-            after: ms(230),
-            again: ms(60),
+            after: ms(260),
+            again: ms(45),
             until: ms(350),
         };
         assert_eq!(hello.next_at(None, None), None, "never heard: joining");
-        assert_eq!(hello.next_at(Some(ms(1000)), None), Some(ms(1230)));
+        assert_eq!(hello.next_at(Some(ms(1000)), None), Some(ms(1260)));
         assert_eq!(
             hello.next_at(Some(ms(1000)), Some(ms(900))),
-            Some(ms(1230)),
+            Some(ms(1260)),
             "a hello of an earlier silence"
         );
         assert_eq!(
-            hello.next_at(Some(ms(1000)), Some(ms(1230))),
-            Some(ms(1290))
+            hello.next_at(Some(ms(1000)), Some(ms(1260))),
+            Some(ms(1305))
         );
         assert_eq!(
-            hello.next_at(Some(ms(1000)), Some(ms(1290))),
+            hello.next_at(Some(ms(1000)), Some(ms(1305))),
             None,
             "past quiet the probes do the asking"
         );

@@ -238,9 +238,9 @@ fn an_owner_on_a_lossy_slow_link_among_three_stays_alive_and_rarely_silent() {
             "seed {seed}: {suspicions} suspicions, the owner silent {:?} of 300 s ({share:.4})",
             seen.closed
         );
-        // 0–0.6 % on these seeds (0.7–1.5 % before a silent member said hello): a link this
+        // 0–0.2 % on these seeds (0.7–1.5 % before a silent member said hello): a link this
         // bad leaves the owner's hellos, or their answers, lost or late now and then.
-        assert!(share < 0.015, "seed {seed}: silent {:?}", seen.closed);
+        assert!(share < 0.01, "seed {seed}: silent {:?}", seen.closed);
     }
 }
 

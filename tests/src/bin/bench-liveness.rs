@@ -8,7 +8,8 @@
 //! - **quiet**: 30 s with nobody killed. `false_suspicions` counts probes that went
 //!   unanswered anyway (each made a member suspect a live one), and the run prints the members
 //!   wrongly declared dead; `gossip_bytes_per_node_per_s` is every packet's UDP payload, the
-//!   envelope included, over members and seconds.
+//!   envelope included, over members and seconds; `hellos_at_rest` the hellos said in those
+//!   30 s (a member unheard for a probe period asks two live members for an answer).
 //! - **kills**: 10 members killed one after another (no goodbye); for each, the time until
 //!   every other member declared it dead. `detect_p50_s` and `detect_max_s` (the slowest of
 //!   the ten: ten kills make no p99) over the kills.
@@ -34,7 +35,7 @@
 //!
 //! `IPAM_BENCH_LIVENESS_PARTS=sim` or `=real` runs one part. Last line: `detect_p50_s=<f>
 //! detect_max_s=<f> false_suspicions=<n> gossip_bytes_per_node_per_s=<n> members=<n>
-//! detect_p50_s_at_500=<f> gossip_bytes_per_node_per_s_at_500=<n> (and `_at_1000`)
+//! hellos_at_rest=<n> detect_p50_s_at_500=<f> gossip_bytes_per_node_per_s_at_500=<n> (and `_at_1000`)
 //! failover_s=<f> failed_requests_pct=<f> store_writes_per_node_per_s=<f>`.
 
 use std::time::{Duration, Instant};
@@ -111,6 +112,8 @@ fn real() -> String {
 struct SizeFigures {
     bytes_per_node_per_s: f64,
     false_suspicions: usize,
+    /// Hellos said at rest (a member unheard for a probe period asking for an answer).
+    hellos: u64,
     /// Seconds until every other member declared a killed one dead, sorted.
     detect: Vec<f64>,
 }
@@ -148,8 +151,8 @@ fn simulated() -> String {
         "detect over {KILLS} kills: p50 {p50:.2} s, slowest {max:.2} s (ten kills make no p99)"
     );
     let mut line = format!(
-        "detect_p50_s={p50:.2} detect_max_s={max:.2} false_suspicions={} gossip_bytes_per_node_per_s={:.0} members={members}",
-        main.false_suspicions, main.bytes_per_node_per_s
+        "detect_p50_s={p50:.2} detect_max_s={max:.2} false_suspicions={} gossip_bytes_per_node_per_s={:.0} members={members} hellos_at_rest={}",
+        main.false_suspicions, main.bytes_per_node_per_s, main.hellos
     );
     println!("by size, same timings, same run:");
     println!(
@@ -185,16 +188,24 @@ fn simulate(members: usize, kills: usize, timing: &Timing, network: NetworkModel
     sim.run_for(Duration::from_secs(2));
     let quiet_from = sim.now();
     let bytes_before = sim.traffic().bytes;
+    let hellos_said = |sim: &Simulation| -> u64 {
+        (0..sim.len())
+            .filter_map(|m| sim.peer(m))
+            .map(|p| p.stats().hellos)
+            .sum()
+    };
+    let hellos_before = hellos_said(&sim);
     let started = Instant::now();
     sim.run_for(QUIET);
     let bytes = sim.traffic().bytes - bytes_before;
+    let hellos = hellos_said(&sim) - hellos_before;
     let false_suspicions = sim.suspicions_since(quiet_from);
     let mut wrongly_dead = sim.deaths_since(quiet_from);
     wrongly_dead.sort_by_key(|(_, id)| *id);
     wrongly_dead.dedup_by_key(|(_, id)| *id);
     let bytes_per_node_per_s = bytes as f64 / members as f64 / QUIET.as_secs_f64();
     println!(
-        "quiet {:?} ({:.1} s real): {false_suspicions} suspicions, {} members wrongly declared dead, {bytes_per_node_per_s:.0} bytes/node/s",
+        "quiet {:?} ({:.1} s real): {false_suspicions} suspicions, {} members wrongly declared dead, {bytes_per_node_per_s:.0} bytes/node/s, {hellos} hellos",
         QUIET,
         started.elapsed().as_secs_f64(),
         wrongly_dead.len(),
@@ -232,6 +243,7 @@ fn simulate(members: usize, kills: usize, timing: &Timing, network: NetworkModel
     SizeFigures {
         bytes_per_node_per_s,
         false_suspicions,
+        hellos,
         detect,
     }
 }

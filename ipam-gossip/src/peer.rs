@@ -304,10 +304,10 @@ impl Peer {
 
     /// When [`Peer::advance`] next has work.
     pub fn next_deadline(&self) -> Option<Duration> {
-        match (self.timers.next_at(), self.next_hello()) {
-            (Some(timer), Some(hello)) => Some(timer.min(hello)),
-            (timer, hello) => timer.or(hello),
-        }
+        [self.timers.next_at(), self.next_hello()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn take_outgoing(&mut self) -> Vec<Outgoing> {

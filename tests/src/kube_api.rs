@@ -83,7 +83,7 @@ impl Who<'_> {
                             .unwrap();
                     nodes.create(&create, &n).await.expect("create the Node");
                 }
-                let pod = format!("ipam-agent-{node}");
+                let pod = agent_pod(node);
                 let manifest = serde_json::from_value(serde_json::json!({
                     "metadata": { "name": pod, "namespace": "ipam-system" },
                     "spec": { "nodeName": node, "serviceAccountName": "ipam-agent",
@@ -99,6 +99,12 @@ impl Who<'_> {
             }
         }
     }
+}
+
+/// The name of the agent's pod on `node`: the one its token is bound to on a real server, and
+/// the DaemonSet's pod there in the tests that make one.
+pub fn agent_pod(node: &str) -> String {
+    format!("ipam-agent-{node}")
 }
 
 /// A kubeconfig for `who` on the server's own address.

@@ -21,7 +21,7 @@ use ipam_kube::{KubeStore, test_api::TestApi};
 use ipam_tests::{
     TempFile,
     daemon::Daemon,
-    kube_api::{AgentNode, Who, attachment, kubeconfig_for, start_api},
+    kube_api::{AgentNode, Who, agent_pod, attachment, kubeconfig_for, start_api},
     workspace_binary,
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -1958,7 +1958,7 @@ impl AgentPods {
         let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), SYSTEM);
         let mut names = Vec::new();
         for node in nodes {
-            let name = format!("ipam-agent-{node}");
+            let name = agent_pod(node);
             let metadata = serde_json::json!({
                 "name": name,
                 "namespace": SYSTEM,

@@ -885,6 +885,17 @@ mod tests {
         assert_ne!(status.allocated[0].cidr, a_block[0]);
         let next = a.allocator().allocate("pod-2", Family::V4).unwrap();
         assert!(status.allocated[0].cidr.contains(next), "{next}");
+        // Nor is any address of it given to a pod that asks for one by address: c hands them
+        // out now.
+        let asked = a_block[0].addr(40);
+        let e = a.allocator().allocate_ip("pod-3", asked).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DurableError::Alloc(crate::pod::node::AllocError::Retired { .. })
+            ),
+            "{e}"
+        );
         // Once pod-1 is gone, the lost block goes too.
         a.allocator().release("pod-1", Family::V4).unwrap();
         pass(&mut op, &mut a, &store).await;

@@ -176,7 +176,7 @@ impl DurableAllocator {
         }
         for (k, v) in allocations {
             let owner = k.split_once(' ').map(|(_, o)| o).unwrap_or(&k);
-            match bytes_ip(&v).map(|ip| alloc.allocate_ip(owner, ip)) {
+            match bytes_ip(&v).map(|ip| alloc.restore_ip(owner, ip)) {
                 Some(Ok(())) => report.allocations += 1,
                 Some(Err(e)) => report.dropped.push((owner.to_owned(), e.to_string())),
                 None => report
@@ -421,7 +421,8 @@ impl DurableAllocator {
                     }
                     Op::Delete { key, ip } => {
                         let owner = key.split_once(' ').map_or(key.as_str(), |(_, o)| o);
-                        let _ = alloc.allocate_ip(owner, *ip);
+                        // Back to the pod that held it, even in a block retired since.
+                        let _ = alloc.restore_ip(owner, *ip);
                     }
                     Op::Rename { key, to, ip } => {
                         // Undone in reverse order: this runs before the new key's Put is

@@ -84,6 +84,22 @@ pub enum AllocError {
          namespace/name or the container id"
     )]
     BadOwner { node: String, len: usize },
+    /// The address lies in a block this node lost while it was away (another node holds it
+    /// now and hands its addresses out): giving it here would put one address on two pods.
+    #[error(
+        "node {node}: {ip} is in block {block}, which another node holds now (this node lost it \
+         while away; the pods here still using its addresses keep them, but none is handed out \
+         again); ask for an address in this node's other blocks of pool {pool} ({}), or run the \
+         pod on the node that holds {block}",
+        blocks.iter().map(Cidr::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    Retired {
+        node: String,
+        pool: String,
+        ip: IpAddr,
+        block: Cidr,
+        blocks: Vec<Cidr>,
+    },
     #[error("node {node}: {owner} already holds {held}; release it before requesting {requested}")]
     OwnerHoldsOther {
         node: String,
@@ -383,9 +399,21 @@ impl NodeAllocator {
         })
     }
 
-    /// Gives `ip` to `owner` (a requested address, or a restored one). Idempotent for the same
-    /// owner and address.
+    /// Gives `ip` to `owner`, who asked for it by address. Idempotent for the same owner and
+    /// address. An address of a retired block is refused (see [`AllocError::Retired`]), unless
+    /// `owner` holds it already.
     pub fn allocate_ip(&mut self, owner: &str, ip: IpAddr) -> Result<(), AllocError> {
+        self.take_ip(owner, ip, true)
+    }
+
+    /// Gives `ip` back to `owner`, who held it before: a restart restoring its allocations, or
+    /// a failed commit undoing a release. Unlike [`Self::allocate_ip`] it takes addresses of
+    /// retired blocks too: the pod holds the address whichever node holds the block now.
+    pub fn restore_ip(&mut self, owner: &str, ip: IpAddr) -> Result<(), AllocError> {
+        self.take_ip(owner, ip, false)
+    }
+
+    fn take_ip(&mut self, owner: &str, ip: IpAddr, requested: bool) -> Result<(), AllocError> {
         self.check_owner(owner)?;
         let family = Family::of(ip);
         if let Some(held) = self.lookup(owner, family) {
@@ -422,6 +450,22 @@ impl NodeAllocator {
             });
         }
         let off = off as u64;
+        if requested && block.retired {
+            // Another node hands this block's addresses out now: the address may be its pod's
+            // already, or become one's later.
+            return Err(AllocError::Retired {
+                node: self.node.clone(),
+                pool: self.pool.clone(),
+                ip,
+                block: block.cidr,
+                blocks: self
+                    .blocks
+                    .iter()
+                    .filter(|b| b.cidr.family() == family && !b.retired)
+                    .map(|b| b.cidr)
+                    .collect(),
+            });
+        }
         if let Some(what) = block.reserved_role(off) {
             return Err(AllocError::Reserved {
                 node: self.node.clone(),
@@ -593,6 +637,61 @@ mod tests {
             ));
             n.allocate_ip("fixed-again", asked).unwrap();
         }
+    }
+
+    /// A node back after its grace period keeps the block it lost for the pods still using
+    /// it, but the block's new node hands its addresses out: a pod asking for one of them by
+    /// address is refused, with the node, the address, the block and what to do, and gets it
+    /// neither then nor later; the pods that hold their addresses keep them (asking again,
+    /// restoring after a restart).
+    #[test]
+    fn a_retired_block_gives_no_requested_address() {
+        let mut n = NodeAllocator::new("node-1", "default");
+        n.add_block(c("10.244.1.0/24"));
+        n.add_block(c("10.244.2.0/24"));
+        let kept = n.allocate("ns/old eth0", Family::V4).unwrap();
+        assert!(c("10.244.1.0/24").contains(kept), "{kept}");
+        assert_eq!(n.retire_block(c("10.244.1.0/24")), 1);
+
+        let asked: IpAddr = "10.244.1.77".parse().unwrap();
+        let e = n.allocate_ip("ns/new eth0", asked).unwrap_err();
+        assert!(matches!(e, AllocError::Retired { .. }), "{e}");
+        let msg = e.to_string();
+        for part in [
+            "node-1",
+            "10.244.1.77",
+            "10.244.1.0/24",
+            "another node holds",
+            "10.244.2.0/24",
+            "run the pod on the node that holds",
+        ] {
+            assert!(msg.contains(part), "{part:?} missing from: {msg}");
+        }
+        assert_eq!(
+            n.lookup("ns/new eth0", Family::V4),
+            None,
+            "refused holds nothing"
+        );
+        assert!(
+            n.allocations().iter().all(|(_, ip)| *ip != asked),
+            "{:?}",
+            n.allocations()
+        );
+        // Nothing unasked comes from it either; the other block serves.
+        let any = n.allocate("ns/new eth0", Family::V4).unwrap();
+        assert!(c("10.244.2.0/24").contains(any), "{any}");
+        // The pod that held its address keeps it: asking again is not a new request.
+        n.allocate_ip("ns/old eth0", kept).unwrap();
+        // A restart (or an undone release) restores it into the retired block.
+        assert_eq!(n.release("ns/old eth0", Family::V4), Some(kept));
+        n.restore_ip("ns/old eth0", kept).unwrap();
+        assert_eq!(n.lookup("ns/old eth0", Family::V4), Some(kept));
+        // Released for good, the address is still not handed out again.
+        n.release("ns/old eth0", Family::V4);
+        assert!(matches!(
+            n.allocate_ip("ns/third eth0", kept),
+            Err(AllocError::Retired { .. })
+        ));
     }
 
     #[test]

@@ -177,12 +177,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         local_addresses.add(Holder::L2, *ip);
     }
     let inherits = !inherited.is_empty();
-    let mut restarts = Restarts::new(&node, inherits);
-    // This node's own notice is in its record from the start. Others' notices already there
-    // are not held: one left by an agent that never came back would hold its node here alone.
-    if let Some(own) = seen.nodes.get(&node).filter(|_| inherits) {
-        restarts.follow_one(&node, &own.value, Instant::now());
-    }
+    let restarts = Restarts::new(&node, inherits, &seen.nodes, Instant::now());
     let mut ownership = Ownership {
         inherited: inherits,
         owned: Owned {
@@ -341,12 +336,25 @@ struct Restarts {
 }
 
 impl Restarts {
-    /// `node`'s holds, its own notice held if `inherited`.
-    fn new(node: &str, inherited: bool) -> Self {
-        Self {
+    /// `node`'s holds at the start, from the records as first listed (`nodes`): its own
+    /// notice held from `now` if `inherited`. Every other notice already there is taken as
+    /// seen and holds nothing: this agent cannot tell a restart under way from one whose agent
+    /// never came back (its node dead, the notice left for good), and holding the latter would
+    /// hand that node's IPs back to nobody for its `withinMs` at every agent start, each step
+    /// of a rollout. A restart under way is held by the agents that saw its notice come.
+    fn new(node: &str, inherited: bool, nodes: &Cache<NodeIpam>, now: Instant) -> Self {
+        let mut restarts = Self {
             own_promise: inherited.then(|| node.to_owned()),
             ..Self::default()
+        };
+        for record in nodes.iter() {
+            if record.name == node && inherited {
+                restarts.follow_one(node, &record.value, now);
+            } else if let Some(notice) = &record.value.spec.restarting {
+                restarts.seen.insert(record.name.clone(), notice.clone());
+            }
         }
+        restarts
     }
 
     /// Takes in new notices from the records, each held from `now`.
@@ -773,19 +781,30 @@ mod tests {
     use super::*;
 
     fn records(notice: Option<RestartNotice>) -> Cache<NodeIpam> {
-        let record = NodeIpam {
-            spec: NodeIpamSpec {
-                restarting: notice,
-                ..NodeIpamSpec::default()
-            },
-            ..NodeIpam::default()
-        };
-        Cache::new(&[RawObject {
-            kind: "NodeIPAM".into(),
-            name: "node-1".into(),
-            revision: 1.into(),
-            value: serde_json::to_vec(&record).unwrap(),
-        }])
+        records_of(&[("node-1", notice)])
+    }
+
+    /// Node records by name, each with its restart notice.
+    fn records_of(nodes: &[(&str, Option<RestartNotice>)]) -> Cache<NodeIpam> {
+        let raw: Vec<RawObject> = nodes
+            .iter()
+            .map(|(name, notice)| {
+                let record = NodeIpam {
+                    spec: NodeIpamSpec {
+                        restarting: notice.clone(),
+                        ..NodeIpamSpec::default()
+                    },
+                    ..NodeIpam::default()
+                };
+                RawObject {
+                    kind: "NodeIPAM".into(),
+                    name: (*name).into(),
+                    revision: 1.into(),
+                    value: serde_json::to_vec(&record).unwrap(),
+                }
+            })
+            .collect();
+        Cache::new(&raw)
     }
 
     #[test]
@@ -828,13 +847,62 @@ mod tests {
         let t0 = Instant::now();
         // The agent before promised and its responders answer on: this one holds its node
         // live until its notice is cleared, as the others do.
-        let mut kept = Restarts::new("node-1", true);
-        kept.follow(&records(notice.clone()), "node-1", t0);
+        let mut kept = Restarts::new("node-1", true, &records(notice.clone()), t0);
         assert!(kept.holds("node-1", t0 + Duration::from_secs(1)));
+        kept.follow(
+            &records(notice.clone()),
+            "node-1",
+            t0 + Duration::from_secs(1),
+        );
+        assert!(kept.holds("node-1", t0 + Duration::from_millis(1_999)));
+        assert!(!kept.holds("node-1", t0 + Duration::from_secs(2)));
         // A notice left by an agent whose promise ran out: the others hold the node no more,
         // and this one must not answer for its IPs before they hear it.
-        let mut lapsed = Restarts::new("node-1", false);
+        let mut lapsed = Restarts::new("node-1", false, &records(notice.clone()), t0);
+        assert!(!lapsed.holding());
         lapsed.follow(&records(notice), "node-1", t0);
         assert!(!lapsed.holding());
+    }
+
+    /// Issue 56, item 2: a node that died in the middle of a restart leaves its notice in its
+    /// record for good. An agent starting later (each step of a rollout) must not hold that
+    /// node live at its first record event: the IPs the others took over from it would be
+    /// handed back to the dead node, answered by nobody, for the notice's `withinMs`.
+    #[test]
+    fn a_notice_found_at_the_start_holds_nothing_and_a_later_one_holds_its_node() {
+        let stale = Some(RestartNotice {
+            within_ms: 2_000,
+            since_unix_ms: 1,
+        });
+        let t0 = Instant::now();
+        let at_start = records_of(&[("node-0", None), ("node-1", stale.clone())]);
+        let mut restarts = Restarts::new("node-0", false, &at_start, t0);
+        assert!(!restarts.holding(), "a notice found at the start");
+        // The first record event (any record changed, here this node's own) brings the same
+        // stale notice again: still nothing held, at any time after.
+        let t1 = t0 + Duration::from_millis(10);
+        restarts.follow(
+            &records_of(&[("node-0", None), ("node-1", stale.clone())]),
+            "node-0",
+            t1,
+        );
+        assert!(
+            !restarts.holds("node-1", t1),
+            "the dead node held live at the first record event: its IPs answered by nobody"
+        );
+        assert!(!restarts.holding());
+        // The node's next agent clears it; a restart after that is held as any other.
+        let t2 = t0 + Duration::from_secs(60);
+        restarts.follow(&records_of(&[("node-1", None)]), "node-0", t2);
+        let next = Some(RestartNotice {
+            within_ms: 2_000,
+            since_unix_ms: 2,
+        });
+        restarts.follow(&records_of(&[("node-1", next)]), "node-0", t2);
+        assert!(restarts.holds("node-1", t2 + Duration::from_secs(1)));
+        // A restart notice that comes after the start, of another node, is held at once.
+        let mut later = Restarts::new("node-0", false, &records_of(&[("node-2", None)]), t0);
+        later.follow(&records_of(&[("node-2", stale)]), "node-0", t1);
+        assert!(later.holds("node-2", t1 + Duration::from_millis(1_999)));
     }
 }

@@ -38,26 +38,33 @@ pub async fn watch_kind_until_it_works<S: Store>(store: &S, kind: &str, for_what
 
 pub struct Cache<T> {
     objects: BTreeMap<String, Versioned<T>>,
+    /// False from a watch error until the watch's next event: the copy may be behind the
+    /// store meanwhile (`shared_watch` sends the error to every subscriber, then a fresh
+    /// list).
+    fresh: bool,
 }
 
 impl<T: Resource> Cache<T> {
     pub fn new(initial: &[RawObject]) -> Self {
         let mut cache = Self {
             objects: BTreeMap::new(),
+            fresh: true,
         };
         cache.replace(initial);
         cache
     }
 
-    /// Applies one watch event; `Err` events (store trouble the watch retries) are logged.
+    /// Applies one watch event; an `Err` (store trouble the watch retries, said in the log by
+    /// the shared watch) leaves the copy not known fresh until the next event.
     pub fn apply(&mut self, event: Result<WatchEvent, ipam_core::store::StoreError>) {
+        self.fresh = event.is_ok();
         match event {
             Ok(WatchEvent::Put(o)) => self.insert(&o),
             Ok(WatchEvent::Deleted { name, .. }) => {
                 self.objects.remove(&name);
             }
             Ok(WatchEvent::Resync { objects, .. }) => self.replace(&objects),
-            Err(e) => tracing::warn!(kind = T::KIND, "watch interrupted, resuming: {e}"),
+            Err(e) => tracing::debug!(kind = T::KIND, "watch in trouble, resuming: {e}"),
         }
     }
 
@@ -75,6 +82,12 @@ impl<T: Resource> Cache<T> {
             }
             Err(e) => tracing::warn!("{e}"),
         }
+    }
+
+    /// Whether the copy follows the store: no watch error since its last event. A decision
+    /// that cannot be undone (a node reported dead) waits for a fresh copy.
+    pub fn is_fresh(&self) -> bool {
+        self.fresh
     }
 
     pub fn get(&self, name: &str) -> Option<&Versioned<T>> {

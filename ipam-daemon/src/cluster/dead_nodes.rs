@@ -186,8 +186,15 @@ pub async fn run(
         left_to_leader: BTreeMap::new(),
     };
     loop {
-        let confirmed = confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
-        let again = marking.pass(&confirmed).await;
+        // Reports read from a copy the watch may have left behind (one its reporter has
+        // retracted since, say) mark nothing: the watch's next event, a fresh list after an
+        // error, brings the decision back.
+        let again = if records.is_fresh() {
+            let confirmed = confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
+            marking.pass(&confirmed).await
+        } else {
+            None
+        };
         let again = async {
             match again {
                 Some(delay) => tokio::time::sleep(delay).await,
@@ -344,7 +351,7 @@ fn describe(node: &str, reports: &[Report], nodes: usize) -> String {
         .collect();
     format!(
         "node {node} is dead: {} of {nodes} nodes report it, each after the gossip declared it \
-         dead and its kubelet gave no answer: {}",
+         dead and it answered neither its kubelet's port nor ARP/NDP: {}",
         reports.len(),
         evidence.join("; ")
     )

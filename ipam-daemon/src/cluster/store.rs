@@ -9,7 +9,7 @@ use ipam_kube::KubeStore;
 use ipam_store::{AnyStore, OpenStoreError};
 
 use super::shared_watch::SharedWatches;
-use crate::metrics::Metrics;
+use crate::metrics::Observed;
 
 /// The store, cloned into every controller; its watches are shared among the clones.
 #[derive(Clone)]
@@ -21,8 +21,8 @@ pub struct ClusterStore {
 impl From<AnyStore> for ClusterStore {
     fn from(store: AnyStore) -> Self {
         Self {
+            watches: Arc::new(SharedWatches::new(store.describe())),
             store,
-            watches: Arc::default(),
         }
     }
 }
@@ -34,9 +34,11 @@ impl ClusterStore {
         self.store.kube()
     }
 
-    /// Counts the shared watches in `metrics` (`ipam_store_watches`).
-    pub fn count_watches_in(&self, metrics: &Metrics) {
-        self.watches.count_in(metrics);
+    /// Counts the shared watches in `observed`'s metrics (`ipam_store_watches`, and
+    /// `ipam_store_watch_stale` for a kind whose watch is in trouble), and fails its
+    /// readiness while one has been in trouble too long (`shared_watch`).
+    pub fn count_watches_in(&self, observed: &Observed) {
+        self.watches.count_in(observed);
     }
 
     pub async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {

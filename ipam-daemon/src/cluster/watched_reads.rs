@@ -171,11 +171,13 @@ async fn feed<S: Store>(store: S, followed: Followed, copy: KindCopy, wake: Arc<
                 }
             }
             Err(e) => {
-                // Until the watch delivers again, lists read the store itself.
+                // Until the watch delivers again (the shared watch lists the kind again after
+                // an error, and sends the fresh list), lists read the store itself. The
+                // shared watch says the trouble in the log, once for every subscriber.
                 copy.update(|state| state.synced = false);
-                tracing::warn!(
+                tracing::debug!(
                     kind = followed.kind,
-                    "store watch interrupted, reading the store itself until it resumes: {e}"
+                    "store watch in trouble, reading the store itself until it delivers: {e}"
                 );
             }
         }

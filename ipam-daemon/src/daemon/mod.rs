@@ -163,7 +163,7 @@ pub async fn run(config_path: PathBuf, role: Role) -> Result<(), DaemonError> {
 /// The store of either role, with its shared watches counted in the metrics.
 async fn open_store(config: &Config, observed: &Observed) -> Result<ClusterStore, DaemonError> {
     let store = ClusterStore::open(&config.store_settings()).await?;
-    store.count_watches_in(&observed.metrics);
+    store.count_watches_in(observed);
     Ok(store)
 }
 

@@ -98,6 +98,8 @@ pub struct Metrics {
     pub store_errors: Family<KindLabel, Counter>,
     pub store_watches: Family<KindLabel, Gauge>,
     pub store_watch_subscribers: Family<KindLabel, Gauge>,
+    pub store_watch_stale: Family<KindLabel, Gauge>,
+    pub store_watch_errors: Family<KindLabel, Counter>,
     pub operator_leader: Gauge,
     pub pod_datapath_packets: Family<CounterLabel, Counter>,
     pub l2_replies: Family<IpLabel, Counter>,
@@ -141,6 +143,8 @@ impl Metrics {
             store_errors: Family::default(),
             store_watches: Family::default(),
             store_watch_subscribers: Family::default(),
+            store_watch_stale: Family::default(),
+            store_watch_errors: Family::default(),
             operator_leader: Gauge::default(),
             pod_datapath_packets: Family::default(),
             l2_replies: Family::default(),
@@ -259,6 +263,16 @@ impl Metrics {
             "store_watch_subscribers",
             "Controllers following each kind through the process's one watch of it",
             self.store_watch_subscribers.clone(),
+        );
+        registry.register(
+            "store_watch_stale",
+            "1 while the kind's watch is in trouble: its copy may be behind the store, lists are read from the store itself and destructive decisions wait",
+            self.store_watch_stale.clone(),
+        );
+        registry.register(
+            "store_watch_errors",
+            "Errors the store's watch of the kind reported (each makes the process list the kind again, with backoff)",
+            self.store_watch_errors.clone(),
         );
         registry.register(
             "operator_leader",
@@ -442,6 +456,11 @@ impl Health {
             .lock()
             .expect("health lock")
             .insert(check, state);
+    }
+
+    /// Whether `check` was ever set.
+    pub fn has(&self, check: &str) -> bool {
+        self.checks.lock().expect("health lock").contains_key(check)
     }
 
     /// Ready when every check is (and there is at least one), with one line per check.

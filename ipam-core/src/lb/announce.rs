@@ -107,6 +107,13 @@ pub fn weight(ip: IpAddr, node: &str) -> u64 {
 ///
 /// A Service with `externalTrafficPolicy: Local` is announced only by a node in `ready` for
 /// it; its IPs go unannounced while it has no ready endpoint on a live node.
+///
+/// An IP is decided once, whoever holds it: Services sharing it (a sharing key, or one
+/// externalIP listed by several) get one owner, a node that may answer for every one of them
+/// that a policy announces, and it answers on every interface any of them is announced on
+/// there. Deciding per Service gave each its own owner when their policies or endpoints
+/// differed: two MACs for one IP. With no such node the IP is not announced at all
+/// (`announce_problems` says why, naming the others), rather than by two nodes.
 pub fn owners(
     policies: &[(String, L2PolicySpec)],
     pools: &[(String, LbIpPool)],
@@ -114,62 +121,150 @@ pub fn owners(
     ready: &ReadyNodes,
     live: &[NodeView],
 ) -> Vec<Announcement> {
+    decide(policies, pools, services, ready, live).announced
+}
+
+/// What `decide` found: the announcements, and the shared IPs left unannounced because no node
+/// may answer for all the Services holding them, with the nodes that may answer for each alone.
+struct Decided {
+    announced: Vec<Announcement>,
+    disagreeing: BTreeMap<IpAddr, Vec<(String, Vec<String>)>>,
+}
+
+fn decide(
+    policies: &[(String, L2PolicySpec)],
+    pools: &[(String, LbIpPool)],
+    services: &[(String, ServiceSpec, ServiceStatus)],
+    ready: &ReadyNodes,
+    live: &[NodeView],
+) -> Decided {
     let (policies, _) = compile(policies);
-    let mut out = Vec::new();
-    for (name, spec, status) in services {
-        let local = spec.external_traffic_policy == TrafficPolicy::Local;
-        let may_answer = |node: &NodeView| {
-            node.excluded.is_none()
-                && (!local || ready.get(name).is_some_and(|r| r.contains(&node.name)))
-        };
+    // Each IP with the Services holding it (index, and whether it is one of its externalIPs).
+    let mut held: BTreeMap<IpAddr, Vec<(usize, bool)>> = BTreeMap::new();
+    for (i, (_, spec, status)) in services.iter().enumerate() {
         let load_balancer_ips = status.ingress.iter().filter(|_| spec.is_ours());
         let ips = load_balancer_ips
             .map(|ip| (*ip, false))
             .chain(spec.external_ips.iter().map(|ip| (*ip, true)));
-        let mut seen = BTreeSet::new();
         for (ip, external) in ips {
-            if !seen.insert(ip) {
-                continue;
-            }
-            // What does not depend on the node is judged once per IP, not once per node.
-            let serving: Vec<&Policy> = policies
-                .iter()
-                .filter(|p| {
-                    p.spec.service_selector.matches_service(name, &spec.labels)
-                        && if external {
-                            p.spec.external_ips
-                        } else {
-                            p.spec.load_balancer_ips
-                        }
-                        && in_chosen_pool(ip, &p.spec.ip_pools, &p.spec.ip_pool_selector, pools)
-                })
-                .collect();
-            let best = live
-                .iter()
-                .filter(|node| may_answer(node))
-                .filter_map(|node| {
-                    let mut interfaces: BTreeSet<String> = BTreeSet::new();
-                    for p in serving
-                        .iter()
-                        .filter(|p| p.spec.node_selector.matches(&node.labels))
-                    {
-                        interfaces.extend(p.interfaces(node).into_iter().map(|i| i.name.clone()));
-                    }
-                    (!interfaces.is_empty()).then(|| (weight(ip, &node.name), node, interfaces))
-                })
-                .max_by_key(|(w, node, _)| (*w, node.name.clone()));
-            if let Some((_, node, interfaces)) = best {
-                out.push(Announcement {
-                    ip,
-                    service: name.clone(),
-                    node: node.name.clone(),
-                    interfaces: interfaces.into_iter().collect(),
-                });
+            let holders = held.entry(ip).or_default();
+            // Services come in order, so one listing an IP twice is the last holder so far
+            // (checking only the last keeps an externalIP listed by every Service linear).
+            if holders.last().is_none_or(|(j, _)| *j != i) {
+                holders.push((i, external));
             }
         }
     }
-    out.sort();
+    let mut out = Decided {
+        announced: Vec::new(),
+        disagreeing: BTreeMap::new(),
+    };
+    for (ip, holders) in held {
+        // What does not depend on the node is judged once per IP and Service, not per node.
+        // A Service no policy announces (BGP's alone, say) is not L2's and leaves the choice
+        // to the others.
+        let announced: Vec<Holder> = holders
+            .into_iter()
+            .filter_map(|(i, external)| {
+                let (name, spec, _) = &services[i];
+                let serving: Vec<&Policy> = policies
+                    .iter()
+                    .filter(|p| {
+                        p.spec.service_selector.matches_service(name, &spec.labels)
+                            && if external {
+                                p.spec.external_ips
+                            } else {
+                                p.spec.load_balancer_ips
+                            }
+                            && in_chosen_pool(ip, &p.spec.ip_pools, &p.spec.ip_pool_selector, pools)
+                    })
+                    .collect();
+                (!serving.is_empty()).then_some(Holder {
+                    name,
+                    serving,
+                    local: spec.external_traffic_policy == TrafficPolicy::Local,
+                    ready_on: ready.get(name),
+                })
+            })
+            .collect();
+        if announced.is_empty() {
+            continue;
+        }
+        let best = live
+            .iter()
+            .filter(|node| node.excluded.is_none())
+            .filter_map(|node| {
+                let mut interfaces: BTreeSet<String> = BTreeSet::new();
+                for holder in &announced {
+                    let theirs = holder.interfaces(node)?;
+                    interfaces.extend(theirs);
+                }
+                Some((weight(ip, &node.name), node, interfaces))
+            })
+            .max_by_key(|(w, node, _)| (*w, node.name.clone()));
+        match best {
+            Some((_, node, interfaces)) => {
+                let interfaces: Vec<String> = interfaces.into_iter().collect();
+                for holder in &announced {
+                    out.announced.push(Announcement {
+                        ip,
+                        service: holder.name.to_owned(),
+                        node: node.name.clone(),
+                        interfaces: interfaces.clone(),
+                    });
+                }
+            }
+            // Only on failure, so the cost of naming each Service's nodes is paid rarely.
+            None if announced.len() > 1 => {
+                let alone = announced
+                    .iter()
+                    .map(|holder| {
+                        let nodes = live
+                            .iter()
+                            .filter(|n| n.excluded.is_none() && holder.interfaces(n).is_some())
+                            .map(|n| n.name.clone())
+                            .collect();
+                        (holder.name.to_owned(), nodes)
+                    })
+                    .collect();
+                out.disagreeing.insert(ip, alone);
+            }
+            None => {}
+        }
+    }
+    out.announced.sort();
     out
+}
+
+/// A Service holding an IP that at least one policy announces.
+struct Holder<'s, 'p> {
+    name: &'s str,
+    /// The policies that announce this IP for it, whatever the node.
+    serving: Vec<&'p Policy<'p>>,
+    /// Whether it has `externalTrafficPolicy: Local`: then only a node in `ready_on`, with
+    /// a ready endpoint of it, may answer.
+    local: bool,
+    ready_on: Option<&'s BTreeSet<String>>,
+}
+
+impl Holder<'_, '_> {
+    /// The interfaces on which `node` may answer for this Service, or `None` when it may not
+    /// answer for it at all (no endpoint there under `Local`, no policy selecting the node, or
+    /// none of the node's interfaces matching). An excluded node is the caller's to skip.
+    fn interfaces<'n>(&self, node: &'n NodeView) -> Option<impl Iterator<Item = String> + 'n> {
+        if self.local && !self.ready_on.is_some_and(|r| r.contains(&node.name)) {
+            return None;
+        }
+        let mut on: BTreeSet<&'n str> = BTreeSet::new();
+        for p in self
+            .serving
+            .iter()
+            .filter(|p| p.spec.node_selector.matches(&node.labels))
+        {
+            on.extend(p.interfaces(node).into_iter().map(|i| i.name.as_str()));
+        }
+        (!on.is_empty()).then(|| on.into_iter().map(str::to_owned))
+    }
 }
 
 /// For each service with a LoadBalancer IP: why the L2 announcement of its IPs fails or may
@@ -186,9 +281,11 @@ pub fn announce_problems(
     ready: &ReadyNodes,
     nodes: &[NodeView],
 ) -> BTreeMap<String, String> {
-    let announced: BTreeSet<(IpAddr, String)> = owners(policies, pools, services, ready, nodes)
-        .into_iter()
-        .map(|a| (a.ip, a.service))
+    let decided = decide(policies, pools, services, ready, nodes);
+    let announced: BTreeSet<(IpAddr, &str)> = decided
+        .announced
+        .iter()
+        .map(|a| (a.ip, a.service.as_str()))
         .collect();
     let excluded: Vec<String> = nodes
         .iter()
@@ -207,7 +304,7 @@ pub fn announce_problems(
         let unanswered = status
             .ingress
             .iter()
-            .find(|ip| !announced.contains(&(**ip, name.clone())));
+            .find(|ip| !announced.contains(&(**ip, name.as_str())));
         let local = spec.external_traffic_policy == TrafficPolicy::Local;
         let ready_on: Vec<&str> = ready
             .get(name)
@@ -215,7 +312,16 @@ pub fn announce_problems(
             .flatten()
             .map(String::as_str)
             .collect();
+        // A shared IP no node may answer for although this Service alone could be answered.
+        let disagreeing = unanswered.and_then(|ip| {
+            let alone = decided.disagreeing.get(ip)?;
+            let mine = alone.iter().find(|(s, _)| s == name)?;
+            (!mine.1.is_empty()).then_some((ip, alone))
+        });
         let problem = match unanswered {
+            Some(_) if let Some((ip, alone)) = disagreeing => {
+                shared_without_owner(*ip, name, alone)
+            }
             Some(ip) if local && ready_on.is_empty() => format!(
                 "no node may answer for {ip}: the service has externalTrafficPolicy Local and no \
                  ready endpoint on any node (kube-proxy would drop its traffic everywhere); it \
@@ -250,6 +356,38 @@ pub fn announce_problems(
         out.insert(name.clone(), problem);
     }
     out
+}
+
+/// Why `service`'s shared `ip` is not announced: no node may answer for every Service holding
+/// it (`alone`: each with the nodes that may answer for it alone). One IP has one owner on its
+/// segment, so rather than two nodes answering (two MACs for one IP), none does.
+fn shared_without_owner(ip: IpAddr, service: &str, alone: &[(String, Vec<String>)]) -> String {
+    // A few names are enough to see the disagreement; thousands would drown the message.
+    const SHOWN: usize = 5;
+    let names = |nodes: &[String]| match nodes.len() {
+        0 => "no node (its own Announced condition says why)".to_owned(),
+        n if n <= SHOWN => nodes.join(", "),
+        n => format!("{} and {} more", nodes[..SHOWN].join(", "), n - SHOWN),
+    };
+    let others: Vec<&str> = alone
+        .iter()
+        .filter(|(s, _)| s != service)
+        .map(|(s, _)| s.as_str())
+        .collect();
+    let each: Vec<String> = alone
+        .iter()
+        .map(|(s, nodes)| format!("{s} from {}", names(nodes)))
+        .collect();
+    format!(
+        "no node may answer for {ip}: it is shared with service {}, and one IP is answered by \
+         one node, which must be allowed to answer for every Service holding it; none is \
+         (each alone may be answered: {}). Make the L2AnnouncementPolicies that select these \
+         Services select at least one node in common with a matching interface (with \
+         externalTrafficPolicy Local, that node must also run a ready endpoint of each), or \
+         stop sharing the IP",
+        others.join(", "),
+        each.join("; ")
+    )
 }
 
 /// Pools whose addresses lie outside the subnet of every interface a policy that may announce
@@ -808,5 +946,223 @@ mod tests {
             flagged["edge"].contains("10.77.0.0/24 (eth0 on n0)"),
             "{flagged:?}"
         );
+    }
+
+    /// Policies and Services.
+    type Rows = (
+        Vec<(String, L2PolicySpec)>,
+        Vec<(String, ServiceSpec, ServiceStatus)>,
+    );
+
+    /// Two Services sharing each IP (s{2k} and s{2k+1}), `a` selected by the policy of the
+    /// nodes labelled `a` on eth0, `b` by that of the nodes labelled `b` on eth1.
+    fn shared_on_two_policies(family: Family, pairs: usize) -> Rows {
+        let mut svcs = services(2 * pairs, family);
+        for (i, s) in svcs.iter_mut().enumerate() {
+            let team = if i % 2 == 0 { "a" } else { "b" };
+            s.1.labels.insert("team".into(), team.into());
+            s.1.sharing_key = Some(format!("key{}", i / 2));
+        }
+        for i in 0..pairs {
+            svcs[2 * i + 1].2.ingress = svcs[2 * i].2.ingress.clone();
+        }
+        let policies = ["a", "b"]
+            .into_iter()
+            .zip(["eth0", "eth1"])
+            .map(|(team, iface)| {
+                let (_, mut spec) = policy(None, &[iface]);
+                spec.node_selector = Selector::default();
+                spec.node_selector
+                    .match_labels
+                    .insert(team.into(), "yes".into());
+                spec.service_selector
+                    .match_labels
+                    .insert("team".into(), team.into());
+                (team.to_owned(), spec)
+            })
+            .collect();
+        (policies, svcs)
+    }
+
+    /// A node with labels `teams` (each `<team>: yes`) and interfaces eth0 and eth1.
+    fn team_node(name: &str, teams: &[&str]) -> NodeView {
+        let mut n = node(
+            name,
+            "z",
+            &[("eth0", "10.77.0.1/24"), ("eth1", "10.79.0.1/24")],
+        );
+        n.labels = teams
+            .iter()
+            .map(|t| ((*t).to_owned(), "yes".to_owned()))
+            .collect();
+        n
+    }
+
+    /// For each IP, the nodes announcing it.
+    fn owners_by_ip(got: &[Announcement]) -> BTreeMap<IpAddr, BTreeSet<&str>> {
+        let mut by_ip: BTreeMap<IpAddr, BTreeSet<&str>> = BTreeMap::new();
+        for a in got {
+            by_ip.entry(a.ip).or_default().insert(a.node.as_str());
+        }
+        by_ip
+    }
+
+    /// Services sharing an IP on two policies with other node selectors and interfaces: one
+    /// owner per IP, a node both policies select, answering on both policies' interfaces;
+    /// without such a node the IP is announced by none (never by two), and each Service is
+    /// told which other Service it shares with and what to do. In v4 and v6.
+    #[test]
+    fn services_sharing_an_ip_on_two_policies_get_one_owner_for_it() {
+        for family in [Family::V4, Family::V6] {
+            let (policies, svcs) = shared_on_two_policies(family, 20);
+            let nodes = [
+                team_node("only-a", &["a"]),
+                team_node("only-b", &["b"]),
+                team_node("both", &["a", "b"]),
+                team_node("both-too", &["a", "b"]),
+            ];
+            let got = owners(&policies, &[], &svcs, &none(), &nodes);
+            assert_eq!(
+                got.len(),
+                40,
+                "{family:?}: every Service announced: {got:?}"
+            );
+            for (ip, on) in owners_by_ip(&got) {
+                assert_eq!(on.len(), 1, "{family:?}: {ip} has owners {on:?}");
+                assert!(on.iter().all(|n| n.starts_with("both")), "{ip}: {on:?}");
+            }
+            assert!(
+                got.iter().all(|a| a.interfaces == ["eth0", "eth1"]),
+                "{got:?}"
+            );
+            // The owner is the heavier of the nodes both select: a node either policy alone
+            // selects never answers, whatever its weight.
+            for a in &got {
+                let best = ["both", "both-too"]
+                    .into_iter()
+                    .max_by_key(|n| (weight(a.ip, n), *n))
+                    .unwrap();
+                assert_eq!(a.node, best, "{a:?}");
+            }
+            assert!(announce_problems(&policies, &[], &svcs, &none(), &nodes).is_empty());
+
+            // No node both policies select: nobody answers, and both Services say why.
+            let apart = [team_node("only-a", &["a"]), team_node("only-b", &["b"])];
+            let got = owners(&policies, &[], &svcs, &none(), &apart);
+            assert!(got.is_empty(), "{family:?}: two owners or one: {got:?}");
+            let problems = announce_problems(&policies, &[], &svcs, &none(), &apart);
+            assert_eq!(problems.len(), 40, "{problems:?}");
+            let p = &problems["ns/s0"];
+            assert!(
+                p.contains("shared with service ns/s1")
+                    && p.contains("ns/s0 from only-a; ns/s1 from only-b")
+                    && p.contains("select at least one node in common")
+                    && p.contains("stop sharing"),
+                "{p}"
+            );
+            assert!(
+                problems["ns/s1"].contains("shared with service ns/s0"),
+                "{problems:?}"
+            );
+        }
+    }
+
+    /// Services sharing an IP with externalTrafficPolicy Local whose ready endpoints differ
+    /// (one moved before the other): the owner has an endpoint of both; with no such node,
+    /// nobody answers. A shared IP whose Services agree keeps the owner it would have alone, so
+    /// this costs no move. In v4 and v6.
+    #[test]
+    fn shared_local_services_are_announced_only_where_both_have_an_endpoint() {
+        for family in [Family::V4, Family::V6] {
+            let nodes: Vec<NodeView> = (0..4)
+                .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
+                .collect();
+            let pairs = 20;
+            let mut svcs = services(2 * pairs, family);
+            for i in 0..pairs {
+                svcs[2 * i + 1].2.ingress = svcs[2 * i].2.ingress.clone();
+            }
+            for s in &mut svcs {
+                s.1.external_traffic_policy = TrafficPolicy::Local;
+            }
+            let policies = [policy(None, &[])];
+            let ready = |even: &[&str], odd: &[&str]| -> ReadyNodes {
+                svcs.iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let on = if i % 2 == 0 { even } else { odd };
+                        (s.0.clone(), on.iter().map(|n| (*n).to_owned()).collect())
+                    })
+                    .collect()
+            };
+            let got = owners(
+                &policies,
+                &[],
+                &svcs,
+                &ready(&["n0", "n2"], &["n1", "n2"]),
+                &nodes,
+            );
+            assert_eq!(got.len(), 40, "{got:?}");
+            assert!(got.iter().all(|a| a.node == "n2"), "{family:?}: {got:?}");
+
+            let got = owners(&policies, &[], &svcs, &ready(&["n0"], &["n1"]), &nodes);
+            assert!(got.is_empty(), "{family:?}: {got:?}");
+            let problems =
+                announce_problems(&policies, &[], &svcs, &ready(&["n0"], &["n1"]), &nodes);
+            assert!(
+                problems["ns/s2"].contains("shared with service ns/s3")
+                    && problems["ns/s2"].contains("ns/s2 from n0; ns/s3 from n1"),
+                "{problems:?}"
+            );
+
+            // Agreeing Services: the owner each IP has when one Service holds it.
+            let all = ["n0", "n1", "n2", "n3"];
+            let shared = owners(&policies, &[], &svcs, &ready(&all, &all), &nodes);
+            let alone: Vec<_> = svcs.iter().step_by(2).cloned().collect();
+            let single = owners(&policies, &[], &alone, &ready(&all, &all), &nodes);
+            let of = |got: &[Announcement]| -> BTreeMap<IpAddr, String> {
+                got.iter().map(|a| (a.ip, a.node.clone())).collect()
+            };
+            assert_eq!(of(&shared), of(&single));
+        }
+    }
+
+    /// A Service no L2 policy announces (BGP's alone, say) does not stop the one sharing its
+    /// IP from being announced; it is still reported unannounced itself.
+    #[test]
+    fn a_sharing_service_no_policy_announces_leaves_the_ip_to_the_others() {
+        let (mut policies, svcs) = shared_on_two_policies(Family::V4, 5);
+        policies.truncate(1);
+        let nodes = [team_node("only-a", &["a"]), team_node("only-b", &["b"])];
+        let got = owners(&policies, &[], &svcs, &none(), &nodes);
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert!(
+            got.iter()
+                .all(|a| a.node == "only-a" && a.service.ends_with(['0', '2', '4', '6', '8']))
+        );
+        let problems = announce_problems(&policies, &[], &svcs, &none(), &nodes);
+        assert!(
+            problems["ns/s1"].contains("none of the 2 node(s)"),
+            "{problems:?}"
+        );
+    }
+
+    /// Many Services listing one externalIP: one owner, and a decision that stays linear.
+    #[test]
+    fn an_external_ip_many_services_list_has_one_owner() {
+        let nodes: Vec<NodeView> = (0..5)
+            .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
+            .collect();
+        let mut with_external = policy(None, &[]);
+        with_external.1.external_ips = true;
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let mut svcs = services(2000, Family::V4);
+        for s in &mut svcs {
+            s.1.external_ips = vec![ip, ip];
+        }
+        let got = owners(&[with_external], &[], &svcs, &none(), &nodes);
+        let by_ip = owners_by_ip(&got);
+        assert_eq!(by_ip[&ip].len(), 1, "{:?}", by_ip[&ip]);
+        assert_eq!(got.iter().filter(|a| a.ip == ip).count(), 2000);
     }
 }

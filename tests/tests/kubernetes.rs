@@ -1807,12 +1807,14 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     assert!(held > 100, "the delay held only {held} packets");
     assert_pods_ready(&pods, &names, &[owner]).await;
 
-    // A gossip partition: the node's gossip cut both ways while its kubelet's port still
-    // answers. Its peers declare it dead and find it alive; it hears no majority, so its
-    // fence closes and it reports no one.
+    // A gossip partition: the node's gossip cut both ways, and its kubelet's port rejected
+    // by its firewall with ICMP "administratively prohibited", then dropped (Kubernetes
+    // documents 10250 as reachable from the control plane only): each is what a dead node's
+    // port gives too. Its peers declare it dead and find it alive by ARP; it hears no
+    // majority, so its fence closes and it reports no one.
     let refusal = |i: usize| {
         let needle = format!(
-            "not reporting {} dead: the gossip declared it dead but kubelet",
+            "not reporting {} dead: the gossip declared it dead but ",
             names[next]
         );
         agents.lock().unwrap()[i]
@@ -1824,11 +1826,23 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     let gossip_port = GOSSIP_PORT.to_string();
     let partition = [["INPUT", "--dport"], ["OUTPUT", "--dport"]]
         .map(|[chain, port]| [chain, "-p", "udp", port, gossip_port.as_str(), "-j", "DROP"]);
+    let kubelet_port = KUBELET_PORT.to_string();
+    let kubelet_filtered = |how: &'static [&'static str]| {
+        [
+            ["INPUT", "-p", "tcp", "--dport", kubelet_port.as_str(), "-j"].as_slice(),
+            how,
+        ]
+        .concat()
+    };
+    let rejected = kubelet_filtered(&["REJECT", "--reject-with", "icmp-admin-prohibited"]);
+    let dropped = kubelet_filtered(&["DROP"]);
+    iptables("-A", &rejected);
     for rule in &partition {
         iptables("-A", rule);
     }
     wait_for(
-        "both peers of the partitioned node finding its kubelet answering",
+        "both peers of the partitioned node finding it running although its kubelet's port \
+         is rejected",
         async || {
             (refusal(owner) > refusals_before[0] && refusal(other) > refusals_before[1])
                 .then_some(())
@@ -1840,8 +1854,20 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         .as_ref()
         .is_some_and(|a| a.log_text().contains("gossip fence closed"));
     assert!(fence_closed, "the partitioned node's fence stayed open");
-    // Past the peers' recheck of its kubelet.
-    none_reported_while("across a gossip partition", Duration::from_secs(6)).await;
+    none_reported_while(
+        "across a gossip partition, its kubelet's port rejected",
+        Duration::from_secs(2),
+    )
+    .await;
+    iptables("-D", &rejected);
+    iptables("-A", &dropped);
+    // Past the peers' recheck of the node.
+    none_reported_while(
+        "across a gossip partition, its kubelet's port dropped",
+        Duration::from_secs(6),
+    )
+    .await;
+    iptables("-D", &dropped);
     for rule in &partition {
         iptables("-D", rule);
     }

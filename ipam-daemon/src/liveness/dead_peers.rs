@@ -1,16 +1,25 @@
 //! The agent's half of taking a dead node's pods out of their Services' endpoints: the nodes
-//! the gossip declared dead, checked on a second, independent signal (their kubelet's port),
-//! published in this node's record (`spec.peersDown`), where the operator counts the reports
-//! (`cluster::dead_nodes`), and handed to `dead_flows`, which deletes this node's unanswered
-//! connections to their pods.
+//! the gossip declared dead, checked on a second, independent signal (the node's own kernel,
+//! asked on its segment), published in this node's record (`spec.peersDown`), where the
+//! operator counts the reports (`cluster::dead_nodes`), and handed to `dead_flows`, which
+//! deletes this node's unanswered connections to their pods.
 //!
-//! Two rules keep a report from being wrong:
+//! Three rules keep a report from being wrong:
 //! - only while this node's fence is open, that is while it hears a majority: a node cut off
 //!   with a minority sees the majority dead, and must not report it;
-//! - only a node whose kubelet's port gives no answer at all within the probe timeout, on every
-//!   address it has. A refused connection is an answer (the node's kernel runs: its kubelet,
-//!   or only this project's agent, is down), and so is an accepted one. The handshake is the
-//!   kernel's, so a busy kubelet still answers in time.
+//! - only a node silent by a signal that a live host gives whatever its firewall does. Each
+//!   address is probed two ways at once: a connection to the kubelet's port (accepted or
+//!   refused, it is an answer: the node's kernel runs), and ARP requests (IPv6: neighbour
+//!   solicitations) on the segment the address is on (`net::neighbour`), which a running
+//!   kernel answers whatever its packet filter does to TCP. A port that gives no answer, or
+//!   an ICMP error (a host whose firewall rejects 10250 with "administratively prohibited"
+//!   sends one, and so does a router), is no evidence alone: a host that drops or rejects
+//!   the kubelet's port is often a live one, since Kubernetes documents 10250 as reachable
+//!   from the control plane only. A node is silent only when an address on one of this
+//!   node's segments answered neither.
+//! - and the probe fails closed: a node none of whose addresses is on a segment of this node
+//!   (reached through a router) cannot be told apart from a firewalled one, and is not
+//!   reported; Kubernetes' own grace period applies to it.
 //!
 //! The probe starts when the gossip first suspects a node, not when it declares it dead: a
 //! silent answer no older than `FRESH` is the evidence when the verdict comes, so the report
@@ -37,7 +46,7 @@ use ipam_core::{
 use tokio::sync::watch;
 
 use super::{fence::FenceState, gossip::Membership};
-use crate::cluster::ClusterStore;
+use crate::{cluster::ClusterStore, net::neighbour::Solicited};
 
 /// How often a node held dead is probed again.
 const RECHECK: Duration = Duration::from_secs(5);
@@ -57,13 +66,17 @@ pub struct Inputs {
     pub reported: watch::Sender<super::dead_flows::Reported>,
 }
 
-/// What the probe of one node's kubelet found.
+/// What the probe of one node found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Probe {
-    /// No answer on any address: the evidence.
+    /// An address on this node's segment answered neither its kubelet's port nor ARP/NDP, and
+    /// no other address answered: the evidence.
     Silent(String),
     /// Something answered: the node runs.
     Answered(String),
+    /// No address of the node is on a segment of this node, or none could be asked: its
+    /// silence would prove nothing, so it is not reported.
+    CannotTell(String),
     /// The node's record lists no address to probe.
     NoAddress,
 }
@@ -205,47 +218,107 @@ async fn probe_all(
         .collect()
 }
 
-/// Connection attempts on each address, started evenly within the probe timeout. A lost SYN
-/// or SYN-ACK would otherwise make a live node silent (TCP resends a SYN only after a second):
-/// on a link losing a fifth of its packets each way one attempt goes unanswered about one time
-/// in three, three attempts about one time in twenty.
+/// Connection attempts on each address, and neighbour requests, started evenly within the
+/// probe timeout. A lost SYN or SYN-ACK would otherwise make a live node silent (TCP resends a
+/// SYN only after a second): on a link losing a fifth of its packets each way one attempt goes
+/// unanswered about one time in three, three attempts about one time in twenty.
 const ATTEMPTS_PER_ADDRESS: u32 = 3;
 
-/// Connects to the kubelet's port on each of `addresses` at once, `ATTEMPTS_PER_ADDRESS`
-/// times, staggered; silent only if no attempt on any address is answered within `timeout`
-/// of the first. A dead node costs the full timeout and no more.
+/// Probes each of `addresses` at once, its kubelet's `port` and its segment; silent only if
+/// no address answered and one on this node's segment answered neither within `timeout`. A
+/// dead node costs the full timeout and no more; a live one answers its neighbour requests
+/// within a round trip.
 pub async fn probe(addresses: &[IpAddr], port: u16, timeout: Duration) -> Probe {
     if addresses.is_empty() {
         return Probe::NoAddress;
     }
-    let deadline = tokio::time::Instant::now() + timeout;
-    let per_address = addresses.iter().map(|ip| async move {
-        let target = SocketAddr::new(*ip, port);
-        let attempts = (0..ATTEMPTS_PER_ADDRESS).map(|k| async move {
-            tokio::time::sleep(timeout * k / ATTEMPTS_PER_ADDRESS).await;
-            attempt(target, deadline).await
-        });
-        let results = futures_util::future::join_all(attempts).await;
-        match results.iter().find_map(|r| r.clone().err()) {
-            Some(answer) => Err(answer),
-            // Every attempt said the same or timed out: the first says it for all.
-            None => Ok(format!(
-                "{} ({ATTEMPTS_PER_ADDRESS} attempts)",
-                results[0].clone().unwrap_or_default()
-            )),
-        }
-    });
-    let results = futures_util::future::join_all(per_address).await;
-    if let Some(answer) = results.iter().find_map(|r| r.clone().err()) {
-        return Probe::Answered(answer);
-    }
-    Probe::Silent(
-        results
-            .into_iter()
-            .filter_map(Result::ok)
-            .collect::<Vec<_>>()
-            .join("; "),
+    let findings = futures_util::future::join_all(
+        addresses.iter().map(|ip| probe_address(*ip, port, timeout)),
     )
+    .await;
+    verdict(findings)
+}
+
+/// What one address said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Finding {
+    Answered(String),
+    Silent(String),
+    CannotTell(String),
+}
+
+/// The node's verdict from its addresses' findings: an answer from any address wins; else
+/// a silence on a segment; else nothing can be told (fail closed).
+fn verdict(findings: Vec<Finding>) -> Probe {
+    let mut silences = Vec::new();
+    let mut unknown = Vec::new();
+    for finding in findings {
+        match finding {
+            Finding::Answered(answer) => return Probe::Answered(answer),
+            Finding::Silent(evidence) => silences.push(evidence),
+            Finding::CannotTell(why) => unknown.push(why),
+        }
+    }
+    if silences.is_empty() {
+        Probe::CannotTell(unknown.join("; "))
+    } else {
+        Probe::Silent(silences.join("; "))
+    }
+}
+
+async fn probe_address(ip: IpAddr, port: u16, timeout: Duration) -> Finding {
+    let neighbour = async move {
+        tokio::task::spawn_blocking(move || {
+            crate::net::neighbour::solicit(ip, ATTEMPTS_PER_ADDRESS, timeout)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Solicited::CannotTell(format!("the neighbour probe of {ip} failed: {e}"))
+        })
+    };
+    let (kubelet, neighbour) = tokio::join!(kubelet_port(ip, port, timeout), neighbour);
+    let silence = match kubelet {
+        Err(answer) => return Finding::Answered(answer),
+        Ok(silence) => silence,
+    };
+    match neighbour {
+        Solicited::Answered { interface, mac } => Finding::Answered(format!(
+            "{ip} answers ARP/NDP on {interface} from {} (its kubelet's port is filtered: \
+             {silence})",
+            ipam_api::types::Mac(mac)
+        )),
+        Solicited::Unanswered {
+            interface,
+            attempts,
+            waited,
+        } => Finding::Silent(format!(
+            "{silence}, and {ip} answered none of {attempts} ARP/NDP requests on {interface} \
+             within {} ms",
+            waited.as_millis()
+        )),
+        Solicited::CannotTell(why) => Finding::CannotTell(format!("{silence}, but {why}")),
+    }
+}
+
+/// Connects to `port` on `ip`, `ATTEMPTS_PER_ADDRESS` times, staggered: `Err` with what
+/// answered, `Ok` with the silence (no answer within `timeout` of the first, or an ICMP error,
+/// which a firewall or a router sends as readily as a dead host's neighbour).
+async fn kubelet_port(ip: IpAddr, port: u16, timeout: Duration) -> Result<String, String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let target = SocketAddr::new(ip, port);
+    let attempts = (0..ATTEMPTS_PER_ADDRESS).map(|k| async move {
+        tokio::time::sleep(timeout * k / ATTEMPTS_PER_ADDRESS).await;
+        attempt(target, deadline).await
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    match results.iter().find_map(|r| r.clone().err()) {
+        Some(answer) => Err(answer),
+        // Every attempt said the same or timed out: the first says it for all.
+        None => Ok(format!(
+            "{} ({ATTEMPTS_PER_ADDRESS} attempts)",
+            results[0].clone().unwrap_or_default()
+        )),
+    }
 }
 
 /// One connection to `target` before `deadline`: `Err` with what answered, `Ok` with the
@@ -257,9 +330,10 @@ async fn attempt(target: SocketAddr, deadline: tokio::time::Instant) -> Result<S
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Err(format!(
             "kubelet {target}: refused (the node's kernel answers)"
         )),
-        // Unreachable (the neighbour never answered) is silence; any other error is not
-        // evidence of anything.
-        Ok(Err(e)) if is_unreachable(&e) => Ok(format!("kubelet {target}: unreachable")),
+        // Unreachable: this node's neighbour request went unanswered, or an ICMP error came
+        // back (from a firewall of the node itself as readily as from a router): the
+        // neighbour probe tells which. Any other error is not evidence of anything.
+        Ok(Err(e)) if is_unreachable(&e) => Ok(format!("kubelet {target}: unreachable ({e})")),
         Ok(Err(e)) => Err(format!("kubelet {target}: {e}")),
         Err(_) => Ok(format!(
             "kubelet {target}: no answer within {} ms",
@@ -310,6 +384,13 @@ fn log_changes(me: &str, verdicts: &mut BTreeMap<String, Probe>, probes: &BTreeM
                 peer = node.as_str(),
                 "not reporting {node} dead: the gossip declared it dead but {answer}; its \
                  agent may be down while the node runs"
+            ),
+            Probe::CannotTell(why) => tracing::warn!(
+                node = me,
+                peer = node.as_str(),
+                "not reporting {node} dead: the gossip declared it dead, but whether it runs \
+                 cannot be told from here ({why}); Kubernetes' own grace period applies to \
+                 its pods"
             ),
             Probe::NoAddress => tracing::warn!(
                 node = me,
@@ -416,6 +497,31 @@ mod tests {
         assert_eq!(findings.to_probe(&one("c"), &none, start + FRESH).len(), 1);
         findings.forget_all_but(&none, &none);
         assert!(findings.of(&one("c")).is_empty());
+    }
+
+    /// Any address's answer makes the node run; a silence on a segment is evidence; with no
+    /// address on a segment nothing can be told, and the node is not reported.
+    #[test]
+    fn a_node_is_silent_only_on_a_segment_and_unknown_elsewhere() {
+        let silent = || Finding::Silent("10.0.0.3: no answer, no ARP answer".into());
+        let unknown = || Finding::CannotTell("10.9.0.3 is on no segment".into());
+        let answered = || Finding::Answered("10.0.0.3 answers ARP".into());
+        assert!(matches!(
+            verdict(vec![unknown(), answered(), silent()]),
+            Probe::Answered(_)
+        ));
+        assert!(
+            matches!(verdict(vec![unknown(), silent()]), Probe::Silent(e) if e.contains("no ARP"))
+        );
+        assert!(matches!(verdict(vec![unknown()]), Probe::CannotTell(_)));
+        let reports = reports_of(&BTreeMap::from([(
+            "c".to_owned(),
+            verdict(vec![unknown(), unknown()]),
+        )]));
+        assert!(
+            reports.is_empty(),
+            "a node that cannot be told is reported: {reports:?}"
+        );
     }
 
     #[test]

@@ -61,6 +61,25 @@ impl Contact {
         self.heard_from.get(&addr).copied()
     }
 
+    /// Forgets when the senders `is_member` says are no longer members were heard from, once
+    /// that is more than `after` before `now`: a long-running member otherwise keeps one entry
+    /// per address it ever heard. (A failed probe of a forgotten member counts as unanswered:
+    /// it was not heard from since, and the fence's window is far shorter than `after`.)
+    pub(crate) fn forget(
+        &mut self,
+        now: Duration,
+        after: Duration,
+        is_member: impl Fn(&SocketAddr) -> bool,
+    ) {
+        self.heard_from
+            .retain(|from, at| is_member(from) || now.saturating_sub(*at) <= after);
+    }
+
+    /// How many senders this member remembers hearing from.
+    pub fn senders_heard(&self) -> usize {
+        self.heard_from.len()
+    }
+
     /// An answer to this member's probe `probe`, direct or forwarded (the first one counts).
     pub(crate) fn answered(&mut self, at: Duration, probe: ProbeNumber) {
         if self.last_answered != Some(probe) {

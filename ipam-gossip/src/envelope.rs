@@ -16,14 +16,27 @@
 //!   just restarted. This asks the nodes' clocks to agree within the skew, which NTP gives any
 //!   cluster (its certificates need it too).
 //! - The **counter** is the sender's count of packets to this recipient: it grows by one per
-//!   packet sealed for it, from the sender's clock at its first packet to it (so a restarted
-//!   sender starts above everything it sent before, unless it sent more than one packet per
-//!   microsecond). Receivers keep, per sender, the highest counter and which of the
-//!   [`REPLAY_WINDOW`] below it they have seen, as IPsec does: a packet seen before is dropped,
-//!   and so is one more than [`REPLAY_WINDOW`] packets older than the newest, which cannot be
-//!   told from a replay. Counted per recipient, the window is packets sent to this member: at
-//!   the gossip's rates to one peer (tens a second) it takes reordering over about a second,
-//!   whatever the cluster's size.
+//!   packet sealed for it, from the sender's clock at its first packet to it, and it starts
+//!   again from the clock once it is [`REANCHOR_AFTER`] behind it (so a counter is never ahead
+//!   of its sender's clock, and a restarted sender starts above everything it sent before,
+//!   unless it sent more than one packet per microsecond). Receivers keep, per sender, the
+//!   highest counter and which of the [`REPLAY_WINDOW`] below it they have seen, as IPsec does:
+//!   a packet seen before is dropped, and so is one more than [`REPLAY_WINDOW`] packets older
+//!   than the newest, which cannot be told from a replay. Counted per recipient, the window is
+//!   packets sent to this member: at the gossip's rates to one peer (tens a second) it takes
+//!   reordering over about a second, whatever the cluster's size.
+//! - A counter more than [`MAX_CLOCK_SKEW`] **ahead** of the receiver's clock is dropped: no
+//!   sender's counter is ahead of its clock. Without that bound one packet sealed by a holder of
+//!   the key, naming another member as its sender and a counter near `u64::MAX`, moved that
+//!   sender's window to the end of time: every real packet of it was dropped as replayed until
+//!   the receiver restarted (a key rotation keeps the windows). With it, the most such a packet
+//!   does is push the window to the clock and the skew; the sender's counter passes that at its
+//!   first restart from the clock after it, so the sender is heard again within
+//!   [`MAX_CLOCK_SKEW`] and [`REANCHOR_AFTER`] (and its packets still reach the receiver
+//!   through the others' indirect probes meanwhile).
+//! - What a receiver keeps of a sender is forgotten once the sender is no longer a member and
+//!   was silent for [`FORGET_AFTER`] (see [`Envelope::forget`]): twice the skew, so every
+//!   packet it ever took from that sender is stale by then and a replay is dropped as such.
 //! - The sender and the recipient are inside the tag: a replay cannot be passed off as coming
 //!   from elsewhere, and a packet sent to one member and replayed to another is dropped there
 //!   (each member's window only covers what was sent to it, so without the recipient a packet
@@ -56,6 +69,15 @@ pub const MIN_KEY_LEN: usize = 32;
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(30);
 /// How many packets below the newest from a sender may still arrive (reordered) and be taken.
 pub const REPLAY_WINDOW: u64 = 64;
+/// A sender's counter to one recipient starts again from its clock once it is this far behind
+/// it. This bounds how long a counter pushed ahead (up to [`MAX_CLOCK_SKEW`]) by a key holder
+/// keeps a sender's packets out; each restart costs at most a packet reordered across it.
+pub const REANCHOR_AFTER: Duration = Duration::from_secs(10);
+/// How long after its last packet a sender that is no longer a member is forgotten: twice the
+/// skew. A packet taken at the receiver's time `t` was sent at most [`MAX_CLOCK_SKEW`] after
+/// `t` (by the sender's clock), so past `t` and twice the skew it is stale: forgetting the
+/// sender's window then lets no replay through.
+pub const FORGET_AFTER: Duration = Duration::from_secs(2 * MAX_CLOCK_SKEW.as_secs());
 
 /// Why a cluster key was refused.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -160,6 +182,11 @@ pub enum Dropped {
     BadTag,
     #[error("sent too long ago, or from a clock too far off")]
     Stale,
+    #[error(
+        "a counter further ahead of this node's clock than the allowed skew: forged by a holder \
+         of the key, or a sender's clock far off"
+    )]
+    Ahead,
     #[error("already received")]
     Replayed,
     #[error("authentic, but sent to another member")]
@@ -171,13 +198,14 @@ pub enum Dropped {
 }
 
 impl Dropped {
-    pub const ALL: [Dropped; 10] = [
+    pub const ALL: [Dropped; 11] = [
         Dropped::Truncated,
         Dropped::NotGossip,
         Dropped::OtherVersion,
         Dropped::UnknownKey,
         Dropped::BadTag,
         Dropped::Stale,
+        Dropped::Ahead,
         Dropped::Replayed,
         Dropped::Misaddressed,
         Dropped::Malformed,
@@ -193,6 +221,7 @@ impl Dropped {
             Dropped::UnknownKey => "unknown_key",
             Dropped::BadTag => "bad_tag",
             Dropped::Stale => "stale",
+            Dropped::Ahead => "ahead",
             Dropped::Replayed => "replayed",
             Dropped::Misaddressed => "misaddressed",
             Dropped::Malformed => "malformed",
@@ -228,12 +257,32 @@ impl Envelope {
 
     /// `message` in an envelope to `recipient`, sent at `unix_micros`.
     pub fn seal(&mut self, unix_micros: u64, recipient: SocketAddr, message: &[u8]) -> Vec<u8> {
-        let counter = self
-            .counters
-            .entry(recipient)
-            .and_modify(|c| *c += 1)
-            .or_insert_with(|| unix_micros.max(1));
-        let counter = *counter;
+        let from_clock = unix_micros.max(1);
+        let counter = match self.counters.get(&recipient) {
+            // One more, while that stays close behind the clock. Far behind, start again from
+            // the clock: a window pushed ahead by a forged packet is passed within
+            // REANCHOR_AFTER of the clock passing it. Far ahead (this clock was set back by
+            // more than the skew), receivers would drop it as ahead: start again too.
+            Some(&last)
+                if unix_micros.saturating_sub(last) <= micros(REANCHOR_AFTER)
+                    && last <= unix_micros.saturating_add(micros(MAX_CLOCK_SKEW)) =>
+            {
+                last.saturating_add(1)
+            }
+            _ => from_clock,
+        };
+        self.counters.insert(recipient, counter);
+        self.sealed(unix_micros, recipient, counter, message)
+    }
+
+    /// `message` in an envelope to `recipient`, sent at `unix_micros` with `counter`.
+    fn sealed(
+        &self,
+        unix_micros: u64,
+        recipient: SocketAddr,
+        counter: u64,
+        message: &[u8],
+    ) -> Vec<u8> {
         let mut packet = Vec::with_capacity(OVERHEAD + message.len());
         packet.extend_from_slice(MAGIC);
         packet.push(VERSION);
@@ -278,25 +327,69 @@ impl Envelope {
         }
         let sent_at = u64::from_be_bytes(packet[43..51].try_into().expect("8 bytes"));
         let counter = u64::from_be_bytes(packet[51..59].try_into().expect("8 bytes"));
-        let skew = u64::try_from(MAX_CLOCK_SKEW.as_micros()).unwrap_or(u64::MAX);
+        let skew = micros(MAX_CLOCK_SKEW);
         if sent_at.abs_diff(unix_micros) > skew {
             return Err(Dropped::Stale);
         }
-        self.seen.entry(sender).or_default().admit(counter)?;
+        // No sender's counter runs ahead of its clock, nor its clock more than the skew ahead
+        // of this one: such a counter would only push the sender's window out of its reach.
+        if counter > unix_micros.saturating_add(skew) {
+            return Err(Dropped::Ahead);
+        }
+        self.seen
+            .entry(sender)
+            .or_default()
+            .admit(counter, unix_micros)?;
         Ok((sender, &signed[HEADER_LEN..]))
+    }
+
+    /// Forgets, at `unix_micros`, what it keeps of addresses `is_member` says are no longer
+    /// members: a sender's window once [`FORGET_AFTER`] has passed since the last packet taken
+    /// from it, when everything it ever sent is stale (a replay is dropped as such, not taken
+    /// as new by an empty window); a recipient's counter at once, as the next packet to it then
+    /// starts from the clock, above every counter sent to it before.
+    pub fn forget(&mut self, unix_micros: u64, is_member: impl Fn(&SocketAddr) -> bool) {
+        self.seen.retain(|sender, window| {
+            is_member(sender)
+                || unix_micros.saturating_sub(window.last_taken) <= micros(FORGET_AFTER)
+        });
+        self.counters.retain(|recipient, _| is_member(recipient));
+    }
+
+    /// How many senders (windows) and recipients (counters) this envelope keeps.
+    pub fn remembered(&self) -> (usize, usize) {
+        (self.seen.len(), self.counters.len())
+    }
+
+    /// Whether this envelope keeps a replay window of `sender`.
+    pub fn remembers_sender(&self, sender: SocketAddr) -> bool {
+        self.seen.contains_key(&sender)
     }
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// The counters seen from one sender: the highest, and which of the [`REPLAY_WINDOW`] below it
-/// (bit `k - 1` of `below` is the counter `highest - k`).
+/// (bit `k - 1` of `below` is the counter `highest - k`); and when (the receiver's clock) the
+/// last packet was taken from it. A fixed size per sender, whatever it sends.
 #[derive(Debug, Default)]
 struct ReplayWindow {
     highest: u64,
     below: u64,
+    last_taken: u64,
 }
 
 impl ReplayWindow {
-    fn admit(&mut self, counter: u64) -> Result<(), Dropped> {
+    /// Takes `counter`, received at `unix_micros`, unless it was seen or is too old to tell.
+    fn admit(&mut self, counter: u64, unix_micros: u64) -> Result<(), Dropped> {
+        self.check_and_mark(counter)?;
+        self.last_taken = self.last_taken.max(unix_micros);
+        Ok(())
+    }
+
+    fn check_and_mark(&mut self, counter: u64) -> Result<(), Dropped> {
         if counter > self.highest {
             let shift = counter - self.highest;
             // The old highest becomes bit `shift - 1`; past the window it falls out, with
@@ -466,6 +559,104 @@ mod tests {
         // Those in between were never seen: each is taken once.
         b.open(NOW, &packets[1]).unwrap();
         assert_eq!(b.open(NOW, &packets[1]), Err(Dropped::Replayed));
+    }
+
+    /// A holder of the key seals one packet naming A as its sender with a counter near the end
+    /// of time: dropped as ahead, and A's packets are taken as before. (Before, it moved A's
+    /// window there, and every real packet of A was dropped as replayed until B restarted.)
+    #[test]
+    fn a_counter_ahead_of_the_clock_by_more_than_the_skew_is_dropped_and_changes_nothing() {
+        let (mut a, mut b) = pair(keyring(&[1; 32], &[]), keyring(&[1; 32], &[]));
+        let mallory = Envelope::new(keyring(&[1; 32], &[]), addr(A));
+        b.open(NOW, &a.seal(NOW, addr(B), b"m")).unwrap();
+        let skew = micros(MAX_CLOCK_SKEW);
+        for counter in [u64::MAX - 1, u64::MAX, NOW + skew + 1] {
+            let forged = mallory.sealed(NOW, addr(B), counter, b"you are dead");
+            assert_eq!(b.open(NOW, &forged), Err(Dropped::Ahead), "{counter}");
+        }
+        for at in [NOW + 1, NOW + 2] {
+            assert!(b.open(at, &a.seal(at, addr(B), b"m")).is_ok());
+        }
+        // At the edge of the skew it cannot be told from a sender whose clock is that far
+        // ahead: taken (the next test bounds what that costs).
+        let edge = mallory.sealed(NOW, addr(B), NOW + skew, b"x");
+        assert!(b.open(NOW, &edge).is_ok());
+    }
+
+    /// The most a forged counter can do: push A's window to the clock and the skew. A's
+    /// counter starts again from its clock once it is REANCHOR_AFTER behind it, so B takes A's
+    /// packets again within the skew and REANCHOR_AFTER; none of A's packets is ever ahead.
+    #[test]
+    fn a_window_pushed_to_the_edge_of_the_skew_takes_its_sender_again_within_a_bound() {
+        let (mut a, mut b) = pair(keyring(&[1; 32], &[]), keyring(&[1; 32], &[]));
+        let mallory = Envelope::new(keyring(&[1; 32], &[]), addr(A));
+        let skew = micros(MAX_CLOCK_SKEW);
+        let second = 1_000_000;
+        b.open(NOW, &a.seal(NOW, addr(B), b"m")).unwrap();
+        let forged = mallory.sealed(NOW, addr(B), NOW + skew, b"x");
+        b.open(NOW, &forged).unwrap();
+        // A sends a packet every half second, as a member probing B would.
+        let mut back = None;
+        for step in 1..200 {
+            let at = NOW + step * second / 2;
+            match b.open(at, &a.seal(at, addr(B), b"m")) {
+                Ok(_) => {
+                    back = Some(at);
+                    break;
+                }
+                Err(e) => assert_eq!(e, Dropped::Replayed, "at {}", at - NOW),
+            }
+        }
+        let back = back.expect("A's packets are never taken again") - NOW;
+        let bound = skew + micros(REANCHOR_AFTER) + second / 2;
+        assert!(back <= bound, "taken again after {back} µs (bound {bound})");
+
+        // A's clock set back by more than the skew after it ran ahead: its counter starts
+        // again from the clock rather than stay where B would drop it as ahead.
+        let (mut a, mut b) = pair(keyring(&[1; 32], &[]), keyring(&[1; 32], &[]));
+        let ahead = a.seal(NOW + 3 * skew, addr(B), b"m");
+        assert_eq!(b.open(NOW, &ahead), Err(Dropped::Stale));
+        assert!(b.open(NOW, &a.seal(NOW, addr(B), b"m")).is_ok());
+    }
+
+    /// A sender that is no longer a member is forgotten once every packet taken from it is
+    /// stale, not sooner: its packets replayed after that are dropped as stale, never taken as
+    /// new by an empty window. A member is never forgotten.
+    #[test]
+    fn a_forgotten_sender_s_packets_replayed_are_still_dropped() {
+        let (mut a, mut b) = pair(keyring(&[1; 32], &[]), keyring(&[1; 32], &[]));
+        let skew = micros(MAX_CLOCK_SKEW);
+        let forget = micros(FORGET_AFTER);
+        // The worst case: A's clock at the edge of the skew ahead of B's.
+        let packets: Vec<_> = (0..3)
+            .map(|i| {
+                let p = a.seal(NOW + skew + i, addr(B), b"m");
+                b.open(NOW + i, &p).unwrap();
+                p
+            })
+            .collect();
+        let last_taken = NOW + 2;
+        let _ = b.seal(NOW, addr(A), b"back");
+        b.forget(last_taken + 10 * forget, |_| true);
+        assert!(b.remembers_sender(addr(A)), "a member is kept");
+        b.forget(last_taken + forget, |_| false);
+        assert!(
+            b.remembers_sender(addr(A)),
+            "kept until all it sent is stale"
+        );
+        assert_eq!(
+            b.open(last_taken + forget, &packets[2]),
+            Err(Dropped::Replayed)
+        );
+        let later = last_taken + forget + 1;
+        b.forget(later, |_| false);
+        assert!(!b.remembers_sender(addr(A)));
+        assert_eq!(b.remembered(), (0, 0));
+        for p in &packets {
+            assert_eq!(b.open(later, p), Err(Dropped::Stale));
+        }
+        // A, sending again, is taken.
+        assert!(b.open(later, &a.seal(later, addr(B), b"m")).is_ok());
     }
 
     #[test]

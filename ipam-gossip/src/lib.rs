@@ -33,5 +33,5 @@ pub use contact::{Contact, Fence, Hello, Latch, Probes, Silenced, View};
 pub use envelope::{Dropped, KeyError, Keyring};
 pub use foca::State;
 pub use identity::PeerId;
-pub use peer::{Event, Now, Outgoing, Peer, Settings, Stats};
+pub use peer::{Event, Now, Outgoing, Peer, Remembered, Settings, Stats};
 pub use timing::Timing;

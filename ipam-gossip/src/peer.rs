@@ -4,7 +4,7 @@
 //! and a timer; the simulator drives thousands of them over a modelled network, in one thread,
 //! deterministically.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{collections::HashSet, net::SocketAddr, time::Duration};
 
 use foca::{
     Foca, Member, Message, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer,
@@ -14,7 +14,7 @@ use rand::{SeedableRng, rngs::StdRng};
 use crate::{
     PeerId,
     contact::{Contact, Hello},
-    envelope::{Dropped, Envelope, Keyring},
+    envelope::{Dropped, Envelope, FORGET_AFTER, Keyring},
     timers::Timers,
 };
 
@@ -99,6 +99,24 @@ const GREETINGS_AFTER_REJOIN: usize = 8;
 /// Members one hello goes to: any one answering is enough, two make a lost packet matter less.
 const HELLO_FANOUT: usize = 2;
 
+/// How often a member forgets what it kept of addresses that are no longer members (see
+/// [`Peer::remembered`]); each time costs a pass over the membership.
+const FORGET_EVERY: Duration = Duration::from_secs(10);
+
+/// What a member keeps per address besides foca's membership, which foca bounds itself (a
+/// member declared dead is removed after its `remove_down_after`). Senders are the members and
+/// those that left within [`FORGET_AFTER`] (and one [`FORGET_EVERY`]); recipients the members
+/// and those sent to since the last pass (foca greets a couple of dead members now and then).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Remembered {
+    /// Senders whose replay window the envelope keeps.
+    pub senders: usize,
+    /// Recipients whose counter the envelope keeps.
+    pub recipients: usize,
+    /// Senders whose last packet the contact keeps (the fence's input, "last heard").
+    pub heard_from: usize,
+}
+
 type Protocol = Foca<PeerId, PostcardCodec, StdRng, NoCustomBroadcast>;
 
 pub struct Peer {
@@ -110,6 +128,8 @@ pub struct Peer {
     contact: Contact,
     hello: Hello,
     last_hello: Option<Duration>,
+    /// When to next forget addresses that left (`forget_departed`).
+    next_forget: Duration,
 }
 
 /// What calls left for the driver.
@@ -134,6 +154,7 @@ impl Peer {
             contact: Contact::default(),
             hello: settings.hello,
             last_hello: None,
+            next_forget: Duration::ZERO,
         }
     }
 
@@ -234,6 +255,42 @@ impl Peer {
         }
         self.say_hello_if_silent(now);
         self.gossip_news(now);
+        self.forget_departed(now);
+    }
+
+    /// Forgets, every [`FORGET_EVERY`], what the envelope and the contact keep of addresses
+    /// that are no longer active members (declared dead, left, or never joined: a seed, a
+    /// forged sender) and were silent for [`FORGET_AFTER`]. Members come and go (nodes
+    /// replaced, addresses reused elsewhere): without this, a long-running member kept an entry
+    /// per address it ever heard. A member is never forgotten, whatever its silence; the time
+    /// bound is what keeps replays out (see [`crate::envelope`]).
+    fn forget_departed(&mut self, now: Now) {
+        if now.monotonic < self.next_forget {
+            return;
+        }
+        self.next_forget = now.monotonic + FORGET_EVERY;
+        let members: HashSet<SocketAddr> =
+            self.protocol.iter_members().map(|m| m.id().addr).collect();
+        let is_member = |addr: &SocketAddr| members.contains(addr);
+        self.envelope.forget(now.unix_micros, is_member);
+        self.contact.forget(now.monotonic, FORGET_AFTER, is_member);
+    }
+
+    /// How much per-address state this member keeps (see [`Remembered`]).
+    pub fn remembered(&self) -> Remembered {
+        let (senders, recipients) = self.envelope.remembered();
+        Remembered {
+            senders,
+            recipients,
+            heard_from: self.contact.senders_heard(),
+        }
+    }
+
+    /// Whether this member keeps anything of what it received from `addr`: its replay window,
+    /// or when it was last heard from. (A counter of what it sends to `addr` is kept only
+    /// while `addr` is a member, or was sent to since the last pass.)
+    pub fn remembers(&self, addr: SocketAddr) -> bool {
+        self.envelope.remembers_sender(addr) || self.contact.last_heard_from(addr).is_some()
     }
 
     /// When this member is due to say hello next, if it is silent long enough.

@@ -70,6 +70,9 @@ pub struct Simulation {
     in_flight: Queue<Delivery>,
     reports: Vec<Report>,
     traffic: Traffic,
+    /// Packets from one member to another kept as they are delivered (`capture`).
+    capture: Option<(usize, usize)>,
+    captured: Vec<Vec<u8>>,
 }
 
 struct Member {
@@ -107,6 +110,8 @@ impl Simulation {
             in_flight: Queue::new(),
             reports: Vec::new(),
             traffic: Traffic::default(),
+            capture: None,
+            captured: Vec::new(),
         };
         let ids: Vec<PeerId> = (0..size).map(|i| PeerId::new(address(i), 1)).collect();
         for (index, id) in ids.iter().enumerate() {
@@ -211,6 +216,37 @@ impl Simulation {
         self.collect(member);
     }
 
+    /// A new member at a new address (the next of [`address`]), joining through `seeds`, as a
+    /// node added to the cluster; returns its index.
+    pub fn add(&mut self, seeds: &[usize]) -> usize {
+        let index = self.members.len();
+        let id = PeerId::new(address(index), 1);
+        let mut peer = self.new_peer(id, index);
+        peer.join(self.clock(), seeds.iter().map(|s| address(*s)));
+        self.by_addr.insert(id.addr, index);
+        self.members.push(Member {
+            peer: Some(peer),
+            link: None,
+            group: 0,
+            armed: None,
+            muted: false,
+        });
+        self.collect(index);
+        index
+    }
+
+    /// Keeps a copy of every packet from `from` delivered to `to` from now on (what a host on
+    /// the segment could capture, to replay later with [`Simulation::inject`]).
+    pub fn capture(&mut self, from: usize, to: usize) {
+        self.capture = Some((from, to));
+        self.captured.clear();
+    }
+
+    /// The packets captured so far, oldest first.
+    pub fn captured(&self) -> &[Vec<u8>] {
+        &self.captured
+    }
+
     /// Splits the network: members in different groups no longer reach each other. Members
     /// not listed form group 0.
     pub fn partition(&mut self, groups: &[&[usize]]) {
@@ -266,6 +302,9 @@ impl Simulation {
             self.now = next;
             if delivery == Some(next) {
                 let d = self.in_flight.pop_due(next).expect("due now");
+                if self.capture == Some((d.from, d.to)) {
+                    self.captured.push(d.packet.clone());
+                }
                 self.deliver(d.to, &d.packet);
             } else {
                 let Reverse((at, member)) = self.wakeups.pop().expect("peeked");
@@ -422,6 +461,7 @@ impl Simulation {
             self.in_flight.push(
                 self.now + delay,
                 Delivery {
+                    from: member,
                     to,
                     packet: out.packet,
                 },
@@ -438,6 +478,7 @@ pub fn address(i: usize) -> SocketAddr {
 
 /// A packet on its way to a member.
 struct Delivery {
+    from: usize,
     to: usize,
     packet: Vec<u8>,
 }

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use ipam_gossip::{
-    Dropped, Event, Keyring, Latch, PeerId, Silenced, State, Timing,
-    envelope::Envelope,
+    Dropped, Event, Keyring, Latch, PeerId, Remembered, Silenced, State, Timing,
+    envelope::{Envelope, FORGET_AFTER, MAX_CLOCK_SKEW, REANCHOR_AFTER},
     sim::{NetworkModel, Simulation, address},
 };
 
@@ -309,6 +309,144 @@ fn forged_and_replayed_packets_are_dropped_counted_and_change_nothing() {
             .iter()
             .any(|r| matches!(r.event, Event::Down(_) | Event::Suspected(_)))
     );
+}
+
+/// The simulation's wall clock at virtual time zero (`sim.rs`).
+const EPOCH_MICROS: u64 = 1_800_000_000_000_000;
+
+fn unix_micros(sim: &Simulation) -> u64 {
+    EPOCH_MICROS + u64::try_from(sim.now().as_micros()).unwrap()
+}
+
+/// What a holder of the cluster key can send: a packet naming member `from` as its sender,
+/// to member `to`, sent at `sent_at` with any `counter`, signed with the key (a message the
+/// protocol cannot read: the envelope's window takes it before the protocol refuses it).
+fn forged(from: usize, to: usize, sent_at: u64, counter: u64) -> Vec<u8> {
+    let mut packet =
+        Envelope::new(keyring(), address(from)).seal(sent_at, address(to), &[0xff; 40]);
+    let signed = packet.len() - 32;
+    // The counter's place in the header: "IG", version, key id, sender, recipient, sent at.
+    packet[51..59].copy_from_slice(&counter.to_be_bytes());
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &KEY);
+    let tag = ring::hmac::sign(&key, &packet[..signed]);
+    packet.truncate(signed);
+    packet.extend_from_slice(tag.as_ref());
+    packet
+}
+
+/// Issue 56, item 6: one packet sealed with the cluster key, naming member 1 as its sender and
+/// a counter near `u64::MAX`, made member 0 drop every packet of member 1 until it restarted.
+/// Now it is dropped as ahead of the clock; and one at the edge of the skew (which cannot be
+/// told from a sender's clock that far ahead) keeps member 1 out for the skew and the
+/// re-anchoring at most. Nobody is declared dead meanwhile: the others' indirect probes carry
+/// member 1's answers.
+#[test]
+fn a_counter_pushed_ahead_by_a_key_holder_keeps_a_member_out_for_a_bounded_time_only() {
+    let mut sim = cluster(5, NetworkModel::default(), 12);
+    sim.run_for(secs(2.0));
+    let heard = |s: &Simulation| {
+        s.peer(0)
+            .unwrap()
+            .contact()
+            .last_heard_from(address(1))
+            .expect("member 1 heard")
+    };
+    let at = sim.now();
+    let end_of_time = forged(1, 0, unix_micros(&sim), u64::MAX - 1);
+    assert_eq!(sim.inject(0, &end_of_time), Err(Dropped::Ahead));
+    assert_eq!(sim.peer(0).unwrap().stats().dropped(Dropped::Ahead), 1);
+    sim.run_for(secs(1.0));
+    assert!(
+        heard(&sim) > at,
+        "member 0 no longer takes member 1's packets"
+    );
+
+    let at = sim.now();
+    let skew = u64::try_from(MAX_CLOCK_SKEW.as_micros()).unwrap();
+    let edge = forged(1, 0, unix_micros(&sim), unix_micros(&sim) + skew);
+    assert_eq!(sim.inject(0, &edge), Err(Dropped::Malformed));
+    let back = sim.run_until(
+        MAX_CLOCK_SKEW + REANCHOR_AFTER + secs(1.0),
+        secs(0.1),
+        |s| heard(s) > at,
+    );
+    assert!(
+        back,
+        "member 1 not heard again {:?} after a counter at the edge of the skew",
+        sim.now() - at
+    );
+    println!("member 1 heard again {:?} after", heard(&sim) - at);
+    assert!(sim.deaths_since(Duration::ZERO).is_empty());
+}
+
+/// Issue 56, item 9: a long-running member keeps per-address state (replay windows, counters,
+/// when each sender was last heard) only for members and for those that left lately, while
+/// members come and go for ten minutes; and forgetting one that left lets none of its packets
+/// be replayed: captured while it lived and replayed the moment it is forgotten, the newest is
+/// dropped as stale.
+#[test]
+fn a_long_running_member_forgets_members_that_left_and_still_drops_their_replays() {
+    let mut sim = cluster(5, NetworkModel::default(), 13);
+    sim.run_for(secs(1.0));
+    let round = secs(10.0);
+    let mut transient: Option<usize> = None;
+    let mut left: Vec<(usize, Duration)> = Vec::new();
+    let mut most = Remembered::default();
+    let mut replayed = None;
+    for r in 0..60 {
+        // A member joins; the one that joined before it is stopped dead.
+        let new = sim.add(&[1, 2]);
+        if r == 0 {
+            sim.capture(new, 0);
+        }
+        if let Some(old) = transient.replace(new) {
+            sim.kill(old);
+            left.push((old, sim.now()));
+        }
+        for _ in 0..10 {
+            sim.run_for(round / 10);
+            let peer = sim.peer(0).unwrap();
+            let now = peer.remembered();
+            most.senders = most.senders.max(now.senders);
+            most.recipients = most.recipients.max(now.recipients);
+            most.heard_from = most.heard_from.max(now.heard_from);
+            // The first one to leave, replayed as soon as member 0 forgot it.
+            let first = address(5);
+            if replayed.is_none() && r > 0 && !peer.remembers(first) {
+                let newest = sim.captured().last().expect("captured its packets").clone();
+                replayed = Some((sim.now() - left[0].1, sim.inject(0, &newest)));
+            }
+        }
+    }
+    let (after, outcome) = replayed.expect("the first member to leave was never forgotten");
+    assert_eq!(
+        outcome,
+        Err(Dropped::Stale),
+        "replayed {after:?} after it left"
+    );
+    assert!(after > FORGET_AFTER, "forgotten {after:?} after it left");
+    // Others: 4 of the first five and the one joined last. Left lately: one a round, for
+    // FORGET_AFTER, a pass of forgetting and the time it takes to be declared dead.
+    let lately = (FORGET_AFTER + round * 2).as_secs() / round.as_secs();
+    let bound = 5 + usize::try_from(lately).unwrap();
+    assert!(
+        most.senders <= bound && most.heard_from <= bound,
+        "{most:?} after 60 members came and went (bound {bound})"
+    );
+    // Foca greets two members it holds dead every `reannounce_every` (2 s): counters of those
+    // greeted since the last pass (10 s) are kept too.
+    assert!(most.recipients <= bound + 10, "{most:?}");
+    let now = sim.now();
+    for (member, at) in &left {
+        if now - *at > FORGET_AFTER + round * 2 {
+            assert!(
+                !sim.peer(0).unwrap().remembers(address(*member)),
+                "member {member} left {:?} ago and is still remembered",
+                now - *at
+            );
+        }
+    }
+    println!("most remembered: {most:?}");
 }
 
 #[test]

@@ -417,4 +417,78 @@ fn a_cluster_over_etcd_survives_its_faults() {
         || gone.iter().all(|b| !routes().contains_key(b)),
         || format!("{:?} still routes {gone:?}", routes()),
     );
+
+    // A new node takes node-2's freed blocks (released blocks are reused first); node-2 then
+    // comes back, its pods still using addresses of them. It keeps those (they conflict, and
+    // its log says so), but a pod there asking for another address of the lost block by
+    // address is refused with the reason: the new node hands that address out, and one
+    // address must never be on two pods.
+    let taker = c.add_node("cl");
+    let taker_name = c.nodes[taker].name.clone();
+    wait_until(
+        Duration::from_secs(30),
+        "the new node to hold node-2's freed blocks",
+        || {
+            c.blocks()
+                .get(&taker_name)
+                .is_some_and(|held| gone.iter().all(|b| held.contains(b)))
+        },
+        || context(&c),
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the new node to be ready for pods",
+        || c.nodes[taker].ready(),
+        || context(&c),
+    );
+    c.nodes[2].start();
+    wait_until(
+        Duration::from_secs(30),
+        "node-2 back, told its blocks went to another node",
+        || {
+            c.nodes[2].ready()
+                && c.nodes[2]
+                    .log()
+                    .contains("block was given to another node while this node was away")
+        },
+        || format!("{}\nnode-2:\n{}", context(&c), c.nodes[2].log()),
+    );
+    let lost_v4 = *gone
+        .iter()
+        .find(|b| b.family() == ipam_core::Family::V4)
+        .expect("node-2 held an IPv4 block");
+    let fixed = lost_v4.addr(100).to_string();
+    let ask = |node: usize, tag: &str| {
+        let pod = ipam_tests::netns::Netns::new(tag);
+        let container = format!("ctr-{}", pod.name);
+        let mut conf = c.nodes[node].conf();
+        conf["runtimeConfig"] = serde_json::json!({ "ips": [format!("{fixed}/24")] });
+        let (ok, result) = ipam_tests::cni::run_cni(
+            &ipam_tests::workspace_binary("ipam-cni"),
+            Some(&c.nodes[node].ns),
+            "ADD",
+            &container,
+            "eth0",
+            Some(&pod),
+            &conf,
+        );
+        (pod, container, ok, result)
+    };
+    let (_taker_pod, _, ok, result) = ask(taker, "clfa");
+    assert!(ok, "{taker_name} hands out {fixed} of its block: {result}");
+    let (_pod, container, ok, result) = ask(2, "clfb");
+    let msg = result["msg"].as_str().unwrap_or_default();
+    assert!(
+        !ok && [
+            container.as_str(),
+            fixed.as_str(),
+            &lost_v4.to_string(),
+            "node-2",
+            "another node holds",
+        ]
+        .iter()
+        .all(|part| msg.contains(part)),
+        "node-2 must refuse {fixed} of the block it lost, saying why: {result}\n{}",
+        c.nodes[2].log()
+    );
 }

@@ -150,6 +150,89 @@ impl TestApi {
         }
     }
 
+    /// Takes the right to `verb` `resource` (a plural of API `group`, `""` for the core
+    /// group) away from `user`: on the stand-in, which refuses it with RBAC's 403 from now on;
+    /// on a real server, from ClusterRole `role`, as an admin who trimmed deploy/'s RBAC would,
+    /// returning once the server's authorizer refuses it.
+    pub async fn refuse(&self, user: &str, role: &str, group: &str, resource: &str, verb: &str) {
+        let api = match self {
+            Self::StandIn(api) => return api.refuse(user, verb, resource),
+            Self::Real(api) => api,
+        };
+        use k8s_openapi::api::{
+            authorization::v1::SubjectAccessReview,
+            rbac::v1::{ClusterRole, PolicyRule},
+        };
+        use kube::{Api, api::PostParams};
+        let client = api.client().await;
+        let roles: Api<ClusterRole> = Api::all(client.clone());
+        let mut cluster_role = roles
+            .get(role)
+            .await
+            .unwrap_or_else(|e| panic!("read ClusterRole {role}: {e}"));
+        let has = |list: &Option<Vec<String>>, item: &str| {
+            list.as_ref().is_some_and(|l| l.iter().any(|x| x == item))
+        };
+        let mut rules: Vec<PolicyRule> = Vec::new();
+        for rule in cluster_role.rules.take().unwrap_or_default() {
+            let covers = has(&rule.api_groups, group)
+                && has(&rule.resources, resource)
+                && rule.verbs.iter().any(|v| v == verb);
+            if !covers {
+                rules.push(rule);
+                continue;
+            }
+            // The rule's other resources keep every verb; this one keeps the others.
+            let mut others = rule.clone();
+            others.resources = Some(
+                rule.resources
+                    .iter()
+                    .flatten()
+                    .filter(|r| *r != resource)
+                    .cloned()
+                    .collect(),
+            );
+            if others.resources.as_ref().is_some_and(|r| !r.is_empty()) {
+                rules.push(others);
+            }
+            let mut this = rule;
+            this.resources = Some(vec![resource.to_owned()]);
+            this.verbs.retain(|v| v != verb);
+            if !this.verbs.is_empty() {
+                rules.push(this);
+            }
+        }
+        cluster_role.rules = Some(rules);
+        roles
+            .replace(role, &PostParams::default(), &cluster_role)
+            .await
+            .unwrap_or_else(|e| panic!("write ClusterRole {role}: {e}"));
+        // The authorizer follows roles through its own watch: wait until it refuses.
+        let reviews: Api<SubjectAccessReview> = Api::all(client);
+        let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+            "spec": {
+                "user": user,
+                "resourceAttributes": { "verb": verb, "group": group, "resource": resource },
+            },
+        }))
+        .expect("a SubjectAccessReview");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let answer = reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .unwrap_or_else(|e| panic!("review {user}'s right to {verb} {resource}: {e}"));
+            if !answer.status.is_some_and(|s| s.allowed) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the API server still lets {user} {verb} {resource}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// Forgets the history watches resume from and ends every open watch: a watch that resumes
     /// is told 410 Gone and lists again. The real server's etcd is compacted and the server
     /// restarted.

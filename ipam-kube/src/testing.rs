@@ -21,6 +21,10 @@
 //! - metadata-only lists and watches (`Accept: ...;as=PartialObjectMetadataList`), as
 //!   `PartialObjectMetadata` objects.
 //!
+//! - a right taken away (`refuse`): that user's requests of that verb on that resource are
+//!   answered `403 Forbidden` as RBAC answers them (to test a client that lacks, say, the
+//!   `watch` right while `list` works).
+//!
 //! What it does not do: authentication, admission, schema validation, label selectors,
 //! pagination (it returns everything at once, which the API allows).
 
@@ -57,6 +61,8 @@ struct Shared {
     changes: broadcast::Sender<Change>,
     /// Bumped to end every open watch (as a restarting API server does).
     cut: tokio::sync::watch::Sender<u64>,
+    /// (user, verb, resource) answered 403 Forbidden.
+    refused: Mutex<std::collections::BTreeSet<(String, String, String)>>,
 }
 
 #[derive(Default)]
@@ -97,6 +103,7 @@ impl StandIn {
             requests: Mutex::default(),
             changes,
             cut: tokio::sync::watch::Sender::new(0),
+            refused: Mutex::default(),
         });
         let app = axum::Router::new()
             .fallback(handle)
@@ -114,6 +121,16 @@ impl StandIn {
             state,
             stop: Some(stop),
         })
+    }
+
+    /// Refuses `user` the right to `verb` `resource` (a plural, `services`) from now on, with
+    /// the 403 Forbidden RBAC answers: the request is still recorded as made.
+    pub fn refuse(&self, user: &str, verb: &str, resource: &str) {
+        self.state
+            .refused
+            .lock()
+            .expect("stand-in lock")
+            .insert((user.to_owned(), verb.to_owned(), resource.to_owned()));
     }
 
     /// A kube client for it.
@@ -290,12 +307,27 @@ async fn handle(State(state): State<Arc<Shared>>, request: Request) -> Response 
         .lock()
         .expect("stand-in lock")
         .entry(Served {
-            user,
+            user: user.clone(),
             verb: verb.to_owned(),
             group: target.group.clone(),
             resource: target.resource.clone(),
         })
         .or_default() += 1;
+    let refused = state.refused.lock().expect("stand-in lock").contains(&(
+        user.clone(),
+        verb.to_owned(),
+        target.resource.clone(),
+    ));
+    if refused {
+        // As RBAC words it.
+        let message = format!(
+            "{resource} is forbidden: User \"{user}\" cannot {verb} resource \"{resource}\" in \
+             API group \"{group}\" at the cluster scope",
+            resource = target.resource,
+            group = target.group,
+        );
+        return status(StatusCode::FORBIDDEN, "Forbidden", &message);
+    }
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)

@@ -126,11 +126,11 @@ impl StandIn {
     /// Refuses `user` the right to `verb` `resource` (a plural, `services`) from now on, with
     /// the 403 Forbidden RBAC answers: the request is still recorded as made.
     pub fn refuse(&self, user: &str, verb: &str, resource: &str) {
-        self.state
-            .refused
-            .lock()
-            .expect("stand-in lock")
-            .insert((user.to_owned(), verb.to_owned(), resource.to_owned()));
+        self.state.refused.lock().expect("stand-in lock").insert((
+            user.to_owned(),
+            verb.to_owned(),
+            resource.to_owned(),
+        ));
     }
 
     /// A kube client for it.

@@ -3,8 +3,8 @@
 //! answer), the IP moves within seconds when its node loses power, a node cut off from the store
 //! goes silent before another takes over and takes its IPs back when it returns, 200 services
 //! spread over the nodes without per-service store writes, a pool outside every announced
-//! subnet is flagged, and a Service with `externalTrafficPolicy: Local` is answered for only
-//! where a ready endpoint of it runs.
+//! subnet is flagged, a Service with `externalTrafficPolicy: Local` is answered for only where a
+//! ready endpoint of it runs, and an IP two Services share on two L2 policies gets one answer.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -899,7 +899,8 @@ fn endpoints_on(service: &str, nodes: &[&str], ready: bool) -> ServiceEndpoints 
 /// the Service's ready endpoint answers (the client sees its MAC alone), whatever the IP's
 /// weight; the endpoint moving to another node moves the IP there; with no ready endpoint
 /// anywhere nobody answers and the Service's condition says why; an endpoint again brings the
-/// IP back. A Service with the default policy beside it keeps its owner throughout.
+/// IP back. A Service with the default policy beside it keeps its owner throughout. Then, on
+/// the same nodes, one IP shared by two Services on two L2 policies gets one MAC per request.
 #[test]
 fn external_traffic_policy_local_is_announced_only_where_a_ready_endpoint_runs() {
     let mut c = Cluster::start_add_on("etp", 1);
@@ -1005,6 +1006,147 @@ fn external_traffic_policy_local_is_announced_only_where_a_ready_endpoint_runs()
         || format!("{:?}", announced_condition(&c, "default/local")),
     );
     assert_eq!(owner_of(&c, &client, &macs, cluster_ip), cluster_owner);
+
+    // On the same nodes (a cluster of its own would cost CI a minute): one IP shared by two
+    // Services that two L2 policies select on different nodes.
+    one_answer_for_an_ip_shared_on_two_policies(&c, &client, &macs);
+}
+
+/// Two Services sharing one IP (a sharing key) and selected by two L2 policies that select
+/// different nodes: every ARP request for the IP gets exactly one MAC, the node both policies
+/// select; with no such node nobody answers (never two) and both Services say why, naming the
+/// other. The nodes are labelled after their rendezvous weights for the IP, so that each
+/// policy's own heaviest node differs: deciding per Service answers every request twice.
+fn one_answer_for_an_ip_shared_on_two_policies(
+    c: &Cluster,
+    client: &Netns,
+    macs: &BTreeMap<[u8; 6], String>,
+) {
+    let shared_ip = Ipv4Addr::new(10, 77, 0, 40);
+    c.put("shared", &pool(vec![range("10.77.0.40", "10.77.0.40")]));
+    // The policy of the Services before stays with their pool.
+    let mut uplinks = uplink_policy();
+    uplinks.spec.ip_pools = vec!["lb".into()];
+    c.put("uplinks", &uplinks);
+    let mut by_weight: Vec<&ipam_tests::cluster::ClusterNode> = c.nodes.iter().collect();
+    by_weight.sort_by_key(|n| {
+        std::cmp::Reverse(ipam_core::lb::announce::weight(shared_ip.into(), &n.name))
+    });
+    let [heavy, middle, light] = by_weight[..] else {
+        panic!("the scenario's three nodes");
+    };
+    // a: heavy and light; b: middle and light. Per Service, a would be answered by heavy and
+    // b by middle; per IP, light is the only node that may answer for both.
+    heavy.set_node_label("l2-a", Some("yes"));
+    middle.set_node_label("l2-b", Some("yes"));
+    light.set_node_label("l2-a", Some("yes"));
+    light.set_node_label("l2-b", Some("yes"));
+    for team in ["a", "b"] {
+        let mut policy = uplink_policy();
+        policy.spec.ip_pools = vec!["shared".into()];
+        policy
+            .spec
+            .node_selector
+            .match_labels
+            .insert(format!("l2-{team}"), "yes".into());
+        policy
+            .spec
+            .service_selector
+            .match_labels
+            .insert("team".into(), team.into());
+        c.put(&format!("shared-{team}"), &policy);
+    }
+    for (team, port) in [("a", 90), ("b", 91)] {
+        let mut service = lb_service(port);
+        service.spec.labels.insert("team".into(), team.into());
+        service.spec.sharing_key = Some("pair".into());
+        service.spec.pool = Some("shared".into());
+        c.put(&format!("default/shared-{team}"), &service);
+    }
+    let names = ["default/shared-a", "default/shared-b"];
+    wait_until(
+        Duration::from_secs(20),
+        "both Services holding the shared IP, announced",
+        || {
+            let ips = service_ips(c);
+            names.iter().all(|s| {
+                ips.get(*s) == Some(&shared_ip)
+                    && announced_condition(c, s).is_some_and(|(ok, _)| ok)
+            })
+        },
+        || {
+            format!(
+                "{:?} {:?}\n{}",
+                service_ips(c),
+                names.map(|s| announced_condition(c, s)),
+                c.operator_log(0)
+            )
+        },
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "the node both policies select answering alone",
+        || answers(client, shared_ip) == [light.mac()],
+        || {
+            let got = answers(client, shared_ip);
+            format!(
+                "{shared_ip} answered by {:?} (heavy {}, middle {}, light {})",
+                got.iter().map(|m| node_of(macs, *m)).collect::<Vec<_>>(),
+                heavy.name,
+                middle.name,
+                light.name
+            )
+        },
+    );
+    let watch = ArpWatch::start(client, CLIENT, shared_ip, Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let samples = watch.stop();
+    let not_light: Vec<&ArpSample> = samples.iter().filter(|s| s.macs != [light.mac()]).collect();
+    assert!(
+        not_light.is_empty(),
+        "{} of {} requests for {shared_ip} not answered by {} alone: {:?}",
+        not_light.len(),
+        samples.len(),
+        light.name,
+        not_light
+            .iter()
+            .map(|s| (
+                s.at,
+                s.macs.iter().map(|m| node_of(macs, *m)).collect::<Vec<_>>()
+            ))
+            .collect::<Vec<_>>()
+    );
+
+    // light leaves b's policy: no node may answer for both. Nobody answers rather than two,
+    // and each Service names the other and what to do.
+    light.set_node_label("l2-b", None);
+    wait_until(
+        Duration::from_secs(10),
+        "both Services told the IP they share has no node both policies select",
+        || {
+            names.iter().zip(names.iter().rev()).all(|(s, other)| {
+                announced_condition(c, s).is_some_and(|(ok, m)| {
+                    !ok && m.contains(&format!("shared with service {other}"))
+                        && m.contains("stop sharing")
+                })
+            })
+        },
+        || format!("{:?}", names.map(|s| announced_condition(c, s))),
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "nobody answering for the shared IP",
+        || answers(client, shared_ip).is_empty(),
+        || format!("{:x?}", answers(client, shared_ip)),
+    );
+    let watch = ArpWatch::start(client, CLIENT, shared_ip, Instant::now());
+    std::thread::sleep(Duration::from_secs(1));
+    let samples = watch.stop();
+    let answered: Vec<&ArpSample> = samples.iter().filter(|s| !s.macs.is_empty()).collect();
+    assert!(
+        answered.is_empty(),
+        "{shared_ip} answered with no node both policies select: {answered:?}"
+    );
 }
 
 /// The MACs that answer one ARP request for `ip` from `client`, a host at `sender`.

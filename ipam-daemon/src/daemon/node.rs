@@ -166,6 +166,8 @@ struct NodeControllers {
     bgp: Option<BgpAnnouncer>,
     responder: JoinHandle<Result<(), AnnounceError>>,
     heartbeat: JoinHandle<()>,
+    /// The node's fence, for a restart's promise (made only while it is open).
+    fence: Option<Fence>,
     /// The shared store, when the node runs on one.
     store: Option<ClusterStore>,
 }
@@ -249,6 +251,7 @@ impl NodeControllers {
             announcements,
         ));
         let (timing, timing_rx) = watch::channel(timing(config));
+        let fence = cluster.fence.clone();
         let heartbeat = tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
         let OnTheStore {
             ipam,
@@ -268,6 +271,7 @@ impl NodeControllers {
             bgp,
             responder,
             heartbeat,
+            fence,
             store,
         })
     }
@@ -309,6 +313,24 @@ impl NodeControllers {
                 }
                 gossip.leave().await;
                 tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
+            }
+            // A restart's promise failed, with leases: the others take the IPs over once the
+            // node's lease lapses. Whatever step failed, the responders must be silent by then
+            // (`liveness::restart`): silenced now, as for a leave with the gossip.
+            (None, false) if restart && self.store.is_some() => {
+                match datapath.lock().expect("datapath lock").silence() {
+                    Ok(()) => tracing::info!(
+                        "stopping; responders silent, the other nodes answer for its IPs once \
+                         its lease lapses (node_lease_ms {} ms)",
+                        config.cluster.node_lease_ms
+                    ),
+                    Err(e) => tracing::error!(
+                        "cannot silence the responders after the restart promise failed; they \
+                         answer until their last heartbeat runs out (liveness_timeout_ms {} \
+                         ms): {e}",
+                        config.datapath.liveness_timeout_ms
+                    ),
+                }
             }
             (None, false) => tracing::info!(
                 "stopping; responders keep answering for up to {} ms, until the liveness timeout",
@@ -381,13 +403,15 @@ impl NodeControllers {
             datapath,
             within: config.node.restart_within(),
             file: &file,
+            fence: self.fence.clone(),
         }
         .make()
         .await;
         if let Err(e) = &promised {
             tracing::error!(
-                "cannot stop for a restart ({e}): stopping as for a leave; the other nodes take \
-                 this node's Service IPs over at once"
+                "cannot stop for a restart ({e}): stopping as for a leave; its responders fall \
+                 silent and the other nodes take this node's Service IPs over (at once with the \
+                 gossip, once its lease lapses without)"
             );
         }
         promised.is_ok()

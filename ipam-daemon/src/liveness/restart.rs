@@ -3,14 +3,24 @@
 //! meanwhile, so a rolling upgrade moves no IP and costs no request.
 //!
 //! The promise is kept by both sides, with no clock compared between nodes:
-//! 1. the stopping agent extends its responders' deadline to `within` from now (one heartbeat
-//!    with that staleness), after the heartbeat task has stopped;
-//! 2. then writes the notice into its node's record (`spec.restarting`);
+//! 1. the stopping agent, its heartbeat task stopped and its fence open, writes the notice into
+//!    its node's record (`spec.restarting`), within [`write_budget`] and while the fence stays
+//!    open;
+//! 2. then, the fence still open, extends its responders' deadline to `within` from *before*
+//!    step 1 (one heartbeat with the staleness left);
 //! 3. then leaves the gossip without a goodbye (with leases, its lease is left to lapse).
 //!
 //! Each other agent holds the node's IPs for `within` from when *it* sees the notice, which is
-//! after step 1: its hold ends no sooner than the responders fall silent, so two nodes never
-//! answer one IP. The next agent keeps the responders answering until its fence first opens
+//! after step 1 began: its hold ends no sooner than the responders fall silent, so two nodes
+//! never answer one IP. Until step 2 the responders run on the last heartbeat, under the
+//! fencing rule like any node's (silent before another node may take its IPs over): a promise
+//! that fails (a store that does not answer in time, a fence that closes) has extended
+//! nothing, and the caller silences the responders and stops as for a leave. Extending them
+//! first, as this did before, left them answering for `within` (up to 60 s) after a failed
+//! write while the others took the IPs over after one node lease: two MACs for one IP. The
+//! fence open at step 2 means the others cannot have taken the IPs over without the notice: with
+//! leases its last renewal is under half a lease old, and they wait a whole one; with the gossip
+//! its member still answers. The next agent keeps the responders answering until its fence first opens
 //! (`heartbeat`), takes the IPs up as its own without a hand-over wait, and clears the notice
 //! once its fence has opened; the others drop their hold once the notice is cleared and the
 //! node is live. If it is not back in time, the responders fall silent and the others take the
@@ -26,7 +36,7 @@
 use std::{
     path::Path,
     sync::Mutex,
-    time::{Duration, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use ipam_core::{
@@ -43,6 +53,18 @@ use crate::cluster::ClusterStore;
 const ATTEMPTS: usize = 3;
 /// The longest wait between attempts at ending a notice the store did not take.
 const RETRY_CAP: Duration = Duration::from_secs(5);
+/// The longest a stopping agent waits for its notice to be written, whatever `within`: the stop
+/// must end well inside a pod's termination grace period (30 s by default).
+const WRITE_CAP: Duration = Duration::from_secs(5);
+/// How often a lease fence is looked at while the notice is written (it has no events).
+const FENCE_POLL: Duration = Duration::from_millis(10);
+
+/// How long the notice write may take for a promise of `within`: half of it, so that at least
+/// half the promise is left to the next agent, and at most [`WRITE_CAP`]. Safety does not rest
+/// on it (the fence does: step 2 is made only while it is open); it bounds the stop.
+pub fn write_budget(within: Duration) -> Duration {
+    (within / 2).min(WRITE_CAP)
+}
 
 /// Where a stopping agent leaves the end of its promise for the next one, in the node's
 /// private directory (`NodeSettings::private_file`). In CLOCK_MONOTONIC nanoseconds, the same
@@ -68,12 +90,16 @@ pub struct Promise<'a> {
     pub datapath: &'a Mutex<Datapath>,
     pub within: Duration,
     pub file: &'a Path,
+    /// The node's fence (the lease's or the gossip's): the promise is made only while it is
+    /// open.
+    pub fence: Option<Fence>,
 }
 
 impl Promise<'_> {
     /// Steps 1 and 2 (the heartbeat task stopped first by the caller), the file written first.
-    /// On an error the file is gone again and the caller stops as for a leave: it silences
-    /// the responders, which undoes step 1.
+    /// On an error the file is gone again and the responders were not extended; the caller
+    /// silences them all the same (the datapath's state after a failed step is not known) and
+    /// stops as for a leave.
     pub async fn make(&self) -> Result<(), String> {
         let made = self.keep_promising().await;
         if made.is_err() {
@@ -84,15 +110,66 @@ impl Promise<'_> {
 
     async fn keep_promising(&self) -> Result<(), String> {
         let (store, node, file) = (self.store, self.node, self.file);
+        // The next agent trusts the promise until `until`, the responders answer until
+        // `started` and `within`, and the others hold the node from when they see the notice,
+        // after both.
         let until = ipam_datapath::clock::monotonic_ns()
             .saturating_add(u64::try_from(self.within.as_nanos()).unwrap_or(u64::MAX));
+        let started = Instant::now();
+        self.fence_open("before its restart notice was written")?;
         std::fs::write(file, format!("{until}\n"))
             .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+        let budget = write_budget(self.within);
+        tokio::select! {
+            written = self.write_notice() => written?,
+            () = tokio::time::sleep(budget) => {
+                return Err(format!(
+                    "the restart notice was not written into node {node}'s record in {} \
+                     within {} ms (half of [node] restart_within_ms, at most {} s): the store \
+                     is slow or unreachable",
+                    store.describe(),
+                    budget.as_millis(),
+                    WRITE_CAP.as_secs()
+                ));
+            }
+            why = closes(self.fence.clone()) => {
+                return Err(format!(
+                    "node {node} may no longer answer ({why}) while its restart notice was \
+                     written: the others may take its Service IPs over before they see it"
+                ));
+            }
+        }
+        self.fence_open("once its restart notice was written")?;
+        let left = self.within.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(format!(
+                "node {node}'s restart notice took longer than [node] restart_within_ms ({} ms) \
+                 to write",
+                self.within.as_millis()
+            ));
+        }
         self.datapath
             .lock()
             .expect("datapath lock")
-            .heartbeat(self.within)
-            .map_err(|e| format!("cannot extend the responders' deadline: {e}"))?;
+            .heartbeat(left)
+            .map_err(|e| format!("cannot extend the responders' deadline: {e}"))
+    }
+
+    /// An error saying why, when the node's fence is closed `when`.
+    fn fence_open(&self, when: &str) -> Result<(), String> {
+        match self.fence.as_ref().and_then(Fence::why_silent) {
+            None => Ok(()),
+            Some(why) => Err(format!(
+                "node {} may not answer {when} ({why}): its responders must not go on \
+                 answering while the others may take its Service IPs over",
+                self.node
+            )),
+        }
+    }
+
+    /// Step 1, against concurrent writers of the record.
+    async fn write_notice(&self) -> Result<(), String> {
+        let (store, node) = (self.store, self.node);
         let notice = RestartNotice {
             within_ms: u64::try_from(self.within.as_millis()).unwrap_or(u64::MAX),
             since_unix_ms: SystemTime::now()
@@ -114,6 +191,23 @@ impl Promise<'_> {
         Err(format!(
             "node {node}'s record kept changing while the restart notice was written"
         ))
+    }
+}
+
+/// Waits until `fence` closes, and says why; never without one.
+async fn closes(fence: Option<Fence>) -> String {
+    let Some(mut fence) = fence else {
+        return std::future::pending().await;
+    };
+    loop {
+        if let Some(why) = fence.why_silent() {
+            return why;
+        }
+        match fence {
+            // A lease fence closes with time, with no event.
+            Fence::Lease(_) => tokio::time::sleep(FENCE_POLL).await,
+            Fence::Gossip(_) => fence.changed().await,
+        }
     }
 }
 

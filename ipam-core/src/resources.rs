@@ -68,6 +68,12 @@ pub struct NodeIpam {
 /// among the members a majority is reckoned from.
 pub const LEASE_LAPSED: &str = "LeaseLapsed";
 
+/// The condition the operators set on a node whose pods they set not ready on the reports of
+/// a majority (the daemon's `cluster::dead_nodes`), kept while the majority reports it: a
+/// replica that takes over reads it and does not mark them again, so a kubelet that restored
+/// them keeps the last word.
+pub const PODS_MARKED_NOT_READY: &str = "PodsMarkedNotReady";
+
 /// A node as the cluster itself knows it, apart from this project: on Kubernetes the core/v1
 /// Node (read only; the engine reads only that it exists). The operator keeps a node's blocks
 /// while its Node exists, however long its lease has lapsed: a node that lost power or

@@ -1260,11 +1260,15 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     let api = start_api("service_ips_move_between_gossiping_agents_on_the_kubernetes_api").await;
     let kubeconfig = kubeconfig_for(&api, Who::Operator).await;
     let config = operator_config(&format!("mode = \"cluster-pool\"\n{POOLS}"));
-    let operator = Daemon::start_on_host(
-        &config.0,
-        &["--role", "operator"],
-        &[("KUBECONFIG", &kubeconfig.0)],
-    );
+    let start_operator = || {
+        Daemon::start_on_host(
+            &config.0,
+            &["--role", "operator"],
+            &[("KUBECONFIG", &kubeconfig.0)],
+        )
+    };
+    // Behind a lock, as the agents: the test replaces it.
+    let operator = std::sync::Mutex::new(start_operator());
 
     let fabric = Netns::new("kgf");
     fabric.add_bridge("br0");
@@ -1305,7 +1309,7 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     fabric.add_port("kgpc", "br0");
     client.add_address("eth0", &format!("{CLIENT}/24"));
     let logs = || {
-        let mut all = operator.log_text();
+        let mut all = operator.lock().unwrap().log_text();
         for a in agents.lock().unwrap().iter().flatten() {
             all += &a.log_text();
         }
@@ -1489,6 +1493,49 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
     )
     .await;
     assert_pods_ready(&pods, &names, &[owner]).await;
+    let marked_condition = async || {
+        let record = store.get_typed::<NodeIpam>(names[owner]).await.ok()??;
+        record
+            .value
+            .status
+            .conditions
+            .into_iter()
+            .find(|c| c.kind == ipam_core::resources::PODS_MARKED_NOT_READY)
+    };
+    let marked = marked_condition().await;
+    assert!(
+        marked.as_ref().is_some_and(|c| c.status),
+        "the dead node's record does not say its pods were marked: {marked:?}"
+    );
+
+    // Its kubelet's word last: the pod set ready again (as a kubelet that still ran would),
+    // then an operator replica taking over while the reports stand reads the record and
+    // leaves the pod alone.
+    pods.patch_status(
+        &dead_pod,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({ "status": { "conditions": [
+            { "type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z" },
+        ] } })),
+    )
+    .await
+    .expect("set the dead node's pod ready as its kubelet would");
+    *operator.lock().unwrap() = start_operator();
+    // The new replica's first pass follows its first list of the records, within a second.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert_pods_ready(&pods, &names, &[]).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        operator
+            .lock()
+            .unwrap()
+            .log_text()
+            .contains("were set not ready by an operator before this one"),
+        "the new operator did not say it found the marking in the record:\n{}",
+        logs()
+    );
 
     let agent = Who::Agent("kg-0").user(&api);
     let lease_verbs: BTreeSet<String> = api
@@ -1698,6 +1745,12 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
                 .all(|r| r.value.spec.peers_down.is_empty())
                 .then_some(())
         },
+        &logs,
+    )
+    .await;
+    wait_for(
+        "the returned node's record no longer saying its pods were marked",
+        async || marked_condition().await.is_none().then_some(()),
         &logs,
     )
     .await;

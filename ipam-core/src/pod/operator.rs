@@ -120,6 +120,20 @@ pub struct Operator {
 
 const READY: &str = "Ready";
 
+/// `ours` followed by the conditions of `record` that another controller owns (the dead-node
+/// marking's, say): each controller writes only its own types.
+fn with_others_kept(mut ours: Vec<Condition>, record: &NodeIpam) -> Vec<Condition> {
+    ours.extend(
+        record
+            .status
+            .conditions
+            .iter()
+            .filter(|c| c.kind != READY && c.kind != crate::resources::LEASE_LAPSED)
+            .cloned(),
+    );
+    ours
+}
+
 /// Node statuses written at once, and how many of them a pass writes before it checks again
 /// that it still leads.
 const WRITES_IN_FLIGHT: usize = 64;
@@ -350,7 +364,7 @@ impl Operator {
         let status = NodeIpamStatus {
             allocated: allocated.into_iter().collect(),
             lost,
-            conditions,
+            conditions: with_others_kept(conditions, &node.value),
         };
         (status != node.value.status).then(|| {
             let mut updated = node.clone();
@@ -570,26 +584,25 @@ impl Operator {
                 report.released.push((name.clone(), b.clone()));
             }
         }
+        let released = Condition::new(
+            READY,
+            false,
+            format!(
+                "node lease {} not renewed for {} s (the grace period): its blocks went back to \
+                 the pools; the node's agent asks for them again when it returns",
+                node_lease_name(name),
+                grace.as_secs()
+            ),
+        );
+        let lapsed = Condition::new(
+            crate::resources::LEASE_LAPSED,
+            true,
+            "released by the operator",
+        );
         let status = NodeIpamStatus {
             allocated: Vec::new(),
             lost: Vec::new(),
-            conditions: vec![
-                Condition::new(
-                    READY,
-                    false,
-                    format!(
-                        "node lease {} not renewed for {} s (the grace period): its blocks went \
-                         back to the pools; the node's agent asks for them again when it returns",
-                        node_lease_name(name),
-                        grace.as_secs()
-                    ),
-                ),
-                Condition::new(
-                    crate::resources::LEASE_LAPSED,
-                    true,
-                    "released by the operator",
-                ),
-            ],
+            conditions: with_others_kept(vec![released, lapsed], &node.value),
         };
         if status == node.value.status {
             return None;
@@ -680,6 +693,37 @@ mod tests {
 
     async fn pool_spec_and_status(s: &EmbeddedStore, name: &str) -> PodIpPool {
         s.get_typed::<PodIpPool>(name).await.unwrap().unwrap().value
+    }
+
+    /// A condition another controller set on a node's record (the dead-node marking's) outlives
+    /// the operator's passes, a block assigned meanwhile among them: each writes its own types.
+    #[tokio::test]
+    async fn a_pass_keeps_the_conditions_another_controller_owns() {
+        let path = temp("kept-conditions");
+        let s = EmbeddedStore::open(&path).unwrap();
+        record_mode(&s, IpamMode::ClusterPool).await.unwrap();
+        set_pool(&s, "default", v4_pool(&["10.244.0.0/16"], 24)).await;
+        let mut record = NodeIpam::default();
+        let marked = Condition::new(
+            crate::resources::PODS_MARKED_NOT_READY,
+            true,
+            "set not ready on the reports of a majority",
+        );
+        record.status.conditions.push(marked.clone());
+        s.create_typed("node-1", &record).await.unwrap();
+        let mut op = Operator::new(IpamMode::ClusterPool);
+        op.reconcile(&s).await.unwrap();
+        op.reconcile(&s).await.unwrap();
+        let status = node_status(&s, "node-1").await;
+        assert_eq!(status.allocated.len(), 1, "{status:?}");
+        assert!(status.conditions.contains(&marked), "{status:?}");
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.kind == READY && c.status),
+            "{status:?}"
+        );
     }
 
     /// The cluster-pool seed through the store: 256 nodes served, node 257's record says why it

@@ -30,7 +30,12 @@ use std::{
 };
 
 use ipam_config::DeadNodeSettings;
-use ipam_core::{backoff::Backoff, resources::NodeIpam};
+use ipam_core::{
+    backoff::Backoff,
+    meta::Condition,
+    resources::{NodeIpam, PODS_MARKED_NOT_READY},
+    store::{StoreError, TypedStore as _},
+};
 use ipam_kube::{KubeStore, pod_readiness};
 use tokio::{sync::watch, time::Instant};
 
@@ -79,11 +84,20 @@ pub struct Confirmed {
     pub dead: BTreeMap<String, Vec<Report>>,
     /// The nodes counted: those with a record whose lease has not lapsed.
     pub nodes: usize,
+    /// The nodes whose record says an operator set their pods not ready
+    /// (`PODS_MARKED_NOT_READY`), this replica or one before it.
+    pub marked: BTreeSet<String>,
 }
 
 /// The nodes a majority of `records` reports dead, with their reports. The nodes counted are
 /// those with a record whose lease has not lapsed, the reported node included.
 pub fn confirmed<'a>(records: impl IntoIterator<Item = (&'a str, &'a NodeIpam)>) -> Confirmed {
+    let records: Vec<(&str, &NodeIpam)> = records.into_iter().collect();
+    let marked = records
+        .iter()
+        .filter(|(_, r)| marked_condition(r).is_some_and(|c| c.status))
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
     let counted: Vec<(&str, &NodeIpam)> = records
         .into_iter()
         .filter(|(_, r)| !r.lease_lapsed())
@@ -103,7 +117,16 @@ pub fn confirmed<'a>(records: impl IntoIterator<Item = (&'a str, &'a NodeIpam)>)
     Confirmed {
         dead: reported,
         nodes: counted.len(),
+        marked,
     }
+}
+
+fn marked_condition(record: &NodeIpam) -> Option<&Condition> {
+    record
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.kind == PODS_MARKED_NOT_READY)
 }
 
 /// At most `max` actions within any `window`.
@@ -143,9 +166,20 @@ impl RateLimit {
     }
 }
 
+/// Why the marking's condition could not be written.
+#[derive(Debug, thiserror::Error)]
+enum NoteError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the record changed under each of {0} writes")]
+    KeptChanging(usize),
+}
+
 /// What the controller remembers between passes.
 struct Marking {
     store: KubeStore,
+    /// Where the nodes' records are, for the marking's condition.
+    records: ClusterStore,
     settings: DeadNodeSettings,
     events: Events,
     limit: RateLimit,
@@ -176,6 +210,7 @@ pub async fn run(
     let mut records = Cache::<NodeIpam>::new(&watch.initial);
     let mut marking = Marking {
         store: kube,
+        records: store.clone(),
         limit: RateLimit::new(settings.max_nodes_per_window, settings.rate_window()),
         settings,
         events,
@@ -212,7 +247,35 @@ pub async fn run(
 impl Marking {
     /// Acts on `confirmed`; how long until a held-back or failed marking is tried again.
     async fn pass(&mut self, confirmed: &Confirmed) -> Option<Duration> {
-        let Confirmed { dead, nodes } = confirmed;
+        let Confirmed {
+            dead,
+            nodes,
+            marked,
+        } = confirmed;
+        let mut again: Option<Duration> = None;
+        for node in marked {
+            if !dead.contains_key(node) {
+                // The episode is over: a later death of the node is a new one.
+                if let Err(e) = self.note_marked(node, None).await {
+                    let wait = self.backoff.next_delay();
+                    tracing::warn!(
+                        node = node.as_str(),
+                        retry_in_ms = wait.as_millis() as u64,
+                        "cannot clear the {PODS_MARKED_NOT_READY} condition of node {node}, \
+                         no longer reported dead, retrying: {e}"
+                    );
+                    again = Some(again.map_or(wait, |a| a.min(wait)));
+                }
+            } else if self.marked.insert(node.clone()) {
+                tracing::info!(
+                    node = node.as_str(),
+                    "node {node}'s pods were set not ready by an operator before this one (its \
+                     record's {PODS_MARKED_NOT_READY} condition), on the reports that still \
+                     stand: not marking them again, so a kubelet that restored them keeps the \
+                     last word"
+                );
+            }
+        }
         for node in self.marked.iter().filter(|n| !dead.contains_key(*n)) {
             tracing::info!(
                 node = node.as_str(),
@@ -223,7 +286,6 @@ impl Marking {
         self.marked.retain(|n| dead.contains_key(n));
         self.held_back.retain(|n| dead.contains_key(n));
         self.left_to_leader.retain(|n, _| dead.contains_key(n));
-        let mut again: Option<Duration> = None;
         for (node, reports) in dead {
             if self.marked.contains(node) {
                 continue;
@@ -304,6 +366,40 @@ impl Marking {
             .filter(|w| !w.is_zero())
     }
 
+    /// Sets (`Some(why)`) or removes (`None`) the `PODS_MARKED_NOT_READY` condition of
+    /// `node`'s record, the rest of it as read; a write that another writer beat is read and
+    /// tried again, a few times.
+    async fn note_marked(&self, node: &str, why: Option<&str>) -> Result<(), NoteError> {
+        const TRIES: usize = 5;
+        for _ in 0..TRIES {
+            let Some(record) = self.records.get_typed::<NodeIpam>(node).await? else {
+                return Ok(());
+            };
+            let mut updated = record.value;
+            let before = updated.status.conditions.clone();
+            updated
+                .status
+                .conditions
+                .retain(|c| c.kind != PODS_MARKED_NOT_READY);
+            if let Some(why) = why {
+                updated.status.conditions.push(Condition::new(
+                    PODS_MARKED_NOT_READY,
+                    true,
+                    format!("{why}; its pods were set not ready by ipam-operator"),
+                ));
+            }
+            if updated.status.conditions == before
+                || self
+                    .records
+                    .update_status_unless_changed(node, &updated, &record.revision)
+                    .await?
+            {
+                return Ok(());
+            }
+        }
+        Err(NoteError::KeptChanging(TRIES))
+    }
+
     async fn mark(&mut self, node: &str, why: &str) -> Result<(), kube::Error> {
         let message = format!(
             "{why}; set not ready by ipam-operator. If the node runs, its kubelet restores \
@@ -314,6 +410,15 @@ impl Marking {
         self.limit.record(Instant::now());
         self.marked.insert(node.to_owned());
         let took_ms = started.elapsed().as_millis() as u64;
+        // After the pods, so that the marking is not held up by it. Should it fail, a replica
+        // that takes over before the node is no longer reported marks the pods once more.
+        if let Err(e) = self.note_marked(node, Some(why)).await {
+            tracing::warn!(
+                node,
+                "cannot set the {PODS_MARKED_NOT_READY} condition of node {node}: an operator \
+                 replica taking over would mark its pods again: {e}"
+            );
+        }
         if marked.pods.is_empty() {
             // Another replica (or the node lifecycle controller) was first, or no pod was ready.
             tracing::info!(

@@ -1760,7 +1760,7 @@ fn a_dead_node_s_notice_holds_nothing_at_an_agent_start(
         || {
             c.nodes
                 .iter()
-                .map(|n| n.log())
+                .map(ipam_tests::cluster::ClusterNode::log)
                 .collect::<Vec<_>>()
                 .join("\n---\n")
         },

@@ -288,3 +288,44 @@ async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<bool, Stor
     }
     Ok(ended)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::liveness::LeaseFence;
+
+    #[test]
+    fn the_notice_write_leaves_at_least_half_the_promise_and_at_most_five_seconds() {
+        assert_eq!(
+            write_budget(Duration::from_secs(1)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(write_budget(Duration::from_secs(60)), WRITE_CAP);
+    }
+
+    /// The write is cut short when the lease fence closes (half a lease after the last
+    /// renewal, with no event): from then on the others may take the IPs over within half a
+    /// lease, and the responders must not be extended.
+    #[tokio::test]
+    async fn a_notice_write_ends_when_the_lease_fence_closes() {
+        let lease = Arc::new(LeaseFence::new(Duration::from_millis(200)));
+        lease.renewed(Instant::now());
+        let started = Instant::now();
+        let why = tokio::time::timeout(
+            Duration::from_secs(5),
+            closes(Some(Fence::Lease(lease.clone()))),
+        )
+        .await
+        .expect("closed");
+        assert!(why.contains("lease"), "{why}");
+        assert!(started.elapsed() >= Duration::from_millis(90));
+        // Without a fence (no store: no promise is made), it never closes.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), closes(None))
+                .await
+                .is_err()
+        );
+    }
+}

@@ -894,7 +894,15 @@ impl Follower {
         mut events: WatchEvents,
         tx: tokio::sync::mpsc::Sender<Result<WatchEvent, StoreError>>,
     ) {
-        while let Some(event) = events.next().await {
+        loop {
+            // A reader that dropped the watch (the daemon's shared watch drops one that failed
+            // and starts another) ends it now, not at the watcher's next event: a watch
+            // refused with 403 would otherwise be retried for up to the watcher's 30 s backoff.
+            let event = tokio::select! {
+                event = events.next() => event,
+                () = tx.closed() => return,
+            };
+            let Some(event) = event else { return };
             if let Some(out) = self.translate(event)
                 && tx.send(out).await.is_err()
             {
@@ -940,6 +948,13 @@ impl Follower {
                     objects,
                 })
             }),
+            // 410 Gone: the watcher lists again by itself, and the listing comes as a
+            // `Resync`. Not trouble: an error here would make the daemon count the kind stale
+            // and list it a second time (`cluster/shared_watch.rs` in ipam-daemon).
+            Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                tracing::debug!(kind, "watch told 410 Gone; the watcher lists again");
+                None
+            }
             Err(e) => Some(Err(StoreError::Backend {
                 location: store.describe(),
                 source: Box::new(e),

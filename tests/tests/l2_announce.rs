@@ -521,3 +521,84 @@ fn ipv6_answered_ips_hold_their_solicited_node_group_on_their_interface() {
         || format!("{:?}", ipv6_groups(&lab.node, "n0")),
     );
 }
+
+/// A client whose neighbour entry for an IP was confirmed a moment ago (within Linux's
+/// `locktime`, 1 s: the moment a node dies while its clients talk to it) takes the new
+/// owner's MAC at once from either gratuitous form the daemon sends: the request form, and
+/// the reply form, whose target hardware address must be the sender's for Linux to take it
+/// as gratuitous within that second (RFC 5944, 4.6; with the broadcast address there the
+/// client kept the dead node's MAC).
+#[test]
+fn a_just_confirmed_client_entry_takes_each_gratuitous_form_at_once() {
+    use ipam_daemon::net::{
+        frames::{ARP_REQUEST, ArpFrame},
+        packet_socket::PacketSocket,
+    };
+    let fabric = Netns::new("gfab");
+    fabric.add_bridge("br0");
+    let old = Netns::new("gold");
+    let new = Netns::new("gnew");
+    let client = Netns::new("gcli");
+    for (ns, port) in [(&old, "gpo"), (&new, "gpn"), (&client, "gpc")] {
+        veth(ns, "e0", &fabric, port);
+        fabric.add_port(port, "br0");
+    }
+    old.add_address("e0", "10.79.0.1/24");
+    new.add_address("e0", "10.79.0.2/24");
+    client.add_address("e0", "10.79.0.10/24");
+    let new_mac = new.mac("e0");
+    let new_ifindex = new.ifindex("e0");
+    for (op, ip) in [(ARP_REQUEST, "10.79.0.100"), (ARP_REPLY, "10.79.0.101")] {
+        let ip: Ipv4Addr = ip.parse().unwrap();
+        old.add_address("e0", &format!("{ip}/32"));
+        // The client's kernel resolves the IP to the old owner, who answers: a fresh entry.
+        let old_mac = old.mac("e0");
+        let resolved = client.run(move || {
+            let socket = std::net::UdpSocket::bind("10.79.0.10:0").unwrap();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                socket.send_to(b"x", (ip, 9)).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                if client_neighbour(ip) == Some(old_mac) {
+                    return true;
+                }
+            }
+            false
+        });
+        assert!(resolved, "the client never resolved {ip} to the old owner");
+        // The old owner dies; the new one announces at once, in one form only.
+        old.down("e0");
+        new.run(move || {
+            PacketSocket::sender(new_ifindex)
+                .and_then(|s| s.send(&ArpFrame::gratuitous(new_mac, ip, op).to_bytes()))
+                .expect("send the gratuitous ARP")
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let now = client.run(move || client_neighbour(ip));
+        let form = if op == ARP_REPLY { "reply" } else { "request" };
+        assert_eq!(
+            now,
+            Some(new_mac),
+            "the client kept {ip} at {now:02x?} after the new owner's gratuitous ARP in \
+             {form} form (new owner {new_mac:02x?})"
+        );
+        old.up("e0");
+    }
+}
+
+/// The MAC this thread's network namespace holds for `ip` in its neighbour table, if any.
+fn client_neighbour(ip: Ipv4Addr) -> Option<[u8; 6]> {
+    let table = std::fs::read_to_string("/proc/thread-self/net/arp").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first()? != &ip.to_string() {
+            return None;
+        }
+        let mac: Vec<u8> = fields
+            .get(3)?
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16).ok())
+            .collect::<Option<_>>()?;
+        <[u8; 6]>::try_from(mac).ok().filter(|m| *m != [0; 6])
+    })
+}

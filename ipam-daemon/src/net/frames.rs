@@ -48,8 +48,15 @@ impl ArpFrame {
         }
     }
 
-    /// A gratuitous ARP in request form (sender = target = `ip`), broadcast: tells every
-    /// neighbour that `ip` is now at `mac`.
+    /// A gratuitous ARP (sender = target = `ip`), broadcast, in request or reply form: tells
+    /// every neighbour that `ip` is now at `mac`.
+    ///
+    /// The reply form carries `mac` as its target hardware address too, as RFC 5944 (4.6)
+    /// asks: Linux takes a reply as gratuitous, and so overrides an entry it confirmed less
+    /// than `locktime` (1 s) ago, only when that address equals the sender's; with the
+    /// broadcast address there it ignored the reply within that second (the request form it
+    /// takes in every state: REACHABLE, STALE, DELAY, PROBE). RFC 5227 has the request form's
+    /// target hardware address zero.
     pub fn gratuitous(mac: [u8; 6], ip: Ipv4Addr, op: u16) -> Self {
         Self {
             eth_dst: BROADCAST,
@@ -57,7 +64,7 @@ impl ArpFrame {
             op,
             sender_mac: mac,
             sender_ip: ip,
-            target_mac: if op == ARP_REPLY { BROADCAST } else { [0; 6] },
+            target_mac: if op == ARP_REPLY { mac } else { [0; 6] },
             target_ip: ip,
         }
     }

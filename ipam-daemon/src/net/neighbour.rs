@@ -78,36 +78,44 @@ struct Segment {
 
 fn segment_of(ip: IpAddr) -> Result<Option<Segment>, ipam_netlink::NetlinkError> {
     let netlink = Netlink::open()?;
+    let mut best: Option<(u8, Segment)> = None;
     for link in netlink.links()? {
         // Loopback's MAC is all zeros, and nothing on it is a neighbour.
         if !link.up || link.mac == [0; 6] {
             continue;
         }
         let addresses = netlink.addresses(link.index)?;
-        if let Some(local) = sender_for(ip, &addresses) {
-            return Ok(Some(Segment {
+        let Some((local, prefix)) = sender_for(ip, &addresses) else {
+            continue;
+        };
+        // The longest prefix wins, as the kernel's connected routes choose (a /24 on a
+        // bridge over a /16 on the uplink holding it).
+        if best.as_ref().is_none_or(|(longest, _)| prefix > *longest) {
+            let segment = Segment {
                 index: link.index,
                 name: link.name,
                 mac: link.mac,
                 local,
-            }));
+            };
+            best = Some((prefix, segment));
         }
     }
-    Ok(None)
+    Ok(best.map(|(_, segment)| segment))
 }
 
-/// This interface's address to ask for `ip` from, if one of `addresses` has a subnet that
-/// holds `ip`: for IPv6 its link-local address where it has one (what neighbour discovery
-/// sends from), else the matching one.
-fn sender_for(ip: IpAddr, addresses: &[(IpAddr, u8)]) -> Option<IpAddr> {
-    let &(matching, _) = addresses
+/// This interface's address to ask for `ip` from, and the length of the longest of its
+/// subnets that holds `ip`, if one does: for IPv6 its link-local address where it has one
+/// (what neighbour discovery sends from), else the matching one.
+fn sender_for(ip: IpAddr, addresses: &[(IpAddr, u8)]) -> Option<(IpAddr, u8)> {
+    let &(matching, prefix) = addresses
         .iter()
-        .find(|&&(local, prefix)| local != ip && same_subnet(local, ip, prefix))?;
+        .filter(|&&(local, prefix)| local != ip && same_subnet(local, ip, prefix))
+        .max_by_key(|&&(_, prefix)| prefix)?;
     let link_local = addresses.iter().find_map(|&(local, _)| match local {
         IpAddr::V6(v6) if ip.is_ipv6() && v6.is_unicast_link_local() => Some(local),
         _ => None,
     });
-    Some(link_local.unwrap_or(matching))
+    Some((link_local.unwrap_or(matching), prefix))
 }
 
 /// `true` when `a` and `b` share their first `prefix` bits, a prefix that leaves room for a
@@ -141,8 +149,12 @@ fn ask(
         ),
         _ => unreachable!("sender_for picks an address of the target's family"),
     };
-    // Bound before the first request goes out, so that no answer comes before the socket.
+    // Bound before the first request goes out, so that no answer comes before the socket;
+    // filtered so that a busy segment (every IPv6 frame of the link reaches an ETH_P_IPV6
+    // socket) or an ARP storm cannot fill its buffer and crowd the answer out.
     let socket = PacketSocket::bind(segment.index, ethertype)?;
+    socket.filter(&answer_filter(ip))?;
+    socket.drops()?;
     let started = Instant::now();
     let mut buf = [0u8; 1514];
     for k in 0..attempts {
@@ -158,7 +170,59 @@ fn ask(
             }
         }
     }
-    Ok(None)
+    // An answer may have been among frames the socket dropped: that silence proves nothing.
+    match socket.drops()? {
+        0 => Ok(None),
+        dropped => Err(std::io::Error::other(format!(
+            "the probe's socket dropped {dropped} frames, an answer among them maybe"
+        ))),
+    }
+}
+
+/// A classic BPF program that keeps the frames that may answer for `ip`: ARP frames whose
+/// sender is `ip`; ICMPv6 neighbour advertisements for `ip` (no extension headers: NDP
+/// carries none). `answer_from` checks the rest.
+fn answer_filter(ip: IpAddr) -> Vec<libc::sock_filter> {
+    const LD_W: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+    const LD_B: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;
+    const JEQ: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+    const RET: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+    let op = |code, k| libc::sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    // Loads at `offset` and compares with `value`, on to the next pair if equal.
+    let checks: Vec<(u16, u32, u32)> = match ip {
+        // The ARP sender's protocol address: Ethernet 14 + ARP header 8 + sender MAC 6.
+        IpAddr::V4(v4) => vec![(LD_W, 28, u32::from(v4))],
+        IpAddr::V6(v6) => {
+            // Next header (IPv6 byte 6), ICMPv6 type (after the 40-byte header), target.
+            let mut checks = vec![(LD_B, 20, 58), (LD_B, 54, u32::from(ICMPV6_NA))];
+            for (i, word) in v6.octets().chunks(4).enumerate() {
+                let word = u32::from_be_bytes(word.try_into().expect("4 bytes"));
+                checks.push((LD_W, 62 + 4 * i as u32, word));
+            }
+            checks
+        }
+    };
+    let mut program = Vec::new();
+    let pairs = checks.len();
+    for (i, (load, offset, value)) in checks.into_iter().enumerate() {
+        program.push(op(load, offset));
+        // On a mismatch, jump over the remaining pairs and the accept to the refusal.
+        let to_refusal = u8::try_from(2 * (pairs - i - 1) + 1).expect("a short program");
+        program.push(libc::sock_filter {
+            code: JEQ,
+            jt: 0,
+            jf: to_refusal,
+            k: value,
+        });
+    }
+    program.push(op(RET, u32::from(u16::MAX)));
+    program.push(op(RET, 0));
+    program
 }
 
 fn arp_request(segment: &Segment, local: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
@@ -199,7 +263,16 @@ mod tests {
     #[test]
     fn only_an_address_of_a_shared_subnet_is_on_a_segment() {
         let addresses = [(ip("10.1.0.2"), 24), (ip("192.0.2.7"), 32)];
-        assert_eq!(sender_for(ip("10.1.0.9"), &addresses), Some(ip("10.1.0.2")));
+        assert_eq!(
+            sender_for(ip("10.1.0.9"), &addresses),
+            Some((ip("10.1.0.2"), 24))
+        );
+        // The longest subnet that holds it.
+        let nested = [(ip("10.0.0.1"), 16), (ip("10.0.1.1"), 24)];
+        assert_eq!(
+            sender_for(ip("10.0.1.9"), &nested),
+            Some((ip("10.0.1.1"), 24))
+        );
         // Reached through a router: no segment, nothing to tell.
         assert_eq!(sender_for(ip("10.2.0.9"), &addresses), None);
         // A /32 holds only the host itself.
@@ -211,8 +284,26 @@ mod tests {
     #[test]
     fn ipv6_asks_from_the_link_local_address() {
         let addresses = [(ip("fd00::2"), 64), (ip("fe80::1"), 64)];
-        assert_eq!(sender_for(ip("fd00::9"), &addresses), Some(ip("fe80::1")));
+        assert_eq!(
+            sender_for(ip("fd00::9"), &addresses),
+            Some((ip("fe80::1"), 64))
+        );
         assert_eq!(sender_for(ip("fd01::9"), &addresses), None);
+    }
+
+    /// The filter's jumps land where they should: each mismatch on the refusal, the last
+    /// match on the acceptance.
+    #[test]
+    fn the_answer_filter_refuses_at_the_first_mismatch() {
+        for target in [ip("10.1.0.9"), ip("fd00::9")] {
+            let program = answer_filter(target);
+            let refusal = program.len() - 1;
+            assert_eq!(program[refusal].k, 0);
+            assert_eq!(program[refusal - 1].k, u32::from(u16::MAX));
+            for (pc, insn) in program.iter().enumerate().filter(|(_, i)| i.jf != 0) {
+                assert_eq!(pc + 1 + usize::from(insn.jf), refusal, "{target} at {pc}");
+            }
+        }
     }
 
     #[test]

@@ -89,6 +89,51 @@ impl PacketSocket {
         Ok(rc as usize)
     }
 
+    /// Keeps only the frames `program` (classic BPF, run by the kernel on each frame) accepts,
+    /// so that a reader waiting for one kind of frame is not flooded by the others.
+    pub fn filter(&self, program: &[libc::sock_filter]) -> io::Result<()> {
+        let fprog = libc::sock_fprog {
+            len: u16::try_from(program.len())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "filter too long"))?,
+            filter: program.as_ptr().cast_mut(),
+        };
+        // SAFETY: `fprog` points at `program`, alive for the call; the kernel copies it.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_ATTACH_FILTER,
+                (&fprog as *const libc::sock_fprog).cast(),
+                size_of::<libc::sock_fprog>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// How many frames the socket had to drop (its receive buffer full) since the last call.
+    pub fn drops(&self) -> io::Result<u32> {
+        // SAFETY: tpacket_stats is plain data; zeroed is valid.
+        let mut stats: libc::tpacket_stats = unsafe { std::mem::zeroed() };
+        let mut len = size_of::<libc::tpacket_stats>() as libc::socklen_t;
+        // SAFETY: `stats` and `len` are valid for writes of the size given.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut stats as *mut libc::tpacket_stats).cast(),
+                &mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(stats.tp_drops)
+    }
+
     /// Receives one frame arriving on the interface into `buf` (frames this host sends are
     /// skipped), waiting at most `timeout`; `Ok(None)` on timeout.
     pub fn recv(&self, buf: &mut [u8], timeout: Duration) -> io::Result<Option<usize>> {

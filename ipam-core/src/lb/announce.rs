@@ -114,6 +114,12 @@ pub fn weight(ip: IpAddr, node: &str) -> u64 {
 /// there. Deciding per Service gave each its own owner when their policies or endpoints
 /// differed: two MACs for one IP. With no such node the IP is not announced at all
 /// (`announce_problems` says why, naming the others), rather than by two nodes.
+///
+/// An IP LB-IPAM assigned (in a Service's `status`) is held only by the Services it is assigned
+/// to: another Service listing it in `externalIPs` is not announced for it and takes no part in
+/// choosing its owner (else a tenant could silence another's IP with a Service no node may
+/// answer for); `announce_problems` tells it so. An IP no Service is assigned is shared by the
+/// Services listing it as above.
 pub fn owners(
     policies: &[(String, L2PolicySpec)],
     pools: &[(String, LbIpPool)],
@@ -125,10 +131,13 @@ pub fn owners(
 }
 
 /// What `decide` found: the announcements, and the shared IPs left unannounced because no node
-/// may answer for all the Services holding them, with the nodes that may answer for each alone.
+/// may answer for all the Services holding them, with the nodes that may answer for each alone;
+/// and the Services listing in `externalIPs` an IP LB-IPAM assigned to another, each with the
+/// first such IP and a Service it is assigned to.
 struct Decided {
     announced: Vec<Announcement>,
     disagreeing: BTreeMap<IpAddr, Vec<(String, Vec<String>)>>,
+    shadowed: BTreeMap<usize, (IpAddr, usize)>,
 }
 
 fn decide(
@@ -158,8 +167,18 @@ fn decide(
     let mut out = Decided {
         announced: Vec::new(),
         disagreeing: BTreeMap::new(),
+        shadowed: BTreeMap::new(),
     };
-    for (ip, holders) in held {
+    for (ip, mut holders) in held {
+        // An IP LB-IPAM assigned is decided over the Services it is assigned to alone: anyone
+        // may list any address in `externalIPs`, and one listing another's IP (with no node
+        // that may answer for it, say) must not take that IP's owner away.
+        if let Some(&(assigned, _)) = holders.iter().find(|(_, external)| !external) {
+            for &(i, _) in holders.iter().filter(|(_, external)| *external) {
+                out.shadowed.entry(i).or_insert((ip, assigned));
+            }
+            holders.retain(|(_, external)| !external);
+        }
         // What does not depend on the node is judged once per IP and Service, not per node.
         // A Service no policy announces (BGP's alone, say) is not L2's and leaves the choice
         // to the others.
@@ -273,7 +292,8 @@ impl Holder<'_, '_> {
 /// MetalLB's silent failure when every node carries the exclusion label), or a node reports a
 /// problem that makes its kernel answer too (kube-proxy's IPVS mode without strictARP). A
 /// Service with `externalTrafficPolicy: Local` and no ready endpoint on a node that may answer
-/// is told so (Cilium and MetalLB stay silent then).
+/// is told so (Cilium and MetalLB stay silent then). A Service of any type listing in
+/// `externalIPs` an IP LB-IPAM assigned to another is told it is not announced for it.
 pub fn announce_problems(
     policies: &[(String, L2PolicySpec)],
     pools: &[(String, LbIpPool)],
@@ -300,7 +320,22 @@ pub fn announce_problems(
         })
         .collect();
     let mut out = BTreeMap::new();
-    for (name, spec, status) in services.iter().filter(|(_, s, _)| s.is_ours()) {
+    for (i, (name, spec, status)) in services.iter().enumerate() {
+        // Another's assigned IP listed in `externalIPs`: told to any Service, of any type.
+        let shadowed = decided.shadowed.get(&i).map(|&(ip, assigned)| {
+            format!(
+                "{ip} is not announced for this service: it is assigned to {} by LB-IPAM, and an \
+                 IP LB-IPAM assigned is answered only for the Services it is assigned to; \
+                 remove it from spec.externalIPs",
+                services[assigned].0
+            )
+        });
+        if !spec.is_ours() {
+            if let Some(shadowed) = shadowed {
+                out.insert(name.clone(), shadowed);
+            }
+            continue;
+        }
         let unanswered = status
             .ingress
             .iter()
@@ -351,7 +386,13 @@ pub fn announce_problems(
                 excluded.join(", ")
             ),
             None if !warnings.is_empty() && !status.ingress.is_empty() => warnings.join("; "),
-            None => continue,
+            None => String::new(),
+        };
+        let problem = match shadowed {
+            Some(shadowed) if problem.is_empty() => shadowed,
+            Some(shadowed) => format!("{problem}; {shadowed}"),
+            None if problem.is_empty() => continue,
+            None => problem,
         };
         out.insert(name.clone(), problem);
     }
@@ -1145,6 +1186,74 @@ mod tests {
             problems["ns/s1"].contains("none of the 2 node(s)"),
             "{problems:?}"
         );
+    }
+
+    /// A tenant's Service listing another's assigned IP in `externalIPs` (the policy announces
+    /// externalIPs) with no node that may answer for it (Local with no endpoint, or labels that
+    /// pick a policy on other nodes only) leaves that IP the owner it has alone, is not
+    /// announced for it, and is told why, whatever its type. In v4 and v6.
+    #[test]
+    fn another_services_assigned_ip_in_external_ips_does_not_move_its_owner() {
+        for family in [Family::V4, Family::V6] {
+            let nodes: Vec<NodeView> = (0..4)
+                .map(|i| node(&format!("n{i}"), "a", &[("eth0", "10.77.0.1/24")]))
+                .collect();
+            let mut everywhere = policy(None, &[]);
+            everywhere.1.external_ips = true;
+            // Another policy, on nodes that do not exist, for Services labelled `elsewhere`.
+            let mut elsewhere = policy(Some("nowhere"), &[]);
+            elsewhere.0 = "elsewhere".into();
+            elsewhere.1.external_ips = true;
+            elsewhere
+                .1
+                .service_selector
+                .match_labels
+                .insert("elsewhere".into(), "yes".into());
+            everywhere.1.service_selector.match_expressions.push(
+                crate::meta::SelectorRequirement {
+                    key: "elsewhere".into(),
+                    operator: crate::meta::SelectorOperator::DoesNotExist,
+                    values: Vec::new(),
+                },
+            );
+            let policies = [everywhere, elsewhere];
+            let victim = services(1, family);
+            let ip = victim[0].2.ingress[0];
+            let alone = owners(&policies, &[], &victim, &none(), &nodes);
+            assert_eq!(alone.len(), 1, "{alone:?}");
+            for (tenant_type, local) in [
+                (ServiceType::ClusterIP, true),
+                (ServiceType::LoadBalancer, true),
+                (ServiceType::ClusterIP, false),
+            ] {
+                let mut evil = services(2, family).remove(1);
+                evil.0 = "evil/x".into();
+                evil.1.service_type = tenant_type;
+                evil.1.external_ips = vec![ip];
+                if local {
+                    evil.1.external_traffic_policy = TrafficPolicy::Local;
+                } else {
+                    evil.1.labels.insert("elsewhere".into(), "yes".into());
+                }
+                if tenant_type != ServiceType::LoadBalancer {
+                    evil.2.ingress.clear();
+                }
+                let both = [victim[0].clone(), evil];
+                let got = owners(&policies, &[], &both, &none(), &nodes);
+                let case = format!("{family:?} {tenant_type:?} local={local}");
+                let for_ip: Vec<_> = got.iter().filter(|a| a.ip == ip).collect();
+                assert_eq!(for_ip, [&alone[0]], "{case}: {got:?}");
+                let problems = announce_problems(&policies, &[], &both, &none(), &nodes);
+                assert!(!problems.contains_key("ns/s0"), "{case}: {problems:?}");
+                let p = &problems["evil/x"];
+                assert!(
+                    p.contains(&format!("{ip} is not announced for this service"))
+                        && p.contains("assigned to ns/s0 by LB-IPAM")
+                        && p.contains("remove it from spec.externalIPs"),
+                    "{case}: {p}"
+                );
+            }
+        }
     }
 
     /// Many Services listing one externalIP: one owner, and a decision that stays linear.

@@ -131,6 +131,15 @@ pub async fn reconcile<S: TypedStore>(
         }
     }
     let mut writes = Vec::new();
+    // A Service LB-IPAM does not serve has no status of ours to say why it is not announced
+    // (it lists another's IP in externalIPs): the log says it.
+    for s in services.iter().filter(|s| !s.value.spec.is_ours()) {
+        if let Some(problem) = reach.unannounced.get(&s.name) {
+            report
+                .problems
+                .push((format!("Service {}", s.name), problem.clone()));
+        }
+    }
     for s in &services {
         let Some(mut status) = decided.services.remove(&s.name) else {
             continue;
@@ -243,7 +252,10 @@ impl Reach {
                 ),
             ));
         }
-        if !status.ingress.is_empty() {
+        // A Service still without an IP is judged too when it lists another's in externalIPs.
+        if !status.ingress.is_empty()
+            || (service.value.spec.is_ours() && self.unannounced.contains_key(&service.name))
+        {
             status
                 .conditions
                 .push(match self.unannounced.get(&service.name) {

@@ -2,10 +2,11 @@
 //! that node has had time to let go of it.
 //!
 //! Every node decides alone from the same inputs, but the inputs reach the nodes at slightly
-//! different times (a watch event, a lease renewal, a tick of 100 ms). When an IP moves between
-//! two live nodes (a node returns or joins, one is excluded, a Local Service's endpoint moves),
-//! the new owner waits `HANDOVER` before answering, so the old one, deciding on the same change
-//! at its next tick, has gone silent first. A takeover from a dead node waits for nothing: the
+//! different times (a watch event, a lease renewal, a tick of 100 ms, a rest between decisions
+//! under a stream of changes). When an IP moves between two live nodes (a node returns or
+//! joins, one is excluded, a Local Service's endpoint moves), the new owner waits `HANDOVER`
+//! before answering, so the old one, deciding on the same change at its next decision, has
+//! gone silent first. A takeover from a dead node waits for nothing: the
 //! dead node's fence has silenced it already, and that wait is what failover time is made of.
 
 use std::{
@@ -14,11 +15,31 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::announcements::OwnedIps;
+use super::{
+    announcements::OwnedIps,
+    owners::{DECISION, MAX_REST, TICK},
+};
 
-/// How long the new owner of an IP waits when its previous owner is alive: above the other
-/// nodes' lag in seeing the same change (their tick, 100 ms, plus a watch's delivery).
-pub const HANDOVER: Duration = Duration::from_millis(300);
+/// How long the new owner of an IP waits when its previous owner is alive: the longest the old
+/// owner may take to let go ([`lets_go_within`]) with the pacing every node runs. Each node
+/// knows only its own pace, so the wait is that of the slowest pace allowed (the rest's cap),
+/// not of this node's: 750 ms.
+pub const HANDOVER: Duration = lets_go_within(TICK, MAX_REST, DECISION);
+
+/// How much later a change may reach one node than another (a watch event's delivery), with
+/// the responder's write of what a decision let go.
+const DELIVERY: Duration = Duration::from_millis(100);
+
+/// The longest a node deciding at most every `tick`, resting at most `max_rest` between
+/// decisions that take at most `decision`, takes to let go of an IP after another node decided
+/// to take it on the same change: the change reaches it [`DELIVERY`] later, just after its
+/// decision in progress began (which misses it), then it rests, waits for its next tick, and
+/// decides.
+pub const fn lets_go_within(tick: Duration, max_rest: Duration, decision: Duration) -> Duration {
+    let ms =
+        DELIVERY.as_millis() + decision.as_millis() * 2 + max_rest.as_millis() + tick.as_millis();
+    Duration::from_millis(ms as u64)
+}
 
 /// Who held an IP before this node decided to take it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -388,24 +388,22 @@ impl NodeControllers {
         resolved
     }
 
-    /// Promises the cluster to be back (`liveness::restart`), the heartbeat stopped first;
-    /// whether the promise stands (else the stop is a leave).
+    /// Promises the cluster to be back (`liveness::restart`), the heartbeat stopped by the
+    /// promise once its notice is written; whether the promise stands (else the stop is a
+    /// leave).
     async fn promise_restart(&mut self, config: &Config, datapath: &Mutex<Datapath>) -> bool {
         let Some(store) = &self.store else {
             return false;
         };
-        self.heartbeat.abort();
-        let _ = (&mut self.heartbeat).await;
         let file = config.node.private_file(liveness::restart::PROMISE_FILE);
         let promised = liveness::restart::Promise {
             store,
             node: &config.node.name,
-            datapath,
             within: config.node.restart_within(),
             file: &file,
             fence: self.fence.clone(),
         }
-        .make()
+        .make(datapath, &mut self.heartbeat)
         .await;
         if let Err(e) = &promised {
             tracing::error!(

@@ -3,11 +3,12 @@
 //! meanwhile, so a rolling upgrade moves no IP and costs no request.
 //!
 //! The promise is kept by both sides, with no clock compared between nodes:
-//! 1. the stopping agent, its heartbeat task stopped and its fence open, writes the notice into
-//!    its node's record (`spec.restarting`), within [`write_budget`] and while the fence stays
-//!    open;
-//! 2. then, the fence still open, extends its responders' deadline to `within` from *before*
-//!    step 1 (one heartbeat with the staleness left);
+//! 1. the stopping agent, its fence open, writes the notice into its node's record
+//!    (`spec.restarting`), within [`write_budget`] and while the fence stays open; its heartbeat
+//!    task beats on meanwhile (only while the fence is open), so the responders do not run on a
+//!    last beat that may lapse during the write (a `liveness_timeout` shorter than the write);
+//! 2. then it stops the heartbeat task and, the fence still open, extends its responders'
+//!    deadline to `within` from *before* step 1 (one heartbeat with the staleness left);
 //! 3. then leaves the gossip without a goodbye (with leases, its lease is left to lapse).
 //!
 //! Each other agent holds the node's IPs for `within` from when *it* sees the notice, which is
@@ -15,7 +16,10 @@
 //! never answer one IP. Until step 2 the responders run on the last heartbeat, under the
 //! fencing rule like any node's (silent before another node may take its IPs over): a promise
 //! that fails (a store that does not answer in time, a fence that closes) has extended
-//! nothing, and the caller silences the responders and stops as for a leave. Extending them
+//! nothing; once the write has begun, the store may hold the notice whatever the error, so it
+//! is withdrawn (tried for [`WITHDRAW_BUDGET`]: left there it would hold the node live at every
+//! agent that saw it, its IPs answered by nobody, for `within`); then the caller silences the
+//! responders and stops as for a leave. Extending them
 //! first, as this did before, left them answering for `within` (up to 60 s) after a failed
 //! write while the others took the IPs over after one node lease: two MACs for one IP. The
 //! fence open at step 2 means the others cannot have taken the IPs over without the notice: with
@@ -45,6 +49,7 @@ use ipam_core::{
     store::{StoreError, TypedStore},
 };
 use ipam_datapath::Datapath;
+use tokio::task::JoinHandle;
 
 use super::Fence;
 use crate::cluster::ClusterStore;
@@ -56,6 +61,8 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 /// The longest a stopping agent waits for its notice to be written, whatever `within`: the stop
 /// must end well inside a pod's termination grace period (30 s by default).
 const WRITE_CAP: Duration = Duration::from_secs(5);
+/// The longest a stopping agent tries to withdraw its notice after a failed promise.
+const WITHDRAW_BUDGET: Duration = Duration::from_secs(2);
 /// How often a lease fence is looked at while the notice is written (it has no events).
 const FENCE_POLL: Duration = Duration::from_millis(10);
 
@@ -82,12 +89,11 @@ pub fn promise_runs(file: &Path) -> bool {
     until.is_some_and(|until| ipam_datapath::clock::monotonic_ns() < until)
 }
 
-/// A promise to be back within `within`, made for `node` through `store` and `datapath`, and
-/// left in `file` for the next agent.
+/// A promise to be back within `within`, made for `node` through `store` (and the datapath's
+/// responders, [`Promise::make`]), and left in `file` for the next agent.
 pub struct Promise<'a> {
     pub store: &'a ClusterStore,
     pub node: &'a str,
-    pub datapath: &'a Mutex<Datapath>,
     pub within: Duration,
     pub file: &'a Path,
     /// The node's fence (the lease's or the gossip's): the promise is made only while it is
@@ -96,19 +102,92 @@ pub struct Promise<'a> {
 }
 
 impl Promise<'_> {
-    /// Steps 1 and 2 (the heartbeat task stopped first by the caller), the file written first.
-    /// On an error the file is gone again and the responders were not extended; the caller
-    /// silences them all the same (the datapath's state after a failed step is not known) and
-    /// stops as for a leave.
-    pub async fn make(&self) -> Result<(), String> {
-        let made = self.keep_promising().await;
-        if made.is_err() {
+    /// Steps 1 and 2, the file written first; `heartbeat` (the heartbeat task) runs through
+    /// step 1 and is stopped just before step 2, and on every path out. On an error the file
+    /// is gone again and the responders were not extended; the caller silences them all the
+    /// same (the datapath's state after a failed step is not known) and stops as for a leave.
+    pub async fn make(
+        &self,
+        datapath: &Mutex<Datapath>,
+        heartbeat: &mut JoinHandle<()>,
+    ) -> Result<(), String> {
+        self.make_with(heartbeat, |left| {
+            datapath
+                .lock()
+                .expect("datapath lock")
+                .heartbeat(left)
+                .map_err(|e| format!("cannot extend the responders' deadline: {e}"))
+        })
+        .await
+    }
+
+    /// [`Self::make`], the responders extended by `extend` (for the staleness left).
+    async fn make_with(
+        &self,
+        heartbeat: &mut JoinHandle<()>,
+        extend: impl FnOnce(Duration) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut beating = Some(heartbeat);
+        let mut writing = false;
+        let made = self
+            .keep_promising(&mut beating, &mut writing, extend)
+            .await;
+        if let Some(heartbeat) = beating {
+            stop(heartbeat).await;
+        }
+        if let Err(e) = &made {
             let _ = std::fs::remove_file(self.file);
+            // The store may have taken the notice whatever the error (a write cut short by
+            // the budget or the fence, an answer lost, a later step failed): left there, it
+            // would hold this node live at every agent that saw it, for `within`, while the
+            // caller silences the responders: its IPs answered by nobody.
+            if writing {
+                self.withdraw_notice(e).await;
+            }
         }
         made
     }
 
-    async fn keep_promising(&self) -> Result<(), String> {
+    /// Clears the notice after a failed promise, within [`WITHDRAW_BUDGET`] (the stop must
+    /// end), before the caller silences the responders.
+    async fn withdraw_notice(&self, failed: &str) {
+        let (store, node) = (self.store, self.node);
+        let tries = async {
+            let mut backoff = Backoff::new(Duration::from_millis(250));
+            loop {
+                match try_clear_notice(store, node).await {
+                    Ok(Some(_)) => return,
+                    Ok(None) => continue,
+                    Err(_) => tokio::time::sleep(backoff.next_delay()).await,
+                }
+            }
+        };
+        match tokio::time::timeout(WITHDRAW_BUDGET, tries).await {
+            Ok(()) => tracing::warn!(
+                node,
+                "the restart promise failed ({failed}): node {node}'s restart notice is \
+                 withdrawn (or was never written), so the other nodes follow its liveness and \
+                 take its Service IPs over once it stops"
+            ),
+            Err(_) => tracing::error!(
+                node,
+                "the restart promise failed ({failed}), and node {node}'s restart notice could \
+                 not be withdrawn from {} within {} s: the other nodes that saw it hold this \
+                 node live, and leave its Service IPs unanswered, for up to [node] \
+                 restart_within_ms ({} ms) or until its next agent's fence opens",
+                store.describe(),
+                WITHDRAW_BUDGET.as_secs(),
+                self.within.as_millis()
+            ),
+        }
+    }
+
+    async fn keep_promising(
+        &self,
+        heartbeat: &mut Option<&mut JoinHandle<()>>,
+        writing: &mut bool,
+        extend: impl FnOnce(Duration) -> Result<(), String>,
+    ) -> Result<(), String> {
         let (store, node, file) = (self.store, self.node, self.file);
         // The next agent trusts the promise until `until`, the responders answer until
         // `started` and `within`, and the others hold the node from when they see the notice,
@@ -120,6 +199,7 @@ impl Promise<'_> {
         std::fs::write(file, format!("{until}\n"))
             .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
         let budget = write_budget(self.within);
+        *writing = true;
         tokio::select! {
             written = self.write_notice() => written?,
             () = tokio::time::sleep(budget) => {
@@ -139,6 +219,12 @@ impl Promise<'_> {
                 ));
             }
         }
+        // The heartbeat beat (while the fence was open) through the write, so the responders
+        // did not run on a last beat meanwhile; it stops now, before the fence is looked at
+        // for the last time, so that no beat of its own comes after the extension.
+        if let Some(heartbeat) = heartbeat.take() {
+            stop(heartbeat).await;
+        }
         self.fence_open("once its restart notice was written")?;
         let left = self.within.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -148,11 +234,7 @@ impl Promise<'_> {
                 self.within.as_millis()
             ));
         }
-        self.datapath
-            .lock()
-            .expect("datapath lock")
-            .heartbeat(left)
-            .map_err(|e| format!("cannot extend the responders' deadline: {e}"))
+        extend(left)
     }
 
     /// An error saying why, when the node's fence is closed `when`.
@@ -192,6 +274,12 @@ impl Promise<'_> {
             "node {node}'s record kept changing while the restart notice was written"
         ))
     }
+}
+
+/// Stops the heartbeat task, and waits until it has (a beat under way is over).
+async fn stop(heartbeat: &mut JoinHandle<()>) {
+    heartbeat.abort();
+    let _ = heartbeat.await;
 }
 
 /// Waits until `fence` closes, and says why; never without one.
@@ -250,8 +338,17 @@ async fn clear_notice(store: &ClusterStore, node: &str) {
     let mut said = false;
     loop {
         match try_clear_notice(store, node).await {
-            Ok(true) => return,
-            Ok(false) => continue,
+            Ok(Some(ended)) => {
+                if ended {
+                    tracing::info!(
+                        node,
+                        "node {node}'s restart notice ended: the others hear this agent, which \
+                         answers for the node's Service IPs"
+                    );
+                }
+                return;
+            }
+            Ok(None) => continue,
             Err(e) => {
                 if !std::mem::replace(&mut said, true) {
                     tracing::warn!(
@@ -266,35 +363,157 @@ async fn clear_notice(store: &ClusterStore, node: &str) {
     }
 }
 
-/// One attempt: `Ok(false)` when the record changed meanwhile (try again).
-async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<bool, StoreError> {
+/// One attempt: whether a notice was there and ended, `None` when the record changed
+/// meanwhile (try again). Against the revision read, so a notice write still under way (cut
+/// short at this end) either lands before and is ended, or finds the record changed.
+async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<Option<bool>, StoreError> {
     let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
-        return Ok(true);
+        return Ok(Some(false));
     };
     if record.value.spec.restarting.is_none() {
-        return Ok(true);
+        return Ok(Some(false));
     }
     let mut updated = record.value;
     updated.spec.restarting = None;
     let ended = store
         .update_unless_changed(node, &updated, &record.revision)
         .await?;
-    if ended {
-        tracing::info!(
-            node,
-            "node {node}'s restart notice ended: the others hear this agent, which answers for \
-             the node's Service IPs"
-        );
-    }
-    Ok(ended)
+    Ok(ended.then_some(true))
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering::SeqCst},
+    };
+
+    use ipam_core::store::embedded::EmbeddedStore;
 
     use super::*;
     use crate::liveness::LeaseFence;
+
+    async fn store_with(node: &str) -> (tempfile::TempDir, ClusterStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("state.redb")).unwrap();
+        store
+            .create_typed(node, &NodeIpam::default())
+            .await
+            .unwrap();
+        (
+            dir,
+            ClusterStore::from(ipam_store::AnyStore::Embedded(store)),
+        )
+    }
+
+    async fn notice_of(store: &ClusterStore, node: &str) -> Option<RestartNotice> {
+        let record = store.get_typed::<NodeIpam>(node).await.unwrap().unwrap();
+        record.value.spec.restarting
+    }
+
+    /// A stand-in for the heartbeat task: runs until aborted, and then calls `stopped`.
+    fn heartbeat(stopped: impl FnOnce() + Send + 'static) -> JoinHandle<()> {
+        struct OnDrop<F: FnOnce()>(Option<F>);
+        impl<F: FnOnce()> Drop for OnDrop<F> {
+            fn drop(&mut self) {
+                if let Some(f) = self.0.take() {
+                    f();
+                }
+            }
+        }
+        let guard = OnDrop(Some(stopped));
+        tokio::spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        })
+    }
+
+    fn open_lease() -> Arc<LeaseFence> {
+        let lease = Arc::new(LeaseFence::new(Duration::from_secs(60)));
+        lease.renewed(Instant::now());
+        lease
+    }
+
+    fn promise<'a>(
+        store: &'a ClusterStore,
+        file: &'a Path,
+        lease: &Arc<LeaseFence>,
+    ) -> Promise<'a> {
+        Promise {
+            store,
+            node: "node-0",
+            within: Duration::from_secs(10),
+            file,
+            fence: Some(Fence::Lease(lease.clone())),
+        }
+    }
+
+    /// The heartbeat beats on through the notice write (the responders must not run on its
+    /// last beat meanwhile), and is stopped before the responders are extended (no beat of its
+    /// own after the extension).
+    #[tokio::test]
+    async fn the_heartbeat_is_stopped_by_the_promise_just_before_the_extension() {
+        let (dir, store) = store_with("node-0").await;
+        let file = dir.path().join(PROMISE_FILE);
+        let lease = open_lease();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let mut beating = heartbeat({
+            let stopped = stopped.clone();
+            move || stopped.store(true, SeqCst)
+        });
+        let mut extended = None;
+        promise(&store, &file, &lease)
+            .make_with(&mut beating, |left| {
+                assert!(
+                    stopped.load(SeqCst),
+                    "the heartbeat stopped before the extension"
+                );
+                extended = Some(left);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert!(extended.is_some_and(|left| left > Duration::from_secs(9)));
+        assert!(beating.is_finished());
+        assert!(notice_of(&store, "node-0").await.is_some());
+        assert!(file.exists());
+    }
+
+    /// The notice went into the store, then the fence closed (here as the heartbeat stops):
+    /// the promise fails, and the notice is withdrawn, or the others would hold the silenced
+    /// node live for `within` with nobody answering its IPs.
+    #[tokio::test]
+    async fn a_promise_whose_fence_closes_once_the_notice_is_in_withdraws_it() {
+        let (dir, store) = store_with("node-0").await;
+        let file = dir.path().join(PROMISE_FILE);
+        let lease = open_lease();
+        let mut beating = heartbeat({
+            let lease = lease.clone();
+            move || lease.renewed(Instant::now() - Duration::from_secs(60))
+        });
+        let made = promise(&store, &file, &lease)
+            .make_with(&mut beating, |_| panic!("extended with the fence closed"))
+            .await;
+        assert!(made.unwrap_err().contains("may not answer"));
+        assert_eq!(notice_of(&store, "node-0").await, None);
+        assert!(!file.exists());
+        assert!(beating.is_finished());
+    }
+
+    /// The notice is in and the fence open, but the extension fails: the notice is withdrawn.
+    #[tokio::test]
+    async fn a_promise_whose_extension_fails_withdraws_its_notice() {
+        let (dir, store) = store_with("node-0").await;
+        let file = dir.path().join(PROMISE_FILE);
+        let lease = open_lease();
+        let mut beating = heartbeat(|| {});
+        let made = promise(&store, &file, &lease)
+            .make_with(&mut beating, |_| Err("no datapath".to_owned()))
+            .await;
+        assert_eq!(made.unwrap_err(), "no datapath");
+        assert_eq!(notice_of(&store, "node-0").await, None);
+        assert!(!file.exists());
+    }
 
     #[test]
     fn the_notice_write_leaves_at_least_half_the_promise_and_at_most_five_seconds() {

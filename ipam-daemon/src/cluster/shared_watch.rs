@@ -296,6 +296,28 @@ impl Subscriber {
     }
 }
 
+/// Gives the subscribers that fell behind the hub's whole state, each followed by `stale`
+/// when the hub's copy is not known fresh: a subscriber whose buffer was full when the watch
+/// failed lost that warning, and would otherwise take the hub's copy for a fresh one.
+fn catch_up_all(subscribers: &mut [Subscriber], state: &State, stale: Option<&StoreError>) {
+    for s in subscribers.iter_mut().filter(|s| s.behind) {
+        s.catch_up(state);
+        if let Some(notice) = stale
+            && !s.behind
+        {
+            s.warn(copy_of(notice));
+        }
+    }
+}
+
+/// The same notice again, for another subscriber (store errors are not `Clone`).
+fn copy_of(notice: &StoreError) -> StoreError {
+    StoreError::Backend {
+        location: "the shared watch".into(),
+        source: notice.to_string().into(),
+    }
+}
+
 /// A watch in trouble: since when, the last error, when the log said it.
 struct Trouble {
     since: Instant,
@@ -568,9 +590,13 @@ impl<S: Store + Clone + 'static> HubTask<S> {
                     self.board.judge_readiness();
                 }
                 _ = catch_up.tick(), if behind => {
-                    for s in subscribers.iter_mut().filter(|s| s.behind) {
-                        s.catch_up(&state);
-                    }
+                    // Between a failure and the next list, the hub's own copy is not known
+                    // fresh either: the warning a full buffer lost follows it.
+                    let stale = match (&self.trouble, settle_at) {
+                        (Some(t), None) => Some(self.notice(&t.why)),
+                        _ => None,
+                    };
+                    catch_up_all(&mut subscribers, &state, stale.as_ref());
                 }
             }
             subscribers.retain(|s| !s.events.is_closed());
@@ -673,6 +699,40 @@ mod tests {
             WatchEvent::Resync { objects, .. } => assert_eq!(objects.len(), changes),
             other => panic!("expected the whole state, got {other:?}"),
         }
+    }
+
+    /// A subscriber whose buffer was full when the watch failed lost the warning; caught up
+    /// while the hub's copy is not known fresh, it gets the warning after the state, so its
+    /// copy does not count fresh.
+    #[test]
+    fn a_subscriber_caught_up_in_trouble_is_told_its_copy_is_stale() {
+        let (events, mut rx) = mpsc::channel(2);
+        let mut lagging = Subscriber {
+            events,
+            behind: true,
+        };
+        let state = State {
+            kind: Thing::KIND.to_owned(),
+            objects: BTreeMap::new(),
+            revision: Revision::Number(7),
+        };
+        let notice = StoreError::Backend {
+            location: "the test's store".into(),
+            source: "Thing is forbidden: cannot watch".into(),
+        };
+        catch_up_all(std::slice::from_mut(&mut lagging), &state, Some(&notice));
+        assert!(matches!(rx.try_recv(), Ok(Ok(WatchEvent::Resync { .. }))));
+        let told = rx.try_recv().expect("the warning after the state");
+        assert!(
+            told.as_ref()
+                .is_err_and(|e| e.to_string().contains("forbidden")),
+            "{told:?}"
+        );
+        // Fresh again: the state alone.
+        lagging.behind = true;
+        catch_up_all(std::slice::from_mut(&mut lagging), &state, None);
+        assert!(matches!(rx.try_recv(), Ok(Ok(WatchEvent::Resync { .. }))));
+        assert!(rx.try_recv().is_err());
     }
 
     /// A real embedded store whose watches fail at once after their first list while

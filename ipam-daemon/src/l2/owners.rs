@@ -14,7 +14,7 @@ use std::{
     collections::{BTreeMap, HashSet},
     net::IpAddr,
     sync::Arc,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use ipam_core::{
@@ -187,7 +187,13 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         local_addresses.add(Holder::L2, *ip);
     }
     let inherits = !inherited.is_empty();
-    let restarts = Restarts::new(&node, inherits, &seen.nodes, Instant::now());
+    let restarts = Restarts::new(
+        &node,
+        inherits,
+        &seen.nodes,
+        Instant::now(),
+        unix_ms(SystemTime::now()),
+    );
     let mut ownership = Ownership {
         inherited: inherits,
         owned: Owned {
@@ -334,6 +340,19 @@ fn rest_after(decision: Duration) -> Duration {
     (decision * (DUTY - 1)).min(MAX_REST)
 }
 
+/// How far behind a starting agent's clock that of a node stopping for a restart may be: a
+/// notice found at the start holds its node until its `sinceUnixMs` and `withinMs`, and this
+/// much more, have passed by this agent's clock. NTP keeps nodes' clocks within milliseconds
+/// of each other; a clock further behind shortens that hold by the difference (the restarting
+/// node's responders may then answer for a moment next to the node that takes its IPs over).
+pub const CLOCK_SKEW: Duration = Duration::from_millis(500);
+
+/// `at` in Unix milliseconds, as a [`RestartNotice`] counts them.
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Nodes whose agents stopped for a restart (`spec.restarting` in their records), held live
 /// for the promised time from when this agent saw each notice, so their IPs stay where they
 /// are (`liveness::restart`), until they are live in the gossip again.
@@ -353,13 +372,21 @@ struct Restarts {
 }
 
 impl Restarts {
-    /// `node`'s holds at the start, from the records as first listed (`nodes`): its own
-    /// notice held from `now` if `inherited`. Every other notice already there is taken as
-    /// seen and holds nothing: this agent cannot tell a restart under way from one whose agent
-    /// never came back (its node dead, the notice left for good), and holding the latter would
-    /// hand that node's IPs back to nobody for its `withinMs` at every agent start, each step
-    /// of a rollout. A restart under way is held by the agents that saw its notice come.
-    fn new(node: &str, inherited: bool, nodes: &Cache<NodeIpam>, now: Instant) -> Self {
+    /// `node`'s holds at the start, from the records as first listed (`nodes`), at `now`
+    /// (`now_unix_ms` by the wall clock): its own notice held from `now` if `inherited`. Every
+    /// other notice already there is taken as seen, and holds its node only for what is left
+    /// of its promise by the wall clock (`sinceUnixMs` and `withinMs`, and [`CLOCK_SKEW`]):
+    /// the restarting node's responders may answer until then, and taking its IPs over
+    /// meanwhile would give them two MACs. A notice left for good by a node that never came
+    /// back is older than that, and holds nothing: held for its `withinMs` at every agent
+    /// start, it would hand that node's IPs back to nobody at each step of a rollout.
+    fn new(
+        node: &str,
+        inherited: bool,
+        nodes: &Cache<NodeIpam>,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Self {
         let mut restarts = Self {
             own_promise: inherited.then(|| node.to_owned()),
             ..Self::default()
@@ -369,6 +396,27 @@ impl Restarts {
                 restarts.follow_one(node, &record.value, now);
             } else if let Some(notice) = &record.value.spec.restarting {
                 restarts.seen.insert(record.name.clone(), notice.clone());
+                if record.name == node {
+                    continue;
+                }
+                let ends = notice
+                    .since_unix_ms
+                    .saturating_add(notice.within_ms)
+                    .saturating_add(u64::try_from(CLOCK_SKEW.as_millis()).unwrap_or(u64::MAX));
+                let left = ends.saturating_sub(now_unix_ms);
+                if left > 0 {
+                    tracing::info!(
+                        node = record.name.as_str(),
+                        left_ms = left,
+                        "node {}'s agent stopped for a restart before this one started: its \
+                         Service IPs stay with it for up to {left} ms",
+                        record.name
+                    );
+                    let until = now + Duration::from_millis(left);
+                    restarts
+                        .held
+                        .insert(record.name.clone(), (notice.clone(), until));
+                }
             }
         }
         restarts
@@ -807,6 +855,10 @@ mod tests {
 
     use super::*;
 
+    /// The wall clock at an agent start long after the notices of the tests were written
+    /// (`sinceUnixMs` of a few milliseconds): they are all over.
+    const LATER_MS: u64 = 3_600_000;
+
     fn records(notice: Option<RestartNotice>) -> Cache<NodeIpam> {
         records_of(&[("node-1", notice)])
     }
@@ -945,7 +997,7 @@ mod tests {
         let t0 = Instant::now();
         // The agent before promised and its responders answer on: this one holds its node
         // live until its notice is cleared, as the others do.
-        let mut kept = Restarts::new("node-1", true, &records(notice.clone()), t0);
+        let mut kept = Restarts::new("node-1", true, &records(notice.clone()), t0, LATER_MS);
         assert!(kept.holds("node-1", t0 + Duration::from_secs(1)));
         kept.follow(
             &records(notice.clone()),
@@ -956,10 +1008,41 @@ mod tests {
         assert!(!kept.holds("node-1", t0 + Duration::from_secs(2)));
         // A notice left by an agent whose promise ran out: the others hold the node no more,
         // and this one must not answer for its IPs before they hear it.
-        let mut lapsed = Restarts::new("node-1", false, &records(notice.clone()), t0);
+        let mut lapsed = Restarts::new("node-1", false, &records(notice.clone()), t0, LATER_MS);
         assert!(!lapsed.holding());
         lapsed.follow(&records(notice), "node-1", t0);
         assert!(!lapsed.holding());
+    }
+
+    /// An agent that starts while another node's restart is under way (its notice in the
+    /// records at the start) holds that node for what is left of its promise by the wall
+    /// clock, and the clock skew allowed: its responders still answer its IPs, and taking them
+    /// over meanwhile would give them two MACs. One whose promise ran out holds nothing.
+    #[test]
+    fn a_restart_under_way_at_the_start_is_held_for_the_time_left() {
+        let since = 1_000_000;
+        let notice = Some(RestartNotice {
+            within_ms: 10_000,
+            since_unix_ms: since,
+        });
+        let at_start = records_of(&[("node-0", None), ("node-1", notice.clone())]);
+        let t0 = Instant::now();
+        let skew = Duration::from_millis(u64::try_from(CLOCK_SKEW.as_millis()).unwrap());
+        // 4 s into the promise: 6 s and the skew are left.
+        let mut recent = Restarts::new("node-0", false, &at_start, t0, since + 4_000);
+        let left = Duration::from_secs(6) + skew;
+        assert!(recent.holds("node-1", t0 + left - Duration::from_millis(1)));
+        assert!(!recent.holds("node-1", t0 + left));
+        // The first record event brings the same notice: held no longer than that.
+        recent.follow(&at_start, "node-0", t0 + Duration::from_secs(1));
+        assert!(!recent.holds("node-1", t0 + left));
+        // Past the promise and the skew: nothing held.
+        let over = since + 10_000 + u64::try_from(CLOCK_SKEW.as_millis()).unwrap();
+        let old = Restarts::new("node-0", false, &at_start, t0, over);
+        assert!(!old.holding());
+        // This node's own notice, its promise not taken up, holds nothing even if recent.
+        let own = Restarts::new("node-1", false, &at_start, t0, since + 1);
+        assert!(!own.holds("node-1", t0));
     }
 
     /// Issue 56, item 2: a node that died in the middle of a restart leaves its notice in its
@@ -974,7 +1057,7 @@ mod tests {
         });
         let t0 = Instant::now();
         let at_start = records_of(&[("node-0", None), ("node-1", stale.clone())]);
-        let mut restarts = Restarts::new("node-0", false, &at_start, t0);
+        let mut restarts = Restarts::new("node-0", false, &at_start, t0, LATER_MS);
         assert!(!restarts.holding(), "a notice found at the start");
         // The first record event (any record changed, here this node's own) brings the same
         // stale notice again: still nothing held, at any time after.
@@ -999,7 +1082,13 @@ mod tests {
         restarts.follow(&records_of(&[("node-1", next)]), "node-0", t2);
         assert!(restarts.holds("node-1", t2 + Duration::from_secs(1)));
         // A restart notice that comes after the start, of another node, is held at once.
-        let mut later = Restarts::new("node-0", false, &records_of(&[("node-2", None)]), t0);
+        let mut later = Restarts::new(
+            "node-0",
+            false,
+            &records_of(&[("node-2", None)]),
+            t0,
+            LATER_MS,
+        );
         later.follow(&records_of(&[("node-2", stale)]), "node-0", t1);
         assert!(later.holds("node-2", t1 + Duration::from_millis(1_999)));
     }

@@ -17,7 +17,7 @@ use std::{
 
 use super::{
     announcements::OwnedIps,
-    owners::{DECISION, MAX_REST, TICK},
+    pacing::{DECISION, MAX_REST, TICK},
 };
 
 /// How long the new owner of an IP waits when its previous owner is alive: the longest the old

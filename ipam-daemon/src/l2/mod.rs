@@ -3,6 +3,8 @@
 //!
 //! - `owners`: the cluster's Service IPs this node owns (rendezvous hashing over the live
 //!   nodes, the same answer on every node), and the address each needs on `lo`;
+//! - `pacing`: how often the owners are decided, and the longest rest between decisions,
+//!   which the hand-over's wait is computed from;
 //! - `handover`: break before make, when an IP moves from a node that is still alive (and the
 //!   connections the old owner still holds passed on to it for a while, `HandedOver`, which the
 //!   responder writes to the datapath);
@@ -25,6 +27,7 @@ pub mod gratuitous;
 pub mod handover;
 pub mod multicast;
 pub mod owners;
+pub mod pacing;
 pub mod responder;
 
 pub use announcements::{Announcements, HandOn, HandedOver, OwnedIp, OwnedIps};

@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use super::{
     announcements::{HandOn, HandedOver, OwnedIp, OwnedIps},
     handover::{Handover, Previous},
+    pacing::{DECISION, DUTY, TICK, rest_after},
 };
 use crate::{
     cluster::{
@@ -43,25 +44,6 @@ use crate::{
     net::local_address::{Holder, LocalAddresses},
 };
 
-/// How often ownership is decided again when something changed (a burst of changes costs
-/// one decision per tick), or while time alone may change it (lease lapses, which change
-/// nothing in the store to wake us; a hand-over's wait). A change of the gossip's membership
-/// is decided at once; at rest, with the gossip, nothing is decided.
-pub(super) const TICK: Duration = Duration::from_millis(100);
-/// A tick decides again only after resting `DUTY - 1` times as long as the last decision took
-/// (at most [`MAX_REST`]): the decisions take at most a `DUTY`th of a core. A death or a
-/// return in the gossip is decided at once all the same.
-const DUTY: u32 = 10;
-/// The longest decision the hand-over between live nodes is timed for (`handover::HANDOVER`):
-/// a few times what one takes at 10,000 Services. A longer one is logged as a warning.
-pub(super) const DECISION: Duration = Duration::from_millis(50);
-/// The longest rest between two decisions, `DUTY - 1` times [`DECISION`]. The old owner of an
-/// IP lets go at its next decision, after its rest; the new owner, which cannot see the old
-/// one's pace, waits for the longest rest any node takes. Unbounded, the rest of a slower node
-/// (nine times its last decision) outgrew that wait, and the old owner let go after the new
-/// one answered. Decisions up to [`DECISION`] still take at most a `DUTY`th of a core.
-pub(super) const MAX_REST: Duration =
-    Duration::from_millis(DECISION.as_millis() as u64 * (DUTY as u64 - 1));
 /// How long a restarted agent taking up its IPs waits for the gossip to join before it
 /// decides from what it knows.
 const JOINING: Duration = Duration::from_secs(3);
@@ -331,13 +313,6 @@ impl Pace {
     fn decided(&mut self, started: Instant) {
         self.rested_until = Instant::now() + rest_after(started.elapsed());
     }
-}
-
-/// How long to rest after a decision that took `decision`: `DUTY - 1` times as long, so the
-/// decisions take a `DUTY`th of a core, but never more than [`MAX_REST`], which the new owner
-/// of an IP waits for (`handover::HANDOVER`) before answering in place of this node.
-fn rest_after(decision: Duration) -> Duration {
-    (decision * (DUTY - 1)).min(MAX_REST)
 }
 
 /// How far behind a starting agent's clock that of a node stopping for a restart may be: a
@@ -923,7 +898,7 @@ mod tests {
                 "{ms} ms"
             );
         }
-        assert_eq!(rest_after(DECISION * 4), MAX_REST);
+        assert_eq!(rest_after(DECISION * 4), super::super::pacing::MAX_REST);
     }
 
     fn announced(ip: &str, service: &str, node: &str) -> Announcement {

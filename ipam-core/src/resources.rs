@@ -275,7 +275,8 @@ pub struct NodeInterface {
 pub struct RestartNotice {
     pub within_ms: u64,
     /// When the agent stopped (Unix milliseconds, its clock): tells one restart from the next,
-    /// and people when it happened; not used for timing.
+    /// and people when it happened; an agent that starts while the restart is under way holds
+    /// the node for what is left of `within_ms` from it (allowing a little clock skew).
     pub since_unix_ms: u64,
 }
 

@@ -571,7 +571,7 @@ fn a_just_confirmed_client_entry_takes_each_gratuitous_form_at_once() {
         new.run(move || {
             PacketSocket::sender(new_ifindex)
                 .and_then(|s| s.send(&ArpFrame::gratuitous(new_mac, ip, op).to_bytes()))
-                .expect("send the gratuitous ARP")
+                .expect("send the gratuitous ARP");
         });
         std::thread::sleep(Duration::from_millis(100));
         let now = client.run(move || client_neighbour(ip));

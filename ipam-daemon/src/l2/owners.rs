@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use super::{
     announcements::{HandOn, HandedOver, OwnedIp, OwnedIps},
     handover::{Handover, Previous},
-    pacing::{DECISION, DUTY, TICK, rest_after},
+    pacing::{DECISION, TICK, rest_after},
 };
 use crate::{
     cluster::{
@@ -829,6 +829,7 @@ mod tests {
     use ipam_core::{resources::NodeIpamSpec, store::RawObject};
 
     use super::*;
+    use crate::l2::pacing::{DUTY, MAX_REST};
 
     /// The wall clock at an agent start long after the notices of the tests were written
     /// (`sinceUnixMs` of a few milliseconds): they are all over.
@@ -898,7 +899,7 @@ mod tests {
                 "{ms} ms"
             );
         }
-        assert_eq!(rest_after(DECISION * 4), super::super::pacing::MAX_REST);
+        assert_eq!(rest_after(DECISION * 4), MAX_REST);
     }
 
     fn announced(ip: &str, service: &str, node: &str) -> Announcement {

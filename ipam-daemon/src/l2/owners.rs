@@ -322,6 +322,20 @@ impl Pace {
 /// node's responders may then answer for a moment next to the node that takes its IPs over).
 pub const CLOCK_SKEW: Duration = Duration::from_millis(500);
 
+/// How long a held node whose notice was cleared may stay unheard before its hold ends: its
+/// next agent clears the notice once its fence opens, and the others hear it within a
+/// gossip round trip or two; a node whose promise failed withdraws its notice and stays silent.
+pub const CLEARED_GRACE: Duration = Duration::from_secs(2);
+
+/// The longest restart any agent may promise (`[node] restart_within_ms`'s bound).
+const LONGEST_PROMISE_MS: u64 = 60_000;
+
+/// A notice's `withinMs`, no longer than any agent may promise (another node's record is its
+/// own word).
+fn bounded_within(notice: &RestartNotice) -> u64 {
+    notice.within_ms.min(LONGEST_PROMISE_MS)
+}
+
 /// `at` in Unix milliseconds, as a [`RestartNotice`] counts them.
 fn unix_ms(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
@@ -340,6 +354,8 @@ struct Restarts {
     /// the others hold it no more, and this node must not answer their IPs before they hear it.
     own_promise: Option<String>,
     held: BTreeMap<String, (RestartNotice, Instant)>,
+    /// Held nodes whose notice is gone from their record, since when.
+    cleared: BTreeMap<String, Instant>,
     /// The last notice seen of each node: each is held once, from when it was first seen, not
     /// again when a record that still carries it changes (a notice left behind must not hold
     /// a node that died later).
@@ -374,11 +390,16 @@ impl Restarts {
                 if record.name == node {
                     continue;
                 }
+                let skew = u64::try_from(CLOCK_SKEW.as_millis()).unwrap_or(u64::MAX);
+                let within = bounded_within(notice);
                 let ends = notice
                     .since_unix_ms
-                    .saturating_add(notice.within_ms)
-                    .saturating_add(u64::try_from(CLOCK_SKEW.as_millis()).unwrap_or(u64::MAX));
-                let left = ends.saturating_sub(now_unix_ms);
+                    .saturating_add(within)
+                    .saturating_add(skew);
+                // Never longer than a promise made now: a notice stamped in the future (its
+                // writer's clock ahead, or this node's behind, as after a reboot before NTP)
+                // would otherwise hold a node, and leave its IPs unanswered, for that long.
+                let left = ends.saturating_sub(now_unix_ms).min(within + skew);
                 if left > 0 {
                     tracing::info!(
                         node = record.name.as_str(),
@@ -414,7 +435,8 @@ impl Restarts {
             return;
         }
         self.seen.insert(node.to_owned(), notice.clone());
-        let until = now + Duration::from_millis(notice.within_ms);
+        self.cleared.remove(node);
+        let until = now + Duration::from_millis(bounded_within(notice));
         tracing::info!(
             node,
             within_ms = notice.within_ms,
@@ -425,13 +447,28 @@ impl Restarts {
     }
 
     /// Drops the holds that ran out, and those of nodes back: live in the gossip, the notice
-    /// cleared by their next agent (a later death of theirs is one like any other).
+    /// cleared by their next agent (a later death of theirs is one like any other). A notice
+    /// cleared while its node stays silent for [`CLEARED_GRACE`] ends its hold too: a next
+    /// agent clears it only once it hears a majority, and is heard within that; a node whose
+    /// promise failed withdraws it and stops, and is never heard.
     fn prune(&mut self, nodes: &Cache<NodeIpam>, peers: &mut LivePeers, now: Instant) {
+        let cleared = &mut self.cleared;
+        cleared.retain(|node, _| self.held.contains_key(node));
         self.held.retain(|node, (_, until)| {
-            let back = nodes
+            let notice_cleared = nodes
                 .get(node)
-                .is_none_or(|r| r.value.spec.restarting.is_none())
-                && peers.is_live(node, now);
+                .is_none_or(|r| r.value.spec.restarting.is_none());
+            let cleared_since = notice_cleared.then(|| *cleared.entry(node.clone()).or_insert(now));
+            let withdrawn = cleared_since.is_some_and(|at| now.duration_since(at) >= CLEARED_GRACE);
+            let back = notice_cleared && peers.is_live(node, now);
+            if withdrawn && !back {
+                tracing::info!(
+                    node = node.as_str(),
+                    "node {node}'s restart notice was withdrawn and the node is not heard: its \
+                     Service IPs move as from a dead node"
+                );
+                return false;
+            }
             if now >= *until && !back {
                 tracing::warn!(
                     node = node.as_str(),
@@ -1019,6 +1056,52 @@ mod tests {
         // This node's own notice, its promise not taken up, holds nothing even if recent.
         let own = Restarts::new("node-1", false, &at_start, t0, since + 1);
         assert!(!own.holds("node-1", t0));
+    }
+
+    /// A notice stamped in the future (its writer's clock ahead, a compromised node, or this
+    /// node's clock behind after a reboot) holds its node no longer than a promise made now.
+    #[test]
+    fn a_notice_from_the_future_holds_no_longer_than_a_promise() {
+        let notice = Some(RestartNotice {
+            within_ms: u64::MAX,
+            since_unix_ms: u64::MAX / 2,
+        });
+        let at_start = records_of(&[("node-0", None), ("node-1", notice)]);
+        let t0 = Instant::now();
+        let restarts = Restarts::new("node-0", false, &at_start, t0, 1_000);
+        let longest = Duration::from_millis(LONGEST_PROMISE_MS) + CLOCK_SKEW;
+        assert!(restarts.holds("node-1", t0 + longest - Duration::from_millis(1)));
+        assert!(!restarts.holds("node-1", t0 + longest));
+    }
+
+    /// A node whose promise failed withdraws its notice and stops: once its notice is gone
+    /// and it stays unheard for `CLEARED_GRACE`, its hold ends and its IPs move, well before
+    /// the promise would have run out. A node heard again ends it at once, as before.
+    #[test]
+    fn a_withdrawn_notice_of_a_silent_node_ends_its_hold() {
+        let notice = Some(RestartNotice {
+            within_ms: 10_000,
+            since_unix_ms: 1,
+        });
+        let t0 = Instant::now();
+        let mut restarts = Restarts::new("node-0", false, &records_of(&[("node-0", None)]), t0, 0);
+        restarts.follow(
+            &records_of(&[("node-0", None), ("node-1", notice)]),
+            "node-0",
+            t0,
+        );
+        let (_tx, membership) = watch::channel(crate::liveness::gossip::Membership::default());
+        let mut silent = LivePeers::Gossip {
+            me: "node-0".into(),
+            membership,
+        };
+        let withdrawn = records_of(&[("node-0", None), ("node-1", None)]);
+        let t1 = t0 + Duration::from_millis(100);
+        restarts.prune(&withdrawn, &mut silent, t1);
+        assert!(restarts.holds("node-1", t1), "ended before the grace");
+        let t2 = t1 + CLEARED_GRACE;
+        restarts.prune(&withdrawn, &mut silent, t2);
+        assert!(!restarts.holds("node-1", t2), "held after the grace");
     }
 
     /// Issue 56, item 2: a node that died in the middle of a restart leaves its notice in its

@@ -301,6 +301,12 @@ impl Subscriber {
 /// failed lost that warning, and would otherwise take the hub's copy for a fresh one.
 fn catch_up_all(subscribers: &mut [Subscriber], state: &State, stale: Option<&StoreError>) {
     for s in subscribers.iter_mut().filter(|s| s.behind) {
+        // The state and its warning go together or not at all: the state alone, with no room
+        // left for the warning, would pass for fresh. The hub is the channel's one sender, so
+        // the room seen here is still there below.
+        if stale.is_some() && s.events.capacity() < 2 {
+            continue;
+        }
         s.catch_up(state);
         if let Some(notice) = stale
             && !s.behind
@@ -727,6 +733,20 @@ mod tests {
             told.as_ref()
                 .is_err_and(|e| e.to_string().contains("forbidden")),
             "{told:?}"
+        );
+        // One slot free only: nothing now, rather than a state that passes for fresh.
+        let (events, mut one_slot) = mpsc::channel(2);
+        events.try_send(Ok(state.resync())).unwrap();
+        let mut crowded = Subscriber {
+            events,
+            behind: true,
+        };
+        catch_up_all(std::slice::from_mut(&mut crowded), &state, Some(&notice));
+        assert!(crowded.behind);
+        assert!(matches!(one_slot.try_recv(), Ok(Ok(_))));
+        assert!(
+            one_slot.try_recv().is_err(),
+            "a state sent without its warning"
         );
         // Fresh again: the state alone.
         lagging.behind = true;

@@ -248,7 +248,8 @@ enum Finding {
 }
 
 /// The node's verdict from its addresses' findings: an answer from any address wins; else
-/// a silence on a segment; else nothing can be told (fail closed).
+/// silent only if every address was silent on a segment; one that could not be told makes
+/// the whole node so (fail closed: its answer may have been the one missed).
 fn verdict(findings: Vec<Finding>) -> Probe {
     let mut silences = Vec::new();
     let mut unknown = Vec::new();
@@ -259,10 +260,10 @@ fn verdict(findings: Vec<Finding>) -> Probe {
             Finding::CannotTell(why) => unknown.push(why),
         }
     }
-    if silences.is_empty() {
-        Probe::CannotTell(unknown.join("; "))
-    } else {
+    if unknown.is_empty() {
         Probe::Silent(silences.join("; "))
+    } else {
+        Probe::CannotTell(unknown.join("; "))
     }
 }
 
@@ -499,8 +500,8 @@ mod tests {
         assert!(findings.of(&one("c")).is_empty());
     }
 
-    /// Any address's answer makes the node run; a silence on a segment is evidence; with no
-    /// address on a segment nothing can be told, and the node is not reported.
+    /// Any address's answer makes the node run; silence on a segment at every address is
+    /// evidence; with an address that cannot be told, the node is not reported.
     #[test]
     fn a_node_is_silent_only_on_a_segment_and_unknown_elsewhere() {
         let silent = || Finding::Silent("10.0.0.3: no answer, no ARP answer".into());
@@ -511,9 +512,15 @@ mod tests {
             Probe::Answered(_)
         ));
         assert!(
-            matches!(verdict(vec![unknown(), silent()]), Probe::Silent(e) if e.contains("no ARP"))
+            matches!(verdict(vec![silent(), silent()]), Probe::Silent(e) if e.contains("no ARP"))
         );
         assert!(matches!(verdict(vec![unknown()]), Probe::CannotTell(_)));
+        // An address that could not be told (its socket dropped frames, or no segment) may
+        // have been the one to answer.
+        assert!(matches!(
+            verdict(vec![unknown(), silent()]),
+            Probe::CannotTell(_)
+        ));
         let reports = reports_of(&BTreeMap::from([(
             "c".to_owned(),
             verdict(vec![unknown(), unknown()]),

@@ -180,8 +180,9 @@ fn ask(
 }
 
 /// A classic BPF program that keeps the frames that may answer for `ip`: ARP frames whose
-/// sender is `ip`; ICMPv6 neighbour advertisements for `ip` (no extension headers: NDP
-/// carries none). `answer_from` checks the rest.
+/// sender is `ip`; ICMPv6 neighbour advertisements for `ip` right after the IPv6 header. An
+/// advertisement behind extension headers is refused: Linux, BSD and Windows send none, but a
+/// stack that did would look silent (fail open) to this probe. `answer_from` checks the rest.
 fn answer_filter(ip: IpAddr) -> Vec<libc::sock_filter> {
     const LD_W: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
     const LD_B: u16 = (libc::BPF_LD | libc::BPF_B | libc::BPF_ABS) as u16;

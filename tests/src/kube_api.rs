@@ -297,3 +297,22 @@ pub fn attachment(container: &str, pod: Option<&str>) -> Attachment {
         pool: None,
     }
 }
+
+/// Namespace `shop` with a Service `web` of type LoadBalancer (port 80), made with the
+/// Kubernetes API as a user makes it; the Services of `shop`.
+pub async fn create_web_service(api: &TestApi) -> kube::Api<k8s_openapi::api::core::v1::Service> {
+    api.create_namespace("shop", serde_json::json!({})).await;
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(api.client().await, "shop");
+    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "web", "namespace": "shop" },
+        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
+    }))
+    .unwrap();
+    services
+        .create(&kube::api::PostParams::default(), &web)
+        .await
+        .expect("create the Service");
+    services
+}

@@ -21,7 +21,9 @@ use ipam_kube::{KubeStore, test_api::TestApi};
 use ipam_tests::{
     TempFile,
     daemon::Daemon,
-    kube_api::{AgentNode, Who, agent_pod, attachment, kubeconfig_for, start_api},
+    kube_api::{
+        AgentNode, Who, agent_pod, attachment, create_web_service, kubeconfig_for, start_api,
+    },
     workspace_binary,
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -48,25 +50,6 @@ fn operator_config_with_grace(ipam: &str, node_grace_ms: u64) -> TempFile {
     )
     .expect("write the operator configuration");
     config
-}
-
-/// Namespace `shop` with a Service `web` of type LoadBalancer (port 80), made with the
-/// Kubernetes API as a user makes it; the Services of `shop`.
-async fn create_web_service(api: &TestApi) -> kube::Api<k8s_openapi::api::core::v1::Service> {
-    api.create_namespace("shop", serde_json::json!({})).await;
-    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
-        kube::Api::namespaced(api.client().await, "shop");
-    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": "web", "namespace": "shop" },
-        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
-    }))
-    .unwrap();
-    services
-        .create(&kube::api::PostParams::default(), &web)
-        .await
-        .expect("create the Service");
-    services
 }
 
 /// `ipamctl apply -f MANIFEST --config CONFIG` as `kubeconfig`'s user; panics when it fails.

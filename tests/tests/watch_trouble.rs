@@ -411,19 +411,7 @@ async fn services_get_ips_when_the_operator_may_not_watch_them() {
         log().contains("forbidden").then_some(())
     })
     .await;
-    api.create_namespace("shop", serde_json::json!({})).await;
-    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
-        kube::Api::namespaced(api.client().await, "shop");
-    let web: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": { "name": "web", "namespace": "shop" },
-        "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "protocol": "TCP" }] },
-    }))
-    .unwrap();
-    services
-        .create(&kube::api::PostParams::default(), &web)
-        .await
-        .expect("create the Service");
+    let services = ipam_tests::kube_api::create_web_service(&api).await;
     let started = Instant::now();
     let deadline = started + Duration::from_secs(40);
     let ingress = loop {

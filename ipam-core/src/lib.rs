@@ -21,6 +21,7 @@ pub mod atomic_file;
 pub mod backoff;
 pub mod cidr;
 pub mod count;
+pub mod l2;
 pub mod lb;
 pub mod meta;
 pub mod names;

@@ -278,6 +278,11 @@ pub struct RestartNotice {
     /// and people when it happened; an agent that starts while the restart is under way holds
     /// the node for what is left of `within_ms` from it (allowing a little clock skew).
     pub since_unix_ms: u64,
+    /// The Service IPs its responders answer on while it restarts: the others leave them with
+    /// it until it is back or its promise ends, whatever else changes meanwhile (a Local
+    /// Service's endpoints moving, a node joining), since nothing of its own lets go of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answering: Vec<std::net::IpAddr>,
 }
 
 /// An interface a node announced from that it cannot announce from any more.

@@ -531,6 +531,7 @@ mod tests {
         lapsed.spec.restarting = Some(crate::resources::RestartNotice {
             within_ms: 10_000,
             since_unix_ms: 1,
+            answering: Vec::new(),
         });
         store
             .update_typed("n1", &lapsed, &record.revision)

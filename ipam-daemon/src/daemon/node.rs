@@ -170,6 +170,8 @@ struct NodeControllers {
     fence: Option<Fence>,
     /// The shared store, when the node runs on one.
     store: Option<ClusterStore>,
+    /// The Service IPs the owners controller has the responders answer, for a restart's notice.
+    owned: Option<watch::Receiver<OwnedIps>>,
 }
 
 /// What the Service IP controllers start from and share with the responder.
@@ -245,6 +247,7 @@ impl NodeControllers {
         // Every announcer that runs has said so: the IPs an agent before left on `lo` go once
         // they have decided (at once with none).
         local_addresses.expected_all();
+        let owned = cluster.owned.clone();
         tokio::spawn(l2::configured::run(
             configured_rx,
             cluster.owned,
@@ -273,6 +276,7 @@ impl NodeControllers {
             heartbeat,
             fence,
             store,
+            owned,
         })
     }
 
@@ -402,6 +406,11 @@ impl NodeControllers {
             within: config.node.restart_within(),
             file: &file,
             fence: self.fence.clone(),
+            answering: self
+                .owned
+                .as_ref()
+                .map(|owned| owned.borrow().keys().copied().collect())
+                .unwrap_or_default(),
         }
         .make(datapath, &mut self.heartbeat)
         .await;

@@ -5,33 +5,11 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    time::Instant,
 };
 
 use ipam_datapath::AttachMode;
 
-/// The service IPs this node owns (`owners` decides them).
-pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;
-
-/// A service IP this node owns: whose it is, and the interfaces to answer on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OwnedIp {
-    pub service: String,
-    pub interfaces: Vec<String>,
-}
-
-/// The IPs this node took from a node that still runs, by (IP, interface): whose connections
-/// the responder passes on to the old owner, for a while (`l2::owners` decides them).
-pub type HandedOver = BTreeMap<(IpAddr, String), HandOn>;
-
-/// Where, and until when, the responder passes on the segments of connections an IP's old
-/// owner still holds (`ipam_common::l2::L2Handover`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HandOn {
-    /// The old owner's MAC on the interface's segment.
-    pub old_owner: [u8; 6],
-    pub until: Instant,
-}
+pub use ipam_core::l2::{HandOn, HandedOver, OwnedIp, OwnedIps};
 
 /// The IPs answered on one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,13 +1,12 @@
 //! L2 announcements: which Service IPs this node answers ARP/NDP for, and answering them on its
 //! links.
 //!
-//! - `owners`: the cluster's Service IPs this node owns (rendezvous hashing over the live
-//!   nodes, the same answer on every node), and the address each needs on `lo`;
-//! - `pacing`: how often the owners are decided, and the longest rest between decisions,
-//!   which the hand-over's wait is computed from;
-//! - `handover`: break before make, when an IP moves from a node that is still alive (and the
-//!   connections the old owner still holds passed on to it for a while, `HandedOver`, which the
-//!   responder writes to the datapath);
+//! - `owners`: runs the decision of the cluster's Service IPs this node owns
+//!   (`ipam_core::l2`: rendezvous hashing over the live nodes, the same answer on every node;
+//!   break before make when an IP moves from a node that is still alive; restart holds) on
+//!   the store's copies, and carries its plan out: the address each needs on `lo`, the owned
+//!   IPs and the hand-overs (`HandedOver`, the connections the old owner still holds, passed
+//!   on to it for a while) for the responder, Events;
 //! - `configured`: the one producer of `Announcements`, from the IPs configured in the daemon's
 //!   file and the owned service IPs;
 //! - `announcements`: the values they agree on: the owned service IPs, and which IPs to answer
@@ -24,10 +23,8 @@ pub mod announcements;
 pub mod announcer;
 pub mod configured;
 pub mod gratuitous;
-pub mod handover;
 pub mod multicast;
 pub mod owners;
-pub mod pacing;
 pub mod responder;
 
 pub use announcements::{Announcements, HandOn, HandedOver, OwnedIp, OwnedIps};

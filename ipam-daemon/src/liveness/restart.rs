@@ -99,6 +99,9 @@ pub struct Promise<'a> {
     /// The node's fence (the lease's or the gossip's): the promise is made only while it is
     /// open.
     pub fence: Option<Fence>,
+    /// The Service IPs the responders answer on, written in the notice: the others leave them
+    /// here while the node is held, whatever else changes.
+    pub answering: Vec<std::net::IpAddr>,
 }
 
 impl Promise<'_> {
@@ -257,6 +260,7 @@ impl Promise<'_> {
             since_unix_ms: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            answering: self.answering.clone(),
         };
         for _ in 0..ATTEMPTS {
             match write_notice(store, node, &notice).await {
@@ -445,6 +449,7 @@ mod tests {
             within: Duration::from_secs(10),
             file,
             fence: Some(Fence::Lease(lease.clone())),
+            answering: Vec::new(),
         }
     }
 

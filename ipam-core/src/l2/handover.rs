@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::{
-    announcements::OwnedIps,
+    OwnedIps,
     pacing::{DECISION, MAX_REST, TICK},
 };
 
@@ -121,7 +121,7 @@ impl Handover {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::l2::announcements::OwnedIp;
+    use crate::l2::OwnedIp;
 
     fn owned(ips: &[&str]) -> OwnedIps {
         ips.iter()

@@ -1,0 +1,574 @@
+//! One node's decision of the Service IPs it answers for.
+//!
+//! Every agent derives the owner of each IP from the same inputs (services, policies, node
+//! records, and who is live as it sees them) by rendezvous hashing (`crate::lb::announce`),
+//! so a node's death moves its IPs with no per-service write. On top of who owns what, the
+//! [`Decider`] keeps what makes a move safe: an IP another live node may still answer for is
+//! answered only after it let go (`handover`); an IP given up lingers on `lo` for [`LINGER`],
+//! so the clients still sending to it are served until they follow the new owner; a node whose
+//! agent restarts keeps its IPs for what it promised (`restarts`).
+//!
+//! The decision is a pure function of what it is given (the node's view of the store, who is
+//! live, the time) and of what it remembers from the decisions before; it returns a [`Plan`]
+//! that the caller carries out in its order: addresses onto `lo`, the hand-overs, the owned
+//! IPs (the responder answers them), addresses off `lo`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use super::{
+    HandOn, HandedOver, NodeRecords, OwnedIp, OwnedIps,
+    handover::{Handover, Previous},
+    restarts::Restarts,
+};
+use crate::lb::{
+    announce::{Announcement, NodeView, ReadyNodes, owners},
+    resources::{L2PolicySpec, LbIpPool, ServiceSpec, ServiceStatus, TrafficPolicy},
+};
+
+/// How long a restarted agent taking up its IPs waits for the gossip to join before it
+/// decides from what it knows.
+pub const JOINING: Duration = Duration::from_secs(3);
+/// How long an IP given up to another node stays on this node's `lo`, accepted but no longer
+/// answered for: the clients that resolved it here keep sending to this node until the new
+/// owner's gratuitous ARPs reach them (it answers `handover::HANDOVER` after deciding, and
+/// repeats them for 2 s), or until their neighbour entry is probed again (unanswered here, so
+/// broadcast: the new owner answers). The old owner lets go of the ARP answers first (never
+/// two MACs) and of the traffic last (no request lost in between).
+pub const LINGER: Duration = Duration::from_secs(5);
+/// IPs taken with no previous owner this soon after the start are told as taken because the
+/// agent started (its view of the cluster is still filling in).
+const STARTING: Duration = Duration::from_secs(30);
+
+/// What one node's decision reads: its copies of the store, as rows.
+pub struct View<'a> {
+    pub policies: &'a [(String, L2PolicySpec)],
+    /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`).
+    pub pools: &'a [(String, LbIpPool)],
+    pub services: &'a [(String, ServiceSpec, ServiceStatus)],
+    /// The nodes with a ready endpoint of each Service.
+    pub ready: &'a ReadyNodes,
+    pub records: &'a dyn NodeRecords,
+    /// Whether the copy of the records is current (its watch works): a stale one may lack a
+    /// restart notice.
+    pub records_fresh: bool,
+}
+
+impl View<'_> {
+    /// The Services announced only from nodes where their endpoints run.
+    fn local_services(&self) -> HashSet<&str> {
+        self.services
+            .iter()
+            .filter(|(_, spec, _)| spec.external_traffic_policy == TrafficPolicy::Local)
+            .map(|(name, _, _)| name.as_str())
+            .collect()
+    }
+
+    /// Whether `service`, one of `local`, has no ready endpoint on `node`.
+    fn endpoints_left(&self, local: &HashSet<&str>, service: &str, node: &str) -> bool {
+        local.contains(service) && !self.ready.get(service).is_some_and(|r| r.contains(node))
+    }
+
+    /// Of the interfaces an IP is announced on here (`on`), those `node` announced from and
+    /// cannot any more, as its record says (`edge0: no carrier (the link is lost)`), if any.
+    fn interfaces_down(&self, node: &str, on: &[String]) -> Option<String> {
+        let record = &self.records.record(node)?.spec;
+        let down: Vec<String> = record
+            .interfaces_down
+            .iter()
+            .filter(|d| on.contains(&d.name))
+            .map(|d| format!("{}: {}", d.name, d.why))
+            .collect();
+        (!down.is_empty()).then(|| down.join(", "))
+    }
+
+    /// `node`'s MAC on the segment of `me`'s interface `interface`: that of its interface with
+    /// an address in one of the same subnets, as the records say.
+    fn mac_on_segment(&self, node: &str, me: &str, interface: &str) -> Option<[u8; 6]> {
+        let mine = self
+            .records
+            .record(me)?
+            .spec
+            .interfaces
+            .iter()
+            .find(|i| i.name == interface)?
+            .subnets()
+            .collect::<Vec<_>>();
+        self.records
+            .record(node)?
+            .spec
+            .interfaces
+            .iter()
+            .find(|i| i.subnets().any(|s| mine.contains(&s)))?
+            .mac_octets()
+    }
+
+    /// The nodes of `live` as the owner decision sees them.
+    fn live_nodes(&self, live: &mut dyn FnMut(&str) -> bool) -> Vec<NodeView> {
+        self.records
+            .each()
+            .filter(|(name, _)| live(name))
+            .map(|(name, record)| NodeView {
+                name: name.to_owned(),
+                labels: record.spec.labels.clone(),
+                interfaces: record.spec.interfaces.clone(),
+                excluded: record.spec.announcing.excluded.clone(),
+                warnings: record.spec.announcing.warnings.clone(),
+            })
+            .collect()
+    }
+}
+
+/// An IP this node took in a decision, with who held it and why, for users and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub ip: IpAddr,
+    pub owned: OwnedIp,
+    pub from: Previous,
+    /// The Event's reason (Kubernetes keeps one event per reason and counts its repeats).
+    pub reason: &'static str,
+    pub why: String,
+}
+
+/// What a decision asks of the node, carried out in this order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Addresses to put on `lo` (the node accepts their traffic).
+    pub lo_add: Vec<IpAddr>,
+    /// The hand-overs now, when they changed: written before the owned IPs, so the responder
+    /// has them when it starts answering.
+    pub handed_over: Option<HandedOver>,
+    /// The IPs this node answers for now, when they changed.
+    pub owned: Option<OwnedIps>,
+    /// Addresses to take off `lo`: given up with nobody owning them, or lingered their time.
+    pub lo_remove: Vec<IpAddr>,
+    /// The IPs taken over, to tell users.
+    pub taken: Vec<Taken>,
+}
+
+/// What one node remembers between its decisions.
+#[derive(Debug)]
+pub struct Decider {
+    node: String,
+    /// What this node answers for (the responder's), as last planned.
+    answering: OwnedIps,
+    /// IPs given up to another node, kept on `lo` until then ([`LINGER`]).
+    lingering: BTreeMap<IpAddr, Instant>,
+    /// Whether it started from a restarted agent's IPs.
+    inherited: bool,
+    /// Nodes held live while their agents restart.
+    restarts: Restarts,
+    /// Every IP's owner at the previous decision, and whether this node was live in it: who
+    /// held an IP this node takes decides whether it waits (`handover`) and what its Service
+    /// is told.
+    before: BTreeMap<IpAddr, String>,
+    was_live: bool,
+    handover: Handover,
+    /// The IPs taken from a node that still runs, until their old owner lets go of them.
+    handed_over: HandedOver,
+    /// When the decider started: IPs taken soon after are told as taken at the start.
+    since: Instant,
+}
+
+impl Decider {
+    /// `node`'s decider at its agent's start at `now` (`now_unix_ms` by the wall clock), from
+    /// the records as first listed, answering `inherited` (what the responders answered for an
+    /// agent that stopped for a restart whose promise runs; empty otherwise). Those IPs must
+    /// be on `lo` already.
+    pub fn new(
+        node: &str,
+        inherited: OwnedIps,
+        records: &dyn NodeRecords,
+        now: Instant,
+        now_unix_ms: u64,
+    ) -> Self {
+        let inherits = !inherited.is_empty();
+        Self {
+            node: node.to_owned(),
+            answering: inherited,
+            lingering: BTreeMap::new(),
+            inherited: inherits,
+            restarts: Restarts::new(node, inherits, records, now, now_unix_ms),
+            before: BTreeMap::new(),
+            was_live: false,
+            handover: Handover::default(),
+            handed_over: HandedOver::new(),
+            since: now,
+        }
+    }
+
+    /// Takes in new restart notices from the records (call when they change).
+    pub fn records_changed(&mut self, records: &dyn NodeRecords, now: Instant) {
+        self.restarts.follow(records, &self.node, now);
+    }
+
+    /// Whether time alone may change the next decision (a hand-over's wait, a restart's hold,
+    /// an IP that lingers): it is due at a tick with nothing changed.
+    pub fn time_matters(&self) -> bool {
+        self.handover.is_waiting() || self.restarts.holding() || !self.lingering.is_empty()
+    }
+
+    /// Whether the decision waits for the gossip to join (`knows_others`): taking up a
+    /// restarted agent's IPs, one made before would judge from this node alone.
+    pub fn waits_to_join(&self, knows_others: bool, now: Instant) -> bool {
+        self.inherited && !knows_others && now.saturating_duration_since(self.since) < JOINING
+    }
+
+    /// What this node answers for, as last planned.
+    pub fn answering(&self) -> &OwnedIps {
+        &self.answering
+    }
+
+    /// Whether `node` is held live at `now` for a restart of its agent.
+    pub fn holds(&self, node: &str, now: Instant) -> bool {
+        self.restarts.holds(node, now)
+    }
+
+    /// One decision at `now`: every IP's owner among the nodes `live` says are (and those
+    /// held for a restart), this node's IPs admitted by the hand-over rules, and what changed.
+    pub fn decide(
+        &mut self,
+        view: &View<'_>,
+        live: &mut dyn FnMut(&str) -> bool,
+        now: Instant,
+    ) -> Plan {
+        let node = self.node.clone();
+        self.restarts.prune(view.records, live, now);
+        let restarts = &self.restarts;
+        let mut all = owners(
+            view.policies,
+            view.pools,
+            view.services,
+            view.ready,
+            &view.live_nodes(&mut |n| live(n) || restarts.holds(n, now)),
+        );
+        self.keep_with_silent_owners(&mut all, view.records_fresh, live, now);
+        let (before, was_live) = (&self.before, self.was_live);
+        let (mine, previous) = self.handover.admit(
+            mine(&all, &node),
+            &self.answering,
+            |ip| previous_owner(ip, before, was_live, &node, live),
+            now,
+        );
+        let mut plan = Plan::default();
+        let changed = mine != self.answering;
+        let lingers = !self.lingering.is_empty();
+        let elsewhere = (changed || lingers).then(|| owned_elsewhere(&all, &node));
+        if let Some(elsewhere) = elsewhere.as_ref().filter(|_| changed) {
+            let starting = now.saturating_duration_since(self.since) < STARTING;
+            let taken = self.follow(mine, elsewhere, now, &mut plan);
+            let local = if taken.is_empty() {
+                HashSet::new()
+            } else {
+                view.local_services()
+            };
+            for (ip, owned) in taken {
+                let from = previous[&ip].clone();
+                let (reason, why) = why_taken(&from, &owned, view, &local, starting);
+                plan.taken.push(Taken {
+                    ip,
+                    owned,
+                    from,
+                    reason,
+                    why,
+                });
+            }
+            plan.handed_over = self.hand_over(&plan.taken, view, now);
+            plan.owned = Some(self.answering.clone());
+        }
+        if let Some(elsewhere) = elsewhere.as_ref().filter(|_| !self.lingering.is_empty()) {
+            self.let_go_of_lingering(elsewhere, now, &mut plan);
+        }
+        if all_changed(&self.before, &all) {
+            self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+        }
+        self.was_live = live(&node);
+        plan
+    }
+
+    /// Leaves an IP with the node that may still be answering for it while that node is not
+    /// heard: one held for a restart keeps the IPs its notice says it answers on, and those it
+    /// owned in this node's last decision (its responders answer on for its promise, and no
+    /// decision of its own will let go of the IP: a Local Service's endpoints moving away, a
+    /// node joining, must not move it meanwhile), or dead while this node's copy of the
+    /// records is stale (a restart notice it cannot see may hold that node's responders
+    /// answering). Found by the simulator: two MACs for one IP in both cases.
+    fn keep_with_silent_owners(
+        &self,
+        all: &mut [Announcement],
+        records_fresh: bool,
+        live: &mut dyn FnMut(&str) -> bool,
+        now: Instant,
+    ) {
+        let promised: BTreeMap<IpAddr, &str> = self
+            .restarts
+            .held_nodes()
+            .filter(|node| !live(node))
+            .filter_map(|node| Some((node, self.restarts.answering(node, now)?)))
+            .flat_map(|(node, ips)| ips.iter().map(move |ip| (*ip, node)))
+            .collect();
+        for a in all.iter_mut() {
+            if let Some(node) = promised.get(&a.ip) {
+                if a.node != *node {
+                    a.node = (*node).to_owned();
+                }
+                continue;
+            }
+            let Some(previous) = self.before.get(&a.ip) else {
+                continue;
+            };
+            if *previous == a.node || *previous == self.node || live(previous) {
+                continue;
+            }
+            if self.restarts.holds(previous, now) || !records_fresh {
+                a.node.clone_from(previous);
+            }
+        }
+    }
+
+    /// Follows what this node owns now (`mine`); returns the IPs it took over. An IP given up
+    /// that another node owns now (`elsewhere`) lingers on `lo`; one that nobody owns any more
+    /// (its Service gone, say) comes off.
+    fn follow(
+        &mut self,
+        mine: OwnedIps,
+        elsewhere: &HashSet<IpAddr>,
+        now: Instant,
+        plan: &mut Plan,
+    ) -> Vec<(IpAddr, OwnedIp)> {
+        let mut taken = Vec::new();
+        for (ip, owned) in &mine {
+            if !self.answering.contains_key(ip) {
+                if self.lingering.remove(ip).is_none() {
+                    plan.lo_add.push(*ip);
+                }
+                taken.push((*ip, owned.clone()));
+                tracing::info!(
+                    %ip,
+                    service = owned.service.as_str(),
+                    interfaces = ?owned.interfaces,
+                    "service IP taken over: answering for it"
+                );
+            }
+        }
+        for ip in self.answering.keys().filter(|ip| !mine.contains_key(ip)) {
+            if elsewhere.contains(ip) {
+                self.lingering.insert(*ip, now + LINGER);
+                tracing::info!(
+                    %ip,
+                    linger_ms = LINGER.as_millis() as u64,
+                    "service IP given up: another node answers for it now; still accepted \
+                     here for {} ms, for the clients that have not followed yet",
+                    LINGER.as_millis()
+                );
+            } else {
+                plan.lo_remove.push(*ip);
+                tracing::info!(%ip, "service IP given up: no node answers for it any more");
+            }
+        }
+        self.answering = mine;
+        taken
+    }
+
+    /// Takes off `lo` the IPs given up that lingered their time, or that no other node owns
+    /// any more (`elsewhere`).
+    fn let_go_of_lingering(&mut self, elsewhere: &HashSet<IpAddr>, now: Instant, plan: &mut Plan) {
+        self.lingering.retain(|ip, until| {
+            let kept = now < *until && elsewhere.contains(ip);
+            if !kept {
+                plan.lo_remove.push(*ip);
+                tracing::debug!(%ip, "service IP given up earlier: off lo now");
+            }
+            kept
+        });
+    }
+
+    /// Follows which of this node's IPs came from a node that still runs: for as long as the
+    /// old owner keeps such an IP on its `lo` ([`LINGER`]), the responder passes on to it the
+    /// segments of connections opened there, found by its MAC on each interface's segment as
+    /// its record says. Ended early for IPs this node let go. Returns them when they changed.
+    fn hand_over(&mut self, taken: &[Taken], view: &View<'_>, now: Instant) -> Option<HandedOver> {
+        let before = self.handed_over.clone();
+        let owned = &self.answering;
+        self.handed_over
+            .retain(|(ip, _), hand_on| now < hand_on.until && owned.contains_key(ip));
+        for taken in taken {
+            let Previous::Alive(old_owner) = &taken.from else {
+                continue;
+            };
+            for interface in &taken.owned.interfaces {
+                match view.mac_on_segment(old_owner, &self.node, interface) {
+                    Some(mac) => {
+                        let hand_on = HandOn {
+                            old_owner: mac,
+                            until: now + LINGER,
+                        };
+                        self.handed_over
+                            .insert((taken.ip, interface.clone()), hand_on);
+                    }
+                    None => tracing::debug!(
+                        ip = %taken.ip,
+                        interface = interface.as_str(),
+                        old_owner = old_owner.as_str(),
+                        "no MAC of the old owner on this segment in its record: connections \
+                         it holds are not passed on"
+                    ),
+                }
+            }
+        }
+        (self.handed_over != before).then(|| self.handed_over.clone())
+    }
+}
+
+/// Whether the owners decided now differ from `before` (most decisions change nothing).
+/// `before` has one entry per IP, `all` one per (IP, Service): IPs are counted, not
+/// announcements, or every decision with a shared IP would count as a change.
+fn all_changed(before: &BTreeMap<IpAddr, String>, all: &[Announcement]) -> bool {
+    // Every IP of `all` is in `before` with the same owner, so they differ only if `before`
+    // has IPs `all` has not: told by the number of distinct IPs.
+    all.iter()
+        .any(|a| before.get(&a.ip).is_none_or(|owner| *owner != a.node))
+        || before.len() != all.iter().map(|a| a.ip).collect::<BTreeSet<_>>().len()
+}
+
+/// The IPs of `all` that another node than `node` owns.
+fn owned_elsewhere(all: &[Announcement], node: &str) -> HashSet<IpAddr> {
+    all.iter()
+        .filter(|a| a.node != node)
+        .map(|a| a.ip)
+        .collect()
+}
+
+/// The IPs of `all` that `node` owns, with the service each belongs to.
+fn mine(all: &[Announcement], node: &str) -> OwnedIps {
+    all.iter()
+        .filter(|a| a.node == node)
+        .map(|a| {
+            let owned = OwnedIp {
+                service: a.service.clone(),
+                interfaces: a.interfaces.clone(),
+            };
+            (a.ip, owned)
+        })
+        .collect()
+}
+
+/// Who held `ip` before this node took it: its owner in the previous decision, alive or not;
+/// or, with none, whether this node was live then (a new IP) or not (starting or returning, when
+/// it could not know).
+fn previous_owner(
+    ip: IpAddr,
+    before: &BTreeMap<IpAddr, String>,
+    was_live: bool,
+    me: &str,
+    live: &mut dyn FnMut(&str) -> bool,
+) -> Previous {
+    match before.get(&ip) {
+        // It was this node's but not answered (a wait cut short): wait again.
+        Some(previous) if previous == me => Previous::Unknown,
+        Some(previous) if live(previous) => Previous::Alive(previous.clone()),
+        Some(previous) => Previous::Dead(previous.clone()),
+        None if was_live => Previous::Nobody,
+        None => Previous::Unknown,
+    }
+}
+
+/// Why this node took an IP over, for the Service's Event: its reason and the note's why,
+/// from who held it before.
+fn why_taken(
+    previous: &Previous,
+    owned: &OwnedIp,
+    view: &View<'_>,
+    local: &HashSet<&str>,
+    starting: bool,
+) -> (&'static str, String) {
+    match previous {
+        Previous::Dead(previous) => (
+            "IPTakenOver",
+            format!("took it over from {previous}, which is no longer alive"),
+        ),
+        Previous::Alive(previous) if view.endpoints_left(local, &owned.service, previous) => (
+            "IPMoved",
+            format!(
+                "took it over from {previous}, where the service no longer has a ready \
+                 endpoint (externalTrafficPolicy Local); this node has one"
+            ),
+        ),
+        Previous::Alive(previous) => match view.interfaces_down(previous, &owned.interfaces) {
+            Some(down) => (
+                "IPMoved",
+                format!(
+                    "took it over from {previous}, which still runs but cannot announce it \
+                     there: its interface {down}"
+                ),
+            ),
+            None => (
+                "IPMoved",
+                format!(
+                    "took it over from {previous}, which still runs but no longer owns it: \
+                     this node became live again or joined, or {previous} was excluded or is \
+                     no longer selected by an L2AnnouncementPolicy"
+                ),
+            ),
+        },
+        Previous::Nobody | Previous::Unknown if local.contains(owned.service.as_str()) => (
+            "IPAnnounced",
+            "the service has a ready endpoint on this node (externalTrafficPolicy Local), \
+             which owns the IP among the live nodes with one"
+                .to_owned(),
+        ),
+        Previous::Nobody | Previous::Unknown if starting => (
+            "IPAnnounced",
+            "this node's agent started; it owns the IP among the live nodes".to_owned(),
+        ),
+        Previous::Unknown => (
+            "IPAnnounced",
+            "this node is live again (its lease renewed and its view of the others current); \
+             it owns the IP among the live nodes"
+                .to_owned(),
+        ),
+        Previous::Nobody => (
+            "IPAnnounced",
+            "a new IP; this node owns it among the live nodes".to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn announced(ip: &str, service: &str, node: &str) -> Announcement {
+        Announcement {
+            ip: ip.parse().unwrap(),
+            service: service.into(),
+            node: node.into(),
+            interfaces: vec!["eth0".into()],
+        }
+    }
+
+    /// `before` holds one owner per IP; `all` one announcement per (IP, Service). With an IP
+    /// shared by two Services, counting announcements made every decision a change.
+    #[test]
+    fn owners_with_a_shared_ip_are_unchanged_when_nothing_moved() {
+        let all = vec![
+            announced("10.0.0.1", "default/a", "node-1"),
+            announced("10.0.0.1", "default/b", "node-1"),
+            announced("10.0.0.2", "default/c", "node-2"),
+        ];
+        let before: BTreeMap<IpAddr, String> = all.iter().map(|a| (a.ip, a.node.clone())).collect();
+        assert!(!all_changed(&before, &all), "nothing moved");
+        // Moved, added and gone IPs are still changes.
+        let mut moved = all.clone();
+        moved[2].node = "node-1".into();
+        assert!(all_changed(&before, &moved));
+        let mut added = all.clone();
+        added.push(announced("10.0.0.3", "default/d", "node-2"));
+        assert!(all_changed(&before, &added));
+        assert!(all_changed(&before, &all[..2]));
+        assert!(all_changed(&before, &[]));
+    }
+}

@@ -83,6 +83,14 @@ enum Command {
         #[arg(long)]
         local_base: bool,
     },
+    /// Run seeds of the whole-cluster simulation (ipam-sim) in release: `--seeds N [--nodes K]`,
+    /// or one seed `--seed S [--events 0,3]`; prints what was exercised, seeds per second, and
+    /// each failing seed shrunk with the command that replays it.
+    Sim {
+        /// Passed on to ipam-sim.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Set up, then run a benchmark and print its figures (last line: key=value pairs).
     Bench {
         #[arg(value_enum)]
@@ -122,6 +130,19 @@ fn main() -> anyhow::Result<()> {
             fuzz::run(target, seconds)
         }
         Command::Image { tag, local_base } => image::run(&tag, local_base),
+        Command::Sim { args } => cmd::exec(
+            cmd::cargo()
+                .args([
+                    "run",
+                    "--release",
+                    "-p",
+                    "ipam-sim",
+                    "--bin",
+                    "ipam-sim",
+                    "--",
+                ])
+                .args(&args),
+        ),
         Command::Bench { name } => {
             setup::run()?;
             bench::run(name)

@@ -27,6 +27,7 @@ const CRATES: &[&str] = &[
     "ipam-api",
     "ipam-netlink",
     "ipam-gossip",
+    "ipam-sim",
     "ipam-cni",
     "ipam-migrate",
     "ipam-config",

@@ -7,7 +7,7 @@
 //! arp`, measured by leaving the rewrite out).
 
 use aya_log_ebpf::debug;
-use ipam_common::l2::{ResponderKey, ResponderStat};
+use ipam_common::l2::ResponderStat;
 
 use super::{Verdict, liveness};
 use crate::{
@@ -84,7 +84,7 @@ pub fn respond(frame: &mut Frame, ifindex: u32) -> Verdict {
     let [t0, t1] = arp.tpa;
     let [a, b] = t0.to_ne_bytes();
     let [c, d] = t1.to_ne_bytes();
-    let key = ResponderKey::v4([a, b, c, d], ifindex);
+    let key = super::v4_key(u32::from_ne_bytes([a, b, c, d]), ifindex);
     let Some(entry) = L2_RESPONDER.get_ptr_mut(key) else {
         return Verdict::Pass;
     };

@@ -45,7 +45,7 @@ pub fn ipv4(frame: &mut Frame, eth: *mut EthHdr, ifindex: u32) -> Verdict {
     if ip.proto != IPPROTO_TCP || u16::from_be_bytes(ip.frags) & 0x3fff != 0 {
         return Verdict::Pass;
     }
-    let key = ResponderKey::v4(ip.dst_addr, ifindex);
+    let key = super::v4_key(u32::from_ne_bytes(ip.dst_addr), ifindex);
     let header_len = usize::from(ip.vihl & 0x0f) << 2;
     hand_on(
         frame,

@@ -9,7 +9,21 @@ mod handover;
 mod liveness;
 mod ndp;
 
+use ipam_common::l2::ResponderKey;
+
 use crate::packet::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, EthHdr, Frame};
+
+/// The responder map's key for an IPv4 address (its four wire bytes as a native `u32`), as
+/// `ResponderKey::v4` makes it, written as five words. `ResponderKey::v4` zeroes the IPv4-mapped
+/// prefix byte-wise: LLVM turns that into a call to a byte-by-byte `memset` subprogram, which
+/// cost every ARP request a BPF-to-BPF call and return (`cargo xtask bench arp`).
+#[inline(always)]
+pub(crate) fn v4_key(addr: u32, ifindex: u32) -> ResponderKey {
+    let words: [u32; 5] = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff]), addr, ifindex];
+    // SAFETY: `ResponderKey` is `repr(C)`, 20 bytes, 4-aligned, with no padding and no invalid
+    // bit patterns: five `u32`s in memory order are its address bytes, then its ifindex.
+    unsafe { core::mem::transmute::<[u32; 5], ResponderKey>(words) }
+}
 
 /// Proves the daemon alive: the responder answers until the configured staleness has passed.
 #[inline(always)]

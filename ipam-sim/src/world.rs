@@ -608,6 +608,9 @@ impl World {
             let was_open = agent.latch.is_open();
             let verdict = self.gossip.fence_verdict(i);
             let open = agent.latch.take(now, &verdict);
+            if open && !was_open {
+                self.note(format!("node-{i}'s fence opened"));
+            }
             if open && !agent.opened_once {
                 agent.opened_once = true;
                 if agent.clears_notice {
@@ -636,7 +639,9 @@ impl World {
             let (_, plan) = agent.deciding.take().expect("checked");
             if let Some(owned) = plan.owned {
                 let answering: BTreeSet<IpAddr> = owned.keys().copied().collect();
-                if answering != self.nodes[i].datapath.answering {
+                if answering == self.nodes[i].datapath.answering {
+                    self.note(format!("node-{i} decided: answers the same"));
+                } else {
                     self.note(format!("node-{i} answers {answering:?}"));
                 }
                 self.nodes[i].datapath.answering = answering;
@@ -647,7 +652,11 @@ impl World {
             .gossip
             .peer(i)
             .is_some_and(|p| p.active().next().is_some());
-        if agent.due(now) && !agent.decider.waits_to_join(knows_others, self.at(now)) {
+        if agent.due(now)
+            && !agent
+                .decider
+                .waits(agent.opened_once, knows_others, self.at(now))
+        {
             let took = self.decision_length();
             let live = self.live_for(i, &agent);
             let at = self.at(now);

@@ -211,10 +211,16 @@ impl Decider {
         self.handover.is_waiting() || self.restarts.holding() || !self.lingering.is_empty()
     }
 
-    /// Whether the decision waits for the gossip to join (`knows_others`): taking up a
-    /// restarted agent's IPs, one made before would judge from this node alone.
-    pub fn waits_to_join(&self, knows_others: bool, now: Instant) -> bool {
-        self.inherited && !knows_others && now.saturating_duration_since(self.since) < JOINING
+    /// Whether the next decision waits: until this node's fence has first opened
+    /// (`fence_opened`: the others hear it, and it hears a majority), a decision would judge
+    /// from whatever side of a partition it started on, and its responders would answer what
+    /// it took next to the majority's owners; and, taking up a restarted agent's IPs, until
+    /// the gossip has joined (`knows_others`), or [`JOINING`] has passed.
+    pub fn waits(&self, fence_opened: bool, knows_others: bool, now: Instant) -> bool {
+        !fence_opened
+            || (self.inherited
+                && !knows_others
+                && now.saturating_duration_since(self.since) < JOINING)
     }
 
     /// What this node answers for, as last planned.
@@ -289,13 +295,18 @@ impl Decider {
         plan
     }
 
-    /// Leaves an IP with the node that may still be answering for it while that node is not
-    /// heard: one held for a restart keeps the IPs its notice says it answers on, and those it
-    /// owned in this node's last decision (its responders answer on for its promise, and no
-    /// decision of its own will let go of the IP: a Local Service's endpoints moving away, a
-    /// node joining, must not move it meanwhile), or dead while this node's copy of the
-    /// records is stale (a restart notice it cannot see may hold that node's responders
-    /// answering). Found by the simulator: two MACs for one IP in both cases.
+    /// Leaves an IP with the node whose responders may still answer for it when nothing of
+    /// that node's own would let go of it:
+    /// - a node held for a restart keeps the IPs its notice says its responders answer on,
+    ///   until its next agent is back (the notice cleared, once that agent's fence opened, and
+    ///   the node live): a Local Service's endpoints moving away, or a node coming back that
+    ///   hashes higher, must not move them meanwhile;
+    /// - a node that owned an IP in this node's last decision and is not heard keeps it while
+    ///   it is held for a restart, or while this node's copy of the records is stale (a restart
+    ///   notice this node cannot see may hold its responders answering); the nodes with a
+    ///   current copy move it.
+    ///
+    /// Found by the simulator (docs/simulation.md): two MACs for one IP in each case.
     fn keep_with_silent_owners(
         &self,
         all: &mut [Announcement],
@@ -306,7 +317,6 @@ impl Decider {
         let promised: BTreeMap<IpAddr, &str> = self
             .restarts
             .held_nodes()
-            .filter(|node| !live(node))
             .filter_map(|node| Some((node, self.restarts.answering(node, now)?)))
             .flat_map(|(node, ips)| ips.iter().map(move |ip| (*ip, node)))
             .collect();

@@ -772,6 +772,7 @@ fn start_cluster_side(
             store,
             node: config.node.name.clone(),
             peers,
+            fence: fence.clone(),
             metrics: observed.metrics.clone(),
             events: Arc::new(events),
             local_addresses,

@@ -40,7 +40,7 @@ use crate::{
         cache::{Cache, watch_until_it_works},
         events::Events,
     },
-    liveness::{LivePeers, peers::PeersSource},
+    liveness::{Fence, LivePeers, peers::PeersSource},
     metrics::Metrics,
     net::local_address::{Holder, LocalAddresses},
 };
@@ -51,6 +51,8 @@ pub struct Inputs {
     pub node: String,
     pub peers: PeersSource,
     pub metrics: Arc<Metrics>,
+    /// The node's fence: no decision is made before it first opens (`Decider::waits`).
+    pub fence: Fence,
     /// Where users are told which node answers (Events on a Kubernetes store).
     pub events: Arc<Events>,
     /// The service IPs on `lo`, shared with the BGP announcer.
@@ -106,6 +108,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         store,
         node,
         peers,
+        mut fence,
         metrics,
         events,
         local_addresses,
@@ -133,6 +136,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     };
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
+    let mut fence_opened = false;
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -155,6 +159,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 pace.changed = true;
                 continue;
             }
+            () = fence.changed(), if !fence_opened => {}
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
@@ -165,7 +170,8 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 }
             }
         }
-        if decider.waits_to_join(peers.knows_others(), Instant::now()) {
+        fence_opened |= fence.may_answer();
+        if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
             continue;
         }
         let started = pace.deciding();

@@ -12,9 +12,22 @@
 //! costs: the request to ipamd and the answer. `ipam-cni` VERSION (no request) shows its own
 //! start-up beside the floor's.
 //!
+//! The ADD's parts, each p50 beside its own floor, in the same rounds:
+//! - exec: `ipam-cni VERSION` (its start-up, no request) beside the no-op plugin;
+//! - connect: `ipam-cni STATUS` (start-up, connect, one request without an allocation) beside
+//!   VERSION; and the same request made in-process (no exec), the daemon's round trip;
+//! - allocate + commit: an `Allocate` request made in-process beside the `Status` one; its
+//!   commit beside a 64-byte append with `fdatasync` to a file in the daemon's state directory
+//!   (the same filesystem), timed here: the floor of any durable commit on this disk. What is
+//!   left, the allocation itself and the daemon's handling, is the difference.
+//!
 //! Last line: `cni_add_p50_ratio_vs_host_local=<f> cni_add_p99_ms=<f>
-//! cni_concurrent_ratio_vs_host_local=<f> cni_exec_floor_ms=<f> cni_add_over_exec_ms=<f>`
-//! (ratios: host-local time / ours; higher is better).
+//! cni_concurrent_ratio_vs_host_local=<f> cni_exec_floor_ms=<f> cni_add_over_exec_ms=<f>
+//! cni_add_p50_ms=<f> cni_version_ms=<f> cni_status_ms=<f> cni_api_status_ms=<f>
+//! cni_api_allocate_ms=<f> cni_fdatasync_floor_ms=<f> cni_exec_floor_cpu_ms=<f>
+//! cni_version_cpu_ms=<f> cni_add_cpu_ms=<f>` (ratios: host-local time / ours; higher is
+//! better; the parts are p50s; `_cpu_` figures are the exec'd process's own CPU time, which
+//! the machine's other load leaves alone where it stretches the wall times).
 
 use std::{
     io::Write as _,
@@ -23,6 +36,10 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ipam_api::{
+    client,
+    types::{Attachment, AttachmentId, Request, Response},
+};
 use ipam_tests::{TempDir, ipam_node::IpamNode, workspace_binary};
 use serde_json::{Value, json};
 
@@ -131,6 +148,87 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// CPU time (user and system) of the children this process has reaped so far.
+fn children_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &raw mut usage);
+        usage
+    };
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Runs `f`, which execs and reaps one child, and records the child's CPU time in `cpu`:
+/// what the plugin itself costs, which other load on the machine does not change.
+fn timed_cpu(cpu: &mut Vec<Duration>, f: impl FnOnce() -> Duration) -> Duration {
+    let before = children_cpu();
+    let wall = f();
+    cpu.push(children_cpu().saturating_sub(before));
+    wall
+}
+
+fn p50(v: &mut [Duration]) -> Duration {
+    v.sort();
+    percentile(v, 0.5)
+}
+
+/// One request to the daemon from this process (no exec), timed.
+fn api(socket: &Path, request: &Request) -> (Duration, Response) {
+    let start = Instant::now();
+    let response = client::call(socket, request, Duration::from_secs(10)).expect("ipamd answers");
+    (start.elapsed(), response)
+}
+
+fn attachment(container: &str) -> Attachment {
+    Attachment {
+        id: AttachmentId {
+            container_id: container.to_owned(),
+            ifname: "eth0".to_owned(),
+            network: "bench".to_owned(),
+        },
+        pod: None,
+        pool: None,
+        ips: Vec::new(),
+    }
+}
+
+/// A 64-byte append with `fdatasync` to a log in `dir`, timed: what one durable commit of
+/// ipamd's allocation log (an append and `fdatasync`) cannot go below on this filesystem.
+struct AppendFloor {
+    file: std::fs::File,
+    len: u64,
+}
+
+impl AppendFloor {
+    fn new(dir: &Path) -> Self {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(dir.join("append-floor.log"))
+            .expect("create the append floor's file");
+        Self { file, len: 0 }
+    }
+
+    fn append(&mut self) -> Duration {
+        use std::os::unix::fs::FileExt as _;
+        let record = [0x5au8; 64];
+        let start = Instant::now();
+        self.file
+            .write_all_at(&record, self.len)
+            .expect("append to the floor's file");
+        self.file.sync_data().expect("fdatasync");
+        let elapsed = start.elapsed();
+        self.len += record.len() as u64;
+        elapsed
+    }
+}
+
 fn main() {
     // Ready means the node has its router address: ADD answers "try again later" until then.
     let node = IpamNode::new("benchcni", "10.244.0.0/16", 20);
@@ -174,22 +272,70 @@ fn main() {
     }
     let mut lat: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     let (mut floor_lat, mut version_lat) = (Vec::new(), Vec::new());
+    let (mut status_lat, mut api_status_lat, mut api_alloc_lat, mut append_lat) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let socket = node.socket();
+    let mut append_floor = AppendFloor::new(&node.dir.0);
+    let (mut floor_cpu, mut version_cpu, mut status_cpu, mut add_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..SEQUENTIAL / 50 {
         for (k, p) in [&ours, &host_local].into_iter().enumerate() {
             for i in 0..50 {
                 let id = format!("s{round}-{i}");
-                lat[k].push(call(p, "ADD", &id));
+                lat[k].push(if k == 0 {
+                    timed_cpu(&mut add_cpu, || call(p, "ADD", &id))
+                } else {
+                    call(p, "ADD", &id)
+                });
                 call(p, "DEL", &id);
             }
         }
         for i in 0..50 {
-            floor_lat.push(call(&floor, "ADD", &format!("f{round}-{i}")));
-            version_lat.push(call(&ours, "VERSION", &format!("v{round}-{i}")));
+            // The three execs in turn, each first as often as the others: what one leaves
+            // behind (caches, the scheduler's view of this process) falls on all alike.
+            for k in 0..3 {
+                match (i + k) % 3 {
+                    0 => floor_lat.push(timed_cpu(&mut floor_cpu, || {
+                        call(&floor, "ADD", &format!("f{round}-{i}"))
+                    })),
+                    1 => version_lat.push(timed_cpu(&mut version_cpu, || {
+                        call(&ours, "VERSION", &format!("v{round}-{i}"))
+                    })),
+                    _ => status_lat.push(timed_cpu(&mut status_cpu, || {
+                        call(&ours, "STATUS", &format!("st{round}-{i}"))
+                    })),
+                }
+            }
+            let (t, response) = api(&socket, &Request::Status);
+            assert!(matches!(response, Response::Ready), "{response:?}");
+            api_status_lat.push(t);
+            let a = attachment(&format!("a{round}-{i}"));
+            let (t, response) = api(&socket, &Request::Allocate(a.clone()));
+            assert!(
+                matches!(response, Response::Allocated { .. }),
+                "{response:?}"
+            );
+            api_alloc_lat.push(t);
+            let (_, response) = api(&socket, &Request::Release(a));
+            assert!(
+                matches!(response, Response::Released { .. }),
+                "{response:?}"
+            );
+            append_lat.push(append_floor.append());
         }
     }
-    floor_lat.sort();
-    version_lat.sort();
-    let floor50 = percentile(&floor_lat, 0.5);
+    let floor50 = p50(&mut floor_lat);
+    let version50 = p50(&mut version_lat);
+    let status50 = p50(&mut status_lat);
+    let api_status50 = p50(&mut api_status_lat);
+    let api_alloc50 = p50(&mut api_alloc_lat);
+    let append50 = p50(&mut append_lat);
+    let (floor_cpu50, version_cpu50, status_cpu50, add_cpu50) = (
+        p50(&mut floor_cpu),
+        p50(&mut version_cpu),
+        p50(&mut status_cpu),
+        p50(&mut add_cpu),
+    );
     for l in &mut lat {
         l.sort();
     }
@@ -202,11 +348,56 @@ fn main() {
         "  exec floor (a no-op plugin built alike, started the same way) p50 {:.2} ms; ipam-cni \
          VERSION p50 {:.2} ms",
         ms(floor50),
-        ms(percentile(&version_lat, 0.5))
+        ms(version50)
     );
     println!(
         "  ipam-cni ADD over the floor: {:.2} ms (start-up, request to ipamd, durable commit)",
         ms(o50.saturating_sub(floor50))
+    );
+    let over = |a: Duration, b: Duration| ms(a) - ms(b);
+    println!("the ADD's parts, p50 of {SEQUENTIAL} each beside its floor (same rounds), ms:");
+    println!(
+        "  exec:     ipam-cni VERSION {:.3}  beside the no-op plugin {:.3}  (+{:.3})",
+        ms(version50),
+        ms(floor50),
+        over(version50, floor50)
+    );
+    println!(
+        "  connect:  ipam-cni STATUS {:.3}  beside VERSION {:.3}  (+{:.3}); the same request \
+         in-process {:.3}",
+        ms(status50),
+        ms(version50),
+        over(status50, version50),
+        ms(api_status50)
+    );
+    println!(
+        "  allocate: Allocate in-process {:.3}  beside Status in-process {:.3}  (+{:.3}: \
+         allocation and commit)",
+        ms(api_alloc50),
+        ms(api_status50),
+        over(api_alloc50, api_status50)
+    );
+    println!(
+        "  commit:   64-byte append + fdatasync here {:.3}  (the commit's floor); allocation \
+         and handling over it {:.3}",
+        ms(append50),
+        over(api_alloc50, api_status50) - ms(append50)
+    );
+    println!(
+        "  CPU time of the exec'd process (user + system, p50; other load does not change it): \
+         no-op {:.3}, VERSION {:.3}, STATUS {:.3}, ADD {:.3}",
+        ms(floor_cpu50),
+        ms(version_cpu50),
+        ms(status_cpu50),
+        ms(add_cpu50)
+    );
+    println!(
+        "  ADD {:.3} = STATUS {:.3} + allocation and commit {:.3} + the rest {:.3} (CNI result, \
+         the Allocate request's size)",
+        ms(o50),
+        ms(status50),
+        over(api_alloc50, api_status50),
+        ms(o50) - ms(status50) - over(api_alloc50, api_status50)
     );
 
     let mut concurrent = [Duration::ZERO; 2];
@@ -234,9 +425,21 @@ fn main() {
     println!(
         "cni_add_p50_ratio_vs_host_local={p50_ratio:.2} cni_add_p99_ms={:.2} \
          cni_concurrent_ratio_vs_host_local={conc_ratio:.2} cni_exec_floor_ms={:.3} \
-         cni_add_over_exec_ms={:.3}",
+         cni_add_over_exec_ms={:.3} cni_add_p50_ms={:.3} cni_version_ms={:.3} \
+         cni_status_ms={:.3} cni_api_status_ms={:.3} cni_api_allocate_ms={:.3} \
+         cni_fdatasync_floor_ms={:.3} cni_exec_floor_cpu_ms={:.3} cni_version_cpu_ms={:.3} \
+         cni_add_cpu_ms={:.3}",
         ms(o99),
         ms(floor50),
-        ms(o50.saturating_sub(floor50))
+        ms(o50.saturating_sub(floor50)),
+        ms(o50),
+        ms(version50),
+        ms(status50),
+        ms(api_status50),
+        ms(api_alloc50),
+        ms(append50),
+        ms(floor_cpu50),
+        ms(version_cpu50),
+        ms(add_cpu50)
     );
 }

@@ -10,6 +10,11 @@ pub enum Invariant {
     /// Every IP with an eligible node answered by its owner alone, within
     /// [`crate::world::BOUND`] after the last disturbance.
     Answered,
+    /// No IP held by two Services, but by Services that may share it (the same sharing key,
+    /// namespaces that allow each other, the same traffic policy).
+    AddressOnce,
+    /// No Service holds an IP of a pool that does not serve its namespace.
+    TenantPool,
 }
 
 impl Invariant {
@@ -17,6 +22,8 @@ impl Invariant {
         match self {
             Self::OneAnswer => "one answer per IP",
             Self::Answered => "every IP answered by its owner",
+            Self::AddressOnce => "no address held twice",
+            Self::TenantPool => "no tenant given another's address",
         }
     }
 }
@@ -46,4 +53,62 @@ impl fmt::Display for Violation {
         }
         Ok(())
     }
+}
+
+/// What breaks [`Invariant::AddressOnce`] or [`Invariant::TenantPool`] in `objects`, if
+/// anything.
+pub fn addresses(objects: &crate::store::Objects) -> Option<(Invariant, String)> {
+    use std::collections::BTreeMap;
+
+    use ipam_core::lb::resources::namespace_of;
+
+    let mut holders: BTreeMap<std::net::IpAddr, Vec<&crate::store::ServiceRow>> = BTreeMap::new();
+    for row in &objects.services {
+        for ip in &row.2.ingress {
+            holders.entry(*ip).or_default().push(row);
+        }
+    }
+    for (ip, rows) in &holders {
+        let first = rows[0];
+        for other in &rows[1..] {
+            let shares = first.1.sharing_key.is_some()
+                && first.1.sharing_key == other.1.sharing_key
+                && namespace_of(&first.0) == namespace_of(&other.0)
+                && first.1.external_traffic_policy == other.1.external_traffic_policy;
+            if !shares {
+                return Some((
+                    Invariant::AddressOnce,
+                    format!(
+                        "{ip} held by {} and {}, which may not share it",
+                        first.0, other.0
+                    ),
+                ));
+            }
+        }
+        let family_bits = |ip: &std::net::IpAddr| match ip {
+            std::net::IpAddr::V4(v4) => u128::from(u32::from(*v4)),
+            std::net::IpAddr::V6(v6) => u128::from(*v6),
+        };
+        for row in rows {
+            let namespace = namespace_of(&row.0);
+            let served = objects.pools.iter().any(|(_, spec, _)| {
+                (spec.namespaces.is_empty() || spec.namespaces.iter().any(|n| n == namespace))
+                    && spec
+                        .blocks
+                        .iter()
+                        .filter_map(ipam_core::lb::resources::LbIpBlock::bounds)
+                        .any(|(_, first, last)| (first..=last).contains(&family_bits(ip)))
+            });
+            if !served {
+                return Some((
+                    Invariant::TenantPool,
+                    format!(
+                        "{} (namespace {namespace}) holds {ip}, in no pool serving its namespace",
+                        row.0
+                    ),
+                ));
+            }
+        }
+    }
+    None
 }

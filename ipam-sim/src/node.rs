@@ -51,6 +51,8 @@ pub struct Agent {
     pub rested_until: Duration,
     /// A decision under way: when it ends, and its plan.
     pub deciding: Option<(Duration, Plan)>,
+    /// Stopping for a restart: no decision any more.
+    pub frozen: bool,
     /// Members declared dead within the takeover hold, until when (the survivors' half of
     /// fencing, as the daemon's gossip task keeps it).
     pub held_dead: BTreeMap<usize, Duration>,
@@ -60,7 +62,7 @@ impl Agent {
     /// Whether a tick decides now (`TICK` boundaries, after the rest, when something changed
     /// or time matters), or a membership change does.
     pub fn due(&self, now: Duration) -> bool {
-        if self.deciding.is_some() {
+        if self.deciding.is_some() || self.frozen {
             return false;
         }
         if self.decide_now {

@@ -21,7 +21,14 @@ pub struct Config {
 
 impl Config {
     /// `nodes` nodes with the rest of the defaults.
+    ///
+    /// # Panics
+    /// With fewer than 3 nodes: a majority of fewer means nothing.
     pub fn with_nodes(nodes: usize) -> Self {
+        assert!(
+            nodes >= 3,
+            "a simulated cluster has 3 nodes or more, not {nodes}"
+        );
         Self {
             nodes,
             services: (nodes * 2).clamp(6, 40),
@@ -66,12 +73,23 @@ pub enum Event {
     WatchStall { node: usize, lasting: Duration },
     /// A Local Service's ready endpoints move to these nodes.
     EndpointsMove { service: usize, to: Vec<usize> },
+    /// Service number `service` is created (`store::service`), asking, with `requests`, for
+    /// the IP the `requests`-th Service holds (another tenant's, say).
+    ServiceCreated {
+        service: usize,
+        requests: Option<usize>,
+    },
+    /// The `service`-th Service (in name order) is deleted.
+    ServiceDeleted { service: usize },
 }
 
 impl Event {
     /// Whether the event is a fault (endpoints moving are the cluster's life, not a fault).
     pub fn is_fault(&self) -> bool {
-        !matches!(self, Self::EndpointsMove { .. })
+        !matches!(
+            self,
+            Self::EndpointsMove { .. } | Self::ServiceCreated { .. } | Self::ServiceDeleted { .. }
+        )
     }
 
     /// A short name, for the counts of what a run exercised.
@@ -93,6 +111,9 @@ impl Event {
             Self::Loss { .. } => "packet loss",
             Self::WatchStall { .. } => "failing watch",
             Self::EndpointsMove { .. } => "endpoints move",
+            Self::ServiceCreated { requests: None, .. } => "Service created",
+            Self::ServiceCreated { .. } => "Service created asking for a held IP",
+            Self::ServiceDeleted { .. } => "Service deleted",
         }
     }
 
@@ -109,7 +130,9 @@ impl Event {
             | Self::OneWay { lasting, .. }
             | Self::Loss { lasting, .. }
             | Self::WatchStall { lasting, .. } => *lasting,
-            Self::EndpointsMove { .. } => Duration::ZERO,
+            Self::EndpointsMove { .. }
+            | Self::ServiceCreated { .. }
+            | Self::ServiceDeleted { .. } => Duration::ZERO,
         }
     }
 }
@@ -197,6 +220,15 @@ fn random_event(rng: &mut StdRng, config: &Config) -> Event {
         76..86 => Event::WatchStall {
             node,
             lasting: ms(rng, 500..=20_000),
+        },
+        86..91 => Event::ServiceCreated {
+            service: config.services + rng.random_range(0..config.services),
+            requests: rng
+                .random_bool(0.5)
+                .then(|| rng.random_range(0..config.services)),
+        },
+        91..94 => Event::ServiceDeleted {
+            service: rng.random_range(0..config.services),
         },
         _ => {
             let count = rng.random_range(0..=2.min(config.nodes));

@@ -6,15 +6,17 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
     time::Duration,
 };
 
 use ipam_core::{
+    Family,
     lb::{
         announce::ReadyNodes,
+        assign::assign,
         resources::{
-            IpFamilyPolicy, L2PolicySpec, ServiceSpec, ServiceStatus, ServiceType, TrafficPolicy,
+            IpFamilyPolicy, L2PolicySpec, LbIpBlock, LbIpPoolSpec, LbIpPoolStatus, ServiceSpec,
+            ServiceStatus, ServiceType, TrafficPolicy,
         },
     },
     meta::Selector,
@@ -30,21 +32,43 @@ pub type ServiceRow = (String, ServiceSpec, ServiceStatus);
 pub enum Change {
     Record(String, Box<NodeIpam>),
     Ready(String, BTreeSet<String>),
+    /// A Service written (created, or its status by the operator).
+    Service(Box<ServiceRow>),
+    ServiceGone(String),
 }
 
 /// The store's objects as one reader sees them.
 #[derive(Debug, Clone, Default)]
 pub struct Objects {
     pub records: BTreeMap<String, NodeIpam>,
+    /// In name order.
     pub services: Vec<ServiceRow>,
     pub policies: Vec<(String, L2PolicySpec)>,
     pub ready: ReadyNodes,
+    pub pools: Vec<PoolRow>,
+    /// Each Service's revision: the store's write count at its last write.
+    pub service_revisions: BTreeMap<String, usize>,
 }
 
+/// A LoadBalancer IP pool, as LB-IPAM takes it.
+pub type PoolRow = (String, LbIpPoolSpec, LbIpPoolStatus);
+
 impl Objects {
-    /// Applies one write.
-    pub fn apply(&mut self, change: &Change) {
+    /// Applies one write, the store's `revision`-th.
+    pub fn apply(&mut self, change: &Change, revision: usize) {
         match change {
+            Change::Service(row) => {
+                self.service_revisions.insert(row.0.clone(), revision);
+                match self.services.binary_search_by(|s| s.0.cmp(&row.0)) {
+                    Ok(i) => self.services[i] = (**row).clone(),
+                    Err(i) => self.services.insert(i, (**row).clone()),
+                }
+            }
+            Change::ServiceGone(name) => {
+                self.service_revisions.remove(name);
+                self.services.retain(|s| s.0 != *name);
+                self.ready.remove(name);
+            }
             Change::Record(name, record) => {
                 self.records.insert(name.clone(), (**record).clone());
             }
@@ -65,9 +89,9 @@ pub fn node_name(i: usize) -> String {
 
 /// The objects at the start: a record per node (zone `a` or `b`, one interface `eth0` on the
 /// shared segment), a policy for every node and one for zone `a` that selects the Services
-/// labelled `zone: a`, and `services` Services: every fifth shares the IP of the one before
-/// (with a label of its own every tenth, so that the two are announced by different policies),
-/// every third is `externalTrafficPolicy: Local` with a ready endpoint on one or two nodes.
+/// labelled `zone: a`, two pools (`shared` for every namespace, `tenant-1-only` for namespace
+/// `tenant-1`, which it serves first), and `services` Services, their IPs given by LB-IPAM
+/// (`ipam_core::lb::assign`) as the operator would have before the run.
 pub fn initial(nodes: usize, services: usize, rng: &mut StdRng) -> Objects {
     let mut objects = Objects::default();
     for i in 0..nodes {
@@ -95,23 +119,13 @@ pub fn initial(nodes: usize, services: usize, rng: &mut StdRng) -> Objects {
     objects
         .policies
         .push(("zone-a".into(), policy(zone_a.clone(), zone_a)));
-    let mut ip = 0u32;
+    objects.pools = vec![
+        pool("shared", "10.78.0.0/24", &[], None),
+        pool("tenant-1-only", "10.79.0.0/28", &["tenant-1"], Some(0)),
+    ];
     for s in 0..services {
-        let shares = s % 5 == 4;
-        if !shares {
-            ip += 1;
-        }
-        let address = IpAddr::V4(Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 78, 0, 0)) + ip));
-        let name = format!("tenant-{}/svc-{s}", s % 3);
-        let mut spec = service_spec();
-        if s % 10 == 9 || (s % 10 == 8 && services > 9) {
-            spec.labels.insert("zone".into(), "a".into());
-        }
-        if shares {
-            spec.sharing_key = Some(format!("key-{ip}"));
-        }
-        if s % 3 == 2 {
-            spec.external_traffic_policy = TrafficPolicy::Local;
+        let (name, spec) = service(s);
+        if spec.external_traffic_policy == TrafficPolicy::Local {
             let first = rng.random_range(0..nodes);
             let mut on = BTreeSet::from([node_name(first)]);
             if rng.random_bool(0.5) {
@@ -119,20 +133,52 @@ pub fn initial(nodes: usize, services: usize, rng: &mut StdRng) -> Objects {
             }
             objects.ready.insert(name.clone(), on);
         }
-        let status = ServiceStatus {
-            ingress: vec![address],
-            ..ServiceStatus::default()
-        };
-        objects.services.push((name, spec, status));
+        objects
+            .services
+            .push((name, spec, ServiceStatus::default()));
     }
-    // Shared IPs share a sharing key with the Service before them.
-    for s in 0..services {
-        if s % 5 == 4 {
-            let key = objects.services[s].1.sharing_key.clone();
-            objects.services[s - 1].1.sharing_key = key;
+    objects.services.sort_by(|a, b| a.0.cmp(&b.0));
+    let assigned = assign(&objects.pools, &objects.services);
+    for (name, _, status) in &mut objects.services {
+        if let Some(new) = assigned.services.get(name) {
+            *status = new.clone();
         }
+        objects.service_revisions.insert(name.clone(), 0);
     }
     objects
+}
+
+/// Service number `s`: in namespace `tenant-{(s / 5) % 3}`; every fifth shares a key with the
+/// one before (same namespace); every third is `externalTrafficPolicy: Local`; the eighth and
+/// ninth of each ten are labelled `zone: a` (the zone-a policy announces them). With
+/// `requesting`, it asks for that IP (another tenant's, say).
+pub fn service(s: usize) -> (String, ServiceSpec) {
+    let name = format!("tenant-{}/svc-{s}", (s / 5) % 3);
+    let mut spec = service_spec();
+    if s % 10 >= 8 {
+        spec.labels.insert("zone".into(), "a".into());
+    }
+    if s % 5 >= 3 {
+        spec.sharing_key = Some(format!("key-{}", s / 5));
+    }
+    if s % 3 == 2 {
+        spec.external_traffic_policy = TrafficPolicy::Local;
+    }
+    (name, spec)
+}
+
+fn pool(name: &str, cidr: &str, namespaces: &[&str], priority: Option<u32>) -> PoolRow {
+    let spec = LbIpPoolSpec {
+        blocks: vec![LbIpBlock {
+            cidr: Some(cidr.into()),
+            start: None,
+            stop: None,
+        }],
+        namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+        priority,
+        ..LbIpPoolSpec::default()
+    };
+    (name.into(), spec, LbIpPoolStatus::default())
 }
 
 fn policy(node_selector: Selector, service_selector: Selector) -> L2PolicySpec {
@@ -155,7 +201,7 @@ fn service_spec() -> ServiceSpec {
         load_balancer_class: None,
         requested_ips: Vec::new(),
         sharing_key: None,
-        ip_families: Vec::new(),
+        ip_families: vec![Family::V4],
         ip_family_policy: IpFamilyPolicy::SingleStack,
         external_ips: Vec::new(),
         external_traffic_policy: TrafficPolicy::default(),
@@ -184,8 +230,18 @@ impl Store {
 
     /// Writes `change` at `at` (the store's order is the order of the calls).
     pub fn write(&mut self, at: Duration, change: Change) {
-        self.now.apply(&change);
+        self.now.apply(&change, self.log.len() + 1);
         self.log.push((at, change));
+    }
+
+    /// Writes a Service's status if the Service is still at `revision` (a conditional
+    /// update, as every writer of the store makes); returns whether it was.
+    pub fn write_status(&mut self, at: Duration, row: ServiceRow, revision: usize) -> bool {
+        if self.now.service_revisions.get(&row.0) != Some(&revision) {
+            return false;
+        }
+        self.write(at, Change::Service(Box::new(row)));
+        true
     }
 
     /// How many writes so far: where a watch opened now starts.
@@ -219,18 +275,29 @@ impl WatchCursor {
         }
     }
 
+    /// How many of the store's writes it has delivered: its copy's revision.
+    pub fn delivered(&self) -> usize {
+        self.next
+    }
+
     /// The writes due at `now`, in order.
-    pub fn due<'s>(&mut self, store: &'s Store, now: Duration) -> &'s [(Duration, Change)] {
-        if now < self.stalled_until {
-            return &[];
-        }
+    pub fn due<'s>(
+        &mut self,
+        store: &'s Store,
+        now: Duration,
+    ) -> impl Iterator<Item = (usize, &'s Change)> + 's {
         let start = self.next;
-        while let Some((at, _)) = store.log.get(self.next) {
-            if *at + self.lag > now {
-                break;
+        if now >= self.stalled_until {
+            while let Some((at, _)) = store.log.get(self.next) {
+                if *at + self.lag > now {
+                    break;
+                }
+                self.next += 1;
             }
-            self.next += 1;
         }
-        &store.log[start..self.next]
+        store.log[start..self.next]
+            .iter()
+            .enumerate()
+            .map(move |(i, (_, c))| (start + i + 1, c))
     }
 }

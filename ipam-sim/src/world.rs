@@ -40,6 +40,29 @@ const EPOCH_MS: u64 = 1_800_000_000_000;
 /// How many happenings the trace keeps before a failure.
 const TRACE: usize = 60;
 
+/// How long the operators' lease lasts without a renewal: the leader renews it while its
+/// agent runs and reaches the store; another node takes it once it lapsed.
+const OPERATOR_LEASE: Duration = Duration::from_secs(3);
+/// How often the leading operator runs LB-IPAM when its inputs changed.
+const OPERATOR_PASS: Duration = Duration::from_millis(200);
+/// How long a pass waits for the operator's copy to show its own last writes before it
+/// reads the store itself (`cluster/watched_reads.rs`, `CATCH_UP`).
+const CATCH_UP: Duration = Duration::from_secs(5);
+
+/// The leading operator's LB-IPAM (`ipam_core::lb::assign`), run on the leader's copy of the
+/// store with read-your-writes, its status writes conditional on the revision read.
+#[derive(Debug, Default)]
+struct Operator {
+    leader: Option<usize>,
+    lease_until: Duration,
+    next_pass: Duration,
+    /// The store revision of its last write, and when it was made: the next pass waits for
+    /// the copy to show it (or [`CATCH_UP`]).
+    last_write: Option<(usize, Duration)>,
+    /// The copy's revision at the last pass: a pass with nothing new is skipped.
+    decided_at: Option<usize>,
+}
+
 /// Something the world does at a set time on its own (the ends of events).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Due {
@@ -64,6 +87,8 @@ enum Due {
         epoch: u64,
         started: Duration,
         within: Duration,
+        /// What the responders answered when the stop began: the notice's list.
+        answering: Vec<IpAddr>,
     },
     /// A restarted agent's clearing of its notice reaches the store.
     NoticeCleared {
@@ -109,6 +134,7 @@ pub struct World {
     settled_at: Duration,
     end: Duration,
     trace: VecDeque<String>,
+    operator: Operator,
     pub exercised: Exercised,
 }
 
@@ -159,6 +185,7 @@ impl World {
             settled_at: BOUND,
             end: Duration::ZERO,
             trace: VecDeque::new(),
+            operator: Operator::default(),
             exercised: Exercised::default(),
         };
         for i in 0..config.nodes {
@@ -198,7 +225,86 @@ impl World {
         for i in 0..self.nodes.len() {
             self.run_agent(i);
         }
+        self.run_operator();
         self.check()
+    }
+
+    /// The operators' election and the leader's LB-IPAM pass.
+    fn run_operator(&mut self) {
+        let now = self.now;
+        let reaches_store = |n: &Node| n.powered && n.nic_up && n.agent.is_some();
+        match self.operator.leader {
+            Some(l) if reaches_store(&self.nodes[l]) => {
+                self.operator.lease_until = now + OPERATOR_LEASE;
+            }
+            _ if now < self.operator.lease_until => return,
+            _ => {
+                let Some(next) = (0..self.nodes.len()).find(|i| reaches_store(&self.nodes[*i]))
+                else {
+                    return;
+                };
+                self.operator = Operator {
+                    leader: Some(next),
+                    lease_until: now + OPERATOR_LEASE,
+                    next_pass: now,
+                    ..Operator::default()
+                };
+                self.note(format!("node-{next}'s operator leads"));
+            }
+        }
+        let Some(l) = self.operator.leader else {
+            return;
+        };
+        if now < self.operator.next_pass {
+            return;
+        }
+        self.operator.next_pass = now + OPERATOR_PASS;
+        let Some(agent) = self.nodes[l].agent.as_ref() else {
+            return;
+        };
+        // Read your writes: a copy that has not shown the last write yet, or a stale one, is
+        // left for the store itself once CATCH_UP has passed (or at once when stale).
+        let shown = agent.watch.delivered();
+        let stale = now < agent.watch.stalled_until;
+        let behind = self
+            .operator
+            .last_write
+            .is_some_and(|(revision, _)| shown < revision);
+        let objects = if stale
+            || self
+                .operator
+                .last_write
+                .is_some_and(|(_, at)| behind && now >= at + CATCH_UP)
+        {
+            self.store.now.clone()
+        } else if behind {
+            return;
+        } else {
+            agent.copy.clone()
+        };
+        let read_at = if stale || behind {
+            self.store.revision()
+        } else {
+            shown
+        };
+        if self.operator.decided_at == Some(read_at) {
+            return;
+        }
+        self.operator.decided_at = Some(read_at);
+        let assigned = ipam_core::lb::assign::assign(&objects.pools, &objects.services);
+        for (name, spec, status) in &objects.services {
+            let Some(new) = assigned.services.get(name).filter(|new| *new != status) else {
+                continue;
+            };
+            let Some(revision) = objects.service_revisions.get(name).copied() else {
+                continue;
+            };
+            let row = (name.clone(), spec.clone(), new.clone());
+            if self.store.write_status(now, row, revision) {
+                self.operator.last_write = Some((self.store.revision(), now));
+                self.note(format!("operator: {name} gets {:?}", new.ingress));
+            }
+        }
     }
 
     fn at(&self, d: Duration) -> Instant {
@@ -292,6 +398,33 @@ impl World {
                 self.schedule(lasting, Due::NetworkEnds { id });
             }
             Event::WatchStall { node, lasting } => self.stall_watch(node, lasting),
+            Event::ServiceCreated { service, requests } => {
+                let (name, mut spec) = store::service(service);
+                if self.store.now.service_revisions.contains_key(&name) {
+                    return;
+                }
+                if let Some(of) = requests {
+                    // Asks for the IP another Service holds (another tenant's, say).
+                    let held = self
+                        .store
+                        .now
+                        .services
+                        .get(of % self.store.now.services.len().max(1));
+                    spec.requested_ips = held
+                        .and_then(|s| s.2.ingress.first().copied())
+                        .into_iter()
+                        .collect();
+                }
+                let row = (name, spec, Default::default());
+                self.store.write(self.now, Change::Service(Box::new(row)));
+            }
+            Event::ServiceDeleted { service } => {
+                let Some((name, _, _)) = self.store.now.services.get(service) else {
+                    return;
+                };
+                let name = name.clone();
+                self.store.write(self.now, Change::ServiceGone(name));
+            }
             Event::EndpointsMove { service, to } => {
                 let Some((name, _, _)) = self.store.now.services.get(service) else {
                     return;
@@ -341,7 +474,22 @@ impl World {
             }
             return;
         }
+        // The owners controller stops deciding (one under way is waited for), then the list
+        // is read.
+        let agent = self.nodes[node].agent.as_mut().expect("checked above");
+        agent.frozen = true;
+        if let Some((_, plan)) = agent.deciding.take()
+            && let Some(owned) = plan.owned
+        {
+            self.nodes[node].datapath.answering = owned.keys().copied().collect();
+        }
         let latency = self.write_latency();
+        let answering = self.nodes[node]
+            .datapath
+            .answering
+            .iter()
+            .copied()
+            .collect();
         self.schedule(
             latency,
             Due::NoticeWritten {
@@ -349,6 +497,7 @@ impl World {
                 epoch,
                 started: self.now,
                 within,
+                answering,
             },
         );
         if let Some(after) = back_after {
@@ -439,7 +588,8 @@ impl World {
                 epoch,
                 started,
                 within,
-            } => self.notice_written(node, epoch, started, within),
+                answering,
+            } => self.notice_written(node, epoch, started, within, answering),
             Due::NoticeCleared { node } => {
                 let mut record = self.store.record(&node_name(node));
                 record.spec.restarting = None;
@@ -453,7 +603,14 @@ impl World {
     /// The notice is in the store: the promise is kept if the fence is still open (the
     /// responders extended, the gossip left without a goodbye); else it is withdrawn and the
     /// agent stops as for a leave.
-    fn notice_written(&mut self, node: usize, epoch: u64, started: Duration, within: Duration) {
+    fn notice_written(
+        &mut self,
+        node: usize,
+        epoch: u64,
+        started: Duration,
+        within: Duration,
+        answering: Vec<IpAddr>,
+    ) {
         let n = &self.nodes[node];
         if n.epoch != epoch || n.agent.is_none() {
             return;
@@ -462,7 +619,7 @@ impl World {
         let notice = RestartNotice {
             within_ms: within.as_millis() as u64,
             since_unix_ms,
-            answering: n.datapath.answering.iter().copied().collect(),
+            answering,
         };
         let mut record = self.store.record(&node_name(node));
         record.spec.restarting = Some(notice);
@@ -547,6 +704,7 @@ impl World {
             decide_now: false,
             rested_until: self.now,
             deciding: None,
+            frozen: false,
             held_dead: BTreeMap::new(),
         });
     }
@@ -585,10 +743,14 @@ impl World {
         let Some(mut agent) = self.nodes[i].agent.take() else {
             return;
         };
-        // The watch.
+        // The watch; a failing one relists when it works again (a change, as the daemon's
+        // shared watch tells its subscribers).
+        if agent.watch.stalled_until > Duration::ZERO && now == agent.watch.stalled_until {
+            agent.changed = true;
+        }
         let mut records_changed = false;
-        for (_, change) in agent.watch.due(&self.store, now) {
-            agent.copy.apply(change);
+        for (revision, change) in agent.watch.due(&self.store, now) {
+            agent.copy.apply(change, revision);
             agent.changed = true;
             records_changed |= matches!(change, Change::Record(..));
         }
@@ -710,6 +872,21 @@ impl World {
                         format!("{ip} answered by node-{other} and node-{i}"),
                     ));
                 }
+            }
+        }
+        if now.as_millis().is_multiple_of(10) {
+            *self
+                .exercised
+                .checks
+                .entry(Invariant::AddressOnce.name())
+                .or_default() += 1;
+            *self
+                .exercised
+                .checks
+                .entry(Invariant::TenantPool.name())
+                .or_default() += 1;
+            if let Some((invariant, what)) = crate::check::addresses(&self.store.now) {
+                return Err(self.violation(invariant, what));
             }
         }
         if now >= self.settled_at && now.as_millis().is_multiple_of(100) {

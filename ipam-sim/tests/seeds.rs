@@ -8,18 +8,24 @@ use ipam_sim::{run_seed, scenario::Config, shrink::shrink};
 /// found; docs/simulation.md ("Open findings") says more. Each is still run, and must fail
 /// the same way: a fix makes it pass, and it is then taken off this list.
 const OPEN: &[(u64, &str)] = &[
-    // After two nodes died during restarts (their records stay, counted among the members a
-    // fence needs a majority of) and a short partition, the live nodes keep a closed fence
-    // for over 6 s after the heal: an IP answered by nobody.
-    (14, "every IP answered by its owner"),
+    // A minority cut off by a partition closes its fence up to two probe periods after the
+    // majority declared it dead; the takeover hold (200 ms) does not cover it. The gossip's
+    // own simulator shows it without this model (`examples/minority_lateness.rs`).
+    (1, "10.78.0.4 answered by node-0 and node-4"),
+    (18, "10.79.0.3 answered by node-1 and node-4"),
+    (184, "10.79.0.4 answered by node-1 and node-4"),
     // A node whose store watch fails keeps answering a Local Service's IP after its
     // endpoints moved away (it cannot see the move); the new owner answers after the
     // hand-over's wait.
-    (137, "one answer per IP"),
-    (198, "one answer per IP"),
-    // A node whose watch fails, and whose last decision was made on the minority side of a
-    // partition, takes a restarting node's IP once its fence opens: it cannot see the notice.
-    (146, "one answer per IP"),
+    (137, "10.78.0.3 answered by node-2 and node-3"),
+    (143, "10.79.0.1 answered by node-3 and node-4"),
+    (198, "10.79.0.1 answered by node-1 and node-4"),
+    // After partitions and deaths, live nodes keep a closed fence for over 6 s: an IP
+    // answered by nobody. Not settled whether the model (members counted for a majority:
+    // every node ever started, where the daemon counts records with an unlapsed lease) or the
+    // gossip is at fault.
+    (19, "10.78.0.1 answered by nobody"),
+    (68, "10.79.0.3 answered by nobody"),
 ];
 
 #[test]
@@ -31,7 +37,7 @@ fn a_range_of_seeds_breaks_no_invariant_at_5_nodes() {
         let open = OPEN.iter().find(|(s, _)| *s == seed);
         match (&outcome.violation, open) {
             (None, None) => {}
-            (Some(v), Some((_, invariant))) if v.invariant.name() == *invariant => {}
+            (Some(v), Some((_, what))) if v.to_string().contains(what) => {}
             (None, Some(_)) => failures.push(format!(
                 "seed {seed} passes now: take it off OPEN, and its finding off docs/simulation.md"
             )),
@@ -51,8 +57,12 @@ fn a_range_of_seeds_breaks_no_invariant_at_5_nodes() {
 #[test]
 fn a_seed_replays_exactly() {
     let config = Config::with_nodes(5);
-    let first = run_seed(&config, 60);
-    let again = run_seed(&config, 60);
+    let first = run_seed(&config, 137);
+    let again = run_seed(&config, 137);
+    assert!(
+        first.violation.is_some(),
+        "seed 137 is one of the open findings"
+    );
     assert_eq!(first.violation, again.violation);
     assert_eq!(first.exercised.steps, again.exercised.steps);
     assert_eq!(first.exercised.decisions, again.exercised.decisions);

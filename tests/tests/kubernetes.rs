@@ -1431,6 +1431,18 @@ async fn service_ips_move_between_gossiping_agents_on_the_kubernetes_api() -> Te
         "an uninstall promises no return"
     );
     agents.lock().unwrap()[leaving] = Some(nodes[leaving].0.start(&nodes[leaving].1));
+    // An agent decides who answers only once its fence has opened: the node's death below is
+    // then one it saw happen (an IP taken over from a dead node), not one before its first
+    // decision (an IP it owns as it starts).
+    wait_for(
+        "the restarted agent's gossip fence open",
+        async || {
+            let log = agents.lock().unwrap()[leaving].as_ref()?.log_text();
+            log.contains("gossip fence open").then_some(())
+        },
+        &logs,
+    )
+    .await;
 
     let watch = ArpWatch::start(&client, CLIENT, ip, Instant::now());
     let killed = agents.lock().unwrap()[owner].take();

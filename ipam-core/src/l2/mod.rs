@@ -7,12 +7,16 @@
 //! - `owners`: one node's decision ([`owners::Decider`]), which returns a [`owners::Plan`];
 //! - `pacing`: how often it is made, and the longest rest between two;
 //! - `handover`: break before make between live nodes;
-//! - `restarts`: nodes held live while their agents restart.
+//! - `restarts`: nodes held live while their agents restart;
+//! - `promised`: the IPs a node held for a restart keeps meanwhile;
+//! - `view`: what a decision reads of the node's copies of the store.
 
 pub mod handover;
 pub mod owners;
 pub mod pacing;
+pub mod promised;
 pub mod restarts;
+pub mod view;
 
 use std::{collections::BTreeMap, net::IpAddr, time::Instant};
 

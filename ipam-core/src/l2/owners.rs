@@ -22,12 +22,12 @@ use std::{
 use super::{
     HandOn, HandedOver, NodeRecords, OwnedIp, OwnedIps,
     handover::{Handover, Previous},
+    promised::{self, Held},
     restarts::Restarts,
 };
-use crate::lb::{
-    announce::{Announcement, NodeView, ReadyNodes, owners},
-    resources::{L2PolicySpec, LbIpPool, ServiceSpec, ServiceStatus, TrafficPolicy},
-};
+
+pub use super::view::View;
+use crate::lb::announce::{Announcement, owners};
 
 /// How long a restarted agent taking up its IPs waits for the gossip to join before it
 /// decides from what it knows.
@@ -42,85 +42,6 @@ pub const LINGER: Duration = Duration::from_secs(5);
 /// IPs taken with no previous owner this soon after the start are told as taken because the
 /// agent started (its view of the cluster is still filling in).
 const STARTING: Duration = Duration::from_secs(30);
-
-/// What one node's decision reads: its copies of the store, as rows.
-pub struct View<'a> {
-    pub policies: &'a [(String, L2PolicySpec)],
-    /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`).
-    pub pools: &'a [(String, LbIpPool)],
-    pub services: &'a [(String, ServiceSpec, ServiceStatus)],
-    /// The nodes with a ready endpoint of each Service.
-    pub ready: &'a ReadyNodes,
-    pub records: &'a dyn NodeRecords,
-    /// Whether the copy of the records is current (its watch works): a stale one may lack a
-    /// restart notice.
-    pub records_fresh: bool,
-}
-
-impl View<'_> {
-    /// The Services announced only from nodes where their endpoints run.
-    fn local_services(&self) -> HashSet<&str> {
-        self.services
-            .iter()
-            .filter(|(_, spec, _)| spec.external_traffic_policy == TrafficPolicy::Local)
-            .map(|(name, _, _)| name.as_str())
-            .collect()
-    }
-
-    /// Whether `service`, one of `local`, has no ready endpoint on `node`.
-    fn endpoints_left(&self, local: &HashSet<&str>, service: &str, node: &str) -> bool {
-        local.contains(service) && !self.ready.get(service).is_some_and(|r| r.contains(node))
-    }
-
-    /// Of the interfaces an IP is announced on here (`on`), those `node` announced from and
-    /// cannot any more, as its record says (`edge0: no carrier (the link is lost)`), if any.
-    fn interfaces_down(&self, node: &str, on: &[String]) -> Option<String> {
-        let record = &self.records.record(node)?.spec;
-        let down: Vec<String> = record
-            .interfaces_down
-            .iter()
-            .filter(|d| on.contains(&d.name))
-            .map(|d| format!("{}: {}", d.name, d.why))
-            .collect();
-        (!down.is_empty()).then(|| down.join(", "))
-    }
-
-    /// `node`'s MAC on the segment of `me`'s interface `interface`: that of its interface with
-    /// an address in one of the same subnets, as the records say.
-    fn mac_on_segment(&self, node: &str, me: &str, interface: &str) -> Option<[u8; 6]> {
-        let mine = self
-            .records
-            .record(me)?
-            .spec
-            .interfaces
-            .iter()
-            .find(|i| i.name == interface)?
-            .subnets()
-            .collect::<Vec<_>>();
-        self.records
-            .record(node)?
-            .spec
-            .interfaces
-            .iter()
-            .find(|i| i.subnets().any(|s| mine.contains(&s)))?
-            .mac_octets()
-    }
-
-    /// The nodes of `live` as the owner decision sees them.
-    fn live_nodes(&self, live: &mut dyn FnMut(&str) -> bool) -> Vec<NodeView> {
-        self.records
-            .each()
-            .filter(|(name, _)| live(name))
-            .map(|(name, record)| NodeView {
-                name: name.to_owned(),
-                labels: record.spec.labels.clone(),
-                interfaces: record.spec.interfaces.clone(),
-                excluded: record.spec.announcing.excluded.clone(),
-                warnings: record.spec.announcing.warnings.clone(),
-            })
-            .collect()
-    }
-}
 
 /// An IP this node took in a decision, with who held it and why, for users and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +82,9 @@ pub struct Decider {
     inherited: bool,
     /// Nodes held live while their agents restart.
     restarts: Restarts,
+    /// Owners of the last decision that are not heard, since when: while the records copy
+    /// is stale, their IPs stay theirs for up to a promise (`keep_with_unheard`).
+    unheard_since: BTreeMap<String, Instant>,
     /// Every IP's owner at the previous decision, and whether this node was live in it: who
     /// held an IP this node takes decides whether it waits (`handover`) and what its Service
     /// is told.
@@ -192,6 +116,7 @@ impl Decider {
             lingering: BTreeMap::new(),
             inherited: inherits,
             restarts: Restarts::new(node, inherits, records, now, now_unix_ms),
+            unheard_since: BTreeMap::new(),
             before: BTreeMap::new(),
             was_live: false,
             handover: Handover::default(),
@@ -251,7 +176,8 @@ impl Decider {
             view.ready,
             &view.live_nodes(&mut |n| live(n) || restarts.holds(n, now)),
         );
-        self.keep_with_silent_owners(&mut all, view.records_fresh, live, now);
+        self.keep_with_restarting(&mut all, view, now);
+        self.keep_with_unheard(&mut all, view.records_fresh, live, now);
         let (before, was_live) = (&self.before, self.was_live);
         let (mine, previous) = self.handover.admit(
             mine(&all, &node),
@@ -295,45 +221,86 @@ impl Decider {
         plan
     }
 
-    /// Leaves an IP with the node whose responders may still answer for it when nothing of
-    /// that node's own would let go of it:
-    /// - a node held for a restart keeps the IPs its notice says its responders answer on,
-    ///   until its next agent is back (the notice cleared, once that agent's fence opened, and
-    ///   the node live): a Local Service's endpoints moving away, or a node coming back that
-    ///   hashes higher, must not move them meanwhile;
-    /// - a node that owned an IP in this node's last decision and is not heard keeps it while
-    ///   it is held for a restart, or while this node's copy of the records is stale (a restart
-    ///   notice this node cannot see may hold its responders answering); the nodes with a
-    ///   current copy move it.
+    /// Leaves with each node held for a restart (but this one) the IPs it keeps
+    /// ([`super::promised`]), on the interfaces it answers them on.
     ///
-    /// Found by the simulator (docs/simulation.md): two MACs for one IP in each case.
-    fn keep_with_silent_owners(
-        &self,
+    /// Found by the simulator (docs/simulation.md): without it, two MACs for one IP whenever
+    /// an IP moved away from a restarting node.
+    fn keep_with_restarting(&self, all: &mut [Announcement], view: &View<'_>, now: Instant) {
+        let held: Vec<Held<'_>> = self
+            .restarts
+            .held_nodes()
+            .filter(|node| *node != self.node && self.restarts.holds(node, now))
+            .map(|node| {
+                let answering = match self.restarts.answering(node, now) {
+                    Some(said) if !said.is_empty() => said.to_vec(),
+                    // A notice of an agent before the list was added: what this node last saw
+                    // it own.
+                    _ => self
+                        .before
+                        .iter()
+                        .filter(|(_, owner)| owner.as_str() == node)
+                        .map(|(ip, _)| *ip)
+                        .collect(),
+                };
+                Held { node, answering }
+            })
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let pins = promised::pins(view, &held);
+        for a in all.iter_mut() {
+            if let Some((node, interfaces)) = pins.get(&a.ip) {
+                a.node.clone_from(node);
+                a.interfaces.clone_from(interfaces);
+            }
+        }
+    }
+
+    /// While this node's copy of the records is stale (its watch failed, not yet listed
+    /// again), it cannot tell a node that stopped for a restart (its notice, which this copy
+    /// may lack, keeps its responders answering) from a dead one: an IP whose owner in the
+    /// last decision is not heard stays with that owner until the copy is current again, and
+    /// for no longer than the longest promise since it was last heard. Nodes with a current
+    /// copy move it as usual; in an outage of the store, failover waits for the store (or the
+    /// longest promise).
+    ///
+    /// Found by the simulator (docs/simulation.md, seed 4): two MACs for one IP otherwise.
+    fn keep_with_unheard(
+        &mut self,
         all: &mut [Announcement],
         records_fresh: bool,
         live: &mut dyn FnMut(&str) -> bool,
         now: Instant,
     ) {
-        let promised: BTreeMap<IpAddr, &str> = self
-            .restarts
-            .held_nodes()
-            .filter_map(|node| Some((node, self.restarts.answering(node, now)?)))
-            .flat_map(|(node, ips)| ips.iter().map(move |ip| (*ip, node)))
-            .collect();
-        for a in all.iter_mut() {
-            if let Some(node) = promised.get(&a.ip) {
-                if a.node != *node {
-                    a.node = (*node).to_owned();
-                }
-                continue;
+        let owners: BTreeSet<&String> = self.before.values().collect();
+        self.unheard_since.retain(|node, _| owners.contains(node));
+        for owner in owners {
+            if *owner == self.node || live(owner) {
+                self.unheard_since.remove(owner);
+            } else if !self.unheard_since.contains_key(owner) {
+                self.unheard_since.insert(owner.clone(), now);
             }
+        }
+        if records_fresh {
+            return;
+        }
+        let longest = Duration::from_millis(super::restarts::LONGEST_PROMISE_MS)
+            + super::restarts::CLOCK_SKEW;
+        for a in all.iter_mut() {
             let Some(previous) = self.before.get(&a.ip) else {
                 continue;
             };
-            if *previous == a.node || *previous == self.node || live(previous) {
+            let Some(since) = self.unheard_since.get(previous) else {
                 continue;
-            }
-            if self.restarts.holds(previous, now) || !records_fresh {
+            };
+            if *previous != a.node && now.saturating_duration_since(*since) < longest {
+                tracing::debug!(
+                    ip = %a.ip,
+                    node = previous.as_str(),
+                    "the copy of the node records is stale: {previous} may have stopped for a                      restart, its IP stays with it until the copy is current"
+                );
                 a.node.clone_from(previous);
             }
         }

@@ -59,8 +59,8 @@ pub struct Restarts {
 
 impl Restarts {
     /// `node`'s holds at the start, from the records as first listed (`nodes`), at `now`
-    /// (`now_unix_ms` by the wall clock): its own notice held from `now` if `inherited`. Every
-    /// other notice already there is taken as seen, and holds its node only for what is left
+    /// (`now_unix_ms` by the wall clock): its own notice counts only if `inherited`. Every
+    /// notice already there is taken as seen, and holds its node only for what is left
     /// of its promise by the wall clock (`sinceUnixMs` and `withinMs`, and [`CLOCK_SKEW`]):
     /// the restarting node's responders may answer until then, and taking its IPs over
     /// meanwhile would give them two MACs. A notice left for good by a node that never came
@@ -78,11 +78,12 @@ impl Restarts {
             ..Self::default()
         };
         for (name, record) in nodes.each() {
-            if name == node && inherited {
-                restarts.follow_one(node, record, now);
-            } else if let Some(notice) = &record.spec.restarting {
+            if let Some(notice) = &record.spec.restarting {
                 restarts.seen.insert(name.to_owned(), notice.clone());
-                if name == node {
+                // This node's own notice holds it only if its agent took up the promise; then,
+                // as any other, for what is left of it (counted from the agent's start it
+                // outlived the others' holds, and this node kept its IPs while they took them).
+                if name == node && !inherited {
                     continue;
                 }
                 let skew = u64::try_from(CLOCK_SKEW.as_millis()).unwrap_or(u64::MAX);
@@ -278,7 +279,8 @@ mod tests {
         let t0 = Instant::now();
         // The agent before promised and its responders answer on: this one holds its node
         // live until its notice is cleared, as the others do.
-        let mut kept = Restarts::new("node-1", true, &records(notice.clone()), t0, LATER_MS);
+        // Half a second into the promise (2 s, and the skew): 2 s are left.
+        let mut kept = Restarts::new("node-1", true, &records(notice.clone()), t0, 501);
         assert!(kept.holds("node-1", t0 + Duration::from_secs(1)));
         kept.follow(
             &records(notice.clone()),

@@ -172,6 +172,8 @@ struct NodeControllers {
     store: Option<ClusterStore>,
     /// The Service IPs the owners controller has the responders answer, for a restart's notice.
     owned: Option<watch::Receiver<OwnedIps>>,
+    /// Stops the owners controller's decisions before that list is read.
+    owners_frozen: Option<Arc<Mutex<bool>>>,
 }
 
 /// What the Service IP controllers start from and share with the responder.
@@ -188,6 +190,8 @@ struct ServiceIpState {
 struct ClusterSide {
     fence: Option<Fence>,
     owned: Option<watch::Receiver<OwnedIps>>,
+    /// Stops the owners controller's decisions (`l2::owners::Inputs::frozen`).
+    owners_frozen: Option<Arc<Mutex<bool>>>,
 }
 
 impl NodeControllers {
@@ -248,6 +252,7 @@ impl NodeControllers {
         // they have decided (at once with none).
         local_addresses.expected_all();
         let owned = cluster.owned.clone();
+        let owners_frozen = cluster.owners_frozen.clone();
         tokio::spawn(l2::configured::run(
             configured_rx,
             cluster.owned,
@@ -277,6 +282,7 @@ impl NodeControllers {
             fence,
             store,
             owned,
+            owners_frozen,
         })
     }
 
@@ -400,6 +406,13 @@ impl NodeControllers {
             return false;
         };
         let file = config.node.private_file(liveness::restart::PROMISE_FILE);
+        // No decision from now on (one under way is waited for): the IPs the notice lists are
+        // all the responders answer, and none is taken while it is written.
+        if let Some(frozen) = &self.owners_frozen {
+            *frozen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        }
         let promised = liveness::restart::Promise {
             store,
             node: &config.node.name,
@@ -578,6 +591,7 @@ impl ClusterSide {
         Self {
             fence: None,
             owned: None,
+            owners_frozen: None,
         }
     }
 }
@@ -766,6 +780,7 @@ fn start_cluster_side(
     ));
     local_addresses.expect(Holder::L2);
     let (owned_tx, owned) = watch::channel(inherited.clone());
+    let owners_frozen = Arc::new(Mutex::new(false));
     let events = Events::for_store(&store, "ipam-agent", &config.node.name);
     tokio::spawn(l2::owners::run(
         l2::owners::Inputs {
@@ -773,6 +788,7 @@ fn start_cluster_side(
             node: config.node.name.clone(),
             peers,
             fence: fence.clone(),
+            frozen: owners_frozen.clone(),
             metrics: observed.metrics.clone(),
             events: Arc::new(events),
             local_addresses,
@@ -786,6 +802,7 @@ fn start_cluster_side(
     ClusterSide {
         fence: Some(fence),
         owned: Some(owned),
+        owners_frozen: Some(owners_frozen),
     }
 }
 

@@ -10,7 +10,7 @@
 //! responder (which answers them and tells the link), addresses off `lo`, metrics and Events.
 
 use std::{
-    sync::Arc,
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -53,6 +53,10 @@ pub struct Inputs {
     pub metrics: Arc<Metrics>,
     /// The node's fence: no decision is made before it first opens (`Decider::waits`).
     pub fence: Fence,
+    /// Set when the agent stops for a restart: no decision after it, so the IPs its notice
+    /// lists are all the responders answer (`liveness::restart`). Held through each decision,
+    /// so setting it waits for one under way.
+    pub frozen: Arc<Mutex<bool>>,
     /// Where users are told which node answers (Events on a Kubernetes store).
     pub events: Arc<Events>,
     /// The service IPs on `lo`, shared with the BGP announcer.
@@ -109,6 +113,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         node,
         peers,
         mut fence,
+        frozen,
         metrics,
         events,
         local_addresses,
@@ -119,6 +124,11 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     let mut seen = watches.seen();
     for ip in inherited.keys() {
         local_addresses.add(Holder::L2, *ip);
+    }
+    if inherited.is_empty() {
+        // Nothing taken up: what an agent before left on `lo` is not this one's, and goes
+        // now rather than at a first decision that waits for the fence to open.
+        local_addresses.decided(Holder::L2);
     }
     let mut decider = Decider::new(
         &node,
@@ -174,10 +184,15 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
             continue;
         }
+        let frozen = frozen.lock().unwrap_or_else(PoisonError::into_inner);
+        if *frozen {
+            continue;
+        }
         let started = pace.deciding();
         let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
             .in_scope(|| decide(&mut decider, &seen, &mut peers, started));
         applier.carry_out(plan, decider.answering());
+        drop(frozen);
         let took = started.elapsed();
         pace.decided(took);
         warn_if_slow(took);

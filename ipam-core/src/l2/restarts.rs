@@ -186,6 +186,16 @@ impl Restarts {
         self.held.get(node).is_some_and(|(_, until)| now < *until)
     }
 
+    /// Whether `node` is held at `now` and keeps the IPs it owns by hashing: its notice names
+    /// none (an agent before the list was added, or one that answered nothing). A notice that
+    /// names its IPs keeps those alone (`promised`); the others are decided among the nodes
+    /// heard, or a node held would own IPs nobody answers for its promise.
+    pub fn holds_by_hashing(&self, node: &str, now: Instant) -> bool {
+        self.held
+            .get(node)
+            .is_some_and(|(notice, until)| now < *until && notice.answering.is_empty())
+    }
+
     /// The nodes held (their holds may have run out since the last prune).
     pub fn held_nodes(&self) -> impl Iterator<Item = &str> {
         self.held.keys().map(String::as_str)

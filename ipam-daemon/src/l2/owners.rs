@@ -51,7 +51,7 @@ pub struct Inputs {
     pub node: String,
     pub peers: PeersSource,
     pub metrics: Arc<Metrics>,
-    /// The node's fence: no decision is made before it first opens (`Decider::waits`).
+    /// The node's fence: no decision is made while it is closed (`Decider::waits`).
     pub fence: Fence,
     /// Set when the agent stops for a restart: no decision after it, so the IPs its notice
     /// lists are all the responders answer (`liveness::restart`). Held through each decision,
@@ -146,7 +146,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     };
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
-    let mut fence_opened = false;
+    let mut fence_open = false;
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -169,7 +169,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 pace.changed = true;
                 continue;
             }
-            () = fence.changed(), if !fence_opened => {}
+            () = fence.changed() => {}
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
@@ -180,8 +180,15 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 }
             }
         }
-        fence_opened |= fence.may_answer();
-        if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
+        let open = fence.may_answer();
+        if fence_open && !open {
+            // Silenced: what it answered is given up, and taken again after the hand-over's
+            // wait once the fence opens (`Decider::fence_closed`).
+            let plan = decider.fence_closed(Instant::now());
+            applier.carry_out(plan, decider.answering());
+        }
+        fence_open = open;
+        if decider.waits(open, peers.knows_others(), Instant::now()) {
             continue;
         }
         let frozen = frozen.lock().unwrap_or_else(PoisonError::into_inner);

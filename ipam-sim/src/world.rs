@@ -784,18 +784,6 @@ impl World {
             if was_open && !open {
                 self.nodes[i].datapath.deadline = self.nodes[i].datapath.deadline.min(now);
                 self.note(format!("node-{i}'s fence closed: silenced"));
-                // The daemon's loop handles the closing between two decisions: one under way
-                // ends first.
-                if let Some((_, plan)) = agent.deciding.take()
-                    && let Some(owned) = plan.owned
-                {
-                    self.nodes[i].datapath.answering = owned.keys().copied().collect();
-                }
-                let plan = agent.decider.fence_closed(self.at(now));
-                if let Some(owned) = plan.owned {
-                    self.nodes[i].datapath.answering = owned.keys().copied().collect();
-                    self.note(format!("node-{i} gives up what it answered"));
-                }
             }
         }
         if now >= agent.next_beat {

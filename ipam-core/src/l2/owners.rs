@@ -140,32 +140,15 @@ impl Decider {
     /// partition it is on, and what it took, admitted after a hand-over's wait that ran while
     /// it was silent, would be answered the moment the fence opened, next to the owners the
     /// others chose (ipam-sim seeds 60 and 83); and, taking up a restarted agent's IPs, until
-    /// the gossip has joined (`knows_others`), or [`JOINING`] has passed.
+    /// the gossip has joined (`knows_others`), or [`JOINING`] has passed. What it answered
+    /// before its fence closed it keeps (a blip of the fence must not cost every IP a
+    /// hand-over's wait); giving it up only when the others declared this node dead is open
+    /// (docs/simulation.md).
     pub fn waits(&self, fence_open: bool, knows_others: bool, now: Instant) -> bool {
         !fence_open
             || (self.inherited
                 && !knows_others
                 && now.saturating_duration_since(self.since) < JOINING)
-    }
-
-    /// This node's fence closed (its responders are silenced): what it answered is given up,
-    /// lingering on `lo`, so that once the fence opens again each IP it still owns is taken
-    /// as any other, after the hand-over's wait. Kept, an IP it took while cut off (on a
-    /// minority's view) would be answered the moment the fence opened, next to the owner the
-    /// others chose meanwhile (ipam-sim seed 18).
-    pub fn fence_closed(&mut self, now: Instant) -> Plan {
-        let mut plan = Plan::default();
-        if self.answering.is_empty() {
-            return plan;
-        }
-        for ip in std::mem::take(&mut self.answering).into_keys() {
-            self.lingering.insert(ip, now + LINGER);
-        }
-        self.handover = Handover::default();
-        self.handed_over.clear();
-        plan.handed_over = Some(HandedOver::new());
-        plan.owned = Some(OwnedIps::new());
-        plan
     }
 
     /// What this node answers for, as last planned.

@@ -146,7 +146,6 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     };
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
-    let mut fence_open = false;
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -181,13 +180,6 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             }
         }
         let open = fence.may_answer();
-        if fence_open && !open {
-            // Silenced: what it answered is given up, and taken again after the hand-over's
-            // wait once the fence opens (`Decider::fence_closed`).
-            let plan = decider.fence_closed(Instant::now());
-            applier.carry_out(plan, decider.answering());
-        }
-        fence_open = open;
         if decider.waits(open, peers.knows_others(), Instant::now()) {
             continue;
         }

@@ -85,10 +85,6 @@ pub fn addresses(objects: &crate::store::Objects) -> Option<(Invariant, String)>
                 ));
             }
         }
-        let family_bits = |ip: &std::net::IpAddr| match ip {
-            std::net::IpAddr::V4(v4) => u128::from(u32::from(*v4)),
-            std::net::IpAddr::V6(v6) => u128::from(*v6),
-        };
         for row in rows {
             let namespace = namespace_of(&row.0);
             let served = objects.pools.iter().any(|(_, spec, _)| {
@@ -97,7 +93,9 @@ pub fn addresses(objects: &crate::store::Objects) -> Option<(Invariant, String)>
                         .blocks
                         .iter()
                         .filter_map(ipam_core::lb::resources::LbIpBlock::bounds)
-                        .any(|(_, first, last)| (first..=last).contains(&family_bits(ip)))
+                        .any(|(_, first, last)| {
+                            (first..=last).contains(&ipam_core::cidr::ip_to_u128(*ip))
+                        })
             });
             if !served {
                 return Some((

@@ -13,7 +13,10 @@ use std::{
 
 use ipam_core::{
     l2::{owners::Decider, pacing::DECISION, restarts::CLOCK_SKEW},
-    lb::announce::{NodeView, owners},
+    lb::{
+        announce::{NodeView, owners},
+        rows,
+    },
     resources::RestartNotice,
 };
 use ipam_gossip::{
@@ -924,16 +927,7 @@ impl World {
             .filter(|n| {
                 n.powered && n.nic_up && n.agent.as_ref().is_some_and(|a| a.latch.is_open())
             })
-            .map(|n| {
-                let record = &self.store.now.records[&n.name];
-                NodeView {
-                    name: n.name.clone(),
-                    labels: record.spec.labels.clone(),
-                    interfaces: record.spec.interfaces.clone(),
-                    excluded: None,
-                    warnings: Vec::new(),
-                }
-            })
+            .map(|n| rows::node_named(&n.name, &self.store.now.records[&n.name]))
             .collect();
         let objects = &self.store.now;
         owners(

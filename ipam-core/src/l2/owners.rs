@@ -156,11 +156,6 @@ impl Decider {
         &self.answering
     }
 
-    /// Whether `node` is held live at `now` for a restart of its agent.
-    pub fn holds(&self, node: &str, now: Instant) -> bool {
-        self.restarts.holds(node, now)
-    }
-
     /// One decision at `now`: every IP's owner among the nodes `live` says are (and those
     /// held for a restart), this node's IPs admitted by the hand-over rules, and what changed.
     pub fn decide(

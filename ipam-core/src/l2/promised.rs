@@ -18,7 +18,10 @@ use std::{
 };
 
 use super::view::View;
-use crate::lb::announce::{Announcement, NodeView, ReadyNodes, owners, weight};
+use crate::lb::{
+    announce::{Announcement, ReadyNodes, owners, weight},
+    rows,
+};
 
 /// One node held for a restart, as the decision pins its IPs.
 pub struct Held<'a> {
@@ -34,13 +37,7 @@ pub fn pins(view: &View<'_>, held: &[Held<'_>]) -> BTreeMap<IpAddr, (String, Vec
         let Some(record) = view.records.record(h.node) else {
             continue;
         };
-        let node = NodeView {
-            name: h.node.to_owned(),
-            labels: record.spec.labels.clone(),
-            interfaces: record.spec.interfaces.clone(),
-            excluded: record.spec.announcing.excluded.clone(),
-            warnings: record.spec.announcing.warnings.clone(),
-        };
+        let node = rows::node_named(h.node, record);
         // Every Local Service ready on the held node: what it may announce, endpoints aside.
         let everywhere: ReadyNodes = view
             .services

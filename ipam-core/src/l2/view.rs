@@ -6,6 +6,7 @@ use super::NodeRecords;
 use crate::lb::{
     announce::{NodeView, ReadyNodes},
     resources::{L2PolicySpec, LbIpPool, ServiceSpec, ServiceStatus, TrafficPolicy},
+    rows,
 };
 
 /// What one node's decision reads: its copies of the store, as rows.
@@ -76,13 +77,7 @@ impl View<'_> {
         self.records
             .each()
             .filter(|(name, _)| live(name))
-            .map(|(name, record)| NodeView {
-                name: name.to_owned(),
-                labels: record.spec.labels.clone(),
-                interfaces: record.spec.interfaces.clone(),
-                excluded: record.spec.announcing.excluded.clone(),
-                warnings: record.spec.announcing.warnings.clone(),
-            })
+            .map(|(name, record)| rows::node_named(name, record))
             .collect()
     }
 }

@@ -86,12 +86,17 @@ pub fn services_in<'a>(
 
 /// A node as the owner decision sees it: its name, labels and interfaces.
 pub fn node(record: &Versioned<NodeIpam>) -> NodeView {
+    node_named(&record.name, &record.value)
+}
+
+/// Node `name` as the owner decision sees it, from its record.
+pub fn node_named(name: &str, record: &NodeIpam) -> NodeView {
     NodeView {
-        name: record.name.clone(),
-        labels: record.value.spec.labels.clone(),
-        interfaces: record.value.spec.interfaces.clone(),
-        excluded: record.value.spec.announcing.excluded.clone(),
-        warnings: record.value.spec.announcing.warnings.clone(),
+        name: name.to_owned(),
+        labels: record.spec.labels.clone(),
+        interfaces: record.spec.interfaces.clone(),
+        excluded: record.spec.announcing.excluded.clone(),
+        warnings: record.spec.announcing.warnings.clone(),
     }
 }
 

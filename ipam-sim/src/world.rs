@@ -820,7 +820,7 @@ impl World {
         if agent.due(now)
             && !agent
                 .decider
-                .waits(agent.latch.is_open(), knows_others, self.at(now))
+                .waits(agent.opened_once, knows_others, self.at(now))
         {
             let took = self.decision_length();
             let live = self.live_for(i, &agent);

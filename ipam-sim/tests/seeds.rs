@@ -12,24 +12,22 @@ const OPEN: &[(u64, &str)] = &[
     // majority declared it dead; the takeover hold (200 ms) does not cover it. The gossip's
     // own simulator shows it without this model (`examples/minority_lateness.rs`).
     (1, "10.78.0.4 answered by node-0 and node-4"),
-    (184, "10.78.0.1 answered by node-1 and node-2"),
+    (184, "10.79.0.4 answered by node-1 and node-4"),
+    // A node cut off decides on its own view while its fence is closed, and its hand-over
+    // wait may run out while it is silent: it answers what it took when the fence reopens,
+    // next to the owner the others chose. Not deciding while the fence is closed fixed this
+    // and broke a real test (a returning node then answered its old IPs at once).
+    (18, "10.79.0.3 answered by node-1 and node-4"),
     // A node whose store watch fails keeps answering a Local Service's IP after its
     // endpoints moved away (it cannot see the move); the new owner answers after the
     // hand-over's wait.
     (137, "10.78.0.3 answered by node-2 and node-3"),
     (143, "10.79.0.1 answered by node-3 and node-4"),
     (198, "10.79.0.1 answered by node-1 and node-4"),
-    // A node declared dead while cut off keeps, when its fence opens again, what it answered
-    // before, next to the owner the others chose meanwhile until that one lets go. Giving it
-    // all up at every closing of the fence cost every blip a hand-over's wait (a real test
-    // lost requests); giving it up when the node learns it was declared dead is the fix.
-    (18, "10.79.0.3 answered by node-1 and node-4"),
-    (150, "10.78.0.1 answered by node-1 and node-2"),
-    (152, "10.78.0.3 answered by node-1 and node-2"),
     // After partitions and deaths, live nodes keep a closed fence for over 6 s: an IP
-    // answered by nobody. Not settled whether the model (members counted for a majority:
-    // every node ever started, where the daemon counts records with an unlapsed lease) or the
-    // gossip is at fault.
+    // answered by nobody. Likely the model (members counted for a majority: every node ever
+    // started, where the daemon counts records with an unlapsed lease); not settled.
+    (19, "10.78.0.1 answered by nobody"),
     (68, "10.79.0.3 answered by nobody"),
 ];
 

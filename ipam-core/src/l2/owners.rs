@@ -135,17 +135,16 @@ impl Decider {
         self.handover.is_waiting() || self.restarts.holding() || !self.lingering.is_empty()
     }
 
-    /// Whether the next decision waits: while this node's fence is closed (`fence_open`: the
-    /// others hear it, and it hears a majority), a decision would judge from whatever side of a
-    /// partition it is on, and what it took, admitted after a hand-over's wait that ran while
-    /// it was silent, would be answered the moment the fence opened, next to the owners the
-    /// others chose (ipam-sim seeds 60 and 83); and, taking up a restarted agent's IPs, until
-    /// the gossip has joined (`knows_others`), or [`JOINING`] has passed. What it answered
-    /// before its fence closed it keeps (a blip of the fence must not cost every IP a
-    /// hand-over's wait); giving it up only when the others declared this node dead is open
-    /// (docs/simulation.md).
-    pub fn waits(&self, fence_open: bool, knows_others: bool, now: Instant) -> bool {
-        !fence_open
+    /// Whether the next decision waits: until this node's fence has first opened
+    /// (`fence_opened`: the others hear it, and it hears a majority), a decision would judge
+    /// from whatever side of a partition the agent started on (ipam-sim seed 60); and, taking
+    /// up a restarted agent's IPs, until the gossip has joined (`knows_others`), or [`JOINING`]
+    /// has passed. Later closings of the fence do not stop the decisions: a node cut off that
+    /// returns re-decides on the others' view while its fence waits to reopen (not deciding
+    /// then, a real test saw it answer its old IPs next to their new owner); what it takes on
+    /// its own view while cut off is open (docs/simulation.md, seeds 83, 150, 152).
+    pub fn waits(&self, fence_opened: bool, knows_others: bool, now: Instant) -> bool {
+        !fence_opened
             || (self.inherited
                 && !knows_others
                 && now.saturating_duration_since(self.since) < JOINING)

@@ -51,7 +51,7 @@ pub struct Inputs {
     pub node: String,
     pub peers: PeersSource,
     pub metrics: Arc<Metrics>,
-    /// The node's fence: no decision is made while it is closed (`Decider::waits`).
+    /// The node's fence: no decision is made before it first opens (`Decider::waits`).
     pub fence: Fence,
     /// Set when the agent stops for a restart: no decision after it, so the IPs its notice
     /// lists are all the responders answer (`liveness::restart`). Held through each decision,
@@ -146,6 +146,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     };
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
+    let mut fence_opened = false;
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -179,8 +180,8 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 }
             }
         }
-        let open = fence.may_answer();
-        if decider.waits(open, peers.knows_others(), Instant::now()) {
+        fence_opened |= fence.may_answer();
+        if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
             continue;
         }
         let frozen = frozen.lock().unwrap_or_else(PoisonError::into_inner);

@@ -145,6 +145,12 @@ pub struct NodeIpamSpec {
     /// next agent clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restarting: Option<RestartNotice>,
+    /// Set by the node's agent as it stops for a leave (`[node] on_stop = "leave"`), its
+    /// responders already silent: the other nodes reckon the gossip's majority without it, so
+    /// that the nodes left behind by two of three leaving keep answering. The next agent
+    /// clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left: Option<LeaveNotice>,
     /// Whether the node may announce Service IPs, as its own agent judged it.
     #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
     pub announcing: NodeAnnouncing,
@@ -283,6 +289,16 @@ pub struct RestartNotice {
     /// Service's endpoints moving, a node joining), since nothing of its own lets go of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub answering: Vec<std::net::IpAddr>,
+}
+
+/// A node's agent stopped for a leave: silent, out of the gossip, counted by nobody's majority
+/// until its next agent runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct LeaveNotice {
+    /// When the agent stopped (Unix milliseconds, its clock), for people.
+    pub since_unix_ms: u64,
 }
 
 /// An interface a node announced from that it cannot announce from any more.

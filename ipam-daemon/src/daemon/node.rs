@@ -321,6 +321,10 @@ impl NodeControllers {
                         config.datapath.liveness_timeout_ms
                     );
                 }
+                // Silent now: the others may reckon their majority without this node.
+                if let Some(store) = &self.store {
+                    liveness::leave::note(store, &config.node.name).await;
+                }
                 gossip.leave().await;
                 tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
             }

@@ -28,6 +28,7 @@ pub mod fence;
 pub mod gossip;
 pub mod heartbeat;
 pub mod lease;
+pub mod leave;
 pub mod peers;
 pub mod restart;
 

@@ -60,7 +60,10 @@ impl Directory {
             .records
             .iter()
             .filter(|r| {
-                r.name != self.me && !r.value.spec.addresses.is_empty() && !r.value.lease_lapsed()
+                r.name != self.me
+                    && !r.value.spec.addresses.is_empty()
+                    && !r.value.lease_lapsed()
+                    && r.value.spec.left.is_none()
             })
             .map(|r| r.name.clone())
             .collect();
@@ -103,7 +106,8 @@ impl Directory {
     }
 
     /// The cluster as the fence reckons a majority from it: every node with a record that lists
-    /// an address (less those the operator released for a lapsed lease), this one included;
+    /// an address (less those the operator released for a lapsed lease, and those whose agent
+    /// left, `liveness::leave`), this one included;
     /// and of those, the ones among `alive` (members held alive and unsuspected), plus this one.
     pub(super) fn view(&self, alive: impl IntoIterator<Item = SocketAddr>) -> View {
         let alive = alive

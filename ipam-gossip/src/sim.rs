@@ -73,6 +73,9 @@ pub struct Simulation {
     /// Packets from one member to another kept as they are delivered (`capture`).
     capture: Option<(usize, usize)>,
     captured: Vec<Vec<u8>>,
+    /// Each step of a member (a packet handled, its timers run, a join, a leave) and when,
+    /// while kept (`keep_steps`): what a member knows changes only at its steps.
+    steps: Option<Vec<(usize, Duration)>>,
 }
 
 struct Member {
@@ -112,6 +115,7 @@ impl Simulation {
             traffic: Traffic::default(),
             capture: None,
             captured: Vec::new(),
+            steps: None,
         };
         let ids: Vec<PeerId> = (0..size).map(|i| PeerId::new(address(i), 1)).collect();
         for (index, id) in ids.iter().enumerate() {
@@ -285,6 +289,29 @@ impl Simulation {
         outcome
     }
 
+    /// When the next packet arrives or the next member timer may fire, if any: nothing in the
+    /// simulation changes before then unless the caller changes it. (A timer re-armed earlier
+    /// leaves its old wake-up queued: that one may change nothing.)
+    pub fn next_event_at(&self) -> Option<Duration> {
+        let wakeup = self.wakeups.peek().map(|Reverse((at, _))| *at);
+        [self.in_flight.next_at(), wakeup]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Keeps, from now on, every step of every member with its time, for [`Self::take_steps`]:
+    /// a caller that judges members (their fence, say) need only judge again those that
+    /// stepped.
+    pub fn keep_steps(&mut self) {
+        self.steps.get_or_insert_with(Vec::new);
+    }
+
+    /// The steps kept since the last call, oldest first (none unless [`Self::keep_steps`]).
+    pub fn take_steps(&mut self) -> Vec<(usize, Duration)> {
+        self.steps.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Runs the world for `duration` of virtual time.
     pub fn run_for(&mut self, duration: Duration) {
         let end = self.now + duration;
@@ -425,6 +452,9 @@ impl Simulation {
         let Some(peer) = self.members[member].peer.as_mut() else {
             return;
         };
+        if let Some(steps) = self.steps.as_mut() {
+            steps.push((member, self.now));
+        }
         let outgoing = peer.take_outgoing();
         let events = peer.take_events();
         let deadline = peer.next_deadline();
@@ -481,4 +511,52 @@ struct Delivery {
     from: usize,
     to: usize,
     packet: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a caller skipping from one event to the next relies on: nothing happens before
+    /// `next_event_at`, and a member not among the steps kept has heard nothing new.
+    #[test]
+    fn a_member_changes_only_at_the_steps_kept_and_nothing_happens_before_the_next_event() {
+        let keyring = Keyring::new(("sim", &[7; 32]), []).expect("a 32-byte key");
+        let mut sim = Simulation::warm(5, Timing::default(), NetworkModel::default(), keyring, 3);
+        sim.keep_steps();
+        let seen = |sim: &Simulation, m: usize| {
+            let peer = sim.peer(m).expect("running");
+            (peer.contact().last_heard(), peer.alive())
+        };
+        let mut before: Vec<_> = (0..5).map(|m| seen(&sim, m)).collect();
+        let mut stepped_in = 0;
+        for ms in 1..=2_000 {
+            if ms == 700 {
+                sim.kill(4);
+            }
+            let end = Duration::from_millis(ms);
+            let next = sim.next_event_at().expect("timers always run");
+            assert!(next > sim.now(), "an event in the past at {ms} ms");
+            sim.run_for(end - sim.now());
+            let steps = sim.take_steps();
+            assert!(
+                steps
+                    .iter()
+                    .all(|(_, at)| *at <= end && *at > end - Duration::from_millis(1))
+            );
+            if next > end {
+                assert!(steps.is_empty(), "a step before the next event, at {ms} ms");
+            }
+            stepped_in += usize::from(!steps.is_empty());
+            for (m, was) in before.iter_mut().enumerate().take(4) {
+                let now = seen(&sim, m);
+                if !steps.iter().any(|(s, _)| *s == m) {
+                    assert_eq!(now, *was, "member {m} changed without a step at {ms} ms");
+                }
+                *was = now;
+            }
+        }
+        assert!(stepped_in >= 10, "steps within {stepped_in} ms of 2,000");
+        assert!(before[0].1 < 4, "member 4 was seen die");
+    }
 }

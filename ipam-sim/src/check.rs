@@ -2,7 +2,7 @@
 
 use std::{fmt, time::Duration};
 
-/// What must hold after every step.
+/// What must hold at every step (checked wherever anything may have changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Invariant {
     /// Never two nodes answering one IP on the segment (two MACs for one IP).

@@ -7,15 +7,17 @@
 //! latency, loss, partitions, one-way cuts) deciding who is live and when a node's fence
 //! silences it, and the daemon's heartbeat and restart promise modelled on top (`node`). One
 //! seed gives one run: no threads, no clock read, every random draw from the seed. Faults and
-//! object changes are drawn from it (`scenario`); after every step of 1 ms the invariants are
-//! checked on what each node's responders answer (`check`), and a failing run is shrunk to the
-//! fewest events that still fail (`shrink`).
+//! object changes are drawn from it (`scenario`); time is counted in steps of 1 ms, and the
+//! world goes from one instant where something may happen to the next (`schedule`), where the
+//! invariants are checked on what each node's responders answer (`check`); a failing run is
+//! shrunk to the fewest events that still fail (`shrink`).
 //!
 //! See docs/simulation.md for what it models, what it checks, and what it found.
 
 pub mod check;
 pub mod node;
 pub mod scenario;
+pub mod schedule;
 pub mod shrink;
 pub mod store;
 pub mod world;

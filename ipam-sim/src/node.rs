@@ -16,7 +16,10 @@ use ipam_core::l2::{
 };
 use ipam_gossip::Latch;
 
-use crate::store::{Objects, WatchCursor};
+use crate::{
+    schedule::FenceChanges,
+    store::{Objects, WatchCursor},
+};
 
 /// The daemon's heartbeat as deployed (`deploy/base/config.yaml`).
 pub const HEARTBEAT: Duration = Duration::from_millis(100);
@@ -56,6 +59,8 @@ pub struct Agent {
     /// Members declared dead within the takeover hold, until when (the survivors' half of
     /// fencing, as the daemon's gossip task keeps it).
     pub held_dead: BTreeMap<usize, Duration>,
+    /// What may have changed the fence's verdict since it was last judged.
+    pub fence: FenceChanges,
 }
 
 impl Agent {
@@ -68,8 +73,13 @@ impl Agent {
         if self.decide_now {
             return true;
         }
-        let time_matters = self.decider.time_matters() || !self.held_dead.is_empty();
-        now >= self.next_tick && (self.changed || time_matters) && now >= self.rested_until
+        now >= self.next_tick && self.wants_a_tick() && now >= self.rested_until
+    }
+
+    /// Whether a tick decides, once rested: something changed, or time alone may change the
+    /// decision (a hand-over's wait, a restart's hold, an IP that lingers, a takeover hold).
+    pub fn wants_a_tick(&self) -> bool {
+        self.changed || self.decider.time_matters() || !self.held_dead.is_empty()
     }
 
     /// Starts a decision at `now` (`at` as an `Instant`) taking `took`: its plan is carried out

@@ -6,6 +6,8 @@ use std::{fmt, time::Duration};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use crate::schedule::Stepping;
+
 /// The size and length of the runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -14,9 +16,11 @@ pub struct Config {
     pub services: usize,
     /// Events per run.
     pub events: usize,
-    /// When the last event may happen; the run goes on for [`crate::SETTLE`] after the last
-    /// fault has ended.
+    /// When the last event may happen; the run goes on for [`crate::world::BOUND`] and more
+    /// after the last fault has ended.
     pub span: Duration,
+    /// How the run moves through time (the same run either way).
+    pub stepping: Stepping,
 }
 
 impl Config {
@@ -34,6 +38,7 @@ impl Config {
             services: (nodes * 2).clamp(6, 40),
             events: 12,
             span: Duration::from_secs(40),
+            stepping: Stepping::default(),
         }
     }
 }

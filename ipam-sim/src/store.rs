@@ -87,6 +87,15 @@ pub fn node_name(i: usize) -> String {
     format!("node-{i}")
 }
 
+/// The number of the node named `name` ([`node_name`]'s), if it is one.
+#[must_use]
+pub fn node_index(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("node-")?;
+    let canonical =
+        digits.bytes().all(|b| b.is_ascii_digit()) && (digits == "0" || !digits.starts_with('0'));
+    canonical.then(|| digits.parse().ok()).flatten()
+}
+
 /// The objects at the start: a record per node (zone `a` or `b`, one interface `eth0` on the
 /// shared segment), a policy for every node and one for zone `a` that selects the Services
 /// labelled `zone: a`, two pools (`shared` for every namespace, `tenant-1-only` for namespace
@@ -280,6 +289,13 @@ impl WatchCursor {
         self.next
     }
 
+    /// When it delivers its next write of `store`'s, if there is one it has not delivered.
+    #[must_use]
+    pub fn next_at(&self, store: &Store) -> Option<Duration> {
+        let (at, _) = store.log.get(self.next)?;
+        Some((*at + self.lag).max(self.stalled_until))
+    }
+
     /// The writes due at `now`, in order.
     pub fn due<'s>(
         &mut self,
@@ -299,5 +315,20 @@ impl WatchCursor {
             .iter()
             .enumerate()
             .map(move |(i, (_, c))| (start + i + 1, c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_name_gives_back_its_number_and_nothing_else_does() {
+        for i in [0, 7, 10, 999] {
+            assert_eq!(node_index(&node_name(i)), Some(i));
+        }
+        for other in ["node-", "node-07", "node-+7", "node-7a", "node7", "gateway"] {
+            assert_eq!(node_index(other), None, "{other}");
+        }
     }
 }

@@ -3,13 +3,15 @@
 //! ```text
 //! ipam-sim [--seeds N] [--first S] [--nodes K]     N seeds from S (default 100 from 1, 5 nodes)
 //! ipam-sim --seed S [--events 0,3,7] [--nodes K]  one seed, all its events or those listed
+//!   --no-shrink    a failing seed is printed with its replay command, not shrunk
+//!   --every-step   look at every step of 1 ms, every agent at each (slow; the same runs)
 //! ```
 //! A failing seed is shrunk to the fewest events that still fail and printed with the command
 //! that replays it; the exit status is 1. The last line holds the figures as `key=value`.
 
 use std::{collections::BTreeMap, process::ExitCode, time::Instant};
 
-use ipam_sim::{Outcome, run_events, run_seed, scenario, shrink::shrink};
+use ipam_sim::{Outcome, run_events, run_seed, scenario, schedule::Stepping, shrink::shrink};
 
 struct Args {
     first: u64,
@@ -17,6 +19,8 @@ struct Args {
     nodes: usize,
     one: Option<u64>,
     events: Option<Vec<usize>>,
+    shrink: bool,
+    stepping: Stepping,
 }
 
 fn parse() -> Result<Args, String> {
@@ -26,6 +30,8 @@ fn parse() -> Result<Args, String> {
         nodes: 5,
         one: None,
         events: None,
+        shrink: true,
+        stepping: Stepping::default(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -47,6 +53,8 @@ fn parse() -> Result<Args, String> {
                     list.split(',').map(str::parse::<usize>).collect();
                 args.events = Some(parsed.map_err(|e| format!("--events {list}: {e}"))?);
             }
+            "--no-shrink" => args.shrink = false,
+            "--every-step" => args.stepping = Stepping::EveryStep,
             other => return Err(format!("unknown argument {other}; see the file's comment")),
         }
     }
@@ -61,7 +69,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = scenario::Config::with_nodes(args.nodes);
+    let config = scenario::Config {
+        stepping: args.stepping,
+        ..scenario::Config::with_nodes(args.nodes)
+    };
     if let Some(seed) = args.one {
         let all = scenario::events(&config, seed);
         let chosen: Vec<_> = match &args.events {
@@ -78,6 +89,7 @@ fn main() -> ExitCode {
     let mut events: BTreeMap<&str, u64> = BTreeMap::new();
     let mut checks: BTreeMap<&str, u64> = BTreeMap::new();
     let (mut steps, mut decisions, mut failed) = (0u64, 0u64, 0u64);
+    let mut simulated = std::time::Duration::ZERO;
     for seed in args.first..args.first + args.seeds {
         let outcome = run_seed(&config, seed);
         for (k, v) in &outcome.exercised.events {
@@ -87,8 +99,16 @@ fn main() -> ExitCode {
             *checks.entry(k).or_default() += v;
         }
         steps += outcome.exercised.steps;
+        simulated += outcome.exercised.simulated;
         decisions += outcome.exercised.decisions;
-        if outcome.violation.is_some() {
+        if let Some(violation) = outcome.violation.as_ref().filter(|_| !args.shrink) {
+            failed += 1;
+            print!("seed {seed} fails (not shrunk): {violation}");
+            println!(
+                "replay: cargo xtask sim --nodes {} --seed {seed}",
+                args.nodes
+            );
+        } else if outcome.violation.is_some() {
             failed += 1;
             let (kept, shrunk) = shrink(&config, seed, &outcome);
             let all = scenario::events(&config, seed);
@@ -121,10 +141,12 @@ fn main() -> ExitCode {
         println!("  {k}: {v}");
     }
     println!(
-        "nodes={} seeds={} failed={failed} seeds_per_s={:.2} steps_checked={steps} decisions={decisions}",
+        "nodes={} seeds={} failed={failed} seeds_per_s={:.2} steps_checked={steps} \
+         simulated_s={:.0} decisions={decisions}",
         args.nodes,
         args.seeds,
-        args.seeds as f64 / secs
+        args.seeds as f64 / secs,
+        simulated.as_secs_f64()
     );
     if failed > 0 {
         ExitCode::from(1)
@@ -141,8 +163,11 @@ fn report_one(outcome: &Outcome) -> ExitCode {
         }
         None => {
             println!(
-                "passed: steps_checked={} decisions={}",
-                outcome.exercised.steps, outcome.exercised.decisions
+                "passed: steps_checked={} simulated_s={:.3} decisions={} happenings={:016x}",
+                outcome.exercised.steps,
+                outcome.exercised.simulated.as_secs_f64(),
+                outcome.exercised.decisions,
+                outcome.exercised.happenings
             );
             ExitCode::SUCCESS
         }

@@ -1,8 +1,14 @@
 //! The modelled cluster and its clock: nodes, the store, the gossip (`ipam_gossip::sim`, the
-//! protocol code the daemon runs over a modelled network), and the events of a run. Time moves
-//! in steps of [`STEP`]; within a step the gossip runs on its own clock to the step's end, then
-//! every node's agent takes its watch deliveries, judges its fence, beats, and decides when its
-//! pace says so; after every step the invariants are checked on what the datapaths answer.
+//! protocol code the daemon runs over a modelled network), and the events of a run. Time is
+//! counted in steps of [`STEP`], and the world goes from one instant where something may happen
+//! to the next (`schedule`): the gossip runs on its own clock to that instant, the events and
+//! the things due then happen, every agent with something to do takes its watch deliveries,
+//! judges its fence, beats, and decides when its pace says so (`agents`), the operator runs
+//! (`operator`), and the invariants are checked on what the datapaths answer (`invariants`).
+
+mod agents;
+mod invariants;
+mod operator;
 
 use std::{
     cmp::Reverse,
@@ -12,29 +18,23 @@ use std::{
 };
 
 use ipam_core::{
-    l2::{owners::Decider, pacing::DECISION, restarts::CLOCK_SKEW},
-    lb::{
-        announce::{NodeView, owners},
-        rows,
-    },
+    l2::{owners::Decider, restarts::CLOCK_SKEW},
     resources::RestartNotice,
 };
 use ipam_gossip::{
-    Event as GossipEvent, Keyring, Latch, Timing,
+    Keyring, Latch, Timing,
     sim::{NetworkModel, Simulation, address},
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::{
-    check::{Invariant, Violation},
-    node::{Agent, Datapath, HEARTBEAT, LIVENESS_TIMEOUT, Node},
+    check::Violation,
+    node::{Agent, Datapath, LIVENESS_TIMEOUT, Node},
     scenario::{Config, Event, Timed},
+    schedule::{FenceChanges, STEP, Stepping, round_up, step_at_or_after},
     store::{self, Change, Store, WatchCursor, node_name},
 };
 
-/// The model's step: every change of what a node answers happens on a step, so checking after
-/// each step sees every instant two nodes answer one IP.
-pub const STEP: Duration = Duration::from_millis(1);
 /// How soon after the last disturbance (a fault's end, a restart promise's legitimate end)
 /// every IP with an eligible node must be answered by its owner alone.
 pub const BOUND: Duration = Duration::from_secs(6);
@@ -42,29 +42,6 @@ pub const BOUND: Duration = Duration::from_secs(6);
 const EPOCH_MS: u64 = 1_800_000_000_000;
 /// How many happenings the trace keeps before a failure.
 const TRACE: usize = 60;
-
-/// How long the operators' lease lasts without a renewal: the leader renews it while its
-/// agent runs and reaches the store; another node takes it once it lapsed.
-const OPERATOR_LEASE: Duration = Duration::from_secs(3);
-/// How often the leading operator runs LB-IPAM when its inputs changed.
-const OPERATOR_PASS: Duration = Duration::from_millis(200);
-/// How long a pass waits for the operator's copy to show its own last writes before it
-/// reads the store itself (`cluster/watched_reads.rs`, `CATCH_UP`).
-const CATCH_UP: Duration = Duration::from_secs(5);
-
-/// The leading operator's LB-IPAM (`ipam_core::lb::assign`), run on the leader's copy of the
-/// store with read-your-writes, its status writes conditional on the revision read.
-#[derive(Debug, Default)]
-struct Operator {
-    leader: Option<usize>,
-    lease_until: Duration,
-    next_pass: Duration,
-    /// The store revision of its last write, and when it was made: the next pass waits for
-    /// the copy to show it (or [`CATCH_UP`]).
-    last_write: Option<(usize, Duration)>,
-    /// The copy's revision at the last pass: a pass with nothing new is skipped.
-    decided_at: Option<usize>,
-}
 
 /// Something the world does at a set time on its own (the ends of events).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -115,19 +92,33 @@ pub struct Exercised {
     pub events: BTreeMap<&'static str, u64>,
     /// Invariant checks made, by invariant.
     pub checks: BTreeMap<&'static str, u64>,
+    /// The instants the world was looked at and checked (with [`Stepping::EveryStep`], every
+    /// step).
     pub steps: u64,
+    /// How long the run lasted, in the model's time.
+    pub simulated: Duration,
     pub decisions: u64,
+    /// A hash of every happening noted, in order (the trace keeps the last few): two runs
+    /// that differ in anything they noted differ here.
+    pub happenings: u64,
 }
 
 pub struct World {
     now: Duration,
+    stepping: Stepping,
     base: Instant,
     rng: StdRng,
     gossip: Simulation,
     by_addr: HashMap<SocketAddr, usize>,
     reports_seen: usize,
     nodes: Vec<Node>,
+    /// When each node's agent must be looked at next, with nothing changing it from outside.
+    wakes: Vec<Duration>,
     store: Store,
+    /// The store's revision when every watch's next delivery was last taken into `wakes`.
+    store_followed: usize,
+    /// The store's revision when the Services' addresses were last checked.
+    addresses_checked: Option<usize>,
     events: VecDeque<Timed>,
     due: BinaryHeap<Reverse<(Duration, u64, Due)>>,
     sequence: u64,
@@ -137,7 +128,7 @@ pub struct World {
     settled_at: Duration,
     end: Duration,
     trace: VecDeque<String>,
-    operator: Operator,
+    operator: operator::Operator,
     pub exercised: Exercised,
 }
 
@@ -147,13 +138,14 @@ impl World {
         let mut rng = StdRng::seed_from_u64(seed);
         let objects = store::initial(config.nodes, config.services, &mut rng);
         let keyring = Keyring::new(("sim", &[7; 32]), []).expect("a 32-byte key");
-        let gossip = Simulation::warm(
+        let mut gossip = Simulation::warm(
             config.nodes,
             Timing::default(),
             NetworkModel::default(),
             keyring,
             seed,
         );
+        gossip.keep_steps();
         let by_addr = (0..config.nodes).map(|i| (address(i), i)).collect();
         let store = Store::new(objects);
         let base = Instant::now();
@@ -173,13 +165,17 @@ impl World {
         }
         let mut world = Self {
             now: Duration::ZERO,
+            stepping: config.stepping,
             base,
             rng,
             gossip,
             by_addr,
             reports_seen: 0,
             nodes,
+            wakes: vec![Duration::MAX; config.nodes],
             store,
+            store_followed: 0,
+            addresses_checked: None,
             events: events.iter().cloned().collect(),
             due: BinaryHeap::new(),
             sequence: 0,
@@ -188,8 +184,11 @@ impl World {
             settled_at: BOUND,
             end: Duration::ZERO,
             trace: VecDeque::new(),
-            operator: Operator::default(),
-            exercised: Exercised::default(),
+            operator: operator::Operator::default(),
+            exercised: Exercised {
+                happenings: 0xcbf2_9ce4_8422_2325,
+                ..Exercised::default()
+            },
         };
         for i in 0..config.nodes {
             world.start_agent(i, false);
@@ -203,15 +202,44 @@ impl World {
     /// Runs to the end, or to the first broken invariant.
     pub fn run(&mut self) -> Result<(), Violation> {
         while self.now < self.end {
-            self.step()?;
+            let next = self.next_instant().min(self.end);
+            self.instant(next)?;
         }
         Ok(())
     }
 
-    fn step(&mut self) -> Result<(), Violation> {
-        self.now += STEP;
+    /// The next instant at which anything may happen: a packet or a member's timer in the
+    /// gossip, an event, something due, an agent or the operator with something to do, a
+    /// check of every IP's owner. Every step between changes nothing (but the responders
+    /// whose deadline passes, which only silences them).
+    fn next_instant(&self) -> Duration {
+        let after = self.now + STEP;
+        if self.stepping == Stepping::EveryStep {
+            return after;
+        }
+        let answered_check = round_up(self.settled_at.max(after), invariants::ANSWERED_EVERY);
+        [
+            self.gossip.next_event_at().map(step_at_or_after),
+            self.events.front().map(|e| step_at_or_after(e.at)),
+            self.due
+                .peek()
+                .map(|Reverse((at, _, _))| step_at_or_after(*at)),
+            self.wakes.iter().min().copied(),
+            self.operator.next_instant(self.now),
+            Some(answered_check),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(after, |next| next.max(after))
+    }
+
+    /// The world at `now`, after nothing happened since the last instant, and its check.
+    fn instant(&mut self, now: Duration) -> Result<(), Violation> {
+        self.gossip.run_for(now - self.now);
+        self.now = now;
         self.exercised.steps += 1;
-        self.gossip.run_for(STEP);
+        self.exercised.simulated = now;
         while self.events.front().is_some_and(|e| e.at <= self.now) {
             let timed = self.events.pop_front().expect("peeked");
             self.apply(timed);
@@ -225,89 +253,15 @@ impl World {
             self.carry_out(due);
         }
         self.follow_gossip_reports();
+        self.follow_gossip_steps();
         for i in 0..self.nodes.len() {
-            self.run_agent(i);
+            if self.stepping == Stepping::EveryStep || self.wakes[i] <= now {
+                self.run_agent(i);
+            }
         }
         self.run_operator();
+        self.follow_store();
         self.check()
-    }
-
-    /// The operators' election and the leader's LB-IPAM pass.
-    fn run_operator(&mut self) {
-        let now = self.now;
-        let reaches_store = |n: &Node| n.powered && n.nic_up && n.agent.is_some();
-        match self.operator.leader {
-            Some(l) if reaches_store(&self.nodes[l]) => {
-                self.operator.lease_until = now + OPERATOR_LEASE;
-            }
-            _ if now < self.operator.lease_until => return,
-            _ => {
-                let Some(next) = (0..self.nodes.len()).find(|i| reaches_store(&self.nodes[*i]))
-                else {
-                    return;
-                };
-                self.operator = Operator {
-                    leader: Some(next),
-                    lease_until: now + OPERATOR_LEASE,
-                    next_pass: now,
-                    ..Operator::default()
-                };
-                self.note(format!("node-{next}'s operator leads"));
-            }
-        }
-        let Some(l) = self.operator.leader else {
-            return;
-        };
-        if now < self.operator.next_pass {
-            return;
-        }
-        self.operator.next_pass = now + OPERATOR_PASS;
-        let Some(agent) = self.nodes[l].agent.as_ref() else {
-            return;
-        };
-        // Read your writes: a copy that has not shown the last write yet, or a stale one, is
-        // left for the store itself once CATCH_UP has passed (or at once when stale).
-        let shown = agent.watch.delivered();
-        let stale = now < agent.watch.stalled_until;
-        let behind = self
-            .operator
-            .last_write
-            .is_some_and(|(revision, _)| shown < revision);
-        let objects = if stale
-            || self
-                .operator
-                .last_write
-                .is_some_and(|(_, at)| behind && now >= at + CATCH_UP)
-        {
-            self.store.now.clone()
-        } else if behind {
-            return;
-        } else {
-            agent.copy.clone()
-        };
-        let read_at = if stale || behind {
-            self.store.revision()
-        } else {
-            shown
-        };
-        if self.operator.decided_at == Some(read_at) {
-            return;
-        }
-        self.operator.decided_at = Some(read_at);
-        let assigned = ipam_core::lb::assign::assign(&objects.pools, &objects.services);
-        for (name, spec, status) in &objects.services {
-            let Some(new) = assigned.services.get(name).filter(|new| *new != status) else {
-                continue;
-            };
-            let Some(revision) = objects.service_revisions.get(name).copied() else {
-                continue;
-            };
-            let row = (name.clone(), spec.clone(), new.clone());
-            if self.store.write_status(now, row, revision) {
-                self.operator.last_write = Some((self.store.revision(), now));
-                self.note(format!("operator: {name} gets {:?}", new.ingress));
-            }
-        }
     }
 
     fn at(&self, d: Duration) -> Instant {
@@ -329,8 +283,13 @@ impl World {
         if self.trace.len() == TRACE {
             self.trace.pop_front();
         }
-        self.trace
-            .push_back(format!("t={:>7.3}s {what}", self.now.as_secs_f64()));
+        let line = format!("t={:>7.3}s {what}", self.now.as_secs_f64());
+        // FNV-1a, fixed here so that the hash means the same in every build.
+        for byte in line.bytes().chain([b'\n']) {
+            self.exercised.happenings ^= u64::from(byte);
+            self.exercised.happenings = self.exercised.happenings.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.trace.push_back(line);
     }
 
     /// The run's end moves past `end` + [`BOUND`], and the settled point too.
@@ -443,6 +402,7 @@ impl World {
         let until = self.now + lasting;
         if let Some(agent) = self.nodes[node].agent.as_mut() {
             agent.watch.stalled_until = agent.watch.stalled_until.max(until);
+            self.wake(node);
         }
     }
 
@@ -479,6 +439,7 @@ impl World {
         }
         // The owners controller stops deciding (one under way is waited for), then the list
         // is read.
+        self.wake(node);
         let agent = self.nodes[node].agent.as_mut().expect("checked above");
         agent.frozen = true;
         if let Some((_, plan)) = agent.deciding.take()
@@ -709,248 +670,8 @@ impl World {
             deciding: None,
             frozen: false,
             held_dead: BTreeMap::new(),
+            fence: FenceChanges::started(self.now),
         });
-    }
-
-    /// Passes the gossip's news to each agent: a member declared dead is held for the
-    /// takeover hold; any change of the membership is decided at once.
-    fn follow_gossip_reports(&mut self) {
-        let hold = Timing::default().takeover_hold;
-        let reports = &self.gossip.reports()[self.reports_seen..];
-        self.reports_seen += reports.len();
-        for report in reports {
-            let Some(agent) = self.nodes[report.member].agent.as_mut() else {
-                continue;
-            };
-            match report.event {
-                GossipEvent::Down(id) => {
-                    if let Some(m) = self.by_addr.get(&id.addr) {
-                        agent.held_dead.insert(*m, report.at + hold);
-                    }
-                    agent.decide_now = true;
-                }
-                GossipEvent::Up(id) | GossipEvent::Renamed { after: id, .. } => {
-                    if let Some(m) = self.by_addr.get(&id.addr) {
-                        agent.held_dead.remove(m);
-                    }
-                    agent.decide_now = true;
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// One step of node `i`'s agent.
-    fn run_agent(&mut self, i: usize) {
-        let now = self.now;
-        let Some(mut agent) = self.nodes[i].agent.take() else {
-            return;
-        };
-        // The watch; a failing one relists when it works again (a change, as the daemon's
-        // shared watch tells its subscribers).
-        if agent.watch.stalled_until > Duration::ZERO && now == agent.watch.stalled_until {
-            agent.changed = true;
-        }
-        let mut records_changed = false;
-        for (revision, change) in agent.watch.due(&self.store, now) {
-            agent.copy.apply(change, revision);
-            agent.changed = true;
-            records_changed |= matches!(change, Change::Record(..));
-        }
-        if records_changed {
-            agent
-                .decider
-                .records_changed(&agent.copy.records, self.at(now));
-        }
-        // Takeover holds that ended change who is live.
-        let before = agent.held_dead.len();
-        agent.held_dead.retain(|_, until| now < *until);
-        if agent.held_dead.len() != before {
-            agent.decide_now = true;
-        }
-        // The fence and the heartbeat.
-        if now.as_millis().is_multiple_of(5) || agent.latch.is_open() {
-            let was_open = agent.latch.is_open();
-            let verdict = self.gossip.fence_verdict(i);
-            let open = agent.latch.take(now, &verdict);
-            if open && !was_open {
-                self.note(format!("node-{i}'s fence opened"));
-            }
-            if open && !agent.opened_once {
-                agent.opened_once = true;
-                if agent.clears_notice {
-                    agent.clears_notice = false;
-                    let latency = self.write_latency();
-                    self.schedule(latency, Due::NoticeCleared { node: i });
-                }
-            }
-            if was_open && !open {
-                self.nodes[i].datapath.deadline = self.nodes[i].datapath.deadline.min(now);
-                self.note(format!("node-{i}'s fence closed: silenced"));
-            }
-        }
-        if now >= agent.next_beat {
-            agent.next_beat = now + HEARTBEAT;
-            if agent.latch.is_open() {
-                self.nodes[i].datapath.deadline = now + LIVENESS_TIMEOUT;
-            }
-        }
-        // A decision that ends now is carried out.
-        if agent
-            .deciding
-            .as_ref()
-            .is_some_and(|(ends, _)| *ends <= now)
-        {
-            let (_, plan) = agent.deciding.take().expect("checked");
-            if let Some(owned) = plan.owned {
-                let answering: BTreeSet<IpAddr> = owned.keys().copied().collect();
-                if answering == self.nodes[i].datapath.answering {
-                    self.note(format!("node-{i} decided: answers the same"));
-                } else {
-                    self.note(format!("node-{i} answers {answering:?}"));
-                }
-                self.nodes[i].datapath.answering = answering;
-            }
-        }
-        // A decision due now starts.
-        let knows_others = self
-            .gossip
-            .peer(i)
-            .is_some_and(|p| p.active().next().is_some());
-        if agent.due(now)
-            && !agent
-                .decider
-                .waits(agent.opened_once, knows_others, self.at(now))
-        {
-            let took = self.decision_length();
-            let live = self.live_for(i, &agent);
-            let at = self.at(now);
-            agent.decide(now, at, took, &mut |node| live.contains(node));
-            self.exercised.decisions += 1;
-        }
-        agent.tick_passed(now);
-        self.nodes[i].agent = Some(agent);
-    }
-
-    fn decision_length(&mut self) -> Duration {
-        if self.rng.random_bool(0.1) {
-            Duration::from_millis(self.rng.random_range(5..=DECISION.as_millis() as u64))
-        } else {
-            Duration::from_millis(self.rng.random_range(0..=4))
-        }
-    }
-
-    /// Who node `i` counts live: itself, the members its gossip holds active, and those
-    /// declared dead within the takeover hold.
-    fn live_for(&self, i: usize, agent: &Agent) -> BTreeSet<String> {
-        let mut live = BTreeSet::from([node_name(i)]);
-        if let Some(peer) = self.gossip.peer(i) {
-            for id in peer.active() {
-                if let Some(m) = self.by_addr.get(&id.addr) {
-                    live.insert(node_name(*m));
-                }
-            }
-        }
-        live.extend(agent.held_dead.keys().map(|m| node_name(*m)));
-        live
-    }
-
-    /// The invariants on what the datapaths answer now.
-    fn check(&mut self) -> Result<(), Violation> {
-        let now = self.now;
-        *self
-            .exercised
-            .checks
-            .entry(Invariant::OneAnswer.name())
-            .or_default() += 1;
-        let mut answered: BTreeMap<IpAddr, usize> = BTreeMap::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if !n.answers(now) {
-                continue;
-            }
-            for ip in &n.datapath.answering {
-                if let Some(other) = answered.insert(*ip, i) {
-                    return Err(self.violation(
-                        Invariant::OneAnswer,
-                        format!("{ip} answered by node-{other} and node-{i}"),
-                    ));
-                }
-            }
-        }
-        if now.as_millis().is_multiple_of(10) {
-            *self
-                .exercised
-                .checks
-                .entry(Invariant::AddressOnce.name())
-                .or_default() += 1;
-            *self
-                .exercised
-                .checks
-                .entry(Invariant::TenantPool.name())
-                .or_default() += 1;
-            if let Some((invariant, what)) = crate::check::addresses(&self.store.now) {
-                return Err(self.violation(invariant, what));
-            }
-        }
-        if now >= self.settled_at && now.as_millis().is_multiple_of(100) {
-            *self
-                .exercised
-                .checks
-                .entry(Invariant::Answered.name())
-                .or_default() += 1;
-            let expected = self.expected_owners();
-            for (ip, owner) in &expected {
-                if answered.get(ip) != Some(owner) {
-                    let by = answered
-                        .get(ip)
-                        .map_or("nobody".to_owned(), |n| format!("node-{n}"));
-                    return Err(self.violation(
-                        Invariant::Answered,
-                        format!(
-                            "{ip} answered by {by}, {:.1} s after the last disturbance; its \
-                             owner among the eligible nodes is node-{owner}",
-                            (now - self.settled_at + BOUND).as_secs_f64()
-                        ),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Every IP's owner among the nodes that may answer now (powered, NIC up, an agent whose
-    /// fence is open), from the store as it is: what every agent converges to.
-    fn expected_owners(&self) -> BTreeMap<IpAddr, usize> {
-        let eligible: Vec<NodeView> = self
-            .nodes
-            .iter()
-            .filter(|n| {
-                n.powered && n.nic_up && n.agent.as_ref().is_some_and(|a| a.latch.is_open())
-            })
-            .map(|n| rows::node_named(&n.name, &self.store.now.records[&n.name]))
-            .collect();
-        let objects = &self.store.now;
-        owners(
-            &objects.policies,
-            &[],
-            &objects.services,
-            &objects.ready,
-            &eligible,
-        )
-        .into_iter()
-        .filter_map(|a| {
-            let node = a.node.strip_prefix("node-")?.parse().ok()?;
-            Some((a.ip, node))
-        })
-        .collect()
-    }
-
-    fn violation(&self, invariant: Invariant, what: String) -> Violation {
-        Violation {
-            invariant,
-            at: self.now,
-            what,
-            trace: self.trace.iter().cloned().collect(),
-        }
+        self.wake(node);
     }
 }

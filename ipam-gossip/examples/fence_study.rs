@@ -156,6 +156,7 @@ fn rule(verdict: &Result<(), Silenced>) -> &'static str {
         Err(Silenced::ProbesUnanswered { .. }) => "probes unanswered",
         Err(Silenced::DeclaredDead) => "declared dead",
         Err(Silenced::Minority { .. }) => "minority",
+        Err(Silenced::CountedOut) => "counted out",
     }
 }
 

@@ -234,6 +234,14 @@ pub enum Silenced {
          a majority"
     )]
     Minority { alive: usize, members: usize },
+    /// Judged by the daemon, not by [`Fence::judge`]: this node's own record still says its
+    /// agent left, so the others reckon their majority without it, and a majority of theirs
+    /// need not include it.
+    #[error(
+        "this node's record still says its agent left (the others do not count it yet): \
+         silent until the note is cleared"
+    )]
+    CountedOut,
 }
 
 impl Fence {

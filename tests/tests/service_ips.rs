@@ -1981,6 +1981,7 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     );
     std::thread::sleep(ipam_daemon::l2::owners::LINGER);
     let traffic = traffic_to(&client, &ips);
+    let minority_before = minority_closings(&c.nodes[last]);
     std::thread::sleep(Duration::from_millis(500));
     stop_as(&mut c, at, "a leave");
     stop_as(&mut c, leaving, "a leave");
@@ -1997,15 +1998,17 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
     // majority without them and never fell silent. Counted as members, they left it a minority
     // of one until the operator released their leases (about 7 s here), and a client whose
     // neighbour entry aged meanwhile lost requests (1 run in 6).
-    let minority_closings = c.nodes[last]
-        .metrics(METRICS_PORT)
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("ipam_gossip_fence_closings_total{reason=\"minority\"}"))
-        .map(str::to_owned);
+    let records = c.records();
+    for i in [at, leaving] {
+        let name = &c.nodes[i].name;
+        assert!(
+            records[name].value.spec.left.is_some(),
+            "{name} left without noting it in its record"
+        );
+    }
     assert_eq!(
-        minority_closings,
-        None,
+        minority_closings(&c.nodes[last]),
+        minority_before,
         "the last node fell silent as a minority after two nodes left\n{}",
         c.nodes[last].log()
     );
@@ -2030,6 +2033,16 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         c.records()[&last_name].value.spec.restarting.is_some(),
         "{last_name} stopped for a restart"
     );
+}
+
+/// How often `node`'s gossip fence closed because it saw no majority (the drain test's
+/// agents serve their metrics on 9965).
+fn minority_closings(node: &ipam_tests::cluster::ClusterNode) -> usize {
+    let text = node.metrics(9965).expect("the agent's metrics");
+    text.lines()
+        .find(|l| l.starts_with("ipam_gossip_fence_closings_total{reason=\"minority\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |n| n as usize)
 }
 
 /// No request to an IP failed but the connections in flight at one of its moves, at most one

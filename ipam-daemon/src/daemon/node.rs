@@ -174,6 +174,9 @@ struct NodeControllers {
     owned: Option<watch::Receiver<OwnedIps>>,
     /// Stops the owners controller's decisions before that list is read.
     owners_frozen: Option<Arc<Mutex<bool>>>,
+    /// Clears a leave note in this node's record (`liveness::leave::clear_own`); stopped before
+    /// a leave writes one.
+    leave_clearing: Option<JoinHandle<()>>,
 }
 
 /// What the Service IP controllers start from and share with the responder.
@@ -192,6 +195,7 @@ struct ClusterSide {
     owned: Option<watch::Receiver<OwnedIps>>,
     /// Stops the owners controller's decisions (`l2::owners::Inputs::frozen`).
     owners_frozen: Option<Arc<Mutex<bool>>>,
+    leave_clearing: Option<JoinHandle<()>>,
 }
 
 impl NodeControllers {
@@ -253,6 +257,7 @@ impl NodeControllers {
         local_addresses.expected_all();
         let owned = cluster.owned.clone();
         let owners_frozen = cluster.owners_frozen.clone();
+        let leave_clearing = cluster.leave_clearing;
         tokio::spawn(l2::configured::run(
             configured_rx,
             cluster.owned,
@@ -283,6 +288,7 @@ impl NodeControllers {
             store,
             owned,
             owners_frozen,
+            leave_clearing,
         })
     }
 
@@ -314,16 +320,31 @@ impl NodeControllers {
             // Leaving makes the others take the IPs over at once: this node must be silent
             // first.
             (Some(gossip), false) => {
-                if let Err(e) = datapath.lock().expect("datapath lock").silence() {
-                    tracing::error!(
+                // The heartbeat first: a beat after the silence would have the responders
+                // answer for another `liveness_timeout` while the others take over.
+                // (A failed restart promise stopped it already: a finished task is not
+                // awaited twice.)
+                if !self.heartbeat.is_finished() {
+                    self.heartbeat.abort();
+                    let _ = (&mut self.heartbeat).await;
+                }
+                let silenced = datapath.lock().expect("datapath lock").silence();
+                match silenced {
+                    // Silent now: the others may reckon their majority without this node.
+                    Ok(()) => {
+                        if let Some(clearing) = self.leave_clearing.take() {
+                            clearing.abort();
+                            let _ = clearing.await;
+                        }
+                        if let Some(store) = &self.store {
+                            liveness::leave::note(store, &config.node.name).await;
+                        }
+                    }
+                    Err(e) => tracing::error!(
                         "cannot silence the responders before leaving the gossip; they answer \
                          for up to {} ms more: {e}",
                         config.datapath.liveness_timeout_ms
-                    );
-                }
-                // Silent now: the others may reckon their majority without this node.
-                if let Some(store) = &self.store {
-                    liveness::leave::note(store, &config.node.name).await;
+                    ),
                 }
                 gossip.leave().await;
                 tracing::info!("stopping; responders silent, the other nodes answer for its IPs");
@@ -596,6 +617,7 @@ impl ClusterSide {
             fence: None,
             owned: None,
             owners_frozen: None,
+            leave_clearing: None,
         }
     }
 }
@@ -782,6 +804,13 @@ fn start_cluster_side(
         config.node.name.clone(),
         Some(fence.clone()),
     ));
+    // A leave note from the agent before keeps this one's fence closed until it is gone.
+    let leave_clearing = gossip.is_some().then(|| {
+        tokio::spawn(liveness::leave::clear_own(
+            store.clone(),
+            config.node.name.clone(),
+        ))
+    });
     local_addresses.expect(Holder::L2);
     let (owned_tx, owned) = watch::channel(inherited.clone());
     let owners_frozen = Arc::new(Mutex::new(false));
@@ -807,6 +836,7 @@ fn start_cluster_side(
         fence: Some(fence),
         owned: Some(owned),
         owners_frozen: Some(owners_frozen),
+        leave_clearing,
     }
 }
 

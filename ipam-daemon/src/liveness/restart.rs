@@ -326,8 +326,7 @@ async fn write_notice(
 /// peers): a restart notice left in the node's record (by the agent before, whether or not this
 /// one found its promise) is over, since this agent runs and the others hear it. They drop
 /// their hold once this node is live in their view too. Until then the notice holds this node
-/// live in this agent's own view as well, as it promised. A leave notice (`liveness::leave`)
-/// ends with it: from then on the others count this node in their majority again.
+/// live in this agent's own view as well, as it promised.
 pub async fn clear_notice_once_live(store: ClusterStore, node: String, fence: Option<Fence>) {
     if let Some(mut fence) = fence {
         fence.opened().await;
@@ -343,19 +342,12 @@ async fn clear_notice(store: &ClusterStore, node: &str) {
     let mut said = false;
     loop {
         match try_clear_notice(store, node).await {
-            Ok(Some(Ended { restart, leave })) => {
-                if restart {
+            Ok(Some(ended)) => {
+                if ended {
                     tracing::info!(
                         node,
                         "node {node}'s restart notice ended: the others hear this agent, which \
                          answers for the node's Service IPs"
-                    );
-                }
-                if leave {
-                    tracing::info!(
-                        node,
-                        "node {node}'s leave notice ended: the others count it in their \
-                         majority again"
                     );
                 }
                 return;
@@ -375,36 +367,22 @@ async fn clear_notice(store: &ClusterStore, node: &str) {
     }
 }
 
-/// Which of a record's stop notices one attempt ended.
-#[derive(Debug, Clone, Copy, Default)]
-struct Ended {
-    restart: bool,
-    leave: bool,
-}
-
-/// One attempt: which notices were there and ended (the restart notice, and the leave notice
-/// of `liveness::leave`, ended for the same reason: this agent runs and the others hear it),
-/// `None` when the record changed meanwhile (try again). Against the revision read, so a notice
-/// write still under way (cut short at this end) either lands before and is ended, or finds the
-/// record changed.
-async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<Option<Ended>, StoreError> {
+/// One attempt: whether a notice was there and ended, `None` when the record changed
+/// meanwhile (try again). Against the revision read, so a notice write still under way (cut
+/// short at this end) either lands before and is ended, or finds the record changed.
+async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<Option<bool>, StoreError> {
     let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
-        return Ok(Some(Ended::default()));
+        return Ok(Some(false));
     };
-    let ended = Ended {
-        restart: record.value.spec.restarting.is_some(),
-        leave: record.value.spec.left.is_some(),
-    };
-    if !ended.restart && !ended.leave {
-        return Ok(Some(ended));
+    if record.value.spec.restarting.is_none() {
+        return Ok(Some(false));
     }
     let mut updated = record.value;
     updated.spec.restarting = None;
-    updated.spec.left = None;
-    let written = store
+    let ended = store
         .update_unless_changed(node, &updated, &record.revision)
         .await?;
-    Ok(written.then_some(ended))
+    Ok(ended.then_some(true))
 }
 
 #[cfg(test)]

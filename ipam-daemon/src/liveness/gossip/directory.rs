@@ -20,6 +20,10 @@ pub(super) struct Directory {
     /// The other nodes a majority is reckoned from (kept with the records: the fence asks
     /// after every packet, the records change rarely).
     counted: BTreeSet<String>,
+    /// The other nodes whose records say their agent left (`liveness::leave`): counted only
+    /// while their gossip member is alive all the same (a note that is stale, or written by
+    /// someone else, takes no live node out of the count).
+    left: BTreeSet<String>,
 }
 
 impl Directory {
@@ -30,6 +34,7 @@ impl Directory {
             records,
             by_ip: HashMap::new(),
             counted: BTreeSet::new(),
+            left: BTreeSet::new(),
         };
         directory.index();
         directory
@@ -56,17 +61,23 @@ impl Directory {
                     .map(move |ip| (*ip, r.name.clone()))
             })
             .collect();
-        self.counted = self
+        let (left, counted): (Vec<_>, Vec<_>) = self
             .records
             .iter()
             .filter(|r| {
-                r.name != self.me
-                    && !r.value.spec.addresses.is_empty()
-                    && !r.value.lease_lapsed()
-                    && r.value.spec.left.is_none()
+                r.name != self.me && !r.value.spec.addresses.is_empty() && !r.value.lease_lapsed()
             })
-            .map(|r| r.name.clone())
-            .collect();
+            .partition(|r| r.value.spec.left.is_some());
+        self.counted = counted.into_iter().map(|r| r.name.clone()).collect();
+        self.left = left.into_iter().map(|r| r.name.clone()).collect();
+    }
+
+    /// Whether this node's own record says its agent left (`liveness::leave`): the others do
+    /// not count it in their majority until its agent clears the note.
+    pub(super) fn counted_out(&self) -> bool {
+        self.records
+            .get(&self.me)
+            .is_some_and(|r| r.value.spec.left.is_some())
     }
 
     /// This node's own gossip address, by its record: its first address.
@@ -107,18 +118,15 @@ impl Directory {
 
     /// The cluster as the fence reckons a majority from it: every node with a record that lists
     /// an address (less those the operator released for a lapsed lease, and those whose agent
-    /// left, `liveness::leave`), this one included;
+    /// left, `liveness::leave`, unless their member is alive all the same), this one included;
     /// and of those, the ones among `alive` (members held alive and unsuspected), plus this one.
     pub(super) fn view(&self, alive: impl IntoIterator<Item = SocketAddr>) -> View {
-        let alive = alive
-            .into_iter()
-            .filter_map(|a| self.node_at(a))
-            .filter(|n| self.counted.contains(*n))
-            .collect::<BTreeSet<_>>()
-            .len();
+        let alive: BTreeSet<&str> = alive.into_iter().filter_map(|a| self.node_at(a)).collect();
+        let left_but_alive = alive.iter().filter(|n| self.left.contains(**n)).count();
+        let counted_alive = alive.iter().filter(|n| self.counted.contains(**n)).count();
         View {
-            members: self.counted.len() + 1,
-            alive: alive + 1,
+            members: self.counted.len() + left_but_alive + 1,
+            alive: counted_alive + left_but_alive + 1,
         }
     }
 
@@ -137,5 +145,84 @@ impl Directory {
             .filter_map(|m| self.node_at(m))
             .map(str::to_owned)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ipam_core::{
+        resources::{LeaveNotice, NodeIpamSpec},
+        store::{RawObject, Revision},
+    };
+
+    use super::*;
+
+    fn record(name: &str, address: &str, left: bool) -> RawObject {
+        let value = NodeIpam {
+            spec: NodeIpamSpec {
+                addresses: vec![address.parse().unwrap()],
+                left: left.then_some(LeaveNotice { since_unix_ms: 1 }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        RawObject {
+            kind: "NodeIPAM".into(),
+            name: name.into(),
+            revision: Revision::Number(1),
+            value: serde_json::to_vec(&value).unwrap(),
+        }
+    }
+
+    fn directory(me: &str, records: &[RawObject]) -> Directory {
+        Directory::new(me, 7946, Cache::new(records))
+    }
+
+    /// Two of three noted their leave: the third is a cluster of one, and answers.
+    #[test]
+    fn nodes_that_left_are_not_counted_in_the_majority() {
+        let records = [
+            record("a", "10.0.0.1", true),
+            record("b", "10.0.0.2", true),
+            record("c", "10.0.0.3", false),
+        ];
+        let c = directory("c", &records);
+        assert_eq!(
+            c.view([]),
+            View {
+                members: 1,
+                alive: 1
+            }
+        );
+        assert!(!c.counted_out());
+        let alive: SocketAddr = "10.0.0.1:7946".parse().unwrap();
+        assert_eq!(
+            c.view([alive]),
+            View {
+                members: 2,
+                alive: 2
+            },
+            "a node whose record says it left is counted while its member is alive all the same"
+        );
+    }
+
+    /// A returning node whose own record still says it left is counted out by the others:
+    /// its fence must stay closed until its note is cleared.
+    #[test]
+    fn a_node_whose_own_record_says_it_left_is_counted_out() {
+        let records = [
+            record("a", "10.0.0.1", true),
+            record("b", "10.0.0.2", false),
+            record("c", "10.0.0.3", false),
+        ];
+        assert!(directory("a", &records).counted_out());
+        assert!(!directory("b", &records).counted_out());
+        assert_eq!(
+            directory("b", &records).view([]),
+            View {
+                members: 2,
+                alive: 1
+            }
+        );
     }
 }

@@ -30,15 +30,23 @@ impl FenceKeeper {
         }
     }
 
-    /// Judges the fence at `now` and publishes a change.
+    /// Judges the fence at `now` and publishes a change. While `counted_out` (this node's own
+    /// record still says its agent left, `liveness::leave`) it is closed whatever the gossip
+    /// says: the others do not count this node, so their majority and this node's could be
+    /// two sides of a partition.
     pub(super) fn judge(
         &mut self,
         contact: &Contact,
         now: Duration,
         view: View,
+        counted_out: bool,
         metrics: &GossipMetrics,
     ) {
-        let verdict = self.fence.judge(contact, now, view);
+        let verdict = if counted_out {
+            Err(Silenced::CountedOut)
+        } else {
+            self.fence.judge(contact, now, view)
+        };
         let state = match (self.latch.take(now, &verdict), &verdict) {
             (true, _) => FenceState::Open,
             (false, Err(why)) => FenceState::Closed(why.to_string()),
@@ -94,5 +102,6 @@ fn silenced_label(why: &Silenced) -> &'static str {
         Silenced::ProbesUnanswered { .. } => "probes_unanswered",
         Silenced::DeclaredDead => "declared_dead",
         Silenced::Minority { .. } => "minority",
+        Silenced::CountedOut => "counted_out",
     }
 }

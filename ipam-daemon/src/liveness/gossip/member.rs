@@ -341,6 +341,7 @@ impl Member {
             self.peer.contact(),
             self.origin.elapsed(),
             self.view,
+            self.directory.counted_out(),
             self.report.metrics(),
         );
     }

@@ -34,6 +34,9 @@ pub(crate) enum Name {
     /// requests over L2 and BGP, IP moves) and a dead NIC on an L2 owner (failover, failed
     /// requests).
     Rollout,
+    /// Service IPs moving between live nodes at 10,000 Services under a stream of changes:
+    /// ARP requests two MACs answered (aim 0), the gap of break before make, decision times.
+    Handover,
     /// The seed's failover on a real Kubernetes cluster (as `lab kube`), with the dead nodes'
     /// pods set not ready on the agents' reports and without; needs KUBEBUILDER_ASSETS.
     KubeFailover,
@@ -57,6 +60,7 @@ pub(crate) fn run(name: Name) -> anyhow::Result<()> {
         Name::Bgp => "bench-bgp",
         Name::Scale => "bench-scale",
         Name::Rollout => "bench-rollout",
+        Name::Handover => "bench-handover",
         Name::KubeFailover => unreachable!("run above"),
     };
     // Benchmarks may start the daemon and the plugin: build every binary in release.

@@ -195,6 +195,10 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         drop(frozen);
         let took = started.elapsed();
         pace.decided(took);
+        applier
+            .metrics
+            .service_ip_decision_seconds
+            .observe(took.as_secs_f64());
         warn_if_slow(took);
     }
 }

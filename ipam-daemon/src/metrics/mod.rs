@@ -92,6 +92,7 @@ pub struct Metrics {
     pub node_lease_renew_seconds: Histogram,
     pub service_ips_announced: Gauge,
     pub service_ip_takeovers: Counter,
+    pub service_ip_decision_seconds: Histogram,
     pub service_ips_taken: Family<FromLabel, Counter>,
     pub interfaces_down: Family<InterfaceLabel, Gauge>,
     pub dead_node_connections_deleted: Counter,
@@ -137,6 +138,9 @@ impl Metrics {
             ),
             service_ips_announced: Gauge::default(),
             service_ip_takeovers: Counter::default(),
+            service_ip_decision_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.000_25, 2.0, 12),
+            ),
             service_ips_taken: Family::default(),
             interfaces_down: Family::default(),
             dead_node_connections_deleted: Counter::default(),
@@ -233,6 +237,12 @@ impl Metrics {
             "service_ip_takeovers",
             "Service IPs this node took over (started answering for)",
             self.service_ip_takeovers.clone(),
+        );
+        registry.register_with_unit(
+            "service_ip_decision_duration",
+            "How long one decision of which node answers each Service IP took; hand-overs between live nodes are timed for decisions up to 50 ms (longer ones are logged)",
+            Unit::Seconds,
+            self.service_ip_decision_seconds.clone(),
         );
         registry.register(
             "service_ips_taken",

@@ -144,7 +144,10 @@ fn main() -> anyhow::Result<()> {
                 .args(&args),
         ),
         Command::Bench { name } => {
-            setup::run()?;
+            // The simulator needs no package and no root.
+            if !matches!(name, bench::Name::Sim) {
+                setup::run()?;
+            }
             bench::run(name)
         }
     }

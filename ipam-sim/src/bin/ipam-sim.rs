@@ -141,11 +141,11 @@ fn main() -> ExitCode {
         println!("  {k}: {v}");
     }
     println!(
-        "nodes={} seeds={} failed={failed} seeds_per_s={:.2} steps_checked={steps} \
+        "nodes={} seeds={} failed={failed} seeds_per_s={} steps_checked={steps} \
          simulated_s={:.0} decisions={decisions}",
         args.nodes,
         args.seeds,
-        args.seeds as f64 / secs,
+        three_figures(args.seeds as f64 / secs),
         simulated.as_secs_f64()
     );
     if failed > 0 {
@@ -153,6 +153,14 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// `x` to three significant figures: a seed at 1,000 nodes takes minutes, and `0.00` seeds
+/// a second says nothing.
+fn three_figures(x: f64) -> String {
+    let magnitude = if x > 0.0 { x.log10().floor() } else { 0.0 };
+    let decimals = (2.0 - magnitude).clamp(0.0, 9.0) as usize;
+    format!("{x:.decimals$}")
 }
 
 fn report_one(outcome: &Outcome) -> ExitCode {

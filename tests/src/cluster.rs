@@ -538,6 +538,31 @@ impl Cluster {
             .map(|l| l.value.holder)
             .filter(|h| !h.is_empty())
     }
+
+    /// The node that answers the most of `owners`' IPs, leaving out the nodes in `skip`: the
+    /// one whose drain moves the most. Its index, and the IPs it answers.
+    pub fn busiest_node(
+        &self,
+        owners: &BTreeMap<Ipv4Addr, String>,
+        skip: &[String],
+    ) -> (usize, Vec<Ipv4Addr>) {
+        let at = (0..self.nodes.len())
+            .filter(|i| !skip.contains(&self.nodes[*i].name))
+            .max_by_key(|i| {
+                owners
+                    .values()
+                    .filter(|o| **o == self.nodes[*i].name)
+                    .count()
+            })
+            .expect("a node not skipped");
+        let name = &self.nodes[at].name;
+        let theirs = owners
+            .iter()
+            .filter(|(_, owner)| *owner == name)
+            .map(|(ip, _)| *ip)
+            .collect();
+        (at, theirs)
+    }
 }
 
 impl ClusterNode {

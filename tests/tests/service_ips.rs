@@ -1852,18 +1852,8 @@ fn a_drain_and_its_undoing_move_ips_between_live_nodes_with_no_request_lost() {
         client,
         owners,
     } = settled_services(&c, "d", 6);
-    let drained = c
-        .nodes
-        .iter()
-        .max_by_key(|n| owners.values().filter(|o| **o == n.name).count())
-        .map(|n| n.name.clone())
-        .expect("nodes");
-    let at = c.nodes.iter().position(|n| n.name == drained).unwrap();
-    let theirs: Vec<Ipv4Addr> = ips
-        .iter()
-        .copied()
-        .filter(|ip| owners[ip] == drained)
-        .collect();
+    let (at, theirs) = c.busiest_node(&owners, &[]);
+    let drained = c.nodes[at].name.clone();
 
     let _backends = Backends::start(&c);
     let traffic = traffic_to(&client, &ips);

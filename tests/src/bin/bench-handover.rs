@@ -151,19 +151,8 @@ fn moves(
     let mut drained_before = Vec::new();
     for round in 0..DRAINS {
         let owners = owners_of(client, macs, sampled);
-        let drained = c
-            .nodes
-            .iter()
-            .filter(|n| !drained_before.contains(&n.name))
-            .max_by_key(|n| owners.values().filter(|o| **o == n.name).count())
-            .map(|n| n.name.clone())
-            .expect("nodes");
-        let at = c.nodes.iter().position(|n| n.name == drained).unwrap();
-        let theirs: Vec<Ipv4Addr> = sampled
-            .iter()
-            .copied()
-            .filter(|ip| owners[ip] == drained)
-            .collect();
+        let (at, theirs) = c.busiest_node(&owners, &drained_before);
+        let drained = c.nodes[at].name.clone();
         println!(
             "drain {}: {drained} answers {} of the {SAMPLED} sampled IPs",
             round + 1,

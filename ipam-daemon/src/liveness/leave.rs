@@ -27,10 +27,11 @@ use std::time::{Duration, SystemTime};
 
 use ipam_core::{
     backoff::Backoff,
-    resources::{LeaveNotice, NodeIpam},
+    resources::{LeaveNotice, NodeIpam, NodeIpamSpec},
     store::{RawObject, StoreError, TypedStore, WatchEvent, decode},
 };
 
+use super::own_record::{self, Amended};
 use crate::cluster::{ClusterStore, cache::watch_until_it_works};
 
 /// The longest a leaving agent waits for its note to be written.
@@ -87,19 +88,14 @@ pub async fn note(store: &ClusterStore, node: &str) {
 /// Whether the note went in.
 async fn write(store: &ClusterStore, node: &str, notice: &LeaveNotice) -> Result<bool, StoreError> {
     for _ in 0..ATTEMPTS {
-        let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
-            return Err(StoreError::NotFound {
-                kind: "NodeIPAM".into(),
-                name: node.to_owned(),
-            });
+        let note = |spec: &mut NodeIpamSpec| {
+            spec.left = Some(notice.clone());
+            true
         };
-        let mut updated = record.value;
-        updated.spec.left = Some(notice.clone());
-        if store
-            .update_unless_changed(node, &updated, &record.revision)
-            .await?
-        {
-            return Ok(true);
+        match own_record::amend(store, node, note).await? {
+            Amended::Written | Amended::AlreadySo => return Ok(true),
+            Amended::Raced => continue,
+            Amended::Missing => return Err(own_record::missing(node)),
         }
     }
     Ok(false)
@@ -171,17 +167,8 @@ async fn clear(store: &ClusterStore, node: &str) {
 
 /// One attempt: whether the note is gone (`false`: the record changed meanwhile, try again).
 async fn try_clear(store: &ClusterStore, node: &str) -> Result<bool, StoreError> {
-    let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
-        return Ok(true);
-    };
-    if record.value.spec.left.is_none() {
-        return Ok(true);
-    }
-    let mut updated = record.value;
-    updated.spec.left = None;
-    store
-        .update_unless_changed(node, &updated, &record.revision)
-        .await
+    let cleared = own_record::amend(store, node, |spec| spec.left.take().is_some()).await?;
+    Ok(cleared != Amended::Raced)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! - `peers`: which other nodes are alive, from their leases or from the gossip;
 //! - `dead_peers`: the nodes the gossip declared dead whose kubelet is silent too, reported in
 //!   this node's record for the operator (on Kubernetes);
+//! - `own_record`: the notes an agent writes in its node's record (a restart, a leave);
 //! - `dead_flows`: the connections this node's kernel still sends to those nodes' pods, deleted
 //!   while they never got an answer.
 //!
@@ -29,6 +30,7 @@ pub mod gossip;
 pub mod heartbeat;
 pub mod lease;
 pub mod leave;
+pub mod own_record;
 pub mod peers;
 pub mod restart;
 

@@ -45,13 +45,16 @@ use std::{
 
 use ipam_core::{
     backoff::Backoff,
-    resources::{NodeIpam, RestartNotice},
-    store::{StoreError, TypedStore},
+    resources::{NodeIpamSpec, RestartNotice},
+    store::StoreError,
 };
 use ipam_datapath::Datapath;
 use tokio::task::JoinHandle;
 
-use super::Fence;
+use super::{
+    Fence,
+    own_record::{self, Amended},
+};
 use crate::cluster::ClusterStore;
 
 /// Attempts at writing the notice against concurrent writers of the record.
@@ -309,17 +312,15 @@ async fn write_notice(
     node: &str,
     notice: &RestartNotice,
 ) -> Result<bool, StoreError> {
-    let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
-        return Err(StoreError::NotFound {
-            kind: "NodeIPAM".into(),
-            name: node.to_owned(),
-        });
+    let note = |spec: &mut NodeIpamSpec| {
+        spec.restarting = Some(notice.clone());
+        true
     };
-    let mut updated = record.value;
-    updated.spec.restarting = Some(notice.clone());
-    store
-        .update_unless_changed(node, &updated, &record.revision)
-        .await
+    match own_record::amend(store, node, note).await? {
+        Amended::Written | Amended::AlreadySo => Ok(true),
+        Amended::Raced => Ok(false),
+        Amended::Missing => Err(own_record::missing(node)),
+    }
 }
 
 /// At the start of every agent with a store, once this node may answer (`fence`, none without
@@ -371,18 +372,12 @@ async fn clear_notice(store: &ClusterStore, node: &str) {
 /// meanwhile (try again). Against the revision read, so a notice write still under way (cut
 /// short at this end) either lands before and is ended, or finds the record changed.
 async fn try_clear_notice(store: &ClusterStore, node: &str) -> Result<Option<bool>, StoreError> {
-    let Some(record) = store.get_typed::<NodeIpam>(node).await? else {
-        return Ok(Some(false));
-    };
-    if record.value.spec.restarting.is_none() {
-        return Ok(Some(false));
-    }
-    let mut updated = record.value;
-    updated.spec.restarting = None;
-    let ended = store
-        .update_unless_changed(node, &updated, &record.revision)
-        .await?;
-    Ok(ended.then_some(true))
+    let cleared = own_record::amend(store, node, |spec| spec.restarting.take().is_some()).await?;
+    Ok(match cleared {
+        Amended::Written => Some(true),
+        Amended::AlreadySo | Amended::Missing => Some(false),
+        Amended::Raced => None,
+    })
 }
 
 #[cfg(test)]
@@ -392,7 +387,10 @@ mod tests {
         atomic::{AtomicBool, Ordering::SeqCst},
     };
 
-    use ipam_core::store::embedded::EmbeddedStore;
+    use ipam_core::{
+        resources::NodeIpam,
+        store::{TypedStore, embedded::EmbeddedStore},
+    };
 
     use super::*;
     use crate::liveness::LeaseFence;

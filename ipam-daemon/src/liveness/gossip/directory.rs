@@ -174,6 +174,16 @@ mod tests {
         }
     }
 
+    /// Nodes a, b and c at 10.0.0.1-3, each noted as left or not.
+    fn three_nodes(left: [bool; 3]) -> Vec<RawObject> {
+        ["a", "b", "c"]
+            .into_iter()
+            .zip(left)
+            .enumerate()
+            .map(|(i, (name, left))| record(name, &format!("10.0.0.{}", i + 1), left))
+            .collect()
+    }
+
     fn directory(me: &str, records: &[RawObject]) -> Directory {
         Directory::new(me, 7946, Cache::new(records))
     }
@@ -181,11 +191,7 @@ mod tests {
     /// Two of three noted their leave: the third is a cluster of one, and answers.
     #[test]
     fn nodes_that_left_are_not_counted_in_the_majority() {
-        let records = [
-            record("a", "10.0.0.1", true),
-            record("b", "10.0.0.2", true),
-            record("c", "10.0.0.3", false),
-        ];
+        let records = three_nodes([true, true, false]);
         let c = directory("c", &records);
         assert_eq!(
             c.view([]),
@@ -210,11 +216,7 @@ mod tests {
     /// its fence must stay closed until its note is cleared.
     #[test]
     fn a_node_whose_own_record_says_it_left_is_counted_out() {
-        let records = [
-            record("a", "10.0.0.1", true),
-            record("b", "10.0.0.2", false),
-            record("c", "10.0.0.3", false),
-        ];
+        let records = three_nodes([true, false, false]);
         assert!(directory("a", &records).counted_out());
         assert!(!directory("b", &records).counted_out());
         assert_eq!(

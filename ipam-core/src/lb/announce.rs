@@ -148,6 +148,7 @@ fn decide(
     live: &[NodeView],
 ) -> Decided {
     let (policies, _) = compile(policies);
+    let on = OnNodes::new(&policies, live);
     // Each IP with the Services holding it (index, and whether it is one of its externalIPs).
     let mut held: BTreeMap<IpAddr, Vec<(usize, bool)>> = BTreeMap::new();
     for (i, (_, spec, status)) in services.iter().enumerate() {
@@ -186,16 +187,16 @@ fn decide(
             .into_iter()
             .filter_map(|(i, external)| {
                 let (name, spec, _) = &services[i];
-                let serving: Vec<&Policy> = policies
-                    .iter()
+                let serving: Vec<usize> = (0..policies.len())
                     .filter(|p| {
-                        p.spec.service_selector.matches_service(name, &spec.labels)
+                        let p = policies[*p].spec;
+                        p.service_selector.matches_service(name, &spec.labels)
                             && if external {
-                                p.spec.external_ips
+                                p.external_ips
                             } else {
-                                p.spec.load_balancer_ips
+                                p.load_balancer_ips
                             }
-                            && in_chosen_pool(ip, &p.spec.ip_pools, &p.spec.ip_pool_selector, pools)
+                            && in_chosen_pool(ip, &p.ip_pools, &p.ip_pool_selector, pools)
                     })
                     .collect();
                 (!serving.is_empty()).then_some(Holder {
@@ -209,26 +210,24 @@ fn decide(
         if announced.is_empty() {
             continue;
         }
-        let best = live
-            .iter()
-            .filter(|node| node.excluded.is_none())
-            .filter_map(|node| {
-                let mut interfaces: BTreeSet<String> = BTreeSet::new();
-                for holder in &announced {
-                    let theirs = holder.interfaces(node)?;
-                    interfaces.extend(theirs);
-                }
-                Some((weight(ip, &node.name), node, interfaces))
-            })
-            .max_by_key(|(w, node, _)| (*w, node.name.clone()));
+        // The owner is chosen on the weights alone; its interfaces are gathered once it is
+        // known (gathering them for every candidate cost most of a decision at scale).
+        let best = (0..live.len())
+            .filter(|n| announced.iter().all(|h| h.may_answer(&on, *n)))
+            .map(|n| (weight(ip, &live[n].name), live[n].name.as_str(), n))
+            .max();
         match best {
-            Some((_, node, interfaces)) => {
-                let interfaces: Vec<String> = interfaces.into_iter().collect();
+            Some((_, _, n)) => {
+                let interfaces: BTreeSet<&str> = announced
+                    .iter()
+                    .flat_map(|h| h.interfaces(&on, n))
+                    .collect();
+                let interfaces: Vec<String> = interfaces.into_iter().map(str::to_owned).collect();
                 for holder in &announced {
                     out.announced.push(Announcement {
                         ip,
                         service: holder.name.to_owned(),
-                        node: node.name.clone(),
+                        node: live[n].name.clone(),
                         interfaces: interfaces.clone(),
                     });
                 }
@@ -238,10 +237,9 @@ fn decide(
                 let alone = announced
                     .iter()
                     .map(|holder| {
-                        let nodes = live
-                            .iter()
-                            .filter(|n| n.excluded.is_none() && holder.interfaces(n).is_some())
-                            .map(|n| n.name.clone())
+                        let nodes = (0..live.len())
+                            .filter(|n| holder.may_answer(&on, *n))
+                            .map(|n| live[n].name.clone())
                             .collect();
                         (holder.name.to_owned(), nodes)
                     })
@@ -255,34 +253,69 @@ fn decide(
     out
 }
 
+/// The interfaces each policy announces on at each live node: empty where the node is
+/// excluded, the policy does not select it, or none of its interfaces match. Worked out once
+/// per decision, so the interface patterns are matched once per (policy, node), not once per
+/// (IP, node).
+struct OnNodes<'n> {
+    /// `[policy][node]`, in the order of the compiled policies and the live nodes.
+    interfaces: Vec<Vec<Vec<&'n str>>>,
+    /// The live nodes' names, by index.
+    names: Vec<&'n str>,
+}
+
+impl<'n> OnNodes<'n> {
+    fn new(policies: &[Policy], live: &'n [NodeView]) -> Self {
+        let interfaces = policies
+            .iter()
+            .map(|p| {
+                live.iter()
+                    .map(|node| {
+                        if node.excluded.is_some() || !p.spec.node_selector.matches(&node.labels) {
+                            return Vec::new();
+                        }
+                        p.interfaces(node)
+                            .into_iter()
+                            .map(|i| i.name.as_str())
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let names = live.iter().map(|n| n.name.as_str()).collect();
+        Self { interfaces, names }
+    }
+}
+
 /// A Service holding an IP that at least one policy announces.
-struct Holder<'s, 'p> {
+struct Holder<'s> {
     name: &'s str,
-    /// The policies that announce this IP for it, whatever the node.
-    serving: Vec<&'p Policy<'p>>,
+    /// The policies that announce this IP for it, whatever the node (indices of the compiled
+    /// policies).
+    serving: Vec<usize>,
     /// Whether it has `externalTrafficPolicy: Local`: then only a node in `ready_on`, with
     /// a ready endpoint of it, may answer.
     local: bool,
     ready_on: Option<&'s BTreeSet<String>>,
 }
 
-impl Holder<'_, '_> {
-    /// The interfaces on which `node` may answer for this Service, or `None` when it may not
-    /// answer for it at all (no endpoint there under `Local`, no policy selecting the node, or
-    /// none of the node's interfaces matching). An excluded node is the caller's to skip.
-    fn interfaces<'n>(&self, node: &'n NodeView) -> Option<impl Iterator<Item = String> + 'n> {
-        if self.local && !self.ready_on.is_some_and(|r| r.contains(&node.name)) {
-            return None;
-        }
-        let mut on: BTreeSet<&'n str> = BTreeSet::new();
-        for p in self
-            .serving
+impl Holder<'_> {
+    /// Whether live node `n` may answer for this Service: not excluded, an endpoint there
+    /// under `Local`, and a policy serving it that selects the node with a matching interface.
+    fn may_answer(&self, on: &OnNodes, n: usize) -> bool {
+        let endpoint_there = !self.local || self.ready_on.is_some_and(|r| r.contains(on.names[n]));
+        endpoint_there
+            && self
+                .serving
+                .iter()
+                .any(|p| !on.interfaces[*p][n].is_empty())
+    }
+
+    /// The interfaces on which live node `n` answers for this Service (none when it may not).
+    fn interfaces<'n>(&self, on: &OnNodes<'n>, n: usize) -> impl Iterator<Item = &'n str> {
+        self.serving
             .iter()
-            .filter(|p| p.spec.node_selector.matches(&node.labels))
-        {
-            on.extend(p.interfaces(node).into_iter().map(|i| i.name.as_str()));
-        }
-        (!on.is_empty()).then(|| on.into_iter().map(str::to_owned))
+            .flat_map(move |p| on.interfaces[*p][n].iter().copied())
     }
 }
 

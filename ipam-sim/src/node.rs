@@ -66,20 +66,21 @@ pub struct Agent {
 impl Agent {
     /// Whether a tick decides now (`TICK` boundaries, after the rest, when something changed
     /// or time matters), or a membership change does.
-    pub fn due(&self, now: Duration) -> bool {
+    pub fn due(&self, now: Duration, at: Instant) -> bool {
         if self.deciding.is_some() || self.frozen {
             return false;
         }
         if self.decide_now {
             return true;
         }
-        now >= self.next_tick && self.wants_a_tick() && now >= self.rested_until
+        now >= self.next_tick && self.wants_a_tick(at) && now >= self.rested_until
     }
 
-    /// Whether a tick decides, once rested: something changed, or time alone may change the
-    /// decision (a hand-over's wait, a restart's hold, an IP that lingers, a takeover hold).
-    pub fn wants_a_tick(&self) -> bool {
-        self.changed || self.decider.time_matters() || !self.held_dead.is_empty()
+    /// Whether a tick at `at` decides, once rested: something changed, a takeover hold runs,
+    /// or time alone changes the decision by then (a hand-over's wait, a restart's hold, an
+    /// IP that lingers: `Decider::next_due`).
+    pub fn wants_a_tick(&self, at: Instant) -> bool {
+        self.changed || !self.held_dead.is_empty() || self.decider.due_by_time(at)
     }
 
     /// Starts a decision at `now` (`at` as an `Instant`) taking `took`: its plan is carried out

@@ -10,9 +10,12 @@ use ipam_sim::{run_seed, scenario::Config, schedule::Stepping, shrink::shrink};
 const OPEN: &[(u64, &str)] = &[
     // A minority cut off by a partition closes its fence up to two probe periods after the
     // majority declared it dead; the takeover hold (200 ms) does not cover it. The gossip's
-    // own simulator shows it without this model (`examples/minority_lateness.rs`).
+    // own simulator shows it without this model (`examples/minority_lateness.rs`). A seed is
+    // a run of draws: a change of how often the agents decide (each decision's length is a
+    // draw) changes the run, so 184 now fails on another IP, in the same way (node-1, on the
+    // side of two, still answers when node-2 takes its IP).
     (1, "10.78.0.4 answered by node-0 and node-4"),
-    (184, "10.79.0.4 answered by node-1 and node-4"),
+    (184, "10.78.0.1 answered by node-1 and node-2"),
     // A node cut off decides on its own view while its fence is closed, and its hand-over
     // wait may run out while it is silent: it answers what it took when the fence reopens,
     // next to the owner the others chose. Not deciding while the fence is closed fixed this
@@ -27,7 +30,6 @@ const OPEN: &[(u64, &str)] = &[
     // After partitions and deaths, live nodes keep a closed fence for over 6 s: an IP
     // answered by nobody. Likely the model (members counted for a majority: every node ever
     // started, where the daemon counts records with an unlapsed lease); not settled.
-    (19, "10.78.0.1 answered by nobody"),
     (68, "10.79.0.3 answered by nobody"),
 ];
 
@@ -76,7 +78,7 @@ fn a_seed_replays_exactly() {
 /// the agents with something to do (`ipam_sim::schedule`). Each run must be the one it is
 /// when every step of 1 ms is run with every agent at each: the same happenings in the same
 /// order (every decision, answer, fence and event, hashed), the same decisions, the same
-/// failure at the same time. Seeds that fail are among them (1, 18 and 19 at 5 nodes).
+/// failure at the same time. Seeds that fail are among them (1 and 18 at 5 nodes).
 #[test]
 fn going_from_instant_to_instant_is_running_every_step() {
     for (nodes, seeds) in [(3, 1..=8), (5, 1..=24), (12, 1..=3)] {

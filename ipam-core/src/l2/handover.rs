@@ -79,10 +79,12 @@ pub struct Handover {
 }
 
 impl Handover {
-    /// Whether an IP waits for its hand-over: the next decision may admit it with nothing
-    /// else changed.
-    pub fn is_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+    /// When the first IP that waits may be admitted, with nothing else changed.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.waiting
+            .values()
+            .map(|(since, _)| *since + HANDOVER)
+            .min()
     }
 
     /// What this node answers for now, of `mine` (what it owns by the last decision), given

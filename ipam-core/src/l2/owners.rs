@@ -84,6 +84,8 @@ pub struct Decider {
     restarts: Restarts,
     /// Since when this node's copy of the records is stale, while it is (`takes_nothing`).
     stale_since: Option<Instant>,
+    /// Whether the last decision took nothing new because of it.
+    withholding: bool,
     /// Every IP's owner at the previous decision, and whether this node was live in it: who
     /// held an IP this node takes decides whether it waits (`handover`) and what its Service
     /// is told.
@@ -94,6 +96,8 @@ pub struct Decider {
     handed_over: HandedOver,
     /// When the decider started: IPs taken soon after are told as taken at the start.
     since: Instant,
+    /// When time alone next changes a decision ([`Self::next_due`]).
+    due: Option<Instant>,
 }
 
 impl Decider {
@@ -109,30 +113,70 @@ impl Decider {
         now_unix_ms: u64,
     ) -> Self {
         let inherits = !inherited.is_empty();
-        Self {
+        let mut decider = Self {
             node: node.to_owned(),
             answering: inherited,
             lingering: BTreeMap::new(),
             inherited: inherits,
             restarts: Restarts::new(node, inherits, records, now, now_unix_ms),
             stale_since: None,
+            withholding: false,
             before: BTreeMap::new(),
             was_live: false,
             handover: Handover::default(),
             handed_over: HandedOver::new(),
             since: now,
-        }
+            due: None,
+        };
+        decider.refresh_due();
+        decider
     }
 
     /// Takes in new restart notices from the records (call when they change).
     pub fn records_changed(&mut self, records: &dyn NodeRecords, now: Instant) {
         self.restarts.follow(records, &self.node, now);
+        self.refresh_due();
     }
 
-    /// Whether time alone may change the next decision (a hand-over's wait, a restart's hold,
-    /// an IP that lingers): it is due at a tick with nothing changed.
-    pub fn time_matters(&self) -> bool {
-        self.handover.is_waiting() || self.restarts.holding() || !self.lingering.is_empty()
+    /// When time alone may next change a decision, with nothing else changed: a hand-over's
+    /// wait ends, a restart's hold ends, an IP has lingered its time, or a stale copy of the
+    /// records has been stale for the longest promise. A decision is due at the first tick at
+    /// or after it; deciding at every tick until then changes nothing and, with thousands of
+    /// Services, cost most of the decisions made (and the rests after them delayed the
+    /// decisions that mattered).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Works [`Self::next_due`] out again, after what it depends on changed (a decision, new
+    /// notices): asked at every wake-up of the agent, it is kept rather than found anew over
+    /// every IP that lingers or waits.
+    fn refresh_due(&mut self) {
+        let lingered = self.lingering.values().min().copied();
+        let stale_long = self
+            .stale_since
+            .filter(|_| self.withholding)
+            .map(|since| since + Self::longest_stale());
+        self.due = [
+            self.handover.next_due(),
+            self.restarts.next_due(),
+            lingered,
+            stale_long,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+    }
+
+    /// Whether time alone may change a decision made at `now` ([`Self::next_due`]).
+    pub fn due_by_time(&self, now: Instant) -> bool {
+        self.next_due().is_some_and(|due| due <= now)
+    }
+
+    /// How long a stale copy of the records keeps this node from taking IPs: the longest
+    /// promise any restarting node may be held for.
+    fn longest_stale() -> Duration {
+        Duration::from_millis(super::restarts::LONGEST_PROMISE_MS) + super::restarts::CLOCK_SKEW
     }
 
     /// Whether the next decision waits: until this node's fence has first opened
@@ -221,6 +265,7 @@ impl Decider {
             self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
         }
         self.was_live = live(&node);
+        self.refresh_due();
         plan
     }
 
@@ -272,12 +317,12 @@ impl Decider {
     fn takes_nothing(&mut self, records_fresh: bool, now: Instant) -> bool {
         if records_fresh {
             self.stale_since = None;
+            self.withholding = false;
             return false;
         }
         let since = *self.stale_since.get_or_insert(now);
-        let longest = Duration::from_millis(super::restarts::LONGEST_PROMISE_MS)
-            + super::restarts::CLOCK_SKEW;
-        let waits = now.saturating_duration_since(since) < longest;
+        let waits = now.saturating_duration_since(since) < Self::longest_stale();
+        self.withholding = waits;
         if waits {
             tracing::debug!(
                 "the copy of the node records is stale: no Service IP is taken until it is                  current (a node that seems dead may be restarting)"
@@ -497,6 +542,141 @@ fn why_taken(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        l2::pacing::TICK,
+        lb::resources::{L2PolicySpec, ServiceSpec, ServiceStatus},
+        resources::{NodeInterface, NodeIpamSpec, RestartNotice},
+    };
+
+    /// Node `name`'s record, with its one interface.
+    fn record(name: &str, n: u8) -> (String, crate::resources::NodeIpam) {
+        let spec = NodeIpamSpec {
+            interfaces: vec![NodeInterface {
+                name: "eth0".into(),
+                addresses: vec![format!("10.0.1.{n}/24")],
+                mac: Some(format!("02:00:00:00:00:{n:02x}")),
+            }],
+            ..NodeIpamSpec::default()
+        };
+        let record = crate::resources::NodeIpam {
+            spec,
+            ..Default::default()
+        };
+        (name.to_owned(), record)
+    }
+
+    /// One node's view over time, decided at every tick (as the daemon once did) and only when
+    /// its inputs changed or `next_due` has come: the two answer for the same IPs and keep the
+    /// same addresses on `lo` at every tick, through a wait for a live owner, takeovers from a
+    /// dead one, IPs given back to linger, a restart hold that runs out, one whose notice is
+    /// withdrawn while its node stays silent, and a stale copy of the records. A deadline
+    /// `next_due` misses leaves the second behind the first.
+    #[test]
+    fn time_alone_changes_a_decision_only_at_the_instants_next_due_names() {
+        let secs = Duration::from_secs_f64;
+        let notice = |within_ms| RestartNotice {
+            within_ms,
+            since_unix_ms: 1_000,
+            answering: Vec::new(),
+        };
+        // c stops for a restart at 1 s (5 s promised) and withdraws its notice at 1.5 s: its
+        // hold ends 2 s later, at 3.5 s. d stops at 1 s (2 s promised): held until 3 s.
+        let records_at = |t: Duration| {
+            let mut records: BTreeMap<_, _> = [
+                record("a", 1),
+                record("b", 2),
+                record("c", 3),
+                record("d", 4),
+            ]
+            .into();
+            if t >= secs(1.0) {
+                if t < secs(1.5) {
+                    records.get_mut("c").unwrap().spec.restarting = Some(notice(5_000));
+                }
+                records.get_mut("d").unwrap().spec.restarting = Some(notice(2_000));
+            }
+            records
+        };
+        // a is live but from 2 s to 4 s and after 6 s; c and d go at 1 s; b's copy of the
+        // records is stale from 5 s on (it takes nothing new for the longest promise, 60.5 s).
+        let inputs_at = |t: Duration| {
+            let a_live = t < secs(2.0) || (t >= secs(4.0) && t < secs(6.0));
+            let others_live = t < secs(1.0);
+            let fresh = t < secs(5.0);
+            (a_live, others_live, fresh, records_at(t))
+        };
+        let policies = vec![(
+            "all".to_owned(),
+            serde_json::from_str::<L2PolicySpec>("{}").unwrap(),
+        )];
+        let spec: ServiceSpec = serde_json::from_str(r#"{"type": "LoadBalancer"}"#).unwrap();
+        let services: Vec<_> = (1..=16)
+            .map(|i| {
+                let status = ServiceStatus {
+                    ingress: vec![format!("10.0.0.{i}").parse().unwrap()],
+                    ..Default::default()
+                };
+                (format!("default/s{i}"), spec.clone(), status)
+            })
+            .collect();
+        let ready = crate::lb::announce::ReadyNodes::new();
+        let start = Instant::now();
+        let first = records_at(Duration::ZERO);
+        let mut every_tick = Decider::new("b", OwnedIps::new(), &first, start, 0);
+        let mut when_due = Decider::new("b", OwnedIps::new(), &first, start, 0);
+        let (mut lo_every, mut lo_due) = (BTreeSet::new(), BTreeSet::new());
+        let apply = |lo: &mut BTreeSet<IpAddr>, plan: &Plan| {
+            lo.extend(plan.lo_add.iter().copied());
+            for ip in &plan.lo_remove {
+                lo.remove(ip);
+            }
+        };
+        let (mut decided_every, mut decided_due) = (0, 0);
+        let mut before = None;
+        let mut answered_by_b = BTreeSet::new();
+        for tick in 0..700u32 {
+            let t = TICK * tick;
+            let now = start + t;
+            let inputs = inputs_at(t);
+            let (a_live, others_live, fresh, records) = &inputs;
+            let view = View {
+                policies: &policies,
+                pools: &[],
+                services: &services,
+                ready: &ready,
+                records,
+                records_fresh: *fresh,
+            };
+            let mut live = |n: &str| n == "b" || (n == "a" && *a_live) || *others_live;
+            let changed = before.as_ref() != Some(&inputs);
+            if before.as_ref().is_none_or(|(.., r)| r != records) {
+                every_tick.records_changed(records, now);
+                when_due.records_changed(records, now);
+            }
+            apply(&mut lo_every, &every_tick.decide(&view, &mut live, now));
+            decided_every += 1;
+            if changed || when_due.due_by_time(now) {
+                apply(&mut lo_due, &when_due.decide(&view, &mut live, now));
+                decided_due += 1;
+            }
+            assert_eq!(
+                every_tick.answering(),
+                when_due.answering(),
+                "answered at {t:?}"
+            );
+            assert_eq!(lo_every, lo_due, "on lo at {t:?}");
+            answered_by_b.insert(every_tick.answering().len());
+            before = Some(inputs);
+        }
+        assert!(
+            answered_by_b.len() >= 4,
+            "b answered for as many IPs at every step: {answered_by_b:?}"
+        );
+        assert!(
+            decided_due * 10 < decided_every,
+            "{decided_due} decisions when due, {decided_every} at every tick"
+        );
+    }
 
     fn announced(ip: &str, service: &str, node: &str) -> Announcement {
         Announcement {

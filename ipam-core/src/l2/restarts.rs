@@ -154,11 +154,14 @@ impl Restarts {
         now: Instant,
     ) {
         let cleared = &mut self.cleared;
-        cleared.retain(|node, _| self.held.contains_key(node));
         self.held.retain(|node, (_, until)| {
             let notice_cleared = nodes
                 .record(node)
                 .is_none_or(|r| r.spec.restarting.is_none());
+            if !notice_cleared {
+                // Back in the record: a later clearing starts its grace anew.
+                cleared.remove(node);
+            }
             let cleared_since = notice_cleared.then(|| *cleared.entry(node.clone()).or_insert(now));
             let withdrawn = cleared_since.is_some_and(|at| now.duration_since(at) >= CLEARED_GRACE);
             let back = notice_cleared && live(node);
@@ -179,6 +182,8 @@ impl Restarts {
             }
             now < *until && !back
         });
+        // Only held nodes' clearings are waited on (`next_due` names their grace's end).
+        cleared.retain(|node, _| self.held.contains_key(node));
     }
 
     /// Whether `node` is held live at `now`.
@@ -209,10 +214,18 @@ impl Restarts {
             .map(|(notice, _)| notice.answering.as_slice())
     }
 
-    /// Whether a hold is kept (running, or run out and not yet pruned by a decision): its end
-    /// changes who owns what with no event, so time matters.
+    /// Whether a hold is kept (running, or run out and not yet pruned by a decision).
     pub fn holding(&self) -> bool {
         !self.held.is_empty()
+    }
+
+    /// When a hold may next end with nothing else changed: its promise runs out, or its
+    /// notice was cleared [`CLEARED_GRACE`] ago with the node still unheard (that end is
+    /// found by `prune`, which a decision runs).
+    pub fn next_due(&self) -> Option<Instant> {
+        let ends = self.held.values().map(|(_, until)| *until);
+        let withdrawn = self.cleared.values().map(|at| *at + CLEARED_GRACE);
+        ends.chain(withdrawn).min()
     }
 }
 

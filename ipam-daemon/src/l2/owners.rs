@@ -152,7 +152,9 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         // number of changes (a burst of service writes would otherwise cost a decision each).
         // A death or a return in the gossip is decided at once: it is what failover waits on.
         // At rest the tick is not even waited for (ten wake-ups a second for nothing).
-        let time_matters = peers.decays() || decider.time_matters();
+        // Time alone changes a decision only at the instants the decider names: the tick runs
+        // meanwhile, and decides once one has passed.
+        let time_matters = peers.decays() || decider.next_due().is_some();
         tokio::select! {
             e = watches.services.next() => { seen.services.apply(e); pace.changed = true; continue; }
             e = watches.endpoints.next() => {
@@ -175,7 +177,8 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 if !decide_now { continue }
             }
             _ = tick.tick(), if pace.changed || time_matters => {
-                if !pace.rested() {
+                let due = pace.changed || peers.decays() || decider.due_by_time(Instant::now());
+                if !due || !pace.rested() {
                     continue;
                 }
             }

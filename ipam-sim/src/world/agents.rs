@@ -130,7 +130,7 @@ impl World {
             }
         }
         // A decision due now starts.
-        if agent.due(now) {
+        if agent.due(now, self.at(now)) {
             let knows_others = self
                 .gossip
                 .peer(i)
@@ -224,14 +224,23 @@ impl World {
             // It waits (for its fence to open, or for the gossip to join): looked at again
             // at every step until it does not.
             Some(after)
-        } else if agent.wants_a_tick() {
+        } else if agent.changed || !agent.held_dead.is_empty() {
             Some(tick_at_or_after(
                 agent.next_tick,
                 TICK,
                 after.max(agent.rested_until),
             ))
         } else {
-            None
+            // Time alone changes its decision at the instant the decider names: the first
+            // tick at or after it decides.
+            agent.decider.next_due().map(|due| {
+                let due = due.saturating_duration_since(self.base);
+                tick_at_or_after(
+                    agent.next_tick,
+                    TICK,
+                    after.max(agent.rested_until).max(due),
+                )
+            })
         };
         [
             agent.watch.next_at(&self.store),

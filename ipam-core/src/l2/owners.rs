@@ -325,7 +325,8 @@ impl Decider {
         self.withholding = waits;
         if waits {
             tracing::debug!(
-                "the copy of the node records is stale: no Service IP is taken until it is                  current (a node that seems dead may be restarting)"
+                "the copy of the node records is stale: no Service IP is taken until it is \
+                 current (a node that seems dead may be restarting)"
             );
         }
         waits

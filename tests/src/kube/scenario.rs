@@ -5,7 +5,7 @@
 //! agents with the client running.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     time::{Duration, Instant},
 };
@@ -113,7 +113,8 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
     kill_an_agent(cluster, 1);
     figures.check_not_ready(cluster, None, "after an agent was killed");
     say(&format!(
-        "an agent container killed: the kubelet restarted it, no address moved, pods reach;          pods wrongly set not ready: {}",
+        "an agent container killed: the kubelet restarted it, no address moved, pods reach; \
+         pods wrongly set not ready: {}",
         figures.false_not_ready.len()
     ));
 
@@ -172,6 +173,14 @@ pub fn run(cluster: &mut KubeCluster, losses: usize, say: &dyn Fn(&str)) -> Figu
          {first}; the pod moved to {second}, and so did the IP (EndpointSlices from the \
          controller manager)"
     ));
+
+    a_live_node_cut_from_the_gossip(cluster, 2, &mut figures);
+    say(&format!(
+        "{} cut from the gossip, its kubelet's port rejected, then dropped: pods wrongly set \
+         not ready: {}",
+        cluster.nodes[2].name,
+        figures.false_not_ready.len()
+    ));
     figures
 }
 
@@ -203,7 +212,9 @@ pub fn power_losses(
         if let Some(stale) = loss.stale_conntrack {
             assert_eq!(
                 stale, 0,
-                "power loss {n}: the node answering for {ip} still holds {stale} connections                  to it in SYN_SENT at the end of the window (sent to {dead}'s pods, which never                  answered); the agents' sweep (liveness::dead_flows) should have deleted them"
+                "power loss {n}: the node answering for {ip} still holds {stale} connections \
+                 to it in SYN_SENT at the end of the window (sent to {dead}'s pods, which never \
+                 answered); the agents' sweep (liveness::dead_flows) should have deleted them"
             );
         }
         figures.losses.push(loss);
@@ -718,3 +729,92 @@ pub fn rollout_restart(cluster: &KubeCluster, ip: IpAddr) -> (usize, usize, usiz
     let failed = samples.iter().filter(|s| s.node.is_none()).count();
     (failed, samples.len(), owners.len() - 1)
 }
+
+/// A live node cut from the gossip both ways, its kubelet's port rejected by its firewall with
+/// ICMP "administratively prohibited", then dropped (Kubernetes documents 10250 as reachable
+/// from the control plane only): its peers declare it dead in the gossip, and the second
+/// signal (`liveness::dead_peers`) must find it alive or fail closed. Every pod set not ready
+/// meanwhile is noted in `figures` (none is expected). Watched each second: the kubelet may
+/// restore a pod's readiness soon after.
+fn a_live_node_cut_from_the_gossip(cluster: &KubeCluster, i: usize, figures: &mut Figures) {
+    let node = &cluster.nodes[i];
+    let iptables = |action: &str, rule: &[&str]| {
+        let mut args = vec![action];
+        args.extend_from_slice(rule);
+        node.run("iptables", &args);
+    };
+    let gossip =
+        ["INPUT", "OUTPUT"].map(|chain| [chain, "-p", "udp", "--dport", GOSSIP_PORT, "-j", "DROP"]);
+    let kubelet = |how: &[&'static str]| {
+        [
+            &["INPUT", "-p", "tcp", "--dport", KUBELET_PORT, "-j"][..],
+            how,
+        ]
+        .concat()
+    };
+    let rejected = kubelet(&["REJECT", "--reject-with", "icmp-admin-prohibited"]);
+    let dropped = kubelet(&["DROP"]);
+    // The peers say each time the gossip declared the node dead and they did not report it.
+    let needle = format!(
+        "not reporting {} dead: the gossip declared it dead",
+        node.name
+    );
+    let refusals = || -> usize {
+        checks::pods(cluster, SYSTEM, "")
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .map(|pod| {
+                cluster
+                    .kubectl_ok(&in_namespace(SYSTEM, &["logs", &pod, "--all-containers"]))
+                    .matches(&needle)
+                    .count()
+            })
+            .sum()
+    };
+    let refusals_before = refusals();
+    let mut marked = BTreeSet::new();
+    let mut watch_for = |how_long: Duration, what: &str| {
+        let until = Instant::now() + how_long;
+        while Instant::now() < until {
+            for (pod, on) in checks::pods_set_not_ready_by_peers(cluster) {
+                marked.insert(format!("{pod} on {on}, {} {what}", node.name));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    };
+    iptables("-I", &rejected);
+    for rule in &gossip {
+        iptables("-I", rule);
+    }
+    watch_for(
+        CUT_OFF_FOR,
+        "cut from the gossip, its kubelet's port rejected",
+    );
+    iptables("-D", &rejected);
+    iptables("-I", &dropped);
+    watch_for(
+        CUT_OFF_FOR,
+        "cut from the gossip, its kubelet's port dropped",
+    );
+    iptables("-D", &dropped);
+    for rule in &gossip {
+        iptables("-D", rule);
+    }
+    let refused = refusals().saturating_sub(refusals_before);
+    assert!(
+        refused > 0,
+        "no peer of {} said the gossip declared it dead while it was cut off: the cut did not \
+         take, and the step checked nothing",
+        node.name
+    );
+    figures.false_not_ready.extend(marked);
+}
+
+/// How long a live node stays cut from the gossip in each half of
+/// [`a_live_node_cut_from_the_gossip`]: past the peers' declaring it dead (under a second), a
+/// recheck of its kubelet's port and the operator's pass.
+const CUT_OFF_FOR: Duration = Duration::from_secs(12);
+/// The gossip's port, as deploy/overlays/example sets it.
+const GOSSIP_PORT: &str = "7946";
+/// The kubelet's port the agents probe.
+const KUBELET_PORT: &str = "10250";

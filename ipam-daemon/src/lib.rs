@@ -13,13 +13,15 @@
 //! - `node_record`: this node's record as the announcers read it (eligibility, its facts);
 //! - `cluster`: the store the daemon runs on, the watches that wake controllers, events;
 //! - `api` (the local API's server), `metrics` (with the readiness checks);
-//! - `net` (frames, raw sockets, the Service IPs on `lo`), `logging`, `clock`.
+//! - `net` (frames, raw sockets, the Service IPs on `lo`), `logging`, `clock`;
+//! - `datapath_settings`: the configuration's words for the datapath mapped onto its own.
 
 pub mod api;
 pub mod bgp;
 pub mod clock;
 pub mod cluster;
 pub mod daemon;
+pub mod datapath_settings;
 pub mod endpoints;
 pub mod l2;
 pub mod liveness;

@@ -11,13 +11,29 @@ use aya::programs::{
     links::{FdLink, PinnedLink},
     xdp::{XdpLink, XdpMode},
 };
-use ipam_config::AttachMode;
 use ipam_netlink::iface;
 
 use super::{
     Datapath, DatapathError,
     links::{self, AdoptError, LinkPin, LinkedProgram},
 };
+
+/// How the responder is to be attached to an interface (the configuration's
+/// `[interfaces.<name>] attach`, which the daemon maps onto this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttachMode {
+    /// TC on virtual devices (veth, bridges: measured faster there, see docs/datapath.md);
+    /// native XDP on physical NICs, falling back to TC when the driver has no native XDP.
+    #[default]
+    Auto,
+    /// XDP in the driver. On a veth, replies reach the peer only if the peer runs an XDP
+    /// program of its own (GRO alone was not enough on kernel 6.18; see docs/datapath.md).
+    XdpNative,
+    /// XDP in generic (skb) mode: works everywhere, slower than both other forms.
+    XdpGeneric,
+    /// TC ingress (tcx link), replies redirected back out of the same interface.
+    Tc,
+}
 
 /// The concrete form an attachment took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,22 @@
 
 use aya::{Ebpf, EbpfLoader};
 use aya_log::EbpfLogger;
-use ipam_config::EbpfLogLevel;
+
+/// Which log statements of the eBPF programs are kept, by level (the configuration's
+/// `[datapath] ebpf_log_level`, which the daemon maps onto this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum EbpfLogLevel {
+    /// None: every log statement is removed at load time.
+    #[default]
+    Off,
+    Error,
+    /// Spoofed packets dropped by the pod datapath.
+    Warn,
+    Info,
+    /// Also malformed ARP/NDP frames seen by the responder.
+    Debug,
+    Trace,
+}
 
 /// Sets the level the object is loaded with.
 pub(super) fn set_level(loader: &mut EbpfLoader<'_>, level: EbpfLogLevel) {

@@ -31,10 +31,9 @@ use aya::{
 };
 use ipam_common::{map_names, program_names};
 
-pub use attach::{AttachForm, Attachment, pinned_attachments};
-pub use ebpf_log::EbpfLog;
+pub use attach::{AttachForm, AttachMode, Attachment, pinned_attachments};
+pub use ebpf_log::{EbpfLog, EbpfLogLevel};
 pub use error::DatapathError;
-pub use ipam_config::{AttachMode, EbpfLogLevel};
 pub use maps::{AnnouncementEntry, ResponderMaps, ResponderStats, responder_key};
 pub use pod_attach::{PodLink, PodProgram, pinned_pod_links, unpin_pod_link};
 pub use pod_maps::{PodMaps, PodStats, endpoint_key};

@@ -93,8 +93,8 @@ fn open_datapath(
     observed: &Observed,
     restarting: bool,
 ) -> Result<Arc<Mutex<Datapath>>, DaemonError> {
-    let mut datapath =
-        Datapath::open_with_log(&config.datapath.bpffs_root, config.datapath.ebpf_log_level)?;
+    let log_level = crate::datapath_settings::ebpf_log_level(config.datapath.ebpf_log_level);
+    let mut datapath = Datapath::open_with_log(&config.datapath.bpffs_root, log_level)?;
     if !restarting {
         datapath.heartbeat(config.datapath.liveness_timeout())?;
     }

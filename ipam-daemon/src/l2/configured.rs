@@ -9,6 +9,7 @@ use ipam_datapath::AttachMode;
 use tokio::sync::watch;
 
 use super::announcements::{Announcements, OwnedIps};
+use crate::datapath_settings;
 
 /// What the daemon's configuration says about announcing: the IPs it lists, and how the
 /// responder is attached on each interface.
@@ -25,7 +26,7 @@ impl Configured {
             attach: config
                 .interfaces
                 .iter()
-                .map(|(name, i)| (name.clone(), i.attach))
+                .map(|(name, i)| (name.clone(), datapath_settings::attach_mode(i.attach)))
                 .collect(),
         }
     }

@@ -89,13 +89,25 @@ pub fn node(record: &Versioned<NodeIpam>) -> NodeView {
     node_named(&record.name, &record.value)
 }
 
+/// Why a node whose agent left answers nothing.
+pub const LEFT: &str = "its agent left (a drain, an uninstall): it answers nothing until its \
+                        next agent starts";
+
 /// Node `name` as the owner decision sees it, from its record.
 pub fn node_named(name: &str, record: &NodeIpam) -> NodeView {
     NodeView {
         name: name.to_owned(),
         labels: record.spec.labels.clone(),
         interfaces: record.spec.interfaces.clone(),
-        excluded: record.spec.announcing.excluded.clone(),
+        // A node whose agent left (`spec.left`, written once its responders are silent) is
+        // still a live gossip member until its goodbye: an IP moved to it meanwhile would be
+        // answered by nobody (the drain test lost a request so when two agents left at once).
+        excluded: record
+            .spec
+            .left
+            .as_ref()
+            .map(|_| LEFT.to_owned())
+            .or_else(|| record.spec.announcing.excluded.clone()),
         warnings: record.spec.announcing.warnings.clone(),
     }
 }
@@ -113,4 +125,56 @@ pub fn ready_nodes<'a>(
     }
     out.retain(|_, nodes| !nodes.is_empty());
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        lb::{
+            announce::{ReadyNodes, owners},
+            resources::{L2PolicySpec, ServiceSpec, ServiceStatus},
+        },
+        resources::{LeaveNotice, NodeInterface, NodeIpamSpec},
+    };
+
+    /// A node whose record says its agent left owns no IP, though the gossip still counts it
+    /// live (until its goodbye): every IP goes to the node that answers.
+    #[test]
+    fn a_node_whose_agent_left_owns_no_ip() {
+        let record = |left: bool| NodeIpam {
+            spec: NodeIpamSpec {
+                interfaces: vec![NodeInterface {
+                    name: "eth0".into(),
+                    addresses: vec!["10.0.1.1/24".into()],
+                    mac: None,
+                }],
+                left: left.then_some(LeaveNotice { since_unix_ms: 1 }),
+                ..NodeIpamSpec::default()
+            },
+            ..NodeIpam::default()
+        };
+        let nodes = [
+            node_named("a", &record(false)),
+            node_named("b", &record(true)),
+        ];
+        assert_eq!(nodes[1].excluded.as_deref(), Some(LEFT));
+        let policies = vec![(
+            "all".to_owned(),
+            serde_json::from_str::<L2PolicySpec>("{}").unwrap(),
+        )];
+        let spec: ServiceSpec = serde_json::from_str(r#"{"type": "LoadBalancer"}"#).unwrap();
+        let services: Vec<_> = (1..=16)
+            .map(|i| {
+                let status = ServiceStatus {
+                    ingress: vec![format!("10.0.0.{i}").parse().unwrap()],
+                    ..Default::default()
+                };
+                (format!("default/s{i}"), spec.clone(), status)
+            })
+            .collect();
+        let all = owners(&policies, &[], &services, &ReadyNodes::new(), &nodes);
+        assert_eq!(all.len(), 16);
+        assert!(all.iter().all(|a| a.node == "a"), "{all:?}");
+    }
 }

@@ -545,7 +545,7 @@ mod tests {
     use super::*;
     use crate::{
         l2::pacing::TICK,
-        lb::resources::{L2PolicySpec, ServiceSpec, ServiceStatus},
+        lb::fixtures,
         resources::{NodeInterface, NodeIpamSpec, RestartNotice},
     };
 
@@ -606,20 +606,8 @@ mod tests {
             let fresh = t < secs(5.0);
             (a_live, others_live, fresh, records_at(t))
         };
-        let policies = vec![(
-            "all".to_owned(),
-            serde_json::from_str::<L2PolicySpec>("{}").unwrap(),
-        )];
-        let spec: ServiceSpec = serde_json::from_str(r#"{"type": "LoadBalancer"}"#).unwrap();
-        let services: Vec<_> = (1..=16)
-            .map(|i| {
-                let status = ServiceStatus {
-                    ingress: vec![format!("10.0.0.{i}").parse().unwrap()],
-                    ..Default::default()
-                };
-                (format!("default/s{i}"), spec.clone(), status)
-            })
-            .collect();
+        let policies = fixtures::policy_for_all();
+        let services = fixtures::services(16);
         let ready = crate::lb::announce::ReadyNodes::new();
         let start = Instant::now();
         let first = records_at(Duration::ZERO);

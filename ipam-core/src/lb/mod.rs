@@ -8,5 +8,7 @@ pub mod assign;
 mod assign_tests;
 pub mod bgp;
 pub mod controller;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod resources;
 pub mod rows;

@@ -133,7 +133,7 @@ mod tests {
     use crate::{
         lb::{
             announce::{ReadyNodes, owners},
-            resources::{L2PolicySpec, ServiceSpec, ServiceStatus},
+            fixtures,
         },
         resources::{LeaveNotice, NodeInterface, NodeIpamSpec},
     };
@@ -159,20 +159,8 @@ mod tests {
             node_named("b", &record(true)),
         ];
         assert_eq!(nodes[1].excluded.as_deref(), Some(LEFT));
-        let policies = vec![(
-            "all".to_owned(),
-            serde_json::from_str::<L2PolicySpec>("{}").unwrap(),
-        )];
-        let spec: ServiceSpec = serde_json::from_str(r#"{"type": "LoadBalancer"}"#).unwrap();
-        let services: Vec<_> = (1..=16)
-            .map(|i| {
-                let status = ServiceStatus {
-                    ingress: vec![format!("10.0.0.{i}").parse().unwrap()],
-                    ..Default::default()
-                };
-                (format!("default/s{i}"), spec.clone(), status)
-            })
-            .collect();
+        let policies = fixtures::policy_for_all();
+        let services = fixtures::services(16);
         let all = owners(&policies, &[], &services, &ReadyNodes::new(), &nodes);
         assert_eq!(all.len(), 16);
         assert!(all.iter().all(|a| a.node == "a"), "{all:?}");

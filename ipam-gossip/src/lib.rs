@@ -9,6 +9,7 @@
 //! |--------------|--------------------------------------------------------------------|
 //! | [`identity`] | [`PeerId`]: gossip address and generation                          |
 //! | [`envelope`] | the authenticated, replay-proof envelope; [`Keyring`] and rotation |
+//! | [`signing`]  | each agent's own key, and who speaks for each address ([`Signers`]) |
 //! | [`timing`]   | [`Timing`]: probe, suspicion and gossip periods                    |
 //! | [`contact`]  | what a member heard lately, and the [`Fence`] judged from it       |
 //! | [`peer`]     | [`Peer`]: one member, sans-io (the caller brings packets and time)  |
@@ -25,6 +26,7 @@ pub mod envelope;
 pub mod identity;
 pub mod peer;
 mod queue;
+pub mod signing;
 pub mod sim;
 mod timers;
 pub mod timing;
@@ -34,4 +36,5 @@ pub use envelope::{Dropped, KeyError, Keyring};
 pub use foca::State;
 pub use identity::PeerId;
 pub use peer::{Event, Now, Outgoing, Peer, Remembered, Settings, Stats};
+pub use signing::{NodeKey, PublicKey, Signers, Speaker};
 pub use timing::Timing;

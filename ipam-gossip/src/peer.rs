@@ -4,7 +4,7 @@
 //! and a timer; the simulator drives thousands of them over a modelled network, in one thread,
 //! deterministically.
 
-use std::{collections::HashSet, net::SocketAddr, time::Duration};
+use std::{collections::HashSet, net::SocketAddr, sync::Arc, time::Duration};
 
 use foca::{
     Foca, Member, Message, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer,
@@ -12,7 +12,7 @@ use foca::{
 use rand::{SeedableRng, rngs::StdRng};
 
 use crate::{
-    PeerId,
+    NodeKey, PeerId, Signers,
     contact::{Contact, Hello},
     envelope::{Dropped, Envelope, FORGET_AFTER, Keyring},
     timers::Timers,
@@ -140,14 +140,17 @@ struct Collected {
 }
 
 impl Peer {
-    pub fn new(id: PeerId, settings: Settings, keyring: Keyring) -> Self {
+    /// A member at `id`, sealing with the cluster's `keyring` and signing with its own `key`
+    /// (whose public half its record must publish). It takes no packet until it is given the
+    /// records' word on who speaks for each address ([`Peer::set_signers`]).
+    pub fn new(id: PeerId, settings: Settings, keyring: Keyring, key: NodeKey) -> Self {
         let rng = match settings.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng(),
         };
         Self {
             protocol: Foca::new(id, settings.protocol, rng, PostcardCodec),
-            envelope: Envelope::new(keyring, id.addr),
+            envelope: Envelope::new(keyring, key, id.addr),
             timers: Timers::new(),
             collected: Collected::default(),
             stats: Stats::default(),
@@ -432,6 +435,11 @@ impl Peer {
 
     pub fn set_keyring(&mut self, keyring: Keyring) {
         self.envelope.set_keyring(keyring);
+    }
+
+    /// Replaces the records' word on who speaks for each address (the records changed).
+    pub fn set_signers(&mut self, signers: Arc<Signers>) {
+        self.envelope.set_signers(signers);
     }
 
     fn split(&mut self, now: Now) -> (&mut Protocol, Sink<'_>) {

@@ -6,13 +6,16 @@ use std::{
     cmp::Reverse,
     collections::{BinaryHeap, HashMap},
     net::{Ipv4Addr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::{
-    Event, Keyring, Now, Peer, PeerId, Settings, Silenced, Timing, View, envelope::Dropped,
+    Event, Keyring, NodeKey, Now, Peer, PeerId, PublicKey, Settings, Signers, Silenced, Speaker,
+    Timing, View,
+    envelope::{Dropped, Envelope},
     queue::Queue,
 };
 
@@ -76,10 +79,16 @@ pub struct Simulation {
     /// Each step of a member (a packet handled, its timers run, a join, a leave) and when,
     /// while kept (`keep_steps`): what a member knows changes only at its steps.
     steps: Option<Vec<(usize, Duration)>>,
+    /// Who speaks for each address: every member's last key, as the node records would say.
+    signers: Arc<Signers>,
 }
 
 struct Member {
     peer: Option<Peer>,
+    /// The public key of its agent's last start, as its record would publish it, and the seed
+    /// it was made from.
+    published: PublicKey,
+    key_seed: [u8; 32],
     /// This member's own link, when it is worse than the network's.
     link: Option<NetworkModel>,
     /// Packets only pass between members of the same group.
@@ -116,27 +125,61 @@ impl Simulation {
             capture: None,
             captured: Vec::new(),
             steps: None,
+            signers: Arc::default(),
         };
         let ids: Vec<PeerId> = (0..size).map(|i| PeerId::new(address(i), 1)).collect();
         for (index, id) in ids.iter().enumerate() {
-            let mut peer = sim.new_peer(*id, index);
-            peer.assume_alive(sim.clock(), ids.iter().copied());
-            // What a warm start learned is not news.
-            peer.take_events();
+            let (peer, published, key_seed) = sim.new_peer(*id, index);
             sim.by_addr.insert(id.addr, index);
             sim.members.push(Member {
                 peer: Some(peer),
+                published,
+                key_seed,
                 link: None,
                 group: 0,
                 armed: None,
                 muted: false,
             });
+        }
+        sim.publish_keys();
+        let now = sim.clock();
+        for index in 0..size {
+            let peer = sim.members[index].peer.as_mut().expect("just started");
+            peer.assume_alive(now, ids.iter().copied());
+            // What a warm start learned is not news.
+            peer.take_events();
             sim.collect(index);
         }
         sim
     }
 
-    fn new_peer(&self, id: PeerId, index: usize) -> Peer {
+    /// Gives every running member the records' word on who speaks for each address: each
+    /// member's key from its last start (as if every watch saw every record at once).
+    fn publish_keys(&mut self) {
+        self.signers = Arc::new(
+            self.members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (address(i).ip(), Speaker::Signed(m.published)))
+                .collect(),
+        );
+        for member in &mut self.members {
+            if let Some(peer) = member.peer.as_mut() {
+                peer.set_signers(self.signers.clone());
+            }
+        }
+    }
+
+    /// A member at `id` with a key of its own (made from the seed, the member and the
+    /// generation: the same on every run, a new one at every start), and that key's public
+    /// half.
+    fn new_peer(&self, id: PeerId, index: usize) -> (Peer, PublicKey, [u8; 32]) {
+        let mut key_seed = [0; 32];
+        key_seed[..8].copy_from_slice(&self.seed.to_le_bytes());
+        key_seed[8..16].copy_from_slice(&(index as u64).to_le_bytes());
+        key_seed[16..20].copy_from_slice(&id.generation.to_le_bytes());
+        let key = NodeKey::from_seed(&key_seed);
+        let public = key.public();
         let settings = Settings {
             protocol: self
                 .timing
@@ -144,7 +187,20 @@ impl Simulation {
             hello: self.timing.hello(),
             seed: Some(self.seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         };
-        Peer::new(id, settings, self.keyring.clone())
+        let mut peer = Peer::new(id, settings, self.keyring.clone(), key);
+        peer.set_signers(self.signers.clone());
+        (peer, public, key_seed)
+    }
+
+    /// An envelope that seals with member `member`'s keys (the cluster key and its own), as
+    /// the records stand, naming `from` as the sender: its own address, or another member's
+    /// for what a compromised node would forge.
+    pub fn sealer(&self, member: usize, from: SocketAddr) -> Envelope {
+        let m = &self.members[member];
+        let mut envelope =
+            Envelope::new(self.keyring.clone(), NodeKey::from_seed(&m.key_seed), from);
+        envelope.set_signers(self.signers.clone());
+        envelope
     }
 
     pub fn now(&self) -> Duration {
@@ -214,9 +270,15 @@ impl Simulation {
     /// Starts `member` again as a new generation, joining through `seeds`.
     pub fn restart(&mut self, member: usize, generation: u32, seeds: &[usize]) {
         let id = PeerId::new(address(member), generation);
-        let mut peer = self.new_peer(id, member + generation as usize);
-        peer.join(self.clock(), seeds.iter().map(|s| address(*s)));
+        let (peer, published, key_seed) = self.new_peer(id, member + generation as usize);
         self.members[member].peer = Some(peer);
+        self.members[member].published = published;
+        self.members[member].key_seed = key_seed;
+        // Its record publishes the new key before its first packet.
+        self.publish_keys();
+        let now = self.clock();
+        let peer = self.members[member].peer.as_mut().expect("just started");
+        peer.join(now, seeds.iter().map(|s| address(*s)));
         self.collect(member);
     }
 
@@ -225,16 +287,21 @@ impl Simulation {
     pub fn add(&mut self, seeds: &[usize]) -> usize {
         let index = self.members.len();
         let id = PeerId::new(address(index), 1);
-        let mut peer = self.new_peer(id, index);
-        peer.join(self.clock(), seeds.iter().map(|s| address(*s)));
+        let (peer, published, key_seed) = self.new_peer(id, index);
         self.by_addr.insert(id.addr, index);
         self.members.push(Member {
             peer: Some(peer),
+            published,
+            key_seed,
             link: None,
             group: 0,
             armed: None,
             muted: false,
         });
+        self.publish_keys();
+        let now = self.clock();
+        let peer = self.members[index].peer.as_mut().expect("just started");
+        peer.join(now, seeds.iter().map(|s| address(*s)));
         self.collect(index);
         index
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ipam_gossip::{
-    Dropped, Event, Keyring, Latch, PeerId, Remembered, Silenced, State, Timing,
+    Dropped, Event, Keyring, Latch, NodeKey, PeerId, Remembered, Silenced, State, Timing,
     envelope::{Envelope, FORGET_AFTER, MAX_CLOCK_SKEW, REANCHOR_AFTER},
     sim::{NetworkModel, Simulation, address},
 };
@@ -279,12 +279,16 @@ fn forged_and_replayed_packets_are_dropped_counted_and_change_nothing() {
     let mut sim = cluster(10, NetworkModel::default(), 6);
     sim.run_for(secs(1.0));
     // A host on the segment without the key, claiming to be member 1.
-    let mut stranger = Envelope::new(Keyring::new(("guess", &[8; 32]), []).unwrap(), address(1));
+    let mut stranger = Envelope::new(
+        Keyring::new(("guess", &[8; 32]), []).unwrap(),
+        NodeKey::from_seed(&[8; 32]),
+        address(1),
+    );
     let forged = stranger.seal(1_800_000_001_000_000, address(0), b"member 2 is dead");
     assert_eq!(sim.inject(0, &forged), Err(Dropped::UnknownKey));
     assert_eq!(sim.inject(0, b"garbage"), Err(Dropped::Truncated));
-    // A member's key, but a message foca cannot read.
-    let mut insider = Envelope::new(keyring(), address(1));
+    // Member 1's own keys, but a message foca cannot read.
+    let mut insider = sim.sealer(1, address(1));
     let nonsense = insider.seal(1_800_000_001_000_000, address(0), &[0xff; 40]);
     assert_eq!(sim.inject(0, &nonsense), Err(Dropped::Malformed));
     assert_eq!(sim.inject(0, &nonsense), Err(Dropped::Replayed));
@@ -292,6 +296,10 @@ fn forged_and_replayed_packets_are_dropped_counted_and_change_nothing() {
     // was not sent to member 0.
     let to_two = insider.seal(1_800_000_001_000_000, address(2), &[0xff; 40]);
     assert_eq!(sim.inject(0, &to_two), Err(Dropped::Misaddressed));
+    // Member 4's keys (a compromised node), naming member 1 as the sender: refused.
+    let mut as_one = sim.sealer(4, address(1));
+    let forged_by_four = as_one.seal(1_800_000_001_000_000, address(0), b"member 2 is dead");
+    assert_eq!(sim.inject(0, &forged_by_four), Err(Dropped::UnknownSigner));
     let stats = sim.peer(0).unwrap().stats().clone();
     for (reason, count) in [
         (Dropped::UnknownKey, 1),
@@ -299,6 +307,7 @@ fn forged_and_replayed_packets_are_dropped_counted_and_change_nothing() {
         (Dropped::Malformed, 1),
         (Dropped::Replayed, 1),
         (Dropped::Misaddressed, 1),
+        (Dropped::UnknownSigner, 1),
     ] {
         assert_eq!(stats.dropped(reason), count, "{reason:?}");
     }
@@ -318,30 +327,24 @@ fn unix_micros(sim: &Simulation) -> u64 {
     EPOCH_MICROS + u64::try_from(sim.now().as_micros()).unwrap()
 }
 
-/// What a holder of the cluster key can send: a packet naming member `from` as its sender,
-/// to member `to`, sent at `sent_at` with any `counter`, signed with the key (a message the
+/// What member `from`'s own agent could send with its clock far off or a bug: a packet to
+/// member `to`, sent at `sent_at` with any `counter`, sealed with its keys (a message the
 /// protocol cannot read: the envelope's window takes it before the protocol refuses it).
-fn forged(from: usize, to: usize, sent_at: u64, counter: u64) -> Vec<u8> {
-    let mut packet =
-        Envelope::new(keyring(), address(from)).seal(sent_at, address(to), &[0xff; 40]);
-    let signed = packet.len() - 32;
-    // The counter's place in the header: "IG", version, key id, sender, recipient, sent at.
-    packet[51..59].copy_from_slice(&counter.to_be_bytes());
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &KEY);
-    let tag = ring::hmac::sign(&key, &packet[..signed]);
-    packet.truncate(signed);
-    packet.extend_from_slice(tag.as_ref());
-    packet
+/// Since envelope v3 no other node can seal it: `forged_and_replayed_...` above.
+fn forged(sim: &Simulation, from: usize, to: usize, sent_at: u64, counter: u64) -> Vec<u8> {
+    sim.sealer(from, address(from))
+        .seal_with_counter(sent_at, address(to), counter, &[0xff; 40])
 }
 
 /// Issue 56, item 6: one packet sealed with the cluster key, naming member 1 as its sender and
-/// a counter near `u64::MAX`, made member 0 drop every packet of member 1 until it restarted.
+/// a counter near `u64::MAX`, made member 0 drop every packet of member 1 until it restarted
+/// (since envelope v3 only member 1's own key can seal it).
 /// Now it is dropped as ahead of the clock; and one at the edge of the skew (which cannot be
 /// told from a sender's clock that far ahead) keeps member 1 out for the skew and the
 /// re-anchoring at most. Nobody is declared dead meanwhile: the others' indirect probes carry
 /// member 1's answers.
 #[test]
-fn a_counter_pushed_ahead_by_a_key_holder_keeps_a_member_out_for_a_bounded_time_only() {
+fn a_counter_pushed_ahead_keeps_a_member_out_for_a_bounded_time_only() {
     let mut sim = cluster(5, NetworkModel::default(), 12);
     sim.run_for(secs(2.0));
     let heard = |s: &Simulation| {
@@ -352,7 +355,7 @@ fn a_counter_pushed_ahead_by_a_key_holder_keeps_a_member_out_for_a_bounded_time_
             .expect("member 1 heard")
     };
     let at = sim.now();
-    let end_of_time = forged(1, 0, unix_micros(&sim), u64::MAX - 1);
+    let end_of_time = forged(&sim, 1, 0, unix_micros(&sim), u64::MAX - 1);
     assert_eq!(sim.inject(0, &end_of_time), Err(Dropped::Ahead));
     assert_eq!(sim.peer(0).unwrap().stats().dropped(Dropped::Ahead), 1);
     sim.run_for(secs(1.0));
@@ -363,7 +366,7 @@ fn a_counter_pushed_ahead_by_a_key_holder_keeps_a_member_out_for_a_bounded_time_
 
     let at = sim.now();
     let skew = u64::try_from(MAX_CLOCK_SKEW.as_micros()).unwrap();
-    let edge = forged(1, 0, unix_micros(&sim), unix_micros(&sim) + skew);
+    let edge = forged(&sim, 1, 0, unix_micros(&sim), unix_micros(&sim) + skew);
     assert_eq!(sim.inject(0, &edge), Err(Dropped::Malformed));
     let back = sim.run_until(
         MAX_CLOCK_SKEW + REANCHOR_AFTER + secs(1.0),

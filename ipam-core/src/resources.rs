@@ -154,6 +154,12 @@ pub struct NodeIpamSpec {
     /// Whether the node may announce Service IPs, as its own agent judged it.
     #[serde(default, skip_serializing_if = "NodeAnnouncing::is_default")]
     pub announcing: NodeAnnouncing,
+    /// The public half of the key the node's agent signs its gossip with (`ed25519:` and 64
+    /// hex digits), made at the agent's start and written here before its first packet: the
+    /// others take gossip from this node's addresses only when signed with it. Absent from
+    /// records of releases that do not sign (docs/security.md, "Gossip identity").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gossip_key: Option<String>,
     /// The release of the agent that wrote the record (`0.1.0`): during a rolling upgrade, which
     /// nodes run which. Absent from records written by releases before it was added.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,10 +13,13 @@
 //! below); the simulator runs loss with delay and jitter for minutes
 //! (`ipam-gossip/tests/simulation.rs`).
 
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{collections::BTreeMap, net::Ipv4Addr, sync::Arc, time::Duration};
 
-use ipam_core::{lb::resources::Service, resources::node_lease_name};
-use ipam_gossip::{Keyring, Timing, envelope::Envelope};
+use ipam_core::{
+    lb::resources::Service,
+    resources::{NodeIpam, NodeIpamSpec, node_lease_name},
+};
+use ipam_gossip::{Keyring, NodeKey, Signers, Speaker, Timing, envelope::Envelope};
 use ipam_tests::{
     arp_watch::{ArpWatch, WINDOW, double_answers},
     cluster::{Cluster, NODE_GRACE_MS, node_addresses, wait_until},
@@ -210,9 +213,12 @@ fn a_lossy_link_moves_nothing(rig: &FailoverRig) {
     );
 }
 
-/// A host on the segment (the client) sends the owner's gossip port what it can make without
-/// the cluster key, and replays an authentic packet: each is dropped for its reason, and the
-/// IP stays where it is with every member alive.
+/// A compromised node (the client, given the cluster key, a signing key of its own and a node
+/// record that publishes it, as root on a node has) and a host without the key send the
+/// owner's gossip port what they can make: each packet is dropped for its reason, whether it
+/// speaks as another node (signed with its own key, or unsigned as the previous release),
+/// replays, or was sealed for another member; and the IP stays where it is with every member
+/// alive (issue 58: a node speaks only as itself).
 fn forged_packets_move_nothing(rig: &FailoverRig) {
     let owner = rig.owner().expect("one node answers");
     let index = rig
@@ -221,32 +227,82 @@ fn forged_packets_move_nothing(rig: &FailoverRig) {
         .iter()
         .position(|n| n.name == owner)
         .unwrap();
-    let target: std::net::SocketAddr = format!("{}:7946", node_addresses(index).0).parse().unwrap();
+    let address = |i: usize| -> std::net::SocketAddr {
+        format!("{}:7946", node_addresses(i).0).parse().unwrap()
+    };
+    let target = address(index);
+    let neighbour = address((index + 1) % 3);
     let key = std::fs::read_to_string(rig.cluster.gossip_key().unwrap()).unwrap();
+    let cluster_key = || Keyring::new(("cluster", key.trim().as_bytes()), []).unwrap();
     let from: std::net::SocketAddr = format!("{CLIENT}:7946").parse().unwrap();
+
+    // Mallory's record, as the compromised node's own would be.
+    let mallory_key = NodeKey::from_seed(&[66; 32]);
+    let record = NodeIpam {
+        spec: NodeIpamSpec {
+            addresses: vec![from.ip()],
+            gossip_key: Some(mallory_key.public().to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    rig.cluster.put("mallory", &record);
+    // Who speaks for each address, as Mallory reads the records.
+    let records = rig.cluster.records();
+    let speakers: Vec<(&str, &[std::net::IpAddr], Speaker)> = records
+        .iter()
+        .map(|(name, r)| {
+            let speaker = r
+                .value
+                .spec
+                .gossip_key
+                .as_deref()
+                .map_or(Speaker::Unsigned, |k| {
+                    Speaker::Signed(k.parse().expect("a readable key"))
+                });
+            (name.as_str(), r.value.spec.addresses.as_slice(), speaker)
+        })
+        .collect();
+    let (signers, contested) = Signers::from_records(speakers);
+    assert!(contested.is_empty(), "{contested:?}");
+    let signers = Arc::new(signers);
+    let mallory_at = |at: std::net::SocketAddr| {
+        let mut envelope = Envelope::new(cluster_key(), NodeKey::from_seed(&[66; 32]), at);
+        envelope.set_signers(signers.clone());
+        envelope
+    };
+    // The target's agent takes Mallory's record in before her packets come.
+    std::thread::sleep(Duration::from_secs(1));
+
     let now = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_micros() as u64
     };
-    let mut stranger = Envelope::new(Keyring::new(("stranger", &[9; 32]), []).unwrap(), from);
-    let mut member = Envelope::new(
-        Keyring::new(("cluster", key.trim().as_bytes()), []).unwrap(),
+    let mut stranger = Envelope::new(
+        Keyring::new(("stranger", &[9; 32]), []).unwrap(),
+        NodeKey::from_seed(&[9; 32]),
         from,
     );
+    let mut mallory = mallory_at(from);
     let foreign = stranger.seal(now(), target, b"node-0 is dead");
     // The key id travels in clear: a forger can copy it, not the tag.
-    let mut tampered = member.seal(now(), target, b"node-0 is dead");
+    let mut tampered = mallory.seal(now(), target, b"node-0 is dead");
     let last = tampered.len() - 40;
     tampered[last] ^= 0xff;
-    let authentic = member.seal(now(), target, b"not a protocol message");
-    // Authentic and never seen by the owner, but sent to another member: a capture of what one
-    // member sent another, replayed to the owner.
-    let other: std::net::SocketAddr = format!("{}:7946", node_addresses((index + 1) % 3).0)
-        .parse()
-        .unwrap();
-    let to_another = member.seal(now(), other, b"not a protocol message");
+    // Authentic, from Mallory as herself: taken by the envelope, refused by the protocol.
+    let authentic = mallory.seal(now(), target, b"not a protocol message");
+    // Authentic and never seen by the owner, but sealed for another member.
+    let to_another = mallory.seal(now(), neighbour, b"not a protocol message");
+    // Mallory speaking as the neighbour: signed with her own key, then unsigned (version 2,
+    // as if the neighbour ran the previous release).
+    let as_neighbour = mallory_at(neighbour).seal(now(), target, b"node-0 is dead");
+    let mut downgraded = Envelope::new(cluster_key(), NodeKey::from_seed(&[66; 32]), neighbour);
+    downgraded.set_signers(Arc::new(
+        [(target.ip(), Speaker::Unsigned)].into_iter().collect(),
+    ));
+    let unsigned = downgraded.seal(now(), target, b"node-0 is dead");
     let packets: Vec<Vec<u8>> = vec![
         b"hello".to_vec(),
         foreign,
@@ -254,6 +310,8 @@ fn forged_packets_move_nothing(rig: &FailoverRig) {
         authentic.clone(),
         authentic,
         to_another,
+        as_neighbour,
+        unsigned,
     ];
     rig.client.run(move || {
         let socket = std::net::UdpSocket::bind((CLIENT, 0)).unwrap();
@@ -264,11 +322,13 @@ fn forged_packets_move_nothing(rig: &FailoverRig) {
     let log = || rig.cluster.nodes[index].log();
     for reason in [
         "shorter than an envelope",
-        "signed with a key this node does not hold",
+        "signed with a cluster key this node does not hold",
         "the tag does not match",
         "authentic, but not a message the protocol can read",
         "already received",
         "sent to another member",
+        "signed with a key that the sender's record does not publish",
+        "unsigned, from an address whose record publishes a key",
     ] {
         wait_until(
             Duration::from_secs(5),
@@ -285,6 +345,7 @@ fn forged_packets_move_nothing(rig: &FailoverRig) {
     );
     let members = rig.cluster.ipamctl(index, &["members"]);
     assert_eq!(members.matches(" alive ").count(), 2, "{members}");
+    rig.cluster.delete::<NodeIpam>("mallory");
 }
 
 #[test]

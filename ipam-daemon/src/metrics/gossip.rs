@@ -32,6 +32,9 @@ pub struct GossipMetrics {
     pub fence_open: Gauge,
     pub fence_closings: Family<ReasonLabel, Counter>,
     pub detect_seconds: Histogram,
+    /// Node records whose gossip identity is refused, by reason (`contested_address`,
+    /// `unreadable_key`).
+    pub refused_records: Family<ReasonLabel, Gauge>,
 }
 
 impl Default for GossipMetrics {
@@ -54,6 +57,7 @@ impl GossipMetrics {
             dropped: Family::default(),
             fence_open: Gauge::default(),
             fence_closings: Family::default(),
+            refused_records: Family::default(),
         }
     }
 
@@ -100,6 +104,12 @@ impl GossipMetrics {
             "fence_closings",
             "Times the fence silenced this node's responders, by reason",
             self.fence_closings.clone(),
+        );
+        gossip.register(
+            "refused_records",
+            "Node records whose gossip this node refuses, by reason: contested_address (an \
+             address another record lists too; counted per address) or unreadable_key",
+            self.refused_records.clone(),
         );
         gossip.register_with_unit(
             "detect_duration",

@@ -6,8 +6,10 @@ use std::{
     net::{IpAddr, SocketAddr},
 };
 
+use std::sync::Arc;
+
 use ipam_core::resources::NodeIpam;
-use ipam_gossip::View;
+use ipam_gossip::{PublicKey, Signers, Speaker, View, signing::Contested};
 
 use crate::cluster::cache::Cache;
 
@@ -24,6 +26,12 @@ pub(super) struct Directory {
     /// while their gossip member is alive all the same (a note that is stale, or written by
     /// someone else, takes no live node out of the count).
     left: BTreeSet<String>,
+    /// Who speaks for each address, by the records' addresses and published keys.
+    signers: Arc<Signers>,
+    /// Addresses more than one record lists (nobody's, so nothing from them is taken), and the
+    /// records whose key cannot be read.
+    contested: Vec<Contested>,
+    unreadable: Vec<(String, String)>,
 }
 
 impl Directory {
@@ -35,6 +43,9 @@ impl Directory {
             by_ip: HashMap::new(),
             counted: BTreeSet::new(),
             left: BTreeSet::new(),
+            signers: Arc::default(),
+            contested: Vec::new(),
+            unreadable: Vec::new(),
         };
         directory.index();
         directory
@@ -70,6 +81,61 @@ impl Directory {
             .partition(|r| r.value.spec.left.is_some());
         self.counted = counted.into_iter().map(|r| r.name.clone()).collect();
         self.left = left.into_iter().map(|r| r.name.clone()).collect();
+        self.index_signers();
+    }
+
+    /// Who speaks for each address: the one record listing it, with the key it publishes
+    /// (none: an agent of the previous release, which does not sign).
+    fn index_signers(&mut self) {
+        let mut unreadable = Vec::new();
+        let speakers: Vec<(&str, &[IpAddr], Speaker)> = self
+            .records
+            .iter()
+            .map(|r| {
+                let speaker = match r
+                    .value
+                    .spec
+                    .gossip_key
+                    .as_deref()
+                    .map(str::parse::<PublicKey>)
+                {
+                    None => Speaker::Unsigned,
+                    Some(Ok(key)) => Speaker::Signed(key),
+                    Some(Err(e)) => {
+                        unreadable.push((r.name.clone(), e.to_string()));
+                        Speaker::Unreadable
+                    }
+                };
+                (r.name.as_str(), r.value.spec.addresses.as_slice(), speaker)
+            })
+            .collect();
+        let (signers, contested) = Signers::from_records(speakers);
+        self.signers = Arc::new(signers);
+        self.contested = contested;
+        self.unreadable = unreadable;
+    }
+
+    /// Who speaks for each address, for the envelope.
+    pub(super) fn signers(&self) -> Arc<Signers> {
+        self.signers.clone()
+    }
+
+    /// Addresses more than one record lists: packets from them are refused (a record that
+    /// lists another node's address is wrong, or written by a compromised node).
+    pub(super) fn contested(&self) -> &[Contested] {
+        &self.contested
+    }
+
+    /// Records whose gossip key cannot be read, with why: nothing from their addresses is taken.
+    pub(super) fn unreadable_keys(&self) -> &[(String, String)] {
+        &self.unreadable
+    }
+
+    /// The gossip key this node's own record publishes.
+    pub(super) fn own_key(&self) -> Option<&str> {
+        self.records
+            .get(&self.me)
+            .and_then(|r| r.value.spec.gossip_key.as_deref())
     }
 
     /// Whether this node's own record says its agent left (`liveness::leave`): the others do
@@ -95,8 +161,10 @@ impl Directory {
             .unwrap_or_default()
     }
 
-    /// The node gossiping at `addr`, if it is one of the records'.
+    /// The node gossiping at `addr`, if one record alone lists it (a contested address is
+    /// nobody's: nothing from it is taken, and no one is counted alive for it).
     pub(super) fn node_at(&self, addr: SocketAddr) -> Option<&str> {
+        self.signers.speaker(addr.ip())?;
         self.by_ip.get(&addr.ip()).map(String::as_str)
     }
 
@@ -225,6 +293,64 @@ mod tests {
                 members: 2,
                 alive: 1
             }
+        );
+    }
+
+    fn with_key(mut raw: RawObject, key: Option<&str>, extra: Option<&str>) -> RawObject {
+        let mut value: NodeIpam = serde_json::from_slice(&raw.value).unwrap();
+        value.spec.gossip_key = key.map(str::to_owned);
+        if let Some(extra) = extra {
+            value.spec.addresses.push(extra.parse().unwrap());
+        }
+        raw.value = serde_json::to_vec(&value).unwrap();
+        raw
+    }
+
+    /// The records' keys decide who speaks for each address: a node's published key, none for
+    /// a node of the previous release; an address a second record lists (here node c, listing
+    /// a's address too) is nobody's, so a's gossip is refused and a counts as no member alive,
+    /// and an unreadable key is neither signed nor unsigned.
+    #[test]
+    fn signers_come_from_the_records_and_a_contested_address_is_nobody_s() {
+        let a_key = ipam_gossip::NodeKey::from_seed(&[1; 32]).public();
+        let a_text = a_key.to_string();
+        let records = three_nodes([false; 3]);
+        let records = vec![
+            with_key(records[0].clone(), Some(&a_text), None),
+            with_key(records[1].clone(), None, None),
+            with_key(records[2].clone(), Some("ed25519:xyz"), None),
+        ];
+        let b = directory("b", &records);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(
+            b.signers().speaker(ip("10.0.0.1")),
+            Some(Speaker::Signed(a_key))
+        );
+        assert_eq!(b.signers().speaker(ip("10.0.0.2")), Some(Speaker::Unsigned));
+        assert_eq!(
+            b.signers().speaker(ip("10.0.0.3")),
+            Some(Speaker::Unreadable)
+        );
+        assert_eq!(b.unreadable_keys().len(), 1);
+        assert!(b.unreadable_keys()[0].1.contains("ed25519:xyz"));
+        assert_eq!(directory("a", &records).own_key(), Some(a_text.as_str()));
+        assert_eq!(b.node_at(addr("10.0.0.1:7946")), Some("a"));
+
+        let mut contested = records.clone();
+        contested[2] = with_key(records[2].clone(), None, Some("10.0.0.1"));
+        let b = directory("b", &contested);
+        assert_eq!(b.signers().speaker(ip("10.0.0.1")), None);
+        assert_eq!(b.contested().len(), 1);
+        assert_eq!(b.contested()[0].claimants, ["a", "c"]);
+        assert_eq!(b.node_at(addr("10.0.0.1:7946")), None);
+        assert_eq!(
+            b.view([addr("10.0.0.1:7946"), addr("10.0.0.3:7946")]),
+            View {
+                members: 3,
+                alive: 2
+            },
+            "nobody is counted alive for a contested address"
         );
     }
 }

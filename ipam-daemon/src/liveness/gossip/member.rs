@@ -12,6 +12,8 @@ use std::{
 use ipam_api::types::GossipMembers;
 
 use ipam_core::store::Watch;
+
+use crate::{cluster::ClusterStore, metrics::gossip::ReasonLabel};
 use ipam_gossip::{Event, Now, Peer, PeerId, Settings, State, View};
 use tokio::{
     net::UdpSocket,
@@ -25,7 +27,7 @@ use super::{
     fencing::FenceKeeper,
     keys::KeyFiles,
     report::{Report, snapshot},
-    start::{Started, start},
+    start::{Started, publish, start},
     takeover::TakeoverHold,
 };
 
@@ -70,6 +72,14 @@ struct Member {
     /// logged (so a flood of bad packets is one line a minute).
     next_seed: usize,
     logged: HashMap<&'static str, Instant>,
+    /// This agent's public key as its record must publish it, and the write that puts it back
+    /// when the record is seen without it.
+    published_key: String,
+    republishing: Option<tokio::task::JoinHandle<()>>,
+    store: ClusterStore,
+    node: String,
+    /// The records refused as last reported (contested addresses, unreadable keys).
+    refused_reported: Vec<String>,
 }
 
 impl Member {
@@ -79,19 +89,23 @@ impl Member {
             address,
             keyring,
             keys,
+            key,
             directory,
             records,
         } = started;
+        let published_key = key.public().to_string();
         let timing = inputs.settings.timing();
         // A start later than the last one at this address wins over its memory in the cluster.
         let generation = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX));
-        let peer = Peer::new(
+        let mut peer = Peer::new(
             PeerId::new(address, generation),
             Settings::new(&timing, directory.size()),
             keyring,
+            key,
         );
+        peer.set_signers(directory.signers());
         let Outputs {
             membership,
             fence,
@@ -116,12 +130,18 @@ impl Member {
             report: Report::new(inputs.metrics.clone()),
             next_seed: 0,
             logged: HashMap::new(),
+            published_key,
+            republishing: None,
+            store: inputs.store.clone(),
+            node: inputs.node.clone(),
+            refused_reported: Vec::new(),
         }
     }
 
     async fn run(&mut self, mut stop: oneshot::Receiver<()>) {
         let mut buf = vec![0; MAX_PACKET];
         let mut housekeeping = crate::clock::ticker(HOUSEKEEPING);
+        self.report_refused_records();
         self.derive(Rebuild::Always);
         self.judge_fence();
         // One timer, moved only when the next deadline does: a new timer each step re-arms
@@ -146,6 +166,9 @@ impl Member {
                 () = &mut timer => self.peer.advance(self.now()),
                 event = self.records.next() => {
                     self.directory.apply(event);
+                    self.peer.set_signers(self.directory.signers());
+                    self.report_refused_records();
+                    self.keep_key_published();
                     self.derive(Rebuild::Always);
                 }
                 _ = housekeeping.tick() => self.housekeeping(),
@@ -358,6 +381,7 @@ impl Member {
         if self.peer.active().next().is_none() && self.directory.view([]).members > 1 {
             self.join();
         }
+        self.keep_key_published();
         // Once a second whatever the digest says: a change it cannot see lasts a second at most.
         self.derive(Rebuild::Always);
         self.report.count(&self.peer);
@@ -368,6 +392,73 @@ impl Member {
             self.fence.why_silent(),
         );
         *self.members.lock().expect("members lock") = view;
+    }
+
+    /// Puts this agent's key back into its record when the record is seen without it (a writer
+    /// of an earlier release, or of the record as a whole, dropped it): until then the others
+    /// take nothing from this node.
+    fn keep_key_published(&mut self) {
+        let running = self.republishing.as_ref().is_some_and(|t| !t.is_finished());
+        if running || self.directory.own_key() == Some(self.published_key.as_str()) {
+            return;
+        }
+        let node = self.node.clone();
+        self.log_trouble("own_key", || {
+            format!(
+                "node {node}'s record does not publish this agent's gossip key: writing it again"
+            )
+        });
+        let (store, node, key) = (
+            self.store.clone(),
+            self.node.clone(),
+            self.published_key.clone(),
+        );
+        self.republishing = Some(tokio::spawn(async move {
+            if let Err(why) = publish(&store, &node, &key).await {
+                tracing::warn!("cannot publish the gossip key in node {node}'s record: {why}");
+            }
+        }));
+    }
+
+    /// Logs each record whose gossip is refused (once per change) and sets the gauge.
+    fn report_refused_records(&mut self) {
+        let contested: Vec<String> = self
+            .directory
+            .contested()
+            .iter()
+            .map(|c| {
+                format!(
+                    "address {} is listed by the records of {}: gossip from it is refused until \
+                     only one of them lists it (a record listing another node's address is \
+                     wrong, or was written by a compromised node)",
+                    c.address,
+                    c.claimants.join(" and ")
+                )
+            })
+            .collect();
+        let unreadable: Vec<String> = self
+            .directory
+            .unreadable_keys()
+            .iter()
+            .map(|(node, why)| format!("node {node}'s record: {why}; gossip from it is refused"))
+            .collect();
+        let gauge = |reason: &str, count: usize| {
+            let label = ReasonLabel {
+                reason: reason.to_owned(),
+            };
+            self.report
+                .metrics()
+                .refused_records
+                .get_or_create(&label)
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        };
+        gauge("contested_address", contested.len());
+        gauge("unreadable_key", unreadable.len());
+        let now: Vec<String> = contested.into_iter().chain(unreadable).collect();
+        for line in now.iter().filter(|l| !self.refused_reported.contains(l)) {
+            tracing::warn!("{line}");
+        }
+        self.refused_reported = now;
     }
 
     /// A clean stop: the others declare this member dead at once.

@@ -1,5 +1,5 @@
 //! What the member waits for before it can run: the node records, the cluster key, its own
-//! address and its socket. Each wait retries with backoff and says what it waits for, in the
+//! address, its own signing key published in its record, and its socket. Each wait retries with backoff and says what it waits for, in the
 //! log and as the fence's reason (`ipamctl members`); none ends the daemon.
 
 use std::{
@@ -8,13 +8,19 @@ use std::{
 };
 
 use ipam_core::{backoff::Backoff, resources::NodeIpam, store::Watch};
-use ipam_gossip::Keyring;
+use ipam_gossip::{Keyring, NodeKey};
 use tokio::net::UdpSocket;
 
 use super::{Inputs, Outputs, directory::Directory, keys::KeyFiles};
 use crate::{
-    cluster::cache::{Cache, watch_until_it_works},
-    liveness::fence::FenceState,
+    cluster::{
+        ClusterStore,
+        cache::{Cache, watch_until_it_works},
+    },
+    liveness::{
+        fence::FenceState,
+        own_record::{self, Amended},
+    },
 };
 
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -25,6 +31,8 @@ pub(super) struct Started {
     pub address: SocketAddr,
     pub keyring: Keyring,
     pub keys: KeyFiles,
+    /// This agent's own signing key, its public half in its record.
+    pub key: NodeKey,
     pub directory: Directory,
     pub records: Watch,
 }
@@ -39,6 +47,8 @@ pub(super) async fn start(inputs: &Inputs, outputs: &Outputs) -> Started {
     let mut keys = KeyFiles::new(&inputs.settings);
     let keyring = load_keys(&mut keys, outputs).await;
     let ip = own_address(inputs, &mut directory, &mut records, outputs).await;
+    let key = NodeKey::generate();
+    publish_key(inputs, &key, outputs).await;
     let address = SocketAddr::new(ip, inputs.settings.port);
     let socket = bind(address, outputs).await;
     tracing::info!(%address, "gossip listening");
@@ -47,8 +57,51 @@ pub(super) async fn start(inputs: &Inputs, outputs: &Outputs) -> Started {
         address,
         keyring,
         keys,
+        key,
         directory,
         records,
+    }
+}
+
+/// Writes the public half of `key` into this node's record (`spec.gossipKey`), before the
+/// first packet signed with it: the others take nothing signed with a key the record does not
+/// publish.
+async fn publish_key(inputs: &Inputs, key: &NodeKey, outputs: &Outputs) {
+    let mut backoff = Backoff::new(RETRY_CAP);
+    loop {
+        match publish(&inputs.store, &inputs.node, &key.public().to_string()).await {
+            Ok(()) => {
+                tracing::info!(key = %key.public(), "gossip key published in the node's record");
+                return;
+            }
+            Err(why) => waiting(
+                outputs,
+                format!(
+                    "to publish this agent's gossip key in node {}'s record: {why}",
+                    inputs.node
+                ),
+            ),
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// One attempt at [`publish_key`], also made whenever the record is seen without the key (a
+/// writer that does not know the field dropped it).
+pub(super) async fn publish(store: &ClusterStore, node: &str, key: &str) -> Result<(), String> {
+    let amended = own_record::amend(store, node, |spec| {
+        if spec.gossip_key.as_deref() == Some(key) {
+            return false;
+        }
+        spec.gossip_key = Some(key.to_owned());
+        true
+    })
+    .await;
+    match amended {
+        Ok(Amended::Written | Amended::AlreadySo) => Ok(()),
+        Ok(Amended::Raced) => Err("the record changed meanwhile; trying again".into()),
+        Ok(Amended::Missing) => Err("the node has no record yet".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 

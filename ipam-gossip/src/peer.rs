@@ -7,7 +7,8 @@
 use std::{collections::HashSet, net::SocketAddr, sync::Arc, time::Duration};
 
 use foca::{
-    Foca, Member, Message, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer,
+    Codec, Foca, Member, Message, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State,
+    Timer,
 };
 use rand::{SeedableRng, rngs::StdRng};
 
@@ -234,6 +235,15 @@ impl Peer {
     /// The sender of an authentic packet the protocol took.
     fn open_and_handle(&mut self, now: Now, packet: &[u8]) -> Result<SocketAddr, Dropped> {
         let (from, message) = self.envelope.open(now.unix_micros, packet)?;
+        // The envelope proves who sealed the packet; the protocol reads its sender from the
+        // message's own header, and would answer, count alive or take an ack from whoever that
+        // names. A node may speak only as itself: the two must be the same member.
+        let header: foca::Header<PeerId> = PostcardCodec
+            .decode_header(message)
+            .map_err(|_| Dropped::Malformed)?;
+        if header.src.addr != from {
+            return Err(Dropped::Impersonating);
+        }
         let (protocol, mut sink) = self.split(now);
         protocol
             .handle_data(message, &mut sink)

@@ -7,7 +7,9 @@
 //! signs what it sends with a key of its own (Ed25519), made at its start and held only in its
 //! memory; its public half goes into the agent's own node record (which only that node may
 //! write), and a receiver takes a packet naming a sender only if it is signed by the key that
-//! sender's record publishes ([`Signers`]). A compromised node can then speak only as itself.
+//! sender's record publishes ([`Signers`]), and only if the protocol message inside names that
+//! same sender ([`crate::Peer`]). A compromised node can then speak only as itself (and lie as
+//! itself: docs/security.md).
 //!
 //! An address listed by two records is **contested** and nobody's: the directory cannot tell
 //! which record is lying, so packets from it are refused and the conflict is reported. A node
@@ -158,6 +160,9 @@ pub enum Speaker {
     /// The record listing the address publishes a key that cannot be read: nothing from it is
     /// taken, signed or not (taking it unsigned would let a broken key turn the check off).
     Unreadable,
+    /// The record listing the address is of a release that signs but publishes no key yet (its
+    /// agent is starting): nothing from it is taken until it does.
+    Pending,
 }
 
 /// The records' word on who speaks for each address. An address no record lists, and one that
@@ -203,6 +208,20 @@ impl Signers {
         }
         contested.sort_by_key(|c| c.address);
         (Self { speakers }, contested)
+    }
+
+    /// Lets `speaker` speak for `address` unless someone does already or the address is
+    /// contested: a record that counts for less (a node whose lease lapsed, perhaps gone, whose
+    /// address another node may use now) claims only what no other record does.
+    pub fn insert_if_unclaimed(
+        &mut self,
+        address: IpAddr,
+        speaker: Speaker,
+        contested: &[Contested],
+    ) {
+        if !contested.iter().any(|c| c.address == address) {
+            self.speakers.entry(address).or_insert(speaker);
+        }
     }
 
     /// Who speaks for `address`, if one record alone lists it.

@@ -320,6 +320,58 @@ fn forged_and_replayed_packets_are_dropped_counted_and_change_nothing() {
     );
 }
 
+/// A compromised member (4) seals, as itself, protocol messages whose own header names member
+/// 1 as their sender: acks for every probe number (so that a dead member 1 would answer every
+/// probe) and a ping. The envelope takes them (they are member 4's); the peer refuses them as
+/// impersonating before the protocol reads them, and with member 1 dead it is declared dead all
+/// the same.
+#[test]
+fn a_member_cannot_speak_as_another_inside_the_protocol() {
+    use foca::{Codec, Header, Message, PostcardCodec};
+    let mut sim = cluster(5, NetworkModel::default(), 14);
+    sim.run_for(secs(1.0));
+    let one = sim.id(1);
+    sim.kill(1);
+    let killed_at = sim.now();
+    let mut mallory = sim.sealer(4, address(4));
+    let mut impersonated = 0;
+    let mut until = killed_at;
+    while sim.now() < killed_at + secs(3.0) {
+        for (to, probe) in (0..4)
+            .filter(|m| *m != 1)
+            .flat_map(|m| (0..=u8::MAX).map(move |p| (m, p)))
+        {
+            let mut message = Vec::new();
+            let header = Header {
+                src: one,
+                src_incarnation: 0,
+                dst: sim.id(to),
+                message: if probe == 0 {
+                    Message::Ping(0)
+                } else {
+                    Message::Ack(probe)
+                },
+            };
+            PostcardCodec.encode_header(&header, &mut message).unwrap();
+            let packet = mallory.seal(unix_micros(&sim), address(to), &message);
+            assert_eq!(sim.inject(to, &packet), Err(Dropped::Impersonating));
+            impersonated += 1;
+        }
+        until += secs(0.1);
+        sim.run_for(until - sim.now());
+    }
+    assert!(impersonated > 1_000);
+    assert!(
+        sim.declared_dead_by_all(one, killed_at).is_some(),
+        "member 1 kept alive by another member's word"
+    );
+    assert_eq!(
+        sim.peer(0).unwrap().stats().dropped(Dropped::Impersonating) * 3,
+        impersonated,
+        "members 0, 2 and 3 each refused every one sent to them"
+    );
+}
+
 /// The simulation's wall clock at virtual time zero (`sim.rs`).
 const EPOCH_MICROS: u64 = 1_800_000_000_000_000;
 

@@ -32,6 +32,8 @@ use crate::{
     resolve::Resolver,
 };
 
+/// Where a gossiping rig's agents serve their metrics, each in its node's namespace.
+pub const AGENT_METRICS_PORT: u16 = 9965;
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 100);
 const PORT: u16 = 8080;
 const PERIOD: Duration = Duration::from_millis(50);
@@ -366,19 +368,22 @@ pub struct FailoverRig {
 impl FailoverRig {
     /// Three agents that know who is alive from their leases.
     pub fn start(tag: &str) -> Self {
-        Self::start_with(Cluster::start(tag, 1), tag)
+        Self::start_with(Cluster::start(tag, 1), tag, "")
     }
 
     /// Three agents that know who is alive from the gossip.
+    /// Three agents over etcd that gossip, each serving its metrics on
+    /// [`AGENT_METRICS_PORT`] in its own namespace.
     pub fn start_gossip(tag: &str, node_grace_ms: u64) -> Self {
         let mut c = Cluster::start_with(tag, 1, crate::cluster::POOLS, node_grace_ms);
         c.enable_gossip();
-        Self::start_with(c, tag)
+        let metrics = format!("[metrics]\nlisten = \"127.0.0.1:{AGENT_METRICS_PORT}\"\n");
+        Self::start_with(c, tag, &metrics)
     }
 
-    fn start_with(mut c: Cluster, tag: &str) -> Self {
+    fn start_with(mut c: Cluster, tag: &str, extra_config: &str) -> Self {
         for _ in 0..3 {
-            c.add_node(tag);
+            c.add_node_with(tag, extra_config);
         }
         Self::around(c, tag)
     }

@@ -33,8 +33,9 @@
 //!   highest counter and which of the [`REPLAY_WINDOW`] below it they have seen, as IPsec does:
 //!   a packet seen before is dropped, and so is one more than [`REPLAY_WINDOW`] packets older
 //!   than the newest, which cannot be told from a replay. The window is kept per sender address
-//!   and touched only by a packet whose signature is that address's key's: no other node can
-//!   move it. Counted per recipient, the window is packets sent to this member: at the
+//!   and key, and touched only by a packet whose signature is that key's: no other node can
+//!   move it (what was taken unsigned from an address, before its record published a key, has
+//!   a window of its own). Counted per recipient, the window is packets sent to this member: at the
 //!   gossip's rates to one peer (tens a second) it takes reordering over about a second,
 //!   whatever the cluster's size.
 //! - A counter more than [`MAX_CLOCK_SKEW`] **ahead** of the receiver's clock is dropped: no
@@ -162,7 +163,10 @@ pub enum Dropped {
     Ahead,
     #[error("already received")]
     Replayed,
-    #[error("authentic, but sent to another member (or to this node's agent before a restart)")]
+    #[error(
+        "sealed for another member (a capture replayed here, or a packet for this node's agent \
+         before a restart)"
+    )]
     Misaddressed,
     #[error(
         "from an address that no node record, or more than one, lists: a node whose record is \
@@ -181,6 +185,11 @@ pub enum Dropped {
          for another, or an agent downgraded past the release that signs"
     )]
     Unsigned,
+    #[error(
+        "authentic, but the protocol message inside names another member as its sender: a node \
+         of the cluster speaking for another"
+    )]
+    Impersonating,
     #[error("authentic, but not a message the protocol can read")]
     Malformed,
     #[error("authentic, but refused by the protocol (a message from this node itself, say)")]
@@ -188,7 +197,7 @@ pub enum Dropped {
 }
 
 impl Dropped {
-    pub const ALL: [Dropped; 15] = [
+    pub const ALL: [Dropped; 16] = [
         Dropped::Truncated,
         Dropped::NotGossip,
         Dropped::OtherVersion,
@@ -202,6 +211,7 @@ impl Dropped {
         Dropped::UnknownSigner,
         Dropped::BadSignature,
         Dropped::Unsigned,
+        Dropped::Impersonating,
         Dropped::Malformed,
         Dropped::Refused,
     ];
@@ -222,6 +232,7 @@ impl Dropped {
             Dropped::UnknownSigner => "unknown_signer",
             Dropped::BadSignature => "bad_signature",
             Dropped::Unsigned => "unsigned",
+            Dropped::Impersonating => "impersonating",
             Dropped::Malformed => "malformed",
             Dropped::Refused => "refused",
         }
@@ -241,7 +252,8 @@ pub struct Envelope {
     me: SocketAddr,
     /// The counter of the last packet sealed for each recipient.
     counters: HashMap<SocketAddr, u64>,
-    seen: HashMap<SocketAddr, ReplayWindow>,
+    /// A replay window per sender and the key it signs with (none: version 2).
+    seen: HashMap<(SocketAddr, Option<KeyId>), ReplayWindow>,
 }
 
 impl Envelope {
@@ -401,14 +413,15 @@ impl Envelope {
         let (body, tag) = packet.split_at(packet.len() - layout.tag);
         let recipient = &packet[layout.recipient..layout.recipient + layout.recipient_len];
         let sender = address_from(&packet[layout.sender..layout.sender + 18]);
-        let speaker = self.signers.speaker(sender.ip());
         match layout.version {
             3 => {
                 if recipient != self.key_id.0 {
                     return Err(Dropped::Misaddressed);
                 }
-                let expected = hmac::sign(&key.hmac, &[body, &me].concat());
-                if !equal_in_constant_time(&expected.as_ref()[..V3.tag], tag) {
+                let mut expected = hmac::Context::with_key(&key.hmac);
+                expected.update(body);
+                expected.update(&me);
+                if !equal_in_constant_time(&expected.sign().as_ref()[..V3.tag], tag) {
                     return Err(Dropped::BadTag);
                 }
             }
@@ -430,24 +443,32 @@ impl Envelope {
         if counter > unix_micros.saturating_add(skew) {
             return Err(Dropped::Ahead);
         }
+        // Every member gossips on the same port: another port of a node's address is nobody.
+        let speaker = (sender.port() == self.me.port())
+            .then(|| self.signers.speaker(sender.ip()))
+            .flatten();
         let message_end = body.len() - layout.signature;
-        match (layout.version, speaker) {
+        let signer = match (layout.version, speaker) {
             (_, None) => return Err(Dropped::UnknownSender),
             (3, Some(Speaker::Signed(public))) => {
-                if public.id().0 != packet[7..11] {
+                let id = public.id();
+                if id.0 != packet[7..11] {
                     return Err(Dropped::UnknownSigner);
                 }
                 let signed = [&body[..message_end], &me].concat();
                 if !public.verifies(&signed, &body[message_end..]) {
                     return Err(Dropped::BadSignature);
                 }
+                Some(id)
             }
             (3, Some(_)) => return Err(Dropped::UnknownSigner),
-            (_, Some(Speaker::Unsigned)) => {}
+            (_, Some(Speaker::Unsigned)) => None,
             (_, Some(_)) => return Err(Dropped::Unsigned),
-        }
+        };
+        // A window per sender and key: what was taken unsigned from an address (or under an
+        // agent's earlier key) cannot push the window its signed packets go through.
         self.seen
-            .entry(sender)
+            .entry((sender, signer))
             .or_default()
             .admit(counter, unix_micros)?;
         Ok((sender, &body[layout.header..message_end]))
@@ -459,7 +480,7 @@ impl Envelope {
     /// as new by an empty window); a recipient's counter at once, as the next packet to it then
     /// starts from the clock, above every counter sent to it before.
     pub fn forget(&mut self, unix_micros: u64, is_member: impl Fn(&SocketAddr) -> bool) {
-        self.seen.retain(|sender, window| {
+        self.seen.retain(|(sender, _), window| {
             is_member(sender) || window.taken_within(unix_micros, micros(FORGET_AFTER))
         });
         self.counters.retain(|recipient, _| is_member(recipient));
@@ -472,7 +493,7 @@ impl Envelope {
 
     /// Whether this envelope keeps a replay window of `sender`.
     pub fn remembers_sender(&self, sender: SocketAddr) -> bool {
-        self.seen.contains_key(&sender)
+        self.seen.keys().any(|(s, _)| *s == sender)
     }
 }
 

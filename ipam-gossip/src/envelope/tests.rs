@@ -457,3 +457,42 @@ fn a_packet_readdressed_to_another_member_fails_its_signature() {
     let readdressed = retagged(&to_c, V3.recipient, &b_id, &cluster(), B);
     assert_eq!(b.open(NOW, &readdressed), Err(Dropped::BadSignature));
 }
+
+/// Before A's record published a key, a holder of the cluster key sealed a packet as A
+/// (version 2) with a counter at the edge of the skew, and B took it. Once A's record
+/// publishes its key, A's signed packets go through a window of their own: taken at once.
+#[test]
+fn what_was_taken_unsigned_does_not_push_the_signed_window() {
+    let cluster = || keyring(&[1; 32], &[]);
+    let unsigned_a: Signers = [
+        (addr(A).ip(), Speaker::Unsigned),
+        (addr(B).ip(), Speaker::Signed(node_key(2).public())),
+    ]
+    .into_iter()
+    .collect();
+    let mut b = member_with(cluster(), 2, B, unsigned_a);
+    let forger = member_with(
+        cluster(),
+        66,
+        A,
+        [(addr(B).ip(), Speaker::Unsigned)].into_iter().collect(),
+    );
+    let skew = micros(MAX_CLOCK_SKEW);
+    let pushed = forger.sealed(NOW, addr(B), NOW + skew, b"x");
+    assert!(b.open(NOW, &pushed).is_ok());
+    b.set_signers(Arc::new(records()));
+    let mut a = member(cluster(), 1, A);
+    assert!(b.open(NOW + 1, &a.seal(NOW + 1, addr(B), b"m")).is_ok());
+    assert_eq!(b.open(NOW + 2, &pushed), Err(Dropped::Unsigned));
+}
+
+/// A node's own address on another port is nobody: every member gossips on one port.
+#[test]
+fn another_port_of_a_signed_address_is_nobody() {
+    let (_, mut b) = pair(keyring(&[1; 32], &[]), keyring(&[1; 32], &[]));
+    let mut a_elsewhere = member(keyring(&[1; 32], &[]), 1, "10.0.0.1:7947");
+    assert_eq!(
+        b.open(NOW, &a_elsewhere.seal(NOW, addr(B), b"m")),
+        Err(Dropped::UnknownSender)
+    );
+}

@@ -88,28 +88,37 @@ impl Directory {
     /// (none: an agent of the previous release, which does not sign).
     fn index_signers(&mut self) {
         let mut unreadable = Vec::new();
-        let speakers: Vec<(&str, &[IpAddr], Speaker)> = self
-            .records
+        let mut speaker_of = |r: &ipam_core::store::Versioned<NodeIpam>| {
+            let spec = &r.value.spec;
+            match spec.gossip_key.as_deref().map(str::parse::<PublicKey>) {
+                None if spec.agent_version.is_none() => Speaker::Unsigned,
+                None => Speaker::Pending,
+                Some(Ok(key)) => Speaker::Signed(key),
+                Some(Err(e)) => {
+                    unreadable.push((r.name.clone(), e.to_string()));
+                    Speaker::Unreadable
+                }
+            }
+        };
+        let (lapsed, current): (Vec<_>, Vec<_>) =
+            self.records.iter().partition(|r| r.value.lease_lapsed());
+        let claims: Vec<(&str, &[IpAddr], Speaker)> = current
             .iter()
             .map(|r| {
-                let speaker = match r
-                    .value
-                    .spec
-                    .gossip_key
-                    .as_deref()
-                    .map(str::parse::<PublicKey>)
-                {
-                    None => Speaker::Unsigned,
-                    Some(Ok(key)) => Speaker::Signed(key),
-                    Some(Err(e)) => {
-                        unreadable.push((r.name.clone(), e.to_string()));
-                        Speaker::Unreadable
-                    }
-                };
-                (r.name.as_str(), r.value.spec.addresses.as_slice(), speaker)
+                (
+                    r.name.as_str(),
+                    r.value.spec.addresses.as_slice(),
+                    speaker_of(r),
+                )
             })
             .collect();
-        let (signers, contested) = Signers::from_records(speakers);
+        let (mut signers, contested) = Signers::from_records(claims);
+        for r in lapsed {
+            let speaker = speaker_of(r);
+            for address in &r.value.spec.addresses {
+                signers.insert_if_unclaimed(*address, speaker, &contested);
+            }
+        }
         self.signers = Arc::new(signers);
         self.contested = contested;
         self.unreadable = unreadable;
@@ -320,6 +329,18 @@ mod tests {
             with_key(records[1].clone(), None, None),
             with_key(records[2].clone(), Some("ed25519:xyz"), None),
         ];
+        let mut starting = with_key(records[1].clone(), None, None);
+        let mut value: NodeIpam = serde_json::from_slice(&starting.value).unwrap();
+        value.spec.agent_version = Some("0.1.0".into());
+        starting.value = serde_json::to_vec(&value).unwrap();
+        let with_starting = [records[0].clone(), starting, records[2].clone()];
+        assert_eq!(
+            directory("a", &with_starting)
+                .signers()
+                .speaker("10.0.0.2".parse().unwrap()),
+            Some(Speaker::Pending),
+            "a record of a release that signs, without its key yet, is not taken as unsigned"
+        );
         let b = directory("b", &records);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
@@ -345,12 +366,49 @@ mod tests {
         assert_eq!(b.contested()[0].claimants, ["a", "c"]);
         assert_eq!(b.node_at(addr("10.0.0.1:7946")), None);
         assert_eq!(
-            b.view([addr("10.0.0.1:7946"), addr("10.0.0.3:7946")]),
+            b.view([addr("10.0.0.1:7946")]),
             View {
                 members: 3,
-                alive: 2
+                alive: 1
             },
             "nobody is counted alive for a contested address"
         );
+    }
+
+    /// A node gone (its lease lapsed) whose address a new node now uses: the new node's record
+    /// speaks for it, not the old one's (and no contest); an address only the lapsed record
+    /// lists is still its own, for when it comes back.
+    #[test]
+    fn a_lapsed_record_claims_only_what_no_other_record_does() {
+        let new_key = ipam_gossip::NodeKey::from_seed(&[7; 32]).public();
+        let records = three_nodes([false; 3]);
+        let mut gone: NodeIpam = serde_json::from_slice(&records[0].value).unwrap();
+        gone.spec.addresses.push("10.0.0.9".parse().unwrap());
+        gone.status.conditions.push(ipam_core::meta::Condition::new(
+            ipam_core::resources::LEASE_LAPSED,
+            true,
+            "lapsed",
+        ));
+        let mut gone_record = records[0].clone();
+        gone_record.value = serde_json::to_vec(&gone).unwrap();
+        let newcomer = with_key(
+            record("z", "10.0.0.1", false),
+            Some(&new_key.to_string()),
+            None,
+        );
+        let all = [
+            gone_record,
+            records[1].clone(),
+            records[2].clone(),
+            newcomer,
+        ];
+        let b = directory("b", &all);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(b.contested().is_empty(), "{:?}", b.contested());
+        assert_eq!(
+            b.signers().speaker(ip("10.0.0.1")),
+            Some(Speaker::Signed(new_key))
+        );
+        assert_eq!(b.signers().speaker(ip("10.0.0.9")), Some(Speaker::Unsigned));
     }
 }

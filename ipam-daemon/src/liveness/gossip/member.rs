@@ -76,6 +76,7 @@ struct Member {
     /// when the record is seen without it.
     published_key: String,
     republishing: Option<tokio::task::JoinHandle<()>>,
+    republish: Republish,
     store: ClusterStore,
     node: String,
     /// The records refused as last reported (contested addresses, unreadable keys).
@@ -132,6 +133,7 @@ impl Member {
             logged: HashMap::new(),
             published_key,
             republishing: None,
+            republish: Republish::default(),
             store: inputs.store.clone(),
             node: inputs.node.clone(),
             refused_reported: Vec::new(),
@@ -395,13 +397,36 @@ impl Member {
     }
 
     /// Puts this agent's key back into its record when the record is seen without it (a writer
-    /// of an earlier release, or of the record as a whole, dropped it): until then the others
-    /// take nothing from this node.
+    /// of the previous release, which rewrites the whole record, dropped it): until then the
+    /// others take nothing from this node. Tried again with backoff while it stays missing. A
+    /// record that publishes another key is not overwritten: another agent runs with this
+    /// node's name, and two agents writing their keys in turn would have each refused half the
+    /// time; this one says so instead, and the others keep refusing it.
     fn keep_key_published(&mut self) {
+        let now = Instant::now();
+        match self.directory.own_key() {
+            Some(key) if key == self.published_key => {
+                self.republish = Republish::default();
+                return;
+            }
+            Some(other) => {
+                let (node, other) = (self.node.clone(), other.to_owned());
+                self.log_trouble("own_key", || {
+                    format!(
+                        "node {node}'s record publishes gossip key {other}, not this agent's: \
+                         is another agent running with this node's name? Not overwriting it; \
+                         the other nodes refuse this agent's gossip until it is this agent's"
+                    )
+                });
+                return;
+            }
+            None => {}
+        }
         let running = self.republishing.as_ref().is_some_and(|t| !t.is_finished());
-        if running || self.directory.own_key() == Some(self.published_key.as_str()) {
+        if running || now < self.republish.next_at {
             return;
         }
+        self.republish.next_at = now + self.republish.backoff.next_delay();
         let node = self.node.clone();
         self.log_trouble("own_key", || {
             format!(
@@ -415,7 +440,7 @@ impl Member {
         );
         self.republishing = Some(tokio::spawn(async move {
             if let Err(why) = publish(&store, &node, &key).await {
-                tracing::warn!("cannot publish the gossip key in node {node}'s record: {why}");
+                tracing::debug!("cannot publish the gossip key in node {node}'s record: {why}");
             }
         }));
     }
@@ -467,6 +492,21 @@ impl Member {
         self.peer.leave(now);
         self.send().await;
         tracing::info!("left the gossip");
+    }
+}
+
+/// When the key may next be written back, backing off while it stays missing.
+struct Republish {
+    next_at: Instant,
+    backoff: ipam_core::backoff::Backoff,
+}
+
+impl Default for Republish {
+    fn default() -> Self {
+        Self {
+            next_at: Instant::now(),
+            backoff: ipam_core::backoff::Backoff::new(Duration::from_secs(30)),
+        }
     }
 }
 

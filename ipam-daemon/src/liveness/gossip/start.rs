@@ -47,10 +47,12 @@ pub(super) async fn start(inputs: &Inputs, outputs: &Outputs) -> Started {
     let mut keys = KeyFiles::new(&inputs.settings);
     let keyring = load_keys(&mut keys, outputs).await;
     let ip = own_address(inputs, &mut directory, &mut records, outputs).await;
+    let address = SocketAddr::new(ip, inputs.settings.port);
+    // The socket first: an agent that cannot have it (its predecessor still stopping, or
+    // another agent with this node's name) must not take the record's key over.
+    let socket = bind(address, outputs).await;
     let key = NodeKey::generate();
     publish_key(inputs, &key, outputs).await;
-    let address = SocketAddr::new(ip, inputs.settings.port);
-    let socket = bind(address, outputs).await;
     tracing::info!(%address, "gossip listening");
     Started {
         socket,

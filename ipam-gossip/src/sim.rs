@@ -172,13 +172,15 @@ impl Simulation {
 
     /// A member at `id` with a key of its own (made from the seed, the member and the
     /// generation: the same on every run, a new one at every start), and that key's public
-    /// half.
+    /// half. The key is the simulators' stand-in for Ed25519 (`NodeKey::modelled`): the same
+    /// bytes and checks at a keyed hash's cost; the envelope's own tests and the real-netns
+    /// tests check the real signatures.
     fn new_peer(&self, id: PeerId, index: usize) -> (Peer, PublicKey, [u8; 32]) {
         let mut key_seed = [0; 32];
         key_seed[..8].copy_from_slice(&self.seed.to_le_bytes());
         key_seed[8..16].copy_from_slice(&(index as u64).to_le_bytes());
         key_seed[16..20].copy_from_slice(&id.generation.to_le_bytes());
-        let key = NodeKey::from_seed(&key_seed);
+        let key = NodeKey::modelled(&key_seed);
         let public = key.public();
         let settings = Settings {
             protocol: self
@@ -198,7 +200,7 @@ impl Simulation {
     pub fn sealer(&self, member: usize, from: SocketAddr) -> Envelope {
         let m = &self.members[member];
         let mut envelope =
-            Envelope::new(self.keyring.clone(), NodeKey::from_seed(&m.key_seed), from);
+            Envelope::new(self.keyring.clone(), NodeKey::modelled(&m.key_seed), from);
         envelope.set_signers(self.signers.clone());
         envelope
     }

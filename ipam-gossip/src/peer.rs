@@ -67,6 +67,9 @@ pub struct Stats {
     pub suspicions: u64,
     /// Hellos said after a silence (see [`Hello`]).
     pub hellos: u64,
+    /// Packets not sent: no single record says how their recipient speaks (contested,
+    /// unknown, or its key missing or unreadable), so it would drop them.
+    pub unreachable: u64,
 }
 
 impl Stats {
@@ -514,6 +517,10 @@ impl Runtime<PeerId> for Sink<'_> {
     }
 
     fn send_to(&mut self, to: PeerId, data: &[u8]) {
+        if !self.envelope.can_reach(to.addr) {
+            self.stats.unreachable += 1;
+            return;
+        }
         let packet = self.envelope.seal(self.now.unix_micros, to.addr, data);
         self.stats.sent_packets += 1;
         self.stats.sent_bytes += packet.len() as u64;

@@ -181,7 +181,7 @@ impl NodeKey {
     /// The simulators' stand-in for a key made from `seed` (see `Scheme::Modelled`): the same
     /// bytes on the wire and the same checks, at the cost of a keyed hash. No record can name
     /// it, so no agent ever takes it.
-    pub fn modelled(seed: &[u8; 32]) -> Self {
+    pub(crate) fn modelled(seed: &[u8; 32]) -> Self {
         Self {
             signer: Signer::Modelled(*seed),
             public: PublicKey {
@@ -233,11 +233,12 @@ pub enum Speaker {
     Pending,
 }
 
-/// The records' word on who speaks for each address. An address no record lists, and one that
-/// two records list, is in no entry: nothing from it is taken.
+/// The records' word on who speaks for each address, and which record that is. An address no
+/// record lists, and one that two records list, is in no entry: nothing from it is taken, and
+/// it is no node's.
 #[derive(Clone, Debug, Default)]
 pub struct Signers {
-    speakers: HashMap<IpAddr, Speaker>,
+    speakers: HashMap<IpAddr, (Speaker, Option<String>)>,
 }
 
 /// An address two or more records list, and which.
@@ -268,7 +269,7 @@ impl Signers {
         let mut speakers = HashMap::with_capacity(claims.len());
         for (address, (mut claimants, speaker)) in claims {
             if claimants.len() == 1 {
-                speakers.insert(address, speaker);
+                speakers.insert(address, (speaker, claimants.pop()));
             } else {
                 claimants.sort();
                 contested.push(Contested { address, claimants });
@@ -278,23 +279,16 @@ impl Signers {
         (Self { speakers }, contested)
     }
 
-    /// Lets `speaker` speak for `address` unless someone does already or the address is
-    /// contested: a record that counts for less (a node whose lease lapsed, perhaps gone, whose
-    /// address another node may use now) claims only what no other record does.
-    pub fn insert_if_unclaimed(
-        &mut self,
-        address: IpAddr,
-        speaker: Speaker,
-        contested: &[Contested],
-    ) {
-        if !contested.iter().any(|c| c.address == address) {
-            self.speakers.entry(address).or_insert(speaker);
-        }
-    }
-
     /// Who speaks for `address`, if one record alone lists it.
     pub fn speaker(&self, address: IpAddr) -> Option<Speaker> {
-        self.speakers.get(&address).copied()
+        self.speakers.get(&address).map(|(speaker, _)| *speaker)
+    }
+
+    /// The record that alone lists `address`, if it was built from records.
+    pub fn claimant(&self, address: IpAddr) -> Option<&str> {
+        self.speakers
+            .get(&address)
+            .and_then(|(_, name)| name.as_deref())
     }
 
     pub fn len(&self) -> usize {
@@ -309,7 +303,10 @@ impl Signers {
 impl FromIterator<(IpAddr, Speaker)> for Signers {
     fn from_iter<I: IntoIterator<Item = (IpAddr, Speaker)>>(entries: I) -> Self {
         Self {
-            speakers: entries.into_iter().collect(),
+            speakers: entries
+                .into_iter()
+                .map(|(address, speaker)| (address, (speaker, None)))
+                .collect(),
         }
     }
 }
@@ -369,7 +366,9 @@ mod tests {
             }]
         );
         assert_eq!(signers.speaker(ip("10.0.0.1")), None);
+        assert_eq!(signers.claimant(ip("10.0.0.1")), None);
         assert_eq!(signers.speaker(ip("fd00::1")), Some(Speaker::Signed(a)));
+        assert_eq!(signers.claimant(ip("fd00::1")), Some("a"));
         assert_eq!(signers.speaker(ip("10.0.0.9")), Some(Speaker::Signed(m)));
         assert_eq!(signers.speaker(ip("10.0.0.5")), Some(Speaker::Unsigned));
         assert_eq!(signers.speaker(ip("10.0.0.7")), None);

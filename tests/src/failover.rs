@@ -371,8 +371,7 @@ impl FailoverRig {
         Self::start_with(Cluster::start(tag, 1), tag, "")
     }
 
-    /// Three agents that know who is alive from the gossip.
-    /// Three agents over etcd that gossip, each serving its metrics on
+    /// Three agents that know who is alive from the gossip, each serving its metrics on
     /// [`AGENT_METRICS_PORT`] in its own namespace.
     pub fn start_gossip(tag: &str, node_grace_ms: u64) -> Self {
         let mut c = Cluster::start_with(tag, 1, crate::cluster::POOLS, node_grace_ms);

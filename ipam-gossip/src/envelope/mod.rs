@@ -281,6 +281,17 @@ impl Envelope {
         self.signers = signers;
     }
 
+    /// Whether anything sealed for `recipient` could be taken there: its record alone lists it
+    /// and says how it speaks (a key, or none for the previous release). Nothing is sent to an
+    /// address that is contested, unknown, or whose record's key is missing or unreadable: it
+    /// would only be counted as a drop there.
+    pub fn can_reach(&self, recipient: SocketAddr) -> bool {
+        matches!(
+            self.signers.speaker(recipient.ip()),
+            Some(Speaker::Signed(_) | Speaker::Unsigned)
+        )
+    }
+
     /// `message` in an envelope to `recipient`, sent at `unix_micros`: signed (version 3) when
     /// the recipient's record publishes a key, else as the previous release seals it.
     pub fn seal(&mut self, unix_micros: u64, recipient: SocketAddr, message: &[u8]) -> Vec<u8> {
@@ -466,7 +477,13 @@ impl Envelope {
             (_, Some(_)) => return Err(Dropped::Unsigned),
         };
         // A window per sender and key: what was taken unsigned from an address (or under an
-        // agent's earlier key) cannot push the window its signed packets go through.
+        // agent's earlier key) cannot push the window its signed packets go through. A new key
+        // of a sender (its agent restarted) replaces the windows of its earlier ones, which the
+        // signature check refuses from now on: a sender keeps one window, however often it
+        // restarts.
+        if signer.is_some() && !self.seen.contains_key(&(sender, signer)) {
+            self.seen.retain(|(s, _), _| *s != sender);
+        }
         self.seen
             .entry((sender, signer))
             .or_default()

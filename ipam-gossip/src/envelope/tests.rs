@@ -496,3 +496,45 @@ fn another_port_of_a_signed_address_is_nobody() {
         Err(Dropped::UnknownSender)
     );
 }
+
+/// A sender restarting again and again (a new key each time) keeps one window at a receiver,
+/// not one per start.
+#[test]
+fn a_sender_keeps_one_window_however_often_it_restarts() {
+    let cluster = || keyring(&[1; 32], &[]);
+    let mut b = member(cluster(), 2, B);
+    for start in 0..5u8 {
+        let a_key = 100 + start;
+        b.set_signers(Arc::new(
+            [
+                (addr(A).ip(), Speaker::Signed(node_key(a_key).public())),
+                (addr(B).ip(), Speaker::Signed(node_key(2).public())),
+            ]
+            .into_iter()
+            .collect(),
+        ));
+        let mut a = member(cluster(), a_key, A);
+        let at = NOW + u64::from(start) * 1_000_000;
+        assert!(b.open(at, &a.seal(at, addr(B), b"m")).is_ok());
+        assert_eq!(b.remembered().0, 1, "windows after start {start}");
+    }
+}
+
+/// Nothing is sealed for an address whose record is contested, unknown, pending or unreadable.
+#[test]
+fn only_addresses_a_record_says_how_to_reach_are_sent_to() {
+    let table: Signers = [
+        (addr(A).ip(), Speaker::Signed(node_key(1).public())),
+        (addr(B).ip(), Speaker::Unsigned),
+        (addr(C).ip(), Speaker::Pending),
+        ("10.0.0.4".parse().unwrap(), Speaker::Unreadable),
+    ]
+    .into_iter()
+    .collect();
+    let me = member_with(keyring(&[1; 32], &[]), 9, "10.0.0.9:7946", table);
+    assert!(me.can_reach(addr(A)));
+    assert!(me.can_reach(addr(B)));
+    assert!(!me.can_reach(addr(C)));
+    assert!(!me.can_reach("10.0.0.4:7946".parse().unwrap()));
+    assert!(!me.can_reach("10.0.0.5:7946".parse().unwrap()));
+}

@@ -2,11 +2,10 @@
 //! the node behind each member's address.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
-
-use std::sync::Arc;
 
 use ipam_core::resources::NodeIpam;
 use ipam_gossip::{PublicKey, Signers, Speaker, View, signing::Contested};
@@ -18,7 +17,6 @@ pub(super) struct Directory {
     me: String,
     port: u16,
     records: Cache<NodeIpam>,
-    by_ip: HashMap<IpAddr, String>,
     /// The other nodes a majority is reckoned from (kept with the records: the fence asks
     /// after every packet, the records change rarely).
     counted: BTreeSet<String>,
@@ -40,7 +38,6 @@ impl Directory {
             me: me.to_owned(),
             port,
             records,
-            by_ip: HashMap::new(),
             counted: BTreeSet::new(),
             left: BTreeSet::new(),
             signers: Arc::default(),
@@ -61,17 +58,6 @@ impl Directory {
     }
 
     fn index(&mut self) {
-        self.by_ip = self
-            .records
-            .iter()
-            .flat_map(|r| {
-                r.value
-                    .spec
-                    .addresses
-                    .iter()
-                    .map(move |ip| (*ip, r.name.clone()))
-            })
-            .collect();
         let (left, counted): (Vec<_>, Vec<_>) = self
             .records
             .iter()
@@ -88,37 +74,24 @@ impl Directory {
     /// (none: an agent of the previous release, which does not sign).
     fn index_signers(&mut self) {
         let mut unreadable = Vec::new();
-        let mut speaker_of = |r: &ipam_core::store::Versioned<NodeIpam>| {
-            let spec = &r.value.spec;
-            match spec.gossip_key.as_deref().map(str::parse::<PublicKey>) {
-                None if spec.agent_version.is_none() => Speaker::Unsigned,
-                None => Speaker::Pending,
-                Some(Ok(key)) => Speaker::Signed(key),
-                Some(Err(e)) => {
-                    unreadable.push((r.name.clone(), e.to_string()));
-                    Speaker::Unreadable
-                }
-            }
-        };
-        let (lapsed, current): (Vec<_>, Vec<_>) =
-            self.records.iter().partition(|r| r.value.lease_lapsed());
-        let claims: Vec<(&str, &[IpAddr], Speaker)> = current
+        let claims: Vec<(&str, &[IpAddr], Speaker)> = self
+            .records
             .iter()
             .map(|r| {
-                (
-                    r.name.as_str(),
-                    r.value.spec.addresses.as_slice(),
-                    speaker_of(r),
-                )
+                let spec = &r.value.spec;
+                let speaker = match spec.gossip_key.as_deref().map(str::parse::<PublicKey>) {
+                    None if spec.agent_version.is_none() => Speaker::Unsigned,
+                    None => Speaker::Pending,
+                    Some(Ok(key)) => Speaker::Signed(key),
+                    Some(Err(e)) => {
+                        unreadable.push((r.name.clone(), e.to_string()));
+                        Speaker::Unreadable
+                    }
+                };
+                (r.name.as_str(), spec.addresses.as_slice(), speaker)
             })
             .collect();
-        let (mut signers, contested) = Signers::from_records(claims);
-        for r in lapsed {
-            let speaker = speaker_of(r);
-            for address in &r.value.spec.addresses {
-                signers.insert_if_unclaimed(*address, speaker, &contested);
-            }
-        }
+        let (signers, contested) = Signers::from_records(claims);
         self.signers = Arc::new(signers);
         self.contested = contested;
         self.unreadable = unreadable;
@@ -171,10 +144,10 @@ impl Directory {
     }
 
     /// The node gossiping at `addr`, if one record alone lists it (a contested address is
-    /// nobody's: nothing from it is taken, and no one is counted alive for it).
+    /// nobody's: nothing from it is taken, and no one is counted alive for it). The same table
+    /// the envelope checks signatures against, so the two never name different nodes.
     pub(super) fn node_at(&self, addr: SocketAddr) -> Option<&str> {
-        self.signers.speaker(addr.ip())?;
-        self.by_ip.get(&addr.ip()).map(String::as_str)
+        self.signers.claimant(addr.ip())
     }
 
     /// Where the other nodes gossip: each one's first address of this node's family.
@@ -373,42 +346,50 @@ mod tests {
             },
             "nobody is counted alive for a contested address"
         );
+        assert_eq!(
+            b.view([addr("10.0.0.1:7946"), addr("10.0.0.3:7946")]),
+            View {
+                members: 3,
+                alive: 2
+            },
+            "the contesting record's own address still counts it"
+        );
     }
 
-    /// A node gone (its lease lapsed) whose address a new node now uses: the new node's record
-    /// speaks for it, not the old one's (and no contest); an address only the lapsed record
-    /// lists is still its own, for when it comes back.
+    /// A node gone (its lease lapsed) whose address a new node now uses: contested, nobody's,
+    /// whatever the names' order (a compromised node listing a dead node's address must not
+    /// speak for it), until the old record is deleted.
     #[test]
-    fn a_lapsed_record_claims_only_what_no_other_record_does() {
+    fn a_lapsed_record_still_contests_its_addresses() {
         let new_key = ipam_gossip::NodeKey::from_seed(&[7; 32]).public();
         let records = three_nodes([false; 3]);
-        let mut gone: NodeIpam = serde_json::from_slice(&records[0].value).unwrap();
-        gone.spec.addresses.push("10.0.0.9".parse().unwrap());
+        let mut gone: NodeIpam = serde_json::from_slice(&records[2].value).unwrap();
+        gone.spec.addresses = vec!["10.0.0.9".parse().unwrap()];
         gone.status.conditions.push(ipam_core::meta::Condition::new(
             ipam_core::resources::LEASE_LAPSED,
             true,
             "lapsed",
         ));
-        let mut gone_record = records[0].clone();
+        let mut gone_record = record("z-gone", "10.0.0.9", false);
         gone_record.value = serde_json::to_vec(&gone).unwrap();
         let newcomer = with_key(
-            record("z", "10.0.0.1", false),
+            record("a-new", "10.0.0.9", false),
             Some(&new_key.to_string()),
             None,
         );
         let all = [
-            gone_record,
+            records[0].clone(),
             records[1].clone(),
-            records[2].clone(),
+            gone_record,
             newcomer,
         ];
         let b = directory("b", &all);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert!(b.contested().is_empty(), "{:?}", b.contested());
-        assert_eq!(
-            b.signers().speaker(ip("10.0.0.1")),
-            Some(Speaker::Signed(new_key))
-        );
-        assert_eq!(b.signers().speaker(ip("10.0.0.9")), Some(Speaker::Unsigned));
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(b.contested().len(), 1);
+        assert_eq!(b.contested()[0].claimants, ["a-new", "z-gone"]);
+        assert_eq!(b.signers().speaker(ip("10.0.0.9")), None);
+        assert_eq!(b.node_at(addr("10.0.0.9:7946")), None);
+        assert_eq!(b.node_at(addr("10.0.0.1:7946")), Some("a"));
     }
 }

@@ -396,42 +396,46 @@ impl Member {
         *self.members.lock().expect("members lock") = view;
     }
 
-    /// Puts this agent's key back into its record when the record is seen without it (a writer
-    /// of the previous release, which rewrites the whole record, dropped it): until then the
-    /// others take nothing from this node. Tried again with backoff while it stays missing. A
-    /// record that publishes another key is not overwritten: another agent runs with this
-    /// node's name, and two agents writing their keys in turn would have each refused half the
-    /// time; this one says so instead, and the others keep refusing it.
+    /// Puts this agent's key back into its record when the record is seen without it or with
+    /// another key: a writer of the previous release rewrote the whole record without it, or an
+    /// old copy of the record was restored (a backup, an etcd snapshot). The agent that holds
+    /// the gossip socket owns the record's key. Writes back off (up to 30 s) and the backoff is
+    /// reset only once the key stayed for a minute, so that two agents with one node's name (a
+    /// mistake, said in the log) write at most once each per 30 s instead of at every watch
+    /// event. Nothing is judged until the watch has shown this agent's own first write (its
+    /// copy of the records is from before it), or for [`OWN_WRITE_SEEN_WITHIN`].
     fn keep_key_published(&mut self) {
         let now = Instant::now();
-        match self.directory.own_key() {
-            Some(key) if key == self.published_key => {
-                self.republish = Republish::default();
-                return;
+        let published = self.directory.own_key() == Some(self.published_key.as_str());
+        if published {
+            self.republish.seen_own = true;
+            let since = *self.republish.stable_since.get_or_insert(now);
+            if now.duration_since(since) >= KEY_STABLE_AFTER {
+                self.republish.backoff.reset();
             }
-            Some(other) => {
-                let (node, other) = (self.node.clone(), other.to_owned());
-                self.log_trouble("own_key", || {
-                    format!(
-                        "node {node}'s record publishes gossip key {other}, not this agent's: \
-                         is another agent running with this node's name? Not overwriting it; \
-                         the other nodes refuse this agent's gossip until it is this agent's"
-                    )
-                });
-                return;
-            }
-            None => {}
+            return;
         }
+        self.republish.stable_since = None;
         let running = self.republishing.as_ref().is_some_and(|t| !t.is_finished());
-        if running || now < self.republish.next_at {
+        let settled = self.republish.seen_own
+            || now.duration_since(self.republish.started) >= OWN_WRITE_SEEN_WITHIN;
+        if !settled || running || now < self.republish.next_at {
             return;
         }
         self.republish.next_at = now + self.republish.backoff.next_delay();
-        let node = self.node.clone();
-        self.log_trouble("own_key", || {
-            format!(
+        let (node, found) = (
+            self.node.clone(),
+            self.directory.own_key().map(str::to_owned),
+        );
+        self.log_trouble("own_key", || match found {
+            None => format!(
                 "node {node}'s record does not publish this agent's gossip key: writing it again"
-            )
+            ),
+            Some(other) => format!(
+                "node {node}'s record publishes gossip key {other}, not this agent's: writing \
+                 this agent's again (an old copy of the record restored, or another agent \
+                 running with this node's name)"
+            ),
         });
         let (store, node, key) = (
             self.store.clone(),
@@ -495,10 +499,25 @@ impl Member {
     }
 }
 
-/// When the key may next be written back, backing off while it stays missing.
+/// How long this agent's key must stay in its record before a later write-back starts its
+/// backoff afresh.
+const KEY_STABLE_AFTER: Duration = Duration::from_secs(60);
+
+/// How long after its start the member waits for its watch to show its own first write of the
+/// key before it judges the record.
+const OWN_WRITE_SEEN_WITHIN: Duration = Duration::from_secs(5);
+
+/// When the key may next be written back, and what was seen of it.
 struct Republish {
     next_at: Instant,
     backoff: ipam_core::backoff::Backoff,
+    /// Whether the watch has shown this agent's own key once (its first write), and when the
+    /// member started (a watch that never shows it is not waited for past
+    /// [`OWN_WRITE_SEEN_WITHIN`]).
+    seen_own: bool,
+    started: Instant,
+    /// Since when the record has shown this agent's key without a break.
+    stable_since: Option<Instant>,
 }
 
 impl Default for Republish {
@@ -506,6 +525,19 @@ impl Default for Republish {
         Self {
             next_at: Instant::now(),
             backoff: ipam_core::backoff::Backoff::new(Duration::from_secs(30)),
+            seen_own: false,
+            started: Instant::now(),
+            stable_since: None,
+        }
+    }
+}
+
+impl Drop for Member {
+    /// A write-back still running must not outlive this agent's member (a restart in the same
+    /// process would have it put the old key back).
+    fn drop(&mut self) {
+        if let Some(task) = &self.republishing {
+            task.abort();
         }
     }
 }

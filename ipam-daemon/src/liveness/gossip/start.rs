@@ -47,7 +47,9 @@ pub(super) async fn start(inputs: &Inputs, outputs: &Outputs) -> Started {
     let mut keys = KeyFiles::new(&inputs.settings);
     let keyring = load_keys(&mut keys, outputs).await;
     let ip = own_address(inputs, &mut directory, &mut records, outputs).await;
-    let address = SocketAddr::new(ip, inputs.settings.port);
+    // Canonical (an IPv4-mapped address as IPv4), as the envelope reads senders: the protocol's
+    // own header must name this member as the others read it.
+    let address = SocketAddr::new(ip.to_canonical(), inputs.settings.port);
     // The socket first: an agent that cannot have it (its predecessor still stopping, or
     // another agent with this node's name) must not take the record's key over.
     let socket = bind(address, outputs).await;

@@ -96,14 +96,20 @@ impl NodeIpam {
             .any(|c| c.kind == LEASE_LAPSED && c.status)
     }
 
-    /// The node's pod blocks as its record shows them: those it holds from the pools, and in
-    /// kubernetes mode its Node's podCIDRs. Where other nodes route its pods' traffic.
-    pub fn pod_blocks(&self) -> impl Iterator<Item = Cidr> + '_ {
-        self.status
-            .allocated
-            .iter()
-            .map(|b| b.cidr)
-            .chain(self.spec.pod_cidrs.iter().copied())
+    /// The node's pod blocks, where other nodes route its pods' traffic: those the operator gave
+    /// it from the pools (its status, which only the operator writes), and, with
+    /// `node_pod_cidrs` (the kubernetes IPAM mode), its Node's podCIDRs as its agent copies them
+    /// into its spec. In every other mode a record's `spec.podCIDRs` is its agent's word alone,
+    /// for no one to route: a compromised node could otherwise draw any prefix's traffic
+    /// (docs/security.md).
+    pub fn pod_blocks(&self, node_pod_cidrs: bool) -> impl Iterator<Item = Cidr> + '_ {
+        self.status.allocated.iter().map(|b| b.cidr).chain(
+            self.spec
+                .pod_cidrs
+                .iter()
+                .copied()
+                .filter(move |_| node_pod_cidrs),
+        )
     }
 }
 

@@ -20,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use ipam_core::{Cidr, Family, resources::NodeIpam};
+use ipam_core::{Cidr, Family, pod::pool::IpamMode, resources::NodeIpam};
 use ipam_datapath::{Datapath, RouteTarget};
 use ipam_netlink::iface;
 
@@ -33,16 +33,18 @@ use crate::cluster::{
 /// appeared late, a map entry removed by hand).
 const RECHECK: Duration = Duration::from_secs(5);
 
-/// The routes this node wants: every block of every other node that published an address of
-/// the block's family, through `uplink_ifindex`.
+/// The routes this node wants: every block of every other node (as the cluster vouches for
+/// it in IPAM mode `mode`: `NodeIpam::pod_blocks`) that published an address of the block's
+/// family, through `uplink_ifindex`.
 pub fn desired_routes(
     this_node: &str,
+    mode: IpamMode,
     records: &BTreeMap<String, NodeIpam>,
     uplink_ifindex: u32,
 ) -> BTreeMap<Cidr, RouteTarget> {
     let mut out = BTreeMap::new();
     for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
-        for cidr in record.pod_blocks() {
+        for cidr in record.pod_blocks(mode == IpamMode::Kubernetes) {
             let Some(next_hop) = record
                 .spec
                 .addresses
@@ -69,6 +71,7 @@ pub fn desired_routes(
 pub async fn run(
     store: ClusterStore,
     node: String,
+    mode: IpamMode,
     uplink: String,
     datapath: Arc<Mutex<Datapath>>,
 ) {
@@ -87,6 +90,7 @@ pub async fn run(
             || {
                 program(
                     &node,
+                    mode,
                     &uplink,
                     &current,
                     &mut programmed,
@@ -106,6 +110,7 @@ pub async fn run(
 /// removes by difference.
 fn program(
     node: &str,
+    mode: IpamMode,
     uplink: &str,
     records: &BTreeMap<String, NodeIpam>,
     programmed: &mut BTreeMap<Cidr, RouteTarget>,
@@ -116,7 +121,7 @@ fn program(
         // Logged by the host network's own checks; routes follow once the uplink exists.
         return;
     };
-    let want = desired_routes(node, records, uplink_ifindex);
+    let want = desired_routes(node, mode, records, uplink_ifindex);
     program_kernel(&want, in_kernel);
     if &want == programmed {
         return;
@@ -320,7 +325,7 @@ mod tests {
             ),
         ]
         .into();
-        let routes = desired_routes("a", &records, 7);
+        let routes = desired_routes("a", IpamMode::ClusterPool, &records, 7);
         let shown: Vec<String> = routes
             .iter()
             .map(|(c, t)| format!("{c} via {} dev {}", t.next_hop, t.uplink_ifindex))
@@ -333,5 +338,39 @@ mod tests {
                 "fd00::100/120 via fd50::2 dev 7",
             ]
         );
+    }
+
+    /// A record's `spec.podCIDRs` (its agent's own word) is routed only in the kubernetes IPAM
+    /// mode, where the agent copies them from its Node; in the pool modes only the blocks the
+    /// operator wrote in the status are. A compromised node listing another node's block, or
+    /// `0.0.0.0/1`, in its spec draws no traffic (issue 58).
+    #[test]
+    fn only_the_operator_s_blocks_are_routed_outside_the_kubernetes_mode() {
+        let mut liar = record(&["192.168.50.9"], &["10.244.9.0/24"]);
+        liar.spec.pod_cidrs = vec![
+            "10.244.1.0/25".parse().unwrap(),
+            "0.0.0.0/1".parse().unwrap(),
+        ];
+        let records: BTreeMap<String, NodeIpam> = [
+            (
+                "a".to_owned(),
+                record(&["192.168.50.1"], &["10.244.0.0/24"]),
+            ),
+            (
+                "b".to_owned(),
+                record(&["192.168.50.2"], &["10.244.1.0/24"]),
+            ),
+            ("m".to_owned(), liar),
+        ]
+        .into();
+        for mode in [IpamMode::ClusterPool, IpamMode::MultiPool] {
+            let routed: Vec<String> = desired_routes("a", mode, &records, 7)
+                .keys()
+                .map(ToString::to_string)
+                .collect();
+            assert_eq!(routed, ["10.244.1.0/24", "10.244.9.0/24"], "{mode:?}");
+        }
+        // In the kubernetes mode the spec's podCIDRs are still taken as the agent copied them;
+        // checking them against the Node objects (the controller manager's word) is open.
     }
 }

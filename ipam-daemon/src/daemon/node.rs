@@ -671,6 +671,7 @@ async fn start_pod_ipam(
         tokio::spawn(crate::routes::run(
             store.clone(),
             settings.node_name.clone(),
+            settings.mode,
             uplink.clone(),
             datapath.clone(),
         ));
@@ -725,6 +726,7 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
             tokio::spawn(liveness::dead_flows::run(
                 store.clone(),
                 config.node.name.clone(),
+                config.ipam.as_ref().map(|s| s.mode),
                 reported_rx,
                 observed.metrics.clone(),
             ));

@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_core::{Cidr, resources::NodeIpam, store::TypedStore as _};
+use ipam_core::{Cidr, pod::pool::IpamMode, resources::NodeIpam, store::TypedStore as _};
 use ipam_netlink::{Netlink, conntrack::Conntrack};
 use tokio::sync::watch;
 
@@ -55,6 +55,7 @@ struct Target {
 pub async fn run(
     store: ClusterStore,
     node: String,
+    mode: Option<IpamMode>,
     mut reported: watch::Receiver<Reported>,
     metrics: Arc<Metrics>,
 ) {
@@ -63,7 +64,7 @@ pub async fn run(
     let mut said: Option<String> = None;
     loop {
         let now = reported.borrow_and_update().clone();
-        follow(&store, &node, &mut held, now).await;
+        follow(&store, &node, mode, &mut held, now).await;
         if !held.is_empty() {
             let (opened, outcome) = sweep(conntrack.take(), &held).await;
             conntrack = opened;
@@ -123,6 +124,7 @@ pub async fn run(
 async fn follow(
     store: &ClusterStore,
     me: &str,
+    mode: Option<IpamMode>,
     held: &mut BTreeMap<String, Held>,
     reported: Reported,
 ) {
@@ -145,7 +147,10 @@ async fn follow(
             continue;
         }
         let blocks = match store.get_typed::<NodeIpam>(&dead).await {
-            Ok(Some(record)) => record.value.pod_blocks().collect(),
+            Ok(Some(record)) => record
+                .value
+                .pod_blocks(mode == Some(IpamMode::Kubernetes))
+                .collect(),
             Ok(None) => Vec::new(),
             Err(e) => {
                 tracing::warn!(

@@ -270,6 +270,10 @@ pub struct GossipMembers {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub silenced: Option<String>,
     pub members: Vec<GossipMember>,
+    /// Node records whose gossip this node refuses, each with why and what to do: an address
+    /// two records list, a key that cannot be read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<String>,
 }
 
 /// One member as this node sees it.

@@ -49,5 +49,8 @@ pub(crate) fn run(config: &Path, socket: Option<&Path>, output: Output) -> anyho
         if m.members.is_empty() {
             println!("(no other member known)");
         }
+        for why in &m.refused {
+            println!("REFUSED: {why}");
+        }
     })
 }

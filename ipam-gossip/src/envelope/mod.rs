@@ -310,24 +310,14 @@ impl Envelope {
             _ => from_clock,
         };
         self.counters.insert(recipient, counter);
-        self.sealed(unix_micros, recipient, counter, message)
+        self.seal_with_counter(unix_micros, recipient, counter, message)
     }
 
     /// `message` in an envelope to `recipient`, sent at `unix_micros` with any `counter`, this
-    /// envelope's own counters untouched: what its sender could seal with a clock far off or a
-    /// bug (tests bound what that costs the receivers).
+    /// envelope's own counters untouched (`seal` uses it with the next counter): what its
+    /// sender could seal with a clock far off or a bug (tests bound what that costs the
+    /// receivers).
     pub fn seal_with_counter(
-        &self,
-        unix_micros: u64,
-        recipient: SocketAddr,
-        counter: u64,
-        message: &[u8],
-    ) -> Vec<u8> {
-        self.sealed(unix_micros, recipient, counter, message)
-    }
-
-    /// `message` in an envelope to `recipient`, sent at `unix_micros` with `counter`.
-    fn sealed(
         &self,
         unix_micros: u64,
         recipient: SocketAddr,

@@ -176,7 +176,7 @@ fn a_counter_ahead_of_the_clock_by_more_than_the_skew_is_dropped_and_changes_not
     b.open(NOW, &a.seal(NOW, addr(B), b"m")).unwrap();
     let skew = micros(MAX_CLOCK_SKEW);
     for counter in [u64::MAX - 1, u64::MAX, NOW + skew + 1] {
-        let forged = far_ahead.sealed(NOW, addr(B), counter, b"you are dead");
+        let forged = far_ahead.seal_with_counter(NOW, addr(B), counter, b"you are dead");
         assert_eq!(b.open(NOW, &forged), Err(Dropped::Ahead), "{counter}");
     }
     for at in [NOW + 1, NOW + 2] {
@@ -184,7 +184,7 @@ fn a_counter_ahead_of_the_clock_by_more_than_the_skew_is_dropped_and_changes_not
     }
     // At the edge of the skew it cannot be told from a sender whose clock is that far
     // ahead: taken (the next test bounds what that costs).
-    let edge = far_ahead.sealed(NOW, addr(B), NOW + skew, b"x");
+    let edge = far_ahead.seal_with_counter(NOW, addr(B), NOW + skew, b"x");
     assert!(b.open(NOW, &edge).is_ok());
 }
 
@@ -198,7 +198,7 @@ fn a_window_pushed_to_the_edge_of_the_skew_takes_its_sender_again_within_a_bound
     let skew = micros(MAX_CLOCK_SKEW);
     let second = 1_000_000;
     b.open(NOW, &a.seal(NOW, addr(B), b"m")).unwrap();
-    let forged = far_ahead.sealed(NOW, addr(B), NOW + skew, b"x");
+    let forged = far_ahead.seal_with_counter(NOW, addr(B), NOW + skew, b"x");
     b.open(NOW, &forged).unwrap();
     // A sends a packet every half second, as a member probing B would.
     let mut back = None;
@@ -324,7 +324,7 @@ fn a_node_of_the_cluster_cannot_speak_as_another() {
 
     // Signed with her own key, naming A as the sender.
     let mallory = member(cluster(), 66, A);
-    let own_key = mallory.sealed(NOW, addr(B), NOW + skew, b"C is dead");
+    let own_key = mallory.seal_with_counter(NOW, addr(B), NOW + skew, b"C is dead");
     assert_eq!(b.open(NOW, &own_key), Err(Dropped::UnknownSigner));
     // A's key id copied in, the tag made again: the signature is still hers.
     let a_id = node_key(1).public().id().0;
@@ -337,7 +337,7 @@ fn a_node_of_the_cluster_cannot_speak_as_another() {
         A,
         [(addr(B).ip(), Speaker::Unsigned)].into_iter().collect(),
     );
-    let unsigned = believes_b_old.sealed(NOW, addr(B), NOW + skew, b"C is dead");
+    let unsigned = believes_b_old.seal_with_counter(NOW, addr(B), NOW + skew, b"C is dead");
     assert_eq!(unsigned.len(), OVERHEAD_V2 + 9);
     assert_eq!(b.open(NOW, &unsigned), Err(Dropped::Unsigned));
 
@@ -478,7 +478,7 @@ fn what_was_taken_unsigned_does_not_push_the_signed_window() {
         [(addr(B).ip(), Speaker::Unsigned)].into_iter().collect(),
     );
     let skew = micros(MAX_CLOCK_SKEW);
-    let pushed = forger.sealed(NOW, addr(B), NOW + skew, b"x");
+    let pushed = forger.seal_with_counter(NOW, addr(B), NOW + skew, b"x");
     assert!(b.open(NOW, &pushed).is_ok());
     b.set_signers(Arc::new(records()));
     let mut a = member(cluster(), 1, A);

@@ -113,6 +113,25 @@ impl Directory {
         &self.unreadable
     }
 
+    /// Each record whose gossip is refused, with why and what to do (the log, the metrics'
+    /// count and `ipamctl members` say the same).
+    pub(super) fn refused_records(&self) -> Vec<String> {
+        let contested = self.contested.iter().map(|c| {
+            format!(
+                "address {} is listed by the records of {}: gossip from it is refused until only \
+                 one of them lists it (a record listing another node's address is wrong or was \
+                 written by a compromised node; a gone node's record is deleted with `kubectl \
+                 delete nodeipam <node>`)",
+                c.address,
+                c.claimants.join(" and ")
+            )
+        });
+        let unreadable = self.unreadable.iter().map(|(node, why)| {
+            format!("node {node}'s record: {why}; gossip from its addresses is refused")
+        });
+        contested.chain(unreadable).collect()
+    }
+
     /// The gossip key this node's own record publishes.
     pub(super) fn own_key(&self) -> Option<&str> {
         self.records
@@ -337,6 +356,12 @@ mod tests {
         assert_eq!(b.signers().speaker(ip("10.0.0.1")), None);
         assert_eq!(b.contested().len(), 1);
         assert_eq!(b.contested()[0].claimants, ["a", "c"]);
+        let said = b.refused_records();
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].starts_with("address 10.0.0.1 is listed by the records of a and c"),
+            "{said:?}"
+        );
         assert_eq!(b.node_at(addr("10.0.0.1:7946")), None);
         assert_eq!(
             b.view([addr("10.0.0.1:7946")]),

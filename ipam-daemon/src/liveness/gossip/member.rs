@@ -451,26 +451,7 @@ impl Member {
 
     /// Logs each record whose gossip is refused (once per change) and sets the gauge.
     fn report_refused_records(&mut self) {
-        let contested: Vec<String> = self
-            .directory
-            .contested()
-            .iter()
-            .map(|c| {
-                format!(
-                    "address {} is listed by the records of {}: gossip from it is refused until \
-                     only one of them lists it (a record listing another node's address is \
-                     wrong, or was written by a compromised node)",
-                    c.address,
-                    c.claimants.join(" and ")
-                )
-            })
-            .collect();
-        let unreadable: Vec<String> = self
-            .directory
-            .unreadable_keys()
-            .iter()
-            .map(|(node, why)| format!("node {node}'s record: {why}; gossip from it is refused"))
-            .collect();
+        let now = self.directory.refused_records();
         let gauge = |reason: &str, count: usize| {
             let label = ReasonLabel {
                 reason: reason.to_owned(),
@@ -481,9 +462,8 @@ impl Member {
                 .get_or_create(&label)
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         };
-        gauge("contested_address", contested.len());
-        gauge("unreadable_key", unreadable.len());
-        let now: Vec<String> = contested.into_iter().chain(unreadable).collect();
+        gauge("contested_address", self.directory.contested().len());
+        gauge("unreadable_key", self.directory.unreadable_keys().len());
         for line in now.iter().filter(|l| !self.refused_reported.contains(l)) {
             tracing::warn!("{line}");
         }

@@ -114,6 +114,7 @@ pub(super) fn snapshot(
         generation: me.generation,
         silenced,
         members,
+        refused: directory.refused_records(),
     }
 }
 

@@ -6,6 +6,9 @@
 //! - `pod`: pod IPAM, pools cut into per-node blocks and addresses inside them (operator and
 //!   node agent sides);
 //! - `lb`: Service IPs, LB-IPAM (which Service gets which IP) and which node announces each;
+//! - `l2`: which node answers each Service IP on its segment;
+//! - `dead_nodes`: taking a dead node's pods out of their Services (agents' reports, the
+//!   operator's marking);
 //! - `resources`: the stored IPAM objects (pools, node records, the cluster configuration);
 //!   the LoadBalancer objects are in `lb::resources`;
 //! - `meta`: what every kind of object shares (label selectors, status conditions);
@@ -21,6 +24,7 @@ pub mod atomic_file;
 pub mod backoff;
 pub mod cidr;
 pub mod count;
+pub mod dead_nodes;
 pub mod l2;
 pub mod lb;
 pub mod meta;

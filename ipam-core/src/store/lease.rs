@@ -96,6 +96,18 @@ pub enum Leadership {
     Following { holder: String },
 }
 
+/// Who leads, as a replica last saw the lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Leader {
+    /// Not yet seen, or the lease could not be read.
+    #[default]
+    Unknown,
+    /// This replica.
+    Us,
+    /// Another replica: the identity holding the lease.
+    Other(String),
+}
+
 /// One candidate in an election over lease `name`.
 ///
 /// Call `step` every `renew_interval`. The leader acts only while `is_leading` holds, which

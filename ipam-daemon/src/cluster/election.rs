@@ -22,16 +22,7 @@ use tokio::{sync::watch, task::JoinHandle};
 use crate::metrics::Observed;
 
 /// Who leads the operators, as this replica last saw the lease.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum Leader {
-    /// Not yet seen, or the lease could not be read.
-    #[default]
-    Unknown,
-    /// This replica.
-    Us,
-    /// Another replica: the identity holding the lease.
-    Other(String),
-}
+pub use ipam_core::store::lease::Leader;
 
 /// What the operator's loop knows of its leadership.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -4,32 +4,16 @@
 //! operator counts the reports (`cluster::dead_nodes`), and handed to `dead_flows`, which
 //! deletes this node's unanswered connections to their pods.
 //!
-//! Three rules keep a report from being wrong:
-//! - only while this node's fence is open, that is while it hears a majority: a node cut off
-//!   with a minority sees the majority dead, and must not report it;
-//! - only a node silent by a signal that a live host gives whatever its firewall does. Each
-//!   address is probed two ways at once: a connection to the kubelet's port (accepted or
-//!   refused, it is an answer: the node's kernel runs), and ARP requests (IPv6: neighbour
-//!   solicitations) on the segment the address is on (`net::neighbour`), which a running
-//!   kernel answers whatever its packet filter does to TCP. A port that gives no answer, or
-//!   an ICMP error (a host whose firewall rejects 10250 with "administratively prohibited"
-//!   sends one, and so does a router), is no evidence alone: a host that drops or rejects
-//!   the kubelet's port is often a live one, since Kubernetes documents 10250 as reachable
-//!   from the control plane only. A node is silent only when an address on one of this
-//!   node's segments answered neither.
-//! - and the probe fails closed: a node none of whose addresses is on a segment of this node
-//!   (reached through a router) cannot be told apart from a firewalled one, and is not
-//!   reported; Kubernetes' own grace period applies to it.
-//!
-//! The probe starts when the gossip first suspects a node, not when it declares it dead: a
-//! silent answer no older than `FRESH` is the evidence when the verdict comes, so the report
-//! follows the verdict at once instead of a probe timeout later. A suspect that answers, or
-//! is cleared, is not reported.
-//!
-//! While any node is held dead it is probed again every `RECHECK`: a node that comes back
-//! before its agent does is withdrawn, and one whose kubelet answered the first probe but
-//! died after is reported. Each probe costs the kubelet a line in its log (a TLS handshake
-//! cut short), hence not more often.
+//! What makes a report (the fence, a second signal a live host gives whatever its firewall
+//! does, failing closed, the suspect's fresh finding, the recheck) is decided by
+//! `ipam_core::dead_nodes::reports`, which `ipam-sim` runs too; this module does the probing:
+//! each address is asked two ways at once, a connection to the kubelet's port (accepted or
+//! refused, it is an answer: the node's kernel runs), and ARP requests (IPv6: neighbour
+//! solicitations) on the segment the address is on (`net::neighbour`). A port that gives no
+//! answer, or an ICMP error (a host whose firewall rejects 10250 with "administratively
+//! prohibited" sends one, and so does a router), is no evidence alone: Kubernetes documents
+//! 10250 as reachable from the control plane only. Each probe costs the kubelet a line in its
+//! log (a TLS handshake cut short), hence not more often than the recheck.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -40,6 +24,7 @@ use std::{
 use ipam_config::DeadNodeSettings;
 use ipam_core::{
     backoff::Backoff,
+    dead_nodes::reports::{Finding, Findings, Probe, Suspicions, reports_of, verdict},
     resources::{NodeIpam, PeerDown},
     store::{StoreError, TypedStore as _},
 };
@@ -48,11 +33,6 @@ use tokio::sync::watch;
 use super::{fence::FenceState, gossip::Membership};
 use crate::{cluster::ClusterStore, net::neighbour::Solicited};
 
-/// How often a node held dead is probed again.
-const RECHECK: Duration = Duration::from_secs(5);
-/// How long a probe's finding stands as evidence: a suspect probed this recently is not probed
-/// again when the gossip declares it dead.
-const FRESH: Duration = Duration::from_secs(1);
 /// Longest wait between two writes the store refused.
 const RETRY_CAP: Duration = Duration::from_secs(5);
 
@@ -64,21 +44,6 @@ pub struct Inputs {
     pub fence: watch::Receiver<FenceState>,
     /// The nodes this node reports, with their addresses: where `dead_flows` sweeps.
     pub reported: watch::Sender<super::dead_flows::Reported>,
-}
-
-/// What the probe of one node found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Probe {
-    /// An address on this node's segment answered neither its kubelet's port nor ARP/NDP, and
-    /// no other address answered: the evidence.
-    Silent(String),
-    /// Something answered: the node runs.
-    Answered(String),
-    /// No address of the node is on a segment of this node, or none could be asked: its
-    /// silence would prove nothing, so it is not reported.
-    CannotTell(String),
-    /// The node's record lists no address to probe.
-    NoAddress,
 }
 
 /// Keeps this node's reports for the life of the daemon.
@@ -95,9 +60,12 @@ pub async fn run(mut inputs: Inputs) {
         } else {
             (BTreeMap::new(), BTreeMap::new())
         };
-        let now = tokio::time::Instant::now();
-        findings.forget_all_but(&down, &suspect);
-        let stale = findings.to_probe(&down, &suspect, now);
+        let now = tokio::time::Instant::now().into_std();
+        let gossip = Suspicions {
+            down: &down,
+            suspect: &suspect,
+        };
+        let stale = findings.to_probe(gossip, now);
         let probed = probe_all(&stale, &inputs.settings).await;
         findings.note(probed, now);
         let probes = findings.of(&down);
@@ -117,7 +85,7 @@ pub async fn run(mut inputs: Inputs) {
             *held = reported;
             changed
         });
-        let mut wait = if down.is_empty() { None } else { Some(RECHECK) };
+        let mut wait = Findings::recheck(&down);
         if published.as_ref() != Some(&reports) {
             match publish(&inputs.store, &inputs.node, &reports).await {
                 Ok(Published::Written) => {
@@ -155,54 +123,6 @@ pub async fn run(mut inputs: Inputs) {
     }
 }
 
-/// What the probes found, and when: of the nodes the gossip suspects or holds dead.
-#[derive(Default)]
-struct Findings(BTreeMap<String, (tokio::time::Instant, Probe)>);
-
-impl Findings {
-    /// Forgets the nodes neither suspected nor held dead.
-    fn forget_all_but(
-        &mut self,
-        down: &BTreeMap<String, Vec<IpAddr>>,
-        suspect: &BTreeMap<String, Vec<IpAddr>>,
-    ) {
-        self.0
-            .retain(|node, _| down.contains_key(node) || suspect.contains_key(node));
-    }
-
-    /// The nodes to probe now: those held dead or suspected without a finding within `FRESH`.
-    fn to_probe(
-        &self,
-        down: &BTreeMap<String, Vec<IpAddr>>,
-        suspect: &BTreeMap<String, Vec<IpAddr>>,
-        now: tokio::time::Instant,
-    ) -> BTreeMap<String, Vec<IpAddr>> {
-        down.iter()
-            .chain(suspect)
-            .filter(|(node, _)| {
-                self.0
-                    .get(*node)
-                    .is_none_or(|(at, _)| now.duration_since(*at) >= FRESH)
-            })
-            .map(|(node, addresses)| (node.clone(), addresses.clone()))
-            .collect()
-    }
-
-    /// Notes what the probes started at `at` found.
-    fn note(&mut self, probed: BTreeMap<String, Probe>, at: tokio::time::Instant) {
-        for (node, probe) in probed {
-            self.0.insert(node, (at, probe));
-        }
-    }
-
-    /// The findings of the nodes held dead.
-    fn of(&self, down: &BTreeMap<String, Vec<IpAddr>>) -> BTreeMap<String, Probe> {
-        down.keys()
-            .filter_map(|node| Some((node.clone(), self.0.get(node)?.1.clone())))
-            .collect()
-    }
-}
-
 /// Probes every node in `down` at once.
 async fn probe_all(
     down: &BTreeMap<String, Vec<IpAddr>>,
@@ -237,34 +157,6 @@ pub async fn probe(addresses: &[IpAddr], port: u16, timeout: Duration) -> Probe 
     )
     .await;
     verdict(findings)
-}
-
-/// What one address said.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Finding {
-    Answered(String),
-    Silent(String),
-    CannotTell(String),
-}
-
-/// The node's verdict from its addresses' findings: an answer from any address wins; else
-/// silent only if every address was silent on a segment; one that could not be told makes
-/// the whole node so (fail closed: its answer may have been the one missed).
-fn verdict(findings: Vec<Finding>) -> Probe {
-    let mut silences = Vec::new();
-    let mut unknown = Vec::new();
-    for finding in findings {
-        match finding {
-            Finding::Answered(answer) => return Probe::Answered(answer),
-            Finding::Silent(evidence) => silences.push(evidence),
-            Finding::CannotTell(why) => unknown.push(why),
-        }
-    }
-    if unknown.is_empty() {
-        Probe::Silent(silences.join("; "))
-    } else {
-        Probe::CannotTell(unknown.join("; "))
-    }
 }
 
 async fn probe_address(ip: IpAddr, port: u16, timeout: Duration) -> Finding {
@@ -348,20 +240,6 @@ fn is_unreachable(e: &std::io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH)
     )
-}
-
-/// The reports: the silent nodes, with their evidence, in order.
-fn reports_of(probes: &BTreeMap<String, Probe>) -> Vec<PeerDown> {
-    probes
-        .iter()
-        .filter_map(|(node, probe)| match probe {
-            Probe::Silent(evidence) => Some(PeerDown {
-                node: node.clone(),
-                evidence: evidence.clone(),
-            }),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Says what changed in the verdicts: each node held dead by the gossip once, with what its
@@ -471,80 +349,5 @@ mod tests {
             Probe::Answered(a) if a.contains("refused")
         ));
         assert_eq!(probe(&[], open, timeout).await, Probe::NoAddress);
-    }
-
-    /// A suspect probed at once is not probed again when it is declared dead within `FRESH`,
-    /// and its finding is the verdict's evidence; later, or once it is neither suspected nor
-    /// dead, it is probed anew.
-    #[test]
-    fn a_suspect_s_probe_stands_for_its_verdict_while_fresh() {
-        let addresses = vec!["10.0.0.3".parse().unwrap()];
-        let one = |node: &str| BTreeMap::from([(node.to_owned(), addresses.clone())]);
-        let none = BTreeMap::new();
-        let start = tokio::time::Instant::now();
-        let mut findings = Findings::default();
-        assert_eq!(findings.to_probe(&none, &one("c"), start).len(), 1);
-        let silent = Probe::Silent("kubelet 10.0.0.3:10250: no answer".into());
-        findings.note(BTreeMap::from([("c".to_owned(), silent.clone())]), start);
-
-        let declared = start + FRESH / 2;
-        findings.forget_all_but(&one("c"), &none);
-        assert!(findings.to_probe(&one("c"), &none, declared).is_empty());
-        assert_eq!(
-            findings.of(&one("c")),
-            BTreeMap::from([("c".to_owned(), silent)])
-        );
-
-        assert_eq!(findings.to_probe(&one("c"), &none, start + FRESH).len(), 1);
-        findings.forget_all_but(&none, &none);
-        assert!(findings.of(&one("c")).is_empty());
-    }
-
-    /// Any address's answer makes the node run; silence on a segment at every address is
-    /// evidence; with an address that cannot be told, the node is not reported.
-    #[test]
-    fn a_node_is_silent_only_on_a_segment_and_unknown_elsewhere() {
-        let silent = || Finding::Silent("10.0.0.3: no answer, no ARP answer".into());
-        let unknown = || Finding::CannotTell("10.9.0.3 is on no segment".into());
-        let answered = || Finding::Answered("10.0.0.3 answers ARP".into());
-        assert!(matches!(
-            verdict(vec![unknown(), answered(), silent()]),
-            Probe::Answered(_)
-        ));
-        assert!(
-            matches!(verdict(vec![silent(), silent()]), Probe::Silent(e) if e.contains("no ARP"))
-        );
-        assert!(matches!(verdict(vec![unknown()]), Probe::CannotTell(_)));
-        // An address that could not be told (its socket dropped frames, or no segment) may
-        // have been the one to answer.
-        assert!(matches!(
-            verdict(vec![unknown(), silent()]),
-            Probe::CannotTell(_)
-        ));
-        let reports = reports_of(&BTreeMap::from([(
-            "c".to_owned(),
-            verdict(vec![unknown(), unknown()]),
-        )]));
-        assert!(
-            reports.is_empty(),
-            "a node that cannot be told is reported: {reports:?}"
-        );
-    }
-
-    #[test]
-    fn only_silent_nodes_are_reported_in_order() {
-        let probes = BTreeMap::from([
-            ("b".to_owned(), Probe::Silent("kubelet b: no answer".into())),
-            (
-                "a".to_owned(),
-                Probe::Silent("kubelet a: unreachable".into()),
-            ),
-            ("c".to_owned(), Probe::Answered("kubelet c: refused".into())),
-            ("d".to_owned(), Probe::NoAddress),
-        ]);
-        let reports = reports_of(&probes);
-        let nodes: Vec<&str> = reports.iter().map(|r| r.node.as_str()).collect();
-        assert_eq!(nodes, ["a", "b"]);
-        assert_eq!(reports[0].evidence, "kubelet a: unreachable");
     }
 }

@@ -15,6 +15,10 @@ pub enum Invariant {
     AddressOnce,
     /// No Service holds an IP of a pool that does not serve its namespace.
     TenantPool,
+    /// No node's pods set not ready unless the node was down or cut off from a majority of
+    /// the nodes within [`crate::world::EVIDENCE`]; and never twice for one death (a kubelet
+    /// that restored them keeps the last word).
+    NoLiveNodeMarked,
 }
 
 impl Invariant {
@@ -24,6 +28,7 @@ impl Invariant {
             Self::Answered => "every IP answered by its owner",
             Self::AddressOnce => "no address held twice",
             Self::TenantPool => "no tenant given another's address",
+            Self::NoLiveNodeMarked => "no live node's pods marked not ready",
         }
     }
 }

@@ -9,10 +9,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_core::l2::{
-    OwnedIp, OwnedIps,
-    owners::{Decider, Plan, View},
-    pacing::{TICK, rest_after},
+use ipam_core::{
+    dead_nodes::reports::{Findings, Probe},
+    l2::{
+        OwnedIp, OwnedIps,
+        owners::{Decider, Plan, View},
+        pacing::{TICK, rest_after},
+    },
+    resources::PeerDown,
 };
 use ipam_gossip::Latch;
 
@@ -61,6 +65,60 @@ pub struct Agent {
     pub held_dead: BTreeMap<usize, Duration>,
     /// What may have changed the fence's verdict since it was last judged.
     pub fence: FenceChanges,
+    /// Its reports of dead nodes (`ipam_core::dead_nodes::reports`).
+    pub reporter: Reporter,
+}
+
+/// An agent's reporting of dead nodes, as the daemon's `liveness::dead_peers` runs it: on a
+/// change of the gossip's membership or of the fence, or at the recheck, it probes the nodes
+/// held dead or suspected that have no fresh finding (all at once, waiting for the slowest),
+/// then writes the silent ones into its record.
+#[derive(Debug, Default)]
+pub struct Reporter {
+    pub findings: Findings,
+    /// Probes under way: when they end, the membership they were started on, and what they
+    /// found.
+    pub probing: Option<Probing>,
+    /// What its record says (none written yet by this agent).
+    pub published: Option<Vec<PeerDown>>,
+    /// The membership or the fence changed since the last pass.
+    pub dirty: bool,
+    /// The gossip member's membership (`Peer::membership_digest`) when last looked at: the
+    /// daemon derives the dead and the suspects again whenever it changes.
+    pub membership: Option<u64>,
+    /// When the nodes held dead are probed again.
+    pub recheck_at: Option<Duration>,
+}
+
+/// Probes started together.
+#[derive(Debug)]
+pub struct Probing {
+    pub ends: Duration,
+    pub started: Instant,
+    pub down: BTreeMap<String, Vec<IpAddr>>,
+    pub found: BTreeMap<String, Probe>,
+}
+
+impl Reporter {
+    /// When it must run next with nothing changing outside.
+    pub fn next_wake(&self) -> Option<Duration> {
+        match &self.probing {
+            Some(probing) => Some(probing.ends),
+            None => self.recheck_at,
+        }
+    }
+}
+
+/// What a node's firewall does to connections to its kubelet's port from other nodes. ARP
+/// (and NDP) is answered by its kernel whatever the firewall does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kubelet {
+    /// Open: a connection is accepted.
+    Open,
+    /// Dropped: no answer (Kubernetes documents 10250 as for the control plane only).
+    Dropped,
+    /// Rejected with an ICMP error, as a router would send for a dead host.
+    Rejected,
 }
 
 impl Agent {
@@ -131,6 +189,8 @@ pub struct Node {
     pub promise: Option<Duration>,
     /// How far this node's wall clock is from true time, in ms.
     pub skew_ms: i64,
+    /// Its firewall's rule for the kubelet's port.
+    pub kubelet: Kubelet,
 }
 
 impl Node {

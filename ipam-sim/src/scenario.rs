@@ -72,6 +72,10 @@ pub enum Event {
     Partition { side: Vec<usize>, lasting: Duration },
     /// The node's packets to the others are lost for `lasting`; it still receives theirs.
     OneWay { node: usize, lasting: Duration },
+    /// A firewall drops the gossip's packets to and from the node for `lasting` (a rule on
+    /// UDP 7946 pushed in the wrong order, say): the others declare it dead while its kernel
+    /// and its kubelet answer as always.
+    GossipBlocked { node: usize, lasting: Duration },
     /// Every packet between nodes is lost with this chance (in thousandths) for `lasting`.
     Loss { per_mille: u32, lasting: Duration },
     /// The node's watch on the store fails for `lasting`: its copies freeze, then catch up.
@@ -113,6 +117,7 @@ impl Event {
             Self::NicDown { .. } => "NIC down",
             Self::Partition { .. } => "partition",
             Self::OneWay { .. } => "one-way partition",
+            Self::GossipBlocked { .. } => "gossip port blocked",
             Self::Loss { .. } => "packet loss",
             Self::WatchStall { .. } => "failing watch",
             Self::EndpointsMove { .. } => "endpoints move",
@@ -133,6 +138,7 @@ impl Event {
             Self::NicDown { lasting, .. }
             | Self::Partition { lasting, .. }
             | Self::OneWay { lasting, .. }
+            | Self::GossipBlocked { lasting, .. }
             | Self::Loss { lasting, .. }
             | Self::WatchStall { lasting, .. } => *lasting,
             Self::EndpointsMove { .. }
@@ -179,7 +185,7 @@ fn ms(rng: &mut StdRng, range: std::ops::RangeInclusive<u64>) -> Duration {
 
 fn random_event(rng: &mut StdRng, config: &Config) -> Event {
     let node = rng.random_range(0..config.nodes);
-    match rng.random_range(0..100) {
+    match rng.random_range(0..104) {
         0..10 => Event::PowerLoss {
             node,
             back_after: (!rng.random_bool(0.2)).then(|| ms(rng, 1_000..=15_000)),
@@ -234,6 +240,10 @@ fn random_event(rng: &mut StdRng, config: &Config) -> Event {
         },
         91..94 => Event::ServiceDeleted {
             service: rng.random_range(0..config.services),
+        },
+        100.. => Event::GossipBlocked {
+            node,
+            lasting: ms(rng, 1_000..=20_000),
         },
         _ => {
             let count = rng.random_range(0..=2.min(config.nodes));

@@ -11,26 +11,21 @@ const OPEN: &[(u64, &str)] = &[
     // A minority cut off by a partition closes its fence up to two probe periods after the
     // majority declared it dead; the takeover hold (200 ms) does not cover it. The gossip's
     // own simulator shows it without this model (`examples/minority_lateness.rs`). A seed is
-    // a run of draws: a change of how often the agents decide (each decision's length is a
-    // draw) changes the run, so 184 now fails on another IP, in the same way (node-1, on the
-    // side of two, still answers when node-2 takes its IP).
-    (1, "10.78.0.4 answered by node-0 and node-4"),
-    (184, "10.78.0.1 answered by node-1 and node-2"),
+    // a run of draws: any change of what the agents do (the dead-node reports each write,
+    // say) changes the runs, so the seeds that show a finding move (1 and 184 showed this one
+    // before the reports; 184 still does, on another IP: node-1, on the side of two, answers
+    // when node-4 takes its IP).
+    (184, "10.79.0.4 answered by node-1 and node-4"),
     // A node cut off decides on its own view while its fence is closed, and its hand-over
     // wait may run out while it is silent: it answers what it took when the fence reopens,
     // next to the owner the others chose. Not deciding while the fence is closed fixed this
-    // and broke a real test (a returning node then answered its old IPs at once).
-    (18, "10.79.0.3 answered by node-1 and node-4"),
+    // and broke a real test (a returning node then answered its old IPs at once). (Seed 18
+    // before the reports; 83 now: every fence closes in a partition while node-2 restarts.)
+    (83, "10.79.0.5 answered by node-0 and node-3"),
     // A node whose store watch fails keeps answering a Local Service's IP after its
     // endpoints moved away (it cannot see the move); the new owner answers after the
-    // hand-over's wait.
-    (137, "10.78.0.3 answered by node-2 and node-3"),
-    (143, "10.79.0.1 answered by node-3 and node-4"),
+    // hand-over's wait. (137, 143 and 198 before the reports; 198 still.)
     (198, "10.79.0.1 answered by node-1 and node-4"),
-    // After partitions and deaths, live nodes keep a closed fence for over 6 s: an IP
-    // answered by nobody. Likely the model (members counted for a majority: every node ever
-    // started, where the daemon counts records with an unlapsed lease); not settled.
-    (68, "10.79.0.3 answered by nobody"),
 ];
 
 #[test]
@@ -62,11 +57,11 @@ fn a_range_of_seeds_breaks_no_invariant_at_5_nodes() {
 #[test]
 fn a_seed_replays_exactly() {
     let config = Config::with_nodes(5);
-    let first = run_seed(&config, 137);
-    let again = run_seed(&config, 137);
+    let first = run_seed(&config, 198);
+    let again = run_seed(&config, 198);
     assert!(
         first.violation.is_some(),
-        "seed 137 is one of the open findings"
+        "seed 198 is one of the open findings"
     );
     assert_eq!(first.violation, again.violation);
     assert_eq!(first.exercised.steps, again.exercised.steps);
@@ -78,10 +73,13 @@ fn a_seed_replays_exactly() {
 /// the agents with something to do (`ipam_sim::schedule`). Each run must be the one it is
 /// when every step of 1 ms is run with every agent at each: the same happenings in the same
 /// order (every decision, answer, fence and event, hashed), the same decisions, the same
-/// failure at the same time. Seeds that fail are among them (1 and 18 at 5 nodes).
+/// failure at the same time. A seed that fails is among them (83 at 5 nodes, an open
+/// finding).
 #[test]
 fn going_from_instant_to_instant_is_running_every_step() {
-    for (nodes, seeds) in [(3, 1..=8), (5, 1..=24), (12, 1..=3)] {
+    let at_5: Vec<u64> = (1..=24).chain([83]).collect();
+    let mut markings = 0;
+    for (nodes, seeds) in [(3, (1..=8).collect()), (5, at_5), (12, (1..=3).collect())] {
         let instants = Config::with_nodes(nodes);
         let every_step = Config {
             stepping: Stepping::EveryStep,
@@ -95,6 +93,8 @@ fn going_from_instant_to_instant_is_running_every_step() {
             assert_eq!(fast.exercised.decisions, slow.exercised.decisions, "{at}");
             assert_eq!(fast.exercised.happenings, slow.exercised.happenings, "{at}");
             assert_eq!(fast.exercised.simulated, slow.exercised.simulated, "{at}");
+            assert_eq!(fast.exercised.marked, slow.exercised.marked, "{at}");
+            markings += fast.exercised.marked.len();
             assert!(
                 fast.exercised.steps < slow.exercised.steps,
                 "{at}: {} instants looked at, of {} steps",
@@ -103,4 +103,70 @@ fn going_from_instant_to_instant_is_running_every_step() {
             );
         }
     }
+    assert!(markings > 0, "no dead node marked in the seeds compared");
+}
+
+/// The dead-node marking on the daemon's decisions: a node that loses power has its pods set
+/// not ready within seconds; a node whose agent is killed, or whose gossip a firewall cuts,
+/// while its kubelet's port drops or rejects connections, is declared dead by the gossip and
+/// never marked (its kernel answers ARP). The invariant checks each marking in every run; this
+/// checks that the marking happens at all, and on whom.
+#[test]
+fn a_dead_node_is_marked_and_live_nodes_behind_a_firewall_are_not() {
+    use std::time::Duration;
+
+    use ipam_sim::{
+        node::Kubelet,
+        scenario::{Event, Timed},
+        world::World,
+    };
+
+    let config = Config::with_nodes(5);
+    let secs = Duration::from_secs;
+    // Apart in time, so that each has a majority of reporters and the rate limit (one node
+    // per 10 s) free: with either taken out, the invariant finds the marking of node-3 or
+    // node-4 once the probe takes a filtered port's silence for death.
+    let events = [
+        Timed {
+            at: secs(5),
+            event: Event::PowerLoss {
+                node: 1,
+                back_after: None,
+            },
+        },
+        Timed {
+            at: secs(20),
+            event: Event::GossipBlocked {
+                node: 3,
+                lasting: secs(15),
+            },
+        },
+        Timed {
+            at: secs(40),
+            event: Event::Kill {
+                node: 4,
+                back_after: secs(10),
+            },
+        },
+    ];
+    // The first seed whose nodes 3 and 4 filter their kubelet's port, one each way.
+    let (seed, mut world) = (1..=100)
+        .map(|seed| (seed, World::new(&config, seed, &events)))
+        .find(|(_, w)| w.kubelet(3) == Kubelet::Dropped && w.kubelet(4) == Kubelet::Rejected)
+        .expect("a seed among the first 100 with those firewalls");
+    if let Err(violation) = world.run() {
+        panic!("seed {seed}: {violation}");
+    }
+    // node-1 may be marked again: its reports can fall under a majority and come back
+    // (docs/simulation.md, open findings), which the invariant allows for a node still down.
+    let marked = &world.exercised.marked;
+    assert!(
+        !marked.is_empty() && marked.iter().all(|(_, n)| n == "node-1"),
+        "seed {seed}: {marked:?}"
+    );
+    let after = marked[0].0.saturating_sub(secs(5));
+    assert!(
+        after < secs(4),
+        "seed {seed}: node-1's pods marked {after:?} after it lost power"
+    );
 }

@@ -43,8 +43,11 @@ impl World {
                     }
                     agent.decide_now = true;
                 }
+                // A suspicion changes nothing but what the dead-node reports probe.
+                GossipEvent::Suspected(_) | GossipEvent::Rejoined(_) => {}
                 _ => continue,
             }
+            agent.reporter.dirty = true;
             self.wakes[report.member] = self.wakes[report.member].min(self.now);
         }
     }
@@ -56,6 +59,14 @@ impl World {
         for (member, at) in self.gossip.take_steps() {
             if let Some(agent) = self.nodes[member].agent.as_mut() {
                 agent.fence.stepped(at, window);
+                let digest = self
+                    .gossip
+                    .peer(member)
+                    .map(ipam_gossip::Peer::membership_digest);
+                if digest != agent.reporter.membership {
+                    agent.reporter.membership = digest;
+                    agent.reporter.dirty = true;
+                }
                 self.wakes[member] = self.wakes[member].min(self.now);
             }
         }
@@ -106,6 +117,7 @@ impl World {
             agent.decide_now = true;
         }
         self.judge_fence(i, &mut agent);
+        self.run_reporter(i, &mut agent);
         if now >= agent.next_beat {
             agent.next_beat = now + HEARTBEAT;
             if agent.latch.is_open() {
@@ -182,6 +194,9 @@ impl World {
                 self.schedule(latency, Due::NoticeCleared { node: i });
             }
         }
+        if was_open != open {
+            agent.reporter.dirty = true;
+        }
         if was_open && !open {
             self.nodes[i].datapath.deadline = self.nodes[i].datapath.deadline.min(now);
             self.note(format!("node-{i}'s fence closed: silenced"));
@@ -249,6 +264,7 @@ impl World {
             fence,
             Some(agent.next_beat),
             agent.deciding.as_ref().map(|(ends, _)| *ends),
+            agent.reporter.next_wake(),
             decision,
         ]
         .into_iter()

@@ -7,8 +7,11 @@
 //! (`operator`), and the invariants are checked on what the datapaths answer (`invariants`).
 
 mod agents;
+mod dead_nodes;
 mod invariants;
 mod operator;
+
+pub use dead_nodes::EVIDENCE;
 
 use std::{
     cmp::Reverse,
@@ -29,7 +32,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use crate::{
     check::Violation,
-    node::{Agent, Datapath, LIVENESS_TIMEOUT, Node},
+    node::{Agent, Datapath, Kubelet, LIVENESS_TIMEOUT, Node, Reporter},
     scenario::{Config, Event, Timed},
     schedule::{FenceChanges, STEP, Stepping, round_up, step_at_or_after},
     store::{self, Change, Store, WatchCursor, node_name},
@@ -83,6 +86,8 @@ enum NetworkFault {
     OneWay(usize),
     Loss(u32),
     Isolated(usize),
+    /// The node's gossip packets dropped by a firewall: cut off in the gossip alone.
+    GossipBlocked(usize),
 }
 
 /// What happened in a run.
@@ -101,6 +106,8 @@ pub struct Exercised {
     /// A hash of every happening noted, in order (the trace keeps the last few): two runs
     /// that differ in anything they noted differ here.
     pub happenings: u64,
+    /// The nodes whose pods the operator set not ready, and when.
+    pub marked: Vec<(Duration, String)>,
 }
 
 pub struct World {
@@ -129,6 +136,7 @@ pub struct World {
     end: Duration,
     trace: VecDeque<String>,
     operator: operator::Operator,
+    reachability: dead_nodes::Reachability,
     pub exercised: Exercised,
 }
 
@@ -161,6 +169,11 @@ impl World {
                 generation: 2,
                 promise: None,
                 skew_ms: rng.random_range(-200..=200),
+                kubelet: match rng.random_range(0..4) {
+                    0 | 1 => Kubelet::Open,
+                    2 => Kubelet::Dropped,
+                    _ => Kubelet::Rejected,
+                },
             });
         }
         let mut world = Self {
@@ -185,6 +198,7 @@ impl World {
             end: Duration::ZERO,
             trace: VecDeque::new(),
             operator: operator::Operator::default(),
+            reachability: dead_nodes::Reachability::new(),
             exercised: Exercised {
                 happenings: 0xcbf2_9ce4_8422_2325,
                 ..Exercised::default()
@@ -197,6 +211,11 @@ impl World {
         world.end =
             last.unwrap_or_default().max(Duration::from_secs(3)) + BOUND + Duration::from_secs(6);
         world
+    }
+
+    /// What node `node`'s firewall does to its kubelet's port (drawn from the seed).
+    pub fn kubelet(&self, node: usize) -> Kubelet {
+        self.nodes[node].kubelet
     }
 
     /// Runs to the end, or to the first broken invariant.
@@ -252,6 +271,7 @@ impl World {
             let Reverse((_, _, due)) = self.due.pop().expect("peeked");
             self.carry_out(due);
         }
+        self.follow_reachability();
         self.follow_gossip_reports();
         self.follow_gossip_steps();
         for i in 0..self.nodes.len() {
@@ -259,7 +279,7 @@ impl World {
                 self.run_agent(i);
             }
         }
-        self.run_operator();
+        self.run_operator()?;
         self.follow_store();
         self.check()
     }
@@ -299,6 +319,7 @@ impl World {
     }
 
     fn apply(&mut self, timed: Timed) {
+        self.reachability.changed = true;
         *self.exercised.events.entry(timed.event.kind()).or_default() += 1;
         self.note(format!("event {:?}", timed.event));
         self.disturbed_until(self.now + timed.event.lasting());
@@ -353,6 +374,10 @@ impl World {
             }
             Event::OneWay { node, lasting } => {
                 let id = self.network_fault(NetworkFault::OneWay(node));
+                self.schedule(lasting, Due::NetworkEnds { id });
+            }
+            Event::GossipBlocked { node, lasting } => {
+                let id = self.network_fault(NetworkFault::GossipBlocked(node));
                 self.schedule(lasting, Due::NetworkEnds { id });
             }
             Event::Loss { per_mille, lasting } => {
@@ -495,7 +520,9 @@ impl World {
         for fault in self.network.values() {
             match fault {
                 NetworkFault::Partition(side) => groups.push(side.clone()),
-                NetworkFault::Isolated(node) => groups.push(vec![*node]),
+                NetworkFault::Isolated(node) | NetworkFault::GossipBlocked(node) => {
+                    groups.push(vec![*node]);
+                }
                 NetworkFault::OneWay(_) => {}
                 NetworkFault::Loss(per_mille) => loss = loss.max(*per_mille),
             }
@@ -525,6 +552,7 @@ impl World {
     }
 
     fn carry_out(&mut self, due: Due) {
+        self.reachability.changed = true;
         match due {
             Due::AgentStart { node, epoch } => {
                 let n = &self.nodes[node];
@@ -534,10 +562,15 @@ impl World {
                 }
             }
             Due::PowerOn { node } => {
+                // A NIC that went down before the power and is not back yet stays down.
+                let nic_down = self
+                    .network
+                    .values()
+                    .any(|f| matches!(f, NetworkFault::Isolated(m) if *m == node));
                 let n = &mut self.nodes[node];
                 if !n.powered {
                     n.powered = true;
-                    n.nic_up = true;
+                    n.nic_up = !nic_down;
                     let epoch = n.epoch;
                     self.schedule(Duration::from_millis(500), Due::AgentStart { node, epoch });
                 }
@@ -671,6 +704,10 @@ impl World {
             frozen: false,
             held_dead: BTreeMap::new(),
             fence: FenceChanges::started(self.now),
+            reporter: Reporter {
+                dirty: true,
+                ..Reporter::default()
+            },
         });
         self.wake(node);
     }

@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use ipam_core::dead_nodes::marking::Marking;
+
 use super::World;
-use crate::{node::Node, schedule::STEP};
+use crate::{check::Violation, node::Node, schedule::STEP};
 
 /// How long the operators' lease lasts without a renewal: the leader renews it while its
 /// agent runs and reaches the store; another node takes it once it lapsed.
@@ -29,6 +31,8 @@ pub(super) struct Operator {
     last_write: Option<(usize, Duration)>,
     /// The copy's revision at the last pass: a pass with nothing new is skipped.
     decided_at: Option<usize>,
+    /// The dead nodes' marking, from the leader's first pass.
+    pub(super) marking: Option<Marking>,
 }
 
 impl Operator {
@@ -49,8 +53,8 @@ fn reaches_store(n: &Node) -> bool {
 }
 
 impl World {
-    /// The operators' election and the leader's LB-IPAM pass.
-    pub(super) fn run_operator(&mut self) {
+    /// The operators' election and the leader's passes: the dead nodes' marking, LB-IPAM.
+    pub(super) fn run_operator(&mut self) -> Result<(), Violation> {
         let now = self.now;
         // Whether the leader reaches the store changes only at an instant looked at: if it
         // did at the last one, it renewed the lease at every step since.
@@ -66,11 +70,11 @@ impl World {
                 self.operator.lease_until = now + OPERATOR_LEASE;
                 self.operator.renewing = true;
             }
-            _ if now < self.operator.lease_until => return,
+            _ if now < self.operator.lease_until => return Ok(()),
             _ => {
                 let Some(next) = (0..self.nodes.len()).find(|i| reaches_store(&self.nodes[*i]))
                 else {
-                    return;
+                    return Ok(());
                 };
                 self.operator = Operator {
                     leader: Some(next),
@@ -83,14 +87,15 @@ impl World {
             }
         }
         let Some(l) = self.operator.leader else {
-            return;
+            return Ok(());
         };
         if now < self.operator.next_pass {
-            return;
+            return Ok(());
         }
         self.operator.next_pass = now + OPERATOR_PASS;
+        self.run_marking(l)?;
         let Some(agent) = self.nodes[l].agent.as_ref() else {
-            return;
+            return Ok(());
         };
         // Read your writes: a copy that has not shown the last write yet, or a stale one, is
         // left for the store itself once CATCH_UP has passed (or at once when stale).
@@ -106,7 +111,7 @@ impl World {
                 .last_write
                 .is_some_and(|(_, at)| behind && now >= at + CATCH_UP);
         if behind && !from_store {
-            return;
+            return Ok(());
         }
         let read_at = if stale || behind {
             self.store.revision()
@@ -114,7 +119,7 @@ impl World {
             shown
         };
         if self.operator.decided_at == Some(read_at) {
-            return;
+            return Ok(());
         }
         self.operator.decided_at = Some(read_at);
         let objects = if from_store {
@@ -136,5 +141,6 @@ impl World {
                 self.note(format!("operator: {name} gets {:?}", new.ingress));
             }
         }
+        Ok(())
     }
 }

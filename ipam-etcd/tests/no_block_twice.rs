@@ -38,6 +38,7 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
             &PodIpPool {
                 spec: PodIpPoolSpec {
                     reserved: Vec::new(),
+                    reservations: Vec::new(),
                     ipv4: Some(FamilySpec {
                         cidrs: vec!["10.90.0.0/20".into()],
                         mask_size: 26,

@@ -173,6 +173,7 @@ pub(super) fn pod_pool(mut spec: Fields, report: &mut Report) -> Result<PodIpPoo
     report.rest(spec);
     Ok(PodIpPoolSpec {
         reserved: Vec::new(),
+        reservations: Vec::new(),
         ipv4,
         ipv6,
         namespaces: Vec::new(),

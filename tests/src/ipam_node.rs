@@ -34,14 +34,31 @@ impl IpamNode {
     }
 
     /// As `new`, with `reserved` addresses of the pool (handed out only to pods asking for
-    /// them).
-    pub fn with_reserved(tag: &str, cidr: &str, mask: u8, reserved: &[&str]) -> Self {
+    /// them), and addresses kept for the pods of some namespaces: `kept` is (address,
+    /// namespace).
+    pub fn with_reserved(
+        tag: &str,
+        cidr: &str,
+        mask: u8,
+        reserved: &[&str],
+        kept: &[(&str, &str)],
+    ) -> Self {
+        let reservations: String = kept
+            .iter()
+            .map(|(address, namespace)| {
+                format!(
+                    "\n[[ipam.pool.reservations]]\naddresses = [\"{address}\"]\n\
+                     namespaces = [\"{namespace}\"]\n"
+                )
+            })
+            .collect();
         Self::with_ipam(
             tag,
             "",
             &format!(
                 "families = [\"v4\"]\n\n[[ipam.pool]]\nname = \"default\"\n\
-                 ipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\nreserved = {reserved:?}\n"
+                 ipv4 = {{ cidrs = [\"{cidr}\"], maskSize = {mask} }}\nreserved = \
+                 {reserved:?}\n{reservations}"
             ),
         )
     }

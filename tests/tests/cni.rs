@@ -11,7 +11,7 @@ use std::{
 };
 
 use ipam_tests::{
-    cni::{DEBIAN_CNI, run_cni},
+    cni::{CniTarget, DEBIAN_CNI, run_cni, run_cni_for},
     daemon::Daemon,
     ipam_node::IpamNode,
     netns::Netns,
@@ -21,6 +21,8 @@ use serde_json::{Value, json};
 
 /// An address of the node's first block that only a pod asking for it gets.
 const RESERVED: &str = "10.244.0.200";
+/// An address of the node's first block kept for the pods of namespace `tenant-a`.
+const KEPT_FOR_TENANT_A: &str = "10.244.0.201";
 
 struct Node {
     ipam: IpamNode,
@@ -29,7 +31,13 @@ struct Node {
 
 impl Node {
     fn start() -> Self {
-        let ipam = IpamNode::with_reserved("cninode", "10.244.0.0/16", 24, &[RESERVED]);
+        let ipam = IpamNode::with_reserved(
+            "cninode",
+            "10.244.0.0/16",
+            24,
+            &[RESERVED],
+            &[(KEPT_FOR_TENANT_A, "tenant-a")],
+        );
         let daemon = Some(ipam.start_daemon());
         Self { ipam, daemon }
     }
@@ -409,6 +417,42 @@ fn fixed_addresses_are_given_refused_kept_and_freed(node: &mut Node, conf: &Valu
         !node.plugin("CHECK", "thief", "eth0", conf).0,
         "a refused ADD holds nothing"
     );
+    // The address kept for tenant-a: another tenant's pod asking for it is refused, with the
+    // pod, the address and why, and holds nothing; tenant-a's pod gets it.
+    let ipam_cni = workspace_binary("ipam-cni");
+    let kept = asking(KEPT_FOR_TENANT_A);
+    let pod_of = |container, pod| CniTarget {
+        container,
+        ifname: "eth0",
+        pod,
+    };
+    let (ok, e) = run_cni_for(
+        &ipam_cni,
+        None,
+        "ADD",
+        &pod_of("b-thief", ("tenant-b", "thief")),
+        None,
+        &kept,
+    );
+    let msg = e["msg"].as_str().unwrap_or_default();
+    assert!(
+        !ok && msg.contains("pod tenant-b/thief")
+            && msg.contains(KEPT_FOR_TENANT_A)
+            && msg.contains("tenant-a, not tenant-b"),
+        "{e}"
+    );
+    assert!(
+        !node.plugin("CHECK", "b-thief", "eth0", conf).0,
+        "a refused ADD holds nothing"
+    );
+    let tenant_a = pod_of("a-db", ("tenant-a", "db-0"));
+    let (ok, given) = run_cni_for(&ipam_cni, None, "ADD", &tenant_a, None, &kept);
+    assert!(
+        ok && address(&given) == format!("{KEPT_FOR_TENANT_A}/24"),
+        "{given}"
+    );
+    assert!(run_cni_for(&ipam_cni, None, "DEL", &tenant_a, None, &kept).0);
+
     let (ok, e) = node.plugin("ADD", "far", "eth0", &asking("10.244.9.9"));
     let msg = e["msg"].as_str().unwrap_or_default();
     assert!(

@@ -475,6 +475,7 @@ mod tests {
         let store = EmbeddedStore::open(&dir.join("store.redb")).unwrap();
         let spec = PodIpPoolSpec {
             reserved: Vec::new(),
+            reservations: Vec::new(),
             ipv4: Some(FamilySpec {
                 cidrs: vec![cidr.into()],
                 mask_size: mask,
@@ -686,6 +687,7 @@ mod tests {
         let (dir, store) = store_with_v4_pool("agent-pools", "infra", "10.71.0.0/24", 28).await;
         let tenant = PodIpPoolSpec {
             reserved: Vec::new(),
+            reservations: Vec::new(),
             ipv4: Some(FamilySpec {
                 cidrs: vec!["10.72.0.0/24".into()],
                 mask_size: 27,

@@ -371,6 +371,7 @@ mod tests {
             name,
             &PodIpPoolSpec {
                 reserved: Vec::new(),
+                reservations: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: cidrs.iter().map(std::string::ToString::to_string).collect(),
                     mask_size: mask,

@@ -7,7 +7,10 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use thiserror::Error;
 
-use crate::Family;
+use crate::{
+    Cidr, Family,
+    pod::multipool::{Labels, Tenants},
+};
 
 /// This project's annotation: `"10.0.5.7"`, `"10.0.5.7,fd00:5::7"` or a JSON list of them.
 pub const IP_ADDRESSES_ANNOTATION: &str = "ipam-ebpf.io/ip-addresses";
@@ -55,6 +58,61 @@ pub enum FixedError {
         ip: IpAddr,
         served: Vec<Family>,
     },
+}
+
+/// What a pool keeps for whom: who it serves, and its addresses bound to namespaces.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolTenancy {
+    pub serves: Tenants,
+    pub bound: Vec<(Cidr, Tenants)>,
+}
+
+impl PoolTenancy {
+    /// A pool's, from its spec.
+    pub fn of(spec: &crate::pod::pool::PodIpPoolSpec) -> Self {
+        Self::new(Tenants::of(spec), &spec.reservations)
+    }
+
+    /// Of a pool serving `serves`, with `reservations`.
+    pub fn new(serves: Tenants, reservations: &[crate::pod::pool::Reservation]) -> Self {
+        Self {
+            serves,
+            bound: reservations
+                .iter()
+                .flat_map(|r| {
+                    let tenants = Tenants::of_reservation(r);
+                    r.cidrs().into_iter().map(move |c| (c, tenants.clone()))
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether telling needs the namespace's labels (a selector somewhere).
+    pub fn selects_by_labels(&self) -> bool {
+        self.serves.selects_by_labels() || self.bound.iter().any(|(_, t)| t.selects_by_labels())
+    }
+
+    /// Why `who`, a pod of `namespace` with its labels (`None`: a container that is not a
+    /// pod), may not be given `ip` of pool `pool` it asked for: the pool serves other
+    /// namespaces (the node's own pool too: asking for an address is naming its pool), or
+    /// the address is reserved for other namespaces. `None` when it may.
+    pub fn refusal(
+        &self,
+        who: &str,
+        pool: &str,
+        ip: IpAddr,
+        namespace: Option<(&str, &Labels)>,
+    ) -> Option<String> {
+        if let Some(why) = self.serves.refusal(namespace) {
+            return Some(format!("{who}: asks for {ip} of pool {pool}, which {why}"));
+        }
+        let (cidr, tenants) = self.bound.iter().find(|(c, _)| c.contains(ip))?;
+        let why = tenants.refusal_of_reserved(namespace)?;
+        Some(format!(
+            "{who}: asks for {ip}, which pool {pool} reserves ({cidr}, spec.reservations): the \
+             reservation {why}"
+        ))
+    }
 }
 
 /// The addresses `who`'s annotations ask for (none: empty).
@@ -196,5 +254,111 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("gives pods IPv4 addresses only"), "{e}");
+    }
+
+    #[test]
+    fn an_asked_address_is_given_only_to_the_tenants_it_is_kept_for() {
+        use crate::{meta::Selector, pod::pool::Reservation};
+
+        let tenancy = |pool_namespaces: &[&str], reservation: Option<Reservation>| {
+            let mut spec: crate::pod::pool::PodIpPoolSpec = serde_json::from_value(
+                serde_json::json!({ "ipv4": { "cidrs": ["10.0.0.0/16"], "maskSize": 24 } }),
+            )
+            .unwrap();
+            spec.namespaces = pool_namespaces.iter().map(|n| (*n).to_owned()).collect();
+            spec.reservations = reservation.into_iter().collect();
+            PoolTenancy::of(&spec)
+        };
+        let labels = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let none = Labels::new();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let for_a = Reservation {
+            addresses: vec!["10.0.0.10".into()],
+            namespaces: vec!["tenant-a".into()],
+            namespace_selector: Selector::default(),
+        };
+        let open = tenancy(&[], Some(for_a.clone()));
+        // The reserved address: tenant-a's pods only; any other address: anyone.
+        assert_eq!(
+            open.refusal(
+                "pod tenant-a/db-0",
+                "p",
+                ip("10.0.0.10"),
+                Some(("tenant-a", &none))
+            ),
+            None
+        );
+        let why = open
+            .refusal(
+                "pod tenant-b/x",
+                "p",
+                ip("10.0.0.10"),
+                Some(("tenant-b", &none)),
+            )
+            .unwrap();
+        assert!(
+            why.contains("pod tenant-b/x")
+                && why.contains("10.0.0.10")
+                && why.contains("pool p")
+                && why.contains("tenant-a, not tenant-b"),
+            "{why}"
+        );
+        assert!(
+            open.refusal("container c", "p", ip("10.0.0.10"), None)
+                .is_some()
+        );
+        assert_eq!(
+            open.refusal(
+                "pod tenant-b/x",
+                "p",
+                ip("10.0.0.11"),
+                Some(("tenant-b", &none))
+            ),
+            None
+        );
+        // A pool of tenant-a's: no address of it to another tenant, asked for or not.
+        let owned = tenancy(&["tenant-a"], None);
+        let why = owned
+            .refusal(
+                "pod tenant-b/x",
+                "p",
+                ip("10.0.0.11"),
+                Some(("tenant-b", &none)),
+            )
+            .unwrap();
+        assert!(
+            why.contains("serves only pods of the namespaces tenant-a"),
+            "{why}"
+        );
+        // By labels.
+        let by_label = tenancy(
+            &[],
+            Some(Reservation {
+                addresses: vec!["10.0.0.10".into()],
+                namespaces: Vec::new(),
+                namespace_selector: serde_json::from_value(
+                    serde_json::json!({ "matchLabels": { "tenant": "a" } }),
+                )
+                .unwrap(),
+            }),
+        );
+        assert!(by_label.selects_by_labels());
+        let a = labels(&[("tenant", "a")]);
+        assert_eq!(
+            by_label.refusal("pod ns1/x", "p", ip("10.0.0.10"), Some(("ns1", &a))),
+            None
+        );
+        let why = by_label
+            .refusal("pod ns2/x", "p", ip("10.0.0.10"), Some(("ns2", &none)))
+            .unwrap();
+        assert!(
+            why.contains("namespaceSelector") && why.contains("ns2"),
+            "{why}"
+        );
     }
 }

@@ -108,6 +108,7 @@ mod tests {
             "hrz",
             &PodIpPoolSpec {
                 reserved: Vec::new(),
+                reservations: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: vec!["10.60.0.0/16".into()],
                     mask_size: 26,

@@ -91,6 +91,14 @@ impl Tenants {
         }
     }
 
+    /// The namespaces a reservation keeps its addresses for.
+    pub fn of_reservation(reservation: &crate::pod::pool::Reservation) -> Self {
+        Self {
+            namespaces: reservation.namespaces.clone(),
+            selector: reservation.namespace_selector.clone(),
+        }
+    }
+
     /// Whether namespaces' labels are needed to tell (the pool has a `namespaceSelector`).
     pub fn selects_by_labels(&self) -> bool {
         !self.selector.is_empty()
@@ -102,30 +110,64 @@ impl Tenants {
 
     /// Why pods of `namespace` (`None`: a container that is not a pod), with `labels`, may not
     /// take the pool's addresses, with what to do; `None` when they may.
-    fn refusal(&self, namespace: Option<(&str, &Labels)>) -> Option<String> {
+    pub(crate) fn refusal(&self, namespace: Option<(&str, &Labels)>) -> Option<String> {
+        self.refusal_of(namespace, Kept::Pool)
+    }
+
+    /// As [`Tenants::refusal`], for a reservation's addresses.
+    pub(crate) fn refusal_of_reserved(&self, namespace: Option<(&str, &Labels)>) -> Option<String> {
+        self.refusal_of(namespace, Kept::Reservation)
+    }
+
+    fn refusal_of(&self, namespace: Option<(&str, &Labels)>, kept: Kept) -> Option<String> {
         let Some((namespace, labels)) = namespace else {
-            return (!self.namespaces.is_empty() || self.selects_by_labels()).then(|| {
-                "serves only pods of some namespaces; it is not a pod: take the node's pool \
-                 (remove \"pool\" from its network configuration) or an unrestricted one"
-                    .to_owned()
+            return (!self.namespaces.is_empty() || self.selects_by_labels()).then(|| match kept {
+                Kept::Pool => "serves only pods of some namespaces; it is not a pod: take the \
+                               node's pool (remove \"pool\" from its network configuration) \
+                               or an unrestricted one"
+                    .to_owned(),
+                Kept::Reservation => "keeps them for pods of some namespaces; it is not a pod: \
+                                      ask for an address that is not reserved"
+                    .to_owned(),
             });
         };
         if !self.listed(namespace) {
-            return Some(format!(
-                "serves only pods of the namespaces {}, not {namespace}; name a pool of its own \
-                 namespace, or add the namespace to the pool's namespaces",
-                self.namespaces.join(", ")
-            ));
+            let listed = self.namespaces.join(", ");
+            return Some(match kept {
+                Kept::Pool => format!(
+                    "serves only pods of the namespaces {listed}, not {namespace}; name a pool of \
+                     its own namespace, or add the namespace to the pool's namespaces"
+                ),
+                Kept::Reservation => format!(
+                    "keeps them for pods of the namespaces {listed}, not {namespace}; ask for an \
+                     address that is not reserved, or add the namespace to the reservation's \
+                     namespaces"
+                ),
+            });
         }
         if !self.selector.matches(labels) {
-            return Some(format!(
-                "serves only pods of namespaces its namespaceSelector selects, and {namespace}'s \
-                 labels do not match it; name a pool of its own namespace, or label the \
-                 namespace as the selector asks"
-            ));
+            return Some(match kept {
+                Kept::Pool => format!(
+                    "serves only pods of namespaces its namespaceSelector selects, and \
+                     {namespace}'s labels do not match it; name a pool of its own namespace, or \
+                     label the namespace as the selector asks"
+                ),
+                Kept::Reservation => format!(
+                    "keeps them for pods of namespaces its namespaceSelector selects, and \
+                     {namespace}'s labels do not match it; ask for an address that is not \
+                     reserved, or label the namespace as the selector asks"
+                ),
+            });
         }
         None
     }
+}
+
+/// What a set of tenants keeps addresses in, for what a refusal advises.
+#[derive(Debug, Clone, Copy)]
+enum Kept {
+    Pool,
+    Reservation,
 }
 
 /// Checks that pods of `namespace` with its labels (`None`: a container that is not a pod) may
@@ -314,6 +356,7 @@ mod tests {
         for (name, cidr) in [("default", "10.244.0.0/16"), ("tenant-a", "10.250.0.0/16")] {
             let spec = PodIpPoolSpec {
                 reserved: Vec::new(),
+                reservations: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: vec![cidr.into()],
                     mask_size: 26,

@@ -648,6 +648,7 @@ mod tests {
         PodIpPool {
             spec: PodIpPoolSpec {
                 reserved: Vec::new(),
+                reservations: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: cidrs.iter().map(std::string::ToString::to_string).collect(),
                     mask_size: mask,
@@ -937,6 +938,7 @@ mod tests {
         let pool = PodIpPool {
             spec: PodIpPoolSpec {
                 reserved: Vec::new(),
+                reservations: Vec::new(),
                 ipv4: Some(FamilySpec {
                     cidrs: vec!["10.244.0.0/16".into()],
                     mask_size: 24,

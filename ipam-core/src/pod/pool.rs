@@ -76,17 +76,60 @@ pub struct PodIpPoolSpec {
     /// Addresses (or CIDRs) of the pool handed out only to pods that ask for them (the
     /// `ipam-ebpf.io/ip-addresses` annotation, or the CNI `ips` capability): what a pod with a
     /// fixed address keeps for itself while it is away.
+    /// Pods of every namespace the pool serves may ask for them; `reservations` binds
+    /// addresses to namespaces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserved: Vec<String>,
+    /// Addresses (or CIDRs) of the pool handed out only to pods that ask for them, and only to
+    /// pods of the namespaces each names: a tenant's StatefulSet member keeps its address
+    /// while it is away, and no other tenant's pod takes it by asking.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
+}
+
+/// Addresses of a pool kept for the pods of some namespaces.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// Addresses or CIDRs of the pool.
+    pub addresses: Vec<String>,
+    /// The namespaces whose pods may ask for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// The namespaces, by their labels, whose pods may ask for them; with `namespaces` too, a
+    /// namespace must pass both. One of the two is required.
+    #[serde(default, skip_serializing_if = "Selector::is_empty")]
+    pub namespace_selector: Selector,
 }
 
 impl PodIpPoolSpec {
-    /// The reserved addresses as CIDRs (an address alone is a /32 or /128); those that do
-    /// not parse are left out (`validate` reports them).
+    /// Every address handed out only on request, as CIDRs (an address alone is a /32 or
+    /// /128): `reserved` and the `reservations`'; those that do not parse are left out
+    /// (`validate` reports them).
     pub fn reserved_cidrs(&self) -> Vec<Cidr> {
         self.reserved
             .iter()
+            .chain(self.reservations.iter().flat_map(|r| &r.addresses))
             .filter_map(|r| parse_reserved(r).ok())
+            .collect()
+    }
+
+    /// The addresses bound to namespaces, as CIDRs, each with its reservation.
+    pub fn bound_cidrs(&self) -> Vec<(Cidr, &Reservation)> {
+        self.reservations
+            .iter()
+            .flat_map(|r| r.cidrs().into_iter().map(move |c| (c, r)))
+            .collect()
+    }
+}
+
+impl Reservation {
+    /// Its addresses as CIDRs; those that do not parse are left out (`validate` reports them).
+    pub fn cidrs(&self) -> Vec<Cidr> {
+        self.addresses
+            .iter()
+            .filter_map(|a| parse_reserved(a).ok())
             .collect()
     }
 }
@@ -175,6 +218,12 @@ pub enum PoolError {
         entry: String,
         why: String,
     },
+    #[error("pool {pool}: spec.reservations[{index}] is refused: {why}")]
+    Reservation {
+        pool: String,
+        index: usize,
+        why: String,
+    },
     #[error(
         "pool {pool}: {} mask size /{mask} is out of range; use /{} to /{}", family.name(),
         family.bits() - 24, family.bits()
@@ -254,23 +303,71 @@ pub fn validate(name: &str, spec: &PodIpPoolSpec) -> Result<Pool, PoolError> {
             pool: name.to_owned(),
         });
     }
-    for entry in &spec.reserved {
-        let reserved = parse_reserved(entry).map_err(|source| PoolError::Reserved {
-            pool: name.to_owned(),
-            entry: entry.clone(),
-            why: source.to_string(),
-        })?;
+    let refuse = |entry: &str, why: String| PoolError::Reserved {
+        pool: name.to_owned(),
+        entry: entry.to_owned(),
+        why,
+    };
+    // Each entry with where it came from (`None`: `reserved`), to tell a reservation's entry
+    // that overlaps another (entries of `reserved` may overlap each other, as they always
+    // could: they keep nothing for anyone).
+    let mut seen: Vec<(Cidr, &str, Option<usize>)> = Vec::new();
+    let entries = spec.reserved.iter().map(|e| (e, None)).chain(
+        spec.reservations
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.addresses.iter().map(move |e| (e, Some(i)))),
+    );
+    for (entry, from) in entries {
+        let reserved = parse_reserved(entry).map_err(|source| refuse(entry, source.to_string()))?;
         let inside = pool.family(reserved.family()).is_some_and(|f| {
             f.cidrs
                 .iter()
                 .any(|c| c.overlap(&reserved) == Some(reserved))
         });
         if !inside {
-            return Err(PoolError::Reserved {
-                pool: name.to_owned(),
-                entry: entry.clone(),
-                why: "it is not inside the pool's CIDRs; reserve addresses of the pool".into(),
-            });
+            return Err(refuse(
+                entry,
+                "it is not inside the pool's CIDRs; reserve addresses of the pool".into(),
+            ));
+        }
+        let clash = seen.iter().find(|(c, _, other)| {
+            (from.is_some() || other.is_some()) && c.overlap(&reserved).is_some()
+        });
+        if let Some((_, other_entry, other)) = clash {
+            let place = |from: &Option<usize>| {
+                from.map_or("reserved".to_owned(), |i| format!("reservations[{i}]"))
+            };
+            return Err(refuse(
+                entry,
+                format!(
+                    "in {}, it overlaps {other_entry:?} of {}; an address is kept once, for one \
+                     set of namespaces",
+                    place(&from),
+                    place(other)
+                ),
+            ));
+        }
+        seen.push((reserved, entry, from));
+    }
+    let refuse_reservation = |index: usize, why: &str| PoolError::Reservation {
+        pool: name.to_owned(),
+        index,
+        why: why.to_owned(),
+    };
+    for (i, r) in spec.reservations.iter().enumerate() {
+        if r.addresses.is_empty() {
+            return Err(refuse_reservation(
+                i,
+                "it lists no addresses; give it the addresses it keeps",
+            ));
+        }
+        if r.namespaces.is_empty() && r.namespace_selector.is_empty() {
+            return Err(refuse_reservation(
+                i,
+                "it names no namespace; give it namespaces or a namespaceSelector (for \
+                 addresses any namespace the pool serves may ask for, use reserved)",
+            ));
         }
     }
     Ok(pool)
@@ -436,6 +533,7 @@ mod tests {
         };
         PodIpPoolSpec {
             reserved: Vec::new(),
+            reservations: Vec::new(),
             ipv4: f(v4, mask4),
             ipv6: f(v6, mask6),
             namespaces: Vec::new(),
@@ -545,5 +643,62 @@ mod tests {
             e.contains("kubernetes") && e.contains("cluster-pool") && e.contains("migrate"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn reservations_are_inside_the_pool_once_and_name_their_namespaces() {
+        let reservation = |addresses: &[&str], namespaces: &[&str]| Reservation {
+            addresses: addresses.iter().map(|a| (*a).to_owned()).collect(),
+            namespaces: namespaces.iter().map(|n| (*n).to_owned()).collect(),
+            namespace_selector: Selector::default(),
+        };
+        let with = |reserved: &[&str], reservations: Vec<Reservation>| {
+            let mut s = spec(&["10.0.0.0/16"], 24, &[], 0);
+            s.reserved = reserved.iter().map(|a| (*a).to_owned()).collect();
+            s.reservations = reservations;
+            validate("p", &s).map(|_| s)
+        };
+        let good = with(
+            &["10.0.0.9"],
+            vec![reservation(&["10.0.0.10", "10.0.1.0/28"], &["tenant-a"])],
+        )
+        .unwrap();
+        assert_eq!(good.reserved_cidrs().len(), 3);
+        let bound: Vec<String> = good
+            .bound_cidrs()
+            .iter()
+            .map(|(c, r)| format!("{c} {}", r.namespaces.join(",")))
+            .collect();
+        assert_eq!(bound, ["10.0.0.10/32 tenant-a", "10.0.1.0/28 tenant-a"]);
+        let refused = |reserved: &[&str], reservations: Vec<Reservation>| {
+            with(reserved, reservations).unwrap_err().to_string()
+        };
+        let e = refused(&["10.0.1.5"], vec![reservation(&["10.0.1.0/28"], &["a"])]);
+        assert!(
+            e.contains("\"10.0.1.0/28\"") && e.contains("overlaps \"10.0.1.5\" of reserved"),
+            "{e}"
+        );
+        // Entries of reserved alone may overlap, as they always could.
+        assert!(with(&["10.0.0.0/28", "10.0.0.5"], Vec::new()).is_ok());
+        let e = refused(
+            &[],
+            vec![
+                reservation(&["10.0.0.10"], &["a"]),
+                reservation(&["10.0.0.10"], &["b"]),
+            ],
+        );
+        assert!(
+            e.contains("reservations[0]") && e.contains("reservations[1]"),
+            "{e}"
+        );
+        let e = refused(&[], vec![reservation(&["10.9.0.1"], &["a"])]);
+        assert!(e.contains("not inside the pool"), "{e}");
+        let e = refused(&[], vec![reservation(&["10.0.0.10"], &[])]);
+        assert!(
+            e.contains("spec.reservations[0] is refused") && e.contains("names no namespace"),
+            "{e}"
+        );
+        let e = refused(&[], vec![reservation(&[], &["a"])]);
+        assert!(e.contains("lists no addresses"), "{e}");
     }
 }

@@ -207,6 +207,9 @@ impl PodAllocations {
             );
         };
         if !requested.is_empty() {
+            if let Err((code, why)) = self.pools.check_tenancy(&who, pod, &pool, &requested) {
+                return Response::error(code, why);
+            }
             return self.allocate_requested(&who, &owner, &pool, &alloc, &requested);
         }
         let mut ips = Vec::new();

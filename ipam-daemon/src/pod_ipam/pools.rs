@@ -14,12 +14,13 @@ use std::{
 
 use ipam_api::types::ErrorCode;
 use ipam_core::{
-    Cidr,
     lb::resources::Namespace,
     pod::durable::DurableAllocator,
-    pod::multipool::{PoolSource, Tenants, admit, annotated_pool, network_pool},
+    pod::multipool::{Labels, PoolSource, Tenants, admit, annotated_pool, network_pool},
 };
 use ipam_kube::pods::PodDirectory;
+
+use super::reserved::PoolKeeps;
 
 /// How long an ADD waits for the pod to reach the agent's cache (the CNI call comes right
 /// after the pod is bound; the watch usually delivers it within milliseconds).
@@ -60,8 +61,9 @@ pub(super) struct PodPools {
     /// The namespaces' labels, as last read from the store, when a pool selects namespaces by
     /// them and no directory follows the Namespaces (etcd, the embedded store).
     namespaces: RwLock<BTreeMap<String, Namespace>>,
-    /// Each pool's addresses given only to pods that ask for them (its `reserved`).
-    reserved: RwLock<BTreeMap<String, Vec<Cidr>>>,
+    /// What each pool keeps, and for whom: addresses given only to pods that ask for them
+    /// (its `reserved` and `reservations`), who its addresses are for.
+    reserved: RwLock<BTreeMap<String, PoolKeeps>>,
 }
 
 impl PodPools {
@@ -94,7 +96,7 @@ impl PodPools {
         let reserved = self.reserved.read().expect("pools lock");
         allocator
             .alloc
-            .set_requested_only(reserved.get(pool).map_or(&[], Vec::as_slice));
+            .set_requested_only(reserved.get(pool).map_or(&[], |k| &k.requested_only));
         self.open
             .write()
             .expect("pools lock")
@@ -106,24 +108,112 @@ impl PodPools {
         *self.known.write().expect("pools lock") = pools;
     }
 
-    /// Every pool's reserved addresses, as last read from the store; applied to the open
-    /// allocators at once, and to those opened later. Whether they changed.
-    pub(super) fn set_reserved(&self, reserved: BTreeMap<String, Vec<Cidr>>) -> bool {
+    /// What every pool keeps, and for whom, as last read from the store; the reserved
+    /// addresses applied to the open allocators at once, and to those opened later. Whether
+    /// anything changed.
+    pub(super) fn set_reserved(&self, reserved: BTreeMap<String, PoolKeeps>) -> bool {
         let mut current = self.reserved.write().expect("pools lock");
         if *current == reserved {
             return false;
         }
         for (pool, allocator) in self.open.read().expect("pools lock").iter() {
-            let cidrs = reserved.get(pool).map_or(&[][..], Vec::as_slice);
+            let cidrs = reserved.get(pool).map_or(&[][..], |k| &k.requested_only);
             allocator.alloc.set_requested_only(cidrs);
         }
         *current = reserved;
         true
     }
 
-    /// The reserved addresses as last set.
-    pub(super) fn reserved(&self) -> BTreeMap<String, Vec<Cidr>> {
+    /// What the pools keep, as last set.
+    pub(super) fn reserved(&self) -> BTreeMap<String, PoolKeeps> {
         self.reserved.read().expect("pools lock").clone()
+    }
+
+    /// Whether `who`, pod `pod` (`namespace/name`), may be given the `requested` addresses of
+    /// `pool`: the pool must serve its namespace (the node's own pool too: asking for an
+    /// address is naming its pool), and an address a reservation keeps must be kept for it.
+    /// Why not, said to the user: "try again" while the agent has not read who the pool's
+    /// addresses are for (fail closed), a refusal with the reason otherwise.
+    pub(super) fn check_tenancy(
+        &self,
+        who: &str,
+        pod: Option<&str>,
+        pool: &str,
+        requested: &[std::net::IpAddr],
+    ) -> Result<(), (ErrorCode, String)> {
+        if requested.is_empty() {
+            return Ok(());
+        }
+        let Some(tenancy) = self
+            .reserved
+            .read()
+            .expect("pools lock")
+            .get(pool)
+            .map(PoolKeeps::tenancy)
+        else {
+            return Err((
+                ErrorCode::NotReady,
+                format!(
+                    "{who}: asks for {requested:?} of pool {pool}, and this agent has not yet \
+                     read the pool as the operator accepted it, so it cannot tell which \
+                     namespaces its addresses are for; try again (if this lasts, the agent's \
+                     log says whether the store is reachable, and the pool's status whether \
+                     the operator accepted it)"
+                ),
+            ));
+        };
+        let namespace = pod.and_then(|p| p.split_once('/'));
+        let labels = match namespace {
+            Some((namespace, name)) if tenancy.selects_by_labels() => {
+                self.namespace_labels(who, namespace, name)?
+            }
+            Some((namespace, _)) => Namespace::with_name_label(Labels::new(), namespace),
+            None => Labels::new(),
+        };
+        let namespace = namespace.map(|(namespace, _)| (namespace, &labels));
+        for ip in requested {
+            if let Some(why) = tenancy.refusal(who, pool, *ip, namespace) {
+                return Err((ErrorCode::BadRequest, why));
+            }
+        }
+        Ok(())
+    }
+
+    /// The labels of pod `name`'s namespace: from the pods' directory on Kubernetes (waiting
+    /// for the pod as `choose` does), else as the store pass last read them.
+    fn namespace_labels(
+        &self,
+        who: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Labels, (ErrorCode, String)> {
+        match &self.directory {
+            Some(directory) => {
+                let annotations = directory
+                    .annotations(namespace, name, POD_WAIT)
+                    .map_err(|e| (ErrorCode::NotReady, format!("{who}: {e}")))?;
+                Ok(Namespace::with_name_label(
+                    annotations.namespace_labels.clone(),
+                    namespace,
+                ))
+            }
+            // A namespace not read yet could match a selector that excludes labels
+            // (`NotIn`, `DoesNotExist`) on its name label alone: wait for it.
+            None => {
+                let known = self.namespaces.read().expect("pools lock");
+                if !known.contains_key(namespace) {
+                    return Err((
+                        ErrorCode::NotReady,
+                        format!(
+                            "{who}: the agent has not read namespace {namespace}'s labels from \
+                             the store yet, which decide whether its pods may have the \
+                             address asked for; try again"
+                        ),
+                    ));
+                }
+                Ok(Namespace::labels_of(&known, namespace))
+            }
+        }
     }
 
     /// The addresses pod `pod` (`namespace/name`) asks for by annotation, on a Kubernetes
@@ -147,17 +237,18 @@ impl PodPools {
             .map_err(|e| (ErrorCode::BadRequest, e.to_string()))
     }
 
-    /// Whether the store pass must read the namespaces' labels: a pool selects namespaces by
-    /// them, and no directory follows the Namespaces.
-    pub(super) fn needs_namespaces(&self) -> bool {
-        self.multi_pool
-            && self.directory.is_none()
+    /// Whether the store pass must read the namespaces' labels: a pool (or one of `keeps`'
+    /// reservations) selects namespaces by them, and no directory follows the Namespaces.
+    pub(super) fn needs_namespaces(&self, keeps: &BTreeMap<String, PoolKeeps>) -> bool {
+        let pools_select = self.multi_pool
             && self
                 .known
                 .read()
                 .expect("pools lock")
                 .iter()
-                .any(|(_, tenants)| tenants.selects_by_labels())
+                .any(|(_, tenants)| tenants.selects_by_labels());
+        let keeps_select = keeps.values().any(|k| k.tenancy().selects_by_labels());
+        self.directory.is_none() && (pools_select || keeps_select)
     }
 
     pub(super) fn set_namespaces(&self, namespaces: BTreeMap<String, Namespace>) {
@@ -291,7 +382,10 @@ mod tests {
             ("default".to_owned(), Tenants::default()),
             ("open".to_owned(), Tenants::default()),
         ]);
-        assert!(!pools.needs_namespaces(), "no pool selects by labels");
+        assert!(
+            !pools.needs_namespaces(&BTreeMap::new()),
+            "no pool selects by labels"
+        );
         pools.set_known(vec![
             ("default".to_owned(), Tenants::default()),
             (
@@ -311,7 +405,7 @@ mod tests {
                 },
             ),
         ]);
-        assert!(pools.needs_namespaces());
+        assert!(pools.needs_namespaces(&BTreeMap::new()));
         pools.set_namespaces(BTreeMap::from([(
             "paint".to_owned(),
             Namespace {
@@ -333,5 +427,64 @@ mod tests {
         // Not a pod: a restricted pool is refused, the node's own is not.
         assert!(pools.choose("container c1", None, Some("blue")).is_err());
         assert!(pools.choose("container c1", None, None).is_ok());
+    }
+
+    /// An asked-for address a reservation keeps, judged on the namespace's labels: a pool
+    /// not read yet, or a namespace whose labels are not read yet, is "try again" (even for a
+    /// selector its name label alone would pass); a read namespace is judged on its labels;
+    /// other addresses of the pool go to whoever asks.
+    #[test]
+    fn an_asked_address_waits_for_the_labels_and_is_judged_on_them() {
+        use ipam_core::pod::pool::Reservation;
+
+        let pools = PodPools::new("default", false, None);
+        let ip = |s: &str| vec![s.parse::<std::net::IpAddr>().unwrap()];
+        let check = |pod: &str, address: &str| {
+            pools.check_tenancy(&format!("pod {pod}"), Some(pod), "default", &ip(address))
+        };
+        assert!(matches!(
+            check("blue/x", "10.0.0.10"),
+            Err((ErrorCode::NotReady, _))
+        ));
+        let not_red: Selector = serde_json::from_value(serde_json::json!({
+            "matchExpressions": [{ "key": "team", "operator": "NotIn", "values": ["red"] }]
+        }))
+        .unwrap();
+        let keeps = BTreeMap::from([(
+            "default".to_owned(),
+            PoolKeeps {
+                requested_only: vec!["10.0.0.10/32".parse().unwrap()],
+                reservations: vec![Reservation {
+                    addresses: vec!["10.0.0.10".into()],
+                    namespaces: Vec::new(),
+                    namespace_selector: not_red,
+                }],
+                ..PoolKeeps::default()
+            },
+        )]);
+        assert!(pools.needs_namespaces(&keeps), "cluster-pool mode too");
+        pools.set_reserved(keeps);
+        let (code, why) = check("blue/x", "10.0.0.10").unwrap_err();
+        assert!(
+            matches!(code, ErrorCode::NotReady) && why.contains("namespace blue's labels"),
+            "{why}"
+        );
+        let team = |t: &str| Namespace {
+            labels: BTreeMap::from([("team".to_owned(), t.to_owned())]),
+        };
+        pools.set_namespaces(BTreeMap::from([
+            ("blue".to_owned(), team("blue")),
+            ("red".to_owned(), team("red")),
+        ]));
+        assert!(check("blue/x", "10.0.0.10").is_ok());
+        let (code, why) = check("red/x", "10.0.0.10").unwrap_err();
+        assert!(
+            matches!(code, ErrorCode::BadRequest)
+                && why.contains("pod red/x")
+                && why.contains("10.0.0.10")
+                && why.contains("namespaceSelector"),
+            "{why}"
+        );
+        assert!(check("red/x", "10.0.0.11").is_ok(), "not reserved");
     }
 }

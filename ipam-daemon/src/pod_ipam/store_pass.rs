@@ -1,7 +1,7 @@
 //! The pass with the store: the agents' sync of the node's record, and what the status shows of
 //! the store. A failed pass is retried with backoff; the node keeps serving from its blocks.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use ipam_core::{
     backoff::Backoff,
@@ -11,7 +11,7 @@ use ipam_core::{
     store::{StoreError, TypedStore as _},
 };
 
-use super::{IpamRuntimeError, PodIpam};
+use super::{IpamRuntimeError, PodIpam, reserved::PoolKeeps};
 
 /// Longest wait between two store passes while the store is unreachable.
 const STORE_RETRY_CAP: Duration = Duration::from_secs(10);
@@ -94,20 +94,27 @@ impl PodIpam {
                 .map(|p| (p.name.clone(), Tenants::of(&p.value.spec)))
                 .collect(),
         );
-        let reserved = pools
+        // What the operator accepted: a pool change it refused (two reservations of one
+        // address, one naming no namespace) keeps no one's addresses for anyone.
+        let reserved: BTreeMap<String, PoolKeeps> = pools
             .iter()
-            .map(|p| (p.name.clone(), p.value.spec.reserved_cidrs()))
+            .filter_map(|p| {
+                let accepted = p.value.status.accepted_spec.as_ref()?;
+                Some((p.name.clone(), PoolKeeps::of(accepted)))
+            })
             .collect();
-        if self.agents.pod_pools.set_reserved(reserved) {
-            // Kept across restarts: before its first look at the store, a restarted agent
-            // must not hand a reserved address to a pod that did not ask for it.
-            super::reserved::save(&self.settings.state_dir, &self.agents.pod_pools.reserved());
-        }
-        if self.agents.pod_pools.needs_namespaces() {
+        // The labels first, so that a selector never judges on labels older than itself.
+        if self.agents.pod_pools.needs_namespaces(&reserved) {
             let namespaces = self.store.list_typed::<Namespace>().await?;
             self.agents
                 .pod_pools
                 .set_namespaces(namespaces.into_iter().map(|n| (n.name, n.value)).collect());
+        }
+        if self.agents.pod_pools.set_reserved(reserved) {
+            // Kept across restarts: before its first look at the store, a restarted agent
+            // must not hand a reserved address to a pod that did not ask for it, nor an
+            // asked-for one to a pod it is not kept for.
+            super::reserved::save(&self.settings.state_dir, &self.agents.pod_pools.reserved());
         }
         self.status.pools = pools
             .into_iter()

@@ -183,6 +183,7 @@ fn main() {
         "default",
         &PodIpPoolSpec {
             reserved: Vec::new(),
+            reservations: Vec::new(),
             ipv4: Some(FamilySpec {
                 cidrs: vec!["10.128.0.0/9".into()],
                 mask_size: 24,

@@ -46,6 +46,10 @@ const KUBE_PACKAGES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The services those packages bring, which the lab does not use: each node runs its own
+/// containerd in its namespaces, so the host's stays as it was (not installed: left off).
+const KUBE_SERVICES: &[(&str, &str)] = &[("containerd", "containerd.service")];
+
 /// The Kubernetes binaries the lab runs, all in KUBEBUILDER_ASSETS.
 const KUBE_BINARIES: [&str; 6] = [
     "kube-apiserver",
@@ -77,9 +81,18 @@ pub(crate) fn run(which: Which) -> anyhow::Result<()> {
 /// nothing: it is built here and imported into each node), the Kubernetes binaries found.
 pub(crate) fn kube_program(program: &str) -> anyhow::Result<std::process::Command> {
     let assets = kube_assets()?;
+    println!(
+        "lab: [1/3] the nodes' Debian packages, [2/3] the project's image (a release build, then \
+         podman), [3/3] the binaries, then the cluster. The first run takes about 17 minutes \
+         on 2 CPUs before any cluster starts (most of it the release build); later ones \
+         rebuild only what changed"
+    );
     let mut changed = Vec::new();
-    setup::install_packages(KUBE_PACKAGES, &mut changed)?;
+    println!("lab: [1/3] the nodes' Debian packages");
+    setup::install_packages_without_services(KUBE_PACKAGES, KUBE_SERVICES, &mut changed)?;
+    println!("lab: [2/3] the project's image {KUBE_IMAGE}");
     image::run(KUBE_IMAGE, true)?;
+    println!("lab: [3/3] the binaries");
     let mut c = std::process::Command::new(target_dir()?.join("debug").join(program));
     c.env("KUBEBUILDER_ASSETS", assets)
         .env("IPAM_IMAGE", KUBE_IMAGE);

@@ -117,18 +117,70 @@ fn packages(changed: &mut Vec<String>) -> anyhow::Result<()> {
 }
 
 /// Installs the Debian packages of `wanted` (name, why) that are not installed yet.
-pub(crate) fn install_packages(
+/// Installs what `wanted` lacks, as `install_packages`, leaving the host's services as they
+/// were: each `(package, unit)` of `services` whose package this installs is neither started
+/// nor left enabled (Debian starts and enables a package's services on install: containerd's
+/// would run a system-wide containerd next to the lab's own).
+pub(crate) fn install_packages_without_services(
     wanted: &[(&str, &str)],
+    services: &[(&str, &str)],
     changed: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let missing: Vec<&str> = wanted
+    let before = changed.len();
+    let missing = missing_packages(wanted);
+    // invoke-rc.d asks policy-rc.d whether to start a service: 101 is "no".
+    let policy = PathBuf::from("/usr/sbin/policy-rc.d");
+    let ours = !missing.is_empty() && !policy.exists();
+    if ours {
+        std::fs::write(
+            &policy,
+            "#!/bin/sh\n# cargo xtask: no service starts during the install\nexit 101\n",
+        )
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&policy, std::fs::Permissions::from_mode(0o755))
+        })
+        .with_context(|| format!("cannot write {}", policy.display()))?;
+    }
+    let installed = install_packages(wanted, changed);
+    if ours {
+        let _ = std::fs::remove_file(&policy);
+    }
+    installed?;
+    if changed.len() == before {
+        return Ok(());
+    }
+    let systemd = std::path::Path::new("/run/systemd/system").is_dir();
+    for (package, unit) in services.iter().filter(|(p, _)| missing.contains(p)) {
+        if systemd {
+            // Enabled by the package's postinst; stopped in case anything started it.
+            let _ = exec(Command::new("systemctl").args(["disable", "--now", "--quiet", unit]));
+        }
+        println!(
+            "setup: {unit} (from {package}) is installed but left disabled and stopped: the \
+             lab runs its own"
+        );
+    }
+    Ok(())
+}
+
+/// The packages of `wanted` not installed.
+fn missing_packages<'a>(wanted: &[(&'a str, &str)]) -> Vec<&'a str> {
+    wanted
         .iter()
         .map(|(p, _)| *p)
         .filter(|p| {
             output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
                 .is_none_or(|s| !s.contains("install ok installed"))
         })
-        .collect();
+        .collect()
+}
+
+pub(crate) fn install_packages(
+    wanted: &[(&str, &str)],
+    changed: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let missing = missing_packages(wanted);
     if missing.is_empty() {
         return Ok(());
     }

@@ -120,6 +120,7 @@ impl KubeNode {
              mount -t sysfs sysfs /sys\n\
              mount --rbind \"$stash\" /sys/fs/cgroup\n\
              umount -l \"$stash\"\n\
+             rmdir \"$stash\" || true\n\
              mount -t bpf bpf /sys/fs/bpf\n\
              mount -t tmpfs tmpfs /run\n",
         );

@@ -85,16 +85,19 @@ pub(super) fn node_ip(i: usize) -> IpAddr {
 impl World {
     /// Whether `a` and `b` can exchange packets now (whatever the gossip's own port does).
     fn linked(&self, a: usize, b: usize) -> bool {
-        let up = |n: usize| {
-            let node = &self.nodes[n];
-            node.powered && node.nic_up && !self.muted(n)
-        };
-        up(a)
-            && up(b)
+        self.on_network(a)
+            && self.on_network(b)
             && self.network.values().all(|fault| match fault {
                 NetworkFault::Partition(side) => side.contains(&a) == side.contains(&b),
                 _ => true,
             })
+    }
+
+    /// Whether node `n` can exchange packets with anyone: powered, its NIC up, its packets
+    /// not cut one way.
+    fn on_network(&self, n: usize) -> bool {
+        let node = &self.nodes[n];
+        node.powered && node.nic_up && !self.muted(n)
     }
 
     fn muted(&self, n: usize) -> bool {
@@ -103,7 +106,8 @@ impl World {
             .any(|fault| matches!(fault, NetworkFault::OneWay(m) if *m == n))
     }
 
-    fn loss(&self) -> f64 {
+    /// The chance a packet between nodes is lost (the worst loss fault in force).
+    pub(super) fn loss(&self) -> f64 {
         let per_mille = self
             .network
             .values()
@@ -137,9 +141,7 @@ impl World {
             .collect();
         let side_of =
             |x: usize| -> Vec<bool> { partitions.iter().map(|p| p.contains(&x)).collect() };
-        let up: Vec<bool> = (0..n)
-            .map(|x| self.nodes[x].powered && self.nodes[x].nic_up && !self.muted(x))
-            .collect();
+        let up: Vec<bool> = (0..n).map(|x| self.on_network(x)).collect();
         let mut reach: BTreeMap<Vec<bool>, usize> = BTreeMap::new();
         for x in (0..n).filter(|x| up[*x]) {
             *reach.entry(side_of(x)).or_default() += 1;

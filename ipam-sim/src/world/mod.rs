@@ -515,7 +515,6 @@ impl World {
     /// Brings the gossip's network in line with the faults in force.
     fn apply_network(&mut self) {
         self.gossip.heal();
-        let mut loss = 0;
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for fault in self.network.values() {
             match fault {
@@ -523,8 +522,7 @@ impl World {
                 NetworkFault::Isolated(node) | NetworkFault::GossipBlocked(node) => {
                     groups.push(vec![*node]);
                 }
-                NetworkFault::OneWay(_) => {}
-                NetworkFault::Loss(per_mille) => loss = loss.max(*per_mille),
+                NetworkFault::OneWay(_) | NetworkFault::Loss(_) => {}
             }
         }
         // A node isolated alone wins over a partition's side it is on.
@@ -546,7 +544,7 @@ impl World {
             }
         }
         self.gossip.set_network(NetworkModel {
-            loss: f64::from(loss) / 1000.0,
+            loss: self.loss(),
             ..NetworkModel::default()
         });
     }

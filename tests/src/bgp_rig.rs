@@ -263,6 +263,63 @@ impl BgpRig {
         );
     }
 
+    /// How many times the router's session with each node came up, over IPv4 and IPv6.
+    pub fn sessions_established(&self) -> Vec<(u64, u64)> {
+        (0..self.cluster.nodes.len())
+            .map(|i| {
+                let (v4, v6) = node_addresses(i);
+                let count = |a: String| self.router.sessions_established(a.parse().unwrap());
+                (count(v4), count(v6))
+            })
+            .collect()
+    }
+
+    /// Puts `peers` (a change of the peers' own settings, which BIRD applies by restarting
+    /// their sessions) and waits until every node's sessions of the families they are for came
+    /// up again and `ip` is routed over every node: traffic checked before then would meet
+    /// the reset, not what is tested.
+    pub fn put_peers_and_wait(&self, peers: &[(&str, &BgpPeer)], ip: IpAddr) {
+        let before = self.sessions_established();
+        for (name, spec) in peers {
+            self.cluster.put(name, *spec);
+        }
+        let (v4, v6) = (
+            peers.iter().any(|(_, p)| p.spec.peer_address.is_ipv4()),
+            peers.iter().any(|(_, p)| p.spec.peer_address.is_ipv6()),
+        );
+        wait_until(
+            Duration::from_secs(30),
+            "every node's changed sessions established again",
+            || {
+                let now = self.sessions_established();
+                let up = |i: usize, v6: bool| {
+                    let (v4_address, v6_address) = node_addresses(i);
+                    let address = if v6 { v6_address } else { v4_address };
+                    self.router
+                        .vtysh(&[&format!("show bgp neighbors {address} json")])
+                        .contains("\"bgpState\":\"Established\"")
+                };
+                now.iter().zip(&before).enumerate().all(|(i, (now, was))| {
+                    (!v4 || (now.0 > was.0 && up(i, false)))
+                        && (!v6 || (now.1 > was.1 && up(i, true)))
+                })
+            },
+            || {
+                format!(
+                    "sessions established before {before:?}, now {:?}\n{}",
+                    self.sessions_established(),
+                    self.router.vtysh(&["show bgp summary"])
+                )
+            },
+        );
+        let all: Vec<usize> = (0..self.cluster.nodes.len()).collect();
+        self.wait_for_hops(
+            ip,
+            &all,
+            "the route over every node after the sessions' reset",
+        );
+    }
+
     /// The node that answered each of `count` connections from the client to `ip` (`None`:
     /// not answered within 500 ms).
     pub fn served_by(&self, ip: IpAddr, count: usize) -> Vec<Option<String>> {

@@ -196,7 +196,7 @@ fn service_ips_are_routed_over_bgp_by_a_real_router() {
         || format!("{:?}", c.list::<ipam_core::lb::bgp::BgpPeer>()),
     );
 
-    planned_restart(&mut rig, local_ip);
+    planned_restart(&mut rig, local_ip, web_v4);
 
     // Power loss of node-2 (link first, so BIRD cannot say goodbye): BFD withdraws it.
     let lost = std::time::Instant::now();
@@ -416,8 +416,14 @@ spec:
         },
         || format!("{}\n{:?}", route(), rig.routed_to(web_v4)),
     );
-    c.put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));
-    c.put("tor6", &peer(ROUTER_V6, PASSWORD, 64512, true));
+    // BFD back on: a change of the peers' own settings, so their sessions restart.
+    rig.put_peers_and_wait(
+        &[
+            ("tor", &peer(ROUTER_V4, PASSWORD, 64512, true)),
+            ("tor6", &peer(ROUTER_V6, PASSWORD, 64512, true)),
+        ],
+        web_v4,
+    );
 }
 
 /// A pool `aggregated` (203.0.113.0/28, labelled `aggregate: "yes"`) advertised by its own
@@ -516,7 +522,7 @@ fn local_endpoint_on_node_1(ready: bool) -> ServiceEndpoints {
 /// only route among them), and the next agent, its BIRD recovering, takes them up and ends the
 /// restart. Every request to default/local, one every 20 ms, is answered throughout. Then the
 /// peer and the node are put back as they were.
-fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
+fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr, web_v4: IpAddr) {
     let mut tor = peer(ROUTER_V4, PASSWORD, 64512, false);
     tor.spec.graceful_restart = Some(GracefulRestart {
         restart_time_seconds: 30,
@@ -583,8 +589,8 @@ fn planned_restart(rig: &mut BgpRig, local_ip: IpAddr) {
     );
 
     rig.cluster.nodes[1].set_node_setting("on_stop", None);
-    rig.cluster
-        .put("tor", &peer(ROUTER_V4, PASSWORD, 64512, true));
+    // BFD back on: a change of the peer's own settings, so the IPv4 sessions restart.
+    rig.put_peers_and_wait(&[("tor", &peer(ROUTER_V4, PASSWORD, 64512, true))], web_v4);
     rig.wait_for_hops(
         local_ip,
         &[1],

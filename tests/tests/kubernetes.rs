@@ -436,6 +436,44 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
         "{refused:?}"
     );
 
+    // An external IP of gold's pool, listed by a ClusterIP Service of shop, with a policy that
+    // announces external IPs: refused, and told on the Service's own status (written through
+    // /status on a Service that is no LoadBalancer).
+    std::fs::write(
+        &manifest.0,
+        "kind: L2AnnouncementPolicy\nmetadata:\n  name: external\nspec:\n  externalIPs: true\n",
+    )
+    .unwrap();
+    ipamctl_apply(&manifest.0, &config.0, &ipamctl_kubeconfig.0);
+    let listing: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": { "name": "lists-gold", "namespace": "shop" },
+        "spec": { "type": "ClusterIP", "ports": [{ "port": 85, "protocol": "TCP" }],
+                  "externalIPs": ["10.77.6.5"] },
+    }))
+    .unwrap();
+    services
+        .create(&kube::api::PostParams::default(), &listing)
+        .await
+        .expect("create the Service");
+    let external = wait_for(
+        "shop/lists-gold told its external IP is refused",
+        async || {
+            let s = services.get("lists-gold").await.ok()?;
+            s.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Announced" && c.status == "False")
+        },
+        log,
+    )
+    .await;
+    assert!(
+        external.message.contains("10.77.6.5")
+            && external.message.contains("pool gold-pool, which does not serve"),
+        "{external:?}"
+    );
+
     // A pool for gold's Services by the label Cilium derives from the namespace: shop's Service
     // that labels itself as gold's and asks for the pool gets nothing, and is told the label is
     // reserved and ignored.

@@ -4,7 +4,8 @@
 //! goes silent before another takes over and takes its IPs back when it returns, 200 services
 //! spread over the nodes without per-service store writes, a pool outside every announced
 //! subnet is flagged, a Service with `externalTrafficPolicy: Local` is answered for only where a
-//! ready endpoint of it runs, and an IP two Services share on two L2 policies gets one answer.
+//! ready endpoint of it runs, an IP two Services share on two L2 policies gets one answer, and
+//! an external IP is answered for only inside a pool that serves the Service's namespace.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -365,6 +366,116 @@ fn one_node_answers_each_service_ip_and_it_moves_when_that_node_dies() {
         far.contains("Reachable=false") && far.contains("172.18.250.1"),
         "{far}"
     );
+
+    let live: Vec<&str> = live.iter().map(|i| c.nodes[*i].name.as_str()).collect();
+    external_ips_are_answered_only_where_a_pool_gives_them(&c, &client, &macs, &live);
+}
+
+/// The policy now announces `externalIPs` too (the class of CVE-2020-8554: anyone who may
+/// create a Service may list any address there). A pool gives 10.77.0.251-252 to the
+/// namespaces labelled `tenant: a` (tenant-a alone). What the client on the segment sees: tenant-a's ClusterIP Service listing
+/// 10.77.0.251 is answered by one node; tenant-b's listing 10.77.0.252 (tenant-a's), node-1's
+/// own address, another Service's LB IP, or an address in no pool gets no answer of ours (the
+/// node's own kernel alone answers for its address, the LB IP keeps its one owner), and each
+/// is told why in its `Announced` condition.
+fn external_ips_are_answered_only_where_a_pool_gives_them(
+    c: &Cluster,
+    client: &Netns,
+    macs: &BTreeMap<[u8; 6], String>,
+    live: &[&str],
+) {
+    // By the namespace's label, so the agents' copy of the Namespaces decides.
+    let mut tenant_a = pool(vec![range("10.77.0.251", "10.77.0.252")]);
+    tenant_a.spec.auto_assign = false;
+    tenant_a.spec.namespace_selector =
+        serde_json::from_value(serde_json::json!({ "matchLabels": { "tenant": "a" } })).unwrap();
+    c.put(
+        "tenant-a",
+        &ipam_core::lb::resources::Namespace {
+            labels: [("tenant".to_owned(), "a".to_owned())].into(),
+        },
+    );
+    c.put("tenant-a-external", &tenant_a);
+    let mut policy = uplink_policy();
+    policy.spec.external_ips = true;
+    c.put("uplinks", &policy);
+    let lb_ip = service_ips(c)["default/web-2"];
+    let lb_owner = owner_of(c, client, macs, lb_ip);
+    let node_1 = Ipv4Addr::new(10, 77, 0, 2);
+    let listing = |ips: &[Ipv4Addr]| {
+        let mut service = lb_service(80);
+        service.spec.service_type = ipam_core::lb::resources::ServiceType::ClusterIP;
+        service.spec.external_ips = ips.iter().map(|ip| IpAddr::V4(*ip)).collect();
+        service
+    };
+    let own = Ipv4Addr::new(10, 77, 0, 251);
+    let theirs = Ipv4Addr::new(10, 77, 0, 252);
+    let nowhere = Ipv4Addr::new(10, 77, 0, 253);
+    c.put("tenant-a/own", &listing(&[own]));
+    c.put("tenant-b/theirs", &listing(&[theirs]));
+    c.put("tenant-b/node", &listing(&[node_1]));
+    c.put("tenant-b/lb-ip", &listing(&[lb_ip]));
+    c.put("tenant-b/nowhere", &listing(&[nowhere]));
+    let refused = |service: &str| {
+        c.service_status(service)
+            .conditions
+            .into_iter()
+            .find(|c| c.kind == "Announced" && !c.status)
+            .map(|c| c.message)
+    };
+    let said: BTreeMap<&str, &str> = [
+        ("tenant-b/theirs", "pool tenant-a-external"),
+        ("tenant-b/node", "address of node node-1"),
+        ("tenant-b/lb-ip", "assigned to default/web-2 by LB-IPAM"),
+        ("tenant-b/nowhere", "in no LBIPPool"),
+    ]
+    .into();
+    wait_until(
+        Duration::from_secs(20),
+        "each refused external IP told on its Service",
+        || {
+            said.iter()
+                .all(|(s, why)| refused(s).is_some_and(|m| m.contains(why)))
+        },
+        || {
+            let got: Vec<_> = said.keys().map(|s| (s, refused(s))).collect();
+            format!("{got:?}\n{}", c.operator_log(0))
+        },
+    );
+    assert_eq!(refused("tenant-a/own"), None);
+    let owner = owner_of(c, client, macs, own);
+    assert!(live.contains(&owner.as_str()), "{own} answered by {owner}");
+    // Given time to be answered wrongly: the refused ones stay as they were.
+    std::thread::sleep(Duration::from_secs(2));
+    for ip in [theirs, nowhere] {
+        let got = answers(client, ip);
+        assert!(got.is_empty(), "{ip} answered by {got:x?}");
+    }
+    let got = answers(client, node_1);
+    assert_eq!(
+        got,
+        [c.nodes[1].mac()],
+        "{node_1}: only node-1's kernel answers"
+    );
+    assert_eq!(owner_of(c, client, macs, lb_ip), lb_owner);
+    let announced: Vec<IpAddr> = c
+        .nodes
+        .iter()
+        .filter(|n| live.contains(&n.name.as_str()))
+        .flat_map(|n| {
+            ipam_datapath::ResponderMaps::from_pins(n.bpffs_root())
+                .and_then(|m| m.list())
+                .unwrap_or_else(|e| panic!("{}'s responder map: {e}", n.name))
+                .into_iter()
+                .map(|e| e.ip)
+        })
+        .collect();
+    for ip in [theirs, nowhere, node_1] {
+        assert!(
+            !announced.contains(&IpAddr::V4(ip)),
+            "{ip} in a responder map"
+        );
+    }
 }
 
 /// LB-IPAM through the operator over real etcd: adding a pool that overlaps the one in use,

@@ -27,7 +27,10 @@ use super::{
 };
 
 pub use super::view::View;
-use crate::lb::announce::{Announcement, owners};
+use crate::lb::{
+    announce::{Announcement, owners},
+    external,
+};
 
 /// How long a restarted agent taking up its IPs waits for the gossip to join before it
 /// decides from what it knows.
@@ -210,6 +213,17 @@ impl Decider {
         let node = self.node.clone();
         self.restarts.prune(view.records, live, now);
         let restarts = &self.restarts;
+        // The external IPs no rule refuses (pools, assignments, nodes' addresses, tenants).
+        let judged = external::judge(view.services, view.pools, || {
+            external::node_addresses(view.records.each())
+        });
+        let services = judged.admitted(view.services);
+        // Every use of the Services below sees only what may be answered for: the pins of a
+        // restart too, or a refused listing would still count as a holder there.
+        let view = &View {
+            services: &services,
+            ..*view
+        };
         let mut all = owners(
             view.policies,
             view.pools,

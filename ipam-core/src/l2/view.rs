@@ -14,6 +14,8 @@ pub struct View<'a> {
     pub policies: &'a [(String, L2PolicySpec)],
     /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`).
     pub pools: &'a [(String, LbIpPool)],
+    /// The Services, with their namespaces' labels (`rows::services_in`): their external IPs
+    /// are judged by the pools' namespace rules (`lb::external`).
     pub services: &'a [(String, ServiceSpec, ServiceStatus)],
     /// The nodes with a ready endpoint of each Service.
     pub ready: &'a ReadyNodes,

@@ -115,11 +115,11 @@ pub fn weight(ip: IpAddr, node: &str) -> u64 {
 /// differed: two MACs for one IP. With no such node the IP is not announced at all
 /// (`announce_problems` says why, naming the others), rather than by two nodes.
 ///
-/// An IP LB-IPAM assigned (in a Service's `status`) is held only by the Services it is assigned
-/// to: another Service listing it in `externalIPs` is not announced for it and takes no part in
-/// choosing its owner (else a tenant could silence another's IP with a Service no node may
-/// answer for); `announce_problems` tells it so. An IP no Service is assigned is shared by the
-/// Services listing it as above.
+/// Every external IP of `services` is taken as given: callers pass only those
+/// `external::judge` admits (inside a pool serving the Service, not another Service's
+/// LB-IPAM IP, no node's address, not contested across namespaces). Else a tenant could list
+/// another's IP with a Service no node may answer for and silence it, or draw a gateway's
+/// traffic. An IP no Service is assigned is shared by the Services listing it as above.
 pub fn owners(
     policies: &[(String, L2PolicySpec)],
     pools: &[(String, LbIpPool)],
@@ -131,13 +131,10 @@ pub fn owners(
 }
 
 /// What `decide` found: the announcements, and the shared IPs left unannounced because no node
-/// may answer for all the Services holding them, with the nodes that may answer for each alone;
-/// and the Services listing in `externalIPs` an IP LB-IPAM assigned to another, each with the
-/// first such IP and a Service it is assigned to.
+/// may answer for all the Services holding them, with the nodes that may answer for each alone.
 struct Decided {
     announced: Vec<Announcement>,
     disagreeing: BTreeMap<IpAddr, Vec<(String, Vec<String>)>>,
-    shadowed: BTreeMap<usize, (IpAddr, usize)>,
 }
 
 fn decide(
@@ -168,18 +165,8 @@ fn decide(
     let mut out = Decided {
         announced: Vec::new(),
         disagreeing: BTreeMap::new(),
-        shadowed: BTreeMap::new(),
     };
-    for (ip, mut holders) in held {
-        // An IP LB-IPAM assigned is decided over the Services it is assigned to alone: anyone
-        // may list any address in `externalIPs`, and one listing another's IP (with no node
-        // that may answer for it, say) must not take that IP's owner away.
-        if let Some(&(assigned, _)) = holders.iter().find(|(_, external)| !external) {
-            for &(i, _) in holders.iter().filter(|(_, external)| *external) {
-                out.shadowed.entry(i).or_insert((ip, assigned));
-            }
-            holders.retain(|(_, external)| !external);
-        }
+    for (ip, holders) in held {
         // What does not depend on the node is judged once per IP and Service, not per node.
         // A Service no policy announces (BGP's alone, say) is not L2's and leaves the choice
         // to the others.
@@ -325,8 +312,8 @@ impl Holder<'_> {
 /// MetalLB's silent failure when every node carries the exclusion label), or a node reports a
 /// problem that makes its kernel answer too (kube-proxy's IPVS mode without strictARP). A
 /// Service with `externalTrafficPolicy: Local` and no ready endpoint on a node that may answer
-/// is told so (Cilium and MetalLB stay silent then). A Service of any type listing in
-/// `externalIPs` an IP LB-IPAM assigned to another is told it is not announced for it.
+/// is told so (Cilium and MetalLB stay silent then). External IPs refused are told by
+/// `external::ExternalIps::problems`; `services` are the admitted ones, as for `owners`.
 pub fn announce_problems(
     policies: &[(String, L2PolicySpec)],
     pools: &[(String, LbIpPool)],
@@ -353,20 +340,8 @@ pub fn announce_problems(
         })
         .collect();
     let mut out = BTreeMap::new();
-    for (i, (name, spec, status)) in services.iter().enumerate() {
-        // Another's assigned IP listed in `externalIPs`: told to any Service, of any type.
-        let shadowed = decided.shadowed.get(&i).map(|&(ip, assigned)| {
-            format!(
-                "{ip} is not announced for this service: it is assigned to {} by LB-IPAM, and an \
-                 IP LB-IPAM assigned is answered only for the Services it is assigned to; \
-                 remove it from spec.externalIPs",
-                services[assigned].0
-            )
-        });
+    for (name, spec, status) in services {
         if !spec.is_ours() {
-            if let Some(shadowed) = shadowed {
-                out.insert(name.clone(), shadowed);
-            }
             continue;
         }
         let unanswered = status
@@ -419,13 +394,7 @@ pub fn announce_problems(
                 excluded.join(", ")
             ),
             None if !warnings.is_empty() && !status.ingress.is_empty() => warnings.join("; "),
-            None => String::new(),
-        };
-        let problem = match shadowed {
-            Some(shadowed) if problem.is_empty() => shadowed,
-            Some(shadowed) => format!("{problem}; {shadowed}"),
-            None if problem.is_empty() => continue,
-            None => problem,
+            None => continue,
         };
         out.insert(name.clone(), problem);
     }
@@ -1224,7 +1193,8 @@ mod tests {
     /// A tenant's Service listing another's assigned IP in `externalIPs` (the policy announces
     /// externalIPs) with no node that may answer for it (Local with no endpoint, or labels that
     /// pick a policy on other nodes only) leaves that IP the owner it has alone, is not
-    /// announced for it, and is told why, whatever its type. In v4 and v6.
+    /// announced for it, and is told why, whatever its type: the decision runs on what
+    /// `external::judge` admits, as the agents and the operator run it. In v4 and v6.
     #[test]
     fn another_services_assigned_ip_in_external_ips_does_not_move_its_owner() {
         for family in [Family::V4, Family::V6] {
@@ -1272,13 +1242,24 @@ mod tests {
                     evil.2.ingress.clear();
                 }
                 let both = [victim[0].clone(), evil];
-                let got = owners(&policies, &[], &both, &none(), &nodes);
+                // A pool holding the IP and serving every namespace: only the assignment
+                // stands in the way.
+                let pool: LbIpPool = serde_json::from_value(serde_json::json!({
+                    "spec": { "blocks": [{ "start": ip.to_string(), "stop": ip.to_string() }] }
+                }))
+                .unwrap();
+                let pools = [("all".to_owned(), pool)];
+                let judged = crate::lb::external::judge(&both, &pools, BTreeMap::new);
+                let admitted = judged.admitted(&both);
+                let got = owners(&policies, &[], &admitted, &none(), &nodes);
                 let case = format!("{family:?} {tenant_type:?} local={local}");
                 let for_ip: Vec<_> = got.iter().filter(|a| a.ip == ip).collect();
                 assert_eq!(for_ip, [&alone[0]], "{case}: {got:?}");
-                let problems = announce_problems(&policies, &[], &both, &none(), &nodes);
+                let problems = announce_problems(&policies, &[], &admitted, &none(), &nodes);
                 assert!(!problems.contains_key("ns/s0"), "{case}: {problems:?}");
-                let p = &problems["evil/x"];
+                let refused = judged.problems(&both, |_| true);
+                assert!(!refused.contains_key("ns/s0"), "{case}: {refused:?}");
+                let p = &refused["evil/x"];
                 assert!(
                     p.contains(&format!("{ip} is not announced for this service"))
                         && p.contains("assigned to ns/s0 by LB-IPAM")

@@ -351,6 +351,20 @@ pub fn assign_settling(
     let mut holders = Holders::default();
     // Kept IPs first, for every service, so a new assignment never takes an IP someone holds.
     let Kept { mut ips, mut notes } = keep_held(&ours, &usable, &mut holders, settling);
+    // An external IP a pool gives a Service (`lb::external`) is in use: handed to no other
+    // Service unasked, and refused to one that asks for it as any held IP is (else a tenant
+    // takes another's external IP by asking for it). After the kept IPs: listing an IP never
+    // takes it from the Service LB-IPAM gave it to.
+    for (name, spec, _) in services {
+        for ip in &spec.external_ips {
+            if usable
+                .iter()
+                .any(|p| p.contains(*ip) && p.spec.serves(name, spec))
+            {
+                holders.hold(*ip, name, spec);
+            }
+        }
+    }
     for (name, spec, _) in &ours {
         let _span = tracing::trace_span!("service", service = name.as_str()).entered();
         let kept = ips.remove(name.as_str()).unwrap_or_default();

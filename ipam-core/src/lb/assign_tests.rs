@@ -1223,3 +1223,50 @@ fn many_new_services_fill_the_holes_first_then_take_the_lowest_free_in_order() {
         "taken lowest first, in order"
     );
 }
+
+/// An external IP a pool gives a Service is in use: LB-IPAM gives it to no other Service
+/// unasked, refuses it to one that asks (another tenant taking it through its own LoadBalancer
+/// Service), and never takes an IP it assigned from its Service because another lists it.
+#[test]
+fn an_external_ip_a_pool_gives_is_neither_handed_out_nor_given_on_request() {
+    for (family, cidr, first, second, _) in FAMILIES {
+        let mut listing = svc(family);
+        listing.service_type = ServiceType::ClusterIP;
+        listing.external_ips = vec![ip(first)];
+        let mut asking = svc(family);
+        asking.requested_ips = vec![ip(first)];
+        // Listing the IP LB-IPAM gave another: that Service keeps it.
+        let mut late_listing = svc(family);
+        late_listing.service_type = ServiceType::ClusterIP;
+        late_listing.external_ips = vec![ip(second)];
+        let pool = LbIpPoolSpec {
+            allow_first_last_ips: true,
+            ..cidr_pool(&[cidr])
+        };
+        let (rows, out) = run(
+            &[("shared", pool)],
+            &[
+                ("tenant-a/listing", listing, vec![]),
+                ("tenant-b/asking", asking, vec![]),
+                ("tenant-b/auto", svc(family), vec![]),
+                ("tenant-c/holder", svc(family), vec![second]),
+                ("tenant-d/late", late_listing, vec![]),
+            ],
+        );
+        let of = |name: &str| rows.iter().find(|r| r.0 == name).unwrap().clone();
+        let asking = of("tenant-b/asking");
+        assert!(
+            !asking.2 && asking.3.contains("taken by service tenant-a/listing"),
+            "{family:?}: {asking:?}"
+        );
+        let auto = of("tenant-b/auto");
+        assert!(
+            auto.2 && auto.1 != [first] && auto.1 != [second],
+            "{family:?}: {auto:?}"
+        );
+        assert_eq!(of("tenant-c/holder").1, [second], "{family:?}");
+        // The pool counts the listed address as used.
+        let counts = &out.pools["shared"].counts[0];
+        assert_eq!(counts.used, 3, "{family:?}: {counts:?}");
+    }
+}

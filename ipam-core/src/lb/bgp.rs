@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     announce::ReadyNodes,
+    external,
     resources::{LbIpPool, ServiceSpec, ServiceStatus, TrafficPolicy, in_chosen_pool, pool_chosen},
 };
 use crate::{
@@ -478,8 +479,12 @@ pub struct Inputs<'a> {
     pub peers: &'a [(String, BgpPeerSpec)],
     pub advertisements: &'a [(String, BgpAdvertisementSpec)],
     pub pools: &'a [(String, LbIpPool)],
+    /// The Services, with their namespaces' labels (`rows::services_in`): their external IPs
+    /// are advertised only where `external::judge` admits them.
     pub services: &'a [(String, ServiceSpec, ServiceStatus)],
     pub ready: &'a ReadyNodes,
+    /// The nodes' records: no node's address is advertised as a Service's external IP.
+    pub records: &'a dyn crate::l2::NodeRecords,
 }
 
 /// What `inputs.node` advertises. A Service with `externalTrafficPolicy: Local` is advertised
@@ -506,6 +511,10 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
     if inputs.excluded.is_some() {
         return out;
     }
+    let judged = external::judge(inputs.services, inputs.pools, || {
+        external::node_addresses(inputs.records.each())
+    });
+    let services = judged.admitted(inputs.services);
     for (name, ad) in inputs.advertisements {
         if let Err(why) = check_advertisement(ad).and_then(|()| check_aggregation(ad, inputs.pools))
         {
@@ -513,7 +522,7 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
             continue;
         }
         if ad.node_selector.matches(inputs.labels) {
-            advertise(ad, inputs, &mut out);
+            advertise(ad, inputs, &services, &mut out);
         }
     }
     out
@@ -521,7 +530,12 @@ pub fn node_advertisements(inputs: &Inputs) -> NodeAdvertisements {
 
 /// The routes one advertisement of this node gives its peers: every selected Service's IPs
 /// (its pool's aggregate, or a host route), to each peer of the IP's family it names.
-fn advertise(ad: &BgpAdvertisementSpec, inputs: &Inputs, out: &mut NodeAdvertisements) {
+fn advertise(
+    ad: &BgpAdvertisementSpec,
+    inputs: &Inputs,
+    services: &[(String, ServiceSpec, ServiceStatus)],
+    out: &mut NodeAdvertisements,
+) {
     let communities: BTreeSet<Community> = ad
         .communities
         .iter()
@@ -533,7 +547,7 @@ fn advertise(ad: &BgpAdvertisementSpec, inputs: &Inputs, out: &mut NodeAdvertise
         .filter(|p| ad.peers.is_empty() || ad.peers.contains(p))
         .cloned()
         .collect();
-    for (service, spec, status) in inputs.services {
+    for (service, spec, status) in services {
         if !ad.service_selector.matches_service(service, &spec.labels) {
             continue;
         }

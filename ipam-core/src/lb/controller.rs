@@ -10,9 +10,11 @@ use std::{
 use super::{
     announce::{announce_problems, unreachable_pools},
     assign::{Assignment, assign_settling},
+    bgp::BgpAdvertisement,
+    external,
     resources::{
         L2AnnouncementPolicy, LbIpPool, LbIpPoolSpec, LbIpPoolStatus, Namespace, Service,
-        ServiceEndpoints, ServiceStatus,
+        ServiceEndpoints, ServiceSpec, ServiceStatus, ServiceType,
     },
     rows,
 };
@@ -100,13 +102,22 @@ pub async fn reconcile<S: TypedStore>(
     let nodes = store.list_typed::<NodeIpam>().await?;
     let endpoints = store.list_typed::<ServiceEndpoints>().await?;
     let namespaces = store.list_typed::<Namespace>().await?;
+    let advertisements = store.list_typed::<BgpAdvertisement>().await?;
     let settling_until = settling.observe(&rows::pools(&pools), Instant::now());
     let mut decided = assign_settling(
         &rows::pools_with_status(&pools),
         &rows::services_in(&services, &namespaces),
         settling_until.is_some(),
     );
-    let reach = Reach::judge(&pools, &services, &policies, &nodes, &endpoints, &decided);
+    let reach = Reach::judge(
+        &pools,
+        &rows::services_in(&services, &namespaces),
+        &policies,
+        &nodes,
+        &endpoints,
+        &advertisements,
+        &decided,
+    );
     let mut report = LbReport {
         settling_until,
         ..LbReport::default()
@@ -131,10 +142,10 @@ pub async fn reconcile<S: TypedStore>(
         }
     }
     let mut writes = Vec::new();
-    // A Service LB-IPAM does not serve has no status of ours to say why it is not announced
-    // (it lists another's IP in externalIPs): the log says it.
+    // A Service LB-IPAM does not serve is told of its refused external IPs by the log and an
+    // Event, and by a condition where its status is no other controller's (below).
     for s in services.iter().filter(|s| !s.value.spec.is_ours()) {
-        if let Some(problem) = reach.unannounced.get(&s.name) {
+        if let Some(problem) = reach.refused.get(&s.name) {
             report
                 .problems
                 .push((format!("Service {}", s.name), problem.clone()));
@@ -157,9 +168,38 @@ pub async fn reconcile<S: TypedStore>(
             report.unfinished = true;
         }
     }
+    // A ClusterIP or NodePort Service has no LB-IPAM status, but its refused external IPs
+    // are told on it all the same.
+    // One write per Service a pass: one that just left LB-IPAM (it turned ClusterIP) has its
+    // status cleared above, and gets the condition on the next pass.
+    let written: std::collections::BTreeSet<&str> =
+        writes.iter().map(|(s, _)| s.name.as_str()).collect();
+    let mut told = Vec::new();
+    for s in services
+        .iter()
+        .filter(|s| !s.value.spec.is_ours() && !written.contains(s.name.as_str()))
+    {
+        match reach.external_only_status(s) {
+            Some(status) if status != s.value.status => {
+                if writes.len() + told.len() < WRITES_PER_PASS {
+                    let mut updated = s.value.clone();
+                    updated.status = status;
+                    told.push((s, updated));
+                } else {
+                    report.unfinished = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    writes.extend(told);
     let until = Instant::now() + WRITING_PER_PASS;
     let issued = write_statuses(store, &writes, until).await?;
-    for (s, updated) in &writes[..issued] {
+    // The others' problems were noted above, whether their status was written or not.
+    for (s, updated) in writes[..issued]
+        .iter()
+        .filter(|(s, _)| s.value.spec.is_ours())
+    {
         report.note_service(s, &updated.status);
     }
     report.unfinished |= issued < writes.len();
@@ -177,15 +217,20 @@ struct Reach {
     bad_policies: Vec<(String, String)>,
     /// Service -> why no node may answer for its IPs.
     unannounced: BTreeMap<String, String>,
+    /// Service -> its refused external IPs and why, for the Services an L2 policy or a BGP
+    /// advertisement with `externalIPs: true` selects (others list them for kube-proxy alone,
+    /// and nothing of this project would announce them anyway).
+    refused: BTreeMap<String, String>,
 }
 
 impl Reach {
     fn judge(
         pools: &[Versioned<LbIpPool>],
-        services: &[Versioned<Service>],
+        services: &[(String, ServiceSpec, ServiceStatus)],
         policies: &[Versioned<L2AnnouncementPolicy>],
         nodes: &[Versioned<NodeIpam>],
         endpoints: &[Versioned<ServiceEndpoints>],
+        advertisements: &[Versioned<BgpAdvertisement>],
         decided: &Assignment,
     ) -> Self {
         let policy_specs = rows::policies(policies);
@@ -193,25 +238,40 @@ impl Reach {
         let labelled = rows::labelled_pools(pools);
         let (unreachable, bad_policies) = unreachable_pools(&labelled, &policy_specs, &node_views);
         // Judged on the statuses this pass decides, so a new IP is judged as it is written.
-        let decided_rows: Vec<_> = rows::services(services)
-            .into_iter()
+        let decided_rows: Vec<_> = services
+            .iter()
             .map(|(name, spec, status)| {
-                let status = decided.services.get(&name).cloned().unwrap_or(status);
-                (name, spec, status)
+                let status = decided.services.get(name).unwrap_or(status).clone();
+                (name.clone(), spec.clone(), status)
             })
             .collect();
+        // The external IPs as every agent judges them, from the same objects.
+        let external = external::judge(&decided_rows, &labelled, || {
+            external::node_addresses(nodes.iter().map(|n| (n.name.as_str(), &n.value)))
+        });
         let unannounced = announce_problems(
             &policy_specs,
             &labelled,
-            &decided_rows,
+            &external.admitted(&decided_rows),
             &rows::ready_nodes(endpoints),
             &node_views,
         );
+        // Told only where this project would announce them: a Service listing them for
+        // kube-proxy alone is none of its business.
+        let refused = external.problems(&decided_rows, |(service, spec, _)| {
+            policy_specs.iter().any(|(_, p)| {
+                p.external_ips && p.service_selector.matches_service(service, &spec.labels)
+            }) || advertisements.iter().any(|a| {
+                let ad = &a.value.spec;
+                ad.external_ips && ad.service_selector.matches_service(service, &spec.labels)
+            })
+        });
         Self {
             judged: !policy_specs.is_empty(),
             unreachable,
             bad_policies,
             unannounced,
+            refused,
         }
     }
 
@@ -234,7 +294,14 @@ impl Reach {
         pools: &[Versioned<LbIpPool>],
         status: &mut ServiceStatus,
     ) {
+        let refused = self.refused.get(&service.name);
         if !self.judged {
+            // Advertised over BGP alone: only the external IPs refused are told.
+            if let Some(refused) = refused {
+                status
+                    .conditions
+                    .push(Condition::new(ANNOUNCED, false, refused.clone()));
+            }
             return;
         }
         // The seed's silent failure made loud: an assigned IP nothing on the link reaches.
@@ -252,17 +319,37 @@ impl Reach {
                 ),
             ));
         }
-        // A Service still without an IP is judged too when it lists another's in externalIPs.
-        if !status.ingress.is_empty()
-            || (service.value.spec.is_ours() && self.unannounced.contains_key(&service.name))
-        {
+        // A Service still without an IP is judged too when an external IP of its is refused.
+        let problem = match (self.unannounced.get(&service.name), refused) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b).cloned(),
+        };
+        if !status.ingress.is_empty() || problem.is_some() {
+            status.conditions.push(match problem {
+                Some(problem) => Condition::new(ANNOUNCED, false, problem),
+                None => Condition::new(ANNOUNCED, true, "a node may answer for its IPs"),
+            });
+        }
+    }
+}
+
+impl Reach {
+    /// The status of a ClusterIP or NodePort Service: its own, with an `Announced` condition
+    /// naming its refused external IPs and why, or without ours once none is. `None` for a
+    /// LoadBalancer of another class: its controller owns the status (the log and an Event
+    /// tell it).
+    fn external_only_status(&self, service: &Versioned<Service>) -> Option<ServiceStatus> {
+        if service.value.spec.service_type == ServiceType::LoadBalancer {
+            return None;
+        }
+        let mut status = service.value.status.clone();
+        status.conditions.retain(|c| c.kind != ANNOUNCED);
+        if let Some(problem) = self.refused.get(&service.name) {
             status
                 .conditions
-                .push(match self.unannounced.get(&service.name) {
-                    Some(problem) => Condition::new(ANNOUNCED, false, problem.clone()),
-                    None => Condition::new(ANNOUNCED, true, "a node may answer for its IPs"),
-                });
+                .push(Condition::new(ANNOUNCED, false, problem.clone()));
         }
+        Some(status)
     }
 }
 

@@ -8,6 +8,7 @@ pub mod assign;
 mod assign_tests;
 pub mod bgp;
 pub mod controller;
+pub mod external;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod resources;

@@ -71,10 +71,10 @@ pub fn services<'a>(
 /// `namespaceSelector`), from `namespaces`.
 pub fn services_in<'a>(
     objects: impl IntoIterator<Item = &'a Versioned<Service>>,
-    namespaces: &[Versioned<Namespace>],
+    namespaces: impl IntoIterator<Item = &'a Versioned<Namespace>>,
 ) -> Vec<(String, ServiceSpec, ServiceStatus)> {
     let known: BTreeMap<String, Namespace> = namespaces
-        .iter()
+        .into_iter()
         .map(|n| (n.name.clone(), n.value.clone()))
         .collect();
     let mut rows = services(objects);

@@ -21,7 +21,7 @@ use ipam_core::{
             self as decision, BgpAdvertisement, BgpPeer, BgpPeerSpec, NodeAdvertisements,
             node_advertisements,
         },
-        resources::{LbIpPool, Service, ServiceEndpoints},
+        resources::{LbIpPool, Namespace, Service, ServiceEndpoints},
         rows,
     },
     resources::NodeIpam,
@@ -94,6 +94,8 @@ struct Seen {
     advertisements: Cache<BgpAdvertisement>,
     pools: Cache<LbIpPool>,
     services: Cache<Service>,
+    /// The namespaces' labels, which pools admit external IPs by.
+    namespaces: Cache<Namespace>,
     endpoints: Cache<ServiceEndpoints>,
     nodes: Cache<NodeIpam>,
 }
@@ -122,8 +124,9 @@ impl Seen {
             peers: &peers,
             advertisements: &advertisements,
             pools: &rows::labelled_pools(self.pools.iter()),
-            services: &rows::services(self.services.iter()),
+            services: &rows::services_in(self.services.iter(), self.namespaces.iter()),
             ready: &rows::ready_nodes(self.endpoints.iter()),
+            records: &self.nodes,
         })
     }
 }
@@ -134,6 +137,7 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<StopRequest>) {
     let mut ads_watch = watch_until_it_works::<BgpAdvertisement, _>(&store, "BGP").await;
     let mut pools_watch = watch_until_it_works::<LbIpPool, _>(&store, "BGP").await;
     let mut services_watch = watch_until_it_works::<Service, _>(&store, "BGP").await;
+    let mut namespaces_watch = watch_until_it_works::<Namespace, _>(&store, "BGP").await;
     let mut endpoints_watch = watch_until_it_works::<ServiceEndpoints, _>(&store, "BGP").await;
     let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "BGP").await;
     let mut seen = Seen {
@@ -141,6 +145,7 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<StopRequest>) {
         advertisements: Cache::new(&ads_watch.initial),
         pools: Cache::new(&pools_watch.initial),
         services: Cache::new(&services_watch.initial),
+        namespaces: Cache::new(&namespaces_watch.initial),
         endpoints: Cache::new(&endpoints_watch.initial),
         nodes: Cache::new(&nodes_watch.initial),
     };
@@ -161,6 +166,10 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<StopRequest>) {
             e = ads_watch.next() => { seen.advertisements.apply(e); apply_at = changed(apply_at); }
             e = pools_watch.next() => { seen.pools.apply(e); apply_at = changed(apply_at); }
             e = services_watch.next() => { seen.services.apply(e); apply_at = changed(apply_at); }
+            e = namespaces_watch.next() => {
+                seen.namespaces.apply(e);
+                apply_at = changed(apply_at);
+            }
             e = endpoints_watch.next() => { seen.endpoints.apply(e); apply_at = changed(apply_at); }
             e = nodes_watch.next() => { seen.nodes.apply(e); apply_at = changed(apply_at); }
             () = tokio::time::sleep_until(due), if apply_at.is_some() => {

@@ -23,7 +23,7 @@ use ipam_core::{
     },
     lb::{
         announce::ReadyNodes,
-        resources::{L2AnnouncementPolicy, LbIpPool, Service, ServiceEndpoints},
+        resources::{L2AnnouncementPolicy, LbIpPool, Namespace, Service, ServiceEndpoints},
         rows,
     },
     resources::NodeIpam,
@@ -85,8 +85,11 @@ struct Seen {
     /// change, not on every decision (endpoints are the most numerous objects read).
     ready: ReadyNodes,
     policies: Cache<L2AnnouncementPolicy>,
-    /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`).
+    /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`), and for
+    /// the external IPs they admit.
     pools: Cache<LbIpPool>,
+    /// The namespaces' labels, which pools admit external IPs by.
+    namespaces: Cache<Namespace>,
     nodes: Cache<NodeIpam>,
 }
 
@@ -165,6 +168,11 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             }
             e = watches.policies.next() => { seen.policies.apply(e); pace.changed = true; continue; }
             e = watches.pools.next() => { seen.pools.apply(e); pace.changed = true; continue; }
+            e = watches.namespaces.next() => {
+                seen.namespaces.apply(e);
+                pace.changed = true;
+                continue;
+            }
             e = watches.nodes.next() => {
                 seen.nodes.apply(e);
                 decider.records_changed(&seen.nodes, Instant::now());
@@ -211,7 +219,7 @@ fn decide(decider: &mut Decider, seen: &Seen, peers: &mut LivePeers, now: Instan
     let (policies, pools, services) = (
         rows::policies(seen.policies.iter()),
         rows::labelled_pools(seen.pools.iter()),
-        rows::services(seen.services.iter()),
+        rows::services_in(seen.services.iter(), seen.namespaces.iter()),
     );
     let view = View {
         policies: &policies,
@@ -288,6 +296,7 @@ struct Watches {
     endpoints: Watch,
     policies: Watch,
     pools: Watch,
+    namespaces: Watch,
     nodes: Watch,
 }
 
@@ -299,6 +308,7 @@ impl Watches {
             endpoints: watch_until_it_works::<ServiceEndpoints, _>(store, FOR).await,
             policies: watch_until_it_works::<L2AnnouncementPolicy, _>(store, FOR).await,
             pools: watch_until_it_works::<LbIpPool, _>(store, FOR).await,
+            namespaces: watch_until_it_works::<Namespace, _>(store, FOR).await,
             nodes: watch_until_it_works::<NodeIpam, _>(store, FOR).await,
         }
     }
@@ -311,6 +321,7 @@ impl Watches {
             ready: ReadyNodes::new(),
             policies: Cache::new(&self.policies.initial),
             pools: Cache::new(&self.pools.initial),
+            namespaces: Cache::new(&self.namespaces.initial),
             nodes: Cache::new(&self.nodes.initial),
         };
         seen.endpoints_changed();

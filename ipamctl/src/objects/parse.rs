@@ -19,6 +19,7 @@ use ipam_core::{
     lb::{
         announce::{NodeView, owners},
         bgp::{self, BgpAdvertisement, BgpPeer},
+        external,
         resources::{
             L2AnnouncementPolicy, LbIpPool, Namespace, Service, ServiceEndpoints,
             ServiceEndpointsSpec, ServiceSpec,
@@ -606,10 +607,19 @@ pub(crate) async fn announcing_nodes<S: TypedStore>(
         })
         .map(rows::node)
         .collect();
+    let namespaces = store.list_typed::<Namespace>().await?;
+    let (pools, services) = (
+        rows::labelled_pools(&pools),
+        rows::services_in(&services, &namespaces),
+    );
+    // What the agents decide on: the external IPs the pools give (`lb::external`).
+    let judged = external::judge(&services, &pools, || {
+        external::node_addresses(nodes.iter().map(|n| (n.name.as_str(), &n.value)))
+    });
     Ok(owners(
         &rows::policies(&policies),
-        &rows::labelled_pools(&pools),
-        &rows::services(&services),
+        &pools,
+        &judged.admitted(&services),
         &rows::ready_nodes(&endpoints),
         &live,
     )

@@ -1,6 +1,8 @@
 use super::*;
 use serde_json::json;
 
+use crate::resources::NodeIpam;
+
 fn peer(address: &str, selector: serde_json::Value) -> BgpPeerSpec {
     serde_json::from_value(json!({
         "peerAddress": address, "peerASN": 64500, "myASN": 64512, "nodeSelector": selector
@@ -69,6 +71,7 @@ impl World {
             pools: &self.pools,
             services: &self.services,
             ready: &self.ready,
+            records: &BTreeMap::<String, NodeIpam>::new(),
         })
     }
 }
@@ -370,4 +373,52 @@ fn an_aggregate_shorter_than_a_pool_block_is_refused() {
     // Longer than an address: refused by itself.
     world.advertisements[0].1.aggregation_length = Some(33);
     assert!(check_advertisement(&world.advertisements[0].1).is_err());
+}
+
+/// An advertisement with `externalIPs: true` advertises a Service's external IPs only where
+/// `lb::external` admits them: inside a pool serving the Service, not another's LB IP, not a
+/// node's address; the others are not advertised.
+#[test]
+fn external_ips_are_advertised_only_where_a_pool_gives_them() {
+    let mut world = World::new();
+    world.advertisements = vec![("all".into(), advertisement(json!({ "externalIPs": true })))];
+    let (name, mut spec, _) = service("ext", false, &[]);
+    spec.service_type = crate::lb::resources::ServiceType::ClusterIP;
+    // Public's, no pool's, web's LB IP, node-b's address.
+    spec.external_ips = [
+        "198.51.100.77",
+        "203.0.113.9",
+        "198.51.100.10",
+        "198.51.100.200",
+    ]
+    .iter()
+    .map(|ip| ip.parse().unwrap())
+    .collect();
+    world.services.push((name, spec, ServiceStatus::default()));
+    let record: NodeIpam = serde_json::from_value(json!({
+        "spec": { "addresses": ["198.51.100.200"] }
+    }))
+    .unwrap();
+    let records = BTreeMap::from([("node-b".to_owned(), record)]);
+    let out = node_advertisements(&Inputs {
+        node: "node-a",
+        labels: &world.labels,
+        excluded: None,
+        peers: &world.peers,
+        advertisements: &world.advertisements,
+        pools: &world.pools,
+        services: &world.services,
+        ready: &world.ready,
+        records: &records,
+    });
+    let routes = &out.routes["tor4"];
+    assert!(routes.contains_key(&host("198.51.100.77")), "{routes:?}");
+    for refused in ["203.0.113.9", "198.51.100.200"] {
+        assert!(
+            !routes.contains_key(&host(refused)),
+            "{refused}: {routes:?}"
+        );
+    }
+    // Web's own IP stays web's route.
+    assert!(routes.contains_key(&host("198.51.100.10")));
 }

@@ -115,3 +115,66 @@ pub fn addresses(objects: &crate::store::Objects) -> Option<(Invariant, String)>
     }
     None
 }
+
+/// The addresses no node may answer for, each with why: held by no Service (`status`), and
+/// refused to every Service listing it in `externalIPs` by the rules that do not change with
+/// time (no pool containing it serves the Service's namespace, or it is a node's address).
+/// Restated here rather than taken from `ipam_core::lb::external`, so that a wrong judgement
+/// there shows. An address no Service holds or lists any more is not a tenant's matter (the
+/// agents' copies lag the store).
+pub fn refused_listings(
+    objects: &crate::store::Objects,
+) -> std::collections::BTreeMap<std::net::IpAddr, String> {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use ipam_core::lb::resources::namespace_of;
+
+    let held: BTreeSet<std::net::IpAddr> = objects
+        .services
+        .iter()
+        .flat_map(|s| s.2.ingress.iter().copied())
+        .collect();
+    let mut listing: BTreeMap<std::net::IpAddr, Vec<&str>> = BTreeMap::new();
+    for (name, spec, _) in &objects.services {
+        for ip in spec.external_ips.iter().filter(|ip| !held.contains(ip)) {
+            listing.entry(*ip).or_default().push(name);
+        }
+    }
+    let node_of = |ip: std::net::IpAddr| {
+        let text = ip.to_string();
+        objects.records.iter().find_map(|(name, r)| {
+            let on_interface = r.spec.interfaces.iter().any(|i| {
+                i.addresses
+                    .iter()
+                    .any(|a| a.split('/').next() == Some(text.as_str()))
+            });
+            (r.spec.addresses.contains(&ip) || on_interface).then_some(name)
+        })
+    };
+    listing
+        .into_iter()
+        .filter_map(|(ip, services)| {
+            let node = node_of(ip);
+            let admitted = |service: &str| {
+                let namespace = namespace_of(service);
+                objects.pools.iter().any(|(_, spec, _)| {
+                    spec.contains(ip)
+                        && (spec.namespaces.is_empty()
+                            || spec.namespaces.iter().any(|n| n == namespace))
+                })
+            };
+            if node.is_none() && services.iter().any(|s| admitted(s)) {
+                return None;
+            }
+            let why = match node {
+                Some(name) => format!("it is {name}'s address, listed by {}", services.join(", ")),
+                None => format!(
+                    "listed in externalIPs by {}, and no pool containing it serves their \
+                     namespaces",
+                    services.join(", ")
+                ),
+            };
+            Some((ip, why))
+        })
+        .collect()
+}

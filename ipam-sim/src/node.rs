@@ -152,9 +152,10 @@ impl Agent {
     ) {
         self.changed = false;
         self.decide_now = false;
+        let pools = crate::store::lb_pools(&self.copy.pools);
         let view = View {
             policies: &self.copy.policies,
-            pools: &[],
+            pools: &pools,
             services: &self.copy.services,
             ready: &self.copy.ready,
             records: &self.copy.records,

@@ -15,8 +15,8 @@ use ipam_core::{
         announce::ReadyNodes,
         assign::assign,
         resources::{
-            IpFamilyPolicy, L2PolicySpec, LbIpBlock, LbIpPoolSpec, LbIpPoolStatus, ServiceSpec,
-            ServiceStatus, ServiceType, TrafficPolicy,
+            IpFamilyPolicy, L2PolicySpec, LbIpBlock, LbIpPool, LbIpPoolSpec, LbIpPoolStatus,
+            ServiceSpec, ServiceStatus, ServiceType, TrafficPolicy,
         },
     },
     meta::Selector,
@@ -105,12 +105,14 @@ pub fn initial(nodes: usize, services: usize, rng: &mut StdRng) -> Objects {
     let mut objects = Objects::default();
     for i in 0..nodes {
         let zone = if i % 2 == 0 { "a" } else { "b" };
+        let address = format!("10.77.{}.{}", i / 250, i % 250 + 1);
         let record = NodeIpam {
             spec: NodeIpamSpec {
+                addresses: vec![address.parse().expect("an IPv4 address")],
                 labels: [("zone".to_owned(), zone.to_owned())].into(),
                 interfaces: vec![NodeInterface {
                     name: "eth0".into(),
-                    addresses: vec![format!("10.77.{}.{}/16", i / 250, i % 250 + 1)],
+                    addresses: vec![format!("{address}/16")],
                     mac: Some(format!("02:00:00:00:{:02x}:{:02x}", i / 256, i % 256)),
                 }],
                 ..NodeIpamSpec::default()
@@ -128,9 +130,13 @@ pub fn initial(nodes: usize, services: usize, rng: &mut StdRng) -> Objects {
     objects
         .policies
         .push(("zone-a".into(), policy(zone_a.clone(), zone_a)));
+    // Tenant-2's own addresses for external IPs, never handed out by LB-IPAM.
+    let mut external = pool("tenant-2-external", "10.80.0.0/28", &["tenant-2"], None);
+    external.1.auto_assign = false;
     objects.pools = vec![
         pool("shared", "10.78.0.0/24", &[], None),
         pool("tenant-1-only", "10.79.0.0/28", &["tenant-1"], Some(0)),
+        external,
     ];
     for s in 0..services {
         let (name, spec) = service(s);
@@ -159,11 +165,15 @@ pub fn initial(nodes: usize, services: usize, rng: &mut StdRng) -> Objects {
 
 /// Service number `s`: in namespace `tenant-{(s / 5) % 3}`; every fifth shares a key with the
 /// one before (same namespace); every third is `externalTrafficPolicy: Local`; the eighth and
-/// ninth of each ten are labelled `zone: a` (the zone-a policy announces them). With
-/// `requesting`, it asks for that IP (another tenant's, say).
+/// ninth of each ten are labelled `zone: a` (the zone-a policy announces them). Every seventh
+/// is also a ClusterIP Service listing two external IPs (`external_ips`).
 pub fn service(s: usize) -> (String, ServiceSpec) {
     let name = format!("tenant-{}/svc-{s}", (s / 5) % 3);
     let mut spec = service_spec();
+    if s % 7 == 6 {
+        spec.service_type = ServiceType::ClusterIP;
+        spec.external_ips = external_ips(s);
+    }
     if s % 10 >= 8 {
         spec.labels.insert("zone".into(), "a".into());
     }
@@ -174,6 +184,38 @@ pub fn service(s: usize) -> (String, ServiceSpec) {
         spec.external_traffic_policy = TrafficPolicy::Local;
     }
     (name, spec)
+}
+
+/// The external IPs Service `s` lists: a free address of the shared pool (any namespace's:
+/// answered), and in turn: a node's address, an address of tenant-2's pool (answered only for
+/// a Service of tenant-2), another Service's LoadBalancer IP (of the shared pool, which
+/// LB-IPAM fills from its lowest address), an address in no pool.
+fn external_ips(s: usize) -> Vec<std::net::IpAddr> {
+    let refused = match (s / 7) % 4 {
+        0 => format!("10.77.0.{}", s % 3 + 1),
+        1 => format!("10.80.0.{}", s % 13 + 1),
+        2 => format!("10.78.0.{}", s % 4 + 1),
+        _ => format!("192.0.2.{}", s % 200 + 1),
+    };
+    [format!("10.78.0.{}", 200 + s % 50), refused]
+        .iter()
+        .map(|a| a.parse().expect("an IPv4 address"))
+        .collect()
+}
+
+/// The pools as the decisions take them.
+pub fn lb_pools(pools: &[PoolRow]) -> Vec<(String, LbIpPool)> {
+    pools
+        .iter()
+        .map(|(name, spec, status)| {
+            let pool = LbIpPool {
+                labels: BTreeMap::new(),
+                spec: spec.clone(),
+                status: status.clone(),
+            };
+            (name.clone(), pool)
+        })
+        .collect()
 }
 
 fn pool(name: &str, cidr: &str, namespaces: &[&str], priority: Option<u32>) -> PoolRow {
@@ -198,7 +240,7 @@ fn policy(node_selector: Selector, service_selector: Selector) -> L2PolicySpec {
         ip_pool_selector: Selector::default(),
         interfaces: vec!["^eth0$".into()],
         load_balancer_ips: true,
-        external_ips: false,
+        external_ips: true,
     }
 }
 

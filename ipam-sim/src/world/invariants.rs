@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, net::IpAddr, time::Duration};
 
 use ipam_core::lb::{
     announce::{NodeView, owners},
-    rows,
+    external, rows,
 };
 
 use super::{BOUND, World};
@@ -41,6 +41,22 @@ impl World {
                         format!("{ip} answered by node-{other} and node-{i}"),
                     ));
                 }
+            }
+        }
+        // No address answered that no Service may have: judged on what the datapaths answer,
+        // by the rules restated (`check::refused_listings`), not by the decision's own
+        // function; worked out again only when the store changed.
+        if self.refused_checked != Some(self.store.revision()) {
+            self.refused_checked = Some(self.store.revision());
+            self.refused = crate::check::refused_listings(&self.store.now);
+        }
+        self.count(Invariant::TenantPool);
+        for (ip, what) in &self.refused {
+            if let Some(node) = answered.get(ip) {
+                return Err(self.violation(
+                    Invariant::TenantPool,
+                    format!("{ip} answered by node-{node}: {what}"),
+                ));
             }
         }
         // The Services' addresses, after every write to the store.
@@ -86,10 +102,14 @@ impl World {
             .map(|n| rows::node_named(&n.name, &self.store.now.records[&n.name]))
             .collect();
         let objects = &self.store.now;
+        let pools = crate::store::lb_pools(&objects.pools);
+        let judged = external::judge(&objects.services, &pools, || {
+            external::node_addresses(objects.records.iter().map(|(n, r)| (n.as_str(), r)))
+        });
         owners(
             &objects.policies,
-            &[],
-            &objects.services,
+            &pools,
+            &judged.admitted(&objects.services),
             &objects.ready,
             &eligible,
         )

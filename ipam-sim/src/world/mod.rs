@@ -126,6 +126,10 @@ pub struct World {
     store_followed: usize,
     /// The store's revision when the Services' addresses were last checked.
     addresses_checked: Option<usize>,
+    /// The addresses no node may answer for (`check::refused_listings`), and the store's
+    /// revision they were worked out at.
+    refused: std::collections::BTreeMap<std::net::IpAddr, String>,
+    refused_checked: Option<usize>,
     events: VecDeque<Timed>,
     due: BinaryHeap<Reverse<(Duration, u64, Due)>>,
     sequence: u64,
@@ -189,6 +193,8 @@ impl World {
             store,
             store_followed: 0,
             addresses_checked: None,
+            refused: std::collections::BTreeMap::new(),
+            refused_checked: None,
             events: events.iter().cloned().collect(),
             due: BinaryHeap::new(),
             sequence: 0,

@@ -470,7 +470,9 @@ async fn operator_and_ipamctl_work_on_the_kubernetes_api() {
     .await;
     assert!(
         external.message.contains("10.77.6.5")
-            && external.message.contains("pool gold-pool, which does not serve"),
+            && external
+                .message
+                .contains("pool gold-pool, which does not serve"),
         "{external:?}"
     );
 

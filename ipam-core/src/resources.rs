@@ -346,6 +346,24 @@ impl NodeInterface {
     }
 }
 
+/// The nodes' records as one node's copy has them: what the decisions read of them (restart
+/// notices, interfaces, labels, addresses).
+pub trait NodeRecords {
+    fn record(&self, node: &str) -> Option<&NodeIpam>;
+    /// Every record, with its node's name.
+    fn each(&self) -> Box<dyn Iterator<Item = (&str, &NodeIpam)> + '_>;
+}
+
+impl NodeRecords for std::collections::BTreeMap<String, NodeIpam> {
+    fn record(&self, node: &str) -> Option<&NodeIpam> {
+        self.get(node)
+    }
+
+    fn each(&self) -> Box<dyn Iterator<Item = (&str, &NodeIpam)> + '_> {
+        Box::new(self.iter().map(|(name, record)| (name.as_str(), record)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,8 +20,6 @@ pub mod view;
 
 use std::{collections::BTreeMap, net::IpAddr, time::Instant};
 
-use crate::resources::NodeIpam;
-
 /// The service IPs a node owns (`owners` decides them).
 pub type OwnedIps = BTreeMap<IpAddr, OwnedIp>;
 
@@ -45,20 +43,6 @@ pub struct HandOn {
     pub until: Instant,
 }
 
-/// The nodes' records as one node's copy has them: what the decisions read of them (restart
-/// notices, interfaces, labels).
-pub trait NodeRecords {
-    fn record(&self, node: &str) -> Option<&NodeIpam>;
-    /// Every record, with its node's name.
-    fn each(&self) -> Box<dyn Iterator<Item = (&str, &NodeIpam)> + '_>;
-}
-
-impl NodeRecords for BTreeMap<String, NodeIpam> {
-    fn record(&self, node: &str) -> Option<&NodeIpam> {
-        self.get(node)
-    }
-
-    fn each(&self) -> Box<dyn Iterator<Item = (&str, &NodeIpam)> + '_> {
-        Box::new(self.iter().map(|(name, record)| (name.as_str(), record)))
-    }
-}
+/// The nodes' records as one node's copy has them (in `resources`, since the BGP decision
+/// reads them too).
+pub use crate::resources::NodeRecords;

@@ -484,7 +484,7 @@ pub struct Inputs<'a> {
     pub services: &'a [(String, ServiceSpec, ServiceStatus)],
     pub ready: &'a ReadyNodes,
     /// The nodes' records: no node's address is advertised as a Service's external IP.
-    pub records: &'a dyn crate::l2::NodeRecords,
+    pub records: &'a dyn crate::resources::NodeRecords,
 }
 
 /// What `inputs.node` advertises. A Service with `externalTrafficPolicy: Local` is advertised

@@ -164,9 +164,16 @@ impl Office {
     /// new election term starts a fresh controller, which restores pools and blocks from the
     /// store on its first pass whatever a previous term of ours left in memory. A renewal
     /// changes nothing.
+    ///
+    /// Leading is judged when the value is read, not when the election sent it: a pass that
+    /// outlasts the deadline sees a lapse, and the renewal then in flight may keep the same
+    /// election term. So a lapse forgets the term too, and leading again starts a fresh
+    /// controller; keeping the number while dropping the controller left a leader that never
+    /// acted again, and said nothing.
     fn follow(&mut self, now: Elected, settings: &OperatorSettings) -> bool {
         if !now.leading() {
             self.term = None;
+            self.elected_term = None;
             return false;
         }
         if self.elected_term == Some(now.term) {
@@ -563,4 +570,51 @@ pub async fn apply_pools<S: TypedStore>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod office_tests {
+    use std::time::{Duration, Instant};
+
+    use super::{Elected, Office, OperatorSettings};
+
+    fn settings() -> OperatorSettings {
+        OperatorSettings {
+            pod_ipam: None,
+            cluster: ipam_config::ClusterSettings::default(),
+            elect: true,
+        }
+    }
+
+    fn elected(term: u64, leading: bool) -> Elected {
+        let until = if leading {
+            Instant::now() + Duration::from_secs(60)
+        } else {
+            Instant::now() - Duration::from_millis(1)
+        };
+        Elected {
+            until: Some(until),
+            term,
+        }
+    }
+
+    /// A pass that outlasts the lease's deadline sees this replica not leading; the renewal
+    /// under way then succeeds within the same election term. The operator must act again:
+    /// it once kept the term's number and dropped its controller, and from then on led
+    /// without acting, silently (a node's blocks were never freed after an etcd outage).
+    #[test]
+    fn a_lapse_seen_between_two_renewals_of_one_term_does_not_leave_the_office_empty() {
+        let settings = settings();
+        let mut office = Office::default();
+        assert!(office.follow(elected(1, true), &settings), "a first term");
+        assert!(office.term.is_some());
+        assert!(!office.follow(elected(1, true), &settings), "a renewal");
+        assert!(!office.follow(elected(1, false), &settings), "a lapse");
+        assert!(office.term.is_none(), "nothing acts while not leading");
+        assert!(
+            office.follow(elected(1, true), &settings),
+            "leading again: a fresh controller, restored from the store"
+        );
+        assert!(office.term.is_some());
+    }
 }

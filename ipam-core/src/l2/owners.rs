@@ -9,9 +9,10 @@
 //! agent restarts keeps its IPs for what it promised (`restarts`).
 //!
 //! The decision is a pure function of what it is given (the node's view of the store, who is
-//! live, the time) and of what it remembers from the decisions before; it returns a [`Plan`]
-//! that the caller carries out in its order: addresses onto `lo`, the hand-overs, the owned
-//! IPs (the responder answers them), addresses off `lo`.
+//! live, the time) and of what it remembers from the decisions before; it returns a [`Plan`]:
+//! what the node does now, whole ([`Answers`]), for one applier to carry out in the order that
+//! keeps one answer per IP (addresses onto `lo`, the hand-overs, the answers, addresses off
+//! `lo`), and the IPs taken, to tell users.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -57,18 +58,39 @@ pub struct Taken {
     pub why: String,
 }
 
-/// What a decision asks of the node, carried out in this order.
+/// What a node does for the cluster's Service IPs, whole: one value, not a list of changes, so
+/// the one applier that carries it out can bring the node in line from any state (a value it
+/// never saw, its first, a retry) in the order that keeps one answer per IP: the IPs onto
+/// `lo` (traffic accepted before it is asked for), the hand-overs (the old owner's connections
+/// passed on from the first frame answered), the answers, and the IPs off `lo` last.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answers {
+    /// The IPs the node answers ARP/NDP for, each with its Service and interfaces.
+    pub answering: OwnedIps,
+    /// The IPs on `lo`: those answered, and those given up to another node that linger
+    /// ([`LINGER`]) for the clients that have not followed yet.
+    pub accepting: BTreeSet<IpAddr>,
+    /// The IPs taken from a node that still runs, whose open connections are passed on to it
+    /// while it lingers.
+    pub handed_over: HandedOver,
+}
+
+impl Answers {
+    /// What an agent that stopped for a restart answered, taken up by the next at its start.
+    pub fn inherited(answering: OwnedIps) -> Self {
+        Self {
+            accepting: answering.keys().copied().collect(),
+            answering,
+            handed_over: HandedOver::new(),
+        }
+    }
+}
+
+/// What a decision asks of the node.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// Addresses to put on `lo` (the node accepts their traffic).
-    pub lo_add: Vec<IpAddr>,
-    /// The hand-overs now, when they changed: written before the owned IPs, so the responder
-    /// has them when it starts answering.
-    pub handed_over: Option<HandedOver>,
-    /// The IPs this node answers for now, when they changed.
-    pub owned: Option<OwnedIps>,
-    /// Addresses to take off `lo`: given up with nobody owning them, or lingered their time.
-    pub lo_remove: Vec<IpAddr>,
+    /// What the node does now, when any of it changed (most decisions change nothing).
+    pub answers: Option<Answers>,
     /// The IPs taken over, to tell users.
     pub taken: Vec<Taken>,
 }
@@ -106,8 +128,8 @@ pub struct Decider {
 impl Decider {
     /// `node`'s decider at its agent's start at `now` (`now_unix_ms` by the wall clock), from
     /// the records as first listed, answering `inherited` (what the responders answered for an
-    /// agent that stopped for a restart whose promise runs; empty otherwise). Those IPs must
-    /// be on `lo` already.
+    /// agent that stopped for a restart whose promise runs; empty otherwise), which its applier
+    /// starts from ([`Answers::inherited`]).
     pub fn new(
         node: &str,
         inherited: OwnedIps,
@@ -248,11 +270,13 @@ impl Decider {
         );
         let mut plan = Plan::default();
         let changed = mine != self.answering;
+        let mut handed_over_changed = false;
+        let mut lingering_ended = false;
         let lingers = !self.lingering.is_empty();
         let elsewhere = (changed || lingers).then(|| owned_elsewhere(&all, &node));
         if let Some(elsewhere) = elsewhere.as_ref().filter(|_| changed) {
             let starting = now.saturating_duration_since(self.since) < STARTING;
-            let taken = self.follow(mine, elsewhere, now, &mut plan);
+            let taken = self.follow(mine, elsewhere, now);
             let local = if taken.is_empty() {
                 HashSet::new()
             } else {
@@ -269,11 +293,13 @@ impl Decider {
                     why,
                 });
             }
-            plan.handed_over = self.hand_over(&plan.taken, view, now);
-            plan.owned = Some(self.answering.clone());
+            handed_over_changed = self.hand_over(&plan.taken, view, now);
         }
         if let Some(elsewhere) = elsewhere.as_ref().filter(|_| !self.lingering.is_empty()) {
-            self.let_go_of_lingering(elsewhere, now, &mut plan);
+            lingering_ended = self.let_go_of_lingering(elsewhere, now);
+        }
+        if changed || handed_over_changed || lingering_ended {
+            plan.answers = Some(self.answers());
         }
         if all_changed(&self.before, &all) {
             self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
@@ -346,22 +372,33 @@ impl Decider {
         waits
     }
 
+    /// What the node does now, whole, as last decided.
+    fn answers(&self) -> Answers {
+        Answers {
+            answering: self.answering.clone(),
+            accepting: self
+                .answering
+                .keys()
+                .chain(self.lingering.keys())
+                .copied()
+                .collect(),
+            handed_over: self.handed_over.clone(),
+        }
+    }
+
     /// Follows what this node owns now (`mine`); returns the IPs it took over. An IP given up
     /// that another node owns now (`elsewhere`) lingers on `lo`; one that nobody owns any more
-    /// (its Service gone, say) comes off.
+    /// (its Service gone, say) comes off. One taken back while it lingers stays on `lo`.
     fn follow(
         &mut self,
         mine: OwnedIps,
         elsewhere: &HashSet<IpAddr>,
         now: Instant,
-        plan: &mut Plan,
     ) -> Vec<(IpAddr, OwnedIp)> {
         let mut taken = Vec::new();
         for (ip, owned) in &mine {
             if !self.answering.contains_key(ip) {
-                if self.lingering.remove(ip).is_none() {
-                    plan.lo_add.push(*ip);
-                }
+                self.lingering.remove(ip);
                 taken.push((*ip, owned.clone()));
                 tracing::info!(
                     %ip,
@@ -382,7 +419,6 @@ impl Decider {
                     LINGER.as_millis()
                 );
             } else {
-                plan.lo_remove.push(*ip);
                 tracing::info!(%ip, "service IP given up: no node answers for it any more");
             }
         }
@@ -391,23 +427,24 @@ impl Decider {
     }
 
     /// Takes off `lo` the IPs given up that lingered their time, or that no other node owns
-    /// any more (`elsewhere`).
-    fn let_go_of_lingering(&mut self, elsewhere: &HashSet<IpAddr>, now: Instant, plan: &mut Plan) {
+    /// any more (`elsewhere`); whether any came off.
+    fn let_go_of_lingering(&mut self, elsewhere: &HashSet<IpAddr>, now: Instant) -> bool {
+        let before = self.lingering.len();
         self.lingering.retain(|ip, until| {
             let kept = now < *until && elsewhere.contains(ip);
             if !kept {
-                plan.lo_remove.push(*ip);
                 tracing::debug!(%ip, "service IP given up earlier: off lo now");
             }
             kept
         });
+        self.lingering.len() != before
     }
 
     /// Follows which of this node's IPs came from a node that still runs: for as long as the
     /// old owner keeps such an IP on its `lo` ([`LINGER`]), the responder passes on to it the
     /// segments of connections opened there, found by its MAC on each interface's segment as
-    /// its record says. Ended early for IPs this node let go. Returns them when they changed.
-    fn hand_over(&mut self, taken: &[Taken], view: &View<'_>, now: Instant) -> Option<HandedOver> {
+    /// its record says. Ended early for IPs this node let go. Whether they changed.
+    fn hand_over(&mut self, taken: &[Taken], view: &View<'_>, now: Instant) -> bool {
         let before = self.handed_over.clone();
         let owned = &self.answering;
         self.handed_over
@@ -436,7 +473,7 @@ impl Decider {
                 }
             }
         }
-        (self.handed_over != before).then(|| self.handed_over.clone())
+        self.handed_over != before
     }
 }
 
@@ -629,9 +666,8 @@ mod tests {
         let mut when_due = Decider::new("b", OwnedIps::new(), &first, start, 0);
         let (mut lo_every, mut lo_due) = (BTreeSet::new(), BTreeSet::new());
         let apply = |lo: &mut BTreeSet<IpAddr>, plan: &Plan| {
-            lo.extend(plan.lo_add.iter().copied());
-            for ip in &plan.lo_remove {
-                lo.remove(ip);
+            if let Some(answers) = &plan.answers {
+                lo.clone_from(&answers.accepting);
             }
         };
         let (mut decided_every, mut decided_due) = (0, 0);

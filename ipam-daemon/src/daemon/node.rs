@@ -1,9 +1,10 @@
 //! The node's controllers, wired together. What flows between them:
 //!
 //! ```text
-//!  config ──Configured──▶ l2::configured ──Announcements──▶ l2::responder ──▶ maps, frames
-//!                            ▲
-//!  store ──▶ l2::owners ──OwnedIps──┘                  (owners over liveness::LivePeers)
+//!  config ──Configured─────────────┐
+//!                                  ▼
+//!  store ──▶ l2::owners ──ServiceAnswers──▶ l2::responder ──▶ lo, hand-overs, maps, frames
+//!           (owners over liveness::LivePeers)
 //!  UDP ◀─▶ liveness::gossip ──Membership──▶ LivePeers     ([gossip]; else the nodes' leases)
 //!           liveness::gossip ──FenceState──▶ Fence       ([gossip]; else the node's lease)
 //!  Fence ──▶ liveness::heartbeat ──▶ responders' heartbeat (silenced at once when it closes)
@@ -38,7 +39,7 @@ use super::{
 use crate::{
     bgp::BgpAnnouncer,
     cluster::{ClusterStore, events::Events},
-    l2::{self, Configured, HandedOver, OwnedIp, OwnedIps, announcer::AnnounceError},
+    l2::{self, Configured, OwnedIp, OwnedIps, ServiceAnswers, announcer::AnnounceError},
     liveness::{
         self, Fence, LeaseFence,
         gossip::{self, Gossip},
@@ -170,8 +171,8 @@ struct NodeControllers {
     fence: Option<Fence>,
     /// The shared store, when the node runs on one.
     store: Option<ClusterStore>,
-    /// The Service IPs the owners controller has the responders answer, for a restart's notice.
-    owned: Option<watch::Receiver<OwnedIps>>,
+    /// What the owners controller has the responders answer, for a restart's notice.
+    services: watch::Receiver<ServiceAnswers>,
     /// Stops the owners controller's decisions before that list is read.
     owners_frozen: Option<Arc<Mutex<bool>>>,
     /// Clears a leave note in this node's record (`liveness::leave::clear_own`); stopped before
@@ -185,14 +186,14 @@ struct ServiceIpState {
     local_addresses: LocalAddresses,
     /// What the agent before this one answered, taken up as this node's own.
     inherited: OwnedIps,
-    /// Where the owners controller tells the responder whose connections to pass on.
-    handed_over: watch::Sender<HandedOver>,
+    /// Where the owners controller hands the responder what this node answers (dropped when
+    /// none runs: the responder then answers no Service IP).
+    answers: watch::Sender<ServiceAnswers>,
 }
 
 /// What the cluster side of a node gives the announcement and liveness controllers.
 struct ClusterSide {
     fence: Option<Fence>,
-    owned: Option<watch::Receiver<OwnedIps>>,
     /// Stops the owners controller's decisions (`l2::owners::Inputs::frozen`).
     owners_frozen: Option<Arc<Mutex<bool>>>,
     leave_clearing: Option<JoinHandle<()>>,
@@ -206,27 +207,11 @@ impl NodeControllers {
         observed: Observed,
         restarting: bool,
     ) -> Result<Self, DaemonError> {
-        let (configured, configured_rx) = watch::channel(Configured::of(config));
         let inherited = if restarting {
             inherited_answers(config, &datapath)
         } else {
             OwnedIps::new()
         };
-        // Seeded with the configured IPs (and after a restart those the agent before answered):
-        // the responder's first pass must not withdraw what a previous run announced and this
-        // one still wants (answered without a gap).
-        let seed = Configured::of(config).with(&inherited);
-        let (announcements, announcements_rx) = watch::channel(seed);
-        // The node's links and addresses, followed once for every controller that reads them.
-        let link_changes = crate::net::link_changes::follow();
-        // The responder first: configured announcements are answered before the store is.
-        let (handed_over, handed_over_rx) = watch::channel(HandedOver::new());
-        let responder = tokio::spawn(l2::responder::run(
-            datapath.clone(),
-            announcements_rx,
-            handed_over_rx,
-            link_changes.clone(),
-        ));
         // The service IPs on `lo`: one set for both announcers, which may hold an IP together.
         let local_addresses = LocalAddresses::start(
             config.node.announce.strict_arp,
@@ -237,6 +222,23 @@ impl NodeControllers {
         if !config.announcements.is_empty() {
             local_addresses.ensure_strict_arp();
         }
+        let (configured, configured_rx) = watch::channel(Configured::of(config));
+        // Seeded with what the agent before answered after a restart: the responder's first
+        // pass must not withdraw what a previous run announced and this one still wants
+        // (answered without a gap).
+        let (answers, services) = watch::channel(ServiceAnswers::at_start(inherited.clone()));
+        // The node's links and addresses, followed once for every controller that reads them.
+        let link_changes = crate::net::link_changes::follow();
+        // The responder first: configured announcements are answered before the store is.
+        let responder = tokio::spawn(l2::responder::run(
+            datapath.clone(),
+            l2::responder::Wanted {
+                configured: configured_rx,
+                services: services.clone(),
+                local_addresses: local_addresses.clone(),
+            },
+            link_changes.clone(),
+        ));
         let (on_store, cluster) = OnTheStore::start(
             NodeStart {
                 config,
@@ -248,21 +250,15 @@ impl NodeControllers {
             ServiceIpState {
                 local_addresses: local_addresses.clone(),
                 inherited,
-                handed_over,
+                answers,
             },
         )
         .await?;
         // Every announcer that runs has said so: the IPs an agent before left on `lo` go once
         // they have decided (at once with none).
         local_addresses.expected_all();
-        let owned = cluster.owned.clone();
         let owners_frozen = cluster.owners_frozen.clone();
         let leave_clearing = cluster.leave_clearing;
-        tokio::spawn(l2::configured::run(
-            configured_rx,
-            cluster.owned,
-            announcements,
-        ));
         let (timing, timing_rx) = watch::channel(timing(config));
         let fence = cluster.fence.clone();
         let heartbeat = tokio::spawn(liveness::heartbeat::run(datapath, cluster.fence, timing_rx));
@@ -286,7 +282,7 @@ impl NodeControllers {
             heartbeat,
             fence,
             store,
-            owned,
+            services,
             owners_frozen,
             leave_clearing,
         })
@@ -445,10 +441,13 @@ impl NodeControllers {
             file: &file,
             fence: self.fence.clone(),
             answering: self
-                .owned
-                .as_ref()
-                .map(|owned| owned.borrow().keys().copied().collect())
-                .unwrap_or_default(),
+                .services
+                .borrow()
+                .answers
+                .answering
+                .keys()
+                .copied()
+                .collect(),
         }
         .make(datapath, &mut self.heartbeat)
         .await;
@@ -615,7 +614,6 @@ impl ClusterSide {
     fn standalone() -> Self {
         Self {
             fence: None,
-            owned: None,
             owners_frozen: None,
             leave_clearing: None,
         }
@@ -771,7 +769,7 @@ fn start_cluster_side(
     let ServiceIpState {
         local_addresses,
         inherited,
-        handed_over,
+        answers,
     } = service_ips;
     if !store.is_shared() {
         // No peers to hold the node's IPs: a notice left behind ends at once.
@@ -814,7 +812,6 @@ fn start_cluster_side(
         ))
     });
     local_addresses.expect(Holder::L2);
-    let (owned_tx, owned) = watch::channel(inherited.clone());
     let owners_frozen = Arc::new(Mutex::new(false));
     let events = Events::for_store(&store, "ipam-agent", &config.node.name);
     tokio::spawn(l2::owners::run(
@@ -826,17 +823,12 @@ fn start_cluster_side(
             frozen: owners_frozen.clone(),
             metrics: observed.metrics.clone(),
             events: Arc::new(events),
-            local_addresses,
             inherited,
         },
-        l2::owners::Outputs {
-            owned: owned_tx,
-            handed_over,
-        },
+        l2::owners::Outputs { answers },
     ));
     ClusterSide {
         fence: Some(fence),
-        owned: Some(owned),
         owners_frozen: Some(owners_frozen),
         leave_clearing,
     }

@@ -1,6 +1,7 @@
-//! What this node answers ARP/NDP for: (IP, interface) pairs grouped by interface, with how the
-//! responder is attached there. One producer builds it (`configured`, from the configured IPs
-//! and the service IPs this node owns, `OwnedIps`); the responder controller reads it.
+//! What this node answers ARP/NDP for: the Service IPs the owners controller hands the
+//! responder (`ServiceAnswers`), and the (IP, interface) pairs the responder answers, grouped by
+//! interface with how it is attached there (`Announcements`, from the configured IPs and the
+//! Service IPs: `Configured::with`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -9,7 +10,37 @@ use std::{
 
 use ipam_datapath::AttachMode;
 
-pub use ipam_core::l2::{HandOn, HandedOver, OwnedIp, OwnedIps};
+pub use ipam_core::l2::{HandOn, HandedOver, OwnedIp, OwnedIps, owners::Answers};
+
+/// What the owners controller hands the responder: what this node does for the cluster's
+/// Service IPs, whole, and whether a decision made it. One value on one channel: the responder
+/// cannot see the IPs before their hand-overs, nor answer what is not on `lo` yet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceAnswers {
+    pub answers: Answers,
+    /// Whether the owners controller has decided since the agent started (or has nothing to
+    /// take up from an agent before): until then, the IPs that agent left on `lo` stay.
+    pub decided: bool,
+}
+
+impl ServiceAnswers {
+    /// At an agent's start: what the agent before answered when it stopped for a restart
+    /// whose promise runs (`inherited`, empty otherwise), until the first decision.
+    pub fn at_start(inherited: OwnedIps) -> Self {
+        Self {
+            answers: Answers::inherited(inherited),
+            decided: false,
+        }
+    }
+
+    /// No Service IP: there is no owners controller (or it ended).
+    pub fn none() -> Self {
+        Self {
+            answers: Answers::default(),
+            decided: true,
+        }
+    }
+}
 
 /// The IPs answered on one interface.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

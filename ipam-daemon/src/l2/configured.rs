@@ -1,12 +1,11 @@
-//! The one producer of `Announcements`: the IPs configured in the daemon's file and the service
-//! IPs this node owns (`owners`), merged with each interface's attach mode, for the responder
-//! controller (`responder`) to apply.
+//! What the daemon's file says about announcing, and the `Announcements` it makes with the
+//! Service IPs this node owns (`owners`): each IP on its interfaces, with each interface's
+//! attach mode, for the responder to apply.
 
 use std::collections::BTreeMap;
 
 use ipam_config::{AnnouncementConfig, Config};
 use ipam_datapath::AttachMode;
-use tokio::sync::watch;
 
 use super::announcements::{Announcements, OwnedIps};
 use crate::datapath_settings;
@@ -46,55 +45,6 @@ impl Configured {
             out.add(ip, interface, self.attach_mode(interface));
         }
         out
-    }
-}
-
-/// Publishes the announcements whenever the configuration or the owned service IPs change, for
-/// as long as someone reads them.
-pub async fn run(
-    mut configured: watch::Receiver<Configured>,
-    mut services: Option<watch::Receiver<OwnedIps>>,
-    out: watch::Sender<Announcements>,
-) {
-    loop {
-        let owned = services
-            .as_mut()
-            .map(|s| s.borrow_and_update().clone())
-            .unwrap_or_default();
-        let wanted = configured.borrow_and_update().with(&owned);
-        out.send_if_modified(|current| {
-            let changed = *current != wanted;
-            *current = wanted;
-            changed
-        });
-        let event = tokio::select! {
-            c = configured.changed() => if c.is_ok() { Event::Changed } else { Event::Gone },
-            c = changed_or_never(services.as_mut()) => {
-                if c.is_ok() { Event::Changed } else { Event::ServicesGone }
-            }
-            () = out.closed() => Event::Gone,
-        };
-        match event {
-            Event::Changed => {}
-            // The service IP controller ended: no service IP is owned any more.
-            Event::ServicesGone => services = None,
-            Event::Gone => return,
-        }
-    }
-}
-
-enum Event {
-    Changed,
-    ServicesGone,
-    Gone,
-}
-
-async fn changed_or_never<T>(
-    rx: Option<&mut watch::Receiver<T>>,
-) -> Result<(), watch::error::RecvError> {
-    match rx {
-        Some(rx) => rx.changed().await,
-        None => std::future::pending().await,
     }
 }
 

@@ -5,9 +5,9 @@
 //! live nodes, the hand-over between live nodes, restart holds, lingering IPs), where the
 //! simulator (`ipam-sim`) runs it on every node of a modelled cluster. This file keeps the
 //! copies it reads current (the store's watches, the live nodes as `liveness::LivePeers`
-//! reports them: from the gossip, or from the nodes' leases), paces it, and carries its plan
-//! out: addresses on `lo` (`net::local_address`), the hand-overs and then the owned IPs for the
-//! responder (which answers them and tells the link), addresses off `lo`, metrics and Events.
+//! reports them: from the gossip, or from the nodes' leases), paces it, and hands its outcome
+//! to the responder whole (`ServiceAnswers`), which carries it out (`lo`, hand-overs, maps, the
+//! link told) in one place and one order; it tells users (Events) and keeps the metrics.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},
@@ -33,7 +33,7 @@ use tokio::sync::watch;
 
 pub use ipam_core::l2::owners::LINGER;
 
-use super::announcements::{HandedOver, OwnedIps};
+use super::announcements::{OwnedIps, ServiceAnswers};
 use crate::{
     cluster::{
         ClusterStore,
@@ -42,7 +42,6 @@ use crate::{
     },
     liveness::{Fence, LivePeers, peers::PeersSource},
     metrics::Metrics,
-    net::local_address::{Holder, LocalAddresses},
 };
 
 /// What the controller reads.
@@ -59,8 +58,6 @@ pub struct Inputs {
     pub frozen: Arc<Mutex<bool>>,
     /// Where users are told which node answers (Events on a Kubernetes store).
     pub events: Arc<Events>,
-    /// The service IPs on `lo`, shared with the BGP announcer.
-    pub local_addresses: LocalAddresses,
     /// What the responders answer at the start because the agent before this one stopped for
     /// a restart and its promise runs (`liveness::restart`): taken up as this node's own,
     /// without a hand-over wait, until the first decision says otherwise. Empty otherwise.
@@ -69,12 +66,9 @@ pub struct Inputs {
 
 /// What the controller tells the others.
 pub struct Outputs {
-    /// The service IPs this node owns, for the responder (through `configured`).
-    pub owned: watch::Sender<OwnedIps>,
-    /// The IPs taken from a node that still runs, whose open connections the responder passes
-    /// on to it while it lingers. Sent before `owned`, so the responder has it when it starts
-    /// answering.
-    pub handed_over: watch::Sender<HandedOver>,
+    /// What this node does for the Service IPs, for the responder to carry out; it starts at
+    /// `ServiceAnswers::at_start(inherited)`.
+    pub answers: watch::Sender<ServiceAnswers>,
 }
 
 /// The objects the decision is made from, kept current by their watches.
@@ -119,19 +113,15 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         frozen,
         metrics,
         events,
-        local_addresses,
         inherited,
     } = inputs;
     let mut watches = Watches::open(&store).await;
     let mut peers = LivePeers::start(peers, &store, node.clone()).await;
     let mut seen = watches.seen();
-    for ip in inherited.keys() {
-        local_addresses.add(Holder::L2, *ip);
-    }
     if inherited.is_empty() {
         // Nothing taken up: what an agent before left on `lo` is not this one's, and goes
         // now rather than at a first decision that waits for the fence to open.
-        local_addresses.decided(Holder::L2);
+        outputs.answers.send_modify(|a| a.decided = true);
     }
     let mut decider = Decider::new(
         &node,
@@ -142,7 +132,6 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     );
     let mut applier = Applier {
         node,
-        addresses: local_addresses,
         metrics,
         events,
         outputs,
@@ -202,7 +191,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         let started = pace.deciding();
         let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
             .in_scope(|| decide(&mut decider, &seen, &mut peers, started));
-        applier.carry_out(plan, decider.answering());
+        applier.carry_out(plan);
         drop(frozen);
         let took = started.elapsed();
         pace.decided(took);
@@ -247,41 +236,32 @@ fn warn_if_slow(took: Duration) {
     }
 }
 
-/// Carries a decision's plan out on this node, in the plan's order: addresses onto `lo`, the
-/// hand-overs, the owned IPs (for the responder), addresses off `lo`; then metrics and Events.
+/// Hands a decision's outcome to the responder (the one applier of `lo`, the hand-overs and
+/// the maps), and tells users and metrics what it took.
 struct Applier {
     node: String,
-    addresses: LocalAddresses,
     metrics: Arc<Metrics>,
     events: Arc<Events>,
     outputs: Outputs,
 }
 
 impl Applier {
-    fn carry_out(&mut self, plan: Plan, answering: &OwnedIps) {
-        let Plan {
-            lo_add,
-            handed_over,
-            owned,
-            lo_remove,
-            taken,
-        } = plan;
-        for ip in lo_add {
-            self.addresses.add(Holder::L2, ip);
-        }
-        if let Some(handed_over) = handed_over {
-            self.outputs.handed_over.send_replace(handed_over);
-        }
-        if let Some(owned) = owned {
-            self.outputs.owned.send_replace(owned);
-            self.metrics
-                .service_ips_announced
-                .set(answering.len() as i64);
-        }
-        for ip in lo_remove {
-            self.addresses.remove(Holder::L2, ip);
-        }
-        self.addresses.decided(Holder::L2);
+    fn carry_out(&mut self, plan: Plan) {
+        let Plan { answers, taken } = plan;
+        self.outputs.answers.send_if_modified(|current| {
+            let first = !current.decided;
+            current.decided = true;
+            match answers {
+                Some(answers) => {
+                    self.metrics
+                        .service_ips_announced
+                        .set(answers.answering.len() as i64);
+                    current.answers = answers;
+                    true
+                }
+                None => first,
+            }
+        });
         for t in &taken {
             self.metrics.count_service_ip_taken(t.from.kind());
         }

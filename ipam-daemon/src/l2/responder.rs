@@ -1,9 +1,12 @@
-//! The responder controller: keeps the datapath answering exactly the wanted announcements. It
-//! reconciles whenever the wanted value or the host's links change, retries interfaces that are
-//! not there yet with backoff, tells the link about every IP it starts answering, and holds the multicast groups
-//! the IPv6 ones need. It also writes the hand-overs (`HandedOver`) before the announcements
-//! they come with: the connections an IP's old owner still holds are passed on to it from the
-//! first frame this node answers.
+//! The responder controller, the one applier of what this node answers ARP/NDP for: the IPs
+//! the daemon's file configures, and the Service IPs the owners controller decided
+//! (`ServiceAnswers`, one whole value). Each pass brings the node in line with both, in the
+//! order that keeps one answer per IP and loses no traffic: the Service IPs onto `lo` (and
+//! waited for), the hand-overs (the connections an IP's old owner still holds are passed on to
+//! it from the first frame answered here), the responder maps (the link told of every IP
+//! answered anew), and the IPs off `lo` last. It runs whenever either value or the host's links
+//! change, retries interfaces that are not there yet with backoff, and holds the multicast
+//! groups the IPv6 ones need.
 
 use std::{
     collections::BTreeSet,
@@ -18,35 +21,60 @@ use ipam_netlink::iface;
 use tokio::{sync::watch, time::Instant};
 
 use super::{
-    Announcements, HandedOver,
+    Configured, HandedOver, ServiceAnswers,
     announcer::{self, AnnounceError, ReconcileReport},
     gratuitous::Repeats,
     multicast::SolicitedNodeGroups,
 };
+use crate::net::local_address::{Holder, LocalAddresses};
 
 /// Longest wait between two attempts at an interface that is not there yet.
 const RETRY_CAP: Duration = Duration::from_secs(10);
 
-/// Runs until the producer of `wanted` is gone; an error of the datapath itself ends it.
+/// What the responder answers, as the daemon's file and the owners controller say.
+pub struct Wanted {
+    pub configured: watch::Receiver<Configured>,
+    /// The owners controller's value. When it ends (it never runs on a store of one), no
+    /// Service IP is answered any more.
+    pub services: watch::Receiver<ServiceAnswers>,
+    /// The Service IPs on `lo`, shared with the BGP announcer.
+    pub local_addresses: LocalAddresses,
+}
+
+/// Runs until the daemon's configuration is gone; an error of the datapath itself ends it.
 pub async fn run(
     datapath: Arc<Mutex<Datapath>>,
-    mut wanted: watch::Receiver<Announcements>,
-    mut handed_over: watch::Receiver<HandedOver>,
+    wanted: Wanted,
     mut link_changes: watch::Receiver<u64>,
 ) -> Result<(), AnnounceError> {
+    let Wanted {
+        mut configured,
+        services,
+        local_addresses,
+    } = wanted;
+    let mut services = Some(services);
+    let mut lo = OnLo::new(local_addresses);
     let mut retry = Backoff::new(RETRY_CAP);
     let mut repeats = Repeats::default();
     let mut groups = SolicitedNodeGroups::default();
     let mut handing_on = BTreeSet::new();
-    let mut handing_over = true;
     // The hand-overs last written (with the links' generation they were resolved in): most
     // passes change none, and rewriting them would cost map writes each time.
     let mut written: Option<(HandedOver, u64)> = None;
     loop {
-        let current = wanted.borrow_and_update().clone();
-        let now = std::time::Instant::now();
-        let hand_ons: HandedOver = handed_over
+        let service = services
+            .as_mut()
+            .map(|s| s.borrow_and_update().clone())
+            .unwrap_or_else(ServiceAnswers::none);
+        let current = configured
             .borrow_and_update()
+            .with(&service.answers.answering);
+        // Traffic for an IP is accepted before it is asked for.
+        lo.take(&service.answers.accepting).await;
+        let now = std::time::Instant::now();
+        let hand_ons: HandedOver = service
+            .answers
+            .handed_over
             .iter()
             .filter(|(_, h)| h.until > now)
             .map(|(k, h)| (k.clone(), *h))
@@ -76,6 +104,11 @@ pub async fn run(
             repeats.stop(ip, ifindex);
         }
         log_report(&report);
+        // No longer answered here: their traffic may go (lingering IPs stay accepted).
+        lo.let_go(&service.answers.accepting);
+        if service.decided {
+            lo.decided();
+        }
         let membership_errors = groups.apply(report.answering.iter().copied());
         for e in &membership_errors {
             tracing::warn!("{e}");
@@ -83,17 +116,20 @@ pub async fn run(
         let retry_at = next_retry(&report, !membership_errors.is_empty(), &mut retry);
         loop {
             tokio::select! {
-                changed = wanted.changed() => {
+                changed = configured.changed() => {
                     if changed.is_err() {
                         return Ok(());
                     }
                     break;
                 }
-                // Standalone, no owners controller sends any: the channel closes at once.
-                changed = handed_over.changed(), if handing_over => match changed {
-                    Ok(()) => break,
-                    Err(_) => handing_over = false,
-                },
+                changed = changed_or_never(services.as_mut()) => {
+                    if changed.is_err() {
+                        // The owners controller ended (or never runs): no Service IP is
+                        // this node's to answer any more.
+                        services = None;
+                    }
+                    break;
+                }
                 () = sleep_until(retry_at) => break,
                 () = sleep_until(handover_ends) => break,
                 // An interface made anew (or renamed back) gets the responder again at once.
@@ -101,6 +137,57 @@ pub async fn run(
                 () = sleep_until(repeats.next_due()) => repeats.send_due(),
             }
         }
+    }
+}
+
+/// The Service IPs this applier holds on `lo` (`Holder::L2`).
+struct OnLo {
+    addresses: LocalAddresses,
+    held: BTreeSet<IpAddr>,
+}
+
+impl OnLo {
+    fn new(addresses: LocalAddresses) -> Self {
+        Self {
+            addresses,
+            held: BTreeSet::new(),
+        }
+    }
+
+    /// Puts on `lo` those of `accepting` not there yet, and waits until they are.
+    async fn take(&mut self, accepting: &BTreeSet<IpAddr>) {
+        let mut added = false;
+        for &ip in accepting.difference(&self.held) {
+            self.addresses.add(Holder::L2, ip);
+            added = true;
+        }
+        if added {
+            self.held.extend(accepting.iter().copied());
+            self.addresses.applied().await;
+        }
+    }
+
+    /// Takes off `lo` the IPs held that `accepting` no longer has.
+    fn let_go(&mut self, accepting: &BTreeSet<IpAddr>) {
+        for &ip in self.held.difference(accepting) {
+            self.addresses.remove(Holder::L2, ip);
+        }
+        self.held.retain(|ip| accepting.contains(ip));
+    }
+
+    /// The owners controller has decided: what an agent before left on `lo` and nobody holds
+    /// may go (later calls change nothing).
+    fn decided(&self) {
+        self.addresses.decided(Holder::L2);
+    }
+}
+
+async fn changed_or_never<T>(
+    rx: Option<&mut watch::Receiver<T>>,
+) -> Result<(), watch::error::RecvError> {
+    match rx {
+        Some(rx) => rx.changed().await,
+        None => std::future::pending().await,
     }
 }
 

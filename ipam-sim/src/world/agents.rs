@@ -131,8 +131,8 @@ impl World {
             .is_some_and(|(ends, _)| *ends <= now)
         {
             let (_, plan) = agent.deciding.take().expect("checked");
-            if let Some(owned) = plan.owned {
-                let answering: BTreeSet<IpAddr> = owned.keys().copied().collect();
+            if let Some(answers) = plan.answers {
+                let answering: BTreeSet<IpAddr> = answers.answering.keys().copied().collect();
                 if answering == self.nodes[i].datapath.answering {
                     self.note(format!("node-{i} decided: answers the same"));
                 } else {

@@ -474,9 +474,9 @@ impl World {
         let agent = self.nodes[node].agent.as_mut().expect("checked above");
         agent.frozen = true;
         if let Some((_, plan)) = agent.deciding.take()
-            && let Some(owned) = plan.owned
+            && let Some(answers) = plan.answers
         {
-            self.nodes[node].datapath.answering = owned.keys().copied().collect();
+            self.nodes[node].datapath.answering = answers.answering.keys().copied().collect();
         }
         let latency = self.write_latency();
         let answering = self.nodes[node]

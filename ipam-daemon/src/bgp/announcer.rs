@@ -18,8 +18,8 @@ use ipam_core::{
     backoff::Backoff,
     lb::{
         bgp::{
-            self as decision, BgpAdvertisement, BgpPeer, BgpPeerSpec, NodeAdvertisements,
-            node_advertisements,
+            self as decision, BgpAdvertisement, BgpPeer, BgpPeerSpec, BgpSessionStatus,
+            NodeAdvertisements, node_advertisements,
         },
         resources::{LbIpPool, Namespace, Service, ServiceEndpoints},
         rows,
@@ -39,7 +39,7 @@ use super::{
 use crate::{
     cluster::{
         ClusterStore,
-        cache::{Cache, watch_until_it_works},
+        copies::{Copy, Moment, Wake},
     },
     metrics::{Health, Metrics},
     net::local_address::{Holder, LocalAddresses},
@@ -88,67 +88,94 @@ impl BgpAnnouncer {
     }
 }
 
-/// The objects the decision is made from, kept current by their watches.
+/// The copies the decision is made from (`cluster::copies`: shared with the other controllers
+/// that read the same kinds).
 struct Seen {
-    peers: Cache<BgpPeer>,
-    advertisements: Cache<BgpAdvertisement>,
-    pools: Cache<LbIpPool>,
-    services: Cache<Service>,
+    peers: Copy<BgpPeer>,
+    advertisements: Copy<BgpAdvertisement>,
+    pools: Copy<LbIpPool>,
+    services: Copy<Service>,
     /// The namespaces' labels, which pools admit external IPs by.
-    namespaces: Cache<Namespace>,
-    endpoints: Cache<ServiceEndpoints>,
-    nodes: Cache<NodeIpam>,
+    namespaces: Copy<Namespace>,
+    endpoints: Copy<ServiceEndpoints>,
+    nodes: Copy<NodeIpam>,
 }
 
 impl Seen {
-    fn decide(&self, node: &str) -> NodeAdvertisements {
-        let record = self.nodes.get(node);
+    /// The copies of the kinds the announcer reads, `wake` woken when any changes.
+    async fn follow(store: &ClusterStore, wake: &Wake) -> Self {
+        const FOR: &str = "BGP";
+        Self {
+            peers: store.follow(wake, FOR).await,
+            advertisements: store.follow(wake, FOR).await,
+            pools: store.follow(wake, FOR).await,
+            services: store.follow(wake, FOR).await,
+            namespaces: store.follow(wake, FOR).await,
+            endpoints: store.follow(wake, FOR).await,
+            nodes: store.follow(wake, FOR).await,
+        }
+    }
+
+    /// What `node` advertises, from the copies at `at`; and the node's addresses in its
+    /// record (for the router ID).
+    fn decide(&self, node: &str, at: &Moment) -> (NodeAdvertisements, Vec<IpAddr>) {
+        let nodes = self.nodes.read(at);
+        let record = nodes.get(node);
         let labels = record
             .map(|r| r.value.spec.labels.clone())
             .unwrap_or_default();
         let excluded = record.and_then(|r| r.value.spec.announcing.excluded.clone());
+        let addresses = record
+            .map(|r| r.value.spec.addresses.clone())
+            .unwrap_or_default();
         let peers: Vec<(String, BgpPeerSpec)> = self
             .peers
+            .read(at)
             .iter()
             .map(|p| (p.name.clone(), p.value.spec.clone()))
             .collect();
         let advertisements: Vec<_> = self
             .advertisements
+            .read(at)
             .iter()
             .map(|a| (a.name.clone(), a.value.spec.clone()))
             .collect();
-        node_advertisements(&decision::Inputs {
+        let (pools, services, namespaces, endpoints) = (
+            self.pools.read(at),
+            self.services.read(at),
+            self.namespaces.read(at),
+            self.endpoints.read(at),
+        );
+        let wanted = node_advertisements(&decision::Inputs {
             node,
             labels: &labels,
             excluded: excluded.as_deref(),
             peers: &peers,
             advertisements: &advertisements,
-            pools: &rows::labelled_pools(self.pools.iter()),
-            services: &rows::services_in(self.services.iter(), self.namespaces.iter()),
-            ready: &rows::ready_nodes(self.endpoints.iter()),
-            records: &self.nodes,
-        })
+            pools: &rows::labelled_pools(pools.iter()),
+            services: &rows::services_in(services.iter(), namespaces.iter()),
+            ready: &rows::ready_nodes(endpoints.iter()),
+            records: &*nodes,
+        });
+        (wanted, addresses)
+    }
+
+    /// What `node` has reported of its session in each peer's status, at `at`.
+    fn reported_by(&self, node: &str, at: &Moment) -> BTreeMap<String, BgpSessionStatus> {
+        self.peers
+            .read(at)
+            .iter()
+            .filter_map(|p| {
+                let mine = p.value.status.nodes.iter().find(|n| n.node == node)?;
+                Some((p.name.clone(), mine.clone()))
+            })
+            .collect()
     }
 }
 
 async fn run(inputs: Inputs, mut stop: oneshot::Receiver<StopRequest>) {
-    let store = inputs.store.clone();
-    let mut peers_watch = watch_until_it_works::<BgpPeer, _>(&store, "BGP").await;
-    let mut ads_watch = watch_until_it_works::<BgpAdvertisement, _>(&store, "BGP").await;
-    let mut pools_watch = watch_until_it_works::<LbIpPool, _>(&store, "BGP").await;
-    let mut services_watch = watch_until_it_works::<Service, _>(&store, "BGP").await;
-    let mut namespaces_watch = watch_until_it_works::<Namespace, _>(&store, "BGP").await;
-    let mut endpoints_watch = watch_until_it_works::<ServiceEndpoints, _>(&store, "BGP").await;
-    let mut nodes_watch = watch_until_it_works::<NodeIpam, _>(&store, "BGP").await;
-    let mut seen = Seen {
-        peers: Cache::new(&peers_watch.initial),
-        advertisements: Cache::new(&ads_watch.initial),
-        pools: Cache::new(&pools_watch.initial),
-        services: Cache::new(&services_watch.initial),
-        namespaces: Cache::new(&namespaces_watch.initial),
-        endpoints: Cache::new(&endpoints_watch.initial),
-        nodes: Cache::new(&nodes_watch.initial),
-    };
+    let wake = Wake::default();
+    let seen = Seen::follow(&inputs.store, &wake).await;
     let mut status_tick = crate::clock::ticker(Duration::from_millis(
         inputs.settings.status_interval_ms.max(100),
     ));
@@ -162,16 +189,7 @@ async fn run(inputs: Inputs, mut stop: oneshot::Receiver<StopRequest>) {
         };
         let due = apply_at.unwrap_or_else(tokio::time::Instant::now);
         tokio::select! {
-            e = peers_watch.next() => { seen.peers.apply(e); apply_at = changed(apply_at); }
-            e = ads_watch.next() => { seen.advertisements.apply(e); apply_at = changed(apply_at); }
-            e = pools_watch.next() => { seen.pools.apply(e); apply_at = changed(apply_at); }
-            e = services_watch.next() => { seen.services.apply(e); apply_at = changed(apply_at); }
-            e = namespaces_watch.next() => {
-                seen.namespaces.apply(e);
-                apply_at = changed(apply_at);
-            }
-            e = endpoints_watch.next() => { seen.endpoints.apply(e); apply_at = changed(apply_at); }
-            e = nodes_watch.next() => { seen.nodes.apply(e); apply_at = changed(apply_at); }
+            () = wake.changed() => apply_at = changed(apply_at),
             () = tokio::time::sleep_until(due), if apply_at.is_some() => {
                 let span = tracing::info_span!("bgp_apply");
                 apply_at = announcer.apply(&seen).instrument(span).await;
@@ -238,7 +256,7 @@ impl Announcer {
 
     /// Tells BIRD what `seen` asks of this node now; when to try again if it could not.
     async fn apply(&mut self, seen: &Seen) -> Option<tokio::time::Instant> {
-        let mut wanted = seen.decide(&self.node);
+        let (mut wanted, record) = seen.decide(&self.node, &self.store.moment().await);
         self.held = self.passwords.resolve(&self.store, &mut wanted).await;
         for (what, why) in &wanted.refused {
             tracing::warn!("BGP: {what} left out: {why}");
@@ -249,13 +267,7 @@ impl Announcer {
         self.addresses.add_new(&ips).await;
         // The router ID: configured, else the node's first IPv4 address (its record has the
         // Node's on Kubernetes), else BIRD's choice.
-        let record = seen
-            .nodes
-            .get(&self.node)
-            .map(|r| r.value.spec.addresses.as_slice());
-        let router_id = self
-            .configured_id
-            .or_else(|| first_v4(record.unwrap_or_default()));
+        let router_id = self.configured_id.or_else(|| first_v4(&record));
         match self.speaker.apply(wanted, router_id).await {
             Ok(()) => {
                 self.addresses.remove_others(&ips);
@@ -280,8 +292,9 @@ impl Announcer {
         }
         let due = self.passwords.stale();
         if let Some(sessions) = self.speaker.sessions().await {
+            let stored = seen.reported_by(&self.node, &self.store.moment().await);
             self.reports
-                .publish(&self.speaker.wanted, &self.held, &sessions, &seen.peers)
+                .publish(&self.speaker.wanted, &self.held, &sessions, &stored)
                 .await;
         }
         due

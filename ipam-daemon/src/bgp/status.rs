@@ -15,7 +15,7 @@ use super::{
     sessions::{self, DownReason, Session},
 };
 use crate::{
-    cluster::{ClusterStore, cache::Cache},
+    cluster::ClusterStore,
     metrics::{
         Metrics,
         bgp::{PeerLabel, PeerReasonLabel},
@@ -51,7 +51,7 @@ impl Reports {
         wanted: &NodeAdvertisements,
         held: &BTreeMap<String, String>,
         sessions: &BTreeMap<String, Session>,
-        peers: &Cache<BgpPeer>,
+        stored: &BTreeMap<String, BgpSessionStatus>,
     ) {
         let drops = sessions::md5_drops();
         let auth_failures = drops > self.md5_drops;
@@ -92,7 +92,7 @@ impl Reports {
             now.insert(name.clone(), status);
         }
         self.log_changes(&now);
-        self.write_changes(&now, peers).await;
+        self.write_changes(&now, stored).await;
         self.last = now;
         self.down = down_now;
     }
@@ -168,22 +168,15 @@ impl Reports {
         }
     }
 
-    /// This node's entry in each peer's status, written where the stored one differs.
+    /// This node's entry in each peer's status, written where the stored one (`stored`, by
+    /// peer) differs.
     async fn write_changes(
         &self,
         now: &BTreeMap<String, BgpSessionStatus>,
-        peers: &Cache<BgpPeer>,
+        stored: &BTreeMap<String, BgpSessionStatus>,
     ) {
         for (name, status) in now {
-            let stored = peers.get(name).and_then(|p| {
-                p.value
-                    .status
-                    .nodes
-                    .iter()
-                    .find(|n| n.node == self.node)
-                    .cloned()
-            });
-            if stored.as_ref() != Some(status)
+            if stored.get(name) != Some(status)
                 && let Err(e) = self.write_status(name, status).await
             {
                 tracing::warn!(

@@ -23,12 +23,7 @@ use ipam_core::{
 use ipam_kube::{KubeStore, pod_readiness};
 use tokio::{sync::watch, time::Instant};
 
-use super::{
-    ClusterStore,
-    cache::{Cache, watch_until_it_works},
-    events::Events,
-    operator::Leader,
-};
+use super::{ClusterStore, copies::Wake, events::Events, operator::Leader};
 
 /// Longest wait before a marking the API refused is tried again.
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -64,8 +59,8 @@ pub async fn run(
     let Some(kube) = store.kube().cloned() else {
         return;
     };
-    let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "dead nodes' reports").await;
-    let mut records = Cache::<NodeIpam>::new(&watch.initial);
+    let wake = Wake::default();
+    let records = store.follow::<NodeIpam>(&wake, "dead nodes' reports").await;
     let mut marking = Marking::new(
         settings.mark_pods_not_ready,
         RateLimit::new(settings.max_nodes_per_window, settings.rate_window()),
@@ -81,10 +76,17 @@ pub async fn run(
         // Reports read from a copy the watch may have left behind (one its reporter has
         // retracted since, say) mark nothing: the watch's next event, a fresh list after an
         // error, brings the decision back.
-        let again = if records.is_fresh() {
-            let confirmed = marking::confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
-            let leader = leader.borrow().clone();
-            let plan = marking.decide(&confirmed, &leader, Instant::now().into_std());
+        let plan = {
+            let at = store.moment().await;
+            let records = records.read(&at);
+            records.is_fresh().then(|| {
+                let confirmed =
+                    marking::confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
+                let leader = leader.borrow().clone();
+                marking.decide(&confirmed, &leader, Instant::now().into_std())
+            })
+        };
+        let again = if let Some(plan) = plan {
             applier.carry_out(plan, &mut marking).await
         } else {
             None
@@ -96,7 +98,7 @@ pub async fn run(
             }
         };
         tokio::select! {
-            event = watch.next() => records.apply(event),
+            () = wake.changed() => {}
             () = again => {}
             _ = stop.changed() => return,
         }

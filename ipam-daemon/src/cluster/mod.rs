@@ -4,6 +4,7 @@
 
 pub mod cache;
 pub mod changes;
+pub mod copies;
 pub mod dead_nodes;
 pub mod election;
 pub mod events;

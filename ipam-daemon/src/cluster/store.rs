@@ -1,27 +1,34 @@
 //! The store the daemon runs on (`ipam_store::AnyStore`, as the configuration names it), with
-//! one watch per kind shared by every clone (`shared_watch`).
+//! one watch per kind shared by every clone (`shared_watch`), and one typed copy per kind for
+//! the controllers that read it (`copies`).
 
 use std::sync::Arc;
 
 use ipam_config::StoreSettings;
-use ipam_core::store::{RawObject, Revision, Store, StoreError, Watch};
+use ipam_core::store::{RawObject, Resource, Revision, Store, StoreError, Watch};
 use ipam_kube::KubeStore;
 use ipam_store::{AnyStore, OpenStoreError};
 
-use super::shared_watch::SharedWatches;
+use super::{
+    copies::{Copies, Copy, Moment, Wake},
+    shared_watch::SharedWatches,
+};
 use crate::metrics::Observed;
 
-/// The store, cloned into every controller; its watches are shared among the clones.
+/// The store, cloned into every controller; its watches and copies are shared among the
+/// clones.
 #[derive(Clone)]
 pub struct ClusterStore {
     store: AnyStore,
     watches: Arc<SharedWatches>,
+    copies: Arc<Copies>,
 }
 
 impl From<AnyStore> for ClusterStore {
     fn from(store: AnyStore) -> Self {
         Self {
             watches: Arc::new(SharedWatches::new(store.describe())),
+            copies: Arc::default(),
             store,
         }
     }
@@ -39,6 +46,17 @@ impl ClusterStore {
     /// readiness while one has been in trouble too long (`shared_watch`).
     pub fn count_watches_in(&self, observed: &Observed) {
         self.watches.count_in(observed);
+    }
+
+    /// The process's copy of `T`'s kind, for a controller woken by `wake` when it changes
+    /// (`copies`); waits, retrying and saying so for `for_what`, until the store first lists it.
+    pub async fn follow<T: Resource + 'static>(&self, wake: &Wake, for_what: &str) -> Copy<T> {
+        self.copies.follow::<T, _>(self, wake, for_what).await
+    }
+
+    /// The copies as they are now: none changes until the moment is dropped (`copies`).
+    pub async fn moment(&self) -> Moment {
+        self.copies.moment().await
     }
 
     pub async fn open(settings: &StoreSettings) -> Result<Self, OpenStoreError> {

@@ -10,7 +10,7 @@
 //! link told) in one place and one order; it tells users (Events) and keeps the metrics.
 
 use std::{
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError, RwLockReadGuard},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -27,7 +27,6 @@ use ipam_core::{
         rows,
     },
     resources::NodeIpam,
-    store::Watch,
 };
 use tokio::sync::watch;
 
@@ -37,7 +36,8 @@ use super::announcements::{OwnedIps, ServiceAnswers};
 use crate::{
     cluster::{
         ClusterStore,
-        cache::{Cache, watch_until_it_works},
+        cache::Cache,
+        copies::{Copy, Moment, Wake},
         events::Events,
     },
     liveness::{Fence, LivePeers, peers::PeersSource},
@@ -71,26 +71,65 @@ pub struct Outputs {
     pub answers: watch::Sender<ServiceAnswers>,
 }
 
-/// The objects the decision is made from, kept current by their watches.
+/// The copies the decision is made from (`cluster::copies`: shared with the other
+/// controllers that read the same kinds), and what is derived from them.
 struct Seen {
-    services: Cache<Service>,
-    endpoints: Cache<ServiceEndpoints>,
+    services: Copy<Service>,
+    endpoints: Copy<ServiceEndpoints>,
     /// The nodes with a ready endpoint of each Service, from `endpoints`; rebuilt when they
     /// change, not on every decision (endpoints are the most numerous objects read).
     ready: ReadyNodes,
-    policies: Cache<L2AnnouncementPolicy>,
+    policies: Copy<L2AnnouncementPolicy>,
     /// The pools, for policies that choose IPs by pool (`ipPools`, `ipPoolSelector`), and for
     /// the external IPs they admit.
-    pools: Cache<LbIpPool>,
+    pools: Copy<LbIpPool>,
     /// The namespaces' labels, which pools admit external IPs by.
-    namespaces: Cache<Namespace>,
-    nodes: Cache<NodeIpam>,
+    namespaces: Copy<Namespace>,
+    nodes: Copy<NodeIpam>,
 }
 
 impl Seen {
-    fn endpoints_changed(&mut self) {
-        self.ready = rows::ready_nodes(self.endpoints.iter());
+    /// The copies of the kinds the decision reads, `wake` woken when any changes.
+    async fn follow(store: &ClusterStore, wake: &Wake) -> Self {
+        const FOR: &str = "service IPs";
+        let mut seen = Self {
+            services: store.follow(wake, FOR).await,
+            endpoints: store.follow(wake, FOR).await,
+            ready: ReadyNodes::new(),
+            policies: store.follow(wake, FOR).await,
+            pools: store.follow(wake, FOR).await,
+            namespaces: store.follow(wake, FOR).await,
+            nodes: store.follow(wake, FOR).await,
+        };
+        seen.ready_again(&store.moment().await);
+        seen
     }
+
+    fn ready_again(&mut self, at: &Moment) {
+        self.ready = rows::ready_nodes(self.endpoints.read(at).iter());
+    }
+
+    /// The copies at `at`, for one decision.
+    fn read<'a>(&'a self, at: &'a Moment) -> Read<'a> {
+        Read {
+            services: self.services.read(at),
+            policies: self.policies.read(at),
+            pools: self.pools.read(at),
+            namespaces: self.namespaces.read(at),
+            nodes: self.nodes.read(at),
+            ready: &self.ready,
+        }
+    }
+}
+
+/// What one decision reads: the copies at one moment.
+struct Read<'a> {
+    services: RwLockReadGuard<'a, Cache<Service>>,
+    policies: RwLockReadGuard<'a, Cache<L2AnnouncementPolicy>>,
+    pools: RwLockReadGuard<'a, Cache<LbIpPool>>,
+    namespaces: RwLockReadGuard<'a, Cache<Namespace>>,
+    nodes: RwLockReadGuard<'a, Cache<NodeIpam>>,
+    ready: &'a ReadyNodes,
 }
 
 impl NodeRecords for Cache<NodeIpam> {
@@ -115,9 +154,9 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         events,
         inherited,
     } = inputs;
-    let mut watches = Watches::open(&store).await;
+    let wake = Wake::default();
+    let mut seen = Seen::follow(&store, &wake).await;
     let mut peers = LivePeers::start(peers, &store, node.clone()).await;
-    let mut seen = watches.seen();
     if inherited.is_empty() {
         // Nothing taken up: what an agent before left on `lo` is not this one's, and goes
         // now rather than at a first decision that waits for the fence to open.
@@ -126,7 +165,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     let mut decider = Decider::new(
         &node,
         inherited,
-        &seen.nodes,
+        &*seen.nodes.read(&store.moment().await),
         Instant::now(),
         unix_ms(SystemTime::now()),
     );
@@ -148,23 +187,14 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         // meanwhile, and decides once one has passed.
         let time_matters = peers.decays() || decider.next_due().is_some();
         tokio::select! {
-            e = watches.services.next() => { seen.services.apply(e); pace.changed = true; continue; }
-            e = watches.endpoints.next() => {
-                seen.endpoints.apply(e);
-                seen.endpoints_changed();
-                pace.changed = true;
-                continue;
-            }
-            e = watches.policies.next() => { seen.policies.apply(e); pace.changed = true; continue; }
-            e = watches.pools.next() => { seen.pools.apply(e); pace.changed = true; continue; }
-            e = watches.namespaces.next() => {
-                seen.namespaces.apply(e);
-                pace.changed = true;
-                continue;
-            }
-            e = watches.nodes.next() => {
-                seen.nodes.apply(e);
-                decider.records_changed(&seen.nodes, Instant::now());
+            () = wake.changed() => {
+                let at = store.moment().await;
+                if seen.endpoints.changed() {
+                    seen.ready_again(&at);
+                }
+                if seen.nodes.changed() {
+                    decider.records_changed(&*seen.nodes.read(&at), Instant::now());
+                }
                 pace.changed = true;
                 continue;
             }
@@ -184,15 +214,20 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
             continue;
         }
-        let frozen = frozen.lock().unwrap_or_else(PoisonError::into_inner);
-        if *frozen {
-            continue;
-        }
-        let started = pace.deciding();
-        let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
-            .in_scope(|| decide(&mut decider, &seen, &mut peers, started));
-        applier.carry_out(plan);
-        drop(frozen);
+        let at = store.moment().await;
+        let started = {
+            let frozen = frozen.lock().unwrap_or_else(PoisonError::into_inner);
+            if *frozen {
+                continue;
+            }
+            let started = pace.deciding();
+            let copies = seen.read(&at);
+            let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
+                .in_scope(|| decide(&mut decider, &copies, &mut peers, started));
+            applier.carry_out(plan);
+            started
+        };
+        drop(at);
         let took = started.elapsed();
         pace.decided(took);
         applier
@@ -204,7 +239,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
 }
 
 /// One decision from the copies, at `now`.
-fn decide(decider: &mut Decider, seen: &Seen, peers: &mut LivePeers, now: Instant) -> Plan {
+fn decide(decider: &mut Decider, seen: &Read<'_>, peers: &mut LivePeers, now: Instant) -> Plan {
     let (policies, pools, services) = (
         rows::policies(seen.policies.iter()),
         rows::labelled_pools(seen.pools.iter()),
@@ -214,8 +249,8 @@ fn decide(decider: &mut Decider, seen: &Seen, peers: &mut LivePeers, now: Instan
         policies: &policies,
         pools: &pools,
         services: &services,
-        ready: &seen.ready,
-        records: &seen.nodes,
+        ready: seen.ready,
+        records: &*seen.nodes,
         records_fresh: seen.nodes.is_fresh(),
     };
     decider.decide(&view, &mut |node| peers.is_live(node, now), now)
@@ -267,45 +302,6 @@ impl Applier {
         }
         self.metrics.service_ip_takeovers.inc_by(taken.len() as u64);
         tell_users(&self.events, &self.node, taken);
-    }
-}
-
-/// The store watches the controller follows, one per kind it reads.
-struct Watches {
-    services: Watch,
-    endpoints: Watch,
-    policies: Watch,
-    pools: Watch,
-    namespaces: Watch,
-    nodes: Watch,
-}
-
-impl Watches {
-    async fn open(store: &ClusterStore) -> Self {
-        const FOR: &str = "service IPs";
-        Self {
-            services: watch_until_it_works::<Service, _>(store, FOR).await,
-            endpoints: watch_until_it_works::<ServiceEndpoints, _>(store, FOR).await,
-            policies: watch_until_it_works::<L2AnnouncementPolicy, _>(store, FOR).await,
-            pools: watch_until_it_works::<LbIpPool, _>(store, FOR).await,
-            namespaces: watch_until_it_works::<Namespace, _>(store, FOR).await,
-            nodes: watch_until_it_works::<NodeIpam, _>(store, FOR).await,
-        }
-    }
-
-    /// The copies, as the watches first listed them.
-    fn seen(&self) -> Seen {
-        let mut seen = Seen {
-            services: Cache::new(&self.services.initial),
-            endpoints: Cache::new(&self.endpoints.initial),
-            ready: ReadyNodes::new(),
-            policies: Cache::new(&self.policies.initial),
-            pools: Cache::new(&self.pools.initial),
-            namespaces: Cache::new(&self.namespaces.initial),
-            nodes: Cache::new(&self.nodes.initial),
-        };
-        seen.endpoints_changed();
-        seen
     }
 }
 

@@ -75,13 +75,18 @@ pub const LEASE_LAPSED: &str = "LeaseLapsed";
 pub const PODS_MARKED_NOT_READY: &str = "PodsMarkedNotReady";
 
 /// A node as the cluster itself knows it, apart from this project: on Kubernetes the core/v1
-/// Node (read only; the engine reads only that it exists). The operator keeps a node's blocks
-/// while its Node exists, however long its lease has lapsed: a node that lost power or
-/// reboots keeps its pods' blocks until it is deleted, as Kubernetes keeps a Node's podCIDRs
-/// (and Cilium a CiliumNode's). The other stores have no such objects: there a node loses its
-/// blocks after the grace period.
+/// Node (read only). The operator keeps a node's blocks while its Node exists, however long its
+/// lease has lapsed: a node that lost power or reboots keeps its pods' blocks until it is
+/// deleted, as Kubernetes keeps a Node's podCIDRs (and Cilium a CiliumNode's). The other stores
+/// have no such objects: there a node loses its blocks after the grace period.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClusterNode {}
+pub struct ClusterNode {
+    /// The Node's `spec.podCIDRs`: set by the controller manager (the kubernetes IPAM mode's
+    /// blocks), and which the API server lets no update change once set, so a node's own
+    /// credentials (its kubelet's, its agent's) cannot move them.
+    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    pub pod_cidrs: Vec<Cidr>,
+}
 
 impl Resource for ClusterNode {
     const KIND: &'static str = "Node";
@@ -97,19 +102,33 @@ impl NodeIpam {
     }
 
     /// The node's pod blocks, where other nodes route its pods' traffic: those the operator gave
-    /// it from the pools (its status, which only the operator writes), and, with
-    /// `node_pod_cidrs` (the kubernetes IPAM mode), its Node's podCIDRs as its agent copies them
-    /// into its spec. In every other mode a record's `spec.podCIDRs` is its agent's word alone,
-    /// for no one to route: a compromised node could otherwise draw any prefix's traffic
+    /// it from the pools (its status, which only the operator writes), and, in the kubernetes
+    /// IPAM mode, its Node's podCIDRs (`node`: the controller manager's word). A record's
+    /// `spec.podCIDRs` is its agent's word alone (a copy of its Node's, in that mode) and is
+    /// routed by no one: a compromised node could otherwise draw any prefix's traffic
     /// (docs/security.md).
-    pub fn pod_blocks(&self, node_pod_cidrs: bool) -> impl Iterator<Item = Cidr> + '_ {
-        self.status.allocated.iter().map(|b| b.cidr).chain(
-            self.spec
-                .pod_cidrs
-                .iter()
-                .copied()
-                .filter(move |_| node_pod_cidrs),
-        )
+    pub fn pod_blocks<'a>(
+        &'a self,
+        node: Option<&'a ClusterNode>,
+    ) -> impl Iterator<Item = Cidr> + 'a {
+        self.status
+            .allocated
+            .iter()
+            .map(|b| b.cidr)
+            .chain(node.into_iter().flat_map(|n| n.pod_cidrs.iter().copied()))
+    }
+
+    /// The podCIDRs this record's agent claims that its Node does not have: a copy gone
+    /// stale for a moment, or a node that lies.
+    pub fn pod_cidrs_beyond<'a>(
+        &'a self,
+        node: &'a ClusterNode,
+    ) -> impl Iterator<Item = Cidr> + 'a {
+        self.spec
+            .pod_cidrs
+            .iter()
+            .copied()
+            .filter(|c| !node.pod_cidrs.contains(c))
     }
 }
 

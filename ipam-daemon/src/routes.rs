@@ -20,31 +20,36 @@ use std::{
     time::Duration,
 };
 
-use ipam_core::{Cidr, Family, pod::pool::IpamMode, resources::NodeIpam};
+use ipam_core::{
+    Cidr, Family,
+    pod::pool::IpamMode,
+    resources::{ClusterNode, NodeIpam},
+};
 use ipam_datapath::{Datapath, RouteTarget};
 use ipam_netlink::iface;
 
-use crate::cluster::{
-    ClusterStore,
-    cache::{Cache, watch_until_it_works},
+use crate::{
+    cluster::{ClusterStore, copies::Wake},
+    metrics::{FieldLabel, Metrics},
 };
 
 /// How often the map is checked against the records even without changes (an uplink that
 /// appeared late, a map entry removed by hand).
 const RECHECK: Duration = Duration::from_secs(5);
 
-/// The routes this node wants: every block of every other node (as the cluster vouches for
-/// it in IPAM mode `mode`: `NodeIpam::pod_blocks`) that published an address of the block's
-/// family, through `uplink_ifindex`.
+/// The routes this node wants: every block of every other node that published an address of
+/// the block's family, through `uplink_ifindex`. A node's blocks are those the cluster vouches
+/// for (`NodeIpam::pod_blocks`): the operator's, and in the kubernetes IPAM mode its Node's
+/// podCIDRs (`nodes`, the Node objects by name, given only in that mode).
 pub fn desired_routes(
     this_node: &str,
-    mode: IpamMode,
     records: &BTreeMap<String, NodeIpam>,
+    nodes: Option<&BTreeMap<String, ClusterNode>>,
     uplink_ifindex: u32,
 ) -> BTreeMap<Cidr, RouteTarget> {
     let mut out = BTreeMap::new();
     for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
-        for cidr in record.pod_blocks(mode == IpamMode::Kubernetes) {
+        for cidr in record.pod_blocks(nodes.and_then(|n| n.get(node))) {
             let Some(next_hop) = record
                 .spec
                 .addresses
@@ -67,52 +72,133 @@ pub fn desired_routes(
     out
 }
 
-/// Follows every node's record and keeps the route map in line, for the life of the daemon.
+/// The podCIDRs each node's record claims beyond what its Node has (the kubernetes IPAM mode),
+/// by node: routed by no one.
+pub fn refused_claims(
+    records: &BTreeMap<String, NodeIpam>,
+    nodes: &BTreeMap<String, ClusterNode>,
+) -> BTreeMap<String, Vec<Cidr>> {
+    let none = ClusterNode::default();
+    records
+        .iter()
+        .filter_map(|(name, record)| {
+            let beyond: Vec<Cidr> = record
+                .pod_cidrs_beyond(nodes.get(name).unwrap_or(&none))
+                .collect();
+            (!beyond.is_empty()).then(|| (name.clone(), beyond))
+        })
+        .collect()
+}
+
+/// Follows every node's record (and in the kubernetes IPAM mode every Node) and keeps the
+/// route map in line, for the life of the daemon.
 pub async fn run(
     store: ClusterStore,
     node: String,
     mode: IpamMode,
     uplink: String,
     datapath: Arc<Mutex<Datapath>>,
+    metrics: Arc<Metrics>,
 ) {
-    let mut watch = watch_until_it_works::<NodeIpam, _>(&store, "pod routes").await;
-    let mut records: Cache<NodeIpam> = Cache::new(&watch.initial);
+    let wake = Wake::default();
+    let records = store.follow::<NodeIpam>(&wake, "pod routes").await;
+    let vouched = match mode {
+        IpamMode::Kubernetes => Some(store.follow::<ClusterNode>(&wake, "pod routes").await),
+        _ => None,
+    };
+    let mut refused = Refused::new(metrics);
     let mut programmed: BTreeMap<Cidr, RouteTarget> = BTreeMap::new();
     // Read from the table on the first pass: a restarted daemon finds its earlier routes.
     let mut in_kernel: Option<BTreeMap<Cidr, RouteTarget>> = None;
     let mut recheck = tokio::time::interval(RECHECK);
     loop {
-        let current: BTreeMap<String, NodeIpam> = records
-            .iter()
-            .map(|r| (r.name.clone(), r.value.clone()))
-            .collect();
+        let (current, nodes) = {
+            let at = store.moment().await;
+            let current: BTreeMap<String, NodeIpam> = records
+                .read(&at)
+                .iter()
+                .map(|r| (r.name.clone(), r.value.clone()))
+                .collect();
+            let nodes: Option<BTreeMap<String, ClusterNode>> = vouched.as_ref().map(|n| {
+                n.read(&at)
+                    .iter()
+                    .map(|r| (r.name.clone(), r.value.clone()))
+                    .collect()
+            });
+            (current, nodes)
+        };
+        if let Some(nodes) = &nodes {
+            refused.follow(refused_claims(&current, nodes));
+        }
         tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len()).in_scope(
             || {
-                program(
-                    &node,
-                    mode,
-                    &uplink,
-                    &current,
-                    &mut programmed,
-                    &mut in_kernel,
-                    &datapath,
-                );
+                let want = |uplink_ifindex| {
+                    desired_routes(&node, &current, nodes.as_ref(), uplink_ifindex)
+                };
+                program(&uplink, want, &mut programmed, &mut in_kernel, &datapath);
             },
         );
         tokio::select! {
-            event = watch.next() => records.apply(event),
+            () = wake.changed() => {}
             _ = recheck.tick() => {}
         }
+    }
+}
+
+/// The records' claims refused, as last said: each change is logged once, and the metric
+/// counts the nodes that make one.
+struct Refused {
+    said: BTreeMap<String, Vec<Cidr>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Refused {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            said: BTreeMap::new(),
+            metrics,
+        }
+    }
+
+    fn follow(&mut self, now: BTreeMap<String, Vec<Cidr>>) {
+        if now == self.said {
+            return;
+        }
+        for (node, beyond) in &now {
+            if self.said.get(node) != Some(beyond) {
+                let claimed: Vec<String> = beyond.iter().map(ToString::to_string).collect();
+                tracing::warn!(
+                    peer = node.as_str(),
+                    refused = ?claimed,
+                    "node {node}'s record claims podCIDRs its Node does not have ({}): not \
+                     routed. Only the Node's podCIDRs (set by the controller manager) are; \
+                     if the record is not a copy a moment behind, node {node}'s agent writes \
+                     what it was not given: check that node",
+                    claimed.join(", ")
+                );
+            }
+        }
+        for node in self.said.keys().filter(|n| !now.contains_key(*n)) {
+            tracing::info!(
+                peer = node.as_str(),
+                "node {node}'s record claims no podCIDRs beyond its Node's any more"
+            );
+        }
+        self.metrics
+            .record_claims_refused
+            .get_or_create(&FieldLabel {
+                field: "podCIDRs".into(),
+            })
+            .set(now.len() as i64);
+        self.said = now;
     }
 }
 
 /// Brings the route map and the host's table in line with the records: adds, changes and
 /// removes by difference.
 fn program(
-    node: &str,
-    mode: IpamMode,
     uplink: &str,
-    records: &BTreeMap<String, NodeIpam>,
+    want: impl FnOnce(u32) -> BTreeMap<Cidr, RouteTarget>,
     programmed: &mut BTreeMap<Cidr, RouteTarget>,
     in_kernel: &mut Option<BTreeMap<Cidr, RouteTarget>>,
     datapath: &Mutex<Datapath>,
@@ -121,7 +207,7 @@ fn program(
         // Logged by the host network's own checks; routes follow once the uplink exists.
         return;
     };
-    let want = desired_routes(node, mode, records, uplink_ifindex);
+    let want = want(uplink_ifindex);
     program_kernel(&want, in_kernel);
     if &want == programmed {
         return;
@@ -325,7 +411,7 @@ mod tests {
             ),
         ]
         .into();
-        let routes = desired_routes("a", IpamMode::ClusterPool, &records, 7);
+        let routes = desired_routes("a", &records, None, 7);
         let shown: Vec<String> = routes
             .iter()
             .map(|(c, t)| format!("{c} via {} dev {}", t.next_hop, t.uplink_ifindex))
@@ -340,12 +426,13 @@ mod tests {
         );
     }
 
-    /// A record's `spec.podCIDRs` (its agent's own word) is routed only in the kubernetes IPAM
-    /// mode, where the agent copies them from its Node; in the pool modes only the blocks the
-    /// operator wrote in the status are. A compromised node listing another node's block, or
-    /// `0.0.0.0/1`, in its spec draws no traffic (issue 58).
+    /// A record's `spec.podCIDRs` (its agent's own word) is routed by no one: in the pool modes
+    /// only the blocks the operator wrote in the status are, and in the kubernetes IPAM mode
+    /// the Node's podCIDRs (the controller manager's word, which no node's credentials can
+    /// change). A compromised node listing another node's block, or `0.0.0.0/1`, in its spec
+    /// draws no traffic, and is named (issue 58).
     #[test]
-    fn only_the_operator_s_blocks_are_routed_outside_the_kubernetes_mode() {
+    fn only_what_the_cluster_vouches_for_is_routed() {
         let mut liar = record(&["192.168.50.9"], &["10.244.9.0/24"]);
         liar.spec.pod_cidrs = vec![
             "10.244.1.0/25".parse().unwrap(),
@@ -360,17 +447,53 @@ mod tests {
                 "b".to_owned(),
                 record(&["192.168.50.2"], &["10.244.1.0/24"]),
             ),
-            ("m".to_owned(), liar),
+            ("m".to_owned(), liar.clone()),
         ]
         .into();
-        for mode in [IpamMode::ClusterPool, IpamMode::MultiPool] {
-            let routed: Vec<String> = desired_routes("a", mode, &records, 7)
+        let routed = |nodes: Option<&BTreeMap<String, ClusterNode>>| -> Vec<String> {
+            desired_routes("a", &records, nodes, 7)
                 .keys()
                 .map(ToString::to_string)
-                .collect();
-            assert_eq!(routed, ["10.244.1.0/24", "10.244.9.0/24"], "{mode:?}");
+                .collect()
+        };
+        assert_eq!(routed(None), ["10.244.1.0/24", "10.244.9.0/24"]);
+
+        // The kubernetes mode: m's Node has 10.245.9.0/24, its record's spec claims more.
+        let node = |cidrs: &[&str]| ClusterNode {
+            pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        };
+        let mut records = records;
+        for r in records.values_mut() {
+            r.status.allocated.clear();
         }
-        // In the kubernetes mode the spec's podCIDRs are still taken as the agent copied them;
-        // checking them against the Node objects (the controller manager's word) is open.
+        records.get_mut("b").unwrap().spec.pod_cidrs = vec!["10.245.1.0/24".parse().unwrap()];
+        records
+            .get_mut("m")
+            .unwrap()
+            .spec
+            .pod_cidrs
+            .push("10.245.9.0/24".parse().unwrap());
+        let nodes: BTreeMap<String, ClusterNode> = [
+            ("a".to_owned(), node(&["10.245.0.0/24"])),
+            ("b".to_owned(), node(&["10.245.1.0/24"])),
+            ("m".to_owned(), node(&["10.245.9.0/24"])),
+        ]
+        .into();
+        let routed: Vec<String> = desired_routes("a", &records, Some(&nodes), 7)
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(routed, ["10.245.1.0/24", "10.245.9.0/24"]);
+        let refused = refused_claims(&records, &nodes);
+        assert_eq!(
+            refused
+                .iter()
+                .map(|(n, c)| {
+                    let c: Vec<String> = c.iter().map(ToString::to_string).collect();
+                    format!("{n}: {}", c.join(", "))
+                })
+                .collect::<Vec<_>>(),
+            ["m: 10.244.1.0/25, 0.0.0.0/1"]
+        );
     }
 }

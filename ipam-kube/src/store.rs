@@ -424,7 +424,12 @@ impl KubeStore {
             Mapping::Namespace => {
                 json!({ "labels": object.metadata.labels.clone().unwrap_or_default() })
             }
-            Mapping::Node => json!({}),
+            // Its podCIDRs, the kubernetes IPAM mode's blocks, as the controller manager set
+            // them (routes in that mode come from here, not from the agents' records).
+            Mapping::Node => match object.data["spec"].get("podCIDRs") {
+                Some(cidrs @ Value::Array(_)) => json!({ "podCIDRs": cidrs }),
+                _ => json!({}),
+            },
             Mapping::EndpointSlice => {
                 let mut data = object.data.clone();
                 data["metadata"] = serde_json::to_value(&object.metadata).ok()?;

@@ -742,7 +742,10 @@ fn first_address(response: &Response) -> Option<String> {
 }
 
 /// In the `kubernetes` IPAM mode the agent takes its labels, address and blocks from its Node,
-/// creates its NodeIPAM and its liveness Lease, and serves pods from the Node's podCIDRs.
+/// creates its NodeIPAM and its liveness Lease, and serves pods from the Node's podCIDRs. It
+/// routes to another node's pods by that node's Node, not by what its record claims: a
+/// compromised kn-2 listing kn-1's block and `0.0.0.0/1` in its record draws none of that
+/// traffic, and is named (issue 58).
 async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
     let api = start_api("agent_takes_its_node_from_the_kubernetes_api").await;
     // The Node as the control plane made it.
@@ -758,11 +761,38 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
         .create(&kube::api::PostParams::default(), &kube_node)
         .await
         .expect("create the Node");
+    // A second node, whose agent (compromised) claims more than its Node's podCIDRs: kn-1's
+    // block in part, and half the Internet.
+    let other: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": "kn-2" },
+        "spec": { "podCIDRs": ["10.245.5.0/24"] },
+        "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.32" }] },
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &other)
+        .await
+        .expect("create the second Node");
+    let store = KubeStore::new(api.client().await, "ipam-system");
+    let mut liar = NodeIpam::default();
+    liar.spec.addresses = vec!["192.0.2.32".parse().unwrap()];
+    liar.spec.pod_cidrs = ["10.245.5.0/24", "10.245.3.0/25", "0.0.0.0/1"]
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect();
+    store
+        .create_typed("kn-2", &liar)
+        .await
+        .expect("write kn-2's record as its agent would");
     let node = AgentNode::new(&api, "kag", "kn-1").await;
-    let config = node.config("mode = \"kubernetes\"\nnode_name = \"kn-1\"");
+    // Its uplink towards kn-2, where pod routes go.
+    let segment = ipam_tests::netns::Netns::new("kagup");
+    ipam_tests::netns::veth(&node.ns, "up0", &segment, "up1");
+    node.ns.add_address("up0", "192.0.2.31/24");
+    let config = node.config("mode = \"kubernetes\"\nnode_name = \"kn-1\"\nuplinks = [\"up0\"]");
     let agent = node.start(&config);
     let log = || agent.log_text();
-    let store = KubeStore::new(api.client().await, "ipam-system");
 
     // Its record carries the Node's podCIDRs, labels and address.
     let record = wait_for(
@@ -780,6 +810,33 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
         "z1"
     );
     assert_eq!(record.value.spec.addresses[0].to_string(), "192.0.2.31");
+    // kn-2's pods are routed by its Node's podCIDRs alone.
+    let routed = || -> Vec<String> {
+        node.ns
+            .routes(false)
+            .iter()
+            .filter(|r| r.gateway.is_some())
+            .map(|r| {
+                let via = r.gateway.map(|g| g.to_string()).unwrap_or_default();
+                format!("{}/{} via {via}", r.destination, r.prefix_len)
+            })
+            .collect()
+    };
+    wait_for(
+        "kn-1's route to kn-2's pods, and kn-2's record named",
+        async || {
+            (routed().contains(&"10.245.5.0/24 via 192.0.2.32".to_owned())
+                && log().contains("node kn-2's record claims podCIDRs its Node does not have"))
+            .then_some(())
+        },
+        log,
+    )
+    .await;
+    assert_eq!(
+        routed(),
+        ["10.245.5.0/24 via 192.0.2.32"],
+        "only the Node's podCIDRs are routed, not what kn-2's record claims"
+    );
     // The admission policy keeps an agent to its own node's objects: kn-1's agent may not write
     // another node's record. Only a real API server runs admission; the stand-in does none
     // (tests/tests/admission.rs evaluates the policy's CEL offline for both).

@@ -672,6 +672,7 @@ async fn start_pod_ipam(
             settings.mode,
             uplink.clone(),
             datapath.clone(),
+            observed.metrics.clone(),
         ));
     }
     Ok(tx)

@@ -22,7 +22,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ipam_core::{Cidr, pod::pool::IpamMode, resources::NodeIpam, store::TypedStore as _};
+use ipam_core::{
+    Cidr,
+    pod::pool::IpamMode,
+    resources::{ClusterNode, NodeIpam},
+    store::TypedStore as _,
+};
 use ipam_netlink::{Netlink, conntrack::Conntrack};
 use tokio::sync::watch;
 
@@ -146,11 +151,19 @@ async fn follow(
         if held.contains_key(&dead) {
             continue;
         }
+        // In the kubernetes IPAM mode its blocks are its Node's podCIDRs (the record's copy
+        // of them is its agent's word alone).
+        let vouched = match mode {
+            Some(IpamMode::Kubernetes) => store
+                .get_typed::<ClusterNode>(&dead)
+                .await
+                .ok()
+                .flatten()
+                .map(|n| n.value),
+            _ => None,
+        };
         let blocks = match store.get_typed::<NodeIpam>(&dead).await {
-            Ok(Some(record)) => record
-                .value
-                .pod_blocks(mode == Some(IpamMode::Kubernetes))
-                .collect(),
+            Ok(Some(record)) => record.value.pod_blocks(vouched.as_ref()).collect(),
             Ok(None) => Vec::new(),
             Err(e) => {
                 tracing::warn!(

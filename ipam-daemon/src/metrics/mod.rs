@@ -71,6 +71,11 @@ pub struct FromLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FieldLabel {
+    pub field: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InterfaceLabel {
     pub interface: String,
 }
@@ -95,6 +100,8 @@ pub struct Metrics {
     pub service_ip_decision_seconds: Histogram,
     pub service_ips_taken: Family<FromLabel, Counter>,
     pub interfaces_down: Family<InterfaceLabel, Gauge>,
+    /// Nodes whose record claims what the cluster does not vouch for, by field (refused).
+    pub record_claims_refused: Family<FieldLabel, Gauge>,
     pub dead_node_connections_deleted: Counter,
     pub store_errors: Family<KindLabel, Counter>,
     pub store_watches: Family<KindLabel, Gauge>,
@@ -143,6 +150,7 @@ impl Metrics {
             ),
             service_ips_taken: Family::default(),
             interfaces_down: Family::default(),
+            record_claims_refused: Family::default(),
             dead_node_connections_deleted: Counter::default(),
             store_errors: Family::default(),
             store_watches: Family::default(),
@@ -253,6 +261,11 @@ impl Metrics {
             "interface_down",
             "1 while an interface this node announced Service IPs from is down, has no carrier, no address or is gone (its IPs answered by other nodes); 0 once it can announce again",
             self.interfaces_down.clone(),
+        );
+        registry.register(
+            "node_record_claims_refused",
+            "Nodes whose record (their agent's word) claims what the cluster does not vouch for, by field: podCIDRs its Node does not have, in the kubernetes IPAM mode; not routed",
+            self.record_claims_refused.clone(),
         );
         registry.register(
             "dead_node_connections_deleted",

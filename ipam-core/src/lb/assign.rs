@@ -232,18 +232,14 @@ fn namespaces_disagree(
     b: &str,
     b_spec: &ServiceSpec,
 ) -> Option<String> {
-    use super::resources::namespace_of;
-    let (a_ns, b_ns) = (namespace_of(a), namespace_of(b));
-    let allows = |spec: &ServiceSpec, ns: &str| {
-        spec.sharing_cross_namespace
-            .iter()
-            .any(|n| n == "*" || n == ns)
-    };
-    (a_ns != b_ns && !(allows(a_spec, b_ns) && allows(b_spec, a_ns))).then(|| {
+    use super::resources::{may_share, namespace_of};
+    (!may_share(a, a_spec, b, b_spec)).then(|| {
         format!(
-            "the two are in namespaces {a_ns} and {b_ns}, and Services of different namespaces \
-             share only when each allows the other's: list the other's namespace (or *) in the \
-             annotation ipam-ebpf.io/sharing-cross-namespace of both"
+            "the two are in namespaces {} and {}, and Services of different namespaces share \
+             only when each allows the other's: list the other's namespace (or *) in the \
+             annotation ipam-ebpf.io/sharing-cross-namespace of both",
+            namespace_of(a),
+            namespace_of(b)
         )
     })
 }

@@ -22,7 +22,7 @@ use std::{
     net::IpAddr,
 };
 
-use super::resources::{LbIpPool, ServiceSpec, ServiceStatus, namespace_of};
+use super::resources::{LbIpPool, ServiceSpec, ServiceStatus, may_share, namespace_of};
 use crate::resources::NodeIpam;
 
 /// How many refusals, and how many other Services, a message names: a condition's message
@@ -182,18 +182,6 @@ pub fn judge(
         refusals.sort_by_key(|(ip, _)| *ip);
     }
     judged
-}
-
-/// Whether two Services may hold one address: of one namespace, or each allowing the other's
-/// (`sharingCrossNamespace`, as LB-IPAM shares an IP: `assign::namespaces_disagree`).
-fn may_share(a: &str, a_spec: &ServiceSpec, b: &str, b_spec: &ServiceSpec) -> bool {
-    let (a_ns, b_ns) = (namespace_of(a), namespace_of(b));
-    let allows = |spec: &ServiceSpec, ns: &str| {
-        spec.sharing_cross_namespace
-            .iter()
-            .any(|n| n == "*" || n == ns)
-    };
-    a_ns == b_ns || (allows(a_spec, b_ns) && allows(b_spec, a_ns))
 }
 
 /// Why no pool lets `service` have `ip`, if none does.

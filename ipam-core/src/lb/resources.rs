@@ -149,6 +149,20 @@ pub fn namespace_of(service: &str) -> &str {
         .map_or("default", |(namespace, _)| namespace)
 }
 
+/// Whether Services `a` and `b` (`namespace/name`) may hold one address: of one namespace, or
+/// each allowing the other's (`sharingCrossNamespace`). A sharing key is easy to guess, and an
+/// IP shared with a stranger's Service sends it traffic meant for ours. LB-IPAM shares by it,
+/// and the external IPs contest by it.
+pub fn may_share(a: &str, a_spec: &ServiceSpec, b: &str, b_spec: &ServiceSpec) -> bool {
+    let (a_ns, b_ns) = (namespace_of(a), namespace_of(b));
+    let allows = |spec: &ServiceSpec, ns: &str| {
+        spec.sharing_cross_namespace
+            .iter()
+            .any(|n| n == "*" || n == ns)
+    };
+    a_ns == b_ns || (allows(a_spec, b_ns) && allows(b_spec, a_ns))
+}
+
 fn is_true(b: &bool) -> bool {
     *b
 }

@@ -42,7 +42,7 @@ use crate::{
         copies::{Copy, Moment, Wake},
     },
     metrics::{Health, Metrics},
-    net::local_address::{Holder, LocalAddresses},
+    net::local_address::{HeldBy, Holder, LocalAddresses},
 };
 
 /// Changes are gathered this long before BIRD is reconfigured: a burst of Service writes
@@ -222,7 +222,7 @@ struct Announcer {
     /// `[bgp] router_id`, else the node's first configured IPv4 address.
     configured_id: Option<Ipv4Addr>,
     speaker: Speaker,
-    addresses: OnLo,
+    addresses: HeldBy,
     reports: Reports,
     passwords: Passwords,
     /// The peers held back for want of their password, with why.
@@ -244,7 +244,7 @@ impl Announcer {
         Self {
             configured_id: settings.router_id.or_else(|| first_v4(&addresses)),
             speaker: Speaker::new(settings.clone(), node.clone(), metrics.clone()),
-            addresses: OnLo::new(local_addresses),
+            addresses: HeldBy::new(local_addresses, Holder::Bgp),
             reports: Reports::new(node.clone(), store.clone(), metrics),
             passwords: Passwords::new(&settings.secret_namespace),
             held: BTreeMap::new(),
@@ -264,14 +264,14 @@ impl Announcer {
         // New addresses on `lo` before BIRD hears of their routes (a router may send traffic
         // the moment a route reaches it); old ones off only once BIRD has withdrawn theirs.
         let ips = wanted.ips();
-        self.addresses.add_new(&ips).await;
+        self.addresses.take(&ips).await;
         // The router ID: configured, else the node's first IPv4 address (its record has the
         // Node's on Kubernetes), else BIRD's choice.
         let router_id = self.configured_id.or_else(|| first_v4(&record));
         match self.speaker.apply(wanted, router_id).await {
             Ok(()) => {
-                self.addresses.remove_others(&ips);
-                self.addresses.addresses.decided(Holder::Bgp);
+                self.addresses.keep_only(&ips);
+                self.addresses.decided();
                 self.health.set("bgp", Ok(()));
                 None
             }
@@ -305,7 +305,7 @@ impl Announcer {
     async fn stop(&mut self, on_stop: OnStop) {
         self.speaker.stop(on_stop).await;
         if on_stop != OnStop::Restart {
-            self.addresses.remove_others(&BTreeSet::new());
+            self.addresses.keep_only(&BTreeSet::new());
         }
     }
 }
@@ -408,42 +408,5 @@ impl Speaker {
             OnStop::Leave | OnStop::Auto => bird.stop().await,
             OnStop::Restart => bird.stop_for_restart().await,
         }
-    }
-}
-
-/// The advertised IPs on `lo`, so the node accepts the traffic routers send it.
-struct OnLo {
-    addresses: LocalAddresses,
-    present: BTreeSet<IpAddr>,
-}
-
-impl OnLo {
-    fn new(addresses: LocalAddresses) -> Self {
-        Self {
-            addresses,
-            present: BTreeSet::new(),
-        }
-    }
-
-    /// Puts the IPs of `wanted` not yet there on `lo`, and returns once they are.
-    async fn add_new(&mut self, wanted: &BTreeSet<IpAddr>) {
-        let new: Vec<IpAddr> = wanted.difference(&self.present).copied().collect();
-        if new.is_empty() {
-            return;
-        }
-        for ip in new {
-            // No interface to keep ARP from: the routers reach the IP by its route.
-            self.addresses.add(Holder::Bgp, ip);
-            self.present.insert(ip);
-        }
-        self.addresses.applied().await;
-    }
-
-    /// Takes the IPs not in `wanted` off `lo` (their routes are gone).
-    fn remove_others(&mut self, wanted: &BTreeSet<IpAddr>) {
-        for ip in self.present.difference(wanted) {
-            self.addresses.remove(Holder::Bgp, *ip);
-        }
-        self.present.retain(|ip| wanted.contains(ip));
     }
 }

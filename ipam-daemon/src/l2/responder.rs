@@ -26,7 +26,7 @@ use super::{
     gratuitous::Repeats,
     multicast::SolicitedNodeGroups,
 };
-use crate::net::local_address::{Holder, LocalAddresses};
+use crate::net::local_address::{HeldBy, Holder, LocalAddresses};
 
 /// Longest wait between two attempts at an interface that is not there yet.
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -53,7 +53,7 @@ pub async fn run(
         local_addresses,
     } = wanted;
     let mut services = Some(services);
-    let mut lo = OnLo::new(local_addresses);
+    let mut lo = HeldBy::new(local_addresses, Holder::L2);
     let mut retry = Backoff::new(RETRY_CAP);
     let mut repeats = Repeats::default();
     let mut groups = SolicitedNodeGroups::default();
@@ -105,7 +105,7 @@ pub async fn run(
         }
         log_report(&report);
         // No longer answered here: their traffic may go (lingering IPs stay accepted).
-        lo.let_go(&service.answers.accepting);
+        lo.keep_only(&service.answers.accepting);
         if service.decided {
             lo.decided();
         }
@@ -137,48 +137,6 @@ pub async fn run(
                 () = sleep_until(repeats.next_due()) => repeats.send_due(),
             }
         }
-    }
-}
-
-/// The Service IPs this applier holds on `lo` (`Holder::L2`).
-struct OnLo {
-    addresses: LocalAddresses,
-    held: BTreeSet<IpAddr>,
-}
-
-impl OnLo {
-    fn new(addresses: LocalAddresses) -> Self {
-        Self {
-            addresses,
-            held: BTreeSet::new(),
-        }
-    }
-
-    /// Puts on `lo` those of `accepting` not there yet, and waits until they are.
-    async fn take(&mut self, accepting: &BTreeSet<IpAddr>) {
-        let mut added = false;
-        for &ip in accepting.difference(&self.held) {
-            self.addresses.add(Holder::L2, ip);
-            added = true;
-        }
-        if added {
-            self.held.extend(accepting.iter().copied());
-            self.addresses.applied().await;
-        }
-    }
-
-    /// Takes off `lo` the IPs held that `accepting` no longer has.
-    fn let_go(&mut self, accepting: &BTreeSet<IpAddr>) {
-        for &ip in self.held.difference(accepting) {
-            self.addresses.remove(Holder::L2, ip);
-        }
-        self.held.retain(|ip| accepting.contains(ip));
-    }
-
-    /// The owners controller has decided: what an agent before left on `lo` and nobody holds
-    /// may go (later calls change nothing).
-    fn decided(&self) {
-        self.addresses.decided(Holder::L2);
     }
 }
 

@@ -208,6 +208,50 @@ impl LocalAddresses {
     }
 }
 
+/// One announcer's share of the set: the IPs it holds, brought in line with what it wants.
+pub struct HeldBy {
+    addresses: LocalAddresses,
+    holder: Holder,
+    held: BTreeSet<IpAddr>,
+}
+
+impl HeldBy {
+    pub fn new(addresses: LocalAddresses, holder: Holder) -> Self {
+        Self {
+            addresses,
+            holder,
+            held: BTreeSet::new(),
+        }
+    }
+
+    /// Puts on `lo` those of `wanted` not held yet, and returns once they are there.
+    pub async fn take(&mut self, wanted: &BTreeSet<IpAddr>) {
+        let new: Vec<IpAddr> = wanted.difference(&self.held).copied().collect();
+        if new.is_empty() {
+            return;
+        }
+        for ip in new {
+            self.addresses.add(self.holder, ip);
+            self.held.insert(ip);
+        }
+        self.addresses.applied().await;
+    }
+
+    /// Lets go of the IPs held that `wanted` does not have (off `lo` unless the other
+    /// announcer holds them).
+    pub fn keep_only(&mut self, wanted: &BTreeSet<IpAddr>) {
+        for ip in self.held.difference(wanted) {
+            self.addresses.remove(self.holder, *ip);
+        }
+        self.held.retain(|ip| wanted.contains(ip));
+    }
+
+    /// This announcer has made its first decision (`LocalAddresses::decided`).
+    pub fn decided(&self) {
+        self.addresses.decided(self.holder);
+    }
+}
+
 /// Who holds each IP.
 #[derive(Debug, Default)]
 struct Holders(BTreeMap<IpAddr, BTreeSet<Holder>>);

@@ -81,11 +81,43 @@ pub const PODS_MARKED_NOT_READY: &str = "PodsMarkedNotReady";
 /// have no such objects: there a node loses its blocks after the grace period.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterNode {
-    /// The Node's `spec.podCIDRs`: set by the controller manager (the kubernetes IPAM mode's
-    /// blocks), and which the API server lets no update change once set, so a node's own
-    /// credentials (its kubelet's, its agent's) cannot move them.
-    #[serde(default, rename = "podCIDRs", skip_serializing_if = "Vec::is_empty")]
+    /// The Node's `spec.podCIDRs`, those that are CIDRs (the API server takes some this
+    /// project does not, such as one with host bits; they are left out, as the node's own
+    /// agent leaves them out): the kubernetes IPAM mode's blocks. The controller manager sets
+    /// them, and the API server lets no update change them once set; but while they are empty
+    /// (before the controller manager's turn, or with it not assigning any) a node's own
+    /// credentials may set them, so of two Nodes whose podCIDRs overlap, the older keeps
+    /// them (`routes`).
+    #[serde(
+        default,
+        rename = "podCIDRs",
+        deserialize_with = "cidrs_that_parse",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub pod_cidrs: Vec<Cidr>,
+    /// When the Node was made (its `creationTimestamp`, RFC 3339 in UTC as the API server
+    /// writes it, so that the text's order is the time's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+}
+
+/// The entries of a list of CIDRs that are ones (others, and entries that are not text, are
+/// left out).
+fn cidrs_that_parse<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Entry {
+        Text(String),
+        Other(serde::de::IgnoredAny),
+    }
+    let entries = Option::<Vec<Entry>>::deserialize(d)?.unwrap_or_default();
+    Ok(entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Text(c) => c.parse().ok(),
+            Entry::Other(_) => None,
+        })
+        .collect())
 }
 
 impl Resource for ClusterNode {
@@ -103,19 +135,19 @@ impl NodeIpam {
 
     /// The node's pod blocks, where other nodes route its pods' traffic: those the operator gave
     /// it from the pools (its status, which only the operator writes), and, in the kubernetes
-    /// IPAM mode, its Node's podCIDRs (`node`: the controller manager's word). A record's
-    /// `spec.podCIDRs` is its agent's word alone (a copy of its Node's, in that mode) and is
-    /// routed by no one: a compromised node could otherwise draw any prefix's traffic
+    /// IPAM mode, its Node's podCIDRs (`vouched`: the cluster's word, not its agent's). A
+    /// record's `spec.podCIDRs` is its agent's word alone (a copy of its Node's, in that mode)
+    /// and is routed by no one: a compromised node could otherwise draw any prefix's traffic
     /// (docs/security.md).
     pub fn pod_blocks<'a>(
         &'a self,
-        node: Option<&'a ClusterNode>,
+        vouched: Option<&'a [Cidr]>,
     ) -> impl Iterator<Item = Cidr> + 'a {
         self.status
             .allocated
             .iter()
             .map(|b| b.cidr)
-            .chain(node.into_iter().flat_map(|n| n.pod_cidrs.iter().copied()))
+            .chain(vouched.into_iter().flatten().copied())
     }
 
     /// The podCIDRs this record's agent claims that its Node does not have: a copy gone
@@ -386,6 +418,23 @@ impl NodeRecords for std::collections::BTreeMap<String, NodeIpam> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Node is read whatever its podCIDRs hold (the API server takes some this project does
+    /// not): the operator asks whether a node's Node exists, and one it could not read would
+    /// stop its pass (hostile review).
+    #[test]
+    fn a_node_with_podcidrs_that_are_not_cidrs_still_reads() {
+        let node: ClusterNode = serde_json::from_str(
+            r#"{"podCIDRs": ["10.0.0.1/8", "10.244.1.0/24", 7, "fd00::/64"], "created": "2026-12-07T10:00:00Z"}"#,
+        )
+        .expect("a Node with odd podCIDRs reads");
+        let cidrs: Vec<String> = node.pod_cidrs.iter().map(ToString::to_string).collect();
+        assert_eq!(cidrs, ["10.244.1.0/24", "fd00::/64"]);
+        for empty in [r#"{}"#, r#"{"podCIDRs": null}"#] {
+            let node: ClusterNode = serde_json::from_str(empty).expect(empty);
+            assert!(node.pod_cidrs.is_empty(), "{empty}");
+        }
+    }
 
     #[test]
     fn an_interface_s_mac_reads_back_only_when_well_formed() {

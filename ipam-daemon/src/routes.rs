@@ -40,16 +40,17 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// The routes this node wants: every block of every other node that published an address of
 /// the block's family, through `uplink_ifindex`. A node's blocks are those the cluster vouches
 /// for (`NodeIpam::pod_blocks`): the operator's, and in the kubernetes IPAM mode its Node's
-/// podCIDRs (`nodes`, the Node objects by name, given only in that mode).
+/// podCIDRs (`vouched`, by node: `vouched_blocks`, given only in that mode).
 pub fn desired_routes(
     this_node: &str,
     records: &BTreeMap<String, NodeIpam>,
-    nodes: Option<&BTreeMap<String, ClusterNode>>,
+    vouched: Option<&Vouched>,
     uplink_ifindex: u32,
 ) -> BTreeMap<Cidr, RouteTarget> {
     let mut out = BTreeMap::new();
     for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
-        for cidr in record.pod_blocks(nodes.and_then(|n| n.get(node))) {
+        let blocks = vouched.map(|v| v.blocks.get(node).map_or(&[][..], Vec::as_slice));
+        for cidr in record.pod_blocks(blocks) {
             let Some(next_hop) = record
                 .spec
                 .addresses
@@ -72,19 +73,57 @@ pub fn desired_routes(
     out
 }
 
+/// The Nodes' podCIDRs as routes take them, in the kubernetes IPAM mode.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Vouched {
+    /// Each node's podCIDRs that no older Node's overlap.
+    pub blocks: BTreeMap<String, Vec<Cidr>>,
+    /// The podCIDRs left out for overlapping an older Node's, by node: (CIDR, that Node).
+    pub overlapping: BTreeMap<String, Vec<(Cidr, String)>>,
+}
+
+/// Each Node's podCIDRs, but where two Nodes' overlap only the older Node's (by
+/// `creationTimestamp`, then name): while a Node's podCIDRs are empty its node's own
+/// credentials may set them, and one setting another node's block, or `0.0.0.0/1`, must draw
+/// none of that block's traffic.
+pub fn vouched_blocks(nodes: &BTreeMap<String, ClusterNode>) -> Vouched {
+    let mut by_age: Vec<(&String, &ClusterNode)> = nodes.iter().collect();
+    by_age.sort_by_key(|(name, node)| (node.created.is_none(), node.created.clone(), *name));
+    let mut taken: Vec<(Cidr, &str)> = Vec::new();
+    let mut out = Vouched::default();
+    for (name, node) in by_age {
+        for &cidr in &node.pod_cidrs {
+            let older = taken
+                .iter()
+                .find(|(c, owner)| *owner != name.as_str() && c.overlaps(&cidr));
+            match older {
+                Some((_, owner)) => out
+                    .overlapping
+                    .entry(name.clone())
+                    .or_default()
+                    .push((cidr, (*owner).to_owned())),
+                None => {
+                    taken.push((cidr, name));
+                    out.blocks.entry(name.clone()).or_default().push(cidr);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The podCIDRs each node's record claims beyond what its Node has (the kubernetes IPAM mode),
-/// by node: routed by no one.
+/// by node: routed by no one. A record without a Node is not judged (a Node deleted before
+/// its record).
 pub fn refused_claims(
     records: &BTreeMap<String, NodeIpam>,
     nodes: &BTreeMap<String, ClusterNode>,
 ) -> BTreeMap<String, Vec<Cidr>> {
-    let none = ClusterNode::default();
     records
         .iter()
         .filter_map(|(name, record)| {
-            let beyond: Vec<Cidr> = record
-                .pod_cidrs_beyond(nodes.get(name).unwrap_or(&none))
-                .collect();
+            let node = nodes.get(name)?;
+            let beyond: Vec<Cidr> = record.pod_cidrs_beyond(node).collect();
             (!beyond.is_empty()).then(|| (name.clone(), beyond))
         })
         .collect()
@@ -127,13 +166,15 @@ pub async fn run(
             });
             (current, nodes)
         };
-        if let Some(nodes) = &nodes {
-            refused.follow(refused_claims(&current, nodes));
-        }
+        let vouched = nodes.as_ref().map(|nodes| {
+            let vouched = vouched_blocks(nodes);
+            refused.follow(refused_claims(&current, nodes), &vouched.overlapping);
+            vouched
+        });
         tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len()).in_scope(
             || {
                 let want = |uplink_ifindex| {
-                    desired_routes(&node, &current, nodes.as_ref(), uplink_ifindex)
+                    desired_routes(&node, &current, vouched.as_ref(), uplink_ifindex)
                 };
                 program(&uplink, want, &mut programmed, &mut in_kernel, &datapath);
             },
@@ -145,52 +186,77 @@ pub async fn run(
     }
 }
 
-/// The records' claims refused, as last said: each change is logged once, and the metric
-/// counts the nodes that make one.
+/// The podCIDRs refused, as last said: each change is logged once, and the metric counts the
+/// nodes refused, by what: `podCIDRs` a record claims beyond its Node's, `nodePodCIDRs` a Node
+/// has that overlap an older Node's.
 struct Refused {
-    said: BTreeMap<String, Vec<Cidr>>,
+    claims: BTreeMap<String, Vec<Cidr>>,
+    overlapping: BTreeMap<String, Vec<(Cidr, String)>>,
     metrics: Arc<Metrics>,
 }
 
 impl Refused {
     fn new(metrics: Arc<Metrics>) -> Self {
         Self {
-            said: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            overlapping: BTreeMap::new(),
             metrics,
         }
     }
 
-    fn follow(&mut self, now: BTreeMap<String, Vec<Cidr>>) {
-        if now == self.said {
-            return;
-        }
-        for (node, beyond) in &now {
-            if self.said.get(node) != Some(beyond) {
+    fn follow(
+        &mut self,
+        claims: BTreeMap<String, Vec<Cidr>>,
+        overlapping: &BTreeMap<String, Vec<(Cidr, String)>>,
+    ) {
+        if claims != self.claims {
+            for (node, beyond) in claims
+                .iter()
+                .filter(|(n, b)| self.claims.get(*n) != Some(b))
+            {
                 let claimed: Vec<String> = beyond.iter().map(ToString::to_string).collect();
                 tracing::warn!(
                     peer = node.as_str(),
                     refused = ?claimed,
                     "node {node}'s record claims podCIDRs its Node does not have ({}): not \
-                     routed. Only the Node's podCIDRs (set by the controller manager) are; \
-                     if the record is not a copy a moment behind, node {node}'s agent writes \
-                     what it was not given: check that node",
+                     routed. Only the Node's podCIDRs are; if the record is not a copy a moment \
+                     behind, node {node}'s agent writes what it was not given: check that node",
                     claimed.join(", ")
                 );
             }
+            self.count("podCIDRs", claims.len());
+            self.claims = claims;
         }
-        for node in self.said.keys().filter(|n| !now.contains_key(*n)) {
-            tracing::info!(
-                peer = node.as_str(),
-                "node {node}'s record claims no podCIDRs beyond its Node's any more"
-            );
+        if *overlapping != self.overlapping {
+            for (node, cidrs) in overlapping
+                .iter()
+                .filter(|(n, c)| self.overlapping.get(*n) != Some(c))
+            {
+                let said: Vec<String> = cidrs
+                    .iter()
+                    .map(|(cidr, older)| format!("{cidr} (Node {older}'s)"))
+                    .collect();
+                tracing::warn!(
+                    peer = node.as_str(),
+                    "Node {node}'s podCIDRs overlap older Nodes' podCIDRs ({}): not routed to \
+                     {node}. PodCIDRs are the controller manager's to set; a node's own \
+                     credentials can set them only while they are empty: check node {node} \
+                     and how its Node got them",
+                    said.join(", ")
+                );
+            }
+            self.count("nodePodCIDRs", overlapping.len());
+            self.overlapping.clone_from(overlapping);
         }
+    }
+
+    fn count(&self, field: &str, nodes: usize) {
         self.metrics
             .record_claims_refused
             .get_or_create(&FieldLabel {
-                field: "podCIDRs".into(),
+                field: field.into(),
             })
-            .set(now.len() as i64);
-        self.said = now;
+            .set(nodes as i64);
     }
 }
 
@@ -450,17 +516,16 @@ mod tests {
             ("m".to_owned(), liar.clone()),
         ]
         .into();
-        let routed = |nodes: Option<&BTreeMap<String, ClusterNode>>| -> Vec<String> {
-            desired_routes("a", &records, nodes, 7)
-                .keys()
-                .map(ToString::to_string)
-                .collect()
-        };
-        assert_eq!(routed(None), ["10.244.1.0/24", "10.244.9.0/24"]);
+        let routed: Vec<String> = desired_routes("a", &records, None, 7)
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(routed, ["10.244.1.0/24", "10.244.9.0/24"]);
 
         // The kubernetes mode: m's Node has 10.245.9.0/24, its record's spec claims more.
         let node = |cidrs: &[&str]| ClusterNode {
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            created: None,
         };
         let mut records = records;
         for r in records.values_mut() {
@@ -479,7 +544,7 @@ mod tests {
             ("m".to_owned(), node(&["10.245.9.0/24"])),
         ]
         .into();
-        let routed: Vec<String> = desired_routes("a", &records, Some(&nodes), 7)
+        let routed: Vec<String> = desired_routes("a", &records, Some(&vouched_blocks(&nodes)), 7)
             .keys()
             .map(ToString::to_string)
             .collect();
@@ -494,6 +559,63 @@ mod tests {
                 })
                 .collect::<Vec<_>>(),
             ["m: 10.244.1.0/25, 0.0.0.0/1"]
+        );
+    }
+
+    /// While a Node's podCIDRs are empty its node's own credentials may set them: a Node that
+    /// sets another node's block, or `0.0.0.0/1`, gets none of it routed; the older Node keeps
+    /// its block, whatever the names' order (hostile review).
+    #[test]
+    fn of_two_nodes_whose_podcidrs_overlap_the_older_keeps_them() {
+        let node = |created: &str, cidrs: &[&str]| ClusterNode {
+            pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            created: Some(created.to_owned()),
+        };
+        let nodes: BTreeMap<String, ClusterNode> = [
+            (
+                "a".to_owned(),
+                node("2026-12-07T11:00:00Z", &["0.0.0.0/1", "10.245.7.0/24"]),
+            ),
+            (
+                "b".to_owned(),
+                node("2026-12-07T09:00:00Z", &["10.245.1.0/24"]),
+            ),
+            (
+                "c".to_owned(),
+                node("2026-12-07T10:00:00Z", &["10.245.2.0/24"]),
+            ),
+        ]
+        .into();
+        let vouched = vouched_blocks(&nodes);
+        let shown = |m: &BTreeMap<String, Vec<Cidr>>| -> Vec<String> {
+            m.iter()
+                .flat_map(|(n, cs)| cs.iter().map(move |c| format!("{n} {c}")))
+                .collect()
+        };
+        assert_eq!(
+            shown(&vouched.blocks),
+            ["a 10.245.7.0/24", "b 10.245.1.0/24", "c 10.245.2.0/24"]
+        );
+        assert_eq!(
+            vouched.overlapping["a"],
+            [("0.0.0.0/1".parse().unwrap(), "b".to_owned())]
+        );
+        let records: BTreeMap<String, NodeIpam> = [
+            ("a".to_owned(), record(&["192.168.50.1"], &[])),
+            ("b".to_owned(), record(&["192.168.50.2"], &[])),
+            ("c".to_owned(), record(&["192.168.50.3"], &[])),
+        ]
+        .into();
+        let routed: Vec<String> = desired_routes("c", &records, Some(&vouched), 7)
+            .iter()
+            .map(|(c, t)| format!("{c} via {}", t.next_hop))
+            .collect();
+        assert_eq!(
+            routed,
+            [
+                "10.245.1.0/24 via 192.168.50.2",
+                "10.245.7.0/24 via 192.168.50.1"
+            ]
         );
     }
 }

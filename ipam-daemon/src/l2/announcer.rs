@@ -118,3 +118,24 @@ pub fn reconcile(
     report.answering = wanted;
     Ok(report)
 }
+
+/// Withdraws the entries of IPs `announcements` has on no interface, and changes nothing else:
+/// what the node let go of stops being answered at once, while the IPs it takes wait to be
+/// accepted on `lo`. Returns the (IP, ifindex) pairs withdrawn.
+pub fn withdraw_unwanted(
+    datapath: &mut Datapath,
+    announcements: &Announcements,
+) -> Result<Vec<(IpAddr, u32)>, AnnounceError> {
+    let wanted: BTreeSet<IpAddr> = announcements
+        .interfaces()
+        .flat_map(|(_, on)| on.ips.iter().copied())
+        .collect();
+    let mut withdrawn = Vec::new();
+    for entry in datapath.responder().list()? {
+        if !wanted.contains(&entry.ip) {
+            datapath.responder().withdraw(entry.ip, entry.ifindex)?;
+            withdrawn.push((entry.ip, entry.ifindex));
+        }
+    }
+    Ok(withdrawn)
+}

@@ -188,13 +188,6 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         let time_matters = peers.decays() || decider.next_due().is_some();
         tokio::select! {
             () = wake.changed() => {
-                let at = store.moment().await;
-                if seen.endpoints.changed() {
-                    seen.ready_again(&at);
-                }
-                if seen.nodes.changed() {
-                    decider.records_changed(&*seen.nodes.read(&at), Instant::now());
-                }
                 pace.changed = true;
                 continue;
             }
@@ -221,6 +214,13 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 continue;
             }
             let started = pace.deciding();
+            // What is derived from the copies follows them at the moment decided at.
+            if seen.endpoints.changed() {
+                seen.ready_again(&at);
+            }
+            if seen.nodes.changed() {
+                decider.records_changed(&*seen.nodes.read(&at), started);
+            }
             let copies = seen.read(&at);
             let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
                 .in_scope(|| decide(&mut decider, &copies, &mut peers, started));

@@ -1,12 +1,13 @@
 //! The responder controller, the one applier of what this node answers ARP/NDP for: the IPs
 //! the daemon's file configures, and the Service IPs the owners controller decided
 //! (`ServiceAnswers`, one whole value). Each pass brings the node in line with both, in the
-//! order that keeps one answer per IP and loses no traffic: the Service IPs onto `lo` (and
-//! waited for), the hand-overs (the connections an IP's old owner still holds are passed on to
-//! it from the first frame answered here), the responder maps (the link told of every IP
-//! answered anew), and the IPs off `lo` last. It runs whenever either value or the host's links
-//! change, retries interfaces that are not there yet with backoff, and holds the multicast
-//! groups the IPv6 ones need.
+//! order that keeps one answer per IP and loses no traffic: the IPs new on `lo` asked for, the
+//! hand-overs (the connections an IP's old owner still holds are passed on to it from the
+//! first frame answered here), the IPs given up withdrawn at once (the node taking one answers
+//! once its hand-over wait ends), the new IPs answered once they are on `lo` (the link told of
+//! each), and the IPs no longer accepted off `lo` last. It runs whenever either value or the
+//! host's links change, retries interfaces that are not there yet with backoff, and holds the
+//! multicast groups the IPv6 ones need.
 
 use std::{
     collections::BTreeSet,
@@ -21,7 +22,7 @@ use ipam_netlink::iface;
 use tokio::{sync::watch, time::Instant};
 
 use super::{
-    Configured, HandedOver, ServiceAnswers,
+    Announcements, Configured, HandedOver, ServiceAnswers,
     announcer::{self, AnnounceError, ReconcileReport},
     gratuitous::Repeats,
     multicast::SolicitedNodeGroups,
@@ -69,8 +70,9 @@ pub async fn run(
         let current = configured
             .borrow_and_update()
             .with(&service.answers.answering);
-        // Traffic for an IP is accepted before it is asked for.
-        lo.take(&service.answers.accepting).await;
+        // Traffic for an IP is accepted before it is asked for: the IPs new on `lo` are put
+        // there now and answered once they are (below).
+        let adding = lo.queue(&service.answers.accepting);
         let now = std::time::Instant::now();
         let hand_ons: HandedOver = service
             .answers
@@ -93,17 +95,21 @@ pub async fn run(
         }
         // Ended when they run out (the gate closes with the last), not at the next change.
         let handover_ends = hand_ons.values().map(|h| Instant::from_std(h.until)).min();
-        let span = tracing::debug_span!("responder_pass", pairs = current.len());
-        let report = span.in_scope(|| {
-            announcer::reconcile(&mut datapath.lock().expect("datapath lock"), &current)
-        })?;
-        for answered in &report.announced {
-            repeats.start(answered);
+        if !adding.is_empty() {
+            // What this node let go of is withdrawn now, not after the adds: the node taking
+            // it answers once its hand-over wait ends, and counts on the withdrawal within
+            // `DELIVERY` (`ipam_core::l2::handover`). Nothing else changes before they land.
+            let withdrawn = announcer::withdraw_unwanted(
+                &mut datapath.lock().expect("datapath lock"),
+                &current,
+            )?;
+            for &(ip, ifindex) in &withdrawn {
+                repeats.stop(ip, ifindex);
+                tracing::info!(%ip, interface = iface::name(ifindex), "withdrawn");
+            }
+            lo.applied().await;
         }
-        for &(ip, ifindex) in &report.withdrawn {
-            repeats.stop(ip, ifindex);
-        }
-        log_report(&report);
+        let report = reconcile(&datapath, &current, &mut repeats)?;
         // No longer answered here: their traffic may go (lingering IPs stay accepted).
         lo.keep_only(&service.answers.accepting);
         if service.decided {
@@ -147,6 +153,26 @@ async fn changed_or_never<T>(
         Some(rx) => rx.changed().await,
         None => std::future::pending().await,
     }
+}
+
+/// Brings the responder maps in line with `wanted` (`announcer::reconcile`), starts telling
+/// the link of each IP answered anew and stops for each withdrawn, and logs what changed.
+fn reconcile(
+    datapath: &Mutex<Datapath>,
+    wanted: &Announcements,
+    repeats: &mut Repeats,
+) -> Result<ReconcileReport, AnnounceError> {
+    let span = tracing::debug_span!("responder_pass", pairs = wanted.len());
+    let report = span
+        .in_scope(|| announcer::reconcile(&mut datapath.lock().expect("datapath lock"), wanted))?;
+    for answered in &report.announced {
+        repeats.start(answered);
+    }
+    for &(ip, ifindex) in &report.withdrawn {
+        repeats.stop(ip, ifindex);
+    }
+    log_report(&report);
+    Ok(report)
 }
 
 /// Writes the hand-overs to the datapath and ends those no longer wanted (`handing_on`: the

@@ -154,16 +154,22 @@ async fn follow(
         // In the kubernetes IPAM mode its blocks are its Node's podCIDRs (the record's copy
         // of them is its agent's word alone).
         let vouched = match mode {
-            Some(IpamMode::Kubernetes) => store
-                .get_typed::<ClusterNode>(&dead)
-                .await
-                .ok()
-                .flatten()
-                .map(|n| n.value),
+            Some(IpamMode::Kubernetes) => match store.get_typed::<ClusterNode>(&dead).await {
+                Ok(node) => Some(node.map(|n| n.value.pod_cidrs).unwrap_or_default()),
+                Err(e) => {
+                    tracing::warn!(
+                        node = me,
+                        peer = dead.as_str(),
+                        "cannot read {dead}'s Node for its pods' blocks; deleting unanswered \
+                         connections only through its routes: {e}"
+                    );
+                    Some(Vec::new())
+                }
+            },
             _ => None,
         };
         let blocks = match store.get_typed::<NodeIpam>(&dead).await {
-            Ok(Some(record)) => record.value.pod_blocks(vouched.as_ref()).collect(),
+            Ok(Some(record)) => record.value.pod_blocks(vouched.as_deref()).collect(),
             Ok(None) => Vec::new(),
             Err(e) => {
                 tracing::warn!(

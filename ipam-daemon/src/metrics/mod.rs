@@ -264,7 +264,7 @@ impl Metrics {
         );
         registry.register(
             "node_record_claims_refused",
-            "Nodes whose record (their agent's word) claims what the cluster does not vouch for, by field: podCIDRs its Node does not have, in the kubernetes IPAM mode; not routed",
+            "Nodes whose claims the routes refuse, in the kubernetes IPAM mode, by field: podCIDRs (a record claims podCIDRs its Node does not have), nodePodCIDRs (a Node's podCIDRs overlap an older Node's); not routed",
             self.record_claims_refused.clone(),
         );
         registry.register(

@@ -226,14 +226,24 @@ impl HeldBy {
 
     /// Puts on `lo` those of `wanted` not held yet, and returns once they are there.
     pub async fn take(&mut self, wanted: &BTreeSet<IpAddr>) {
-        let new: Vec<IpAddr> = wanted.difference(&self.held).copied().collect();
-        if new.is_empty() {
-            return;
+        if !self.queue(wanted).is_empty() {
+            self.applied().await;
         }
-        for ip in new {
+    }
+
+    /// Asks for those of `wanted` not held yet on `lo`, and returns them; `applied` says when
+    /// they are there.
+    pub fn queue(&mut self, wanted: &BTreeSet<IpAddr>) -> BTreeSet<IpAddr> {
+        let new: BTreeSet<IpAddr> = wanted.difference(&self.held).copied().collect();
+        for &ip in &new {
             self.addresses.add(self.holder, ip);
             self.held.insert(ip);
         }
+        new
+    }
+
+    /// Returns once every change asked so far is made (`LocalAddresses::applied`).
+    pub async fn applied(&self) {
         self.addresses.applied().await;
     }
 

@@ -86,8 +86,8 @@ pub struct ClusterNode {
     /// agent leaves them out): the kubernetes IPAM mode's blocks. The controller manager sets
     /// them, and the API server lets no update change them once set; but while they are empty
     /// (before the controller manager's turn, or with it not assigning any) a node's own
-    /// credentials may set them, so of two Nodes whose podCIDRs overlap, the older keeps
-    /// them (`routes`).
+    /// credentials may set them, so the routes take only those of the cluster's block size
+    /// that no other Node has (the daemon's `routes::vouched_blocks`).
     #[serde(
         default,
         rename = "podCIDRs",
@@ -95,10 +95,6 @@ pub struct ClusterNode {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub pod_cidrs: Vec<Cidr>,
-    /// When the Node was made (its `creationTimestamp`, RFC 3339 in UTC as the API server
-    /// writes it, so that the text's order is the time's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created: Option<String>,
 }
 
 /// The entries of a list of CIDRs that are ones (others, and entries that are not text, are
@@ -425,7 +421,7 @@ mod tests {
     #[test]
     fn a_node_with_podcidrs_that_are_not_cidrs_still_reads() {
         let node: ClusterNode = serde_json::from_str(
-            r#"{"podCIDRs": ["10.0.0.1/8", "10.244.1.0/24", 7, "fd00::/64"], "created": "2026-12-07T10:00:00Z"}"#,
+            r#"{"podCIDRs": ["10.0.0.1/8", "10.244.1.0/24", 7, "fd00::/64"]}"#,
         )
         .expect("a Node with odd podCIDRs reads");
         let cidrs: Vec<String> = node.pod_cidrs.iter().map(ToString::to_string).collect();

@@ -76,36 +76,60 @@ pub fn desired_routes(
 /// The Nodes' podCIDRs as routes take them, in the kubernetes IPAM mode.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Vouched {
-    /// Each node's podCIDRs that no older Node's overlap.
+    /// Each node's podCIDRs that are routed.
     pub blocks: BTreeMap<String, Vec<Cidr>>,
-    /// The podCIDRs left out for overlapping an older Node's, by node: (CIDR, that Node).
-    pub overlapping: BTreeMap<String, Vec<(Cidr, String)>>,
+    /// The podCIDRs left out, by node, each with why.
+    pub refused: BTreeMap<String, Vec<(Cidr, String)>>,
 }
 
-/// Each Node's podCIDRs, but where two Nodes' overlap only the older Node's (by
-/// `creationTimestamp`, then name): while a Node's podCIDRs are empty its node's own
-/// credentials may set them, and one setting another node's block, or `0.0.0.0/1`, must draw
-/// none of that block's traffic.
+/// Each Node's podCIDRs as routes take them. The controller manager gives every node a block
+/// of one size per family (its `--node-cidr-mask-size`), but while a Node's podCIDRs are empty
+/// its node's own credentials may set them. So a block is routed only if it is of the size
+/// most Nodes' blocks are (per family; of two sizes as common, the smaller block) and no other
+/// Node has it: a node that claims another's block, a /25 of it or `0.0.0.0/1` draws none of
+/// its traffic (at worst the other node's block is refused with it, named in the log, until an
+/// admin deals with the liar). Neither the Nodes' age nor their names decide: a node may claim
+/// a block before the controller manager gives it to a newer node.
 pub fn vouched_blocks(nodes: &BTreeMap<String, ClusterNode>) -> Vouched {
-    let mut by_age: Vec<(&String, &ClusterNode)> = nodes.iter().collect();
-    by_age.sort_by_key(|(name, node)| (node.created.is_none(), node.created.clone(), *name));
-    let mut taken: Vec<(Cidr, &str)> = Vec::new();
+    let mut sizes: BTreeMap<(bool, u8), usize> = BTreeMap::new();
+    let mut claimants: BTreeMap<Cidr, Vec<&str>> = BTreeMap::new();
+    for (name, node) in nodes {
+        let mut own: Vec<Cidr> = node.pod_cidrs.clone();
+        own.sort();
+        own.dedup();
+        for cidr in own {
+            *sizes
+                .entry((cidr.network().is_ipv4(), cidr.prefix()))
+                .or_default() += 1;
+            claimants.entry(cidr).or_default().push(name);
+        }
+    }
+    // Per family, the most common size; on a tie the longer prefix (the smaller block).
+    let mut block_size: BTreeMap<bool, (usize, u8)> = BTreeMap::new();
+    for (&(v4, prefix), &count) in &sizes {
+        let best = block_size.entry(v4).or_insert((count, prefix));
+        if (count, prefix) > *best {
+            *best = (count, prefix);
+        }
+    }
     let mut out = Vouched::default();
-    for (name, node) in by_age {
-        for &cidr in &node.pod_cidrs {
-            let older = taken
-                .iter()
-                .find(|(c, owner)| *owner != name.as_str() && c.overlaps(&cidr));
-            match older {
-                Some((_, owner)) => out
-                    .overlapping
-                    .entry(name.clone())
+    for (cidr, names) in claimants {
+        let size = block_size[&cidr.network().is_ipv4()].1;
+        let why = if cidr.prefix() != size {
+            Some(format!("not of the cluster's block size, /{size}"))
+        } else if names.len() > 1 {
+            Some(format!("claimed by the Nodes {}", names.join(", ")))
+        } else {
+            None
+        };
+        for name in names {
+            match &why {
+                Some(why) => out
+                    .refused
+                    .entry(name.to_owned())
                     .or_default()
-                    .push((cidr, (*owner).to_owned())),
-                None => {
-                    taken.push((cidr, name));
-                    out.blocks.entry(name.clone()).or_default().push(cidr);
-                }
+                    .push((cidr, why.clone())),
+                None => out.blocks.entry(name.to_owned()).or_default().push(cidr),
             }
         }
     }
@@ -168,7 +192,7 @@ pub async fn run(
         };
         let vouched = nodes.as_ref().map(|nodes| {
             let vouched = vouched_blocks(nodes);
-            refused.follow(refused_claims(&current, nodes), &vouched.overlapping);
+            refused.follow(refused_claims(&current, nodes), &vouched.refused);
             vouched
         });
         tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len()).in_scope(
@@ -187,11 +211,11 @@ pub async fn run(
 }
 
 /// The podCIDRs refused, as last said: each change is logged once, and the metric counts the
-/// nodes refused, by what: `podCIDRs` a record claims beyond its Node's, `nodePodCIDRs` a Node
-/// has that overlap an older Node's.
+/// nodes refused, by what: `podCIDRs` a record claims beyond its Node's, `nodePodCIDRs` a
+/// Node has that are not routed (`vouched_blocks`).
 struct Refused {
     claims: BTreeMap<String, Vec<Cidr>>,
-    overlapping: BTreeMap<String, Vec<(Cidr, String)>>,
+    nodes: BTreeMap<String, Vec<(Cidr, String)>>,
     metrics: Arc<Metrics>,
 }
 
@@ -199,7 +223,7 @@ impl Refused {
     fn new(metrics: Arc<Metrics>) -> Self {
         Self {
             claims: BTreeMap::new(),
-            overlapping: BTreeMap::new(),
+            nodes: BTreeMap::new(),
             metrics,
         }
     }
@@ -207,7 +231,7 @@ impl Refused {
     fn follow(
         &mut self,
         claims: BTreeMap<String, Vec<Cidr>>,
-        overlapping: &BTreeMap<String, Vec<(Cidr, String)>>,
+        nodes: &BTreeMap<String, Vec<(Cidr, String)>>,
     ) {
         if claims != self.claims {
             for (node, beyond) in claims
@@ -227,26 +251,29 @@ impl Refused {
             self.count("podCIDRs", claims.len());
             self.claims = claims;
         }
-        if *overlapping != self.overlapping {
-            for (node, cidrs) in overlapping
-                .iter()
-                .filter(|(n, c)| self.overlapping.get(*n) != Some(c))
-            {
+        if *nodes != self.nodes {
+            for (node, cidrs) in nodes.iter().filter(|(n, c)| self.nodes.get(*n) != Some(c)) {
                 let said: Vec<String> = cidrs
                     .iter()
-                    .map(|(cidr, older)| format!("{cidr} (Node {older}'s)"))
+                    .map(|(cidr, why)| format!("{cidr}: {why}"))
                     .collect();
                 tracing::warn!(
                     peer = node.as_str(),
-                    "Node {node}'s podCIDRs overlap older Nodes' podCIDRs ({}): not routed to \
-                     {node}. PodCIDRs are the controller manager's to set; a node's own \
-                     credentials can set them only while they are empty: check node {node} \
-                     and how its Node got them",
-                    said.join(", ")
+                    "Node {node}'s podCIDRs not routed ({}). PodCIDRs are the controller \
+                     manager's to set, but a node's own credentials can set them while they are \
+                     empty: check node {node}, the other Nodes named, and how their Nodes got \
+                     their podCIDRs",
+                    said.join("; ")
                 );
             }
-            self.count("nodePodCIDRs", overlapping.len());
-            self.overlapping.clone_from(overlapping);
+            for node in self.nodes.keys().filter(|n| !nodes.contains_key(*n)) {
+                tracing::info!(
+                    peer = node.as_str(),
+                    "Node {node}'s podCIDRs are all routed again"
+                );
+            }
+            self.count("nodePodCIDRs", nodes.len());
+            self.nodes.clone_from(nodes);
         }
     }
 
@@ -525,7 +552,6 @@ mod tests {
         // The kubernetes mode: m's Node has 10.245.9.0/24, its record's spec claims more.
         let node = |cidrs: &[&str]| ClusterNode {
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
-            created: None,
         };
         let mut records = records;
         for r in records.values_mut() {
@@ -563,27 +589,23 @@ mod tests {
     }
 
     /// While a Node's podCIDRs are empty its node's own credentials may set them: a Node that
-    /// sets another node's block, or `0.0.0.0/1`, gets none of it routed; the older Node keeps
-    /// its block, whatever the names' order (hostile review).
+    /// sets another node's block (before the controller manager gives it to that node, say), a
+    /// /25 of it or `0.0.0.0/1` draws none of that traffic, whatever the Nodes' ages or names
+    /// (hostile review: an "older Node keeps it" rule handed a newer node's block to a liar).
     #[test]
-    fn of_two_nodes_whose_podcidrs_overlap_the_older_keeps_them() {
-        let node = |created: &str, cidrs: &[&str]| ClusterNode {
+    fn a_node_claiming_another_s_block_or_a_wider_prefix_draws_none_of_it() {
+        let node = |cidrs: &[&str]| ClusterNode {
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
-            created: Some(created.to_owned()),
         };
         let nodes: BTreeMap<String, ClusterNode> = [
+            // The liar, with z's block, a /25 of c's, and half the Internet.
             (
                 "a".to_owned(),
-                node("2026-12-07T11:00:00Z", &["0.0.0.0/1", "10.245.7.0/24"]),
+                node(&["10.245.9.0/24", "10.245.2.0/25", "0.0.0.0/1", "fd00:1::/64"]),
             ),
-            (
-                "b".to_owned(),
-                node("2026-12-07T09:00:00Z", &["10.245.1.0/24"]),
-            ),
-            (
-                "c".to_owned(),
-                node("2026-12-07T10:00:00Z", &["10.245.2.0/24"]),
-            ),
+            ("b".to_owned(), node(&["10.245.1.0/24", "fd00:2::/64"])),
+            ("c".to_owned(), node(&["10.245.2.0/24", "fd00:3::/64"])),
+            ("z".to_owned(), node(&["10.245.9.0/24"])),
         ]
         .into();
         let vouched = vouched_blocks(&nodes);
@@ -594,28 +616,42 @@ mod tests {
         };
         assert_eq!(
             shown(&vouched.blocks),
-            ["a 10.245.7.0/24", "b 10.245.1.0/24", "c 10.245.2.0/24"]
+            [
+                "a fd00:1::/64",
+                "b 10.245.1.0/24",
+                "b fd00:2::/64",
+                "c 10.245.2.0/24",
+                "c fd00:3::/64",
+            ]
         );
+        let refused: Vec<String> = vouched
+            .refused
+            .iter()
+            .flat_map(|(n, cs)| cs.iter().map(move |(c, why)| format!("{n} {c}: {why}")))
+            .collect();
         assert_eq!(
-            vouched.overlapping["a"],
-            [("0.0.0.0/1".parse().unwrap(), "b".to_owned())]
+            refused,
+            [
+                "a 0.0.0.0/1: not of the cluster's block size, /24",
+                "a 10.245.2.0/25: not of the cluster's block size, /24",
+                "a 10.245.9.0/24: claimed by the Nodes a, z",
+                "z 10.245.9.0/24: claimed by the Nodes a, z",
+            ]
         );
-        let records: BTreeMap<String, NodeIpam> = [
-            ("a".to_owned(), record(&["192.168.50.1"], &[])),
-            ("b".to_owned(), record(&["192.168.50.2"], &[])),
-            ("c".to_owned(), record(&["192.168.50.3"], &[])),
-        ]
-        .into();
+        let records: BTreeMap<String, NodeIpam> = ["a", "b", "c", "z"]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                (
+                    (*n).to_owned(),
+                    record(&[&format!("192.168.50.{}", i + 1)], &[]),
+                )
+            })
+            .collect();
         let routed: Vec<String> = desired_routes("c", &records, Some(&vouched), 7)
             .iter()
             .map(|(c, t)| format!("{c} via {}", t.next_hop))
             .collect();
-        assert_eq!(
-            routed,
-            [
-                "10.245.1.0/24 via 192.168.50.2",
-                "10.245.7.0/24 via 192.168.50.1"
-            ]
-        );
+        assert_eq!(routed, ["10.245.1.0/24 via 192.168.50.2"]);
     }
 }

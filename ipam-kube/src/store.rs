@@ -425,18 +425,11 @@ impl KubeStore {
                 json!({ "labels": object.metadata.labels.clone().unwrap_or_default() })
             }
             // Its podCIDRs, the kubernetes IPAM mode's blocks, as the controller manager set
-            // them (routes in that mode come from here, not from the agents' records), and
-            // when it was made (of two Nodes whose podCIDRs overlap, the older keeps them).
-            Mapping::Node => {
-                let mut v = json!({});
-                if let Some(cidrs @ Value::Array(_)) = object.data["spec"].get("podCIDRs") {
-                    v["podCIDRs"] = cidrs.clone();
-                }
-                if let Some(created) = &object.metadata.creation_timestamp {
-                    v["created"] = json!(created);
-                }
-                v
-            }
+            // them (routes in that mode come from here, not from the agents' records).
+            Mapping::Node => match object.data["spec"].get("podCIDRs") {
+                Some(cidrs @ Value::Array(_)) => json!({ "podCIDRs": cidrs }),
+                _ => json!({}),
+            },
             Mapping::EndpointSlice => {
                 let mut data = object.data.clone();
                 data["metadata"] = serde_json::to_value(&object.metadata).ok()?;

@@ -188,6 +188,11 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
         let time_matters = peers.decays() || decider.next_due().is_some();
         tokio::select! {
             () = wake.changed() => {
+                // Restart notices are held from when they are seen, even while decisions
+                // wait (the fence not open yet); the decision follows anything newer below.
+                let at = store.moment().await;
+                follow_copies(&mut seen, &mut decider, &at);
+                drop(at);
                 pace.changed = true;
                 continue;
             }
@@ -215,12 +220,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             }
             let started = pace.deciding();
             // What is derived from the copies follows them at the moment decided at.
-            if seen.endpoints.changed() {
-                seen.ready_again(&at);
-            }
-            if seen.nodes.changed() {
-                decider.records_changed(&*seen.nodes.read(&at), started);
-            }
+            follow_copies(&mut seen, &mut decider, &at);
             let copies = seen.read(&at);
             let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
                 .in_scope(|| decide(&mut decider, &copies, &mut peers, started));
@@ -235,6 +235,17 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             .service_ip_decision_seconds
             .observe(took.as_secs_f64());
         warn_if_slow(took);
+    }
+}
+
+/// Brings what is derived from the copies (the ready nodes, the restart notices the decider
+/// holds) in line with them at `at`, where they changed.
+fn follow_copies(seen: &mut Seen, decider: &mut Decider, at: &Moment) {
+    if seen.endpoints.changed() {
+        seen.ready_again(at);
+    }
+    if seen.nodes.changed() {
+        decider.records_changed(&*seen.nodes.read(at), Instant::now());
     }
 }
 

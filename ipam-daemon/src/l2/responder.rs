@@ -62,6 +62,8 @@ pub async fn run(
     // The hand-overs last written (with the links' generation they were resolved in): most
     // passes change none, and rewriting them would cost map writes each time.
     let mut written: Option<(HandedOver, u64)> = None;
+    // Whether IPs asked for on `lo` may not be there yet (a wait for them was cut short).
+    let mut lo_pending = false;
     loop {
         let service = services
             .as_mut()
@@ -72,7 +74,7 @@ pub async fn run(
             .with(&service.answers.answering);
         // Traffic for an IP is accepted before it is asked for: the IPs new on `lo` are put
         // there now and answered once they are (below).
-        let adding = lo.queue(&service.answers.accepting);
+        lo_pending |= !lo.queue(&service.answers.accepting).is_empty();
         let now = std::time::Instant::now();
         let hand_ons: HandedOver = service
             .answers
@@ -95,7 +97,7 @@ pub async fn run(
         }
         // Ended when they run out (the gate closes with the last), not at the next change.
         let handover_ends = hand_ons.values().map(|h| Instant::from_std(h.until)).min();
-        if !adding.is_empty() {
+        if lo_pending {
             // What this node let go of is withdrawn now, not after the adds: the node taking
             // it answers once its hand-over wait ends, and counts on the withdrawal within
             // `DELIVERY` (`ipam_core::l2::handover`). Nothing else changes before they land.
@@ -107,7 +109,21 @@ pub async fn run(
                 repeats.stop(ip, ifindex);
                 tracing::info!(%ip, interface = iface::name(ifindex), "withdrawn");
             }
-            lo.applied().await;
+            // A newer decision meanwhile starts the pass again with it: what that one lets go
+            // of must not wait for the adds either (they stay pending).
+            let newer = tokio::select! {
+                () = lo.applied() => false,
+                changed = changed_or_never(services.as_mut()) => {
+                    if changed.is_err() {
+                        services = None;
+                    }
+                    true
+                }
+            };
+            if newer {
+                continue;
+            }
+            lo_pending = false;
         }
         let report = reconcile(&datapath, &current, &mut repeats)?;
         // No longer answered here: their traffic may go (lingering IPs stay accepted).

@@ -153,14 +153,24 @@ async fn follow(
         }
         // In the kubernetes IPAM mode its blocks are its Node's podCIDRs (the record's copy
         // of them is its agent's word alone).
+        // Those the routes take (`routes::vouched_blocks`): a Node whose podCIDRs are refused
+        // there (another's block, `0.0.0.0/1`) gets no flows deleted for them either.
         let vouched = match mode {
-            Some(IpamMode::Kubernetes) => match store.get_typed::<ClusterNode>(&dead).await {
-                Ok(node) => Some(node.map(|n| n.value.pod_cidrs).unwrap_or_default()),
+            Some(IpamMode::Kubernetes) => match store.list_typed::<ClusterNode>().await {
+                Ok(nodes) => {
+                    let nodes = nodes.into_iter().map(|n| (n.name, n.value)).collect();
+                    Some(
+                        crate::routes::vouched_blocks(&nodes)
+                            .blocks
+                            .remove(&dead)
+                            .unwrap_or_default(),
+                    )
+                }
                 Err(e) => {
                     tracing::warn!(
                         node = me,
                         peer = dead.as_str(),
-                        "cannot read {dead}'s Node for its pods' blocks; deleting unanswered \
+                        "cannot read the Nodes for {dead}'s pods' blocks; deleting unanswered \
                          connections only through its routes: {e}"
                     );
                     Some(Vec::new())

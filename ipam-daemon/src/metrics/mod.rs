@@ -264,7 +264,7 @@ impl Metrics {
         );
         registry.register(
             "node_record_claims_refused",
-            "Nodes whose claims the routes refuse, in the kubernetes IPAM mode, by field: podCIDRs (a record claims podCIDRs its Node does not have), nodePodCIDRs (a Node's podCIDRs overlap an older Node's); not routed",
+            "Nodes whose claims the routes refuse, in the kubernetes IPAM mode, by field: podCIDRs (a record claims podCIDRs its Node does not have), nodePodCIDRs (a Node's podCIDR not of the cluster's block size, or another Node's too); not routed",
             self.record_claims_refused.clone(),
         );
         registry.register(

@@ -741,6 +741,22 @@ fn first_address(response: &Response) -> Option<String> {
     }
 }
 
+/// Creates a Node as the control plane makes it: `metadata`, one podCIDR and an InternalIP.
+async fn create_node(api: &TestApi, metadata: serde_json::Value, pod_cidr: &str, address: &str) {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": metadata,
+        "spec": { "podCIDRs": [pod_cidr] },
+        "status": { "addresses": [{ "type": "InternalIP", "address": address }] },
+    }))
+    .unwrap();
+    nodes
+        .create(&kube::api::PostParams::default(), &node)
+        .await
+        .unwrap_or_else(|e| panic!("create the Node {metadata}: {e}"));
+}
+
 /// In the `kubernetes` IPAM mode the agent takes its labels, address and blocks from its Node,
 /// creates its NodeIPAM and its liveness Lease, and serves pods from the Node's podCIDRs. It
 /// routes to another node's pods by that node's Node, not by what its record claims: a
@@ -749,31 +765,22 @@ fn first_address(response: &Response) -> Option<String> {
 async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
     let api = start_api("agent_takes_its_node_from_the_kubernetes_api").await;
     // The Node as the control plane made it.
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
-    let kube_node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": "kn-1", "labels": { "topology.kubernetes.io/zone": "z1" } },
-        "spec": { "podCIDRs": ["10.245.3.0/24"] },
-        "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.31" }] },
-    }))
-    .unwrap();
-    nodes
-        .create(&kube::api::PostParams::default(), &kube_node)
-        .await
-        .expect("create the Node");
+    create_node(
+        &api,
+        serde_json::json!({ "name": "kn-1", "labels": { "topology.kubernetes.io/zone": "z1" } }),
+        "10.245.3.0/24",
+        "192.0.2.31",
+    )
+    .await;
     // A second node, whose agent (compromised) claims more than its Node's podCIDRs: kn-1's
     // block in part, and half the Internet.
-    let other: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": "kn-2" },
-        "spec": { "podCIDRs": ["10.245.5.0/24"] },
-        "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.32" }] },
-    }))
-    .unwrap();
-    nodes
-        .create(&kube::api::PostParams::default(), &other)
-        .await
-        .expect("create the second Node");
+    create_node(
+        &api,
+        serde_json::json!({ "name": "kn-2" }),
+        "10.245.5.0/24",
+        "192.0.2.32",
+    )
+    .await;
     let store = KubeStore::new(api.client().await, "ipam-system");
     let mut liar = NodeIpam::default();
     liar.spec.addresses = vec!["192.0.2.32".parse().unwrap()];
@@ -899,18 +906,13 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
 async fn bgp_sessions_on_the_kubernetes_api() -> TestApi {
     use ipam_core::lb::bgp::{BgpAdvertisement, BgpPeer};
     let api = start_api("bgp_sessions_on_the_kubernetes_api").await;
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
-    let kube_node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": { "name": "kn-1" },
-        "spec": { "podCIDRs": ["10.245.4.0/24"] },
-        "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.41" }] },
-    }))
-    .unwrap();
-    nodes
-        .create(&kube::api::PostParams::default(), &kube_node)
-        .await
-        .expect("create the Node");
+    create_node(
+        &api,
+        serde_json::json!({ "name": "kn-1" }),
+        "10.245.4.0/24",
+        "192.0.2.41",
+    )
+    .await;
     let store = KubeStore::new(api.client().await, "ipam-system");
     let peer: BgpPeer = serde_json::from_value(serde_json::json!({ "spec": {
         "peerAddress": "127.0.0.1", "peerPort": 1790, "peerASN": 64500, "localASN": 64512,

@@ -160,6 +160,7 @@ impl Agent {
             ready: &self.copy.ready,
             records: &self.copy.records,
             records_fresh: now >= self.watch.stalled_until,
+            fence_open: self.latch.is_open(),
         };
         let plan = self.decider.decide(&view, live, at);
         self.deciding = Some((now + took, plan));

@@ -16,12 +16,6 @@ const OPEN: &[(u64, &str)] = &[
     // before the reports; 184 still does, on another IP: node-1, on the side of two, answers
     // when node-4 takes its IP).
     (184, "10.79.0.3 answered by node-1 and node-4"),
-    // A node cut off decides on its own view while its fence is closed, and its hand-over
-    // wait may run out while it is silent: it answers what it took when the fence reopens,
-    // next to the owner the others chose. Not deciding while the fence is closed fixed this
-    // and broke a real test (a returning node then answered its old IPs at once). (Seed 18
-    // before the reports; 83 now: every fence closes in a partition while node-2 restarts.)
-    (83, "10.78.0.4 answered by node-0 and node-4"),
     // A node whose store watch fails keeps answering a Local Service's IP after its
     // endpoints moved away (it cannot see the move); the new owner answers after the
     // hand-over's wait. (137, 143 and 198 before the reports; 198 still.)
@@ -73,11 +67,11 @@ fn a_seed_replays_exactly() {
 /// the agents with something to do (`ipam_sim::schedule`). Each run must be the one it is
 /// when every step of 1 ms is run with every agent at each: the same happenings in the same
 /// order (every decision, answer, fence and event, hashed), the same decisions, the same
-/// failure at the same time. A seed that fails is among them (83 at 5 nodes, an open
+/// failure at the same time. A seed that fails is among them (184 at 5 nodes, an open
 /// finding).
 #[test]
 fn going_from_instant_to_instant_is_running_every_step() {
-    let at_5: Vec<u64> = (1..=24).chain([83]).collect();
+    let at_5: Vec<u64> = (1..=24).chain([184]).collect();
     let mut markings = 0;
     for (nodes, seeds) in [(3, (1..=8).collect()), (5, at_5), (12, (1..=3).collect())] {
         let instants = Config::with_nodes(nodes);

@@ -111,6 +111,9 @@ pub struct Decider {
     stale_since: Option<Instant>,
     /// Whether the last decision took nothing new because of it.
     withholding: bool,
+    /// Whether the fence was open at the last decision: the first decision with it closed
+    /// gives everything up ([`Self::give_up_everything`]).
+    fence_was_open: bool,
     /// Every IP's owner at the previous decision, and whether this node was live in it: who
     /// held an IP this node takes decides whether it waits (`handover`) and what its Service
     /// is told.
@@ -146,6 +149,7 @@ impl Decider {
             restarts: Restarts::new(node, inherits, records, now, now_unix_ms),
             stale_since: None,
             withholding: false,
+            fence_was_open: true,
             before: BTreeMap::new(),
             was_live: false,
             handover: Handover::default(),
@@ -210,8 +214,8 @@ impl Decider {
     /// up a restarted agent's IPs, until the gossip has joined (`knows_others`), or [`JOINING`]
     /// has passed. Later closings of the fence do not stop the decisions: a node cut off that
     /// returns re-decides on the others' view while its fence waits to reopen (not deciding
-    /// then, a real test saw it answer its old IPs next to their new owner); what it takes on
-    /// its own view while cut off is open (docs/simulation.md, seeds 83, 150, 152).
+    /// then, a real test saw it answer its old IPs next to their new owner); but it takes
+    /// nothing new until the fence is open again ([`View::fence_open`]).
     pub fn waits(&self, fence_opened: bool, knows_others: bool, now: Instant) -> bool {
         !fence_opened
             || (self.inherited
@@ -255,7 +259,20 @@ impl Decider {
         );
         self.keep_with_restarting(&mut all, view, now);
         let mut wanted = mine(&all, &node);
-        if self.takes_nothing(view.records_fresh, now) {
+        let gave_up = self.fence_was_open && !view.fence_open;
+        if gave_up {
+            self.give_up_everything(now);
+        }
+        self.fence_was_open = view.fence_open;
+        // While the fence is closed this node judges who is live from its side of a cut
+        // alone: what it would take on that view it would answer the moment the fence
+        // reopens, before its next decision sees the others again, next to the owner they
+        // chose (ipam-sim seed 83 at 5 nodes, docs/simulation.md). It takes it once the fence
+        // is open, after the hand-over's wait. The daemon decides again when the fence opens:
+        // at once with the gossip's fence, at the next tick with the lease's (its tick decides
+        // every time, leases lapsing with time alone).
+        let stale = self.takes_nothing(view.records_fresh, now);
+        if stale || !view.fence_open {
             wanted.retain(|ip, _| self.answering.contains_key(ip));
         }
         let (before, was_live, restarts) = (&self.before, self.was_live, &self.restarts);
@@ -272,11 +289,10 @@ impl Decider {
         let changed = mine != self.answering;
         let mut handed_over_changed = false;
         let mut lingering_ended = false;
-        let lingers = !self.lingering.is_empty();
-        let elsewhere = (changed || lingers).then(|| owned_elsewhere(&all, &node));
-        if let Some(elsewhere) = elsewhere.as_ref().filter(|_| changed) {
+        if changed {
+            let elsewhere = owned_elsewhere(&all, &node);
             let starting = now.saturating_duration_since(self.since) < STARTING;
-            let taken = self.follow(mine, elsewhere, now);
+            let taken = self.follow(mine, &elsewhere, now);
             let local = if taken.is_empty() {
                 HashSet::new()
             } else {
@@ -295,16 +311,25 @@ impl Decider {
             }
             handed_over_changed = self.hand_over(&plan.taken, view, now);
         }
-        if let Some(elsewhere) = elsewhere.as_ref().filter(|_| !self.lingering.is_empty()) {
-            lingering_ended = self.let_go_of_lingering(elsewhere, now);
+        if !self.lingering.is_empty() {
+            let announced: HashSet<IpAddr> = all.iter().map(|a| a.ip).collect();
+            lingering_ended = self.let_go_of_lingering(&announced, now);
         }
-        if changed || handed_over_changed || lingering_ended {
+        if changed || handed_over_changed || lingering_ended || gave_up {
             plan.answers = Some(self.answers());
         }
-        if all_changed(&self.before, &all) {
-            self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+        if !view.fence_open {
+            // Silent, with its side's view alone: what it sees is no evidence of who answers
+            // an IP once the fence reopens, so every IP it takes then waits the hand-over
+            // (`Previous::Unknown`).
+            self.before.clear();
+            self.was_live = false;
+        } else {
+            if all_changed(&self.before, &all) {
+                self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+            }
+            self.was_live = live(&node);
         }
-        self.was_live = live(&node);
         self.refresh_due();
         plan
     }
@@ -372,6 +397,36 @@ impl Decider {
         waits
     }
 
+    /// The fence closed: from now until it reopens the node is silent, and the others may
+    /// declare it dead and take its IPs over (a closing lasts at least as long as their
+    /// suspicion and hold: `ipam_gossip::Timing::fence_reopen`). What it answered, kept
+    /// through the closing, it would answer the moment the fence reopens, before a decision
+    /// on what it hears then (a decision takes up to `DECISION`; the heartbeat beats at
+    /// once), and, where its view and the others' still disagree after a cut, after it too.
+    /// So it gives everything up now, while silent anyway: each IP lingers on `lo` (clients
+    /// that still send to it are served), is answered by nobody while the fence is closed,
+    /// and is taken back once it is open, after the hand-over's wait, if it is still this
+    /// node's. Found by the simulator (docs/simulation.md): two nodes answered one IP after
+    /// partitions healed (seeds 58 and 263 at 3 nodes, 293 at 5). Tried before and taken
+    /// back when a blip of the last node's fence, as two others left, cost a request; those
+    /// blips are gone since a leaving node notes it (`liveness::leave`).
+    fn give_up_everything(&mut self, now: Instant) {
+        if !self.answering.is_empty() {
+            tracing::info!(
+                ips = self.answering.len(),
+                linger_ms = LINGER.as_millis() as u64,
+                "fence closed: service IPs given up while silent, still accepted on lo; each \
+                 is taken back after the hand-over's wait once the fence is open, if it is \
+                 still this node's"
+            );
+        }
+        for ip in std::mem::take(&mut self.answering).into_keys() {
+            self.lingering.insert(ip, now + LINGER);
+        }
+        self.handed_over.clear();
+        self.handover = Handover::default();
+    }
+
     /// What the node does now, whole, as last decided.
     fn answers(&self) -> Answers {
         Answers {
@@ -426,12 +481,13 @@ impl Decider {
         taken
     }
 
-    /// Takes off `lo` the IPs given up that lingered their time, or that no other node owns
-    /// any more (`elsewhere`); whether any came off.
-    fn let_go_of_lingering(&mut self, elsewhere: &HashSet<IpAddr>, now: Instant) -> bool {
+    /// Takes off `lo` the IPs given up that lingered their time, or that no node owns any
+    /// more (not `announced`: its Service gone, say); whether any came off. One this node
+    /// owns again but waits to answer (given up when it was declared dead) stays.
+    fn let_go_of_lingering(&mut self, announced: &HashSet<IpAddr>, now: Instant) -> bool {
         let before = self.lingering.len();
         self.lingering.retain(|ip, until| {
-            let kept = now < *until && elsewhere.contains(ip);
+            let kept = now < *until && announced.contains(ip);
             if !kept {
                 tracing::debug!(%ip, "service IP given up earlier: off lo now");
             }
@@ -595,7 +651,7 @@ fn why_taken(
 mod tests {
     use super::*;
     use crate::{
-        l2::pacing::TICK,
+        l2::{handover::HANDOVER, pacing::TICK},
         lb::fixtures,
         resources::{NodeInterface, NodeIpamSpec, RestartNotice},
     };
@@ -685,6 +741,7 @@ mod tests {
                 ready: &ready,
                 records,
                 records_fresh: *fresh,
+                fence_open: true,
             };
             let mut live = |n: &str| n == "b" || (n == "a" && *a_live) || *others_live;
             let changed = before.as_ref() != Some(&inputs);
@@ -715,6 +772,99 @@ mod tests {
             decided_due * 10 < decided_every,
             "{decided_due} decisions when due, {decided_every} at every tick"
         );
+    }
+
+    /// Two nodes, a and b, and 16 Services: what b answers when it decides at `now`, with a
+    /// live or not in its view and its fence open or not.
+    struct TwoNodes {
+        policies: Vec<(String, crate::lb::resources::L2PolicySpec)>,
+        services: Vec<(
+            String,
+            crate::lb::resources::ServiceSpec,
+            crate::lb::resources::ServiceStatus,
+        )>,
+        ready: crate::lb::announce::ReadyNodes,
+        records: BTreeMap<String, crate::resources::NodeIpam>,
+    }
+
+    impl TwoNodes {
+        fn new() -> Self {
+            Self {
+                policies: fixtures::policy_for_all(),
+                services: fixtures::services(16),
+                ready: crate::lb::announce::ReadyNodes::new(),
+                records: [record("a", 1), record("b", 2)].into(),
+            }
+        }
+
+        fn decide(&self, b: &mut Decider, a_live: bool, fence_open: bool, now: Instant) -> Plan {
+            let view = View {
+                policies: &self.policies,
+                pools: &[],
+                services: &self.services,
+                ready: &self.ready,
+                records: &self.records,
+                records_fresh: true,
+                fence_open,
+            };
+            b.decide(&view, &mut |n| n == "b" || (n == "a" && a_live), now)
+        }
+    }
+
+    /// When its fence closes a node gives up what it answers (each IP lingers on `lo`), takes
+    /// nothing on the view of its side of a cut (the others seem dead), and once the fence
+    /// is open again takes what is its own only after the hand-over's wait, whoever it saw
+    /// holding it while silent. Found by the simulator: kept or taken while silent, an IP was
+    /// answered the moment the fences reopened next to the owner the others chose (seed 83
+    /// at 5 nodes, seeds 58 and 263 at 3).
+    #[test]
+    fn a_closed_fence_gives_up_takes_nothing_and_the_reopened_node_waits_the_hand_over() {
+        let cluster = TwoNodes::new();
+        let start = Instant::now();
+        let mut b = Decider::new("b", OwnedIps::new(), &cluster.records, start, 0);
+        // Starting, b waits the hand-over for its share (another node may hold it).
+        cluster.decide(&mut b, true, true, start);
+        let start = start + HANDOVER;
+        cluster.decide(&mut b, true, true, start);
+        let own = b.answering().clone();
+        assert!(!own.is_empty() && own.len() < 16, "b owns a share: {own:?}");
+        // The fence closes; a seems dead from b's side of the cut.
+        let closed = start + Duration::from_secs(1);
+        let plan = cluster.decide(&mut b, false, false, closed);
+        let answers = plan
+            .answers
+            .expect("what it gave up is told to the applier");
+        assert!(
+            answers.answering.is_empty(),
+            "nothing answered: {answers:?}"
+        );
+        assert!(
+            own.keys().all(|ip| answers.accepting.contains(ip)),
+            "its IPs linger on lo: {answers:?}"
+        );
+        for ms in [100, 1_000, 3_000] {
+            cluster.decide(&mut b, false, false, closed + Duration::from_millis(ms));
+            assert!(b.answering().is_empty(), "at {ms} ms with the fence closed");
+        }
+        // The fence reopens, a still seems dead: b takes every IP, its own share too, but
+        // only after the wait.
+        let reopened = closed + Duration::from_secs(4);
+        cluster.decide(&mut b, false, true, reopened);
+        assert!(b.answering().is_empty(), "at the reopening");
+        cluster.decide(&mut b, false, true, reopened + HANDOVER - TICK);
+        assert!(b.answering().is_empty(), "within the hand-over's wait");
+        let plan = cluster.decide(&mut b, false, true, reopened + HANDOVER);
+        assert_eq!(b.answering().len(), 16, "every IP once the wait is over");
+        assert!(plan.answers.is_some());
+        // A second cut, a alive on the other side: b's own share only, after the wait again.
+        let closed = reopened + Duration::from_secs(2);
+        cluster.decide(&mut b, true, false, closed);
+        assert!(b.answering().is_empty(), "given up at the second closing");
+        let reopened = closed + Duration::from_secs(1);
+        cluster.decide(&mut b, true, true, reopened);
+        assert!(b.answering().is_empty(), "at the second reopening");
+        cluster.decide(&mut b, true, true, reopened + HANDOVER);
+        assert_eq!(b.answering(), &own, "its share again after the wait");
     }
 
     fn announced(ip: &str, service: &str, node: &str) -> Announcement {

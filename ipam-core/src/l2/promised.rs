@@ -180,6 +180,7 @@ mod tests {
             ready: &ReadyNodes::new(),
             records: &records,
             records_fresh: true,
+            fence_open: true,
         };
         let said: Vec<IpAddr> = vec![
             "10.78.0.1".parse().unwrap(),

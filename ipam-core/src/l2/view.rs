@@ -23,6 +23,11 @@ pub struct View<'a> {
     /// Whether the copy of the records follows the store (its watch works): a stale one may
     /// lack a restart notice.
     pub records_fresh: bool,
+    /// Whether this node's fence lets its responders answer now. While it is closed (the node
+    /// cut off from most of the others, or its lease not renewed) its view of who is live is
+    /// its side's alone: the decision lets go as usual but takes nothing new
+    /// (`Decider::decide`).
+    pub fence_open: bool,
 }
 
 impl View<'_> {

@@ -223,7 +223,15 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             follow_copies(&mut seen, &mut decider, &at);
             let copies = seen.read(&at);
             let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
-                .in_scope(|| decide(&mut decider, &copies, &mut peers, started));
+                .in_scope(|| {
+                    decide(
+                        &mut decider,
+                        &copies,
+                        &mut peers,
+                        fence.may_answer(),
+                        started,
+                    )
+                });
             applier.carry_out(plan);
             started
         };
@@ -249,8 +257,14 @@ fn follow_copies(seen: &mut Seen, decider: &mut Decider, at: &Moment) {
     }
 }
 
-/// One decision from the copies, at `now`.
-fn decide(decider: &mut Decider, seen: &Read<'_>, peers: &mut LivePeers, now: Instant) -> Plan {
+/// One decision from the copies, at `now`, with the fence open or not (`fence_open`).
+fn decide(
+    decider: &mut Decider,
+    seen: &Read<'_>,
+    peers: &mut LivePeers,
+    fence_open: bool,
+    now: Instant,
+) -> Plan {
     let (policies, pools, services) = (
         rows::policies(seen.policies.iter()),
         rows::labelled_pools(seen.pools.iter()),
@@ -263,6 +277,7 @@ fn decide(decider: &mut Decider, seen: &Read<'_>, peers: &mut LivePeers, now: In
         ready: seen.ready,
         records: &*seen.nodes,
         records_fresh: seen.nodes.is_fresh(),
+        fence_open,
     };
     decider.decide(&view, &mut |node| peers.is_live(node, now), now)
 }

@@ -196,6 +196,9 @@ impl World {
         }
         if was_open != open {
             agent.reporter.dirty = true;
+            // The daemon's owners decide at every change of the fence, unpaced: the first
+            // decision with it closed gives everything up (`Decider::decide`).
+            agent.decide_now = true;
         }
         if was_open && !open {
             self.nodes[i].datapath.deadline = self.nodes[i].datapath.deadline.min(now);

@@ -17,7 +17,8 @@
 //! locks of their own, in another order than a second controller, with a change of each
 //! kind waiting, would wait for ever. A moment is a read of the gate, a batch of changes a
 //! write; neither a moment nor a reading is `Send`, so a task cannot hold one across an await
-//! (none waits on the network while holding every change back).
+//! (none waits on the network while holding every change back). A batch is decoded before
+//! the gate is taken, so the write lasts only as long as moving the decoded objects in.
 
 use std::{
     any::Any,
@@ -32,7 +33,7 @@ use std::{
 use ipam_core::store::{Resource, Store, Watch};
 use tokio::sync::{Notify, OnceCell, OwnedRwLockReadGuard, RwLock};
 
-use super::cache::{Cache, watch_until_it_works};
+use super::cache::{Cache, Decoded, watch_until_it_works};
 
 /// Wakes one controller when any copy it reads changes. Changes made while it works wake it
 /// once more, not once each.
@@ -181,16 +182,20 @@ impl Copies {
 }
 
 /// Applies the kind's watch to its copy for the life of the process: every change ready is
-/// applied under one write of the gate, then the readers are woken once.
+/// decoded first, then applied under one write of the gate, then the readers are woken once.
+/// The gate is held only to move decoded objects into the copy: a relist of thousands of
+/// Services decoded under it held every controller back, whatever kinds it reads.
 async fn keep_current<T: Resource>(shared: Arc<Shared<T>>, mut watch: Watch) {
     loop {
-        let first = watch.next().await;
+        let mut batch = vec![Decoded::<T>::from_event(watch.next().await)];
+        while let Some(more) = watch.try_next() {
+            batch.push(Decoded::from_event(more));
+        }
         {
             let _gate = shared.gate.write().await;
             let mut cache = shared.cache.write().unwrap_or_else(PoisonError::into_inner);
-            cache.apply(first);
-            while let Some(more) = watch.try_next() {
-                cache.apply(more);
+            for decoded in batch {
+                cache.apply_decoded(decoded);
             }
             // Inside the write: a moment that sees the changes sees the generation that
             // says so.

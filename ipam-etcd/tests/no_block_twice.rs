@@ -46,6 +46,7 @@ async fn concurrent_operators_and_agents_never_give_a_block_twice() {
                     ipv6: None,
                     namespaces: Vec::new(),
                     namespace_selector: Default::default(),
+                    max_blocks_per_node: None,
                 },
                 status: PoolStatus::default(),
             },

@@ -178,6 +178,7 @@ pub(super) fn pod_pool(mut spec: Fields, report: &mut Report) -> Result<PodIpPoo
         ipv6,
         namespaces: Vec::new(),
         namespace_selector: Default::default(),
+        max_blocks_per_node: None,
     })
 }
 

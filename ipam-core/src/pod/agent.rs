@@ -483,6 +483,7 @@ mod tests {
             ipv6: None,
             namespaces: Vec::new(),
             namespace_selector: Default::default(),
+            max_blocks_per_node: None,
         };
         store
             .create_typed(
@@ -695,6 +696,7 @@ mod tests {
             ipv6: None,
             namespaces: Vec::new(),
             namespace_selector: Default::default(),
+            max_blocks_per_node: None,
         };
         store
             .create_typed(

@@ -379,6 +379,7 @@ mod tests {
                 ipv6: None,
                 namespaces: Vec::new(),
                 namespace_selector: Default::default(),
+                max_blocks_per_node: None,
             },
         )
         .unwrap()

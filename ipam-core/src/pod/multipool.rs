@@ -364,6 +364,7 @@ mod tests {
                 ipv6: None,
                 namespaces: Vec::new(),
                 namespace_selector: Default::default(),
+                max_blocks_per_node: None,
             };
             operator
                 .upsert_pool(validate(name, &spec).unwrap())

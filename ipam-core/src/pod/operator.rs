@@ -384,7 +384,27 @@ impl Operator {
         let mut reclaimed = Vec::new();
         let mut lost = Vec::new();
         for b in &node.value.spec.reclaim {
-            match self.blocks.restore(name, &b.pool, b.cidr) {
+            let family = b.cidr.family();
+            let held = self.blocks.blocks_of(name, &b.pool, family);
+            let over = self
+                .max_blocks_per_node(&b.pool, family)
+                .filter(|max| !held.contains(&b.cidr) && held.len() >= *max as usize);
+            let restored = match over {
+                // The record is the agent's word: a list of every free block of a pool would
+                // otherwise take them all.
+                Some(max) => Err(format!(
+                    "the node holds {} {} blocks of pool {} already, as many as one node may \
+                     (the pool's maxBlocksPerNode, {max})",
+                    held.len(),
+                    family.name(),
+                    b.pool
+                )),
+                None => self
+                    .blocks
+                    .restore(name, &b.pool, b.cidr)
+                    .map_err(|e| e.to_string()),
+            };
+            match restored {
                 Ok(()) => {
                     if !node.value.status.allocated.contains(b) {
                         report.reclaimed.push((name.clone(), b.clone()));
@@ -401,6 +421,15 @@ impl Operator {
             }
         }
         (reclaimed, lost)
+    }
+
+    /// The most blocks of `family` one node may hold of `pool` (none: no such pool or family,
+    /// which the allocation reports by itself).
+    fn max_blocks_per_node(&self, pool: &str, family: Family) -> Option<u32> {
+        self.blocks
+            .pool(pool)?
+            .family(family)
+            .map(|f| f.max_blocks_per_node)
     }
 
     /// Frees the blocks the node gives back.
@@ -440,7 +469,19 @@ impl Operator {
         problems: &mut Vec<String>,
     ) {
         let name = &node.name;
-        for (pool, family, needed) in self.wanted(&node.value) {
+        for (pool, family, asked) in self.wanted(&node.value) {
+            let needed = match self.max_blocks_per_node(&pool, family) {
+                Some(max) if asked > max => {
+                    problems.push(format!(
+                        "asks for {asked} {} blocks of pool {pool}, more than one node may \
+                         hold ({max}, the pool's maxBlocksPerNode): it gets {max}; raise \
+                         maxBlocksPerNode if this node runs that many pods",
+                        family.name()
+                    ));
+                    max
+                }
+                _ => asked,
+            };
             while self.blocks.blocks_of(name, &pool, family).len() < needed as usize {
                 match self.blocks.allocate(name, &pool, family) {
                     Ok(cidr) => report.assigned.push((
@@ -656,6 +697,7 @@ mod tests {
                 ipv6: None,
                 namespaces: Vec::new(),
                 namespace_selector: Default::default(),
+                max_blocks_per_node: None,
             },
             status: PoolStatus::default(),
         }
@@ -863,6 +905,72 @@ mod tests {
         assert!(a.is_disjoint(&b), "{a:?} {b:?}");
     }
 
+    /// A node's record is its agent's word, and a compromised agent may ask for every block
+    /// of a pool or list every free block as its own to reclaim: it gets no more than the
+    /// pool's `maxBlocksPerNode`, its record says why, and the other nodes are still served.
+    #[tokio::test]
+    async fn one_node_cannot_take_more_than_max_blocks_per_node_by_asking_or_reclaiming() {
+        let path = temp("bounded");
+        let s = EmbeddedStore::open(&path).unwrap();
+        let mut bounded = v4_pool(&["10.252.0.0/24"], 28);
+        bounded.spec.max_blocks_per_node = Some(3);
+        set_pool(&s, "tenant-a", bounded).await;
+        let request = |needed| PoolRequest {
+            pool: "tenant-a".into(),
+            family: Family::V4,
+            needed,
+            release: vec![],
+        };
+        let asking = |needed| NodeIpam {
+            spec: crate::resources::NodeIpamSpec {
+                pools: vec![request(needed)],
+                ..Default::default()
+            },
+            status: NodeIpamStatus::default(),
+        };
+        s.create_typed("greedy", &asking(16)).await.unwrap();
+        s.create_typed("honest", &asking(2)).await.unwrap();
+        let mut op = Operator::new(IpamMode::MultiPool);
+        op.reconcile(&s).await.unwrap();
+        assert_eq!(held(&s, "greedy").await.len(), 3);
+        assert_eq!(held(&s, "honest").await.len(), 2);
+        let status = node_status(&s, "greedy").await;
+        let ready = status.conditions.iter().find(|c| c.kind == READY).unwrap();
+        assert!(
+            !ready.status && ready.message.contains("maxBlocksPerNode"),
+            "{ready:?}"
+        );
+
+        // Reclaiming: a record listing 10 free blocks as its own (a /28 each) gets 3 back.
+        let free: Vec<AllocatedBlock> = (6..16)
+            .map(|i| AllocatedBlock {
+                pool: "tenant-a".into(),
+                cidr: format!("10.252.0.{}/28", i * 16).parse().unwrap(),
+            })
+            .collect();
+        let mut returning = asking(1);
+        returning.spec.reclaim = free.clone();
+        s.create_typed("returning", &returning).await.unwrap();
+        op.reconcile(&s).await.unwrap();
+        let status = node_status(&s, "returning").await;
+        assert_eq!(status.allocated.len(), 3, "{status:?}");
+        assert_eq!(status.lost.len(), 7, "{status:?}");
+        // What it could not take is still free for the others.
+        s.create_typed("late", &asking(3)).await.unwrap();
+        op.reconcile(&s).await.unwrap();
+        assert_eq!(held(&s, "late").await.len(), 3);
+
+        // With no bound given, a pool of /28 blocks lets a node hold 64 (1,024 addresses).
+        assert_eq!(
+            crate::pod::pool::default_max_blocks_per_node(Family::V4, 28),
+            64
+        );
+        assert_eq!(
+            crate::pod::pool::default_max_blocks_per_node(Family::V6, 64),
+            1
+        );
+    }
+
     /// A node asking a v4-only pool for an IPv6 block too (agents ask for both families) gets
     /// its v4 block and stays ready: no problem is reported for the family the pool lacks.
     #[tokio::test]
@@ -949,6 +1057,7 @@ mod tests {
                 }),
                 namespaces: Vec::new(),
                 namespace_selector: Default::default(),
+                max_blocks_per_node: None,
             },
             status: PoolStatus::default(),
         };

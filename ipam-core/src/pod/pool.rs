@@ -85,6 +85,27 @@ pub struct PodIpPoolSpec {
     /// while it is away, and no other tenant's pod takes it by asking.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
+    /// The most blocks of each family one node may hold of the pool. A node asks for one more
+    /// whenever its blocks fill, and its agent writes the request: without a bound, one node
+    /// (or one compromised agent asking for every block) could take the whole pool. Default:
+    /// as many blocks as hold 1,024 addresses, at least one ([`default_max_blocks_per_node`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub max_blocks_per_node: Option<u32>,
+}
+
+/// Addresses a node may hold of one pool and family when the pool does not say
+/// (`maxBlocksPerNode`): more than a node runs pods (the kubelet's default is 110, and
+/// clusters that raise it rarely pass 500), few enough that one node cannot take much of a
+/// pool.
+pub const DEFAULT_ADDRESSES_PER_NODE: u64 = 1024;
+
+/// The blocks of `mask` in `family` that hold [`DEFAULT_ADDRESSES_PER_NODE`], at least one.
+pub fn default_max_blocks_per_node(family: Family, mask: u8) -> u32 {
+    let per_block = 1u64 << (family.bits() - mask).min(63);
+    u32::try_from(DEFAULT_ADDRESSES_PER_NODE.div_ceil(per_block))
+        .unwrap_or(u32::MAX)
+        .max(1)
 }
 
 /// Addresses of a pool kept for the pods of some namespaces.
@@ -179,6 +200,8 @@ pub struct Pool {
 pub struct FamilyPool {
     pub cidrs: Vec<Cidr>,
     pub mask: u8,
+    /// The most blocks of this family one node may hold.
+    pub max_blocks_per_node: u32,
 }
 
 impl Pool {
@@ -198,6 +221,11 @@ impl Pool {
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum PoolError {
+    #[error(
+        "pool {pool}: maxBlocksPerNode is 0, so no node could have a block of it; give at least 1, \
+         or leave it out for the default (blocks for 1,024 addresses)"
+    )]
+    NoBlockPerNode { pool: String },
     #[error("pool {pool}: {source}")]
     Cidr { pool: String, source: CidrError },
     #[error(
@@ -293,11 +321,23 @@ pub enum PoolError {
 
 /// Validates one pool on its own: CIDRs, families, mask sizes, overlaps inside the pool.
 pub fn validate(name: &str, spec: &PodIpPoolSpec) -> Result<Pool, PoolError> {
-    let pool = Pool {
+    if spec.max_blocks_per_node == Some(0) {
+        return Err(PoolError::NoBlockPerNode {
+            pool: name.to_owned(),
+        });
+    }
+    let mut pool = Pool {
         name: name.to_owned(),
         v4: validate_family(name, Family::V4, spec.ipv4.as_ref())?,
         v6: validate_family(name, Family::V6, spec.ipv6.as_ref())?,
     };
+    for (family, f) in [(Family::V4, &mut pool.v4), (Family::V6, &mut pool.v6)] {
+        if let Some(f) = f {
+            f.max_blocks_per_node = spec
+                .max_blocks_per_node
+                .unwrap_or_else(|| default_max_blocks_per_node(family, f.mask));
+        }
+    }
     if pool.v4.is_none() && pool.v6.is_none() {
         return Err(PoolError::Empty {
             pool: name.to_owned(),
@@ -425,6 +465,8 @@ fn validate_family(
     Ok(Some(FamilyPool {
         cidrs,
         mask: spec.mask_size,
+        // Set by `validate`, which reads the pool's bound.
+        max_blocks_per_node: 1,
     }))
 }
 
@@ -538,7 +580,28 @@ mod tests {
             ipv6: f(v6, mask6),
             namespaces: Vec::new(),
             namespace_selector: Default::default(),
+            max_blocks_per_node: None,
         }
+    }
+
+    /// `maxBlocksPerNode` bounds each family; left out, the bound is blocks for 1,024
+    /// addresses; 0 would starve every node and is refused with what to give instead.
+    #[test]
+    fn max_blocks_per_node_bounds_each_family_and_zero_is_refused() {
+        let mut given = spec(&["10.0.0.0/16"], 26, &["fd00::/104"], 120);
+        let defaulted = validate("p", &given).unwrap();
+        assert_eq!(defaulted.v4.unwrap().max_blocks_per_node, 16);
+        assert_eq!(defaulted.v6.unwrap().max_blocks_per_node, 4);
+        given.max_blocks_per_node = Some(2);
+        let bounded = validate("p", &given).unwrap();
+        assert_eq!(bounded.v4.unwrap().max_blocks_per_node, 2);
+        assert_eq!(bounded.v6.unwrap().max_blocks_per_node, 2);
+        given.max_blocks_per_node = Some(0);
+        let refused = validate("p", &given).unwrap_err().to_string();
+        assert!(
+            refused.contains("pool p: maxBlocksPerNode is 0"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -194,6 +194,7 @@ fn main() {
             }),
             namespaces: Vec::new(),
             namespace_selector: Default::default(),
+            max_blocks_per_node: None,
         },
     )
     .unwrap();

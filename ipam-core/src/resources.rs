@@ -346,8 +346,10 @@ pub struct RestartNotice {
     /// The Service IPs its responders answer on while it restarts: the others leave them with
     /// it until it is back or its promise ends, whatever else changes meanwhile (a Local
     /// Service's endpoints moving, a node joining), since nothing of its own lets go of them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub answering: Vec<std::net::IpAddr>,
+    /// Written even when empty (a node answering nothing keeps nothing); absent from the
+    /// notices of releases before the list, whose node keeps what the others see it own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answering: Option<Vec<std::net::IpAddr>>,
 }
 
 /// A node's agent stopped for a leave: silent, out of the gossip, counted by nobody's majority

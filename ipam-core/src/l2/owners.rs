@@ -105,6 +105,9 @@ pub struct Decider {
     lingering: BTreeMap<IpAddr, Instant>,
     /// Whether it started from a restarted agent's IPs.
     inherited: bool,
+    /// Until when the promise it took them up with runs, until its first decision: a first
+    /// decision after that gives them up (the others may have taken them meanwhile).
+    inherited_until: Option<Instant>,
     /// Nodes held live while their agents restart.
     restarts: Restarts,
     /// Since when this node's copy of the records is stale, while it is (`takes_nothing`).
@@ -141,12 +144,15 @@ impl Decider {
         now_unix_ms: u64,
     ) -> Self {
         let inherits = !inherited.is_empty();
+        let restarts = Restarts::new(node, inherits, records, now, now_unix_ms);
         let mut decider = Self {
             node: node.to_owned(),
             answering: inherited,
             lingering: BTreeMap::new(),
             inherited: inherits,
-            restarts: Restarts::new(node, inherits, records, now, now_unix_ms),
+            // No hold of its own (its notice gone, or its promise over): already lapsed.
+            inherited_until: inherits.then(|| restarts.held_until(node).unwrap_or(now)),
+            restarts,
             stale_since: None,
             withholding: false,
             fence_was_open: true,
@@ -259,9 +265,19 @@ impl Decider {
         );
         self.keep_with_restarting(&mut all, view, now);
         let mut wanted = mine(&all, &node);
-        let gave_up = self.fence_was_open && !view.fence_open;
-        if gave_up {
-            self.give_up_everything(now);
+        // What it took up from the agent before, first decided on after the promise ran
+        // out (its fence slow to open, say): the others took it over meanwhile, as from a
+        // dead node, and it must not answer it at once next to them (found by review).
+        let promise_lapsed = self
+            .inherited_until
+            .take()
+            .is_some_and(|until| now >= until);
+        let closed = self.fence_was_open && !view.fence_open;
+        let gave_up = promise_lapsed || closed;
+        if closed {
+            self.give_up_everything("fence closed", now);
+        } else if promise_lapsed {
+            self.give_up_everything("the restart promise ran out before this agent decided", now);
         }
         self.fence_was_open = view.fence_open;
         // While the fence is closed this node judges who is live from its side of a cut
@@ -346,10 +362,10 @@ impl Decider {
             .filter(|node| *node != self.node && self.restarts.holds(node, now))
             .map(|node| {
                 let answering = match self.restarts.answering(node, now) {
-                    Some(said) if !said.is_empty() => said.to_vec(),
+                    Some(said) => said.to_vec(),
                     // A notice of an agent before the list was added: what this node last saw
                     // it own.
-                    _ => self
+                    None => self
                         .before
                         .iter()
                         .filter(|(_, owner)| owner.as_str() == node)
@@ -410,14 +426,15 @@ impl Decider {
     /// partitions healed (seeds 58 and 263 at 3 nodes, 293 at 5). Tried before and taken
     /// back when a blip of the last node's fence, as two others left, cost a request; those
     /// blips are gone since a leaving node notes it (`liveness::leave`).
-    fn give_up_everything(&mut self, now: Instant) {
+    /// Also at a first decision after the promise its inherited IPs were taken up with ran
+    /// out (`why`).
+    fn give_up_everything(&mut self, why: &str, now: Instant) {
         if !self.answering.is_empty() {
             tracing::info!(
                 ips = self.answering.len(),
                 linger_ms = LINGER.as_millis() as u64,
-                "fence closed: service IPs given up while silent, still accepted on lo; each \
-                 is taken back after the hand-over's wait once the fence is open, if it is \
-                 still this node's"
+                "{why}: service IPs given up, still accepted on lo; each is taken back after \
+                 the hand-over's wait once the fence is open, if it is still this node's"
             );
         }
         for ip in std::mem::take(&mut self.answering).into_keys() {
@@ -685,7 +702,7 @@ mod tests {
         let notice = |within_ms| RestartNotice {
             within_ms,
             since_unix_ms: 1_000,
-            answering: Vec::new(),
+            answering: None,
         };
         // c stops for a restart at 1 s (5 s promised) and withdraws its notice at 1.5 s: its
         // hold ends 2 s later, at 3.5 s. d stops at 1 s (2 s promised): held until 3 s.
@@ -847,10 +864,11 @@ mod tests {
             assert!(b.answering().is_empty(), "at {ms} ms with the fence closed");
         }
         // The fence reopens, a still seems dead: b takes every IP, its own share too, but
-        // only after the wait.
+        // only after the wait, which is when the next decision is due.
         let reopened = closed + Duration::from_secs(4);
         cluster.decide(&mut b, false, true, reopened);
         assert!(b.answering().is_empty(), "at the reopening");
+        assert_eq!(b.next_due(), Some(reopened + HANDOVER));
         cluster.decide(&mut b, false, true, reopened + HANDOVER - TICK);
         assert!(b.answering().is_empty(), "within the hand-over's wait");
         let plan = cluster.decide(&mut b, false, true, reopened + HANDOVER);
@@ -865,6 +883,96 @@ mod tests {
         assert!(b.answering().is_empty(), "at the second reopening");
         cluster.decide(&mut b, true, true, reopened + HANDOVER);
         assert_eq!(b.answering(), &own, "its share again after the wait");
+        // A third cut in which b still hears a while silent, and finds it dead once open: what
+        // b saw a hold while silent is no evidence that a is silent now, so b waits for a's
+        // share too rather than take it as from a dead node.
+        let closed = reopened + Duration::from_secs(2);
+        cluster.decide(&mut b, true, false, closed);
+        cluster.decide(&mut b, true, false, closed + Duration::from_millis(500));
+        let reopened = closed + Duration::from_secs(1);
+        cluster.decide(&mut b, false, true, reopened);
+        assert!(b.answering().is_empty(), "at the third reopening");
+        let plan = cluster.decide(&mut b, false, true, reopened + HANDOVER);
+        assert_eq!(b.answering().len(), 16, "every IP after the wait");
+        assert!(
+            plan.taken.iter().all(|t| t.from == Previous::Unknown),
+            "{:?}",
+            plan.taken
+        );
+    }
+
+    /// An agent that took up its predecessor's IPs (a restart promise) answers them at once at
+    /// its first decision while the promise runs; a first decision after it ran out (its
+    /// fence slow to open) gives them up and takes its share back after the hand-over's wait:
+    /// the others took them over meanwhile, as from a dead node. Found by review.
+    #[test]
+    fn inherited_ips_are_answered_at_once_only_while_the_promise_runs() {
+        let mut cluster = TwoNodes::new();
+        let start = Instant::now();
+        let share = {
+            let mut b = Decider::new("b", OwnedIps::new(), &cluster.records, start, 0);
+            cluster.decide(&mut b, true, true, start);
+            cluster.decide(&mut b, true, true, start + HANDOVER);
+            b.answering().clone()
+        };
+        assert!(!share.is_empty());
+        // b's agent stopped at 1,000 ms (Unix) promising 2 s; the next starts at 1,500 ms:
+        // held until 2 s from now (with the clock skew allowed).
+        cluster.records.get_mut("b").unwrap().spec.restarting = Some(RestartNotice {
+            within_ms: 2_000,
+            since_unix_ms: 1_000,
+            answering: Some(share.keys().copied().collect()),
+        });
+        for (first, at_once) in [
+            (Duration::from_secs(1), true),
+            (Duration::from_secs(3), false),
+        ] {
+            let mut b = Decider::new("b", share.clone(), &cluster.records, start, 1_500);
+            let at = start + first;
+            cluster.decide(&mut b, true, true, at);
+            if at_once {
+                assert_eq!(b.answering(), &share, "first decided at {first:?}");
+            } else {
+                assert!(b.answering().is_empty(), "first decided at {first:?}");
+                cluster.decide(&mut b, true, true, at + HANDOVER);
+                assert_eq!(b.answering(), &share, "after the wait");
+            }
+        }
+    }
+
+    /// A node that stops for a restart answering nothing (every IP still waiting a hand-over
+    /// after its fence reopened, say) lists none, and the others keep nothing with it: they
+    /// answer its share after the hand-over's wait. A notice without a list (a release before
+    /// the list) still keeps with its node what the others see it own. Found by review: read
+    /// as the old kind, an empty list kept the node's whole share unanswered for its promise.
+    #[test]
+    fn a_restart_notice_listing_no_ip_keeps_nothing_and_one_without_a_list_keeps_a_share() {
+        for (listed, kept) in [(Some(Vec::new()), false), (None, true)] {
+            let mut cluster = TwoNodes::new();
+            let start = Instant::now();
+            let mut b = Decider::new("b", OwnedIps::new(), &cluster.records, start, 0);
+            cluster.decide(&mut b, true, true, start);
+            let start = start + HANDOVER;
+            cluster.decide(&mut b, true, true, start);
+            let own = b.answering().len();
+            assert!(own > 0 && own < 16, "b owns a share");
+            // a stops for a restart (10 s promised) and falls silent.
+            cluster.records.get_mut("a").unwrap().spec.restarting = Some(RestartNotice {
+                within_ms: 10_000,
+                since_unix_ms: 1_000,
+                answering: listed.clone(),
+            });
+            let stopped = start + Duration::from_secs(1);
+            b.records_changed(&cluster.records, stopped);
+            cluster.decide(&mut b, false, true, stopped);
+            cluster.decide(&mut b, false, true, stopped + HANDOVER);
+            let answered = b.answering().len();
+            if kept {
+                assert_eq!(answered, own, "{listed:?}: a's share kept with it");
+            } else {
+                assert_eq!(answered, 16, "{listed:?}: a's share answered by b");
+            }
+        }
     }
 
     fn announced(ip: &str, service: &str, node: &str) -> Announcement {

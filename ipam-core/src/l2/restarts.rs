@@ -186,19 +186,26 @@ impl Restarts {
         cleared.retain(|node, _| self.held.contains_key(node));
     }
 
+    /// Until when `node` is held live, if it is.
+    pub fn held_until(&self, node: &str) -> Option<Instant> {
+        self.held.get(node).map(|(_, until)| *until)
+    }
+
     /// Whether `node` is held live at `now`.
     pub fn holds(&self, node: &str, now: Instant) -> bool {
         self.held.get(node).is_some_and(|(_, until)| now < *until)
     }
 
-    /// Whether `node` is held at `now` and keeps the IPs it owns by hashing: its notice names
-    /// none (an agent before the list was added, or one that answered nothing). A notice that
-    /// names its IPs keeps those alone (`promised`); the others are decided among the nodes
-    /// heard, or a node held would own IPs nobody answers for its promise.
+    /// Whether `node` is held at `now` and keeps the IPs it owns by hashing: its notice has no
+    /// list (an agent of a release before the list). A notice with a list keeps those IPs
+    /// alone (`promised`), none if it is empty (its node answered nothing when it stopped:
+    /// say, every IP still waiting a hand-over after its fence reopened); the others are
+    /// decided among the nodes heard, or a node held would own IPs nobody answers for its
+    /// promise.
     pub fn holds_by_hashing(&self, node: &str, now: Instant) -> bool {
         self.held
             .get(node)
-            .is_some_and(|(notice, until)| now < *until && notice.answering.is_empty())
+            .is_some_and(|(notice, until)| now < *until && notice.answering.is_none())
     }
 
     /// The nodes held (their holds may have run out since the last prune).
@@ -206,12 +213,13 @@ impl Restarts {
         self.held.keys().map(String::as_str)
     }
 
-    /// The IPs `node` said it answers on while it restarts, if it is held at `now`.
+    /// The IPs `node` said it answers on while it restarts, if it is held at `now` and its
+    /// notice lists them.
     pub fn answering(&self, node: &str, now: Instant) -> Option<&[std::net::IpAddr]> {
         self.held
             .get(node)
             .filter(|(_, until)| now < *until)
-            .map(|(notice, _)| notice.answering.as_slice())
+            .and_then(|(notice, _)| notice.answering.as_deref())
     }
 
     /// Whether a hold is kept (running, or run out and not yet pruned by a decision).
@@ -264,7 +272,7 @@ mod tests {
         let notice = RestartNotice {
             within_ms: 2_000,
             since_unix_ms: 1,
-            answering: Vec::new(),
+            answering: None,
         };
         let mut restarts = Restarts::default();
         let t0 = Instant::now();
@@ -285,7 +293,7 @@ mod tests {
         let next = RestartNotice {
             within_ms: 2_000,
             since_unix_ms: 2,
-            answering: Vec::new(),
+            answering: None,
         };
         let t1 = t0 + Duration::from_secs(120);
         restarts.follow(&records(Some(next)), "node-0", t1);
@@ -297,7 +305,7 @@ mod tests {
         let notice = Some(RestartNotice {
             within_ms: 2_000,
             since_unix_ms: 1,
-            answering: Vec::new(),
+            answering: None,
         });
         let t0 = Instant::now();
         // The agent before promised and its responders answer on: this one holds its node
@@ -330,7 +338,7 @@ mod tests {
         let notice = Some(RestartNotice {
             within_ms: 10_000,
             since_unix_ms: since,
-            answering: Vec::new(),
+            answering: None,
         });
         let at_start = records_of(&[("node-0", None), ("node-1", notice.clone())]);
         let t0 = Instant::now();
@@ -359,7 +367,7 @@ mod tests {
         let notice = Some(RestartNotice {
             within_ms: u64::MAX,
             since_unix_ms: u64::MAX / 2,
-            answering: Vec::new(),
+            answering: None,
         });
         let at_start = records_of(&[("node-0", None), ("node-1", notice)]);
         let t0 = Instant::now();
@@ -377,7 +385,7 @@ mod tests {
         let notice = Some(RestartNotice {
             within_ms: 10_000,
             since_unix_ms: 1,
-            answering: Vec::new(),
+            answering: None,
         });
         let t0 = Instant::now();
         let mut restarts = Restarts::new("node-0", false, &records_of(&[("node-0", None)]), t0, 0);
@@ -405,7 +413,7 @@ mod tests {
         let stale = Some(RestartNotice {
             within_ms: 2_000,
             since_unix_ms: 1,
-            answering: Vec::new(),
+            answering: None,
         });
         let t0 = Instant::now();
         let at_start = records_of(&[("node-0", None), ("node-1", stale.clone())]);
@@ -430,7 +438,7 @@ mod tests {
         let next = Some(RestartNotice {
             within_ms: 2_000,
             since_unix_ms: 2,
-            answering: Vec::new(),
+            answering: None,
         });
         restarts.follow(&records_of(&[("node-1", next)]), "node-0", t2);
         assert!(restarts.holds("node-1", t2 + Duration::from_secs(1)));

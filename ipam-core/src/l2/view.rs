@@ -25,7 +25,8 @@ pub struct View<'a> {
     pub records_fresh: bool,
     /// Whether this node's fence lets its responders answer now. While it is closed (the node
     /// cut off from most of the others, or its lease not renewed) its view of who is live is
-    /// its side's alone: the decision lets go as usual but takes nothing new
+    /// its side's alone: the first decision with it closed gives up every IP, none takes an IP
+    /// while it stays closed, and every IP taken after it reopens waits the hand-over
     /// (`Decider::decide`).
     pub fence_open: bool,
 }

@@ -533,7 +533,7 @@ mod tests {
         lapsed.spec.restarting = Some(crate::resources::RestartNotice {
             within_ms: 10_000,
             since_unix_ms: 1,
-            answering: Vec::new(),
+            answering: None,
         });
         store
             .update_typed("n1", &lapsed, &record.revision)

@@ -178,6 +178,10 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
     let mut fence_opened = false;
+    // A closing of the fence seen since the last decision: the next decision is made as with
+    // the fence closed even if it reopened meanwhile (a decision under way, one that waited),
+    // so what the node answered is given up, never kept through a silence.
+    let mut closing_seen = false;
     loop {
         // Changes only update the copies; ownership is decided once per tick, whatever the
         // number of changes (a burst of service writes would otherwise cost a decision each).
@@ -196,7 +200,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 pace.changed = true;
                 continue;
             }
-            () = fence.changed() => {}
+            () = fence.changed() => closing_seen |= !fence.may_answer(),
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
@@ -222,17 +226,12 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             // What is derived from the copies follows them at the moment decided at.
             follow_copies(&mut seen, &mut decider, &at);
             let copies = seen.read(&at);
+            let fence_open = fence.may_answer() && !std::mem::take(&mut closing_seen);
             let plan = tracing::debug_span!("service_ip_pass", node = applier.node.as_str())
-                .in_scope(|| {
-                    decide(
-                        &mut decider,
-                        &copies,
-                        &mut peers,
-                        fence.may_answer(),
-                        started,
-                    )
-                });
+                .in_scope(|| decide(&mut decider, &copies, &mut peers, fence_open, started));
             applier.carry_out(plan);
+            // Reopened already: decided again at the next tick, on the open fence.
+            pace.changed |= !fence_open && fence.may_answer();
             started
         };
         drop(at);

@@ -263,7 +263,7 @@ impl Promise<'_> {
             since_unix_ms: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            answering: self.answering.clone(),
+            answering: Some(self.answering.clone()),
         };
         for _ in 0..ATTEMPTS {
             match write_notice(store, node, &notice).await {

@@ -620,7 +620,7 @@ impl World {
         let notice = RestartNotice {
             within_ms: within.as_millis() as u64,
             since_unix_ms,
-            answering,
+            answering: Some(answering),
         };
         let mut record = self.store.record(&node_name(node));
         record.spec.restarting = Some(notice);

@@ -145,13 +145,24 @@ impl Decider {
     ) -> Self {
         let inherits = !inherited.is_empty();
         let restarts = Restarts::new(node, inherits, records, now, now_unix_ms);
+        // Its own notice's end by its own clock, which stamped it: no skew allowed for, so no
+        // later than any other node's hold of it (each counted from when it saw the notice).
+        let promise_ends = records
+            .record(node)
+            .and_then(|r| r.spec.restarting.as_ref())
+            .map_or(now, |notice| {
+                let ends = notice
+                    .since_unix_ms
+                    .saturating_add(notice.within_ms.min(super::restarts::LONGEST_PROMISE_MS));
+                now + Duration::from_millis(ends.saturating_sub(now_unix_ms))
+            });
         let mut decider = Self {
             node: node.to_owned(),
             answering: inherited,
             lingering: BTreeMap::new(),
             inherited: inherits,
-            // No hold of its own (its notice gone, or its promise over): already lapsed.
-            inherited_until: inherits.then(|| restarts.held_until(node).unwrap_or(now)),
+            // No notice of its own (gone, or its promise over): already lapsed.
+            inherited_until: inherits.then_some(promise_ends),
             restarts,
             stale_since: None,
             withholding: false,

@@ -186,11 +186,6 @@ impl Restarts {
         cleared.retain(|node, _| self.held.contains_key(node));
     }
 
-    /// Until when `node` is held live, if it is.
-    pub fn held_until(&self, node: &str) -> Option<Instant> {
-        self.held.get(node).map(|(_, until)| *until)
-    }
-
     /// Whether `node` is held live at `now`.
     pub fn holds(&self, node: &str, now: Instant) -> bool {
         self.held.get(node).is_some_and(|(_, until)| now < *until)

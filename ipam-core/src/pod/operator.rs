@@ -346,7 +346,7 @@ impl Operator {
         let name = &node.name;
         let mut problems = Vec::new();
         // A returning node's old blocks first, so it gets them back rather than new ones.
-        let (reclaimed, lost) = self.restore_reclaimed(node, report);
+        let (reclaimed, lost) = self.restore_reclaimed(node, report, &mut problems);
         self.release_returned(node, report, &mut problems);
         self.allocate_wanted(node, report, &mut problems);
         let mut allocated = self.held_by(node);
@@ -379,32 +379,13 @@ impl Operator {
         &mut self,
         node: &Versioned<NodeIpam>,
         report: &mut Report,
+        problems: &mut Vec<String>,
     ) -> (Vec<AllocatedBlock>, Vec<AllocatedBlock>) {
         let name = &node.name;
         let mut reclaimed = Vec::new();
         let mut lost = Vec::new();
         for b in &node.value.spec.reclaim {
-            let family = b.cidr.family();
-            let held = self.blocks.blocks_of(name, &b.pool, family);
-            let over = self
-                .max_blocks_per_node(&b.pool, family)
-                .filter(|max| !held.contains(&b.cidr) && held.len() >= *max as usize);
-            let restored = match over {
-                // The record is the agent's word: a list of every free block of a pool would
-                // otherwise take them all.
-                Some(max) => Err(format!(
-                    "the node holds {} {} blocks of pool {} already, as many as one node may \
-                     (the pool's maxBlocksPerNode, {max})",
-                    held.len(),
-                    family.name(),
-                    b.pool
-                )),
-                None => self
-                    .blocks
-                    .restore(name, &b.pool, b.cidr)
-                    .map_err(|e| e.to_string()),
-            };
-            match restored {
+            match self.blocks.restore(name, &b.pool, b.cidr) {
                 Ok(()) => {
                     if !node.value.status.allocated.contains(b) {
                         report.reclaimed.push((name.clone(), b.clone()));
@@ -418,6 +399,29 @@ impl Operator {
                     }
                     lost.push(b.clone());
                 }
+            }
+        }
+        // Not bounded: a reclaimed block may hold addresses the node's pods still use, and one
+        // refused would go to another node while they keep them (found by review). Beyond the
+        // bound the node gets no new block, and its record says so.
+        let mut over: BTreeSet<(&str, Family)> = BTreeSet::new();
+        for b in &reclaimed {
+            over.insert((b.pool.as_str(), b.cidr.family()));
+        }
+        for (pool, family) in over {
+            let held = self.blocks.blocks_of(name, pool, family).len();
+            if let Some(max) = self
+                .max_blocks_per_node(pool, family)
+                .filter(|max| held > *max as usize)
+            {
+                problems.push(format!(
+                    "holds {held} {} blocks of pool {pool}, more than one node may ({max}, the \
+                     pool's maxBlocksPerNode): it listed them to reclaim on its return, and \
+                     keeps them, as its pods may use them; it gets no new block of the pool \
+                     while it holds more than {max} (raise maxBlocksPerNode if it runs that \
+                     many pods)",
+                    family.name()
+                ));
             }
         }
         (reclaimed, lost)
@@ -474,8 +478,8 @@ impl Operator {
                 Some(max) if asked > max => {
                     problems.push(format!(
                         "asks for {asked} {} blocks of pool {pool}, more than one node may \
-                         hold ({max}, the pool's maxBlocksPerNode): it gets {max}; raise \
-                         maxBlocksPerNode if this node runs that many pods",
+                         hold ({max}, the pool's maxBlocksPerNode): it gets no more than {max}; \
+                         raise maxBlocksPerNode if this node runs that many pods",
                         family.name()
                     ));
                     max
@@ -906,8 +910,10 @@ mod tests {
     }
 
     /// A node's record is its agent's word, and a compromised agent may ask for every block
-    /// of a pool or list every free block as its own to reclaim: it gets no more than the
-    /// pool's `maxBlocksPerNode`, its record says why, and the other nodes are still served.
+    /// of a pool: it gets no more than the pool's `maxBlocksPerNode`, its record says why, and
+    /// the other nodes are still served. Blocks it lists to reclaim are given back beyond the
+    /// bound (its pods may use them: refused, they would go to another node), its record says
+    /// so, and it gets no new block while over.
     #[tokio::test]
     async fn one_node_cannot_take_more_than_max_blocks_per_node_by_asking_or_reclaiming() {
         let path = temp("bounded");
@@ -941,24 +947,34 @@ mod tests {
             "{ready:?}"
         );
 
-        // Reclaiming: a record listing 10 free blocks as its own (a /28 each) gets 3 back.
-        let free: Vec<AllocatedBlock> = (6..16)
+        // Returning with 5 blocks to reclaim (a /28 each) and asking for 6: it keeps the 5,
+        // gets no new one, and its record says it holds more than the bound.
+        let listed: Vec<AllocatedBlock> = (6..11)
             .map(|i| AllocatedBlock {
                 pool: "tenant-a".into(),
                 cidr: format!("10.252.0.{}/28", i * 16).parse().unwrap(),
             })
             .collect();
-        let mut returning = asking(1);
-        returning.spec.reclaim = free.clone();
+        let mut returning = asking(6);
+        returning.spec.reclaim = listed.clone();
         s.create_typed("returning", &returning).await.unwrap();
         op.reconcile(&s).await.unwrap();
         let status = node_status(&s, "returning").await;
-        assert_eq!(status.allocated.len(), 3, "{status:?}");
-        assert_eq!(status.lost.len(), 7, "{status:?}");
-        // What it could not take is still free for the others.
+        let kept: BTreeSet<_> = status.allocated.iter().cloned().collect();
+        assert_eq!(kept, listed.iter().cloned().collect(), "{status:?}");
+        let ready = status.conditions.iter().find(|c| c.kind == READY).unwrap();
+        assert!(
+            !ready.status
+                && ready
+                    .message
+                    .contains("holds 5 IPv4 blocks of pool tenant-a"),
+            "{ready:?}"
+        );
+        // The others are still served.
         s.create_typed("late", &asking(3)).await.unwrap();
         op.reconcile(&s).await.unwrap();
         assert_eq!(held(&s, "late").await.len(), 3);
+        assert_eq!(held(&s, "returning").await.len(), 5);
 
         // With no bound given, a pool of /28 blocks lets a node hold 64 (1,024 addresses).
         assert_eq!(
@@ -966,7 +982,7 @@ mod tests {
             64
         );
         assert_eq!(
-            crate::pod::pool::default_max_blocks_per_node(Family::V6, 64),
+            crate::pod::pool::default_max_blocks_per_node(Family::V6, 104),
             1
         );
     }

@@ -200,7 +200,9 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 pace.changed = true;
                 continue;
             }
-            () = fence.changed() => closing_seen |= !fence.may_answer(),
+            // Not before the fence first opened: the gossip's fence starts closed, and its
+            // first verdicts are closings too (a give-up of the inherited IPs at every start).
+            () = fence.changed() => closing_seen |= fence_opened && !fence.may_answer(),
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }

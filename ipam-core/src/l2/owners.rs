@@ -151,10 +151,12 @@ impl Decider {
             .record(node)
             .and_then(|r| r.spec.restarting.as_ref())
             .map_or(now, |notice| {
-                let ends = notice
-                    .since_unix_ms
-                    .saturating_add(notice.within_ms.min(super::restarts::LONGEST_PROMISE_MS));
-                now + Duration::from_millis(ends.saturating_sub(now_unix_ms))
+                let within = notice.within_ms.min(super::restarts::LONGEST_PROMISE_MS);
+                let ends = notice.since_unix_ms.saturating_add(within);
+                // Never longer than a promise made now: a notice stamped in the future (the
+                // clock stepped back since) would otherwise keep the IPs answered at once long
+                // after the others stopped holding them.
+                now + Duration::from_millis(ends.saturating_sub(now_unix_ms).min(within))
             });
         let mut decider = Self {
             node: node.to_owned(),
@@ -928,7 +930,7 @@ mod tests {
         };
         assert!(!share.is_empty());
         // b's agent stopped at 1,000 ms (Unix) promising 2 s; the next starts at 1,500 ms:
-        // held until 2 s from now (with the clock skew allowed).
+        // its promise runs 1.5 s more by its own clock.
         cluster.records.get_mut("b").unwrap().spec.restarting = Some(RestartNotice {
             within_ms: 2_000,
             since_unix_ms: 1_000,

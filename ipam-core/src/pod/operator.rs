@@ -5,7 +5,7 @@
 //! Written against the `TypedStore` trait only, so it runs unchanged on every store.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
@@ -346,9 +346,10 @@ impl Operator {
         let name = &node.name;
         let mut problems = Vec::new();
         // A returning node's old blocks first, so it gets them back rather than new ones.
-        let (reclaimed, lost) = self.restore_reclaimed(node, report, &mut problems);
+        let (reclaimed, lost) = self.restore_reclaimed(node, report);
         self.release_returned(node, report, &mut problems);
         self.allocate_wanted(node, report, &mut problems);
+        self.say_if_over_bound(&node.name, &mut problems);
         let mut allocated = self.held_by(node);
         allocated.extend(reclaimed);
         let conditions = if problems.is_empty() {
@@ -379,7 +380,6 @@ impl Operator {
         &mut self,
         node: &Versioned<NodeIpam>,
         report: &mut Report,
-        problems: &mut Vec<String>,
     ) -> (Vec<AllocatedBlock>, Vec<AllocatedBlock>) {
         let name = &node.name;
         let mut reclaimed = Vec::new();
@@ -403,28 +403,34 @@ impl Operator {
         }
         // Not bounded: a reclaimed block may hold addresses the node's pods still use, and one
         // refused would go to another node while they keep them (found by review). Beyond the
-        // bound the node gets no new block, and its record says so.
-        let mut over: BTreeSet<(&str, Family)> = BTreeSet::new();
-        for b in &reclaimed {
-            over.insert((b.pool.as_str(), b.cidr.family()));
+        // bound the node gets no new block, and its record says so (`say_if_over_bound`).
+        (reclaimed, lost)
+    }
+
+    /// Says, for every pool and family of which `node` holds more blocks than the pool's
+    /// bound, that it does and that it gets no new one: blocks it reclaimed on a return (given
+    /// back whatever the bound, as its pods may use them), or given before the bound was
+    /// lowered. Checked at every pass, so the condition stays while it holds more.
+    fn say_if_over_bound(&self, node: &str, problems: &mut Vec<String>) {
+        let mut held: BTreeMap<(String, Family), usize> = BTreeMap::new();
+        for (pool, block) in self.blocks.held_by_node(node) {
+            *held.entry((pool.clone(), block.family())).or_default() += 1;
         }
-        for (pool, family) in over {
-            let held = self.blocks.blocks_of(name, pool, family).len();
+        for ((pool, family), held) in held {
             if let Some(max) = self
-                .max_blocks_per_node(pool, family)
+                .max_blocks_per_node(&pool, family)
                 .filter(|max| held > *max as usize)
             {
                 problems.push(format!(
                     "holds {held} {} blocks of pool {pool}, more than one node may ({max}, the \
-                     pool's maxBlocksPerNode): it listed them to reclaim on its return, and \
-                     keeps them, as its pods may use them; it gets no new block of the pool \
-                     while it holds more than {max} (raise maxBlocksPerNode if it runs that \
-                     many pods)",
+                     pool's maxBlocksPerNode): blocks it reclaimed on a return, kept as its \
+                     pods may use them, or given before the bound was lowered; it gets no new \
+                     block of the pool while it holds more than {max} (raise maxBlocksPerNode \
+                     if it runs that many pods)",
                     family.name()
                 ));
             }
         }
-        (reclaimed, lost)
     }
 
     /// The most blocks of `family` one node may hold of `pool` (none: no such pool or family,
@@ -970,6 +976,17 @@ mod tests {
                     .contains("holds 5 IPv4 blocks of pool tenant-a"),
             "{ready:?}"
         );
+        // Its agent drops from `reclaim` what the status now lists: the condition stays.
+        let current = s.get_typed::<NodeIpam>("returning").await.unwrap().unwrap();
+        let mut settled = current.value.clone();
+        settled.spec.reclaim.clear();
+        s.update_typed("returning", &settled, &current.revision)
+            .await
+            .unwrap();
+        op.reconcile(&s).await.unwrap();
+        let status = node_status(&s, "returning").await;
+        let ready = status.conditions.iter().find(|c| c.kind == READY).unwrap();
+        assert!(ready.message.contains("holds 5 IPv4 blocks"), "{ready:?}");
         // The others are still served.
         s.create_typed("late", &asking(3)).await.unwrap();
         op.reconcile(&s).await.unwrap();

@@ -102,8 +102,9 @@ pub const DEFAULT_ADDRESSES_PER_NODE: u64 = 1024;
 
 /// The blocks of `mask` in `family` that hold [`DEFAULT_ADDRESSES_PER_NODE`], at least one.
 pub fn default_max_blocks_per_node(family: Family, mask: u8) -> u32 {
-    // Masks are validated to blocks of at most 2^24 addresses.
-    let per_block = 1u64 << (family.bits() - mask);
+    // Masks are validated to blocks of at most 2^24 addresses; the bounds keep a mask that
+    // was not from panicking.
+    let per_block = 1u64 << u32::from(family.bits().saturating_sub(mask)).min(63);
     u32::try_from(DEFAULT_ADDRESSES_PER_NODE.div_ceil(per_block))
         .unwrap_or(u32::MAX)
         .max(1)

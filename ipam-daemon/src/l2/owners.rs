@@ -202,7 +202,12 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
             }
             // Not before the fence first opened: the gossip's fence starts closed, and its
             // first verdicts are closings too (a give-up of the inherited IPs at every start).
-            () = fence.changed() => closing_seen |= fence_opened && !fence.may_answer(),
+            () = fence.changed() => {
+                // `has_opened`, not what this loop saw: it starts after listing the kinds it
+                // reads (seconds on a large cluster), and the watch may have merged a first
+                // opening and a closing by then (found by review).
+                closing_seen |= fence.has_opened() && !fence.may_answer();
+            }
             decide_now = peers.changed() => {
                 pace.changed = true;
                 if !decide_now { continue }
@@ -214,7 +219,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 }
             }
         }
-        fence_opened |= fence.may_answer();
+        fence_opened |= fence.has_opened();
         if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
             continue;
         }

@@ -25,8 +25,10 @@ pub enum Fence {
 /// The gossip fence's state as the gossip task last judged it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceState {
+    /// Closed, never open since the gossip started, with what it waits for.
+    Starting(String),
     Open,
-    /// Closed, with why (for logs and `ipamctl members`).
+    /// Closed after it was open, with why (for logs and `ipamctl members`).
     Closed(String),
 }
 
@@ -48,8 +50,18 @@ impl Fence {
             Self::Lease(_) => None,
             Self::Gossip(state) => match &*state.borrow() {
                 FenceState::Open => None,
-                FenceState::Closed(why) => Some(why.clone()),
+                FenceState::Starting(why) | FenceState::Closed(why) => Some(why.clone()),
             },
+        }
+    }
+
+    /// Whether the fence has been open since the agent started, whether or not it is now: a
+    /// watch merges an opening and a closing that follow each other into one change, so a
+    /// task that looks late would miss the opening; this does not.
+    pub fn has_opened(&self) -> bool {
+        match self {
+            Self::Lease(lease) => lease.renewed_once(),
+            Self::Gossip(state) => !matches!(*state.borrow(), FenceState::Starting(_)),
         }
     }
 
@@ -124,6 +136,11 @@ impl LeaseFence {
             .is_some_and(|at| at.elapsed() < self.lease / 2)
     }
 
+    /// Whether the lease was ever renewed: the fence opened then.
+    pub fn renewed_once(&self) -> bool {
+        self.renewed.lock().expect("fence lock").is_some()
+    }
+
     /// How long a node's lease lasts: others count a node dead after this long unrenewed.
     pub fn lease(&self) -> Duration {
         self.lease
@@ -146,6 +163,29 @@ mod tests {
         assert!(!fence.may_answer(), "half a lease old");
     }
 
+    /// A first opening closed again before a task looked is still known to have happened:
+    /// the watch merges the two changes into one (the L2 owners start looking only after
+    /// listing what they read), but a closing after an opening is `Closed`, not `Starting`.
+    #[test]
+    fn a_fence_that_opened_says_so_after_it_closed_again() {
+        let (tx, rx) = watch::channel(FenceState::Starting("gossip starting".into()));
+        let fence = Fence::Gossip(rx);
+        assert!(!fence.has_opened());
+        tx.send_replace(FenceState::Starting(
+            "no other member heard from yet".into(),
+        ));
+        assert!(!fence.has_opened(), "closed before it ever opened");
+        tx.send_replace(FenceState::Open);
+        tx.send_replace(FenceState::Closed("no majority in view".into()));
+        assert!(fence.has_opened() && !fence.may_answer());
+
+        let lease = Arc::new(LeaseFence::new(Duration::from_secs(2)));
+        let fence = Fence::Lease(lease.clone());
+        assert!(!fence.has_opened());
+        lease.renewed(Instant::now() - Duration::from_secs(5));
+        assert!(fence.has_opened() && !fence.may_answer());
+    }
+
     #[tokio::test]
     async fn waiting_for_the_fence_to_open_ends_at_the_first_renewal_or_open_state() {
         let lease = Arc::new(LeaseFence::new(Duration::from_secs(2)));
@@ -159,10 +199,12 @@ mod tests {
             .expect("opened at the renewal")
             .unwrap();
 
-        let (tx, rx) = watch::channel(FenceState::Closed("gossip starting".into()));
+        let (tx, rx) = watch::channel(FenceState::Starting("gossip starting".into()));
         let mut fence = Fence::Gossip(rx);
         let waiting = tokio::spawn(async move { fence.opened().await });
-        tx.send_replace(FenceState::Closed("no other member heard from yet".into()));
+        tx.send_replace(FenceState::Starting(
+            "no other member heard from yet".into(),
+        ));
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished(), "still closed");
         tx.send_replace(FenceState::Open);

@@ -17,6 +17,8 @@ pub(super) struct FenceKeeper {
     fence: Fence,
     latch: Latch,
     state: watch::Sender<FenceState>,
+    /// Whether the fence has been open: a closing after it is `Closed`, one before `Starting`.
+    opened: bool,
 }
 
 impl FenceKeeper {
@@ -27,6 +29,7 @@ impl FenceKeeper {
             fence: timing.fence(),
             latch: Latch::new(timing.fence_reopen()),
             state,
+            opened: false,
         }
     }
 
@@ -49,10 +52,12 @@ impl FenceKeeper {
         };
         let state = match (self.latch.take(now, &verdict), &verdict) {
             (true, _) => FenceState::Open,
-            (false, Err(why)) => FenceState::Closed(why.to_string()),
+            (false, Err(why)) if self.opened => FenceState::Closed(why.to_string()),
+            (false, Err(why)) => FenceState::Starting(why.to_string()),
             // Judged open, not yet for long enough: the wakeup comes back for it.
             (false, Ok(())) => return,
         };
+        self.opened |= state == FenceState::Open;
         self.state.send_if_modified(|current| {
             if *current == state {
                 return false;
@@ -90,7 +95,7 @@ impl FenceKeeper {
     pub(super) fn why_silent(&self) -> Option<String> {
         match &*self.state.borrow() {
             FenceState::Open => None,
-            FenceState::Closed(why) => Some(why.clone()),
+            FenceState::Starting(why) | FenceState::Closed(why) => Some(why.clone()),
         }
     }
 }

@@ -82,7 +82,7 @@ impl Gossip {
     /// alive and a closed fence, saying what it waits for.
     pub fn spawn(inputs: Inputs) -> Self {
         let (membership_tx, membership) = watch::channel(Membership::default());
-        let (fence_tx, fence) = watch::channel(FenceState::Closed("gossip starting".into()));
+        let (fence_tx, fence) = watch::channel(FenceState::Starting("gossip starting".into()));
         let members = Arc::new(Mutex::new(GossipMembers::default()));
         let outputs = Outputs {
             membership: membership_tx,

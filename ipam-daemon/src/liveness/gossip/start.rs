@@ -111,7 +111,7 @@ pub(super) async fn publish(store: &ClusterStore, node: &str, key: &str) -> Resu
 
 /// Publishes why the node may not answer yet, and logs it when it is news.
 fn waiting(outputs: &Outputs, why: String) {
-    let state = FenceState::Closed(why.clone());
+    let state = FenceState::Starting(why.clone());
     if *outputs.fence.borrow() != state {
         tracing::warn!("gossip waiting: {why}");
         outputs.fence.send_replace(state);

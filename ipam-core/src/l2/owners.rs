@@ -105,9 +105,6 @@ pub struct Decider {
     lingering: BTreeMap<IpAddr, Instant>,
     /// Whether it started from a restarted agent's IPs.
     inherited: bool,
-    /// Until when the promise it took them up with runs, until its first decision: a first
-    /// decision after that gives them up (the others may have taken them meanwhile).
-    inherited_until: Option<Instant>,
     /// Nodes held live while their agents restart.
     restarts: Restarts,
     /// Since when this node's copy of the records is stale, while it is (`takes_nothing`).
@@ -145,26 +142,11 @@ impl Decider {
     ) -> Self {
         let inherits = !inherited.is_empty();
         let restarts = Restarts::new(node, inherits, records, now, now_unix_ms);
-        // Its own notice's end by its own clock, which stamped it: no skew allowed for, so no
-        // later than any other node's hold of it (each counted from when it saw the notice).
-        let promise_ends = records
-            .record(node)
-            .and_then(|r| r.spec.restarting.as_ref())
-            .map_or(now, |notice| {
-                let within = notice.within_ms.min(super::restarts::LONGEST_PROMISE_MS);
-                let ends = notice.since_unix_ms.saturating_add(within);
-                // Never longer than a promise made now: a notice stamped in the future (the
-                // clock stepped back since) would otherwise keep the IPs answered at once long
-                // after the others stopped holding them.
-                now + Duration::from_millis(ends.saturating_sub(now_unix_ms).min(within))
-            });
         let mut decider = Self {
             node: node.to_owned(),
             answering: inherited,
             lingering: BTreeMap::new(),
             inherited: inherits,
-            // No notice of its own (gone, or its promise over): already lapsed.
-            inherited_until: inherits.then_some(promise_ends),
             restarts,
             stale_since: None,
             withholding: false,
@@ -278,19 +260,9 @@ impl Decider {
         );
         self.keep_with_restarting(&mut all, view, now);
         let mut wanted = mine(&all, &node);
-        // What it took up from the agent before, first decided on after the promise ran
-        // out (its fence slow to open, say): the others took it over meanwhile, as from a
-        // dead node, and it must not answer it at once next to them (found by review).
-        let promise_lapsed = self
-            .inherited_until
-            .take()
-            .is_some_and(|until| now >= until);
         let closed = self.fence_was_open && !view.fence_open;
-        let gave_up = promise_lapsed || closed;
         if closed {
-            self.give_up_everything("fence closed", now);
-        } else if promise_lapsed {
-            self.give_up_everything("the restart promise ran out before this agent decided", now);
+            self.give_up_everything(now);
         }
         self.fence_was_open = view.fence_open;
         // While the fence is closed this node judges who is live from its side of a cut
@@ -344,7 +316,7 @@ impl Decider {
             let announced: HashSet<IpAddr> = all.iter().map(|a| a.ip).collect();
             lingering_ended = self.let_go_of_lingering(&announced, now);
         }
-        if changed || handed_over_changed || lingering_ended || gave_up {
+        if changed || handed_over_changed || lingering_ended || closed {
             plan.answers = Some(self.answers());
         }
         if !view.fence_open {
@@ -439,15 +411,13 @@ impl Decider {
     /// partitions healed (seeds 58 and 263 at 3 nodes, 293 at 5). Tried before and taken
     /// back when a blip of the last node's fence, as two others left, cost a request; those
     /// blips are gone since a leaving node notes it (`liveness::leave`).
-    /// Also at a first decision after the promise its inherited IPs were taken up with ran
-    /// out (`why`).
-    fn give_up_everything(&mut self, why: &str, now: Instant) {
+    fn give_up_everything(&mut self, now: Instant) {
         if !self.answering.is_empty() {
             tracing::info!(
                 ips = self.answering.len(),
                 linger_ms = LINGER.as_millis() as u64,
-                "{why}: service IPs given up, still accepted on lo; each is taken back after \
-                 the hand-over's wait once the fence is open, if it is still this node's"
+                "fence closed: service IPs given up, still accepted on lo; each is taken back \
+                 after the hand-over's wait once the fence is open, if it is still this node's"
             );
         }
         for ip in std::mem::take(&mut self.answering).into_keys() {
@@ -912,45 +882,6 @@ mod tests {
             "{:?}",
             plan.taken
         );
-    }
-
-    /// An agent that took up its predecessor's IPs (a restart promise) answers them at once at
-    /// its first decision while the promise runs; a first decision after it ran out (its
-    /// fence slow to open) gives them up and takes its share back after the hand-over's wait:
-    /// the others took them over meanwhile, as from a dead node. Found by review.
-    #[test]
-    fn inherited_ips_are_answered_at_once_only_while_the_promise_runs() {
-        let mut cluster = TwoNodes::new();
-        let start = Instant::now();
-        let share = {
-            let mut b = Decider::new("b", OwnedIps::new(), &cluster.records, start, 0);
-            cluster.decide(&mut b, true, true, start);
-            cluster.decide(&mut b, true, true, start + HANDOVER);
-            b.answering().clone()
-        };
-        assert!(!share.is_empty());
-        // b's agent stopped at 1,000 ms (Unix) promising 2 s; the next starts at 1,500 ms:
-        // its promise runs 1.5 s more by its own clock.
-        cluster.records.get_mut("b").unwrap().spec.restarting = Some(RestartNotice {
-            within_ms: 2_000,
-            since_unix_ms: 1_000,
-            answering: Some(share.keys().copied().collect()),
-        });
-        for (first, at_once) in [
-            (Duration::from_secs(1), true),
-            (Duration::from_secs(3), false),
-        ] {
-            let mut b = Decider::new("b", share.clone(), &cluster.records, start, 1_500);
-            let at = start + first;
-            cluster.decide(&mut b, true, true, at);
-            if at_once {
-                assert_eq!(b.answering(), &share, "first decided at {first:?}");
-            } else {
-                assert!(b.answering().is_empty(), "first decided at {first:?}");
-                cluster.decide(&mut b, true, true, at + HANDOVER);
-                assert_eq!(b.answering(), &share, "after the wait");
-            }
-        }
     }
 
     /// A node that stops for a restart answering nothing (every IP still waiting a hand-over

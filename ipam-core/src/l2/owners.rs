@@ -797,6 +797,18 @@ mod tests {
             }
         }
 
+        /// b's decider, started at `start` with both nodes live and settled: its share
+        /// answered once the hand-over's wait of a start is over, at the instant returned.
+        fn settled_b(&self, start: Instant) -> (Decider, Instant) {
+            let mut b = Decider::new("b", OwnedIps::new(), &self.records, start, 0);
+            self.decide(&mut b, true, true, start);
+            let settled = start + HANDOVER;
+            self.decide(&mut b, true, true, settled);
+            let own = b.answering().len();
+            assert!(own > 0 && own < 16, "b owns a share: {own} IPs");
+            (b, settled)
+        }
+
         fn decide(&self, b: &mut Decider, a_live: bool, fence_open: bool, now: Instant) -> Plan {
             let view = View {
                 policies: &self.policies,
@@ -820,14 +832,8 @@ mod tests {
     #[test]
     fn a_closed_fence_gives_up_takes_nothing_and_the_reopened_node_waits_the_hand_over() {
         let cluster = TwoNodes::new();
-        let start = Instant::now();
-        let mut b = Decider::new("b", OwnedIps::new(), &cluster.records, start, 0);
-        // Starting, b waits the hand-over for its share (another node may hold it).
-        cluster.decide(&mut b, true, true, start);
-        let start = start + HANDOVER;
-        cluster.decide(&mut b, true, true, start);
+        let (mut b, start) = cluster.settled_b(Instant::now());
         let own = b.answering().clone();
-        assert!(!own.is_empty() && own.len() < 16, "b owns a share: {own:?}");
         // The fence closes; a seems dead from b's side of the cut.
         let closed = start + Duration::from_secs(1);
         let plan = cluster.decide(&mut b, false, false, closed);
@@ -893,13 +899,8 @@ mod tests {
     fn a_restart_notice_listing_no_ip_keeps_nothing_and_one_without_a_list_keeps_a_share() {
         for (listed, kept) in [(Some(Vec::new()), false), (None, true)] {
             let mut cluster = TwoNodes::new();
-            let start = Instant::now();
-            let mut b = Decider::new("b", OwnedIps::new(), &cluster.records, start, 0);
-            cluster.decide(&mut b, true, true, start);
-            let start = start + HANDOVER;
-            cluster.decide(&mut b, true, true, start);
+            let (mut b, start) = cluster.settled_b(Instant::now());
             let own = b.answering().len();
-            assert!(own > 0 && own < 16, "b owns a share");
             // a stops for a restart (10 s promised) and falls silent.
             cluster.records.get_mut("a").unwrap().spec.restarting = Some(RestartNotice {
                 within_ms: 10_000,

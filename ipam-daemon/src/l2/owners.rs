@@ -177,7 +177,6 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
     };
     let mut tick = crate::clock::ticker(TICK);
     let mut pace = Pace::new();
-    let mut fence_opened = false;
     // A closing of the fence seen since the last decision: the next decision is made as with
     // the fence closed even if it reopened meanwhile (a decision under way, one that waited),
     // so what the node answered is given up, never kept through a silence.
@@ -219,8 +218,7 @@ pub async fn run(inputs: Inputs, outputs: Outputs) {
                 }
             }
         }
-        fence_opened |= fence.has_opened();
-        if decider.waits(fence_opened, peers.knows_others(), Instant::now()) {
+        if decider.waits(fence.has_opened(), peers.knows_others(), Instant::now()) {
             continue;
         }
         let at = store.moment().await;

@@ -267,13 +267,25 @@ async fn check_member(endpoint: &str, config: &EtcdConfig) -> Result<u64, EtcdEr
     Ok(status.leader())
 }
 
+/// How often a connection with a watch or a request open pings its etcd member: twice etcd's
+/// default `--grpc-keepalive-min-time` (5 s), so a ping late or early by scheduling never
+/// counts against it.
+pub const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(10);
+
 fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions, EtcdError> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(config.dial_timeout())
         .with_timeout(config.request_timeout())
-        // Detect a dead member within seconds, not at the TCP timeout.
-        .with_keep_alive(Duration::from_secs(2), config.dial_timeout())
-        .with_keep_alive_while_idle(true)
+        // Detect a dead member behind an open watch within seconds, not at the TCP timeout,
+        // and no faster than etcd allows: it closes a connection whose pings come more often
+        // than its `--grpc-keepalive-min-time` (5 s by default) or, with no stream open, at
+        // all (GOAWAY `too_many_pings` at the third). Pings every 2 s, and while idle, broke
+        // every agent's watches every 6-10 s: each break left its copies stale for a second or
+        // more, and a service IP whose node died then moved 750 ms late (the gossip test's
+        // muted node, CI). A connection with no stream finds a dead member through its
+        // requests' timeouts instead.
+        .with_keep_alive(KEEP_ALIVE_EVERY, config.dial_timeout())
+        .with_keep_alive_while_idle(false)
         // A member cut off from the leader fails requests at once instead of hanging.
         .with_require_leader(true);
     if let Some(tls) = &config.tls {

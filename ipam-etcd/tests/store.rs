@@ -67,6 +67,25 @@ async fn a_compacted_watch_lists_again_and_goes_on() {
     assert!(start.number().unwrap() < compact_at);
 }
 
+/// A watch on a store where nothing changes stays open: the client pings its member no more
+/// often than etcd's default `--grpc-keepalive-min-time` allows. Pinging every 2 s, etcd closed
+/// the connection (`too_many_pings`) within 6-8 s of quiet, and every agent's copies went stale
+/// for a second each time.
+#[tokio::test]
+async fn a_quiet_watch_is_not_closed_by_the_members_keepalive_rules() {
+    let s = shared("quiet").await;
+    let mut w = s.watch("Thing").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    s.create_typed("a", &Thing { size: 1 }).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("the watch delivered the change within 5 s");
+    assert!(
+        matches!(&event, Ok(WatchEvent::Put(o)) if o.name == "a"),
+        "after 9 s of quiet the watch said {event:?} instead of the change"
+    );
+}
+
 /// Errors say which endpoint failed and what to check.
 #[tokio::test]
 async fn errors_name_the_endpoint_and_the_cause() {

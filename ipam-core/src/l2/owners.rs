@@ -326,35 +326,13 @@ impl Decider {
             self.before.clear();
             self.was_live = false;
         } else {
-            self.remember_holders(all);
+            if all_changed(&self.before, &all) {
+                self.before = all.into_iter().map(|a| (a.ip, a.node)).collect();
+            }
             self.was_live = live(&node);
         }
         self.refresh_due();
         plan
-    }
-
-    /// Remembers who holds each IP after this decision, for the next one's
-    /// [`previous_owner`]: its owner, except for an IP that fell to this node but that it did
-    /// not take (its copy of the records stale, a hand-over's wait): that one's holder is
-    /// still whoever held it before. Remembered as this node, an IP whose owner died while
-    /// the copy was stale waited the hand-over once the copy was current, as for a wait cut
-    /// short: 750 ms more of failover after each break of a watch (the gossip test's muted
-    /// node, CI).
-    fn remember_holders(&mut self, all: Vec<Announcement>) {
-        if !all_changed(&self.before, &all) {
-            return;
-        }
-        let mut holders: BTreeMap<IpAddr, String> =
-            all.into_iter().map(|a| (a.ip, a.node)).collect();
-        for (ip, holder) in &mut holders {
-            if *holder != self.node || self.answering.contains_key(ip) {
-                continue;
-            }
-            if let Some(held) = self.before.get(ip).filter(|held| **held != self.node) {
-                holder.clone_from(held);
-            }
-        }
-        self.before = holders;
     }
 
     /// Leaves with each node held for a restart (but this one) the IPs it keeps
@@ -832,25 +810,13 @@ mod tests {
         }
 
         fn decide(&self, b: &mut Decider, a_live: bool, fence_open: bool, now: Instant) -> Plan {
-            self.decide_with(b, a_live, fence_open, true, now)
-        }
-
-        /// [`Self::decide`] with b's copy of the records current (`records_fresh`) or stale.
-        fn decide_with(
-            &self,
-            b: &mut Decider,
-            a_live: bool,
-            fence_open: bool,
-            records_fresh: bool,
-            now: Instant,
-        ) -> Plan {
             let view = View {
                 policies: &self.policies,
                 pools: &[],
                 services: &self.services,
                 ready: &self.ready,
                 records: &self.records,
-                records_fresh,
+                records_fresh: true,
                 fence_open,
             };
             b.decide(&view, &mut |n| n == "b" || (n == "a" && a_live), now)
@@ -919,41 +885,6 @@ mod tests {
         assert_eq!(b.answering().len(), 16, "every IP after the wait");
         assert!(
             plan.taken.iter().all(|t| t.from == Previous::Unknown),
-            "{:?}",
-            plan.taken
-        );
-    }
-
-    /// A node whose copy of the records is stale when another dies takes nothing meanwhile,
-    /// and once its copy is current takes the dead node's IPs at once, as from a dead node,
-    /// not after the hand-over's wait. Found in CI (the gossip test's muted node): the stale
-    /// decisions remembered b itself as the holder, and the first current one waited 750 ms
-    /// as for a wait cut short.
-    #[test]
-    fn what_a_node_that_died_while_the_copy_was_stale_held_is_taken_at_once_when_current() {
-        let cluster = TwoNodes::new();
-        let (mut b, start) = cluster.settled_b(Instant::now());
-        let own = b.answering().clone();
-        let died = start + Duration::from_secs(1);
-        for ms in [0, 100, 200] {
-            cluster.decide_with(&mut b, false, true, false, died + Duration::from_millis(ms));
-            assert_eq!(
-                b.answering(),
-                &own,
-                "nothing taken {ms} ms into the stale copy"
-            );
-        }
-        let plan =
-            cluster.decide_with(&mut b, false, true, true, died + Duration::from_millis(300));
-        assert_eq!(
-            b.answering().len(),
-            16,
-            "a's share taken with the copy current"
-        );
-        assert!(
-            plan.taken
-                .iter()
-                .all(|t| t.from == Previous::Dead("a".into())),
             "{:?}",
             plan.taken
         );

@@ -276,15 +276,20 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions, EtcdError> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(config.dial_timeout())
         .with_timeout(config.request_timeout())
-        // Detect a dead member behind an open watch within seconds, not at the TCP timeout,
-        // and no faster than etcd allows: it closes a connection whose pings come more often
+        // Find a dead member behind an open connection without waiting for TCP's timeout,
+        // but ping no faster than etcd allows: it closes a connection whose pings come more often
         // than its `--grpc-keepalive-min-time` (5 s by default) or, with no stream open, at
         // all (GOAWAY `too_many_pings` at the third). Pings every 2 s, and while idle, broke
         // every agent's watches every 6-10 s: each break left its copies stale for a second or
         // more, and a service IP whose node died then moved 750 ms late (the gossip test's
         // muted node, CI). A connection with no stream finds a dead member through its
-        // requests' timeouts instead.
-        .with_keep_alive(KEEP_ALIVE_EVERY, config.dial_timeout())
+        // requests' timeouts instead, and a quiet watch through its progress requests
+        // (`watch::QUIET_FOR`). An answer to a ping may take the dial timeout, and no less than
+        // a second: a loaded host answering late must not lose every watch with its connection.
+        .with_keep_alive(
+            KEEP_ALIVE_EVERY,
+            config.dial_timeout().max(Duration::from_secs(1)),
+        )
         .with_keep_alive_while_idle(false)
         // A member cut off from the leader fails requests at once instead of hanging.
         .with_require_leader(true);
@@ -441,6 +446,10 @@ impl WatchedStore for EtcdStore {
 
     fn backend_error(&self, e: &etcd_client::Error) -> StoreError {
         EtcdStore::backend_error(self, e)
+    }
+
+    fn answer_within(&self) -> Duration {
+        self.config.request_timeout()
     }
 
     fn object(&self, kind: &str, kv: &KeyValue) -> Option<RawObject> {

@@ -167,6 +167,24 @@ impl EtcdCluster {
         }
     }
 
+    /// Freezes member `i` (SIGSTOP): its connections stay open and nothing on them is
+    /// answered, as with a member whose host lost power behind a switch that keeps the link up,
+    /// or a member stuck on its disk. [`Self::thaw`] undoes it.
+    pub fn freeze(&self, i: usize) {
+        self.signal(i, nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a frozen member run again (SIGCONT).
+    pub fn thaw(&self, i: usize) {
+        self.signal(i, nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, i: usize, signal: nix::sys::signal::Signal) {
+        let child = self.members[i].child.as_ref().expect("a running member");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).expect("signal the member");
+    }
+
     /// Starts member `i` again from its data directory.
     pub fn restart(&mut self, i: usize) -> std::io::Result<()> {
         self.spawn(i, "existing")

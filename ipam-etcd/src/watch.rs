@@ -9,7 +9,7 @@ use ipam_core::{
     backoff::Backoff,
     store::{RawObject, Revision, StoreError, WatchEvent},
 };
-use tokio::sync::mpsc::Sender;
+use tokio::{sync::mpsc::Sender, time::Instant};
 
 /// What a watch task needs of the store it follows (`EtcdStore` in `store.rs`). A trait here
 /// keeps the task free of the store's module, which starts it.
@@ -18,6 +18,8 @@ pub(crate) trait WatchedStore: Send + Sync + 'static {
     /// The key prefix of `kind`'s objects.
     fn kind_prefix(&self, kind: &str) -> String;
     fn backend_error(&self, e: &etcd_client::Error) -> StoreError;
+    /// How long the member may take to answer a request (`request_timeout_ms`).
+    fn answer_within(&self) -> Duration;
     /// The object a key-value holds, if the key is one of `kind`'s.
     fn object(&self, kind: &str, kv: &KeyValue) -> Option<RawObject>;
     fn name_of(&self, kind: &str, key: &[u8]) -> Option<String>;
@@ -27,6 +29,18 @@ pub(crate) trait WatchedStore: Send + Sync + 'static {
         kind: &str,
     ) -> impl Future<Output = Result<(Vec<RawObject>, u64), StoreError>> + Send;
 }
+
+/// How long a watch may go without a message before it asks its member for one (a progress
+/// request, answered at once with the member's revision). A member that lost power or was cut
+/// off says nothing, and the watch would wait for the connection's keep-alive, which etcd
+/// allows only every 10 s or so (`store::KEEP_ALIVE_EVERY`); meanwhile the copy fed by the
+/// watch passes for current. Asked after 3 s of quiet and unanswered within the request
+/// timeout, the watch counts as broken: a dead member is found within about 7 s with the
+/// defaults. One small request per quiet watch every 3 s, nothing while events flow.
+const QUIET_FOR: Duration = Duration::from_secs(3);
+
+/// How often a watch looks at how long it has been quiet.
+const QUIET_CHECK: Duration = Duration::from_millis(500);
 
 /// Longest pause between two attempts to reopen a broken watch.
 const REOPEN_CAP: Duration = Duration::from_secs(5);
@@ -111,11 +125,38 @@ async fn follow(
         Ok(stream) => stream,
         Err(e) => return report(store, &e, tx, reported).await,
     };
+    let mut heard = Instant::now();
+    let mut asked: Option<Instant> = None;
+    let mut check = tokio::time::interval(QUIET_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let message = tokio::select! {
             message = stream.message() => message,
+            _ = check.tick() => {
+                match asked {
+                    Some(at) if at.elapsed() >= store.answer_within() => {
+                        let quiet = heard.elapsed().as_millis();
+                        let e = etcd_client::Error::WatchError(format!(
+                            "no answer to a progress request within {} ms, after {quiet} ms \
+                             without a message: the member is unreachable or stuck",
+                            store.answer_within().as_millis()
+                        ));
+                        return report(store, &e, tx, reported).await;
+                    }
+                    None if heard.elapsed() >= QUIET_FOR => {
+                        if let Err(e) = stream.request_progress().await {
+                            return report(store, &e, tx, reported).await;
+                        }
+                        asked = Some(Instant::now());
+                    }
+                    _ => {}
+                }
+                continue;
+            }
             () = tx.closed() => return Ended::Dropped,
         };
+        heard = Instant::now();
+        asked = None;
         let response = match message {
             Ok(Some(response)) => response,
             Ok(None) => return Ended::Broken,

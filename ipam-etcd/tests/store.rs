@@ -67,23 +67,68 @@ async fn a_compacted_watch_lists_again_and_goes_on() {
     assert!(start.number().unwrap() < compact_at);
 }
 
-/// A watch on a store where nothing changes stays open: the client pings its member no more
-/// often than etcd's default `--grpc-keepalive-min-time` allows. Pinging every 2 s, etcd closed
-/// the connection (`too_many_pings`) within 6-8 s of quiet, and every agent's copies went stale
-/// for a second each time.
+/// A watch on a store where nothing changes stays open for 25 s and then delivers the next
+/// change: neither the client's keep-alive pings nor its progress requests on a quiet watch
+/// break anything. Pinging every 2 s, etcd closed the connection (`too_many_pings`, at its
+/// default `--grpc-keepalive-min-time` of 5 s) within 6-8 s of quiet, and every agent's copies
+/// went stale for a second each time.
 #[tokio::test]
-async fn a_quiet_watch_is_not_closed_by_the_members_keepalive_rules() {
+async fn a_quiet_watch_stays_open() {
     let s = shared("quiet").await;
     let mut w = s.watch("Thing").await.unwrap();
-    tokio::time::sleep(Duration::from_secs(9)).await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
     s.create_typed("a", &Thing { size: 1 }).await.unwrap();
     let event = tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
         .expect("the watch delivered the change within 5 s");
     assert!(
         matches!(&event, Ok(WatchEvent::Put(o)) if o.name == "a"),
-        "after 9 s of quiet the watch said {event:?} instead of the change"
+        "after 25 s of quiet the watch said {event:?} instead of the change"
     );
+}
+
+/// A watch on a member that stops answering (frozen: its connection stays open) says so within
+/// seconds, not at the connection's keep-alive, and follows the store again once the member
+/// answers: until then the copy it feeds is known stale, not taken for current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_member_that_stops_answering_says_so_within_seconds() {
+    let cluster = EtcdCluster::start(1).unwrap();
+    let mut config = cluster.config("/frozen");
+    config.request_timeout_ms = 1_000;
+    let s = EtcdStore::connect(config).await.unwrap();
+    let mut w = s.watch("Thing").await.unwrap();
+    // The member's watch is open once it delivered a change.
+    s.create_typed("before", &Thing { size: 0 }).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), w.next()).await;
+    assert!(
+        matches!(&event, Ok(Ok(WatchEvent::Put(o))) if o.name == "before"),
+        "{event:?}"
+    );
+    cluster.freeze(0);
+    let frozen = tokio::time::Instant::now();
+    let said = tokio::time::timeout(Duration::from_secs(8), w.next()).await;
+    let after = frozen.elapsed();
+    cluster.thaw(0);
+    let said = said.expect("the watch said something within 8 s of the member freezing");
+    assert!(
+        said.as_ref()
+            .is_err_and(|e| e.to_string().contains("progress request")),
+        "the watch said {said:?} {after:?} after the member froze"
+    );
+    s.create_typed("a", &Thing { size: 1 }).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let event = tokio::time::timeout_at(deadline, w.next())
+            .await
+            .expect("the change delivered within 15 s of the member thawing");
+        match event {
+            Ok(WatchEvent::Put(o)) if o.name == "a" => break,
+            Ok(WatchEvent::Resync { objects, .. }) if objects.iter().any(|o| o.name == "a") => {
+                break;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Errors say which endpoint failed and what to check.

@@ -347,6 +347,16 @@ impl Simulation {
         }
     }
 
+    /// Has `member` greet the members it holds dead now, as a daemon does when its fence
+    /// reopens ([`Peer::greet_the_dead`]).
+    pub fn greet_the_dead(&mut self, member: usize) {
+        let now = self.clock();
+        if let Some(peer) = self.members[member].peer.as_mut() {
+            peer.greet_the_dead(now);
+            self.collect(member);
+        }
+    }
+
     /// Delivers `packet` to `member` now, as from a host on the segment.
     pub fn inject(&mut self, member: usize, packet: &[u8]) -> Result<(), Dropped> {
         let now = self.clock();
@@ -585,6 +595,43 @@ struct Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use foca::State;
+
+    /// After a cut heals, a member greeting those it holds dead (as a daemon does when its
+    /// fence reopens) is told at once that they hold it dead too: it rejoins as its next
+    /// generation, finds them, and they take it in, all within 100 ms. Without the greeting
+    /// only the periodic hello to dead members (every 2 s) would tell it; meanwhile two
+    /// members each holding the other dead, both with a majority through a third, both
+    /// answered for each other's IPs (ipam-sim seed 253 at 3 nodes).
+    #[test]
+    fn greeting_the_dead_after_a_heal_rejoins_a_member_at_once() {
+        let keyring = Keyring::new(("sim", &[7; 32]), []).expect("a 32-byte key");
+        let mut sim = Simulation::warm(3, Timing::default(), NetworkModel::default(), keyring, 5);
+        sim.run_for(Duration::from_secs(1));
+        sim.partition(&[&[0, 1], &[2]]);
+        sim.run_for(Duration::from_secs(3));
+        let state = |sim: &Simulation, of: usize, member: usize| {
+            let id = sim.id(member);
+            sim.peer(of)
+                .expect("running")
+                .members()
+                .find(|(m, _)| *m == id)
+                .map(|(_, state)| state)
+        };
+        assert_eq!(state(&sim, 0, 2), Some(State::Down), "0 holds 2 dead");
+        assert_eq!(state(&sim, 2, 0), Some(State::Down), "2 holds 0 dead");
+        let before = sim.id(2);
+        sim.heal();
+        sim.greet_the_dead(2);
+        sim.run_for(Duration::from_millis(100));
+        assert!(sim.id(2).generation > before.generation, "2 rejoined");
+        assert_eq!(
+            state(&sim, 0, 2),
+            Some(State::Alive),
+            "0 took 2's new generation"
+        );
+        assert_eq!(state(&sim, 2, 0), Some(State::Alive), "2 found 0 again");
+    }
 
     /// What a caller skipping from one event to the next relies on: nothing happens before
     /// `next_event_at`, and a member not among the steps kept has heard nothing new.

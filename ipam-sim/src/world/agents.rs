@@ -185,6 +185,8 @@ impl World {
         let open = agent.latch.take(now, &verdict);
         if open && !was_open {
             self.note(format!("node-{i}'s fence opened"));
+            // As the daemon's gossip member does at a reopening.
+            self.gossip.greet_the_dead(i);
         }
         if open && !agent.opened_once {
             agent.opened_once = true;

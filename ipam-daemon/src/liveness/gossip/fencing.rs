@@ -33,7 +33,8 @@ impl FenceKeeper {
         }
     }
 
-    /// Judges the fence at `now` and publishes a change. While `counted_out` (this node's own
+    /// Judges the fence at `now` and publishes a change; whether it reopened (the member then
+    /// greets those it holds dead, `ipam_gossip::Peer::greet_the_dead`). While `counted_out` (this node's own
     /// record still says its agent left, `liveness::leave`) it is closed whatever the gossip
     /// says: the others do not count this node, so their majority and this node's could be
     /// two sides of a partition.
@@ -44,7 +45,7 @@ impl FenceKeeper {
         view: View,
         counted_out: bool,
         metrics: &GossipMetrics,
-    ) {
+    ) -> bool {
         let verdict = if counted_out {
             Err(Silenced::CountedOut)
         } else {
@@ -55,10 +56,11 @@ impl FenceKeeper {
             (false, Err(why)) if self.opened => FenceState::Closed(why.to_string()),
             (false, Err(why)) => FenceState::Starting(why.to_string()),
             // Judged open, not yet for long enough: the wakeup comes back for it.
-            (false, Ok(())) => return,
+            (false, Ok(())) => return false,
         };
         self.opened |= state == FenceState::Open;
-        self.state.send_if_modified(|current| {
+        let opening = state == FenceState::Open;
+        let changed = self.state.send_if_modified(|current| {
             if *current == state {
                 return false;
             }
@@ -79,6 +81,7 @@ impl FenceKeeper {
             *current = state;
             true
         });
+        changed && opening
     }
 
     /// When the fence must be judged again with nothing else happening: when it would close if

@@ -145,7 +145,7 @@ impl Member {
         let mut housekeeping = crate::clock::ticker(HOUSEKEEPING);
         self.report_refused_records();
         self.derive(Rebuild::Always);
-        self.judge_fence();
+        let _ = self.judge_fence();
         // One timer, moved only when the next deadline does: a new timer each step re-arms
         // the runtime's clock and wakes the thread once more for nothing, dozens of times a
         // second at rest.
@@ -178,7 +178,7 @@ impl Member {
             self.send().await;
             // What the gossip decided this step: deaths and returns, the take-overs they allow,
             // the fence.
-            tracing::debug_span!("gossip_decision").in_scope(|| {
+            let reopened = tracing::debug_span!("gossip_decision").in_scope(|| {
                 self.absorb_events();
                 let released = self.takeover.release(self.origin.elapsed());
                 self.derive(if released {
@@ -186,8 +186,13 @@ impl Member {
                 } else {
                     Rebuild::IfChanged
                 });
-                self.judge_fence();
+                self.judge_fence()
             });
+            if reopened {
+                // At once, well within the hand-over's wait before this node answers anything.
+                self.peer.greet_the_dead(self.now());
+                self.send().await;
+            }
         }
     }
 
@@ -361,14 +366,15 @@ impl Member {
         });
     }
 
-    fn judge_fence(&mut self) {
+    /// Judges the fence; whether it reopened.
+    fn judge_fence(&mut self) -> bool {
         self.fence.judge(
             self.peer.contact(),
             self.origin.elapsed(),
             self.view,
             self.directory.counted_out(),
             self.report.metrics(),
-        );
+        )
     }
 
     fn housekeeping(&mut self) {

@@ -137,6 +137,8 @@ pub struct Peer {
     contact: Contact,
     hello: Hello,
     last_hello: Option<Duration>,
+    /// How many members held dead were greeted at reopenings: where the next greeting starts.
+    dead_greeted: usize,
     /// When to next forget addresses that left (`forget_departed`).
     next_forget: Duration,
 }
@@ -166,6 +168,7 @@ impl Peer {
             contact: Contact::default(),
             hello: settings.hello,
             last_hello: None,
+            dead_greeted: 0,
             next_forget: Duration::ZERO,
         }
     }
@@ -200,16 +203,24 @@ impl Peer {
     /// holding this one dead answers that it was declared dead (`TurnUndead`), and one that
     /// this one holds dead is told the same by foca: each rejoins as a new generation, its
     /// fence closes, and what it would have taken it never answers.
+    ///
+    /// Only members with a node record are greeted (the others cannot be sent to), and each
+    /// reopening takes the next ones in turn: foca keeps members held dead for a day, and
+    /// the same first few, long gone, would be greeted every time.
     pub fn greet_the_dead(&mut self, now: Now) {
         let dead: Vec<PeerId> = self
             .protocol
             .iter_membership_state()
-            .filter(|m| m.state() == State::Down)
+            .filter(|m| m.state() == State::Down && self.envelope.can_reach(m.id().addr))
             .map(|m| *m.id())
-            .take(GREETINGS_OF_THE_DEAD)
             .collect();
+        let first = self.dead_greeted;
+        let to: Vec<PeerId> = (0..GREETINGS_OF_THE_DEAD.min(dead.len()))
+            .map(|i| dead[(first + i) % dead.len()])
+            .collect();
+        self.dead_greeted = first.wrapping_add(to.len());
         let (protocol, mut sink) = self.split(now);
-        for member in dead {
+        for member in to {
             // Only an oversized message fails to be sent; an announce never is one.
             let _ = protocol.announce(member, &mut sink);
             sink.stats.hellos += 1;

@@ -602,7 +602,9 @@ mod tests {
     /// generation, finds them, and they take it in, all within 100 ms. Without the greeting
     /// only the periodic hello to dead members (every 2 s) would tell it; meanwhile two
     /// members each holding the other dead, both with a majority through a third, both
-    /// answered for each other's IPs (ipam-sim seed 253 at 3 nodes).
+    /// answered for each other's IPs (ipam-sim seed 253 at 3 nodes, whose run the whole-cluster
+    /// simulator checks; here the greeter is the side of one, whose fence the daemon would
+    /// keep closed, which shows the exchange alone).
     #[test]
     fn greeting_the_dead_after_a_heal_rejoins_a_member_at_once() {
         let keyring = Keyring::new(("sim", &[7; 32]), []).expect("a 32-byte key");

@@ -80,18 +80,29 @@ async fn a_quiet_watch_stays_open() {
     s.create_typed("a", &Thing { size: 1 }).await.unwrap();
     // A `Resync` is a watch's own (another test of this binary compacts the shared store);
     // an error is what the pings or a progress request gone wrong would give.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let errors = sees(&mut w, "a", Duration::from_secs(5)).await;
+    assert!(
+        errors.is_empty(),
+        "after 25 s of quiet the watch failed: {errors:?}"
+    );
+}
+
+/// Reads `w` until it delivers object `name` (put, or in a relisting) within `within`; the
+/// errors it said meanwhile.
+async fn sees(w: &mut ipam_core::store::Watch, name: &str, within: Duration) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut errors = Vec::new();
     loop {
         let event = tokio::time::timeout_at(deadline, w.next())
             .await
-            .expect("the watch delivered the change within 5 s");
+            .unwrap_or_else(|_| panic!("{name} not delivered within {within:?}: {errors:?}"));
         match event {
-            Ok(WatchEvent::Put(o)) if o.name == "a" => break,
-            Ok(WatchEvent::Resync { objects, .. }) if objects.iter().any(|o| o.name == "a") => {
-                break;
+            Ok(WatchEvent::Put(o)) if o.name == name => return errors,
+            Ok(WatchEvent::Resync { objects, .. }) if objects.iter().any(|o| o.name == name) => {
+                return errors;
             }
             Ok(_) => {}
-            Err(e) => panic!("after 25 s of quiet the watch failed: {e}"),
+            Err(e) => errors.push(e.to_string()),
         }
     }
 }
@@ -125,19 +136,7 @@ async fn a_watch_on_a_member_that_stops_answering_says_so_within_seconds() {
         "the watch said {said:?} {after:?} after the member froze"
     );
     s.create_typed("a", &Thing { size: 1 }).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let event = tokio::time::timeout_at(deadline, w.next())
-            .await
-            .expect("the change delivered within 15 s of the member thawing");
-        match event {
-            Ok(WatchEvent::Put(o)) if o.name == "a" => break,
-            Ok(WatchEvent::Resync { objects, .. }) if objects.iter().any(|o| o.name == "a") => {
-                break;
-            }
-            _ => {}
-        }
-    }
+    sees(&mut w, "a", Duration::from_secs(15)).await;
 }
 
 /// Errors say which endpoint failed and what to check.

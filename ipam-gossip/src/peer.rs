@@ -214,11 +214,13 @@ impl Peer {
             .filter(|m| m.state() == State::Down && self.envelope.can_reach(m.id().addr))
             .map(|m| *m.id())
             .collect();
-        let first = self.dead_greeted;
-        let to: Vec<PeerId> = (0..GREETINGS_OF_THE_DEAD.min(dead.len()))
-            .map(|i| dead[(first + i) % dead.len()])
-            .collect();
-        self.dead_greeted = first.wrapping_add(to.len());
+        let to = in_turn(&dead, self.dead_greeted, GREETINGS_OF_THE_DEAD);
+        self.dead_greeted = self.dead_greeted.wrapping_add(to.len());
+        self.say_hello_to(now, to);
+    }
+
+    /// Announces this member to each of `to`, counted as hellos.
+    fn say_hello_to(&mut self, now: Now, to: Vec<PeerId>) {
         let (protocol, mut sink) = self.split(now);
         for member in to {
             // Only an oversized message fails to be sent; an announce never is one.
@@ -370,23 +372,14 @@ impl Peer {
             return;
         }
         self.last_hello = Some(now.monotonic);
-        let alive = || {
-            self.protocol
-                .iter_membership_state()
-                .filter(|m| m.state() == State::Alive)
-                .map(|m| *m.id())
-        };
-        let count = alive().count();
-        let first = self.stats.hellos as usize;
-        let to: Vec<PeerId> = (0..HELLO_FANOUT.min(count))
-            .filter_map(|i| alive().nth((first + i) % count))
+        let alive: Vec<PeerId> = self
+            .protocol
+            .iter_membership_state()
+            .filter(|m| m.state() == State::Alive)
+            .map(|m| *m.id())
             .collect();
-        let (protocol, mut sink) = self.split(now);
-        for member in to {
-            // Only an oversized message fails to be sent; an announce never is one.
-            let _ = protocol.announce(member, &mut sink);
-            sink.stats.hellos += 1;
-        }
+        let to = in_turn(&alive, self.stats.hellos as usize, HELLO_FANOUT);
+        self.say_hello_to(now, to);
     }
 
     /// Whether foca has changes to pass on.
@@ -580,4 +573,11 @@ impl Runtime<PeerId> for Sink<'_> {
     fn submit_after(&mut self, timer: Timer<PeerId>, after: Duration) {
         self.timers.submit(self.now.monotonic + after, timer);
     }
+}
+
+/// Up to `n` of `items`, from the `first`th on, wrapping round: the next ones in turn.
+fn in_turn<T: Copy>(items: &[T], first: usize, n: usize) -> Vec<T> {
+    (0..n.min(items.len()))
+        .map(|i| items[first.wrapping_add(i) % items.len()])
+        .collect()
 }

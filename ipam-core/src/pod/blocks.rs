@@ -257,19 +257,17 @@ impl BlockAllocator {
         })
     }
 
-    /// The blocks `node` holds in `pool` and `family`, lowest first.
     /// Every block `node` holds, with its pool.
     pub fn held_by_node(&self, node: &str) -> impl Iterator<Item = &(String, Cidr)> {
         self.by_node.get(node).into_iter().flatten()
     }
 
+    /// The blocks `node` holds in `pool` and `family`, lowest first.
     pub fn blocks_of(&self, node: &str, pool: &str, family: Family) -> Vec<Cidr> {
-        self.by_node.get(node).map_or_else(Vec::new, |held| {
-            held.iter()
-                .filter(|(p, b)| p == pool && b.family() == family)
-                .map(|(_, b)| *b)
-                .collect()
-        })
+        self.held_by_node(node)
+            .filter(|(p, b)| p == pool && b.family() == family)
+            .map(|(_, b)| *b)
+            .collect()
     }
 
     /// Cluster-pool semantics: the node's one block, allocated on first request.

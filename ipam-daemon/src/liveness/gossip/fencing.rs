@@ -34,10 +34,10 @@ impl FenceKeeper {
     }
 
     /// Judges the fence at `now` and publishes a change; whether it reopened (the member then
-    /// greets those it holds dead, `ipam_gossip::Peer::greet_the_dead`). While `counted_out` (this node's own
-    /// record still says its agent left, `liveness::leave`) it is closed whatever the gossip
-    /// says: the others do not count this node, so their majority and this node's could be
-    /// two sides of a partition.
+    /// greets those it holds dead, `ipam_gossip::Peer::greet_the_dead`). While `counted_out`
+    /// (this node's own record still says its agent left, `liveness::leave`) it is closed
+    /// whatever the gossip says: the others do not count this node, so their majority and
+    /// this node's could be two sides of a partition.
     pub(super) fn judge(
         &mut self,
         contact: &Contact,
@@ -58,8 +58,8 @@ impl FenceKeeper {
             // Judged open, not yet for long enough: the wakeup comes back for it.
             (false, Ok(())) => return false,
         };
-        self.opened |= state == FenceState::Open;
         let opening = state == FenceState::Open;
+        self.opened |= opening;
         let changed = self.state.send_if_modified(|current| {
             if *current == state {
                 return false;

@@ -11,6 +11,8 @@
 //!   pods), `endpoints` (the pods' interfaces as the datapath knows them); and the operator's,
 //!   in `cluster::operator`;
 //! - `node_record`: this node's record as the announcers read it (eligibility, its facts);
+//! - `runtime`: the one loop every controller runs under (when it passes, backoff, spans,
+//!   metrics);
 //! - `cluster`: the store the daemon runs on, the watches that wake controllers, events;
 //! - `api` (the local API's server), `metrics` (with the readiness checks);
 //! - `net` (frames, raw sockets, the Service IPs on `lo`), `logging`, `clock`;
@@ -31,3 +33,4 @@ pub mod net;
 pub mod node_record;
 pub mod pod_ipam;
 pub mod routes;
+pub mod runtime;

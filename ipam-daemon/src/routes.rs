@@ -29,8 +29,12 @@ use ipam_datapath::{Datapath, RouteTarget};
 use ipam_netlink::iface;
 
 use crate::{
-    cluster::{ClusterStore, copies::Wake},
+    cluster::{
+        ClusterStore,
+        copies::{Copy, Wake},
+    },
     metrics::{FieldLabel, Metrics},
+    runtime::{Controller, Next, Woken},
 };
 
 /// How often the map is checked against the records even without changes (an uplink that
@@ -169,20 +173,52 @@ pub async fn run(
         IpamMode::Kubernetes => Some(store.follow::<ClusterNode>(&wake, "pod routes").await),
         _ => None,
     };
-    let mut refused = Refused::new(metrics);
-    let mut programmed: BTreeMap<Cidr, RouteTarget> = BTreeMap::new();
-    // Read from the table on the first pass: a restarted daemon finds its earlier routes.
-    let mut in_kernel: Option<BTreeMap<Cidr, RouteTarget>> = None;
-    let mut recheck = tokio::time::interval(RECHECK);
-    loop {
+    let routes = Routes {
+        store,
+        node,
+        uplink,
+        datapath,
+        wake,
+        records,
+        vouched,
+        refused: Refused::new(metrics.clone()),
+        programmed: BTreeMap::new(),
+        in_kernel: None,
+    };
+    crate::runtime::run(routes, metrics).await;
+}
+
+/// The routes' keeper, as a controller.
+struct Routes {
+    store: ClusterStore,
+    node: String,
+    uplink: String,
+    datapath: Arc<Mutex<Datapath>>,
+    wake: Wake,
+    records: Copy<NodeIpam>,
+    /// The Nodes, in the kubernetes IPAM mode only.
+    vouched: Option<Copy<ClusterNode>>,
+    refused: Refused,
+    programmed: BTreeMap<Cidr, RouteTarget>,
+    /// Read from the table on the first pass: a restarted daemon finds its earlier routes.
+    in_kernel: Option<BTreeMap<Cidr, RouteTarget>>,
+}
+
+impl Controller for Routes {
+    const NAME: &'static str = "routes";
+    /// A route that cannot be written is logged and tried again at the next recheck.
+    type Error = std::convert::Infallible;
+
+    async fn pass(&mut self) -> Result<Next, Self::Error> {
         let (current, nodes) = {
-            let at = store.moment().await;
-            let current: BTreeMap<String, NodeIpam> = records
+            let at = self.store.moment().await;
+            let current: BTreeMap<String, NodeIpam> = self
+                .records
                 .read(&at)
                 .iter()
                 .map(|r| (r.name.clone(), r.value.clone()))
                 .collect();
-            let nodes: Option<BTreeMap<String, ClusterNode>> = vouched.as_ref().map(|n| {
+            let nodes: Option<BTreeMap<String, ClusterNode>> = self.vouched.as_ref().map(|n| {
                 n.read(&at)
                     .iter()
                     .map(|r| (r.name.clone(), r.value.clone()))
@@ -192,21 +228,30 @@ pub async fn run(
         };
         let vouched = nodes.as_ref().map(|nodes| {
             let vouched = vouched_blocks(nodes);
-            refused.follow(refused_claims(&current, nodes), &vouched.refused);
+            self.refused
+                .follow(refused_claims(&current, nodes), &vouched.refused);
             vouched
         });
-        tracing::debug_span!("routes_pass", node = node.as_str(), nodes = current.len()).in_scope(
-            || {
-                let want = |uplink_ifindex| {
-                    desired_routes(&node, &current, vouched.as_ref(), uplink_ifindex)
-                };
-                program(&uplink, want, &mut programmed, &mut in_kernel, &datapath);
-            },
+        tracing::debug!(
+            node = self.node.as_str(),
+            nodes = current.len(),
+            "routes pass"
         );
-        tokio::select! {
-            () = wake.changed() => {}
-            _ = recheck.tick() => {}
-        }
+        let want =
+            |uplink_ifindex| desired_routes(&self.node, &current, vouched.as_ref(), uplink_ifindex);
+        program(
+            &self.uplink,
+            want,
+            &mut self.programmed,
+            &mut self.in_kernel,
+            &self.datapath,
+        );
+        Ok(Next::Within(RECHECK))
+    }
+
+    async fn changed(&mut self) -> Woken {
+        self.wake.changed().await;
+        Woken::Changed
     }
 }
 

@@ -8,14 +8,13 @@
 //! The decision (the majority, the rate limit, once per death, the leader's moment) is
 //! `ipam_core::dead_nodes::marking`, which `ipam-sim` runs too; this module follows the
 //! records, feeds it, and carries out its plan: the pods' patches, the record's
-//! `PODS_MARKED_NOT_READY` condition, the Events, and retries with backoff. The patches test
+//! `PODS_MARKED_NOT_READY` condition, the Events; the runtime tries a failed pass again with backoff. The patches test
 //! the condition they change, so two replicas acting on the same reports mark each pod once.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use ipam_config::DeadNodeSettings;
 use ipam_core::{
-    backoff::Backoff,
     dead_nodes::marking::{self, Marking, Plan, RateLimit, Said},
     resources::{NodeIpam, PODS_MARKED_NOT_READY},
     store::{StoreError, TypedStore as _},
@@ -23,10 +22,16 @@ use ipam_core::{
 use ipam_kube::{KubeStore, pod_readiness};
 use tokio::{sync::watch, time::Instant};
 
-use super::{ClusterStore, copies::Wake, events::Events, operator::Leader};
-
-/// Longest wait before a marking the API refused is tried again.
-const RETRY_CAP: Duration = Duration::from_secs(10);
+use super::{
+    ClusterStore,
+    copies::{Copy, Wake},
+    events::Events,
+    operator::Leader,
+};
+use crate::{
+    metrics::Metrics,
+    runtime::{Controller, Next, Woken},
+};
 
 /// Why the marking's condition could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +42,16 @@ enum NoteError {
     KeptChanging(usize),
 }
 
+/// Why a pass left some of its plan undone: each node and what failed for it.
+#[derive(Debug)]
+struct Unfinished(Vec<String>);
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.join("; "))
+    }
+}
+
 /// What carries the decisions out.
 struct Applier {
     store: KubeStore,
@@ -44,7 +59,6 @@ struct Applier {
     records: ClusterStore,
     settings: DeadNodeSettings,
     events: Events,
-    backoff: Backoff,
 }
 
 /// Follows the node records for as long as the operator runs, marking the pods of the nodes
@@ -54,109 +68,133 @@ pub async fn run(
     settings: DeadNodeSettings,
     events: Events,
     leader: watch::Receiver<Leader>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) {
     let Some(kube) = store.kube().cloned() else {
         return;
     };
     let wake = Wake::default();
     let records = store.follow::<NodeIpam>(&wake, "dead nodes' reports").await;
-    let mut marking = Marking::new(
+    let marking = Marking::new(
         settings.mark_pods_not_ready,
         RateLimit::new(settings.max_nodes_per_window, settings.rate_window()),
     );
-    let mut applier = Applier {
+    let applier = Applier {
         store: kube,
         records: store.clone(),
         settings,
         events,
-        backoff: Backoff::new(RETRY_CAP),
     };
-    loop {
+    let controller = DeadNodes {
+        store,
+        records,
+        wake,
+        leader,
+        stop,
+        marking,
+        applier,
+    };
+    crate::runtime::run(controller, metrics).await;
+}
+
+/// The marking, as a controller.
+struct DeadNodes {
+    store: ClusterStore,
+    records: Copy<NodeIpam>,
+    wake: Wake,
+    leader: watch::Receiver<Leader>,
+    stop: watch::Receiver<bool>,
+    marking: Marking,
+    applier: Applier,
+}
+
+impl Controller for DeadNodes {
+    const NAME: &'static str = "dead_nodes";
+    type Error = Unfinished;
+
+    async fn pass(&mut self) -> Result<Next, Unfinished> {
         // Reports read from a copy the watch may have left behind (one its reporter has
         // retracted since, say) mark nothing: the watch's next event, a fresh list after an
         // error, brings the decision back.
         let plan = {
-            let at = store.moment().await;
-            let records = records.read(&at);
+            let at = self.store.moment().await;
+            let records = self.records.read(&at);
             records.is_fresh().then(|| {
                 let confirmed =
                     marking::confirmed(records.iter().map(|r| (r.name.as_str(), &r.value)));
-                let leader = leader.borrow().clone();
-                marking.decide(&confirmed, &leader, Instant::now().into_std())
+                let leader = self.leader.borrow().clone();
+                self.marking
+                    .decide(&confirmed, &leader, Instant::now().into_std())
             })
         };
-        let again = if let Some(plan) = plan {
-            applier.carry_out(plan, &mut marking).await
-        } else {
-            None
+        let Some(plan) = plan else {
+            return Ok(Next::OnChange);
         };
-        let again = async {
-            match again {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => std::future::pending().await,
-            }
-        };
+        let again = self.applier.carry_out(plan, &mut self.marking).await?;
+        Ok(again.map_or(Next::OnChange, Next::Within))
+    }
+
+    async fn changed(&mut self) -> Woken {
         tokio::select! {
-            () = wake.changed() => {}
-            () = again => {}
-            _ = stop.changed() => return,
+            () = self.wake.changed() => Woken::Changed,
+            _ = self.stop.changed() => Woken::Closed,
         }
     }
 }
 
 impl Applier {
-    /// Carries `plan` out; how long until a held-back or failed marking is tried again.
-    async fn carry_out(&mut self, plan: Plan, marking: &mut Marking) -> Option<Duration> {
+    /// Carries `plan` out; how long until a held-back marking is decided again, or what
+    /// failed (tried again with backoff).
+    async fn carry_out(
+        &mut self,
+        plan: Plan,
+        marking: &mut Marking,
+    ) -> Result<Option<Duration>, Unfinished> {
         let Plan {
             clear,
             mark,
             may_mark,
-            mut again,
+            again,
             said,
         } = plan;
         for said in &said {
             self.say(said);
         }
-        let mut retry = |wait: Duration| again = Some(again.map_or(wait, |a| a.min(wait)));
+        let mut failed = Vec::new();
         for node in clear {
             if let Err(e) = self.note_marked(&node, None).await {
-                let wait = self.backoff.next_delay();
-                tracing::warn!(
-                    node = node.as_str(),
-                    retry_in_ms = wait.as_millis() as u64,
-                    "cannot clear the {PODS_MARKED_NOT_READY} condition of node {node}, \
-                     no longer reported dead, retrying: {e}"
-                );
-                retry(wait);
+                failed.push(format!(
+                    "cannot clear the {PODS_MARKED_NOT_READY} condition of node {node}, no \
+                     longer reported dead: {e}"
+                ));
             }
         }
         let mut slots = may_mark;
+        let mut held_back = false;
         for (node, why) in mark {
             if slots == 0 {
                 // The rate limit is reached: decided again at once, which holds the rest
                 // back and says so.
-                retry(Duration::ZERO);
+                held_back = true;
                 break;
             }
             match self.mark(&node, &why).await {
                 Ok(patched) => {
                     marking.marked(&node, patched.into_std());
                     slots -= 1;
-                    self.backoff.reset();
                 }
-                Err(e) => {
-                    let wait = self.backoff.next_delay();
-                    tracing::warn!(
-                        node = node.as_str(),
-                        retry_in_ms = wait.as_millis() as u64,
-                        "{why}; cannot mark its pods not ready, retrying: {e}"
-                    );
-                    retry(wait);
-                }
+                Err(e) => failed.push(format!("{why}; cannot mark its pods not ready: {e}")),
             }
         }
-        again
+        if !failed.is_empty() {
+            return Err(Unfinished(failed));
+        }
+        Ok(if held_back {
+            Some(Duration::ZERO)
+        } else {
+            again
+        })
     }
 
     fn say(&self, said: &Said) {

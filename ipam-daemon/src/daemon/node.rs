@@ -713,14 +713,15 @@ fn start_gossip(config: &Config, store: &ClusterStore, observed: &Observed) -> O
     });
     if store.kube().is_some() {
         let (reported, reported_rx) = watch::channel(Default::default());
-        tokio::spawn(liveness::dead_peers::run(liveness::dead_peers::Inputs {
+        let inputs = liveness::dead_peers::Inputs {
             store: store.clone(),
             node: config.node.name.clone(),
             settings: config.dead_nodes.clone(),
             membership: gossip.membership.clone(),
             fence: gossip.fence.clone(),
             reported,
-        }));
+        };
+        tokio::spawn(liveness::dead_peers::run(inputs, observed.metrics.clone()));
         if config.dead_nodes.mark_pods_not_ready {
             tokio::spawn(liveness::dead_flows::run(
                 store.clone(),

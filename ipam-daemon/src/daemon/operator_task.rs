@@ -52,6 +52,7 @@ impl OperatorTask {
                 events,
                 leader_rx,
                 stop_rx.clone(),
+                observed.metrics.clone(),
             ));
         }
         let events = Events::for_store(&store, "ipam-operator", &config.cluster.identity());

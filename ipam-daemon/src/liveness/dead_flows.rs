@@ -31,7 +31,11 @@ use ipam_core::{
 use ipam_netlink::{Netlink, conntrack::Conntrack};
 use tokio::sync::watch;
 
-use crate::{cluster::ClusterStore, metrics::Metrics};
+use crate::{
+    cluster::ClusterStore,
+    metrics::Metrics,
+    runtime::{Controller, Next, Woken},
+};
 
 const FAST_EVERY: Duration = Duration::from_secs(1);
 const FAST_FOR: Duration = Duration::from_secs(30);
@@ -61,48 +65,51 @@ pub async fn run(
     store: ClusterStore,
     node: String,
     mode: Option<IpamMode>,
-    mut reported: watch::Receiver<Reported>,
+    reported: watch::Receiver<Reported>,
     metrics: Arc<Metrics>,
 ) {
-    let mut held: BTreeMap<String, Held> = BTreeMap::new();
-    let mut conntrack: Option<Conntrack> = None;
-    let mut said: Option<String> = None;
-    loop {
-        let now = reported.borrow_and_update().clone();
-        follow(&store, &node, mode, &mut held, now).await;
-        if !held.is_empty() {
-            let (opened, outcome) = sweep(conntrack.take(), &held).await;
-            conntrack = opened;
-            match outcome {
-                Ok(by_node) => {
-                    said = None;
-                    for (dead, deleted) in by_node.into_iter().filter(|(_, n)| *n > 0) {
-                        let entry = held.get_mut(&dead).expect("swept only held nodes");
-                        entry.deleted += deleted;
-                        metrics.dead_node_connections_deleted.inc_by(deleted as u64);
-                        tracing::info!(
-                            node = node.as_str(),
-                            peer = dead.as_str(),
-                            deleted,
-                            "deleted {deleted} connections sent to dead node {dead}'s pods that \
-                             never got an answer, so the clients' next connections from those \
-                             ports follow kube-proxy's current rules"
-                        );
-                    }
-                }
-                Err(e) if said.as_ref() != Some(&e) => {
-                    tracing::warn!(
-                        node = node.as_str(),
-                        "cannot delete the connections sent to dead nodes' pods; clients \
-                         reusing their ports may still reach those pods until the kernel's \
-                         SYN_SENT timeout: {e}"
-                    );
-                    said = Some(e);
-                }
-                Err(_) => {}
-            }
+    let sweeper = DeadFlows {
+        store,
+        node,
+        mode,
+        reported,
+        metrics: metrics.clone(),
+        held: BTreeMap::new(),
+        conntrack: None,
+        said: None,
+    };
+    crate::runtime::run(sweeper, metrics).await;
+}
+
+/// The sweeper, as a controller.
+struct DeadFlows {
+    store: ClusterStore,
+    node: String,
+    mode: Option<IpamMode>,
+    reported: watch::Receiver<Reported>,
+    metrics: Arc<Metrics>,
+    held: BTreeMap<String, Held>,
+    /// Opened at the first sweep, kept while it works.
+    conntrack: Option<Conntrack>,
+    /// The sweep's error as last logged: each one once.
+    said: Option<String>,
+}
+
+impl Controller for DeadFlows {
+    const NAME: &'static str = "dead_flows";
+    /// A sweep that fails is logged once and tried again on its own schedule.
+    type Error = std::convert::Infallible;
+
+    async fn pass(&mut self) -> Result<Next, Self::Error> {
+        let now = self.reported.borrow_and_update().clone();
+        follow(&self.store, &self.node, self.mode, &mut self.held, now).await;
+        if !self.held.is_empty() {
+            let (opened, outcome) = sweep(self.conntrack.take(), &self.held).await;
+            self.conntrack = opened;
+            self.note(outcome);
         }
-        let next = held
+        let next = self
+            .held
             .values()
             .map(|h| {
                 if h.since.elapsed() < FAST_FOR {
@@ -112,15 +119,50 @@ pub async fn run(
                 }
             })
             .min();
-        let again = async {
-            match next {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => std::future::pending().await,
+        Ok(next.map_or(Next::OnChange, Next::Within))
+    }
+
+    async fn changed(&mut self) -> Woken {
+        match self.reported.changed().await {
+            Ok(()) => Woken::Changed,
+            Err(_) => Woken::Closed,
+        }
+    }
+}
+
+impl DeadFlows {
+    /// Counts and says what a sweep deleted, or why it could not.
+    fn note(&mut self, outcome: Result<BTreeMap<String, usize>, String>) {
+        let node = self.node.as_str();
+        match outcome {
+            Ok(by_node) => {
+                self.said = None;
+                for (dead, deleted) in by_node.into_iter().filter(|(_, n)| *n > 0) {
+                    let entry = self.held.get_mut(&dead).expect("swept only held nodes");
+                    entry.deleted += deleted;
+                    self.metrics
+                        .dead_node_connections_deleted
+                        .inc_by(deleted as u64);
+                    tracing::info!(
+                        node,
+                        peer = dead.as_str(),
+                        deleted,
+                        "deleted {deleted} connections sent to dead node {dead}'s pods that \
+                         never got an answer, so the clients' next connections from those \
+                         ports follow kube-proxy's current rules"
+                    );
+                }
             }
-        };
-        tokio::select! {
-            () = again => {}
-            changed = reported.changed() => if changed.is_err() { return },
+            Err(e) if self.said.as_ref() != Some(&e) => {
+                tracing::warn!(
+                    node,
+                    "cannot delete the connections sent to dead nodes' pods; clients \
+                     reusing their ports may still reach those pods until the kernel's \
+                     SYN_SENT timeout: {e}"
+                );
+                self.said = Some(e);
+            }
+            Err(_) => {}
         }
     }
 }

@@ -18,12 +18,12 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 
 use ipam_config::DeadNodeSettings;
 use ipam_core::{
-    backoff::Backoff,
     dead_nodes::reports::{Finding, Findings, Probe, Suspicions, reports_of, verdict},
     resources::{NodeIpam, PeerDown},
     store::{StoreError, TypedStore as _},
@@ -31,10 +31,12 @@ use ipam_core::{
 use tokio::sync::watch;
 
 use super::{fence::FenceState, gossip::Membership};
-use crate::{cluster::ClusterStore, net::neighbour::Solicited};
-
-/// Longest wait between two writes the store refused.
-const RETRY_CAP: Duration = Duration::from_secs(5);
+use crate::{
+    cluster::ClusterStore,
+    metrics::Metrics,
+    net::neighbour::Solicited,
+    runtime::{Controller, Next, Woken},
+};
 
 pub struct Inputs {
     pub store: ClusterStore,
@@ -47,12 +49,43 @@ pub struct Inputs {
 }
 
 /// Keeps this node's reports for the life of the daemon.
-pub async fn run(mut inputs: Inputs) {
-    let mut published: Option<Vec<PeerDown>> = None;
-    let mut verdicts: BTreeMap<String, Probe> = BTreeMap::new();
-    let mut findings = Findings::default();
-    let mut backoff = Backoff::new(RETRY_CAP);
-    loop {
+pub async fn run(inputs: Inputs, metrics: Arc<Metrics>) {
+    let reports = DeadPeers {
+        inputs,
+        published: None,
+        verdicts: BTreeMap::new(),
+        findings: Findings::default(),
+    };
+    crate::runtime::run(reports, metrics).await;
+}
+
+/// The reports' keeper, as a controller.
+struct DeadPeers {
+    inputs: Inputs,
+    /// The reports as last written to the record.
+    published: Option<Vec<PeerDown>>,
+    /// Each node's verdict as last logged.
+    verdicts: BTreeMap<String, Probe>,
+    findings: Findings,
+}
+
+/// Why the reports could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the nodes node {node} holds dead to its record in {store}: {source}")]
+struct NotWritten {
+    node: String,
+    store: String,
+    source: StoreError,
+}
+
+impl Controller for DeadPeers {
+    const NAME: &'static str = "dead_peers";
+    type Error = NotWritten;
+    /// The reports take a dead node's pods out of their Services: retried sooner than most.
+    const RETRY_CAP: Duration = Duration::from_secs(5);
+
+    async fn pass(&mut self) -> Result<Next, NotWritten> {
+        let inputs = &mut self.inputs;
         let open = *inputs.fence.borrow_and_update() == FenceState::Open;
         let (down, suspect) = if open {
             let membership = inputs.membership.borrow_and_update();
@@ -65,11 +98,11 @@ pub async fn run(mut inputs: Inputs) {
             down: &down,
             suspect: &suspect,
         };
-        let stale = findings.to_probe(gossip, now);
+        let stale = self.findings.to_probe(gossip, now);
         let probed = probe_all(&stale, &inputs.settings).await;
-        findings.note(probed, now);
-        let probes = findings.of(&down);
-        log_changes(&inputs.node, &mut verdicts, &probes);
+        self.findings.note(probed, now);
+        let probes = self.findings.of(&down);
+        log_changes(&inputs.node, &mut self.verdicts, &probes);
         let reports = reports_of(&probes);
         let reported: super::dead_flows::Reported = reports
             .iter()
@@ -85,41 +118,34 @@ pub async fn run(mut inputs: Inputs) {
             *held = reported;
             changed
         });
-        let mut wait = Findings::recheck(&down);
-        if published.as_ref() != Some(&reports) {
-            match publish(&inputs.store, &inputs.node, &reports).await {
-                Ok(Published::Written) => {
-                    published = Some(reports);
-                    backoff.reset();
-                }
-                // Another writer of the record was first: read it again at once.
-                Ok(Published::Changed) => wait = Some(Duration::ZERO),
-                // The controller that keeps the record has not made it yet.
-                Ok(Published::NoRecord) => wait = Some(backoff.next_delay()),
-                Err(e) => {
-                    let delay = backoff.next_delay();
-                    tracing::warn!(
-                        node = inputs.node.as_str(),
-                        retry_in_ms = delay.as_millis() as u64,
-                        "cannot write the nodes this node holds dead to its record in {}, \
-                         retrying: {e}",
-                        inputs.store.describe()
-                    );
-                    wait = Some(delay);
-                }
-            }
+        let recheck = Findings::recheck(&down).map_or(Next::OnChange, Next::Within);
+        if self.published.as_ref() == Some(&reports) {
+            return Ok(recheck);
         }
-        let recheck = async {
-            match wait {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => std::future::pending().await,
+        match publish(&inputs.store, &inputs.node, &reports).await {
+            Ok(Published::Written) => {
+                self.published = Some(reports);
+                Ok(recheck)
             }
+            // Another writer of the record was first: read it again at once.
+            Ok(Published::Changed) => Ok(Next::Now),
+            // The controller that keeps the record has not made it yet.
+            Ok(Published::NoRecord) => Ok(Next::Waiting),
+            Err(source) => Err(NotWritten {
+                node: inputs.node.clone(),
+                store: inputs.store.describe(),
+                source,
+            }),
+        }
+    }
+
+    async fn changed(&mut self) -> Woken {
+        let inputs = &mut self.inputs;
+        let alive = tokio::select! {
+            changed = inputs.membership.changed() => changed.is_ok(),
+            changed = inputs.fence.changed() => changed.is_ok(),
         };
-        tokio::select! {
-            () = recheck => {}
-            changed = inputs.membership.changed() => if changed.is_err() { return },
-            changed = inputs.fence.changed() => if changed.is_err() { return },
-        }
+        if alive { Woken::Changed } else { Woken::Closed }
     }
 }
 

@@ -27,6 +27,20 @@ use prometheus_client::{
 pub use http::serve;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerResult {
+    pub controller: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    pub controller: String,
+}
+
+/// How a family of histograms makes each new one.
+type Buckets = fn() -> Histogram;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: String,
 }
@@ -109,6 +123,8 @@ pub struct Metrics {
     pub store_watch_stale: Family<KindLabel, Gauge>,
     pub store_watch_errors: Family<KindLabel, Counter>,
     pub operator_leader: Gauge,
+    pub controller_passes: Family<ControllerResult, Counter>,
+    pub controller_pass_seconds: Family<ControllerLabel, Histogram, Buckets>,
     pub pod_datapath_packets: Family<CounterLabel, Counter>,
     pub l2_replies: Family<IpLabel, Counter>,
     pub gossip: gossip::GossipMetrics,
@@ -158,6 +174,12 @@ impl Metrics {
             store_watch_stale: Family::default(),
             store_watch_errors: Family::default(),
             operator_leader: Gauge::default(),
+            controller_passes: Family::default(),
+            controller_pass_seconds: Family::new_with_constructor(|| {
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.000_1, 4.0, 10,
+                ))
+            }),
             pod_datapath_packets: Family::default(),
             l2_replies: Family::default(),
             gossip: gossip::GossipMetrics::new(),
@@ -298,6 +320,17 @@ impl Metrics {
             self.store_watch_errors.clone(),
         );
         registry.register(
+            "controller_passes",
+            "Passes of each controller of the daemon by result (ok, error: tried again with backoff)",
+            self.controller_passes.clone(),
+        );
+        registry.register_with_unit(
+            "controller_pass_duration",
+            "How long one pass of each controller took: reading its inputs, deciding and carrying the decision out",
+            Unit::Seconds,
+            self.controller_pass_seconds.clone(),
+        );
+        registry.register(
             "operator_leader",
             "1 while this operator replica leads",
             self.operator_leader.clone(),
@@ -312,6 +345,22 @@ impl Metrics {
             "ARP/NDP replies sent by the responder, by announced IP",
             self.l2_replies.clone(),
         );
+    }
+
+    /// One pass of `controller`: whether it succeeded and how long it took.
+    pub fn controller_pass(&self, controller: &str, ok: bool, took: std::time::Duration) {
+        let result = if ok { "ok" } else { "error" };
+        self.controller_passes
+            .get_or_create(&ControllerResult {
+                controller: controller.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+        self.controller_pass_seconds
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_owned(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// The text exposition of every metric.

@@ -14,16 +14,18 @@ pub mod interfaces;
 use std::{net::IpAddr, time::Duration};
 
 use ipam_config::{AnnounceSettings, NodeSettings};
-use ipam_core::{backoff::Backoff, pod::agent::NodeFacts};
+use ipam_core::{pod::agent::NodeFacts, store::StoreError};
 use tokio::sync::watch;
 
-use crate::{cluster::ClusterStore, metrics::Observed};
+use crate::{
+    cluster::ClusterStore,
+    metrics::Observed,
+    runtime::{Controller, Next, Woken},
+};
 
 /// How often the interfaces are looked at again without a link or address change (netlink
 /// says each one).
 const RECHECK: Duration = Duration::from_secs(10);
-/// Longest wait between two attempts while the store refuses the write.
-const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// Keeps the node's record for the life of the daemon. `settings` follows configuration
 /// reloads: new labels (the exclusion label drains the node) and `[node.announce]` are
@@ -32,80 +34,123 @@ pub async fn run(
     store: ClusterStore,
     mut settings: watch::Receiver<NodeSettings>,
     observed: Observed,
-    mut link_changes: watch::Receiver<u64>,
+    link_changes: watch::Receiver<u64>,
 ) {
-    let mut node = settings.borrow_and_update().clone();
-    let mut kube_node = store.kube().map(|s| s.follow_node(&node.name));
-    let mut published: Option<NodeFacts> = None;
-    let mut backoff = Backoff::new(RETRY_CAP);
-    let mut said_no_address = false;
-    let mut interfaces = interfaces::Interfaces::default();
-    let mut seen = NodeFacts::default();
-    loop {
-        let from_kube = kube_node
+    let node = settings.borrow_and_update().clone();
+    let kube_node = store.kube().map(|s| s.follow_node(&node.name));
+    let metrics = observed.metrics.clone();
+    let record = NodeRecord {
+        store,
+        node,
+        settings,
+        kube_node,
+        link_changes,
+        observed,
+        published: None,
+        said_no_address: false,
+        interfaces: interfaces::Interfaces::default(),
+        seen: NodeFacts::default(),
+    };
+    crate::runtime::run(record, metrics).await;
+}
+
+/// The add-on mode's keeper of the node's record, as a controller.
+struct NodeRecord {
+    store: ClusterStore,
+    node: NodeSettings,
+    settings: watch::Receiver<NodeSettings>,
+    kube_node: Option<watch::Receiver<Option<ipam_kube::node::NodeInfo>>>,
+    link_changes: watch::Receiver<u64>,
+    observed: Observed,
+    /// The facts as last written.
+    published: Option<NodeFacts>,
+    said_no_address: bool,
+    interfaces: interfaces::Interfaces,
+    /// The facts as last judged, written or not.
+    seen: NodeFacts,
+}
+
+/// Why the record could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write node {node}'s record to {store}: {source}")]
+struct NotWritten {
+    node: String,
+    store: String,
+    source: StoreError,
+}
+
+impl Controller for NodeRecord {
+    const NAME: &'static str = "node_record";
+    type Error = NotWritten;
+
+    async fn pass(&mut self) -> Result<Next, NotWritten> {
+        let from_kube = self
+            .kube_node
             .as_mut()
             .and_then(|n| n.borrow_and_update().clone());
-        let judged = interfaces
+        let judged = self
+            .interfaces
             .look(&[])
-            .unwrap_or_else(|| interfaces::Judged::as_in(&seen));
-        let facts = facts(&node, from_kube, judged);
+            .unwrap_or_else(|| interfaces::Judged::as_in(&self.seen));
+        let facts = facts(&self.node, from_kube, judged);
+        let name = self.node.name.as_str();
         eligibility::report(
-            &node.name,
-            &seen.announcing,
+            name,
+            &self.seen.announcing,
             &facts.announcing,
-            &observed.health,
+            &self.observed.health,
         );
-        report_interfaces(&node.name, &seen, &facts, &observed.metrics);
-        seen = facts.clone();
-        if facts.addresses.is_empty() && !said_no_address {
+        report_interfaces(name, &self.seen, &facts, &self.observed.metrics);
+        self.seen = facts.clone();
+        if facts.addresses.is_empty() && !self.said_no_address {
             tracing::warn!(
-                node = node.name.as_str(),
+                node = name,
                 "the node has no address between nodes: the gossip waits for one; set [node] \
                  addresses (on Kubernetes its Node's InternalIP is used)"
             );
         }
-        said_no_address = facts.addresses.is_empty();
-        let mut wait = RECHECK;
-        if published.as_ref() != Some(&facts) {
-            match facts.sync_record(&store, &node.name).await {
-                Ok(false) => wait = backoff.next_delay(),
-                Ok(true) => {
-                    tracing::info!(
-                        node = node.name.as_str(),
-                        addresses = ?facts.addresses,
-                        interfaces = ?facts.interfaces.iter().map(|i| &i.name).collect::<Vec<_>>(),
-                        "node record published (add-on mode: Service IPs only)"
-                    );
-                    published = Some(facts);
-                    backoff.reset();
-                }
-                Err(e) => {
-                    wait = backoff.next_delay();
-                    tracing::warn!(
-                        node = node.name.as_str(),
-                        retry_in_ms = wait.as_millis() as u64,
-                        "cannot write the node's record to {}, retrying: {e}",
-                        store.describe()
-                    );
-                }
-            }
+        self.said_no_address = facts.addresses.is_empty();
+        if self.published.as_ref() == Some(&facts) {
+            return Ok(Next::Within(RECHECK));
         }
+        match facts.sync_record(&self.store, name).await {
+            // Another writer was first: read and write again after a moment.
+            Ok(false) => Ok(Next::Waiting),
+            Ok(true) => {
+                tracing::info!(
+                    node = name,
+                    addresses = ?facts.addresses,
+                    interfaces = ?facts.interfaces.iter().map(|i| &i.name).collect::<Vec<_>>(),
+                    "node record published (add-on mode: Service IPs only)"
+                );
+                self.published = Some(facts);
+                Ok(Next::Within(RECHECK))
+            }
+            Err(source) => Err(NotWritten {
+                node: name.to_owned(),
+                store: self.store.describe(),
+                source,
+            }),
+        }
+    }
+
+    async fn changed(&mut self) -> Woken {
         let node_changed = async {
-            match kube_node.as_mut() {
+            match self.kube_node.as_mut() {
                 Some(n) => n.changed().await.is_ok(),
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            _ = link_changes.changed() => {}
-            alive = node_changed => if !alive { kube_node = None },
-            changed = settings.changed() => {
+            _ = self.link_changes.changed() => {}
+            alive = node_changed => if !alive { self.kube_node = None },
+            changed = self.settings.changed() => {
                 if changed.is_ok() {
-                    node = reloaded(&node, &settings.borrow_and_update());
+                    self.node = reloaded(&self.node, &self.settings.borrow_and_update());
                 }
             }
         }
+        Woken::Changed
     }
 }
 

@@ -1,6 +1,8 @@
 //! IPAM resources as stored (and, later, as Kubernetes CRDs): pools, per-node IPAM records and
 //! the cluster's IPAM configuration. Field names follow Cilium's where users know them.
 
+use std::net::IpAddr;
+
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -91,15 +93,30 @@ pub struct ClusterNode {
     #[serde(
         default,
         rename = "podCIDRs",
-        deserialize_with = "cidrs_that_parse",
+        deserialize_with = "entries_that_parse",
         skip_serializing_if = "Vec::is_empty"
     )]
     pub pod_cidrs: Vec<Cidr>,
+    /// The Node's addresses between nodes: its `status.addresses` of type InternalIP, then
+    /// those of type ExternalIP, in the order the Node lists them (those that are addresses).
+    /// The kubelet writes them for its own Node only (NodeRestriction), or a cloud's node
+    /// controller does: on Kubernetes the routes to a node's pods go through one of them, never
+    /// through an address only its agent's record claims (the daemon's `routes::next_hops`).
+    #[serde(
+        default,
+        deserialize_with = "entries_that_parse",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub addresses: Vec<IpAddr>,
 }
 
-/// The entries of a list of CIDRs that are ones (others, and entries that are not text, are
-/// left out).
-fn cidrs_that_parse<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Cidr>, D::Error> {
+/// The entries of a list that parse as `T` (CIDRs, addresses); other entries, and entries
+/// that are not text, are left out.
+fn entries_that_parse<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+{
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Entry {
@@ -110,7 +127,7 @@ fn cidrs_that_parse<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Cidr>,
     Ok(entries
         .iter()
         .filter_map(|e| match e {
-            Entry::Text(c) => c.parse().ok(),
+            Entry::Text(text) => text.parse().ok(),
             Entry::Other(_) => None,
         })
         .collect())
@@ -428,6 +445,11 @@ mod tests {
         .expect("a Node with odd podCIDRs reads");
         let cidrs: Vec<String> = node.pod_cidrs.iter().map(ToString::to_string).collect();
         assert_eq!(cidrs, ["10.244.1.0/24", "fd00::/64"]);
+        let node: ClusterNode =
+            serde_json::from_str(r#"{"addresses": ["192.0.2.7", "node-7", 7, "fd00::7"]}"#)
+                .expect("a Node with odd addresses reads");
+        let addresses: Vec<String> = node.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(addresses, ["192.0.2.7", "fd00::7"]);
         for empty in [r#"{}"#, r#"{"podCIDRs": null}"#] {
             let node: ClusterNode = serde_json::from_str(empty).expect(empty);
             assert!(node.pod_cidrs.is_empty(), "{empty}");

@@ -41,28 +41,33 @@ use crate::{
 /// appeared late, a map entry removed by hand).
 const RECHECK: Duration = Duration::from_secs(5);
 
-/// The routes this node wants: every block of every other node that published an address of
-/// the block's family, through `uplink_ifindex`. A node's blocks are those the cluster vouches
-/// for (`NodeIpam::pod_blocks`): the operator's, and in the kubernetes IPAM mode its Node's
-/// podCIDRs (`vouched`, by node: `vouched_blocks`, given only in that mode).
+/// The routes this node wants: every block of every other node that has a next hop of the
+/// block's family, through `uplink_ifindex`. A node's blocks are those the cluster vouches for
+/// (`NodeIpam::pod_blocks`): the operator's, and in the kubernetes IPAM mode its Node's
+/// podCIDRs (`vouched`, by node: `vouched_blocks`, given only in that mode). Its next hops are
+/// on Kubernetes those its Node vouches for (`hops`: `next_hops`); on the other stores, which
+/// have no Nodes, the addresses its record lists.
 pub fn desired_routes(
     this_node: &str,
     records: &BTreeMap<String, NodeIpam>,
     vouched: Option<&Vouched>,
+    hops: Option<&NextHops>,
     uplink_ifindex: u32,
 ) -> BTreeMap<Cidr, RouteTarget> {
     let mut out = BTreeMap::new();
     for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
         let blocks = vouched.map(|v| v.blocks.get(node).map_or(&[][..], Vec::as_slice));
+        let addresses = match hops {
+            Some(hops) => hops.by_node.get(node).map_or(&[][..], Vec::as_slice),
+            None => &record.spec.addresses,
+        };
         for cidr in record.pod_blocks(blocks) {
-            let Some(next_hop) = record
-                .spec
-                .addresses
+            let Some(next_hop) = addresses
                 .iter()
                 .copied()
                 .find(|a| Family::of(*a) == cidr.family())
             else {
-                tracing::debug!(node = node.as_str(), %cidr, "no node address of the block's family; not routed");
+                tracing::debug!(node = node.as_str(), %cidr, "no next hop of the block's family; not routed");
                 continue;
             };
             out.insert(
@@ -72,6 +77,78 @@ pub fn desired_routes(
                     uplink_ifindex,
                 },
             );
+        }
+    }
+    out
+}
+
+/// Where each node's pods are routed through, on Kubernetes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct NextHops {
+    /// Each node's next hops, at most one per family.
+    pub by_node: BTreeMap<String, Vec<IpAddr>>,
+    /// The addresses a node's record lists that are not taken, by node, each with why.
+    pub refused: BTreeMap<String, Vec<(IpAddr, String)>>,
+}
+
+/// Each node's next hops on Kubernetes: of the addresses its Node lists (`ClusterNode::
+/// addresses`: the kubelet's word for its own Node, or the cloud's), the first its record
+/// lists too (its agent's choice, `[node] addresses`), else the Node's first, per family. An
+/// address two Nodes list is neither's. An address the record lists that its Node does not
+/// is refused and named: a compromised agent cannot send the other nodes' traffic for its pods
+/// to a gateway, another node or a host of its choosing by writing its record. A record with
+/// no Node (one deleted) has no next hop.
+pub fn next_hops(
+    records: &BTreeMap<String, NodeIpam>,
+    nodes: &BTreeMap<String, ClusterNode>,
+) -> NextHops {
+    let mut listed_by: BTreeMap<IpAddr, Vec<&str>> = BTreeMap::new();
+    for (name, node) in nodes {
+        let mut own = node.addresses.clone();
+        own.sort();
+        own.dedup();
+        for address in own {
+            listed_by.entry(address).or_default().push(name);
+        }
+    }
+    let mut out = NextHops::default();
+    for (name, record) in records {
+        let Some(node) = nodes.get(name) else {
+            continue;
+        };
+        let vouched: Vec<IpAddr> = node
+            .addresses
+            .iter()
+            .copied()
+            .filter(|a| listed_by[a].len() == 1)
+            .collect();
+        let mut hops: Vec<IpAddr> = Vec::new();
+        let chosen = record.spec.addresses.iter().filter(|a| vouched.contains(a));
+        for address in chosen.chain(&vouched) {
+            if !hops.iter().any(|h| Family::of(*h) == Family::of(*address)) {
+                hops.push(*address);
+            }
+        }
+        let refused: Vec<(IpAddr, String)> = record
+            .spec
+            .addresses
+            .iter()
+            .filter(|a| !vouched.contains(a))
+            .map(|a| {
+                let why = match listed_by.get(a) {
+                    Some(nodes) if nodes.contains(&name.as_str()) => {
+                        format!("listed by the Nodes {}", nodes.join(", "))
+                    }
+                    _ => "not among its Node's addresses".to_owned(),
+                };
+                (*a, why)
+            })
+            .collect();
+        if !refused.is_empty() {
+            out.refused.insert(name.clone(), refused);
+        }
+        if !hops.is_empty() {
+            out.by_node.insert(name.clone(), hops);
         }
     }
     out
@@ -169,18 +246,19 @@ pub async fn run(
 ) {
     let wake = Wake::default();
     let records = store.follow::<NodeIpam>(&wake, "pod routes").await;
-    let vouched = match mode {
-        IpamMode::Kubernetes => Some(store.follow::<ClusterNode>(&wake, "pod routes").await),
-        _ => None,
+    let nodes = match store.kube() {
+        Some(_) => Some(store.follow::<ClusterNode>(&wake, "pod routes").await),
+        None => None,
     };
     let routes = Routes {
         store,
         node,
+        blocks_from_nodes: mode == IpamMode::Kubernetes,
         uplink,
         datapath,
         wake,
         records,
-        vouched,
+        nodes,
         refused: Refused::new(metrics.clone()),
         programmed: BTreeMap::new(),
         in_kernel: None,
@@ -194,10 +272,12 @@ struct Routes {
     node: String,
     uplink: String,
     datapath: Arc<Mutex<Datapath>>,
+    /// The kubernetes IPAM mode: the Nodes' podCIDRs are the blocks.
+    blocks_from_nodes: bool,
     wake: Wake,
     records: Copy<NodeIpam>,
-    /// The Nodes, in the kubernetes IPAM mode only.
-    vouched: Option<Copy<ClusterNode>>,
+    /// The Nodes, on Kubernetes: the next hops, and in the kubernetes IPAM mode the blocks.
+    nodes: Option<Copy<ClusterNode>>,
     refused: Refused,
     programmed: BTreeMap<Cidr, RouteTarget>,
     /// Read from the table on the first pass: a restarted daemon finds its earlier routes.
@@ -218,7 +298,7 @@ impl Controller for Routes {
                 .iter()
                 .map(|r| (r.name.clone(), r.value.clone()))
                 .collect();
-            let nodes: Option<BTreeMap<String, ClusterNode>> = self.vouched.as_ref().map(|n| {
+            let nodes: Option<BTreeMap<String, ClusterNode>> = self.nodes.as_ref().map(|n| {
                 n.read(&at)
                     .iter()
                     .map(|r| (r.name.clone(), r.value.clone()))
@@ -226,19 +306,34 @@ impl Controller for Routes {
             });
             (current, nodes)
         };
-        let vouched = nodes.as_ref().map(|nodes| {
-            let vouched = vouched_blocks(nodes);
-            self.refused
-                .follow(refused_claims(&current, nodes), &vouched.refused);
-            vouched
+        let vouched = nodes
+            .as_ref()
+            .filter(|_| self.blocks_from_nodes)
+            .map(|nodes| {
+                let vouched = vouched_blocks(nodes);
+                self.refused
+                    .follow(refused_claims(&current, nodes), &vouched.refused);
+                vouched
+            });
+        let hops = nodes.as_ref().map(|nodes| {
+            let hops = next_hops(&current, nodes);
+            self.refused.follow_addresses(&hops.refused);
+            hops
         });
         tracing::debug!(
             node = self.node.as_str(),
             nodes = current.len(),
             "routes pass"
         );
-        let want =
-            |uplink_ifindex| desired_routes(&self.node, &current, vouched.as_ref(), uplink_ifindex);
+        let want = |uplink_ifindex| {
+            desired_routes(
+                &self.node,
+                &current,
+                vouched.as_ref(),
+                hops.as_ref(),
+                uplink_ifindex,
+            )
+        };
         program(
             &self.uplink,
             want,
@@ -255,12 +350,14 @@ impl Controller for Routes {
     }
 }
 
-/// The podCIDRs refused, as last said: each change is logged once, and the metric counts the
+/// The claims refused, as last said: each change is logged once, and the metric counts the
 /// nodes refused, by what: `podCIDRs` a record claims beyond its Node's, `nodePodCIDRs` a
-/// Node has that are not routed (`vouched_blocks`).
+/// Node has that are not routed (`vouched_blocks`), `addresses` a record lists that its Node
+/// does not vouch for (`next_hops`).
 struct Refused {
     claims: BTreeMap<String, Vec<Cidr>>,
     nodes: BTreeMap<String, Vec<(Cidr, String)>>,
+    addresses: BTreeMap<String, Vec<(IpAddr, String)>>,
     metrics: Arc<Metrics>,
 }
 
@@ -269,8 +366,41 @@ impl Refused {
         Self {
             claims: BTreeMap::new(),
             nodes: BTreeMap::new(),
+            addresses: BTreeMap::new(),
             metrics,
         }
+    }
+
+    /// Says which addresses of the records are not next hops, and why, once per change.
+    fn follow_addresses(&mut self, refused: &BTreeMap<String, Vec<(IpAddr, String)>>) {
+        if *refused == self.addresses {
+            return;
+        }
+        for (node, addresses) in refused
+            .iter()
+            .filter(|(n, a)| self.addresses.get(*n) != Some(a))
+        {
+            let said: Vec<String> = addresses
+                .iter()
+                .map(|(address, why)| format!("{address}: {why}"))
+                .collect();
+            tracing::warn!(
+                peer = node.as_str(),
+                "node {node}'s record lists addresses its pods are not routed through ({}). \
+                 On Kubernetes they are routed through its Node's addresses only; if node \
+                 {node} is configured with [node] addresses, give its kubelet the same \
+                 (--node-ip), else its agent writes what its Node does not say: check that node",
+                said.join("; ")
+            );
+        }
+        for node in self.addresses.keys().filter(|n| !refused.contains_key(*n)) {
+            tracing::info!(
+                peer = node.as_str(),
+                "node {node}'s record lists only its Node's addresses again"
+            );
+        }
+        self.count("addresses", refused.len());
+        self.addresses.clone_from(refused);
     }
 
     fn follow(
@@ -549,7 +679,7 @@ mod tests {
             ),
         ]
         .into();
-        let routes = desired_routes("a", &records, None, 7);
+        let routes = desired_routes("a", &records, None, None, 7);
         let shown: Vec<String> = routes
             .iter()
             .map(|(c, t)| format!("{c} via {} dev {}", t.next_hop, t.uplink_ifindex))
@@ -588,7 +718,7 @@ mod tests {
             ("m".to_owned(), liar.clone()),
         ]
         .into();
-        let routed: Vec<String> = desired_routes("a", &records, None, 7)
+        let routed: Vec<String> = desired_routes("a", &records, None, None, 7)
             .keys()
             .map(ToString::to_string)
             .collect();
@@ -597,6 +727,7 @@ mod tests {
         // The kubernetes mode: m's Node has 10.245.9.0/24, its record's spec claims more.
         let node = |cidrs: &[&str]| ClusterNode {
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            addresses: Vec::new(),
         };
         let mut records = records;
         for r in records.values_mut() {
@@ -615,10 +746,11 @@ mod tests {
             ("m".to_owned(), node(&["10.245.9.0/24"])),
         ]
         .into();
-        let routed: Vec<String> = desired_routes("a", &records, Some(&vouched_blocks(&nodes)), 7)
-            .keys()
-            .map(ToString::to_string)
-            .collect();
+        let routed: Vec<String> =
+            desired_routes("a", &records, Some(&vouched_blocks(&nodes)), None, 7)
+                .keys()
+                .map(ToString::to_string)
+                .collect();
         assert_eq!(routed, ["10.245.1.0/24", "10.245.9.0/24"]);
         let refused = refused_claims(&records, &nodes);
         assert_eq!(
@@ -633,6 +765,74 @@ mod tests {
         );
     }
 
+    /// On Kubernetes a node's pods are routed through an address its Node lists, never one
+    /// only its record claims: a compromised m listing b's address and the gateway's draws
+    /// nothing to them, and is named; an address two Nodes list is neither's; a record without
+    /// a Node is not routed (issue 58).
+    #[test]
+    fn next_hops_are_the_addresses_the_nodes_vouch_for() {
+        let node = |addresses: &[&str]| ClusterNode {
+            pod_cidrs: Vec::new(),
+            addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
+        };
+        let records: BTreeMap<String, NodeIpam> = [
+            ("a", record(&["192.168.50.1"], &["10.244.0.0/24"])),
+            // Its IPv6 next hop is its Node's: the record lists none.
+            (
+                "b",
+                record(&["192.168.50.2"], &["10.244.1.0/24", "fd00::100/120"]),
+            ),
+            (
+                "m",
+                record(&["192.168.50.2", "192.168.50.254"], &["10.244.9.0/24"]),
+            ),
+            ("x", record(&["192.168.50.7"], &["10.244.7.0/24"])),
+            ("y", record(&["192.168.50.8"], &["10.244.8.0/24"])),
+            ("z", record(&["192.168.50.26"], &["10.244.26.0/24"])),
+        ]
+        .into_iter()
+        .map(|(n, r)| (n.to_owned(), r))
+        .collect();
+        let nodes: BTreeMap<String, ClusterNode> = [
+            ("a", node(&["192.168.50.1"])),
+            ("b", node(&["192.168.50.2", "fd50::2"])),
+            ("m", node(&["192.168.50.9"])),
+            // y's kubelet also lists x's address: it is neither's.
+            ("x", node(&["192.168.50.7"])),
+            ("y", node(&["192.168.50.8", "192.168.50.7"])),
+        ]
+        .into_iter()
+        .map(|(n, a)| (n.to_owned(), a))
+        .collect();
+        let hops = next_hops(&records, &nodes);
+        let refused: Vec<String> = hops
+            .refused
+            .iter()
+            .flat_map(|(n, a)| a.iter().map(move |(a, why)| format!("{n} {a}: {why}")))
+            .collect();
+        assert_eq!(
+            refused,
+            [
+                "m 192.168.50.2: not among its Node's addresses",
+                "m 192.168.50.254: not among its Node's addresses",
+                "x 192.168.50.7: listed by the Nodes x, y",
+            ]
+        );
+        let routed: Vec<String> = desired_routes("a", &records, None, Some(&hops), 7)
+            .iter()
+            .map(|(c, t)| format!("{c} via {}", t.next_hop))
+            .collect();
+        assert_eq!(
+            routed,
+            [
+                "10.244.1.0/24 via 192.168.50.2",
+                "10.244.8.0/24 via 192.168.50.8",
+                "10.244.9.0/24 via 192.168.50.9",
+                "fd00::100/120 via fd50::2",
+            ]
+        );
+    }
+
     /// While a Node's podCIDRs are empty its node's own credentials may set them: a Node that
     /// sets another node's block (before the controller manager gives it to that node, say), a
     /// /25 of it or `0.0.0.0/1` draws none of that traffic, whatever the Nodes' ages or names
@@ -641,6 +841,7 @@ mod tests {
     fn a_node_claiming_another_s_block_or_a_wider_prefix_draws_none_of_it() {
         let node = |cidrs: &[&str]| ClusterNode {
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            addresses: Vec::new(),
         };
         let nodes: BTreeMap<String, ClusterNode> = [
             // The liar, with z's block, a /25 of c's, and half the Internet.
@@ -693,7 +894,7 @@ mod tests {
                 )
             })
             .collect();
-        let routed: Vec<String> = desired_routes("c", &records, Some(&vouched), 7)
+        let routed: Vec<String> = desired_routes("c", &records, Some(&vouched), None, 7)
             .iter()
             .map(|(c, t)| format!("{c} via {}", t.next_hop))
             .collect();

@@ -425,11 +425,9 @@ impl KubeStore {
                 json!({ "labels": object.metadata.labels.clone().unwrap_or_default() })
             }
             // Its podCIDRs, the kubernetes IPAM mode's blocks, as the controller manager set
-            // them (routes in that mode come from here, not from the agents' records).
-            Mapping::Node => match object.data["spec"].get("podCIDRs") {
-                Some(cidrs @ Value::Array(_)) => json!({ "podCIDRs": cidrs }),
-                _ => json!({}),
-            },
+            // them (routes in that mode come from here, not from the agents' records), and
+            // its addresses between nodes (the routes' next hops).
+            Mapping::Node => node_value(&object.data),
             Mapping::EndpointSlice => {
                 let mut data = object.data.clone();
                 data["metadata"] = serde_json::to_value(&object.metadata).ok()?;
@@ -973,4 +971,26 @@ fn decode(kind: &str, name: &str, e: String) -> StoreError {
         location: format!("{kind} {name}"),
         source: format!("not a JSON object: {e}").into(),
     }
+}
+
+/// What the engine reads of a Node (`ClusterNode`): its `spec.podCIDRs`, and its
+/// `status.addresses` of type InternalIP, then those of type ExternalIP.
+fn node_value(data: &Value) -> Value {
+    let mut value = json!({});
+    if let Some(cidrs @ Value::Array(_)) = data["spec"].get("podCIDRs") {
+        value["podCIDRs"] = cidrs.clone();
+    }
+    let listed = data["status"]["addresses"].as_array();
+    let of_type = |kind: &'static str| {
+        listed
+            .into_iter()
+            .flatten()
+            .filter(move |a| a["type"] == kind)
+            .filter_map(|a| a["address"].as_str())
+    };
+    let addresses: Vec<&str> = of_type("InternalIP").chain(of_type("ExternalIP")).collect();
+    if !addresses.is_empty() {
+        value["addresses"] = json!(addresses);
+    }
+    value
 }

@@ -314,7 +314,9 @@ async fn a_status_write_leaves_the_spec_as_the_user_applied_it() {
 }
 
 /// A core/v1 Node is read as the engine's `Node` kind: present while the Node exists, gone once
-/// it is deleted; the store refuses to write one (Nodes are the cluster's).
+/// it is deleted, with its podCIDRs and its addresses between nodes (InternalIP first, then
+/// ExternalIP; a Hostname is not one); the store refuses to write one (Nodes are the
+/// cluster's).
 #[tokio::test]
 async fn a_node_is_known_while_its_node_object_exists() {
     use ipam_core::resources::ClusterNode;
@@ -328,18 +330,28 @@ async fn a_node_is_known_while_its_node_object_exists() {
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(api.client().await);
     let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Node", "metadata": { "name": "worker-1" },
+        "spec": { "podCIDRs": ["10.244.1.0/24"] },
+        "status": { "addresses": [
+            { "type": "Hostname", "address": "worker-1" },
+            { "type": "ExternalIP", "address": "198.51.100.1" },
+            { "type": "InternalIP", "address": "192.0.2.1" },
+            { "type": "InternalIP", "address": "fd00::1" },
+        ] },
     }))
     .unwrap();
     nodes
         .create(&kube::api::PostParams::default(), &node)
         .await
         .unwrap();
-    assert!(
-        s.get_typed::<ClusterNode>("worker-1")
-            .await
-            .unwrap()
-            .is_some()
-    );
+    let read = s
+        .get_typed::<ClusterNode>("worker-1")
+        .await
+        .unwrap()
+        .expect("the Node, once created")
+        .value;
+    assert_eq!(read.pod_cidrs[0].to_string(), "10.244.1.0/24");
+    let addresses: Vec<String> = read.addresses.iter().map(ToString::to_string).collect();
+    assert_eq!(addresses, ["192.0.2.1", "fd00::1", "198.51.100.1"]);
     let refused = s
         .create_typed("worker-2", &ClusterNode::default())
         .await

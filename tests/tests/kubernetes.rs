@@ -772,8 +772,9 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
         "192.0.2.31",
     )
     .await;
-    // A second node, whose agent (compromised) claims more than its Node's podCIDRs: kn-1's
-    // block in part, and half the Internet.
+    // A second node, whose agent (compromised) claims more than its Node's podCIDRs (kn-1's
+    // block in part, and half the Internet) and another address than its Node's (the
+    // segment's gateway, say).
     create_node(
         &api,
         serde_json::json!({ "name": "kn-2" }),
@@ -783,7 +784,7 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
     .await;
     let store = KubeStore::new(api.client().await, "ipam-system");
     let mut liar = NodeIpam::default();
-    liar.spec.addresses = vec!["192.0.2.32".parse().unwrap()];
+    liar.spec.addresses = vec!["192.0.2.254".parse().unwrap()];
     liar.spec.pod_cidrs = ["10.245.5.0/24", "10.245.3.0/25", "0.0.0.0/1"]
         .iter()
         .map(|c| c.parse().unwrap())
@@ -817,7 +818,7 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
         "z1"
     );
     assert_eq!(record.value.spec.addresses[0].to_string(), "192.0.2.31");
-    // kn-2's pods are routed by its Node's podCIDRs alone.
+    // kn-2's pods are routed by its Node's podCIDRs alone, through its Node's address.
     let routed = || -> Vec<String> {
         node.ns
             .routes(false)
@@ -833,7 +834,11 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
         "kn-1's route to kn-2's pods, and kn-2's record named",
         async || {
             (routed().contains(&"10.245.5.0/24 via 192.0.2.32".to_owned())
-                && log().contains("node kn-2's record claims podCIDRs its Node does not have"))
+                && log().contains("node kn-2's record claims podCIDRs its Node does not have")
+                && log().contains(
+                    "node kn-2's record lists addresses its pods are not routed through \
+                     (192.0.2.254: not among its Node's addresses)",
+                ))
             .then_some(())
         },
         log,
@@ -842,7 +847,8 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
     assert_eq!(
         routed(),
         ["10.245.5.0/24 via 192.0.2.32"],
-        "only the Node's podCIDRs are routed, not what kn-2's record claims"
+        "only the Node's podCIDRs are routed, through the Node's address, not what kn-2's \
+         record claims"
     );
     // The admission policy keeps an agent to its own node's objects: kn-1's agent may not write
     // another node's record. Only a real API server runs admission; the stand-in does none

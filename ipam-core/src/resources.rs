@@ -97,11 +97,11 @@ pub struct ClusterNode {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub pod_cidrs: Vec<Cidr>,
-    /// The Node's addresses between nodes: its `status.addresses` of type InternalIP, then
-    /// those of type ExternalIP, in the order the Node lists them (those that are addresses).
-    /// The kubelet writes them for its own Node only (NodeRestriction), or a cloud's node
-    /// controller does: on Kubernetes the routes to a node's pods go through one of them, never
-    /// through an address only its agent's record claims (the daemon's `routes::next_hops`).
+    /// The Node's addresses between nodes: its `status.addresses` of type InternalIP, in the
+    /// order the Node lists them (those that are addresses). The kubelet writes them for its
+    /// own Node only (NodeRestriction), or a cloud's node controller does: in the kubernetes
+    /// IPAM mode the routes to a node's pods go through one of them, not through an address
+    /// only its agent's record claims (the daemon's `routes::next_hops`).
     #[serde(
         default,
         deserialize_with = "entries_that_parse",

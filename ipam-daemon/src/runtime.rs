@@ -61,6 +61,12 @@ pub trait Controller: Send + 'static {
     /// One pass: read the inputs, decide, carry the decision out.
     fn pass(&mut self) -> impl Future<Output = Result<Next, Self::Error>> + Send;
 
+    /// A pass that failed in part may have other work due sooner than the backoff's delay
+    /// (a rate limit's window that ends): the runner passes again at the earlier of the two.
+    fn due_despite(_error: &Self::Error) -> Option<Duration> {
+        None
+    }
+
     /// Returns when an input changes. Must be cancel safe: the runner drops it when the
     /// wait the last pass asked for ends first.
     fn changed(&mut self) -> impl Future<Output = Woken> + Send;
@@ -89,6 +95,7 @@ pub async fn run<C: Controller>(mut controller: C, metrics: Arc<Metrics>) {
             Ok(Next::Waiting) => Some(backoff.next_delay()),
             Err(e) => {
                 let delay = backoff.next_delay();
+                let delay = C::due_despite(&e).map_or(delay, |due| due.min(delay));
                 tracing::warn!(
                     controller = C::NAME,
                     retry_in_ms = delay.as_millis() as u64,
@@ -133,6 +140,13 @@ mod tests {
     impl Controller for Scripted {
         const NAME: &'static str = "scripted";
         type Error = &'static str;
+        const RETRY_CAP: Duration = Duration::from_secs(2);
+
+        fn due_despite(error: &&'static str) -> Option<Duration> {
+            error
+                .starts_with("partly")
+                .then_some(Duration::from_millis(100))
+        }
 
         async fn pass(&mut self) -> Result<Next, &'static str> {
             self.ran.lock().unwrap().push(self.start.elapsed());
@@ -227,6 +241,29 @@ mod tests {
         assert_eq!(at.len(), 4, "{at:?}");
         assert_eq!(&at[..3], &[0, 1000, 1000]);
         assert!((1450..=1550).contains(&at[3]), "{at:?}");
+        drop(input);
+        task.await.unwrap();
+    }
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_stops_at_the_cap_and_work_due_sooner_is_not_held_back() {
+        let failing = vec![Err("cannot write node-1's record"); 6];
+        let mut script = failing;
+        script.push(Err("partly done: node-2's pods not marked"));
+        let (controller, ran, input) = scripted(script);
+        let task = tokio::spawn(run(controller, Arc::new(Metrics::new())));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let at = millis(&ran);
+        let gaps: Vec<u128> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        // 500, 750, 1125, 1687 ms (each ±10 %), then the 2 s cap twice (less its jitter,
+        // never more: uncapped, the next would be 2.5 s and 3.8 s); then the partial
+        // failure's own 100 ms.
+        assert_eq!(gaps.len(), 7, "{gaps:?}");
+        assert!((1518..=1856).contains(&gaps[3]), "{gaps:?}");
+        assert!(
+            gaps[4..6].iter().all(|g| (1800..=2000).contains(g)),
+            "{gaps:?}"
+        );
+        assert_eq!(gaps[6], 100, "{gaps:?}");
         drop(input);
         task.await.unwrap();
     }

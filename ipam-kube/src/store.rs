@@ -974,21 +974,19 @@ fn decode(kind: &str, name: &str, e: String) -> StoreError {
 }
 
 /// What the engine reads of a Node (`ClusterNode`): its `spec.podCIDRs`, and its
-/// `status.addresses` of type InternalIP, then those of type ExternalIP.
+/// `status.addresses` of type InternalIP.
 fn node_value(data: &Value) -> Value {
     let mut value = json!({});
     if let Some(cidrs @ Value::Array(_)) = data["spec"].get("podCIDRs") {
         value["podCIDRs"] = cidrs.clone();
     }
-    let listed = data["status"]["addresses"].as_array();
-    let of_type = |kind: &'static str| {
-        listed
-            .into_iter()
-            .flatten()
-            .filter(move |a| a["type"] == kind)
-            .filter_map(|a| a["address"].as_str())
-    };
-    let addresses: Vec<&str> = of_type("InternalIP").chain(of_type("ExternalIP")).collect();
+    let addresses: Vec<&str> = data["status"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["type"] == "InternalIP")
+        .filter_map(|a| a["address"].as_str())
+        .collect();
     if !addresses.is_empty() {
         value["addresses"] = json!(addresses);
     }

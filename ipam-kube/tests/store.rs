@@ -314,8 +314,8 @@ async fn a_status_write_leaves_the_spec_as_the_user_applied_it() {
 }
 
 /// A core/v1 Node is read as the engine's `Node` kind: present while the Node exists, gone once
-/// it is deleted, with its podCIDRs and its addresses between nodes (InternalIP first, then
-/// ExternalIP; a Hostname is not one); the store refuses to write one (Nodes are the
+/// it is deleted, with its podCIDRs and its addresses between nodes (its InternalIPs; an
+/// ExternalIP or a Hostname is not one); the store refuses to write one (Nodes are the
 /// cluster's).
 #[tokio::test]
 async fn a_node_is_known_while_its_node_object_exists() {
@@ -351,7 +351,7 @@ async fn a_node_is_known_while_its_node_object_exists() {
         .value;
     assert_eq!(read.pod_cidrs[0].to_string(), "10.244.1.0/24");
     let addresses: Vec<String> = read.addresses.iter().map(ToString::to_string).collect();
-    assert_eq!(addresses, ["192.0.2.1", "fd00::1", "198.51.100.1"]);
+    assert_eq!(addresses, ["192.0.2.1", "fd00::1"]);
     let refused = s
         .create_typed("worker-2", &ClusterNode::default())
         .await

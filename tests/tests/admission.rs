@@ -38,22 +38,39 @@ fn run(program: &Program, context: &Context) -> Value {
         .unwrap_or_else(|e| panic!("{program:?}: {e}"))
 }
 
+/// The agent's policy on its records and leases.
+const OWN_NODE: &str = "ipam-agent-own-node";
+/// The agent's policy on the BGPPeers' status.
+const OWN_BGP_SESSION: &str = "ipam-agent-own-bgp-session";
+
 impl Policy {
-    fn load() -> Self {
+    fn named(name: &str) -> Self {
         let policy = documents(&ipam_tests::deploy::dir().join("admission.yaml"))
             .into_iter()
-            .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-            .expect("a ValidatingAdmissionPolicy in deploy/base/admission.yaml");
+            .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the ValidatingAdmissionPolicy {name} in deploy/"));
         Self {
             spec: policy["spec"].clone(),
         }
     }
 
-    /// The resource rules: group, resource and operation.
+    fn load() -> Self {
+        Self::named(OWN_NODE)
+    }
+
+    /// The resource rules: group, resource (with its subresource: `bgppeers/status`) and
+    /// operation.
     fn matches(&self, request: &Json) -> bool {
         let has = |list: &Json, value: &Json| {
             list.as_array()
                 .is_some_and(|l| l.iter().any(|v| v == value || v == "*"))
+        };
+        let resource = match request["subResource"].as_str() {
+            Some(sub) => json!(format!(
+                "{}/{sub}",
+                request["resource"]["resource"].as_str().unwrap_or_default()
+            )),
+            None => request["resource"]["resource"].clone(),
         };
         self.spec["matchConstraints"]["resourceRules"]
             .as_array()
@@ -61,17 +78,24 @@ impl Policy {
             .iter()
             .any(|rule| {
                 has(&rule["apiGroups"], &request["resource"]["group"])
-                    && has(&rule["resources"], &request["resource"]["resource"])
+                    && has(&rule["resources"], &resource)
                     && has(&rule["operations"], &request["operation"])
             })
     }
 
     fn decide(&self, request: Json) -> Verdict {
+        self.decide_on(request, &Json::Null, &Json::Null)
+    }
+
+    /// As `decide`, for a write of `object` over `old_object`.
+    fn decide_on(&self, request: Json, object: &Json, old_object: &Json) -> Verdict {
         if !self.matches(&request) {
             return Verdict::NotApplicable;
         }
         let mut context = Context::default();
         context.add_variable_from_value("request", cel::to_value(&request).expect("request"));
+        context.add_variable_from_value("object", cel::to_value(object).expect("object"));
+        context.add_variable_from_value("oldObject", cel::to_value(old_object).expect("oldObject"));
         for condition in self.spec["matchConditions"]
             .as_array()
             .into_iter()
@@ -187,6 +211,86 @@ fn other_users_and_other_objects_are_left_alone() {
             "podippools",
             "default"
         )),
+        Verdict::NotApplicable
+    );
+}
+
+/// A BGPPeer's status as the agents write it: one session entry per node.
+fn peer_with_sessions(sessions: &[(&str, &str)]) -> Json {
+    let nodes: Vec<Json> = sessions
+        .iter()
+        .map(|(node, state)| json!({ "node": node, "state": state, "reason": "" }))
+        .collect();
+    json!({
+        "apiVersion": "ipam-ebpf.io/v1alpha1", "kind": "BGPPeer",
+        "metadata": { "name": "tor" },
+        "spec": { "peerAddress": "192.0.2.1", "peerASN": 64500, "localASN": 64512 },
+        "status": { "nodes": nodes },
+    })
+}
+
+/// An agent writes into a BGPPeer's status its own node's session, as `bgp::status` does
+/// (the list rewritten whole, sorted by node), and nothing of another node's: a compromised
+/// worker-1 reporting worker-2's session up, or taking it out, is refused (issue 58).
+#[test]
+fn an_agent_writes_only_its_own_session_into_a_bgp_peers_status() {
+    let policy = Policy::named(OWN_BGP_SESSION);
+    let write = |node: Option<&str>, old: &Json, new: &Json| {
+        let mut request = request(AGENT, node, "UPDATE", "bgppeers", "tor");
+        request["subResource"] = json!("status");
+        policy.decide_on(request, new, old)
+    };
+    let before = peer_with_sessions(&[("worker-1", "Active"), ("worker-2", "Active")]);
+    // Its own entry, changed, added or taken out: allowed.
+    for after in [
+        peer_with_sessions(&[("worker-1", "Established"), ("worker-2", "Active")]),
+        peer_with_sessions(&[("worker-2", "Active")]),
+    ] {
+        assert_eq!(write(Some("worker-1"), &before, &after), Verdict::Allowed);
+    }
+    let first = json!({ "apiVersion": "ipam-ebpf.io/v1alpha1", "kind": "BGPPeer",
+        "metadata": { "name": "tor" }, "spec": {} });
+    assert_eq!(
+        write(
+            Some("worker-1"),
+            &first,
+            &peer_with_sessions(&[("worker-1", "Active")])
+        ),
+        Verdict::Allowed,
+        "the first session into a status that had none"
+    );
+    // Another node's entry, changed, added or taken out: refused, and said so.
+    let refused = "the ipam agent on node worker-1 may write only its own session into the \
+                   status of BGPPeer tor, not another node's";
+    for after in [
+        peer_with_sessions(&[("worker-1", "Active"), ("worker-2", "Established")]),
+        peer_with_sessions(&[("worker-1", "Active")]),
+        peer_with_sessions(&[
+            ("worker-1", "Active"),
+            ("worker-2", "Active"),
+            ("worker-3", "Established"),
+        ]),
+    ] {
+        assert_eq!(
+            write(Some("worker-1"), &before, &after),
+            Verdict::Denied(refused.into())
+        );
+    }
+    // A token without the node claim writes nothing; the operator and the spec are left alone.
+    assert!(matches!(write(None, &before, &before), Verdict::Denied(_)));
+    let operator = "system:serviceaccount:ipam-system:ipam-operator";
+    let mut by_operator = request(operator, None, "UPDATE", "bgppeers", "tor");
+    by_operator["subResource"] = json!("status");
+    assert_eq!(
+        policy.decide_on(by_operator, &before, &before),
+        Verdict::NotApplicable
+    );
+    assert_eq!(
+        policy.decide_on(
+            request(AGENT, Some("worker-1"), "UPDATE", "bgppeers", "tor"),
+            &before,
+            &before
+        ),
         Verdict::NotApplicable
     );
 }

@@ -304,7 +304,12 @@ fn every_project_name_in_the_docs_and_manifests_is_one_the_code_serves() {
 #[test]
 fn the_admission_policy_spells_out_what_the_api_server_defaults() {
     let objects = all_objects();
-    let policy = find(&objects, "ValidatingAdmissionPolicy", "ipam-agent-own-node");
+    for name in ["ipam-agent-own-node", "ipam-agent-own-bgp-session"] {
+        spells_out_the_defaults(find(&objects, "ValidatingAdmissionPolicy", name));
+    }
+}
+
+fn spells_out_the_defaults(policy: &Value) {
     let constraints = &policy["spec"]["matchConstraints"];
     assert_eq!(constraints["matchPolicy"], "Equivalent");
     assert!(

@@ -42,13 +42,18 @@ enum NoteError {
     KeptChanging(usize),
 }
 
-/// Why a pass left some of its plan undone: each node and what failed for it.
+/// Why a pass left some of its plan undone: each node and what failed for it; and when the
+/// rest of the plan wants another pass (a rate limit's window, a mark held back), which a
+/// failure must not push back.
 #[derive(Debug)]
-struct Unfinished(Vec<String>);
+struct Unfinished {
+    failed: Vec<String>,
+    again: Option<Duration>,
+}
 
 impl std::fmt::Display for Unfinished {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.join("; "))
+        f.write_str(&self.failed.join("; "))
     }
 }
 
@@ -112,6 +117,10 @@ struct DeadNodes {
 impl Controller for DeadNodes {
     const NAME: &'static str = "dead_nodes";
     type Error = Unfinished;
+
+    fn due_despite(error: &Unfinished) -> Option<Duration> {
+        error.again
+    }
 
     async fn pass(&mut self) -> Result<Next, Unfinished> {
         // Reports read from a copy the watch may have left behind (one its reporter has
@@ -187,14 +196,15 @@ impl Applier {
                 Err(e) => failed.push(format!("{why}; cannot mark its pods not ready: {e}")),
             }
         }
-        if !failed.is_empty() {
-            return Err(Unfinished(failed));
-        }
-        Ok(if held_back {
+        let again = if held_back {
             Some(Duration::ZERO)
         } else {
             again
-        })
+        };
+        if !failed.is_empty() {
+            return Err(Unfinished { failed, again });
+        }
+        Ok(again)
     }
 
     fn say(&self, said: &Said) {

@@ -286,7 +286,7 @@ impl Metrics {
         );
         registry.register(
             "node_record_claims_refused",
-            "Nodes whose claims the routes refuse, on Kubernetes, by field: addresses (a record lists addresses its Node does not, or another Node lists too: no next hop), and in the kubernetes IPAM mode podCIDRs (a record claims podCIDRs its Node does not have), nodePodCIDRs (a Node's podCIDR not of the cluster's block size, or another Node's too); not routed",
+            "Nodes whose claims the routes refuse, in the kubernetes IPAM mode, by field: addresses (a record lists addresses its Node does not: no next hop), podCIDRs (a record claims podCIDRs its Node does not have), nodePodCIDRs (a Node's podCIDR not of the cluster's block size, or another Node's too); not routed",
             self.record_claims_refused.clone(),
         );
         registry.register(

@@ -44,7 +44,7 @@ pub async fn run(
         node,
         settings,
         kube_node,
-        link_changes,
+        link_changes: Some(link_changes),
         observed,
         published: None,
         said_no_address: false,
@@ -60,7 +60,9 @@ struct NodeRecord {
     node: NodeSettings,
     settings: watch::Receiver<NodeSettings>,
     kube_node: Option<watch::Receiver<Option<ipam_kube::node::NodeInfo>>>,
-    link_changes: watch::Receiver<u64>,
+    /// Netlink's link and address changes; `None` once their watcher ended (the recheck
+    /// looks at the interfaces still).
+    link_changes: Option<watch::Receiver<u64>>,
     observed: Observed,
     /// The facts as last written.
     published: Option<NodeFacts>,
@@ -141,13 +143,18 @@ impl Controller for NodeRecord {
                 None => std::future::pending().await,
             }
         };
+        let link_changed = async {
+            match self.link_changes.as_mut() {
+                Some(l) => l.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = self.link_changes.changed() => {}
+            alive = link_changed => if !alive { self.link_changes = None },
             alive = node_changed => if !alive { self.kube_node = None },
             changed = self.settings.changed() => {
-                if changed.is_ok() {
-                    self.node = reloaded(&self.node, &self.settings.borrow_and_update());
-                }
+                let Ok(()) = changed else { return Woken::Closed };
+                self.node = reloaded(&self.node, &self.settings.borrow_and_update());
             }
         }
         Woken::Changed

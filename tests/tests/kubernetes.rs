@@ -863,11 +863,7 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
                 "refused, but not by the admission policy: {e}"
             );
         }
-        TestApi::StandIn(_) => ipam_tests::not_checked(
-            "the admission policy refusing kn-1's agent a write of kn-9's record",
-            "the stand-in runs no admission (set KUBEBUILDER_ASSETS to run a real API \
-             server; tests/tests/admission.rs evaluates the policy's CEL offline)",
-        ),
+        TestApi::StandIn(_) => admission_not_checked("a write of kn-9's record"),
     }
     // Its liveness lease, renewed (with one write: the agent holds the version it wrote).
     wait_for(
@@ -1055,14 +1051,20 @@ async fn bgp_sessions_on_the_kubernetes_api() -> TestApi {
                 "refused, but not by the admission policy: {e}"
             );
         }
-        TestApi::StandIn(_) => ipam_tests::not_checked(
-            "the admission policy refusing kn-1's agent a write of kn-7's BGP session",
-            "the stand-in runs no admission (set KUBEBUILDER_ASSETS to run a real API \
-             server; tests/tests/admission.rs evaluates the policy's CEL offline)",
-        ),
+        TestApi::StandIn(_) => admission_not_checked("a write of kn-7's BGP session"),
     }
     agent.kill();
     api
+}
+
+/// Says that the admission policy's refusal of kn-1's agent's `write` was not checked: only
+/// a real API server runs admission.
+fn admission_not_checked(write: &str) {
+    ipam_tests::not_checked(
+        &format!("the admission policy refusing kn-1's agent {write}"),
+        "the stand-in runs no admission (set KUBEBUILDER_ASSETS to run a real API server; \
+         tests/tests/admission.rs evaluates the policy's CEL offline)",
+    );
 }
 
 /// A client that authenticates with an agent's service account `token`.

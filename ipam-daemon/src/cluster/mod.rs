@@ -13,4 +13,4 @@ pub mod shared_watch;
 pub mod store;
 pub mod watched_reads;
 
-pub use store::ClusterStore;
+pub use store::{ClusterStore, RecordNotWritten};

@@ -127,3 +127,14 @@ impl Store for ClusterStore {
         self.watches.watch(&self.store, kind).await
     }
 }
+
+/// A write into a node's record that the store refused: what was written, whose record, and
+/// which store, for the runtime to log with when it tries again.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {what} into node {node}'s record in {store}: {source}")]
+pub struct RecordNotWritten {
+    pub what: &'static str,
+    pub node: String,
+    pub store: String,
+    pub source: StoreError,
+}

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 use super::{fence::FenceState, gossip::Membership};
 use crate::{
-    cluster::ClusterStore,
+    cluster::{ClusterStore, RecordNotWritten},
     metrics::Metrics,
     net::neighbour::Solicited,
     runtime::{Controller, Next, Woken},
@@ -69,22 +69,13 @@ struct DeadPeers {
     findings: Findings,
 }
 
-/// Why the reports could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot write the nodes node {node} holds dead to its record in {store}: {source}")]
-struct NotWritten {
-    node: String,
-    store: String,
-    source: StoreError,
-}
-
 impl Controller for DeadPeers {
     const NAME: &'static str = "dead_peers";
-    type Error = NotWritten;
+    type Error = RecordNotWritten;
     /// The reports take a dead node's pods out of their Services: retried sooner than most.
     const RETRY_CAP: Duration = Duration::from_secs(5);
 
-    async fn pass(&mut self) -> Result<Next, NotWritten> {
+    async fn pass(&mut self) -> Result<Next, RecordNotWritten> {
         let inputs = &mut self.inputs;
         let open = *inputs.fence.borrow_and_update() == FenceState::Open;
         let (down, suspect) = if open {
@@ -131,7 +122,8 @@ impl Controller for DeadPeers {
             Ok(Published::Changed) => Ok(Next::Now),
             // The controller that keeps the record has not made it yet.
             Ok(Published::NoRecord) => Ok(Next::Waiting),
-            Err(source) => Err(NotWritten {
+            Err(source) => Err(RecordNotWritten {
+                what: "the nodes it holds dead",
                 node: inputs.node.clone(),
                 store: inputs.store.describe(),
                 source,

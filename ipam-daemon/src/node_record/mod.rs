@@ -14,11 +14,11 @@ pub mod interfaces;
 use std::{net::IpAddr, time::Duration};
 
 use ipam_config::{AnnounceSettings, NodeSettings};
-use ipam_core::{pod::agent::NodeFacts, store::StoreError};
+use ipam_core::pod::agent::NodeFacts;
 use tokio::sync::watch;
 
 use crate::{
-    cluster::ClusterStore,
+    cluster::{ClusterStore, RecordNotWritten},
     metrics::Observed,
     runtime::{Controller, Next, Woken},
 };
@@ -72,20 +72,11 @@ struct NodeRecord {
     seen: NodeFacts,
 }
 
-/// Why the record could not be written.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot write node {node}'s record to {store}: {source}")]
-struct NotWritten {
-    node: String,
-    store: String,
-    source: StoreError,
-}
-
 impl Controller for NodeRecord {
     const NAME: &'static str = "node_record";
-    type Error = NotWritten;
+    type Error = RecordNotWritten;
 
-    async fn pass(&mut self) -> Result<Next, NotWritten> {
+    async fn pass(&mut self) -> Result<Next, RecordNotWritten> {
         let from_kube = self
             .kube_node
             .as_mut()
@@ -128,7 +119,8 @@ impl Controller for NodeRecord {
                 self.published = Some(facts);
                 Ok(Next::Within(RECHECK))
             }
-            Err(source) => Err(NotWritten {
+            Err(source) => Err(RecordNotWritten {
+                what: "its facts",
                 node: name.to_owned(),
                 store: self.store.describe(),
                 source,

@@ -54,13 +54,22 @@ pub fn desired_routes(
     hops: Option<&NextHops>,
     uplink_ifindex: u32,
 ) -> BTreeMap<Cidr, RouteTarget> {
+    let addresses_of = |node: &str, record: &'_ NodeIpam| -> Vec<IpAddr> {
+        match hops {
+            Some(hops) => hops.by_node.get(node).cloned().unwrap_or_default(),
+            None => record.spec.addresses.clone(),
+        }
+    };
+    // Another node's next hop that is this node's own address would be a route through
+    // itself (a liar's kubelet listing this node's address in its Node).
+    let own: Vec<IpAddr> = records
+        .get(this_node)
+        .map(|r| [addresses_of(this_node, r), r.spec.addresses.clone()].concat())
+        .unwrap_or_default();
     let mut out = BTreeMap::new();
     for (node, record) in records.iter().filter(|(n, _)| n.as_str() != this_node) {
         let blocks = vouched.map(|v| v.blocks.get(node).map_or(&[][..], Vec::as_slice));
-        let addresses = match hops {
-            Some(hops) => hops.by_node.get(node).map_or(&[][..], Vec::as_slice),
-            None => &record.spec.addresses,
-        };
+        let addresses = addresses_of(node, record);
         for cidr in record.pod_blocks(blocks) {
             let Some(next_hop) = addresses
                 .iter()
@@ -70,6 +79,10 @@ pub fn desired_routes(
                 tracing::debug!(node = node.as_str(), %cidr, "no next hop of the block's family; not routed");
                 continue;
             };
+            if own.contains(&next_hop) {
+                tracing::debug!(node = node.as_str(), %cidr, %next_hop, "the next hop is this node's own address; not routed");
+                continue;
+            }
             out.insert(
                 cidr,
                 RouteTarget {
@@ -89,22 +102,37 @@ pub struct NextHops {
     pub by_node: BTreeMap<String, Vec<IpAddr>>,
     /// The addresses a node's record lists that are not taken, by node.
     pub refused: BTreeMap<String, Vec<IpAddr>>,
+    /// The next hops taken on the record's word alone (a family its Node lists no InternalIP
+    /// of), by node.
+    pub unvouched: BTreeMap<String, Vec<IpAddr>>,
 }
 
 /// Each node's next hops in the kubernetes IPAM mode, per family: where its Node lists
 /// InternalIPs of the family (`ClusterNode::addresses`: the kubelet's word for its own Node,
 /// or the cloud's), the first of them its record lists too (its agent's choice, `[node]
-/// addresses`), else the Node's first; where its Node lists none of the family (a kubelet
-/// given one `--node-ip`, on a dual-stack node), its record's. An address the record lists
-/// that its Node does not, in a family the Node vouches for, is refused and named: the agent
-/// alone cannot send the other nodes' traffic for its pods to a gateway or to another host.
-/// Another Node listing the same address takes nothing from it: each node is routed through
-/// its own Node's word, so a liar can misroute only its own pods' traffic. A record with no
+/// addresses`), else the Node's first. An address the record lists that its Node does not,
+/// in such a family, is refused and named: the agent alone cannot send the other nodes'
+/// traffic for its pods to a gateway or to another host. Another Node listing the same
+/// address takes nothing from it: each node is routed through its own Node's word, so a
+/// liar's kubelet can misroute only its own pods' traffic.
+///
+/// Where its Node lists no InternalIP of the family (a kubelet given one `--node-ip` on a
+/// dual-stack node, a Node whose addresses a cloud controller has not filled in yet), the
+/// record's is taken, on the agent's word alone (`unvouched`, named), unless another node
+/// has it (another Node's InternalIP, another record's address): refused. A record with no
 /// Node (one deleted) has no next hop.
 pub fn next_hops(
     records: &BTreeMap<String, NodeIpam>,
     nodes: &BTreeMap<String, ClusterNode>,
 ) -> NextHops {
+    let others_have = |me: &str, a: &IpAddr| {
+        nodes
+            .iter()
+            .any(|(n, node)| n != me && node.addresses.contains(a))
+            || records
+                .iter()
+                .any(|(n, record)| n != me && record.spec.addresses.contains(a))
+    };
     let mut out = NextHops::default();
     for (name, record) in records {
         let Some(node) = nodes.get(name) else {
@@ -112,26 +140,29 @@ pub fn next_hops(
         };
         let vouched = &node.addresses;
         let vouches_for = |a: &IpAddr| vouched.iter().any(|v| Family::of(*v) == Family::of(*a));
+        let taken = |a: &&IpAddr| {
+            if vouches_for(a) {
+                vouched.contains(a)
+            } else {
+                !others_have(name, a)
+            }
+        };
         let mut hops: Vec<IpAddr> = Vec::new();
-        let chosen = record
-            .spec
-            .addresses
-            .iter()
-            .filter(|a| vouched.contains(a) || !vouches_for(a));
-        for address in chosen.chain(vouched) {
+        for address in record.spec.addresses.iter().filter(taken).chain(vouched) {
             if !hops.iter().any(|h| Family::of(*h) == Family::of(*address)) {
                 hops.push(*address);
             }
         }
-        let refused: Vec<IpAddr> = record
-            .spec
-            .addresses
-            .iter()
-            .filter(|a| vouches_for(a) && !vouched.contains(a))
-            .copied()
+        let (refused, unvouched): (Vec<IpAddr>, Vec<IpAddr>) =
+            record.spec.addresses.iter().partition(|a| !taken(a));
+        let unvouched: Vec<IpAddr> = unvouched
+            .into_iter()
+            .filter(|a| !vouches_for(a) && hops.contains(a))
             .collect();
-        if !refused.is_empty() {
-            out.refused.insert(name.clone(), refused);
+        for (found, into) in [(refused, &mut out.refused), (unvouched, &mut out.unvouched)] {
+            if !found.is_empty() {
+                into.insert(name.clone(), found);
+            }
         }
         if !hops.is_empty() {
             out.by_node.insert(name.clone(), hops);
@@ -297,7 +328,7 @@ impl Controller for Routes {
         });
         let hops = nodes.as_ref().map(|nodes| {
             let hops = next_hops(&current, nodes);
-            self.refused.follow_addresses(&hops.refused);
+            self.refused.follow_addresses(&hops);
             hops
         });
         tracing::debug!(
@@ -338,6 +369,7 @@ struct Refused {
     claims: BTreeMap<String, Vec<Cidr>>,
     nodes: BTreeMap<String, Vec<(Cidr, String)>>,
     addresses: BTreeMap<String, Vec<IpAddr>>,
+    unvouched: BTreeMap<String, Vec<IpAddr>>,
     metrics: Arc<Metrics>,
 }
 
@@ -347,12 +379,32 @@ impl Refused {
             claims: BTreeMap::new(),
             nodes: BTreeMap::new(),
             addresses: BTreeMap::new(),
+            unvouched: BTreeMap::new(),
             metrics,
         }
     }
 
-    /// Says which addresses of the records are not next hops, once per change.
-    fn follow_addresses(&mut self, refused: &BTreeMap<String, Vec<IpAddr>>) {
+    /// Says which addresses of the records are not next hops, and which are on the record's
+    /// word alone, once per change.
+    fn follow_addresses(&mut self, hops: &NextHops) {
+        if hops.unvouched != self.unvouched {
+            for (node, addresses) in hops
+                .unvouched
+                .iter()
+                .filter(|(n, a)| self.unvouched.get(*n) != Some(a))
+            {
+                let said: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+                tracing::info!(
+                    peer = node.as_str(),
+                    "node {node}'s pods are routed through {} on its record's word alone: its \
+                     Node lists no InternalIP of that family (give its kubelet a --node-ip of \
+                     every family it uses)",
+                    said.join(", ")
+                );
+            }
+            self.unvouched.clone_from(&hops.unvouched);
+        }
+        let refused = &hops.refused;
         if *refused == self.addresses {
             return;
         }
@@ -363,17 +415,18 @@ impl Refused {
             let said: Vec<String> = addresses.iter().map(ToString::to_string).collect();
             tracing::warn!(
                 peer = node.as_str(),
-                "node {node}'s record lists addresses its Node does not ({}): its pods are \
-                 routed through its Node's InternalIP of the family instead. If node {node} is \
-                 configured with [node] addresses, give its kubelet the same (--node-ip); \
-                 else its agent writes what its Node does not say: check that node",
+                "node {node}'s record lists addresses its pods are not routed through ({}): \
+                 each is not its Node's InternalIP, in a family its Node lists one of, or is \
+                 another node's. If node {node} is configured with [node] addresses, give its \
+                 kubelet the same (--node-ip); else its agent writes what its Node does not \
+                 say: check that node",
                 said.join(", ")
             );
         }
         for node in self.addresses.keys().filter(|n| !refused.contains_key(*n)) {
             tracing::info!(
                 peer = node.as_str(),
-                "node {node}'s record lists only its Node's addresses again"
+                "node {node}'s record lists only addresses it is routed through again"
             );
         }
         self.count("addresses", refused.len());
@@ -745,10 +798,13 @@ mod tests {
     /// In the kubernetes IPAM mode a node's pods are routed through an InternalIP its Node
     /// lists, not one only its record claims: a compromised m listing b's address and the
     /// gateway's draws nothing to them, and is named. A Node listing another node's address
-    /// takes nothing from that node (y's kubelet lists x's). A family the Node lists no
-    /// address of is routed through the record's (a kubelet with one --node-ip on a
-    /// dual-stack node); a record without a Node is not routed (issue 58; hostile review: a
-    /// rule that gave a contested address to neither Node let a liar cut any node's routes).
+    /// takes nothing from that node (y's kubelet lists x's), nor makes that node route
+    /// through itself (w's lists a's). A family the Node lists no address of is routed
+    /// through the record's (a kubelet with one --node-ip on a dual-stack node), unless
+    /// another node has it (e lists b's); a record without a Node is not routed (issue 58;
+    /// hostile reviews: a rule that gave a contested address to neither Node let a liar cut
+    /// any node's routes, and the record's word for a family its Node does not list let it
+    /// send that family's traffic to any node).
     #[test]
     fn next_hops_are_the_addresses_the_nodes_vouch_for() {
         let node = |addresses: &[&str]| ClusterNode {
@@ -774,6 +830,16 @@ mod tests {
                 "m",
                 record(&["192.168.50.2", "192.168.50.254"], &["10.244.9.0/24"]),
             ),
+            // Its Node lists no IPv6 address, and its record lists b's: refused.
+            (
+                "e",
+                record(
+                    &["192.168.50.5", "fd50::2"],
+                    &["10.244.5.0/24", "fd00::500/120"],
+                ),
+            ),
+            // Its kubelet lists a's address in its Node: not a route a takes through itself.
+            ("w", record(&["192.168.50.1"], &["10.244.23.0/24"])),
             ("x", record(&["192.168.50.7"], &["10.244.7.0/24"])),
             ("y", record(&["192.168.50.8"], &["10.244.8.0/24"])),
             ("z", record(&["192.168.50.26"], &["10.244.26.0/24"])),
@@ -785,7 +851,9 @@ mod tests {
             ("a", node(&["192.168.50.1"])),
             ("b", node(&["192.168.50.2", "fd50::2"])),
             ("d", node(&["192.168.50.4"])),
+            ("e", node(&["192.168.50.5"])),
             ("m", node(&["192.168.50.9"])),
+            ("w", node(&["192.168.50.1"])),
             ("x", node(&["192.168.50.7"])),
             ("y", node(&["192.168.50.8", "192.168.50.7"])),
         ]
@@ -798,7 +866,13 @@ mod tests {
             .iter()
             .flat_map(|(n, a)| a.iter().map(move |a| format!("{n} {a}")))
             .collect();
-        assert_eq!(refused, ["m 192.168.50.2", "m 192.168.50.254"]);
+        assert_eq!(refused, ["e fd50::2", "m 192.168.50.2", "m 192.168.50.254"]);
+        let unvouched: Vec<String> = hops
+            .unvouched
+            .iter()
+            .flat_map(|(n, a)| a.iter().map(move |a| format!("{n} {a}")))
+            .collect();
+        assert_eq!(unvouched, ["d fd50::4"]);
         let routed: Vec<String> = desired_routes("a", &records, None, Some(&hops), 7)
             .iter()
             .map(|(c, t)| format!("{c} via {}", t.next_hop))
@@ -808,6 +882,7 @@ mod tests {
             [
                 "10.244.1.0/24 via 192.168.50.2",
                 "10.244.4.0/24 via 192.168.50.4",
+                "10.244.5.0/24 via 192.168.50.5",
                 "10.244.7.0/24 via 192.168.50.7",
                 "10.244.8.0/24 via 192.168.50.8",
                 "10.244.9.0/24 via 192.168.50.9",

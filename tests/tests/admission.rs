@@ -215,17 +215,23 @@ fn other_users_and_other_objects_are_left_alone() {
     );
 }
 
-/// A BGPPeer's status as the agents write it: one session entry per node.
+/// A BGPPeer's status as the agents write it: one session entry per node, and the
+/// `Established` condition over them.
 fn peer_with_sessions(sessions: &[(&str, &str)]) -> Json {
     let nodes: Vec<Json> = sessions
         .iter()
-        .map(|(node, state)| json!({ "node": node, "state": state, "reason": "" }))
+        .map(|(node, state)| json!({ "node": node, "state": state, "routesAdvertised": 2 }))
         .collect();
+    let up = sessions.iter().all(|(_, state)| *state == "Established");
     json!({
         "apiVersion": "ipam-ebpf.io/v1alpha1", "kind": "BGPPeer",
         "metadata": { "name": "tor" },
         "spec": { "peerAddress": "192.0.2.1", "peerASN": 64500, "localASN": 64512 },
-        "status": { "nodes": nodes },
+        "status": {
+            "nodes": nodes,
+            "conditions": [{ "type": "Established", "status": if up { "True" } else { "False" },
+                "reason": "Sessions", "message": "", "lastTransitionTime": "2026-12-07T00:00:00Z" }],
+        },
     })
 }
 
@@ -276,6 +282,31 @@ fn an_agent_writes_only_its_own_session_into_a_bgp_peers_status() {
             Verdict::Denied(refused.into())
         );
     }
+    // The others' entries compared in their order and by the fields the agents write: an
+    // entry out of order stays allowed as it was, a field only a newer release writes (or an
+    // empty reason spelt out) is not compared, a changed count of routes is.
+    let unsorted = peer_with_sessions(&[("worker-3", "Active"), ("worker-1", "Active")]);
+    let mut newer = peer_with_sessions(&[("worker-3", "Active"), ("worker-1", "Established")]);
+    newer["status"]["nodes"][0]["holdTimeSeconds"] = json!(90);
+    newer["status"]["nodes"][0]["reason"] = json!("");
+    assert_eq!(write(Some("worker-1"), &unsorted, &newer), Verdict::Allowed);
+    let mut more_routes = newer.clone();
+    more_routes["status"]["nodes"][0]["routesAdvertised"] = json!(40);
+    assert_eq!(
+        write(Some("worker-1"), &unsorted, &more_routes),
+        Verdict::Denied(refused.into())
+    );
+    // The Established condition says what the entries say.
+    let mut all_up = peer_with_sessions(&[("worker-1", "Established"), ("worker-2", "Active")]);
+    all_up["status"]["conditions"][0]["status"] = json!("True");
+    assert_eq!(
+        write(Some("worker-1"), &before, &all_up),
+        Verdict::Denied(
+            "the Established condition of BGPPeer tor must say whether every node's session \
+             is Established: False"
+                .into()
+        )
+    );
     // A token without the node claim writes nothing; the operator and the spec are left alone.
     assert!(matches!(write(None, &before, &before), Verdict::Denied(_)));
     let operator = "system:serviceaccount:ipam-system:ipam-operator";

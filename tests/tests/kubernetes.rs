@@ -835,8 +835,10 @@ async fn agent_takes_its_node_from_the_kubernetes_api() -> TestApi {
         async || {
             (routed().contains(&"10.245.5.0/24 via 192.0.2.32".to_owned())
                 && log().contains("node kn-2's record claims podCIDRs its Node does not have")
-                && log()
-                    .contains("node kn-2's record lists addresses its Node does not (192.0.2.254)"))
+                && log().contains(
+                    "node kn-2's record lists addresses its pods are not routed through \
+                     (192.0.2.254)",
+                ))
             .then_some(())
         },
         log,

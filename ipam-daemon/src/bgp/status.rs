@@ -195,9 +195,7 @@ impl Reports {
                 return Ok(());
             };
             let status = &mut current.value.status;
-            status.nodes.retain(|n| n.node != self.node);
-            status.nodes.push(mine.clone());
-            status.nodes.sort_by(|a, b| a.node.cmp(&b.node));
+            put_own_entry(&mut status.nodes, mine);
             status.conditions = vec![established_condition(&status.nodes)];
             match self
                 .store
@@ -210,6 +208,19 @@ impl Reports {
         }
         Ok(())
     }
+}
+
+/// Puts `mine` in place of this node's entry, or where its name sorts among the others, and
+/// leaves the other nodes' entries as they are, in their order: the admission policy
+/// (`ipam-agent-own-bgp-session`) refuses a write that changes another node's entry, and
+/// compares them in order.
+fn put_own_entry(nodes: &mut Vec<BgpSessionStatus>, mine: &BgpSessionStatus) {
+    if let Some(own) = nodes.iter_mut().find(|n| n.node == mine.node) {
+        own.clone_from(mine);
+        return;
+    }
+    let at = nodes.partition_point(|n| n.node < mine.node);
+    nodes.insert(at, mine.clone());
 }
 
 /// `Established`: true while every node's session with the peer is up; else which are not,
@@ -232,5 +243,48 @@ fn established_condition(nodes: &[BgpSessionStatus]) -> Condition {
             false,
             format!("sessions not up: {}", down.join("; ")),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(node: &str, state: &str) -> BgpSessionStatus {
+        BgpSessionStatus {
+            node: node.into(),
+            state: state.into(),
+            routes_advertised: 0,
+            reason: String::new(),
+        }
+    }
+
+    /// This node's entry is replaced where it is, or put where its name sorts; the others stay
+    /// as they are and where they are, even out of order (an admin's edit), which the
+    /// admission policy compares in order (hostile review: re-sorting the whole list made
+    /// every agent's write refused after one out-of-order edit).
+    #[test]
+    fn only_this_node_s_entry_moves() {
+        let names = |nodes: &[BgpSessionStatus]| -> Vec<String> {
+            nodes
+                .iter()
+                .map(|n| format!("{} {}", n.node, n.state))
+                .collect()
+        };
+        let mut nodes = vec![entry("c", "Active"), entry("a", "Active")];
+        put_own_entry(&mut nodes, &entry("b", "Established"));
+        assert_eq!(
+            names(&nodes)
+                .into_iter()
+                .filter(|n| !n.starts_with('b'))
+                .collect::<Vec<_>>(),
+            ["c Active", "a Active"]
+        );
+        put_own_entry(&mut nodes, &entry("b", "Idle"));
+        assert_eq!(nodes.len(), 3);
+        assert!(names(&nodes).contains(&"b Idle".to_owned()));
+        let mut sorted = vec![entry("a", "Active"), entry("c", "Active")];
+        put_own_entry(&mut sorted, &entry("b", "Established"));
+        assert_eq!(names(&sorted), ["a Active", "b Established", "c Active"]);
     }
 }

@@ -118,21 +118,14 @@ pub struct NextHops {
 ///
 /// Where its Node lists no InternalIP of the family (a kubelet given one `--node-ip` on a
 /// dual-stack node, a Node whose addresses a cloud controller has not filled in yet), the
-/// record's is taken, on the agent's word alone (`unvouched`, named), unless another node
-/// has it (another Node's InternalIP, another record's address): refused. A record with no
-/// Node (one deleted) has no next hop.
+/// record's is taken, on the agent's word alone (`unvouched`, named), whoever else lists it:
+/// a record or a Node listing another node's address takes nothing from that node, and
+/// misroutes at most its own pods' traffic (a node never routes through its own address,
+/// `desired_routes`). A record with no Node (one deleted) has no next hop.
 pub fn next_hops(
     records: &BTreeMap<String, NodeIpam>,
     nodes: &BTreeMap<String, ClusterNode>,
 ) -> NextHops {
-    let others_have = |me: &str, a: &IpAddr| {
-        nodes
-            .iter()
-            .any(|(n, node)| n != me && node.addresses.contains(a))
-            || records
-                .iter()
-                .any(|(n, record)| n != me && record.spec.addresses.contains(a))
-    };
     let mut out = NextHops::default();
     for (name, record) in records {
         let Some(node) = nodes.get(name) else {
@@ -140,13 +133,10 @@ pub fn next_hops(
         };
         let vouched = &node.addresses;
         let vouches_for = |a: &IpAddr| vouched.iter().any(|v| Family::of(*v) == Family::of(*a));
-        let taken = |a: &&IpAddr| {
-            if vouches_for(a) {
-                vouched.contains(a)
-            } else {
-                !others_have(name, a)
-            }
-        };
+        // In a family its Node vouches for, only the Node's addresses; in another, the
+        // record's, whoever else lists them: refusing an address another node lists would let
+        // a liar listing an honest node's address cut that node's routes.
+        let taken = |a: &&IpAddr| !vouches_for(a) || vouched.contains(a);
         let mut hops: Vec<IpAddr> = Vec::new();
         for address in record.spec.addresses.iter().filter(taken).chain(vouched) {
             if !hops.iter().any(|h| Family::of(*h) == Family::of(*address)) {
@@ -800,11 +790,12 @@ mod tests {
     /// gateway's draws nothing to them, and is named. A Node listing another node's address
     /// takes nothing from that node (y's kubelet lists x's), nor makes that node route
     /// through itself (w's lists a's). A family the Node lists no address of is routed
-    /// through the record's (a kubelet with one --node-ip on a dual-stack node), unless
-    /// another node has it (e lists b's); a record without a Node is not routed (issue 58;
+    /// through the record's (a kubelet with one --node-ip on a dual-stack node), and another
+    /// node listing the same takes nothing from it (e lists b's, f d's); a record without a
+    /// Node is not routed (issue 58;
     /// hostile reviews: a rule that gave a contested address to neither Node let a liar cut
-    /// any node's routes, and the record's word for a family its Node does not list let it
-    /// send that family's traffic to any node).
+    /// any node's routes, and so did refusing, in a family no Node vouches for, an address
+    /// another record lists).
     #[test]
     fn next_hops_are_the_addresses_the_nodes_vouch_for() {
         let node = |addresses: &[&str]| ClusterNode {
@@ -830,12 +821,20 @@ mod tests {
                 "m",
                 record(&["192.168.50.2", "192.168.50.254"], &["10.244.9.0/24"]),
             ),
-            // Its Node lists no IPv6 address, and its record lists b's: refused.
+            // Its Node lists no IPv6 address, and its record lists b's: taken, b keeps it.
             (
                 "e",
                 record(
                     &["192.168.50.5", "fd50::2"],
                     &["10.244.5.0/24", "fd00::500/120"],
+                ),
+            ),
+            // It lists d's IPv6 address, which only d's record lists: it takes nothing from d.
+            (
+                "f",
+                record(
+                    &["192.168.50.6", "fd50::4"],
+                    &["10.244.6.0/24", "fd00::600/120"],
                 ),
             ),
             // Its kubelet lists a's address in its Node: not a route a takes through itself.
@@ -852,6 +851,7 @@ mod tests {
             ("b", node(&["192.168.50.2", "fd50::2"])),
             ("d", node(&["192.168.50.4"])),
             ("e", node(&["192.168.50.5"])),
+            ("f", node(&["192.168.50.6"])),
             ("m", node(&["192.168.50.9"])),
             ("w", node(&["192.168.50.1"])),
             ("x", node(&["192.168.50.7"])),
@@ -866,13 +866,13 @@ mod tests {
             .iter()
             .flat_map(|(n, a)| a.iter().map(move |a| format!("{n} {a}")))
             .collect();
-        assert_eq!(refused, ["e fd50::2", "m 192.168.50.2", "m 192.168.50.254"]);
+        assert_eq!(refused, ["m 192.168.50.2", "m 192.168.50.254"]);
         let unvouched: Vec<String> = hops
             .unvouched
             .iter()
             .flat_map(|(n, a)| a.iter().map(move |a| format!("{n} {a}")))
             .collect();
-        assert_eq!(unvouched, ["d fd50::4"]);
+        assert_eq!(unvouched, ["d fd50::4", "e fd50::2", "f fd50::4"]);
         let routed: Vec<String> = desired_routes("a", &records, None, Some(&hops), 7)
             .iter()
             .map(|(c, t)| format!("{c} via {}", t.next_hop))
@@ -883,11 +883,14 @@ mod tests {
                 "10.244.1.0/24 via 192.168.50.2",
                 "10.244.4.0/24 via 192.168.50.4",
                 "10.244.5.0/24 via 192.168.50.5",
+                "10.244.6.0/24 via 192.168.50.6",
                 "10.244.7.0/24 via 192.168.50.7",
                 "10.244.8.0/24 via 192.168.50.8",
                 "10.244.9.0/24 via 192.168.50.9",
                 "fd00::100/120 via fd50::2",
                 "fd00::400/120 via fd50::4",
+                "fd00::500/120 via fd50::2",
+                "fd00::600/120 via fd50::4",
             ]
         );
     }

@@ -143,12 +143,15 @@ pub fn next_hops(
                 hops.push(*address);
             }
         }
-        let (refused, unvouched): (Vec<IpAddr>, Vec<IpAddr>) =
-            record.spec.addresses.iter().partition(|a| !taken(a));
-        let unvouched: Vec<IpAddr> = unvouched
-            .into_iter()
-            .filter(|a| !vouches_for(a) && hops.contains(a))
+        let refused: Vec<IpAddr> = record
+            .spec
+            .addresses
+            .iter()
+            .filter(|a| !taken(a))
+            .copied()
             .collect();
+        // A next hop of a family the Node does not vouch for can only be the record's.
+        let unvouched: Vec<IpAddr> = hops.iter().filter(|a| !vouches_for(a)).copied().collect();
         for (found, into) in [(refused, &mut out.refused), (unvouched, &mut out.unvouched)] {
             if !found.is_empty() {
                 into.insert(name.clone(), found);
